@@ -1,0 +1,94 @@
+"""`codespec bench`: plain greedy, Hugging Face prompt lookup and codespec in one run.
+
+    codespec bench                         # both workloads, 3 repeats, table + JSON line
+    codespec bench --workloads edit --repeat 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from typing import Any
+
+import torch
+
+from codespec.cli.options import MODEL_FIELDS, SPECULATION_FIELDS, add_settings_arguments, settings_from_args
+from codespec.errors import CodespecError
+
+SYSTEM_NAMES = ("plain", "hf_prompt_lookup", "codespec")
+
+
+def register(commands: Any) -> None:
+    p = commands.add_parser("bench", help="measure codespec against plain decoding and HF prompt lookup")
+    p.add_argument("--workloads", default="edit,fim", help="comma-separated: edit, fim (default both)")
+    p.add_argument("--systems", default=",".join(SYSTEM_NAMES),
+                   help=f"comma-separated, plain always included: {', '.join(SYSTEM_NAMES)}")
+    p.add_argument("--repeat", type=int, default=3, metavar="N", help="timed runs per system (median; 3)")
+    p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
+                   help="override each workload's token limit (edit 160, fim 128)")
+    add_settings_arguments(p, MODEL_FIELDS + SPECULATION_FIELDS)
+    p.set_defaults(handler=run)
+
+
+def _pick(value: str, known: Any, what: str) -> list[str]:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise CodespecError(f"--{what}: unknown {', '.join(unknown) or 'empty list'}; choose from {', '.join(known)}")
+    return names
+
+
+def run(args: argparse.Namespace) -> int:
+    from codespec.bench.runner import PLAIN, codespec_system, format_table, hf_prompt_lookup_system, run_bench
+    from codespec.bench.workloads import WORKLOADS
+    from codespec.engine import Engine
+    from codespec.models.loading import load_model
+
+    workload_names = _pick(args.workloads, WORKLOADS, "workloads")
+    system_names = _pick(args.systems, SYSTEM_NAMES, "systems")
+    if args.repeat < 1:
+        raise CodespecError(f"--repeat must be at least 1, got {args.repeat}")
+    settings = settings_from_args(args)
+    loaded = load_model(settings)
+    engine = Engine.from_settings(loaded.model, loaded.tokenizer, settings)
+    available = {
+        PLAIN: codespec_system(engine, speculate=False),
+        "hf_prompt_lookup": hf_prompt_lookup_system(loaded.model, engine.eos_token_ids),
+        "codespec": codespec_system(engine, speculate=True),
+    }
+    systems = {name: available[name] for name in SYSTEM_NAMES if name == PLAIN or name in system_names}
+    workloads = [WORKLOADS[name](loaded.tokenizer) for name in workload_names]
+    if args.max_new_tokens is not None:
+        from dataclasses import replace
+
+        workloads = [replace(w, max_new_tokens=args.max_new_tokens) for w in workloads]
+
+    def progress(workload: str, system: str, i: int, sample: Any) -> None:
+        print(f"  {workload} {system} #{i + 1}: {len(sample.token_ids)} tokens in {sample.wall_s:.2f} s",
+              file=sys.stderr, flush=True)
+
+    for w in workloads:
+        print(f"workload {w.name}: {w.description}; {len(w.prompt_ids)} prompt tokens, "
+              f"up to {w.max_new_tokens} new", file=sys.stderr)
+    results = run_bench(workloads, systems, args.repeat, on_sample=progress)
+    machine = {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    print(f"\nmodel {loaded.name} ({loaded.info()['dtype']}, {loaded.device}), "
+          f"{machine['torch_threads']} threads, median of {args.repeat}")
+    print(format_table(results))
+    print(json.dumps({
+        "bench": "generate",
+        "model": loaded.name,
+        "dtype": loaded.info()["dtype"],
+        "machine": machine,
+        "settings": {"max_draft_tokens": settings.max_draft_tokens, "min_match_tokens": settings.min_match_tokens},
+        "results": [r.to_json() for r in results],
+    }))
+    return 0

@@ -1,0 +1,99 @@
+"""`codespec generate`: one completion of a prompt file, greedy, with speculation on or off.
+
+    codespec generate prompt.txt                 # text to stdout, stats to stderr
+    codespec generate --json --no-spec - < p.txt  # exactly one JSON object on stdout
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from codespec.cli.options import MODEL_FIELDS, SPECULATION_FIELDS, add_settings_arguments, settings_from_args
+from codespec.errors import CodespecError, RequestError
+
+MAX_PROMPT_BYTES = 8 << 20  # a prompt larger than this is a mistake, not a request
+
+
+def register(commands: Any) -> None:
+    p = commands.add_parser("generate", help="complete a prompt (file or stdin) with the model")
+    p.add_argument("prompt_file", nargs="?", default="-", metavar="PROMPT_FILE|-",
+                   help="prompt text, tokenized verbatim (special tokens such as <|fim_prefix|> "
+                   "are recognised); '-' or nothing reads stdin")
+    p.add_argument("--index", metavar="PATH", help="a suffix index built by `codespec index` (not yet available)")
+    p.add_argument("--no-spec", action="store_true", help="run the same engine with speculation off")
+    p.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="tokens to generate at most (128)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop before this text (repeatable)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template as a user turn")
+    p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+    add_settings_arguments(p, MODEL_FIELDS + SPECULATION_FIELDS)
+    p.set_defaults(handler=run)
+
+
+def read_prompt(source: str) -> str:
+    """The prompt's text; binary, non-UTF-8 or oversized input is refused with a clear line."""
+    if source == "-":
+        if sys.stdin.isatty():
+            raise CodespecError("no prompt: give PROMPT_FILE or pipe the prompt into stdin")
+        data = sys.stdin.buffer.read(MAX_PROMPT_BYTES + 1)
+        name = "stdin"
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise CodespecError(f"prompt file {source}: no such file")
+        with open(path, "rb") as f:
+            data = f.read(MAX_PROMPT_BYTES + 1)
+        name = source
+    if len(data) > MAX_PROMPT_BYTES:
+        raise RequestError(f"prompt {name} is larger than {MAX_PROMPT_BYTES >> 20} MiB")
+    if b"\x00" in data:
+        raise RequestError(f"prompt {name} looks binary (it contains NUL bytes); give a text file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RequestError(f"prompt {name} is not UTF-8 text (bad byte at offset {exc.start})") from None
+    if not text:
+        raise RequestError(f"prompt {name} is empty")
+    return text
+
+
+def run(args: argparse.Namespace) -> int:
+    from codespec.engine import Engine, GenerationConfig
+    from codespec.models.loading import load_model
+
+    if args.index:
+        raise CodespecError(
+            "--index: the suffix index is not available in this version yet; "
+            "generate without it (the request's own prompt is still used for drafts)"
+        )
+    if args.max_new_tokens < 1:
+        raise RequestError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    settings = settings_from_args(args)
+    text = read_prompt(args.prompt_file)
+    loaded = load_model(settings)
+    tokenizer = loaded.tokenizer
+    if args.chat:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
+    prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    engine = Engine.from_settings(loaded.model, tokenizer, settings)
+    config = GenerationConfig(max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), speculate=not args.no_spec)
+    result = engine.generate(prompt_ids, config)
+    if args.json:
+        print(json.dumps(result.to_json()))
+        return 0
+    sys.stdout.write(result.text)
+    if not result.text.endswith("\n"):
+        sys.stdout.write("\n")
+    s = result.stats
+    print(
+        f"[{s.generated_tokens} tokens in {s.wall_s:.2f} s ({s.generated_tokens / max(s.wall_s, 1e-9):.1f} tok/s), "
+        f"ttft {s.ttft_s:.2f} s, {s.verify_passes} verify passes, "
+        f"{s.accepted_tokens_per_pass:.2f} accepted tokens/pass, finish: {result.finish_reason}]",
+        file=sys.stderr,
+    )
+    return 0

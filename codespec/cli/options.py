@@ -1,0 +1,56 @@
+"""CLI flags built from `Settings` fields, so that `--help` and the environment agree.
+
+>>> import argparse
+>>> p = argparse.ArgumentParser(); add_settings_arguments(p, ["max_draft_tokens"])
+>>> settings_from_args(p.parse_args(["--max-draft-tokens", "4"])).max_draft_tokens
+4
+"""
+
+from __future__ import annotations
+
+import argparse
+import typing
+from typing import Iterable
+
+from pydantic import ValidationError
+
+from codespec.errors import CodespecError
+from codespec.settings import Settings
+
+MODEL_FIELDS = ("model", "dtype", "device", "cache_dir", "threads")
+SPECULATION_FIELDS = ("max_draft_tokens", "min_match_tokens", "max_match_tokens")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser, names: Iterable[str]) -> None:
+    """Add one flag per named setting; unset flags fall back to env and defaults."""
+    for name in names:
+        field = Settings.model_fields[name]
+        choices = typing.get_args(field.annotation) if typing.get_origin(field.annotation) is typing.Literal else None
+        env = f"CODESPEC_{name.upper()}"
+        parser.add_argument(
+            _flag(name),
+            dest=f"setting_{name}",
+            default=None,
+            choices=choices,
+            metavar=None if choices else name.upper(),
+            help=f"{field.description} [env {env}]",
+        )
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Settings from CODESPEC_* env, overridden by the flags the user gave."""
+    given = {
+        key.removeprefix("setting_"): value
+        for key, value in vars(args).items()
+        if key.startswith("setting_") and value is not None
+    }
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"]) or "settings"
+        raise CodespecError(f"bad setting {where}: {error['msg']}") from None

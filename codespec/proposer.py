@@ -1,0 +1,91 @@
+"""Proposers: the policy that turns index matches into drafts for one request.
+
+The engine opens one session per request (`Proposer.start(prompt_ids)`), feeds it every
+committed token (`extend`) and asks for a draft before each verify pass (`draft(budget)`).
+The index answers "what followed the longest match"; the proposer decides how much of
+that to propose: nothing for a match shorter than `min_match_tokens`, otherwise k tokens
+for a k-token match, capped by the budget the engine grants.
+
+>>> p = PromptLookupProposer(min_match_tokens=2)
+>>> s = p.start([10, 11, 12, 13, 10, 11])
+>>> s.draft(budget=8).token_ids     # [10, 11] matched: 2 tokens proposed
+(12, 13)
+>>> s.extend([12]); s.draft(budget=8).token_ids   # [10, 11, 12] matched: up to 3
+(13, 10, 11)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Protocol, Sequence
+
+from codespec.index import ContextMatcher, Draft
+
+
+class ProposerSession(Protocol):
+    def extend(self, token_ids: Iterable[int]) -> None:
+        """Record committed tokens (the request's output) in the session's context."""
+
+    def draft(self, budget: int) -> Draft:
+        """A draft of at most `budget` tokens continuing the context (maybe empty)."""
+
+
+class Proposer(Protocol):
+    name: str
+
+    def start(self, prompt_ids: Sequence[int]) -> ProposerSession:
+        """Open a session for one request whose context starts as `prompt_ids`."""
+
+
+@dataclass(frozen=True)
+class PromptLookupProposer:
+    """Drafts from the longest suffix match within the request's own prompt and output."""
+
+    min_match_tokens: int = 2
+    max_match_tokens: int = 64
+    name: str = "prompt"
+
+    def start(self, prompt_ids: Sequence[int]) -> _PromptLookupSession:
+        return _PromptLookupSession(self, ContextMatcher(prompt_ids, max_match=self.max_match_tokens))
+
+
+@dataclass
+class _PromptLookupSession:
+    policy: PromptLookupProposer
+    matcher: ContextMatcher
+
+    def extend(self, token_ids: Iterable[int]) -> None:
+        self.matcher.extend(token_ids)
+
+    def draft(self, budget: int) -> Draft:
+        if budget <= 0:
+            return Draft.empty("context")
+        draft = self.matcher.draft(max_tokens=budget)
+        if draft.match_len < self.policy.min_match_tokens:
+            return Draft.empty(draft.source)
+        return draft.truncated(min(budget, draft.match_len))
+
+
+@dataclass(frozen=True)
+class NoProposer:
+    """Speculation off: every verify pass is a plain decode step."""
+
+    name: str = "none"
+
+    def start(self, prompt_ids: Sequence[int]) -> _NoSession:
+        return _NoSession()
+
+
+class _NoSession:
+    def extend(self, token_ids: Iterable[int]) -> None:
+        pass
+
+    def draft(self, budget: int) -> Draft:
+        return Draft.empty("none")
+
+
+# A registry, not an if/elif chain: later issues add the suffix index and trees here.
+PROPOSERS: dict[str, Callable[..., Proposer]] = {
+    "prompt": PromptLookupProposer,
+    "none": NoProposer,
+}

@@ -1,0 +1,62 @@
+"""One source of configuration: `CODESPEC_*` environment variables and CLI flags.
+
+Every field carries a description; the CLI builds its flags and `--help` from these
+fields (see `codespec.cli.options`), so a setting is documented in exactly one place.
+
+>>> Settings(max_draft_tokens=8).max_draft_tokens
+8
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DType = Literal["auto", "float32", "bfloat16", "float16", "float64"]
+Device = Literal["auto", "cpu", "cuda"]
+
+
+def default_cache_dir() -> Path:
+    """XDG cache directory for prepared models: `$XDG_CACHE_HOME/codespec` or `~/.cache/codespec`."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "codespec"
+
+
+class Settings(BaseSettings):
+    """codespec's settings; each can be set as `CODESPEC_<NAME>` or as a CLI flag."""
+
+    model_config = SettingsConfigDict(env_prefix="CODESPEC_", extra="ignore")
+
+    model: str = Field(
+        "default",
+        description="Model: 'default' (the embedded Qwen2.5-Coder-0.5B-Instruct), "
+        "a local Hugging Face model directory, or a hub id when a hub is reachable.",
+    )
+    dtype: DType = Field(
+        "auto",
+        description="Weights and compute dtype. 'auto' is bfloat16 on CPU (verify passes "
+        "scale better than float32 there; see docs/decisions.md) and on CUDA.",
+    )
+    device: Device = Field("auto", description="Where the model runs; 'auto' picks CUDA when present.")
+    cache_dir: Path = Field(
+        default_factory=default_cache_dir,
+        description="Where prepared models are cached (default: $XDG_CACHE_HOME/codespec).",
+    )
+    threads: int = Field(
+        0, ge=0, description="CPU threads for torch; 0 uses every core this process may use."
+    )
+    max_draft_tokens: int = Field(
+        16, ge=0, le=256,
+        description="Cap on draft tokens per verify pass (a k-token match drafts up to k).",
+    )
+    min_match_tokens: int = Field(
+        2, ge=1, le=64,
+        description="Shortest suffix match of the context that may propose a draft.",
+    )
+    max_match_tokens: int = Field(
+        64, ge=1, le=1024, description="Longest suffix of the context the matcher tries to match."
+    )

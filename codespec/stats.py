@@ -1,0 +1,67 @@
+"""Per-request speculation statistics.
+
+*Accepted tokens per pass* counts what a verify pass commits: its accepted draft tokens
+plus the bonus token (Spec-Bench's "mean accepted tokens"). Plain decoding scores exactly
+1.0; a pass that accepts 3 draft tokens scores 4. The first token, which comes from the
+prefill and not from a verify pass, is not counted in it.
+
+>>> s = GenerationStats(prompt_tokens=5)
+>>> s.record_pass(drafted=4, committed=3); s.record_pass(drafted=0, committed=1)
+>>> s.accepted_tokens_per_pass, s.histogram
+(2.0, {1: 1, 3: 1})
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int
+    generated_tokens: int = 0
+    verify_passes: int = 0
+    draft_tokens: int = 0  # draft tokens proposed (and verified)
+    accepted_draft_tokens: int = 0
+    committed_in_passes: int = 0
+    committed_per_pass: Counter[int] = field(default_factory=Counter)
+    ttft_s: float = 0.0
+    wall_s: float = 0.0
+
+    def record_pass(self, drafted: int, committed: int, accepted: int | None = None) -> None:
+        """Count a verify pass that proposed `drafted` tokens and committed `committed`
+        (after stop conditions; `accepted` defaults to committed - 1)."""
+        self.verify_passes += 1
+        self.draft_tokens += drafted
+        self.accepted_draft_tokens += max(0, committed - 1) if accepted is None else accepted
+        self.committed_in_passes += committed
+        self.committed_per_pass[committed] += 1
+
+    @property
+    def accepted_tokens_per_pass(self) -> float:
+        return self.committed_in_passes / self.verify_passes if self.verify_passes else 0.0
+
+    @property
+    def histogram(self) -> dict[int, int]:
+        return dict(sorted(self.committed_per_pass.items()))
+
+    @property
+    def draft_acceptance(self) -> float:
+        """Share of proposed draft tokens that were accepted."""
+        return self.accepted_draft_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "verify_passes": self.verify_passes,
+            "accepted_tokens_per_pass": round(self.accepted_tokens_per_pass, 4),
+            "accepted_tokens_histogram": {str(k): v for k, v in self.histogram.items()},
+            "draft_tokens": self.draft_tokens,
+            "accepted_draft_tokens": self.accepted_draft_tokens,
+            "ttft_s": round(self.ttft_s, 4),
+            "wall_s": round(self.wall_s, 4),
+            "tokens_per_s": round(self.generated_tokens / self.wall_s, 3) if self.wall_s else 0.0,
+        }

@@ -1,0 +1,116 @@
+"""Longest suffix match of a growing token sequence within itself (prompt lookup).
+
+A request's own prompt and output are its first and often best draft source: an edit
+copies most of the code it was given. The matcher keeps the sequence in a growable
+int32 buffer and, per query, narrows the set of earlier occurrences of the context's
+suffix one token at a time (vectorised numpy; ~10-200 us on contexts of a few thousand
+tokens, against ~90 ms for one forward of the default model on CPU).
+
+Worked example: context [5, 1, 2, 3, 4, 1, 2]. The suffix [1, 2] also ends at index 2,
+and [5, 1, 2] does not occur again, so the longest match is 2 tokens, and what followed
+it was 3, 4, 1, 2:
+
+>>> m = ContextMatcher([5, 1, 2, 3, 4, 1, 2])
+>>> m.longest_match()[0]
+2
+>>> m.draft(max_tokens=3).token_ids
+(3, 4, 1)
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from codespec.index.draft import Draft
+
+SOURCE = "context"
+_INITIAL_CAPACITY = 1024
+
+
+class ContextMatcher:
+    """Finds the longest suffix of a token sequence that occurred earlier in it."""
+
+    def __init__(self, tokens: Iterable[int] = (), max_match: int = 64) -> None:
+        if max_match < 1:
+            raise ValueError(f"max_match must be at least 1, got {max_match}")
+        self.max_match = max_match
+        self._buf = np.empty(_INITIAL_CAPACITY, dtype=np.int32)
+        self._n = 0
+        self.extend(tokens)
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The sequence so far (a read-only view)."""
+        view = self._buf[: self._n]
+        view.flags.writeable = False
+        return view
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        new = np.fromiter(tokens, dtype=np.int64)
+        if new.size and (new.min() < 0 or new.max() > np.iinfo(np.int32).max):
+            raise ValueError("token ids must be non-negative int32 values")
+        need = self._n + new.size
+        if need > self._buf.size:
+            grown = np.empty(max(need, 2 * self._buf.size), dtype=np.int32)
+            grown[: self._n] = self._buf[: self._n]
+            self._buf = grown
+        self._buf[self._n : need] = new
+        self._n = need
+
+    def longest_match(self) -> tuple[int, np.ndarray]:
+        """Return `(match_len, ends)`: the longest suffix (up to `max_match` tokens) that
+        also ends earlier, and every earlier index where it ends (ascending)."""
+        n, buf = self._n, self._buf
+        if n < 2:
+            return 0, np.empty(0, dtype=np.int64)
+        ends = np.flatnonzero(buf[: n - 1] == buf[n - 1])
+        if ends.size == 0:
+            return 0, ends
+        length = 1
+        while length < self.max_match and length < n:
+            ends_ok = ends[ends >= length]
+            ends_ok = ends_ok[buf[ends_ok - length] == buf[n - 1 - length]]
+            if ends_ok.size == 0:
+                break
+            ends, length = ends_ok, length + 1
+        return length, ends
+
+    def draft(self, max_tokens: int) -> Draft:
+        """The most frequent continuation of the longest match, as a chain of up to
+        `max_tokens` tokens; ties go to the most recent occurrence."""
+        length, ends = self.longest_match()
+        if length == 0 or max_tokens <= 0:
+            return Draft.empty(SOURCE)
+        n, buf = self._n, self._buf
+        positions = ends + 1  # where each occurrence's continuation starts; all < n
+        token_ids: list[int] = []
+        counts: list[int] = []
+        while len(token_ids) < max_tokens:
+            positions = positions[positions < n]
+            if positions.size == 0:
+                break
+            values = buf[positions]
+            token = _most_frequent_latest(values)
+            keep = values == token
+            token_ids.append(token)
+            counts.append(int(keep.sum()))
+            positions = positions[keep] + 1
+        return Draft.chain(token_ids, counts, match_len=length, source=SOURCE)
+
+
+def _most_frequent_latest(values: np.ndarray) -> int:
+    """The most frequent value; among equally frequent ones, the one seen last."""
+    first = values[0]
+    if (values == first).all():
+        return int(first)
+    uniques, counts = np.unique(values, return_counts=True)
+    tied = uniques[counts == counts.max()]
+    if tied.size == 1:
+        return int(tied[0])
+    last_seen = [np.flatnonzero(values == t)[-1] for t in tied]
+    return int(tied[int(np.argmax(last_seen))])

@@ -1,0 +1,66 @@
+"""The value every index returns: a draft, a small token tree in flat form.
+
+Vocabulary (used across codespec): the *context* is the committed token sequence; a
+*draft* proposes tokens that may follow it; a *verify pass* checks a draft in one
+forward; draft tokens equal to the model's own choices are *accepted*, the model's
+token after the last accepted one is the *bonus*; accepted + bonus are *committed*.
+
+A chain is the tree whose node i has parent i - 1:
+
+>>> d = Draft.chain([7, 8, 9], counts=[3, 2, 2], match_len=4, source="context")
+>>> d.parents
+(-1, 0, 1)
+>>> len(d), d.is_chain
+(3, True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Proposed continuation of a context, as a tree in topological order.
+
+    token_ids[i] is node i's token; parents[i] is the index of its parent node, or -1
+    when it directly follows the context; counts[i] is how many occurrences in the
+    source support node i (its estimated probability is counts[i] / counts[parent]).
+    match_len is the length of the context suffix that was matched, source names the
+    index that produced the draft.
+    """
+
+    token_ids: tuple[int, ...]
+    parents: tuple[int, ...]
+    counts: tuple[int, ...]
+    match_len: int
+    source: str
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        assert len(self.parents) == n and len(self.counts) == n, "draft arrays differ in length"
+        assert all(-1 <= p < i for i, p in enumerate(self.parents)), "parents must precede children"
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def is_chain(self) -> bool:
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+    @classmethod
+    def chain(cls, token_ids: Sequence[int], counts: Sequence[int], match_len: int, source: str) -> Draft:
+        ids = tuple(int(t) for t in token_ids)
+        return cls(ids, tuple(range(-1, len(ids) - 1)), tuple(int(c) for c in counts), match_len, source)
+
+    @classmethod
+    def empty(cls, source: str = "none") -> Draft:
+        return cls((), (), (), 0, source)
+
+    def truncated(self, max_tokens: int) -> Draft:
+        """The first `max_tokens` nodes (a prefix of a topological order is still a tree)."""
+        if len(self) <= max_tokens:
+            return self
+        n = max(0, max_tokens)
+        return Draft(self.token_ids[:n], self.parents[:n], self.counts[:n], self.match_len, self.source)
