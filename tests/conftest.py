@@ -1,0 +1,14 @@
+"""Shared fixtures. The real default model is loaded once per session, and prepared
+(join + sha256 + convert, ~1 min) on first use if the cache does not hold it yet."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    from codespec.models.loading import load_model
+    from codespec.settings import Settings
+
+    return load_model(Settings(), progress=False)

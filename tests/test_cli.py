@@ -1,0 +1,44 @@
+"""CLI errors: one line on stderr, exit status 2, before any model is loaded."""
+
+from __future__ import annotations
+
+import pytest
+
+from codespec.cli.main import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    err = capsys.readouterr().err.strip()
+    return code, err
+
+
+@pytest.mark.parametrize(
+    "setup, argv, message",
+    [
+        (None, ["generate", "missing.txt"], "no such file"),
+        ("bin", ["generate", "p"], "looks binary"),
+        ("latin1", ["generate", "p"], "not UTF-8"),
+        ("empty", ["generate", "p"], "is empty"),
+        ("ok", ["generate", "--index", "x.idx", "p"], "--index"),
+        ("ok", ["generate", "--max-new-tokens", "0", "p"], "at least 1"),
+        ("ok", ["generate", "--max-draft-tokens", "-1", "p"], "bad setting max_draft_tokens"),
+        ("ok", ["generate", "--model", "/no/such/model", "p"], "no such directory"),
+        (None, ["bench", "--workloads", "chat"], "unknown chat"),
+    ],
+)
+def test_bad_input_is_one_clear_line(tmp_path, monkeypatch, capsys, setup, argv, message):
+    monkeypatch.chdir(tmp_path)
+    contents = {"bin": b"\x00\x01", "latin1": "caf\u00e9".encode("latin-1"), "empty": b"", "ok": b"def f():"}
+    if setup:
+        (tmp_path / "p").write_bytes(contents[setup])
+    code, err = run(capsys, *argv)
+    assert code == 2
+    assert message in err and err.startswith("codespec: error:") and "\n" not in err
+
+
+def test_help_lists_settings_with_their_env_names(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    out = capsys.readouterr().out
+    assert "--max-draft-tokens" in out and "CODESPEC_MAX_DRAFT_TOKENS" in out

@@ -1,0 +1,96 @@
+"""Lossless: speculative output equals the same engine's plain output, token for token.
+
+float64 tiny models keep logits free of near-ties. Prompts come in two kinds: random
+ones (drafts rarely match) and ones built to repeat over a 16-token vocabulary, where the
+models fall into loops so that drafts are accepted as well as rejected; the test asserts
+that both happened, so it cannot pass by never speculating.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from codespec.engine import Engine, GenerationConfig
+from codespec.models.tiny import tiny_model
+from codespec.proposer import PromptLookupProposer
+
+
+def prompts(vocab: int, count: int, seed: int, repeat: bool) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(count):
+        if repeat:
+            base = torch.randint(0, vocab, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
+            out.append(base * int(torch.randint(2, 5, (1,), generator=g)))
+        else:
+            out.append(torch.randint(0, vocab, (int(torch.randint(1, 40, (1,), generator=g)),), generator=g).tolist())
+    return out
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("max_draft_tokens", [1, 4, 16])
+def test_speculative_equals_plain(arch, max_draft_tokens):
+    accepted = rejected = 0
+    for vocab, repeat in ((16, True), (128, False)):
+        model = tiny_model(arch, vocab_size=vocab, seed=3)
+        engine = Engine(model, None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=max_draft_tokens,
+                        eos_token_ids=[])
+        for prompt in prompts(vocab, 12, seed=vocab, repeat=repeat):
+            config = GenerationConfig(max_new_tokens=48)
+            plain = engine.generate(prompt, GenerationConfig(max_new_tokens=48, speculate=False))
+            spec = engine.generate(prompt, config)
+            assert spec.token_ids == plain.token_ids, f"prompt {prompt}"
+            assert plain.stats.draft_tokens == 0 and plain.stats.accepted_tokens_per_pass == 1.0
+            accepted += spec.stats.accepted_draft_tokens
+            rejected += spec.stats.draft_tokens - spec.stats.accepted_draft_tokens
+    assert accepted > 20 and rejected > 20, (accepted, rejected)
+
+
+def test_plain_engine_equals_hf_greedy_generate():
+    """The reference itself is right: plain decoding equals transformers' greedy generate."""
+    model = tiny_model("qwen2", vocab_size=64, seed=5)
+    engine = Engine(model, None, eos_token_ids=[])
+    for prompt in prompts(64, 4, seed=1, repeat=False):
+        ids = torch.tensor([prompt])
+        hf = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, min_new_tokens=24,
+                            do_sample=False, pad_token_id=0)[0, len(prompt):].tolist()
+        assert engine.generate(prompt, GenerationConfig(max_new_tokens=24, speculate=False)).token_ids == hf
+
+
+def test_eos_and_limit_stop_at_the_same_token_with_and_without_speculation():
+    model = tiny_model("qwen2", vocab_size=16, seed=3)
+    probe = Engine(model, None, PromptLookupProposer(min_match_tokens=1), eos_token_ids=[])
+    prompt = [1, 2, 3, 4] * 3
+    free = probe.generate(prompt, GenerationConfig(max_new_tokens=40, speculate=False)).token_ids
+    eos = free[len(free) // 2]  # a token the output really produces, maybe inside a draft
+    engine = Engine(model, None, PromptLookupProposer(min_match_tokens=1), eos_token_ids=[eos])
+    for limit in (1, 2, 7, 40):
+        a = engine.generate(prompt, GenerationConfig(max_new_tokens=limit))
+        b = engine.generate(prompt, GenerationConfig(max_new_tokens=limit, speculate=False))
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        assert eos not in a.token_ids and len(a.token_ids) <= limit
+
+
+def test_stats_add_up():
+    model = tiny_model("qwen2", vocab_size=16, seed=3)
+    engine = Engine(model, None, PromptLookupProposer(min_match_tokens=1), eos_token_ids=[])
+    out = engine.generate([1, 2, 3, 4] * 4, GenerationConfig(max_new_tokens=40))
+    s = out.stats
+    assert s.generated_tokens == len(out.token_ids) == 40
+    assert s.committed_in_passes == s.generated_tokens - 1  # the first token comes from the prefill
+    assert sum(s.histogram.values()) == s.verify_passes
+    assert s.accepted_draft_tokens <= s.draft_tokens
+    assert 0 < s.ttft_s <= s.wall_s
+
+
+def test_bad_requests_fail_clearly():
+    from codespec.errors import RequestError
+
+    engine = Engine(tiny_model("llama", vocab_size=16, max_position_embeddings=32), None, eos_token_ids=[])
+    with pytest.raises(RequestError, match="empty"):
+        engine.generate([], GenerationConfig())
+    with pytest.raises(RequestError, match="context holds 32"):
+        engine.generate(list(range(16)) * 2, GenerationConfig())
+    # a prompt that nearly fills the context still generates, up to the context's end
+    assert len(engine.generate([1] * 30, GenerationConfig(max_new_tokens=10)).token_ids) == 2
