@@ -1,0 +1,232 @@
+"""numba kernels: longest suffix match, occurrence collection, draft-tree construction.
+
+Terms. A *segment* stores documents as one int32 corpus, each document followed by
+`SEP` (no real token id equals it, so no match crosses a document boundary). An
+*occurrence* of the context's longest matched suffix is identified by its *end*: the
+corpus index of its last token; its continuation starts at end + 1.
+
+Suffix-array segments index the *reversed* corpus, so the longest suffix of the context
+is the longest prefix of the reversed context: one narrowing pass over the suffix array,
+one token per step, stopping at the first mismatch (~2-4 us at 10 M tokens).
+
+Every kernel is `@njit(cache=True, nogil=True)`: compiled once per machine into numba's
+cache, and free of the GIL so that queries overlap a background rebuild.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+SEP = np.int32(np.iinfo(np.int32).max)  # document separator; real token ids are smaller
+NO_TOKEN = -1  # padding in continuation windows past a document's end
+
+
+@njit(cache=True, nogil=True)
+def _doc_index(doc_starts, position):
+    """Index of the document holding `position` (doc_starts ascending, first is 0)."""
+    lo, hi = 0, doc_starts.shape[0]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if doc_starts[mid] <= position:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True, nogil=True)
+def _key(rev, suffix, depth):
+    """Token `depth` of the reversed-corpus suffix starting at `suffix`; -1 past its end."""
+    j = suffix + depth
+    return rev[j] if j < rev.shape[0] else -1
+
+
+@njit(cache=True, nogil=True)
+def _any_live(sa, lo, hi, n, doc_starts, doc_dead):
+    for i in range(lo, hi):
+        if not doc_dead[_doc_index(doc_starts, n - 1 - sa[i])]:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def sa_longest_match(rev, sa, context, max_match, doc_starts, doc_dead, any_dead):
+    """Longest suffix of `context` (<= max_match tokens) occurring in a live document.
+
+    Returns (lo, hi, length): sa[lo:hi] are the reversed-corpus suffixes that start
+    with the reversed matched suffix.
+    """
+    n = rev.shape[0]
+    lo, hi, length = 0, n, 0
+    c = context.shape[0]
+    while length < max_match and length < c:
+        token = context[c - 1 - length]
+        a, b = lo, hi  # first index in [lo, hi) whose key >= token
+        while a < b:
+            mid = (a + b) // 2
+            if _key(rev, sa[mid], length) < token:
+                a = mid + 1
+            else:
+                b = mid
+        first = a
+        b = hi  # first index in [first, hi) whose key > token
+        while a < b:
+            mid = (a + b) // 2
+            if _key(rev, sa[mid], length) <= token:
+                a = mid + 1
+            else:
+                b = mid
+        if first == a:
+            break
+        if any_dead and not _any_live(sa, first, a, n, doc_starts, doc_dead):
+            break  # every longer match lies in masked documents too
+        lo, hi, length = first, a, length + 1
+    return lo, hi, length
+
+
+@njit(cache=True, nogil=True)
+def sa_ends(sa, lo, hi, n, max_occurrences, doc_starts, doc_dead, any_dead):
+    """End positions (forward corpus) of the live occurrences in sa[lo:hi], at most
+    `max_occurrences` of them, sampled with an even stride when there are more."""
+    count = hi - lo
+    stride = 1 if count <= max_occurrences else (count + max_occurrences - 1) // max_occurrences
+    out = np.empty(min(count, max_occurrences), dtype=np.int64)
+    k = 0
+    for i in range(lo, hi, stride):
+        end = n - 1 - sa[i]
+        if any_dead and doc_dead[_doc_index(doc_starts, end)]:
+            continue
+        out[k] = end
+        k += 1
+        if k == out.shape[0]:
+            break
+    return out[:k]
+
+
+@njit(cache=True, nogil=True)
+def scan_longest_match(corpus, n, context, max_match, doc_starts, doc_dead, exclude_end):
+    """Brute-force longest match over corpus[:n] (small, unsorted segments).
+
+    Returns (length, ends) with every live occurrence's end, ascending. An occurrence
+    ending at `exclude_end` (the context itself, when it lives in the corpus) is skipped.
+    """
+    c = context.shape[0]
+    best = 0
+    ends = np.empty(0, dtype=np.int64)
+    if c == 0 or n == 0:
+        return best, ends
+    last = context[c - 1]
+    found = np.empty(n, dtype=np.int64)
+    k = 0
+    for end in range(n):
+        if corpus[end] != last or end == exclude_end:
+            continue
+        if doc_dead[_doc_index(doc_starts, end)]:
+            continue
+        length = 1
+        limit = min(max_match, c, end + 1)
+        while length < limit and corpus[end - length] == context[c - 1 - length]:
+            length += 1
+        if length > best:
+            best, k = length, 0
+        if length == best:
+            found[k] = end
+            k += 1
+    return best, found[:k].copy()
+
+
+@njit(cache=True, nogil=True)
+def fill_windows(corpus, n, ends, width, windows, row0):
+    """windows[row0 + i, :] = the `width` tokens after ends[i], NO_TOKEN past SEP or n."""
+    for i in range(ends.shape[0]):
+        row = row0 + i
+        stopped = False
+        for j in range(width):
+            p = ends[i] + 1 + j
+            if not stopped and (p >= n or corpus[p] == SEP):
+                stopped = True
+            windows[row, j] = NO_TOKEN if stopped else corpus[p]
+    return row0 + ends.shape[0]
+
+
+@njit(cache=True, nogil=True)
+def build_draft(windows, rows, max_depth, max_nodes, min_count, chain):
+    """Best-first draft tree over continuation windows.
+
+    Nodes are prefixes of the windows; a node's count is how many windows start with
+    it. Candidates (children of added nodes) are added in order of decreasing count,
+    skipping any whose count is below `min_count`, until `max_nodes` nodes. With
+    `chain`, only the last added node's children are candidates: the most frequent path.
+    Ties go to the smaller token id. Parents always precede children.
+
+    Returns (token_ids, parents, counts) as int64 arrays.
+    """
+    tokens = np.empty(max_nodes, dtype=np.int64)
+    parents = np.empty(max_nodes, dtype=np.int64)
+    counts = np.empty(max_nodes, dtype=np.int64)
+    if rows == 0 or max_depth == 0 or max_nodes == 0:
+        return tokens[:0], parents[:0], counts[:0]
+    width = min(max_depth, windows.shape[1])
+    order = np.arange(rows)  # row permutation; every node's rows are one range of it
+    cap = max_nodes * 64 + rows  # candidate pool: every child of every added node
+    c_lo = np.empty(cap, dtype=np.int64)
+    c_hi = np.empty(cap, dtype=np.int64)
+    c_depth = np.empty(cap, dtype=np.int64)
+    c_parent = np.empty(cap, dtype=np.int64)
+    c_alive = np.zeros(cap, dtype=np.bool_)
+    n_cand = _push_children(windows, order, 0, rows, 0, -1, width, min_count,
+                            c_lo, c_hi, c_depth, c_parent, c_alive, 0)
+    n_nodes = 0
+    while n_nodes < max_nodes:
+        best = -1
+        best_count = 0
+        best_token = 0
+        for i in range(n_cand):
+            if not c_alive[i]:
+                continue
+            cnt = c_hi[i] - c_lo[i]
+            tok = windows[order[c_lo[i]], c_depth[i]]
+            if cnt > best_count or (cnt == best_count and tok < best_token):
+                best, best_count, best_token = i, cnt, tok
+        if best < 0:
+            break
+        c_alive[best] = False
+        tokens[n_nodes] = best_token
+        parents[n_nodes] = c_parent[best]
+        counts[n_nodes] = best_count
+        if chain:
+            for i in range(n_cand):
+                c_alive[i] = False
+        if c_depth[best] + 1 < width and n_cand + rows <= cap:
+            n_cand = _push_children(windows, order, c_lo[best], c_hi[best], c_depth[best] + 1, n_nodes,
+                                    width, min_count, c_lo, c_hi, c_depth, c_parent, c_alive, n_cand)
+        n_nodes += 1
+    return tokens[:n_nodes].copy(), parents[:n_nodes].copy(), counts[:n_nodes].copy()
+
+
+@njit(cache=True, nogil=True)
+def _push_children(windows, order, lo, hi, depth, parent, width, min_count,
+                   c_lo, c_hi, c_depth, c_parent, c_alive, n_cand):
+    """Sort order[lo:hi] by the token at `depth` and add each run of equal tokens as a
+    candidate. Sorting only the rows of nodes being expanded keeps a 32-node draft over
+    256 windows at a few microseconds; a child's later sort permutes only its own range."""
+    keys = np.empty(hi - lo, dtype=np.int64)
+    for i in range(lo, hi):
+        keys[i - lo] = windows[order[i], depth]
+    perm = np.argsort(keys)
+    block = order[lo:hi].copy()
+    for i in range(hi - lo):
+        order[lo + i] = block[perm[i]]
+    i = lo
+    while i < hi:
+        tok = windows[order[i], depth]
+        j = i + 1
+        while j < hi and windows[order[j], depth] == tok:
+            j += 1
+        if tok != NO_TOKEN and j - i >= min_count:
+            c_lo[n_cand], c_hi[n_cand], c_depth[n_cand], c_parent[n_cand] = i, j, depth, parent
+            c_alive[n_cand] = True
+            n_cand += 1
+        i = j
+    return n_cand
