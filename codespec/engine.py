@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from codespec.errors import RequestError
-from codespec.proposer import NoProposer, PromptLookupProposer, Proposer
+from codespec.index import SuffixIndex
+from codespec.proposer import IndexedProposer, NoProposer, PromptLookupProposer, Proposer
 from codespec.settings import Settings
 from codespec.stats import GenerationStats
 from codespec.stopping import StopCondition
@@ -69,10 +70,11 @@ class Engine:
         self.max_context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
 
     @classmethod
-    def from_settings(cls, model: Any, tokenizer: Any, settings: Settings) -> Engine:
-        proposer = PromptLookupProposer(
-            min_match_tokens=settings.min_match_tokens, max_match_tokens=settings.max_match_tokens
-        )
+    def from_settings(cls, model: Any, tokenizer: Any, settings: Settings, index: SuffixIndex | None = None) -> Engine:
+        """An engine whose proposer drafts from the request's context, and from `index`
+        (repository, past generations) when one is given."""
+        match = dict(min_match_tokens=settings.min_match_tokens, max_match_tokens=settings.max_match_tokens)
+        proposer: Proposer = PromptLookupProposer(**match) if index is None else IndexedProposer(index, **match)
         return cls(model, tokenizer, proposer, max_draft_tokens=settings.max_draft_tokens)
 
     def decode(self, token_ids: Sequence[int]) -> str:
@@ -135,9 +137,10 @@ class Run:
             draft = self.session.draft(self._draft_budget())
             result = verifier.verify(self.cache, self.generated[-1], draft.token_ids)
             kept = self._commit(result.committed)
-            self.stats.record_pass(len(draft), len(kept), accepted=min(result.accepted, len(kept)))
+            self.stats.record_pass(len(draft), len(kept), min(result.accepted, len(kept)), draft.source)
         if self.done:
             self.stats.wall_s = time.perf_counter() - self._started
+            self.session.finish(self.generated)
         return kept
 
     def _draft_budget(self) -> int:

@@ -16,10 +16,11 @@ for a k-token match, capped by the budget the engine grants.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol, Sequence
 
-from codespec.index import ContextMatcher, Draft
+from codespec.index import ContextMatcher, Draft, SuffixIndex
 
 
 class ProposerSession(Protocol):
@@ -28,6 +29,9 @@ class ProposerSession(Protocol):
 
     def draft(self, budget: int) -> Draft:
         """A draft of at most `budget` tokens continuing the context (maybe empty)."""
+
+    def finish(self, generated: Sequence[int]) -> None:
+        """The request ended with output `generated` (a source for later requests)."""
 
 
 class Proposer(Protocol):
@@ -60,10 +64,56 @@ class _PromptLookupSession:
     def draft(self, budget: int) -> Draft:
         if budget <= 0:
             return Draft.empty("context")
-        draft = self.matcher.draft(max_tokens=budget)
-        if draft.match_len < self.policy.min_match_tokens:
-            return Draft.empty(draft.source)
-        return draft.truncated(min(budget, draft.match_len))
+        return _k_for_k(self.matcher.draft(max_tokens=budget), budget, self.policy.min_match_tokens)
+
+    def finish(self, generated: Sequence[int]) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class IndexedProposer:
+    """Drafts from the longest match among the request's own context and a SuffixIndex
+    (repository snapshot, past generations, open buffers); ties go to the request's own
+    context, the most specific source. Each finished request's output joins the index's
+    dynamic side as a past generation."""
+
+    index: SuffixIndex
+    min_match_tokens: int = 2
+    max_match_tokens: int = 64
+    record_generations: bool = True
+    name: str = "index"
+
+    def start(self, prompt_ids: Sequence[int]) -> _IndexedSession:
+        return _IndexedSession(self, ContextMatcher(prompt_ids, max_match=self.max_match_tokens))
+
+
+@dataclass
+class _IndexedSession:
+    policy: IndexedProposer
+    matcher: ContextMatcher
+
+    def extend(self, token_ids: Iterable[int]) -> None:
+        self.matcher.extend(token_ids)
+
+    def draft(self, budget: int) -> Draft:
+        if budget <= 0:
+            return Draft.empty("context")
+        own = self.matcher.draft(max_tokens=budget)
+        context = self.matcher.tokens[-self.policy.max_match_tokens :]
+        indexed = self.policy.index.draft(context, max_tokens=budget, max_match=self.policy.max_match_tokens)
+        best = indexed if indexed.match_len > own.match_len else own
+        return _k_for_k(best, budget, self.policy.min_match_tokens)
+
+    def finish(self, generated: Sequence[int]) -> None:
+        if self.policy.record_generations and generated:
+            self.policy.index.add_document(f"gen:{uuid.uuid4().hex}", generated)
+
+
+def _k_for_k(draft: Draft, budget: int, min_match: int) -> Draft:
+    """The policy: nothing below `min_match`; else at most k tokens for a k-token match."""
+    if draft.match_len < min_match:
+        return Draft.empty(draft.source)
+    return draft.truncated(min(budget, draft.match_len))
 
 
 @dataclass(frozen=True)
@@ -83,9 +133,13 @@ class _NoSession:
     def draft(self, budget: int) -> Draft:
         return Draft.empty("none")
 
+    def finish(self, generated: Sequence[int]) -> None:
+        pass
+
 
 # A registry, not an if/elif chain: later issues add the suffix index and trees here.
 PROPOSERS: dict[str, Callable[..., Proposer]] = {
     "prompt": PromptLookupProposer,
+    "index": IndexedProposer,
     "none": NoProposer,
 }

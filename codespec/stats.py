@@ -27,15 +27,19 @@ class GenerationStats:
     accepted_draft_tokens: int = 0
     committed_in_passes: int = 0
     committed_per_pass: Counter[int] = field(default_factory=Counter)
+    accepted_by_source: Counter[str] = field(default_factory=Counter)  # draft tokens accepted, by index
     ttft_s: float = 0.0
     wall_s: float = 0.0
 
-    def record_pass(self, drafted: int, committed: int, accepted: int | None = None) -> None:
-        """Count a verify pass that proposed `drafted` tokens and committed `committed`
-        (after stop conditions; `accepted` defaults to committed - 1)."""
+    def record_pass(self, drafted: int, committed: int, accepted: int | None = None, source: str = "") -> None:
+        """Count a verify pass that proposed `drafted` tokens (from `source`) and
+        committed `committed` (after stop conditions; `accepted` defaults to committed - 1)."""
+        accepted = max(0, committed - 1) if accepted is None else accepted
         self.verify_passes += 1
         self.draft_tokens += drafted
-        self.accepted_draft_tokens += max(0, committed - 1) if accepted is None else accepted
+        self.accepted_draft_tokens += accepted
+        if drafted:
+            self.accepted_by_source[source] += accepted
         self.committed_in_passes += committed
         self.committed_per_pass[committed] += 1
 
@@ -61,6 +65,7 @@ class GenerationStats:
             "accepted_tokens_histogram": {str(k): v for k, v in self.histogram.items()},
             "draft_tokens": self.draft_tokens,
             "accepted_draft_tokens": self.accepted_draft_tokens,
+            "accepted_by_source": dict(self.accepted_by_source),
             "ttft_s": round(self.ttft_s, 4),
             "wall_s": round(self.wall_s, 4),
             "tokens_per_s": round(self.generated_tokens / self.wall_s, 3) if self.wall_s else 0.0,

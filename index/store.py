@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from codespec.errors import CodespecError
+
 MAGIC = b"CSPECIDX"
 FORMAT_VERSION = 1
 _PREAMBLE = struct.Struct("<8sII")
@@ -32,7 +34,7 @@ _ALIGN = 64
 _CRC_CHUNK = 1 << 24
 
 
-class IndexFileError(ValueError):
+class IndexFileError(CodespecError, ValueError):
     """An index file is missing, corrupt, truncated, of another version, or built with
     another tokenizer; the message says which and what to do."""
 

@@ -31,6 +31,7 @@ from codespec.index.draft import Draft
 from codespec.index.dynamic import DynamicIndex
 from codespec.index.segment import Segment, as_tokens
 from codespec.index.static import StaticIndex
+from codespec.index.store import IndexFileError
 
 MAX_MATCH = 64
 MIN_PROB = 0.1
@@ -54,6 +55,14 @@ class SuffixIndex:
     def load(cls, path: str | Path, *, tokenizer: str | None = None) -> SuffixIndex:
         """Load a static index file; `tokenizer` (fingerprint), when given, must match."""
         return cls(StaticIndex.load(Path(path), tokenizer=tokenizer))
+
+    def check_tokenizer(self, fingerprint: str) -> None:
+        """Refuse a static index built with another tokenizer (its token ids differ)."""
+        if self.static is not None and self.static.tokenizer != fingerprint:
+            raise IndexFileError(
+                f"the index was built with another tokenizer ({self.static.tokenizer[:12]}, the model's is "
+                f"{fingerprint[:12]}); rebuild it with the same --model"
+            )
 
     def save(self, path: str | Path) -> int:
         if self.static is None:

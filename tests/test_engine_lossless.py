@@ -94,3 +94,35 @@ def test_bad_requests_fail_clearly():
         engine.generate(list(range(16)) * 2, GenerationConfig())
     # a prompt that nearly fills the context still generates, up to the context's end
     assert len(engine.generate([1] * 30, GenerationConfig(max_new_tokens=10)).token_ids) == 2
+
+
+def test_index_drafts_are_lossless_and_used():
+    """Drafts from a SuffixIndex (static + past generations) keep the output unchanged.
+
+    The index holds this model's own earlier outputs (drafts get accepted) and another
+    model's outputs for the same prompts (drafts get rejected)."""
+    from codespec.index import SuffixIndex
+    from codespec.proposer import IndexedProposer
+
+    model = tiny_model("qwen2", vocab_size=128, seed=3)
+    other = tiny_model("qwen2", vocab_size=128, seed=4)
+    plain_engine = Engine(model, None, eos_token_ids=[])
+    other_engine = Engine(other, None, eos_token_ids=[])
+    cases = prompts(128, 8, seed=9, repeat=False)
+    files = {}
+    for i, prompt in enumerate(cases[:4]):
+        files[f"own{i}.py"] = prompt + plain_engine.generate(prompt, GenerationConfig(40, speculate=False)).token_ids
+    for i, prompt in enumerate(cases):
+        files[f"other{i}.py"] = prompt + other_engine.generate(prompt, GenerationConfig(40, speculate=False)).token_ids
+    index = SuffixIndex.build(files)
+    engine = Engine(model, None, IndexedProposer(index, min_match_tokens=1), max_draft_tokens=8, eos_token_ids=[])
+    accepted = rejected = 0
+    for prompt in cases:
+        plain = plain_engine.generate(prompt, GenerationConfig(40, speculate=False))
+        spec = engine.generate(prompt, GenerationConfig(40))
+        assert spec.token_ids == plain.token_ids
+        accepted += spec.stats.accepted_by_source.get("static", 0)
+        rejected += spec.stats.draft_tokens - spec.stats.accepted_draft_tokens
+    assert accepted > 50 and rejected > 10, (accepted, rejected)
+    # every finished request became a past generation in the dynamic index
+    assert len(index.dynamic.keys()) == len(cases)

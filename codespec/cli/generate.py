@@ -23,7 +23,7 @@ def register(commands: Any) -> None:
     p.add_argument("prompt_file", nargs="?", default="-", metavar="PROMPT_FILE|-",
                    help="prompt text, tokenized verbatim (special tokens such as <|fim_prefix|> "
                    "are recognised); '-' or nothing reads stdin")
-    p.add_argument("--index", metavar="PATH", help="a suffix index built by `codespec index` (not yet available)")
+    p.add_argument("--index", metavar="FILE", help="draft from this suffix index too (built by `codespec index PATH`)")
     p.add_argument("--no-spec", action="store_true", help="run the same engine with speculation off")
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="tokens to generate at most (128)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop before this text (repeatable)")
@@ -64,15 +64,15 @@ def run(args: argparse.Namespace) -> int:
     from codespec.engine import Engine, GenerationConfig
     from codespec.models.loading import load_model
 
-    if args.index:
-        raise CodespecError(
-            "--index: the suffix index is not available in this version yet; "
-            "generate without it (the request's own prompt is still used for drafts)"
-        )
     if args.max_new_tokens < 1:
         raise RequestError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     settings = settings_from_args(args)
     text = read_prompt(args.prompt_file)
+    index = None
+    if args.index:  # before the model: a bad index file fails in milliseconds
+        from codespec.index import SuffixIndex
+
+        index = SuffixIndex.load(args.index)
     loaded = load_model(settings)
     tokenizer = loaded.tokenizer
     if args.chat:
@@ -80,7 +80,11 @@ def run(args: argparse.Namespace) -> int:
             [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
         )
     prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    engine = Engine.from_settings(loaded.model, tokenizer, settings)
+    if index is not None:
+        from codespec.indexing import tokenizer_fingerprint
+
+        index.check_tokenizer(tokenizer_fingerprint(tokenizer))
+    engine = Engine.from_settings(loaded.model, tokenizer, settings, index=index)
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), speculate=not args.no_spec)
     result = engine.generate(prompt_ids, config)
     if args.json:

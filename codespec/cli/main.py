@@ -17,7 +17,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from codespec.cli import bench, generate, model
+    from codespec.cli import bench, generate, index, model
 
     parser = argparse.ArgumentParser(
         prog="codespec",
@@ -26,14 +26,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"codespec {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     generate.register(commands)
+    index.register(commands)
     model.register(commands)
     bench.register(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from codespec.cli.index import implicit_build
+
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(implicit_build(list(sys.argv[1:] if argv is None else argv)))
     _quiet_libraries()
     handler: Handler = args.handler
     try:

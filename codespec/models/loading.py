@@ -119,6 +119,17 @@ def load_model(settings: Settings, *, progress: bool = True) -> LoadedModel:
     return LoadedModel(name=name, path=path, model=model, tokenizer=tokenizer, dtype=dtype, device=device)
 
 
+def load_tokenizer(settings: Settings, *, progress: bool = True) -> Any:
+    """The tokenizer of `settings.model` alone (indexing needs no weights)."""
+    from transformers import AutoTokenizer
+
+    _, path = resolve_model_path(settings.model, settings, progress=progress)
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot load the tokenizer of {settings.model!r} from {path}: {exc}") from exc
+
+
 def read_manifest(path: str) -> dict[str, Any] | None:
     manifest = Path(path) / default.MANIFEST
     return json.loads(manifest.read_text()) if manifest.is_file() else None

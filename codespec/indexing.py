@@ -1,0 +1,139 @@
+"""Build a repository's static index: walk, tokenize (only what changed), sort, save.
+
+    report = build_repository_index(Path("."), tokenizer, Path("repo.csidx"))
+    report.files, report.tokens, report.reused_files
+
+A second run over the same output file re-tokenizes only files whose bytes changed
+(tokenizing is most of the cost; the suffix array is rebuilt in seconds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from codespec.index import IndexFileError, StaticIndex
+from codespec.index import store
+from codespec.repo import WalkReport, read_text, walk_repository
+
+_BATCH_FILES = 64
+
+
+@dataclass
+class IndexReport:
+    path: str
+    root: str
+    files: int
+    tokens: int
+    seconds: float
+    bytes: int
+    reused_files: int
+    tokenized_files: int
+    skipped: WalkReport = field(default_factory=WalkReport)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "root": self.root,
+            "files": self.files,
+            "tokens": self.tokens,
+            "seconds": round(self.seconds, 3),
+            "bytes": self.bytes,
+            "reused_files": self.reused_files,
+            "tokenized_files": self.tokenized_files,
+            "skipped": vars(self.skipped),
+        }
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """sha256 of the vocabulary and added tokens: equal iff token ids mean the same."""
+    vocab = sorted(tokenizer.get_vocab().items())
+    digest = hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode())
+    digest.update(type(tokenizer).__name__.encode())
+    return digest.hexdigest()
+
+
+def encode_text(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    """Token ids of file texts; special-token strings inside files stay plain text."""
+    return tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+
+def build_repository_index(root: Path, tokenizer: Any, out: Path, *, progress: bool = True) -> IndexReport:
+    started = time.perf_counter()
+    root = Path(root).resolve()
+    if not root.is_dir():
+        raise IndexFileError(f"{root}: not a directory; give the repository's folder")
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    previous = _previous_tokens(out, fingerprint)
+    skipped = WalkReport()
+    found = list(tqdm(walk_repository(root, report=skipped), desc="scan", unit=" files", disable=not progress))
+
+    tokens: dict[str, np.ndarray] = {}
+    facts: dict[str, tuple[str, int, int]] = {}
+    pending: list[tuple[str, str]] = []
+    reused = 0
+    with tqdm(total=len(found), desc="tokenize", unit=" files", disable=not progress) as bar:
+        for f in found:
+            try:
+                text, data = read_text(f.absolute)
+            except OSError:
+                bar.update()
+                continue
+            sha = hashlib.sha256(data).hexdigest()
+            facts[f.path] = (sha, f.size, f.mtime_ns)
+            old = previous.get(f.path)
+            if old is not None and old[0] == sha:
+                tokens[f.path] = old[1]
+                reused += 1
+                bar.update()
+            else:
+                tokens[f.path] = np.empty(0, dtype=np.int32)  # keeps walk order; filled below
+                pending.append((f.path, text))
+            if len(pending) >= _BATCH_FILES:
+                _encode_batch(tokenizer, pending, tokens, bar)
+        _encode_batch(tokenizer, pending, tokens, bar)
+
+    if progress:
+        print(f"sorting {sum(t.size for t in tokens.values()):,} tokens ...", flush=True, file=sys.stderr)
+    index = StaticIndex.build(tokens, tokenizer=fingerprint, root=str(root), file_facts=facts,
+                              meta={"codespec_index": 1})
+    size = index.save(out)
+    return IndexReport(
+        path=str(out), root=str(root), files=len(tokens), tokens=int(sum(t.size for t in tokens.values())),
+        seconds=time.perf_counter() - started, bytes=size, reused_files=reused,
+        tokenized_files=len(tokens) - reused, skipped=skipped,
+    )
+
+
+def _encode_batch(tokenizer: Any, pending: list[tuple[str, str]], tokens: dict[str, np.ndarray], bar: tqdm) -> None:
+    if not pending:
+        return
+    encoded = encode_text(tokenizer, [text for _, text in pending])
+    for (path, _), ids in zip(pending, encoded):
+        tokens[path] = np.asarray(ids, dtype=np.int32)
+    bar.update(len(pending))
+    pending.clear()
+
+
+def _previous_tokens(out: Path, fingerprint: str) -> dict[str, tuple[str, np.ndarray]]:
+    """path -> (sha256, tokens) from an earlier index at `out` built with this tokenizer."""
+    try:
+        old = store.load(out, tokenizer=fingerprint)
+    except IndexFileError:
+        return {}  # none, another tokenizer, or damaged: build from scratch
+    return {f.path: (f.sha256, np.array(old.corpus[f.start : f.end])) for f in old.files}
+
+
+def default_index_path(cache_dir: Path, root: Path) -> Path:
+    """`<cache>/indexes/<folder name>-<hash of its absolute path>.csidx`."""
+    root = Path(root).resolve()
+    digest = hashlib.sha256(str(root).encode()).hexdigest()[:12]
+    return Path(cache_dir) / "indexes" / f"{root.name or 'root'}-{digest}.csidx"
