@@ -38,9 +38,15 @@ class Draft:
     source: str
 
     def __post_init__(self) -> None:
+        # Cheap checks only: drafts are built on the per-token path (a full parent check
+        # would cost more than the index query). `is_valid_tree` is the full check.
         n = len(self.token_ids)
         assert len(self.parents) == n and len(self.counts) == n, "draft arrays differ in length"
-        assert all(-1 <= p < i for i, p in enumerate(self.parents)), "parents must precede children"
+
+    @property
+    def is_valid_tree(self) -> bool:
+        """Every parent precedes its child (a topological order)."""
+        return all(-1 <= p < i for i, p in enumerate(self.parents))
 
     def __len__(self) -> int:
         return len(self.token_ids)

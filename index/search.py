@@ -195,11 +195,11 @@ def build_draft(windows, rows, max_depth, max_nodes, min_count, chain):
         tokens[n_nodes] = best_token
         parents[n_nodes] = c_parent[best]
         counts[n_nodes] = best_count
+        lo, hi, depth = c_lo[best], c_hi[best], c_depth[best]
         if chain:
-            for i in range(n_cand):
-                c_alive[i] = False
-        if c_depth[best] + 1 < width and n_cand + rows <= cap:
-            n_cand = _push_children(windows, order, c_lo[best], c_hi[best], c_depth[best] + 1, n_nodes,
+            n_cand = 0  # a path: the other candidates are out for good
+        if depth + 1 < width and n_cand + rows <= cap:
+            n_cand = _push_children(windows, order, lo, hi, depth + 1, n_nodes,
                                     width, min_count, c_lo, c_hi, c_depth, c_parent, c_alive, n_cand)
         n_nodes += 1
     return tokens[:n_nodes].copy(), parents[:n_nodes].copy(), counts[:n_nodes].copy()
@@ -210,14 +210,16 @@ def _push_children(windows, order, lo, hi, depth, parent, width, min_count,
                    c_lo, c_hi, c_depth, c_parent, c_alive, n_cand):
     """Sort order[lo:hi] by the token at `depth` and add each run of equal tokens as a
     candidate. Sorting only the rows of nodes being expanded keeps a 32-node draft over
-    256 windows at a few microseconds; a child's later sort permutes only its own range."""
-    keys = np.empty(hi - lo, dtype=np.int64)
-    for i in range(lo, hi):
-        keys[i - lo] = windows[order[i], depth]
-    perm = np.argsort(keys)
-    block = order[lo:hi].copy()
-    for i in range(hi - lo):
-        order[lo + i] = block[perm[i]]
+    256 windows at a few microseconds; a child's later sort permutes only its own range.
+    Insertion sort, in place: ranges are small and often already grouped."""
+    for i in range(lo + 1, hi):
+        row = order[i]
+        key = windows[row, depth]
+        j = i - 1
+        while j >= lo and windows[order[j], depth] > key:
+            order[j + 1] = order[j]
+            j -= 1
+        order[j + 1] = row
     i = lo
     while i < hi:
         tok = windows[order[i], depth]

@@ -42,7 +42,9 @@ class Segment:
         self.doc_starts = doc_starts
         self.doc_ids = doc_ids
         self.sa = sa
+        self.rev = corpus[::-1]  # what the suffix array sorts (a view, no copy)
         self.doc_dead = np.zeros(len(doc_starts), dtype=np.bool_)
+        self.any_dead = False
         self._index_of = {int(d): i for i, d in enumerate(doc_ids)}
 
     @classmethod
@@ -56,10 +58,6 @@ class Segment:
     def tokens(self) -> int:
         """Stored positions, separators included."""
         return int(self.corpus.shape[0])
-
-    @property
-    def any_dead(self) -> bool:
-        return bool(self.doc_dead.any())
 
     def doc_range(self, i: int) -> tuple[int, int]:
         """Corpus range [start, end) of local document i, without its separator."""
@@ -84,6 +82,7 @@ class Segment:
         if i is None:
             return False
         self.doc_dead[i] = True
+        self.any_dead = True
         return True
 
     def nbytes(self) -> int:
@@ -106,9 +105,8 @@ class Segment:
                 ends = ends[::step]
             return length, ends
         any_dead = self.any_dead
-        rev = self.corpus[::-1]
         lo, hi, length = search.sa_longest_match(
-            rev, self.sa, context, int(max_match), self.doc_starts, self.doc_dead, any_dead
+            self.rev, self.sa, context, int(max_match), self.doc_starts, self.doc_dead, any_dead
         )
         if length == 0:
             return 0, np.empty(0, dtype=np.int64)

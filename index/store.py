@@ -126,8 +126,10 @@ def load(path: Path, *, tokenizer: str | None = None, verify: bool = True) -> St
     if n == 0:
         empty = np.empty(0, dtype=np.int32)
         return StoredIndex(header["tokenizer"], header.get("root", ""), files, empty, empty, header.get("meta", {}))
-    corpus = np.memmap(path, dtype="<i4", mode="r", offset=data_start, shape=(n,))
-    sa = np.memmap(path, dtype="<i4", mode="r", offset=data_start + 4 * n, shape=(n,))
+    # Plain ndarray views of the mapping: np.memmap's subclass hooks cost microseconds
+    # on every slice, and queries slice on the per-token path.
+    corpus = np.asarray(np.memmap(path, dtype="<i4", mode="r", offset=data_start, shape=(n,)))
+    sa = np.asarray(np.memmap(path, dtype="<i4", mode="r", offset=data_start + 4 * n, shape=(n,)))
     if verify and (_crc(corpus) != crcs["corpus"] or _crc(sa) != crcs["sa"]):
         raise IndexFileError(f"index {path}: checksum mismatch, the file is corrupt; rebuild it")
     return StoredIndex(header["tokenizer"], header.get("root", ""), files, corpus, sa, header.get("meta", {}))

@@ -22,7 +22,10 @@ SYSTEM_NAMES = ("plain", "hf_prompt_lookup", "codespec")
 
 
 def register(commands: Any) -> None:
-    p = commands.add_parser("bench", help="measure codespec against plain decoding and HF prompt lookup")
+    p = commands.add_parser("bench", help="measure generation (default) or the suffix index (`bench index`)")
+    p.add_argument("suite", nargs="?", choices=("generate", "index"), default="generate",
+                   help="generate: plain vs HF prompt lookup vs codespec; index: the index at 10k..10M tokens")
+    p.add_argument("--sizes", default="10k,100k,1M,10M", help="index suite: corpus sizes (default 10k,100k,1M,10M)")
     p.add_argument("--workloads", default="edit,fim", help="comma-separated: edit, fim (default both)")
     p.add_argument("--systems", default=",".join(SYSTEM_NAMES),
                    help=f"comma-separated, plain always included: {', '.join(SYSTEM_NAMES)}")
@@ -42,6 +45,35 @@ def _pick(value: str, known: Any, what: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    return run_index(args) if args.suite == "index" else run_generate(args)
+
+
+def _parse_size(text: str) -> int:
+    scale = {"k": 1_000, "m": 1_000_000}.get(text[-1:].lower(), 1)
+    try:
+        value = int(float(text[:-1] if scale > 1 else text) * scale)
+    except ValueError:
+        raise CodespecError(f"--sizes: {text!r} is not a size such as 10k or 1M") from None
+    if value < 1000:
+        raise CodespecError(f"--sizes: {text!r} is below 1k tokens")
+    return value
+
+
+def run_index(args: argparse.Namespace) -> int:
+    from codespec.bench.index_bench import format_index_table, run_index_bench, stderr
+    from codespec.models.loading import load_tokenizer
+
+    sizes = tuple(_parse_size(s.strip()) for s in args.sizes.split(",") if s.strip())
+    settings = settings_from_args(args)
+    results = run_index_bench(load_tokenizer(settings), settings.cache_dir, sizes, stderr)
+    print(f"\nsuffix index, real code (stdlib + installed packages), {platform.machine()}, "
+          f"{os.cpu_count()} cores; drafts of 32 tokens after 32-token held-out contexts")
+    print(format_index_table(results))
+    print(json.dumps({"bench": "index", "results": results}))
+    return 0
+
+
+def run_generate(args: argparse.Namespace) -> int:
     from codespec.bench.runner import PLAIN, codespec_system, format_table, hf_prompt_lookup_system, run_bench
     from codespec.bench.workloads import WORKLOADS
     from codespec.engine import Engine

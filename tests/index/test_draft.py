@@ -15,6 +15,8 @@ def test_chain_and_truncation():
 
 
 def test_tree_is_not_a_chain_and_parents_must_precede_children():
-    assert not Draft((1, 2, 3), (-1, 0, 0), (3, 2, 1), 2, "x").is_chain
+    tree = Draft((1, 2, 3), (-1, 0, 0), (3, 2, 1), 2, "x")
+    assert not tree.is_chain and tree.is_valid_tree
+    assert not Draft((1, 2), (1, -1), (1, 1), 1, "x").is_valid_tree
     with pytest.raises(AssertionError):
-        Draft((1, 2), (1, -1), (1, 1), 1, "x")
+        Draft((1, 2), (-1,), (1, 1), 1, "x")

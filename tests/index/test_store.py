@@ -21,7 +21,8 @@ def saved(tmp_path):
 
 def test_round_trip(saved):
     idx = SuffixIndex.load(saved, tokenizer="tok-A")
-    assert isinstance(idx.static.segment.corpus, np.memmap)  # mapped, not read
+    corpus = idx.static.segment.corpus
+    assert not corpus.flags.owndata and not corpus.flags.writeable  # mapped, not read
     assert [f.path for f in idx.static.files] == ["a.py", "b.py"]
     assert idx.draft([2, 3], 4, tree=True).token_ids == (4, 6)
     assert idx.static.stored.root == "/repo"
