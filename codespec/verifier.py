@@ -50,8 +50,14 @@ class ChainVerifier:
     """Drives a Hugging Face causal LM for prefill and chain verify passes."""
 
     def __init__(self, model: Any) -> None:
+        from codespec import attention
+
         self.model = model
         self.device = next(model.parameters()).device
+        # Decode steps and verify passes share one attention path row by row, so a
+        # verified row equals the decode step it replaces bit for bit (see attention.py).
+        self.rows_exact = attention.install(model)
+        self._pass_kwargs = {attention.ROWS_FLAG: True} if self.rows_exact else {}
 
     def new_cache(self) -> Any:
         from transformers import DynamicCache
@@ -74,11 +80,18 @@ class ChainVerifier:
     def verify(self, cache: Any, pending: int, draft: Sequence[int]) -> VerifyResult:
         """One verify pass; on return the cache holds pending + accepted draft tokens."""
         start = cache.get_seq_length()
-        ids = torch.tensor([[pending, *draft]], dtype=torch.long, device=self.device)
+        tokens = [pending, *draft]
+        # CPU bf16 matmuls take another kernel for a single row (GEMV) than for two or
+        # more, with another summation order; a lone row is padded to two so that every
+        # pass runs the same kernels. The pad row's output and KV are discarded.
+        pad = 1 if self.rows_exact and len(tokens) == 1 else 0
+        ids = torch.tensor([tokens + [pending] * pad], dtype=torch.long, device=self.device)
         positions = torch.arange(start, start + ids.shape[1], device=self.device)[None]
-        out = self.model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True)
-        result = greedy_accept(out.logits[0], ids[0, 1:])
-        rejected = len(draft) - result.accepted
-        if rejected:
-            cache.crop(-rejected)
+        out = self.model(
+            input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True, **self._pass_kwargs
+        )
+        result = greedy_accept(out.logits[0, : len(tokens)], ids[0, 1 : len(tokens)])
+        discard = len(draft) - result.accepted + pad
+        if discard:
+            cache.crop(-discard)
         return result

@@ -20,6 +20,7 @@ from numba import njit
 
 SEP = np.int32(np.iinfo(np.int32).max)  # document separator; real token ids are smaller
 NO_TOKEN = -1  # padding in continuation windows past a document's end
+_INSERTION_SORT_MAX = 24
 
 
 @njit(cache=True, nogil=True)
@@ -211,15 +212,31 @@ def _push_children(windows, order, lo, hi, depth, parent, width, min_count,
     """Sort order[lo:hi] by the token at `depth` and add each run of equal tokens as a
     candidate. Sorting only the rows of nodes being expanded keeps a 32-node draft over
     256 windows at a few microseconds; a child's later sort permutes only its own range.
-    Insertion sort, in place: ranges are small and often already grouped."""
+    A range already in order (typical below the root, where rows share a prefix and
+    often the next token too) costs one pass; small ranges sort in place by insertion;
+    large ones by argsort, which keeps a 256-row root linearithmic."""
+    ordered = True
     for i in range(lo + 1, hi):
-        row = order[i]
-        key = windows[row, depth]
-        j = i - 1
-        while j >= lo and windows[order[j], depth] > key:
-            order[j + 1] = order[j]
-            j -= 1
-        order[j + 1] = row
+        if windows[order[i - 1], depth] > windows[order[i], depth]:
+            ordered = False
+            break
+    if ordered:
+        pass
+    elif hi - lo > _INSERTION_SORT_MAX:
+        keys = np.empty(hi - lo, dtype=np.int64)
+        for i in range(lo, hi):
+            keys[i - lo] = windows[order[i], depth]
+        block = order[lo:hi][np.argsort(keys)]
+        order[lo:hi] = block
+    else:
+        for i in range(lo + 1, hi):
+            row = order[i]
+            key = windows[row, depth]
+            j = i - 1
+            while j >= lo and windows[order[j], depth] > key:
+                order[j + 1] = order[j]
+                j -= 1
+            order[j + 1] = row
     i = lo
     while i < hi:
         tok = windows[order[i], depth]

@@ -26,7 +26,7 @@ import numpy as np
 
 from codespec.index import search
 
-MAX_OCCURRENCES = 256  # continuation windows read per query and segment
+MAX_OCCURRENCES = 128  # continuation windows read per query and segment (sampled evenly)
 
 
 class Segment:

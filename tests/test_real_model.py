@@ -85,3 +85,34 @@ def test_fim_tokens_are_recognised_in_prompts(default_model):
     ids = tok("<|fim_prefix|>def f(<|fim_suffix|>", add_special_tokens=False)["input_ids"]
     assert ids[0] == tok.convert_tokens_to_ids("<|fim_prefix|>")
     assert ids[-1] == tok.convert_tokens_to_ids("<|fim_suffix|>")
+
+
+def test_verify_rows_equal_decode_steps_bit_for_bit(default_model):
+    """The invariant behind losslessness in bf16: a row of a multi-token verify pass
+    gives exactly the logits of the decode step it replaces."""
+    import torch
+
+    from codespec.verifier import ChainVerifier
+
+    tok = default_model.tokenizer
+    prompt = tok(PROMPTS["copy"], add_special_tokens=False)["input_ids"]
+    chain = tok(inspect.getsource(textwrap.indent), add_special_tokens=False)["input_ids"][:12]
+    verifier = ChainVerifier(default_model.model)
+    assert verifier.rows_exact
+    captured: list[torch.Tensor] = []
+    model = default_model.model
+    hook = model.lm_head.register_forward_hook(lambda m, i, o: captured.append(o[0].float().clone()))
+    try:
+        multi = verifier.new_cache()
+        verifier.prefill(multi, prompt)
+        single = verifier.new_cache()
+        verifier.prefill(single, prompt)
+        captured.clear()
+        verifier.verify(multi, chain[0], chain[1:])  # logits of every row, whatever is accepted
+        multi_logits = captured[-1]
+        for i, token in enumerate(chain):  # teacher-forced decode steps over the same chain
+            captured.clear()
+            verifier.verify(single, token, [])
+            assert torch.equal(captured[-1][0], multi_logits[i]), f"row {i} differs"
+    finally:
+        hook.remove()
