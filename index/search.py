@@ -18,12 +18,14 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-SEP = np.int32(np.iinfo(np.int32).max)  # document separator; real token ids are smaller
+SEP = 2**31 - 1  # document separator; real token ids are smaller (a plain int: numba
+# inlines it, where a numpy scalar global is unpickled on every call)
 NO_TOKEN = -1  # padding in continuation windows past a document's end
+UNREAD = -2  # a window cell not read from the corpus yet (see build_draft)
 _INSERTION_SORT_MAX = 24
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _doc_index(doc_starts, position):
     """Index of the document holding `position` (doc_starts ascending, first is 0)."""
     lo, hi = 0, doc_starts.shape[0]
@@ -36,7 +38,7 @@ def _doc_index(doc_starts, position):
     return lo
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _key(rev, suffix, depth):
     """Token `depth` of the reversed-corpus suffix starting at `suffix`; -1 past its end."""
     j = suffix + depth
@@ -152,14 +154,33 @@ def fill_windows(corpus, n, ends, width, windows, row0):
 
 
 @njit(cache=True, nogil=True)
-def build_draft(windows, rows, max_depth, max_nodes, min_count, chain):
+def _read_column(windows, order, lo, hi, depth, corpus, n, ends):
+    """Fill windows[order[lo:hi], depth] where still UNREAD, from the corpus after each
+    row's occurrence end. Only rows of expanded nodes are read deeper than their first
+    token, so a chain over 128 occurrences touches a few hundred corpus positions, not
+    128 x 32. (A loop, not a per-cell helper: passing arrays to a helper inside the
+    loop costs reference-count updates that made each cell ~30x slower.)"""
+    for i in range(lo, hi):
+        row = order[i]
+        if windows[row, depth] == UNREAD:
+            p = ends[row] + 1 + depth
+            if p >= n or corpus[p] == SEP:
+                windows[row, depth] = NO_TOKEN
+            else:
+                windows[row, depth] = corpus[p]
+
+
+@njit(cache=True, nogil=True)
+def build_draft(windows, rows, max_depth, max_nodes, min_count, chain, corpus, n, ends):
     """Best-first draft tree over continuation windows.
 
     Nodes are prefixes of the windows; a node's count is how many windows start with
     it. Candidates (children of added nodes) are added in order of decreasing count,
     skipping any whose count is below `min_count`, until `max_nodes` nodes. With
     `chain`, only the last added node's children are candidates: the most frequent path.
-    Ties go to the smaller token id. Parents always precede children.
+    Ties go to the smaller token id. Parents always precede children. Cells that are
+    UNREAD are read lazily from `corpus[:n]` after `ends[row]` (one segment); a fully
+    filled `windows` needs no corpus.
 
     Returns (token_ids, parents, counts) as int64 arrays.
     """
@@ -169,6 +190,8 @@ def build_draft(windows, rows, max_depth, max_nodes, min_count, chain):
     if rows == 0 or max_depth == 0 or max_nodes == 0:
         return tokens[:0], parents[:0], counts[:0]
     width = min(max_depth, windows.shape[1])
+    if chain:
+        return _build_chain(windows, rows, width, max_nodes, min_count, corpus, n, ends, tokens, parents, counts)
     order = np.arange(rows)  # row permutation; every node's rows are one range of it
     cap = max_nodes * 64 + rows  # candidate pool: every child of every added node
     c_lo = np.empty(cap, dtype=np.int64)
@@ -177,7 +200,7 @@ def build_draft(windows, rows, max_depth, max_nodes, min_count, chain):
     c_parent = np.empty(cap, dtype=np.int64)
     c_alive = np.zeros(cap, dtype=np.bool_)
     n_cand = _push_children(windows, order, 0, rows, 0, -1, width, min_count,
-                            c_lo, c_hi, c_depth, c_parent, c_alive, 0)
+                            c_lo, c_hi, c_depth, c_parent, c_alive, 0, corpus, n, ends)
     n_nodes = 0
     while n_nodes < max_nodes:
         best = -1
@@ -200,21 +223,22 @@ def build_draft(windows, rows, max_depth, max_nodes, min_count, chain):
         if chain:
             n_cand = 0  # a path: the other candidates are out for good
         if depth + 1 < width and n_cand + rows <= cap:
-            n_cand = _push_children(windows, order, lo, hi, depth + 1, n_nodes,
-                                    width, min_count, c_lo, c_hi, c_depth, c_parent, c_alive, n_cand)
+            n_cand = _push_children(windows, order, lo, hi, depth + 1, n_nodes, width, min_count,
+                                    c_lo, c_hi, c_depth, c_parent, c_alive, n_cand, corpus, n, ends)
         n_nodes += 1
     return tokens[:n_nodes].copy(), parents[:n_nodes].copy(), counts[:n_nodes].copy()
 
 
 @njit(cache=True, nogil=True)
 def _push_children(windows, order, lo, hi, depth, parent, width, min_count,
-                   c_lo, c_hi, c_depth, c_parent, c_alive, n_cand):
+                   c_lo, c_hi, c_depth, c_parent, c_alive, n_cand, corpus, n, ends):
     """Sort order[lo:hi] by the token at `depth` and add each run of equal tokens as a
     candidate. Sorting only the rows of nodes being expanded keeps a 32-node draft over
     256 windows at a few microseconds; a child's later sort permutes only its own range.
     A range already in order (typical below the root, where rows share a prefix and
     often the next token too) costs one pass; small ranges sort in place by insertion;
     large ones by argsort, which keeps a 256-row root linearithmic."""
+    _read_column(windows, order, lo, hi, depth, corpus, n, ends)
     ordered = True
     for i in range(lo + 1, hi):
         if windows[order[i - 1], depth] > windows[order[i], depth]:
@@ -249,3 +273,61 @@ def _push_children(windows, order, lo, hi, depth, parent, width, min_count,
             n_cand += 1
         i = j
     return n_cand
+
+
+@njit(cache=True, nogil=True)
+def _build_chain(windows, rows, width, max_nodes, min_count, corpus, n, ends, tokens, parents, counts):
+    """The most frequent path, level by level, without sorting in the common case: a
+    majority vote (Boyer-Moore) finds a token held by more than half of the rows in two
+    passes; only levels without a majority count every token. The chosen rows are then
+    partitioned to the front of the range, which becomes the next level's range."""
+    order = np.arange(rows)
+    lo, hi = 0, rows
+    n_nodes = 0
+    keys = np.empty(rows, dtype=np.int64)
+    while n_nodes < max_nodes and n_nodes < width:
+        depth = n_nodes
+        _read_column(windows, order, lo, hi, depth, corpus, n, ends)
+        candidate, votes = NO_TOKEN, 0
+        for i in range(lo, hi):
+            value = windows[order[i], depth]
+            if votes == 0:
+                candidate, votes = value, 1
+            elif value == candidate:
+                votes += 1
+            else:
+                votes -= 1
+        best, best_count = NO_TOKEN, 0
+        if candidate != NO_TOKEN:
+            c = 0
+            for i in range(lo, hi):
+                if windows[order[i], depth] == candidate:
+                    c += 1
+            if 2 * c > hi - lo:
+                best, best_count = candidate, c
+        if best == NO_TOKEN:  # no majority: count all tokens (ties: the smaller id)
+            for i in range(lo, hi):
+                keys[i - lo] = windows[order[i], depth]
+            sorted_keys = np.sort(keys[: hi - lo])
+            i = 0
+            while i < hi - lo:
+                j = i + 1
+                while j < hi - lo and sorted_keys[j] == sorted_keys[i]:
+                    j += 1
+                if sorted_keys[i] != NO_TOKEN and j - i > best_count:
+                    best, best_count = sorted_keys[i], j - i
+                i = j
+        if best == NO_TOKEN or best_count < min_count:
+            break
+        w = lo  # stable partition: rows continuing with `best` first
+        for i in range(lo, hi):
+            row = order[i]
+            if windows[row, depth] == best:
+                keys[w - lo] = row
+                w += 1
+        for i in range(lo, w):
+            order[i] = keys[i - lo]
+        hi = w
+        tokens[n_nodes], parents[n_nodes], counts[n_nodes] = best, n_nodes - 1, best_count
+        n_nodes += 1
+    return tokens[:n_nodes].copy(), parents[:n_nodes].copy(), counts[:n_nodes].copy()

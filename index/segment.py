@@ -42,6 +42,7 @@ class Segment:
         self.doc_starts = doc_starts
         self.doc_ids = doc_ids
         self.sa = sa
+        self.tokens = int(corpus.shape[0])  # stored positions, separators included
         self.rev = corpus[::-1]  # what the suffix array sorts (a view, no copy)
         self.doc_dead = np.zeros(len(doc_starts), dtype=np.bool_)
         self.any_dead = False
@@ -54,11 +55,6 @@ class Segment:
         return cls(corpus, starts, np.asarray(doc_ids, dtype=np.int64), sa)
 
     # -- facts ------------------------------------------------------------------------
-    @property
-    def tokens(self) -> int:
-        """Stored positions, separators included."""
-        return int(self.corpus.shape[0])
-
     def doc_range(self, i: int) -> tuple[int, int]:
         """Corpus range [start, end) of local document i, without its separator."""
         end = int(self.doc_starts[i + 1]) - 1 if i + 1 < len(self.doc_starts) else self.tokens - 1

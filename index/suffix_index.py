@@ -35,7 +35,9 @@ from codespec.index.store import IndexFileError
 
 MAX_MATCH = 64
 MIN_PROB = 0.1
-FILE_KEY = "file:"  # dynamic documents that shadow a masked repository file
+FILE_KEY = "file:"
+_NO_CORPUS = np.empty(0, dtype=np.int32)
+_NO_ENDS = np.empty(0, dtype=np.int64)  # dynamic documents that shadow a masked repository file
 
 
 class SuffixIndex:
@@ -92,12 +94,20 @@ class SuffixIndex:
         if depth <= 0:
             return Draft.empty("index")
         rows = sum(int(ends.shape[0]) for _, _, ends in hits)
-        windows = np.empty((rows, depth), dtype=np.int32)
-        row = 0
-        for _, segment, ends in hits:
-            row = search.fill_windows(segment.corpus, segment.tokens, ends, depth, windows, row)
+        if len(hits) == 1:  # the common case: one segment, its windows read lazily
+            _, segment, ends = hits[0]
+            windows = np.full((rows, depth), search.UNREAD, dtype=np.int32)
+            corpus, n = segment.corpus, segment.tokens
+        else:  # equal-length matches in several segments: pool their windows
+            windows = np.empty((rows, depth), dtype=np.int32)
+            row = 0
+            for _, segment, seg_ends in hits:
+                row = search.fill_windows(segment.corpus, segment.tokens, seg_ends, depth, windows, row)
+            corpus, n, ends = _NO_CORPUS, 0, _NO_ENDS
         min_count = max(1, math.ceil(min_prob * rows))
-        tokens, parents, counts = search.build_draft(windows, rows, depth, max_tokens, min_count, not tree)
+        tokens, parents, counts = search.build_draft(
+            windows, rows, depth, max_tokens, min_count, not tree, corpus, n, ends
+        )
         source = "+".join(sorted({s for s, _, _ in hits}))
         return Draft(tuple(tokens.tolist()), tuple(parents.tolist()), tuple(counts.tolist()), best, source)
 

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from codespec.index import DynamicIndex, SuffixIndex
+from codespec.index.segment import MAX_OCCURRENCES
 
 from .brute import chain, longest_match, path_counts
 
@@ -122,13 +123,22 @@ def test_real_token_arrays_against_brute_force():
     docs = [list(text[i : i + 2000]) for i in range(0, 8000, 2000)]
     idx = SuffixIndex.build({f"part{i}": d for i, d in enumerate(docs)})
     rng = np.random.default_rng(0)
-    for _ in range(50):
+    exact = sampled = 0
+    while exact < 50:
         d = int(rng.integers(0, len(docs)))
         cut = int(rng.integers(10, len(docs[d])))
         context = docs[d][max(0, cut - 12) : cut]
         draft = idx.draft(context, 6, max_match=12)
-        length, tokens, counts = chain(docs, context, 6, max_match=12)
+        length, occurrences = longest_match(docs, context, 12)
+        assert draft.match_len == length or len(draft) == 0
+        if len(occurrences) > MAX_OCCURRENCES:  # counts come from an even sample
+            assert all(c <= MAX_OCCURRENCES for c in draft.counts)
+            sampled += 1
+            continue
+        _, tokens, counts = chain(docs, context, 6, max_match=12)
         assert draft.token_ids == tokens and draft.counts == counts
+        exact += 1
+    assert sampled > 0  # both regimes were exercised
 
 
 def test_empty_and_degenerate_inputs():
