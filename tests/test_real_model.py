@@ -116,3 +116,64 @@ def test_verify_rows_equal_decode_steps_bit_for_bit(default_model):
             assert torch.equal(captured[-1][0], multi_logits[i]), f"row {i} differs"
     finally:
         hook.remove()
+
+
+def _fim_cut_json_decode(tok):
+    """A FIM request: json/decoder.py with the body of JSONDecoder.decode cut out."""
+    import ast
+    import json.decoder
+
+    text = inspect.getsource(json.decoder)
+    node = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef) and n.name == "decode")
+    lines = text.splitlines(keepends=True)
+    start = sum(len(line) for line in lines[: node.body[1].lineno - 1])  # after the docstring
+    end = sum(len(line) for line in lines[: node.end_lineno])
+    prefix, suffix = text[:start][-3000:], text[end:][:800]
+    special = tok.convert_tokens_to_ids
+    encode = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    ids = [special("<|fim_prefix|>"), *encode(prefix), special("<|fim_suffix|>"), *encode(suffix),
+           special("<|fim_middle|>")]
+    return ids, prefix, suffix
+
+
+def test_repository_index_drafts_a_fim_answer_found_elsewhere(default_model, tmp_path):
+    """The answer exists in another file of the indexed repository: the index drafts it
+    (several tokens per pass) where prompt-only lookup accepts about one; output equal."""
+    from codespec.index import SuffixIndex
+    from codespec.indexing import build_repository_index
+    from codespec.proposer import IndexedProposer
+
+    tok = default_model.tokenizer
+    ids, prefix, suffix = _fim_cut_json_decode(tok)
+    prompt_only = Engine(default_model.model, tok, PromptLookupProposer(), max_draft_tokens=16)
+    plain = prompt_only.generate(ids, GenerationConfig(max_new_tokens=64, speculate=False))
+    lookup = prompt_only.generate(ids, GenerationConfig(max_new_tokens=64))
+    repo = tmp_path / "repo"
+    (repo / "vendored").mkdir(parents=True)
+    # a vendored copy of the module, complete with the body the model is about to write
+    (repo / "vendored" / "decoder.py").write_text(prefix[-1500:] + plain.text + suffix)
+    (repo / "other.py").write_text("import json\n\nprint(json.dumps({}))\n")
+    build_repository_index(repo, tok, tmp_path / "repo.csidx", progress=False)
+    index = SuffixIndex.load(tmp_path / "repo.csidx")
+    indexed = Engine(default_model.model, tok, IndexedProposer(index, record_generations=False), max_draft_tokens=16)
+    out = indexed.generate(ids, GenerationConfig(max_new_tokens=64))
+    assert out.token_ids == plain.token_ids == lookup.token_ids
+    assert lookup.stats.accepted_tokens_per_pass < 1.6, lookup.stats.to_json()
+    assert out.stats.accepted_tokens_per_pass > 3, out.stats.to_json()
+    assert out.stats.accepted_by_source["static"] > 30
+
+
+def test_past_generations_draft_a_repeated_request(default_model):
+    """An agent resends a request: the first answer, now in the dynamic index, drafts
+    the second."""
+    from codespec.index import SuffixIndex
+    from codespec.proposer import IndexedProposer
+
+    tok = default_model.tokenizer
+    ids, _, _ = _fim_cut_json_decode(tok)
+    engine = Engine(default_model.model, tok, IndexedProposer(SuffixIndex()), max_draft_tokens=16)
+    first = engine.generate(ids, GenerationConfig(max_new_tokens=48))
+    second = engine.generate(ids, GenerationConfig(max_new_tokens=48))
+    assert second.token_ids == first.token_ids
+    assert second.stats.accepted_by_source["dynamic"] > 30
+    assert second.stats.accepted_tokens_per_pass > 3 * first.stats.accepted_tokens_per_pass / 2
