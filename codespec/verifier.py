@@ -57,7 +57,6 @@ class ChainVerifier:
         # Decode steps and verify passes share one attention path row by row, so a
         # verified row equals the decode step it replaces bit for bit (see attention.py).
         self.rows_exact = attention.install(model)
-        self._pass_kwargs = {attention.ROWS_FLAG: True} if self.rows_exact else {}
 
     def new_cache(self) -> Any:
         from transformers import DynamicCache
@@ -79,6 +78,7 @@ class ChainVerifier:
     @torch.inference_mode()
     def verify(self, cache: Any, pending: int, draft: Sequence[int]) -> VerifyResult:
         """One verify pass; on return the cache holds pending + accepted draft tokens."""
+        from codespec import attention
         start = cache.get_seq_length()
         tokens = [pending, *draft]
         # CPU bf16 matmuls take another kernel for a single row (GEMV) than for two or
@@ -87,9 +87,8 @@ class ChainVerifier:
         pad = 1 if self.rows_exact and len(tokens) == 1 else 0
         ids = torch.tensor([tokens + [pending] * pad], dtype=torch.long, device=self.device)
         positions = torch.arange(start, start + ids.shape[1], device=self.device)[None]
-        out = self.model(
-            input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True, **self._pass_kwargs
-        )
+        rows = {attention.ROWS_FLAG: len(tokens)} if self.rows_exact else {}
+        out = self.model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True, **rows)
         result = greedy_accept(out.logits[0, : len(tokens)], ids[0, 1 : len(tokens)])
         discard = len(draft) - result.accepted + pad
         if discard:
