@@ -49,25 +49,8 @@ class PromptLookupProposer:
     max_match_tokens: int = 64
     name: str = "prompt"
 
-    def start(self, prompt_ids: Sequence[int]) -> _PromptLookupSession:
-        return _PromptLookupSession(self, ContextMatcher(prompt_ids, max_match=self.max_match_tokens))
-
-
-@dataclass
-class _PromptLookupSession:
-    policy: PromptLookupProposer
-    matcher: ContextMatcher
-
-    def extend(self, token_ids: Iterable[int]) -> None:
-        self.matcher.extend(token_ids)
-
-    def draft(self, budget: int) -> Draft:
-        if budget <= 0:
-            return Draft.empty("context")
-        return _k_for_k(self.matcher.draft(max_tokens=budget), budget, self.policy.min_match_tokens)
-
-    def finish(self, generated: Sequence[int]) -> None:
-        pass
+    def start(self, prompt_ids: Sequence[int]) -> _LookupSession:
+        return _LookupSession(ContextMatcher(prompt_ids, max_match=self.max_match_tokens), self.min_match_tokens)
 
 
 @dataclass(frozen=True)
@@ -83,14 +66,17 @@ class IndexedProposer:
     record_generations: bool = True
     name: str = "index"
 
-    def start(self, prompt_ids: Sequence[int]) -> _IndexedSession:
-        return _IndexedSession(self, ContextMatcher(prompt_ids, max_match=self.max_match_tokens))
+    def start(self, prompt_ids: Sequence[int]) -> _LookupSession:
+        matcher = ContextMatcher(prompt_ids, max_match=self.max_match_tokens)
+        return _LookupSession(matcher, self.min_match_tokens, self.index, self.record_generations)
 
 
 @dataclass
-class _IndexedSession:
-    policy: IndexedProposer
-    matcher: ContextMatcher
+class _LookupSession:
+    matcher: ContextMatcher  # the request's own context
+    min_match_tokens: int
+    index: SuffixIndex | None = None
+    record_generations: bool = False
 
     def extend(self, token_ids: Iterable[int]) -> None:
         self.matcher.extend(token_ids)
@@ -98,15 +84,17 @@ class _IndexedSession:
     def draft(self, budget: int) -> Draft:
         if budget <= 0:
             return Draft.empty("context")
-        own = self.matcher.draft(max_tokens=budget)
-        context = self.matcher.tokens[-self.policy.max_match_tokens :]
-        indexed = self.policy.index.draft(context, max_tokens=budget, max_match=self.policy.max_match_tokens)
-        best = indexed if indexed.match_len > own.match_len else own
-        return _k_for_k(best, budget, self.policy.min_match_tokens)
+        best = self.matcher.draft(max_tokens=budget)
+        if self.index is not None:
+            longest = self.matcher.max_match
+            indexed = self.index.draft(self.matcher.tokens[-longest:], max_tokens=budget, max_match=longest)
+            if indexed.match_len > best.match_len:
+                best = indexed
+        return _k_for_k(best, budget, self.min_match_tokens)
 
     def finish(self, generated: Sequence[int]) -> None:
-        if self.policy.record_generations and generated:
-            self.policy.index.add_document(f"gen:{uuid.uuid4().hex}", generated)
+        if self.index is not None and self.record_generations and generated:
+            self.index.add_document(f"gen:{uuid.uuid4().hex}", generated)
 
 
 def _k_for_k(draft: Draft, budget: int, min_match: int) -> Draft:

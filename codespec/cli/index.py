@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from codespec.cli.options import add_settings_arguments, settings_from_args
+from codespec.cli.options import add_settings_arguments, print_facts, settings_from_args
 from codespec.errors import CodespecError
 
 TOKENIZER_FIELDS = ("model", "cache_dir")
@@ -86,11 +86,7 @@ def _stats(path: Path, args: argparse.Namespace) -> int:
     assert isinstance(static, dict)
     out = {"path": str(path), "root": index.static.stored.root if index.static else "", **static,
            "load_seconds": round(seconds, 4), "file_bytes": path.stat().st_size}
-    if args.json:
-        print(json.dumps(out))
-    else:
-        for key, value in out.items():
-            print(f"{key:>16}: {value}")
+    print_facts(out, args.json)
     return 0
 
 

@@ -10,7 +10,7 @@ import argparse
 import json
 from typing import Any
 
-from codespec.cli.options import MODEL_FIELDS, add_settings_arguments, settings_from_args
+from codespec.cli.options import MODEL_FIELDS, add_settings_arguments, print_facts, settings_from_args
 
 
 def register(commands: Any) -> None:
@@ -50,9 +50,5 @@ def run_info(args: argparse.Namespace) -> int:
     manifest = read_manifest(loaded.path)
     if manifest:
         info["source_sha256"] = manifest["sha256"]
-    if args.json:
-        print(json.dumps(info))
-    else:
-        for key, value in info.items():
-            print(f"{key:>14}: {value}")
+    print_facts(info, args.json)
     return 0

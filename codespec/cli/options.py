@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import typing
 from typing import Iterable
 
@@ -54,3 +55,13 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         error = exc.errors()[0]
         where = ".".join(str(p) for p in error["loc"]) or "settings"
         raise CodespecError(f"bad setting {where}: {error['msg']}") from None
+
+
+def print_facts(facts: dict[str, object], as_json: bool) -> None:
+    """One JSON object, or one aligned `key: value` line per fact."""
+    if as_json:
+        print(json.dumps(facts))
+        return
+    width = max((len(k) for k in facts), default=0)
+    for key, value in facts.items():
+        print(f"{key:>{width}}: {value}")

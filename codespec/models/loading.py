@@ -102,7 +102,6 @@ def set_threads(threads: int) -> None:
 
 def load_model(settings: Settings, *, progress: bool = True) -> LoadedModel:
     """Resolve, load and place the model that `settings.model` names."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     name, path = resolve_model_path(settings.model, settings, progress=progress)
