@@ -32,6 +32,7 @@ class GenerationConfig:
     max_new_tokens: int = 128
     stop: tuple[str, ...] = ()
     speculate: bool = True
+    time_limit_s: float | None = None  # stop ("length") once generation took this long
 
 
 @dataclass
@@ -105,6 +106,7 @@ class Run:
                 f"the prompt has {len(prompt)} tokens; the model's context holds {engine.max_context}"
             )
         self.engine = engine
+        self.config = config
         self.prompt = prompt
         self.stop = StopCondition(
             engine.eos_token_ids,
@@ -138,6 +140,9 @@ class Run:
             result = verifier.verify(self.cache, self.generated[-1], draft.token_ids)
             kept = self._commit(result.committed)
             self.stats.record_pass(len(draft), len(kept), min(result.accepted, len(kept)), draft.source)
+        limit = self.config.time_limit_s
+        if not self.done and limit is not None and time.perf_counter() - self._started > limit:
+            self.finish_reason = "length"
         if self.done:
             self.stats.wall_s = time.perf_counter() - self._started
             self.session.finish(self.generated)

@@ -31,6 +31,18 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="CODESPEC_", extra="ignore")
 
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):  # type: ignore[no-untyped-def]
+        """Flags > CODESPEC_* env > the TOML file named by CODESPEC_CONFIG > defaults."""
+        from pydantic_settings import TomlConfigSettingsSource
+
+        sources = [init_settings, env_settings]
+        config = os.environ.get("CODESPEC_CONFIG")
+        if config:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config))
+        return tuple(sources)
+
     model: str = Field(
         "default",
         description="Model: 'default' (the embedded Qwen2.5-Coder-0.5B-Instruct), "
@@ -60,3 +72,19 @@ class Settings(BaseSettings):
     max_match_tokens: int = Field(
         64, ge=1, le=1024, description="Longest suffix of the context the matcher tries to match."
     )
+
+    # -- serving -------------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="Address `codespec serve` binds to.")
+    port: int = Field(8000, ge=0, le=65535, description="Port `codespec serve` listens on.")
+    api_key: str = Field(
+        "", description="Bearer token clients must send; required when binding to a non-loopback address."
+    )
+    index: str = Field("", description="A suffix index file to serve drafts from (built by `codespec index`).")
+    repo: str = Field(
+        ".", description="Repository to index at start-up (in the background) when no --index is given; "
+        "'' for none.",
+    )
+    max_tokens_limit: int = Field(4096, ge=1, description="Largest max_tokens / n_predict a request may ask for.")
+    max_request_bytes: int = Field(8 << 20, ge=1024, description="Largest request body accepted, in bytes.")
+    max_active_requests: int = Field(4, ge=1, le=256, description="Requests generating at once; more wait.")
+    max_waiting_requests: int = Field(64, ge=0, description="Requests allowed to wait; more get HTTP 429.")

@@ -17,7 +17,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from codespec.cli import bench, generate, index, model
+    from codespec.cli import bench, generate, index, model, serve
 
     parser = argparse.ArgumentParser(
         prog="codespec",
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     index.register(commands)
     model.register(commands)
     bench.register(commands)
+    serve.register(commands)
     return parser
 
 

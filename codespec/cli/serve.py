@@ -1,0 +1,58 @@
+"""`codespec serve`: the HTTP endpoint for agents and editors (the project's main job).
+
+    codespec serve                               # default model, indexes the current directory
+    codespec serve --port 8080 --index repo.csidx
+    CODESPEC_API_KEY=secret codespec serve --host 0.0.0.0
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+from typing import Any
+
+from codespec.cli.options import MODEL_FIELDS, SPECULATION_FIELDS, add_settings_arguments, settings_from_args
+from codespec.errors import CodespecError
+
+SERVE_FIELDS = ("host", "port", "api_key", "index", "repo", "max_tokens_limit", "max_request_bytes",
+                "max_active_requests", "max_waiting_requests")
+
+
+def register(commands: Any) -> None:
+    p = commands.add_parser("serve", help="serve OpenAI- and llama.cpp-compatible HTTP routes",
+                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", metavar="FILE", help="a TOML file of settings (flags and env override it)")
+    add_settings_arguments(p, SERVE_FIELDS + MODEL_FIELDS + SPECULATION_FIELDS)
+    p.set_defaults(handler=run)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from codespec.server.app import create_app, load_backend
+
+    if args.config:
+        if not os.path.isfile(args.config):
+            raise CodespecError(f"--config {args.config}: no such file")
+        os.environ["CODESPEC_CONFIG"] = args.config
+    settings = settings_from_args(args)
+    if not is_loopback(settings.host) and not settings.api_key:
+        raise CodespecError(f"--host {settings.host} is reachable from other machines: set an API key "
+                            "(CODESPEC_API_KEY or --api-key) or bind to 127.0.0.1")
+    backend = load_backend(settings)  # before binding: a bad model or index fails here, in one line
+    try:
+        uvicorn.run(create_app(settings, backend=backend), host=settings.host, port=settings.port,
+                    log_level="info", timeout_graceful_shutdown=5)
+    finally:
+        backend.close()
+    return 0

@@ -1,0 +1,64 @@
+"""Prompts built from the tokenizer's own special tokens (never hard-coded strings).
+
+>>> # fim_ids(tok, "def f(", "):\\n    pass")  -> <|fim_prefix|>def f(<|fim_suffix|>):...<|fim_middle|>
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from codespec.errors import RequestError
+
+FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"
+REPO_NAME, FILE_SEP = "<|repo_name|>", "<|file_sep|>"
+
+
+@dataclass(frozen=True)
+class ExtraFile:
+    """Repository context for a FIM request (llama.cpp's `input_extra` chunks)."""
+
+    filename: str
+    text: str
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Text as tokens, with special-token strings in it kept as plain text."""
+    return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+
+def special_id(tokenizer: Any, token: str) -> int | None:
+    ids = tokenizer(token, add_special_tokens=False)["input_ids"]
+    return ids[0] if len(ids) == 1 and ids[0] != tokenizer.unk_token_id else None
+
+
+def fim_ids(
+    tokenizer: Any,
+    prefix: str,
+    suffix: str,
+    middle: str = "",
+    extra: Sequence[ExtraFile] = (),
+    repo_name: str = "",
+) -> list[int]:
+    """A fill-in-the-middle prompt; with `extra`, the repository-level layout
+    (<|repo_name|>, then <|file_sep|>name + text per file) when the tokenizer has it."""
+    fim = [special_id(tokenizer, t) for t in (FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE)]
+    if any(t is None for t in fim):
+        raise RequestError("this model's tokenizer has no fill-in-the-middle tokens; use a prompt without a suffix")
+    ids: list[int] = []
+    repo, sep = special_id(tokenizer, REPO_NAME), special_id(tokenizer, FILE_SEP)
+    if extra and repo is not None and sep is not None:
+        ids += [repo, *encode(tokenizer, f"{repo_name or 'repository'}\n")]
+        for chunk in extra:
+            ids += [sep, *encode(tokenizer, f"{chunk.filename}\n{chunk.text}")]
+    elif extra:  # no repository tokens: the extra files become a commented preamble
+        prefix = "".join(f"# {c.filename}\n{c.text}\n" for c in extra) + prefix
+    ids += [fim[0], *encode(tokenizer, prefix), fim[1], *encode(tokenizer, suffix), fim[2]]
+    return ids + encode(tokenizer, middle)
+
+
+def chat_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise RequestError("this model has no chat template; use /v1/completions")
+    text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]

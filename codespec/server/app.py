@@ -1,0 +1,189 @@
+"""The FastAPI app: built by `create_app`, model and index loaded in `lifespan`.
+
+    app = create_app(Settings())                  # loads the model at start-up
+    app = create_app(settings, backend=backend)   # tests: a backend already built
+
+Every error is an OpenAI-style body (`{"error": {"message", "type", "param", "code"}}`)
+with a 4xx status for the client's mistakes; a request that fails inside the engine
+fails alone and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import sys
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from codespec import __version__
+from codespec.errors import CodespecError, RequestError
+from codespec.index import SuffixIndex
+from codespec.scheduler import SchedulerFull
+from codespec.server.backend import Backend, GenerationFailed
+from codespec.server.routes import ModelNotFound, router
+from codespec.server.schemas import error_body
+from codespec.settings import Settings
+
+log = logging.getLogger("codespec.server")
+UNAUTHENTICATED = frozenset({"/health"})
+
+
+def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.backend = backend if backend is not None else load_backend(settings)
+        try:
+            yield
+        finally:
+            if backend is None:  # what we built, we close; an injected backend belongs to its owner
+                app.state.backend.close()
+
+    app = FastAPI(title="codespec", version=__version__, lifespan=lifespan)
+    app.state.settings = settings
+    if backend is not None:  # in-process test clients do not run the lifespan
+        app.state.backend = backend
+    app.include_router(router)
+    _install_error_handlers(app)
+
+    @app.middleware("http")
+    async def count(request: Request, call_next: Any) -> Any:
+        response = await call_next(request)
+        backend_now = getattr(request.app.state, "backend", None)
+        route = request.scope.get("route")
+        if backend_now is not None:
+            backend_now.metrics.requests.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
+        return response
+    app.add_middleware(_BodyLimit, limit=settings.max_request_bytes)
+    if settings.api_key:
+        app.add_middleware(_BearerAuth, key=settings.api_key)
+    return app
+
+
+def load_backend(settings: Settings) -> Backend:
+    """The model, and the index: a file (`index`), or the repository (`repo`) indexed in
+    the background while the server already answers."""
+    from codespec.indexing import build_repository_index, default_index_path, tokenizer_fingerprint
+    from codespec.models.loading import load_model
+
+    loaded = load_model(settings)
+    fingerprint = tokenizer_fingerprint(loaded.tokenizer)
+    if settings.index:
+        index = SuffixIndex.load(settings.index, tokenizer=fingerprint)
+    else:
+        index = SuffixIndex()
+        if settings.repo:
+            root = Path(settings.repo).resolve()
+            if not root.is_dir():
+                raise CodespecError(f"--repo {settings.repo}: not a directory")
+            out = default_index_path(settings.cache_dir, root)
+
+            def build() -> Any:
+                build_repository_index(root, loaded.tokenizer, out, progress=False)
+                return SuffixIndex.load(out, tokenizer=fingerprint).static
+
+            print(f"codespec: indexing {root} in the background -> {out}", file=sys.stderr)
+            index.rebuild_in_background(build)
+    return Backend.create(loaded.name, loaded.model, loaded.tokenizer, settings, index)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    def reply(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+              code: str | None = None) -> JSONResponse:
+        return JSONResponse(error_body(message, kind, param, code), status_code=status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        message = first.get("msg", "invalid request")
+        if first.get("type") == "json_invalid":
+            message = "the body is not valid JSON"
+        elif first.get("type") == "model_attributes_type":
+            message = "the body must be a JSON object (send Content-Type: application/json)"
+        return reply(400, f"{where}: {message}" if where else message, param=where or None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return reply(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None)
+
+    @app.exception_handler(ModelNotFound)
+    async def no_model(request: Request, exc: ModelNotFound) -> JSONResponse:
+        return reply(404, str(exc), param="model", code="model_not_found")
+
+    @app.exception_handler(RequestError)
+    async def bad_request(request: Request, exc: RequestError) -> JSONResponse:
+        return reply(400, str(exc))
+
+    @app.exception_handler(GenerationFailed)
+    async def engine_failed(request: Request, exc: GenerationFailed) -> JSONResponse:
+        log.error("%s", exc, exc_info=exc.__cause__)
+        return reply(500, str(exc), kind="server_error")
+
+    @app.exception_handler(SchedulerFull)
+    async def busy(request: Request, exc: SchedulerFull) -> JSONResponse:
+        return reply(429, str(exc), kind="rate_limit_error")
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("request failed")
+        return reply(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error")
+
+
+class _BearerAuth:
+    """`Authorization: Bearer <key>` on every route but /health (constant-time compare)."""
+
+    def __init__(self, app: ASGIApp, key: str) -> None:
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in UNAUTHENTICATED:
+            return await self.app(scope, receive, send)
+        header = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = header.partition(b" ")
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
+            response = JSONResponse(error_body("missing or wrong API key: send 'Authorization: Bearer <key>'",
+                                               kind="authentication_error", code="invalid_api_key"), 401)
+            return await response(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+class _BodyLimit:
+    """Refuse bodies over `limit` bytes with 413, by Content-Length or while reading."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        too_large = JSONResponse(error_body(f"the request body is over {self.limit} bytes",
+                                            code="request_too_large"), 413)
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await too_large(scope, receive, send)
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _TooLarge:
+            await too_large(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass

@@ -1,0 +1,86 @@
+"""What the routes share: the model, the scheduler, the index, the metrics; and the
+bridge from the scheduler's worker thread to an async route.
+
+Generation never runs on the event loop: the scheduler's thread steps the runs and hands
+committed tokens to the loop with `call_soon_threadsafe`. A route that stops listening
+(the client went away) cancels its ticket, which frees the slot at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Sequence
+
+from codespec.engine import Engine, Generation, GenerationConfig
+from codespec.errors import CodespecError, RequestError
+from codespec.index import SuffixIndex
+from codespec.scheduler import Scheduler
+from codespec.server.metrics import Metrics
+from codespec.settings import Settings
+
+
+class GenerationFailed(CodespecError):
+    """The engine failed on this request (the server answers 500 and keeps serving)."""
+
+
+@dataclass
+class Backend:
+    name: str  # the served model's name, as /v1/models lists it
+    tokenizer: Any
+    engine: Engine
+    scheduler: Scheduler
+    index: SuffixIndex
+    settings: Settings
+    metrics: Metrics = field(default_factory=Metrics)
+
+    @classmethod
+    def create(cls, name: str, model: Any, tokenizer: Any, settings: Settings, index: SuffixIndex) -> Backend:
+        engine = Engine.from_settings(model, tokenizer, settings, index=index)
+        scheduler = Scheduler(engine, settings.max_active_requests, settings.max_waiting_requests)
+        return cls(name, tokenizer, engine, scheduler, index, settings)
+
+    def close(self) -> None:
+        self.scheduler.close()
+
+    def model_names(self) -> set[str]:
+        return {self.name, "codespec", Path(self.name).name}
+
+    def check_request(self, prompt_ids: Sequence[int], max_tokens: int) -> None:
+        """Refuse what cannot be served before any header is sent."""
+        if not prompt_ids:
+            raise RequestError("the prompt is empty")
+        if max_tokens > self.settings.max_tokens_limit:
+            raise RequestError(f"max_tokens {max_tokens} is above this server's limit of "
+                               f"{self.settings.max_tokens_limit}")
+        if len(prompt_ids) >= self.engine.max_context:
+            raise RequestError(f"the prompt has {len(prompt_ids)} tokens; the model's context holds "
+                               f"{self.engine.max_context}")
+
+    async def generate(self, prompt_ids: Sequence[int], config: GenerationConfig) -> AsyncIterator[list[int] | Generation]:
+        """Committed token lists as they come, then the finished Generation. Raises the
+        request's own error; cancelling the iteration cancels the request."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[list[int] | Generation | BaseException] = asyncio.Queue()
+        put = queue.put_nowait
+        ticket = self.scheduler.submit(
+            prompt_ids, config,
+            on_tokens=lambda tokens: loop.call_soon_threadsafe(put, tokens),
+            on_done=lambda outcome: loop.call_soon_threadsafe(put, outcome),
+        )
+        self.metrics.queue_depth.set(self.scheduler.queue_depth)
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, CodespecError):
+                    raise item
+                if isinstance(item, BaseException):
+                    raise GenerationFailed(f"generation failed: {type(item).__name__}: {item}") from item
+                yield item
+                if isinstance(item, Generation):
+                    self.metrics.observe(item.stats)
+                    return
+        finally:
+            ticket.cancel()  # a no-op when finished; frees the slot when the client left
+            self.metrics.queue_depth.set(self.scheduler.queue_depth)

@@ -1,0 +1,229 @@
+"""Routes: typed adapters that parse, call the backend, and convert.
+
+OpenAI: POST /v1/completions (`suffix` makes it FIM), POST /v1/chat/completions, GET
+/v1/models; llama.cpp: POST /infill; operations: GET /health, GET /metrics; the index:
+POST /v1/index/documents, DELETE /v1/index/documents/{key}, GET /v1/index/stats.
+Streaming responses are server-sent events ending with `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from codespec import prompts
+from codespec.engine import Generation, GenerationConfig
+from codespec.errors import RequestError
+from codespec.server.backend import Backend, GenerationFailed
+from codespec.server.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DocumentRequest,
+    InfillRequest,
+    error_body,
+)
+from codespec.textstream import TextStream
+
+router = APIRouter()
+
+
+def backend(request: Request) -> Backend:
+    return request.app.state.backend
+
+
+class ModelNotFound(RequestError):
+    pass
+
+
+def _check_model(b: Backend, model: str | None) -> None:
+    if model and model not in b.model_names():
+        raise ModelNotFound(f"the model {model!r} does not exist here; GET /v1/models lists {b.name!r}")
+
+
+def _check_greedy(temperature: float | None) -> None:
+    if temperature:
+        raise RequestError("temperature > 0 is not served yet (lossless speculative sampling comes with the "
+                           "verifier work); send temperature 0 for greedy decoding")
+
+
+def _usage(g: Generation) -> dict[str, Any]:
+    s = g.stats
+    return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.generated_tokens,
+            "total_tokens": s.prompt_tokens + s.generated_tokens}
+
+
+def _sse(payload: dict[str, Any] | str) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+
+async def _stream(b: Backend, prompt_ids: list[int], config: GenerationConfig,
+                  chunk: Callable[[str, Generation | None], dict[str, Any]], done_marker: bool = True) -> AsyncIterator[str]:
+    text = TextStream(b.engine.decode, config.stop)
+    try:
+        async for item in b.generate(prompt_ids, config):
+            if isinstance(item, Generation):
+                rest = text.finish(item.text)
+                yield _sse(chunk(rest, item))
+            else:
+                piece = text.push(item)
+                if piece:
+                    yield _sse(chunk(piece, None))
+    except RequestError as exc:  # the request failed after the headers: say so in the stream
+        yield _sse(error_body(str(exc)))
+    except GenerationFailed as exc:  # an engine failure ends this stream only
+        yield _sse(error_body(str(exc), kind="server_error"))
+    if done_marker:
+        yield _sse("[DONE]")
+
+
+async def _complete(b: Backend, prompt_ids: list[int], config: GenerationConfig) -> Generation:
+    result = None
+    async for item in b.generate(prompt_ids, config):
+        if isinstance(item, Generation):
+            result = item
+    assert result is not None
+    return result
+
+
+def _streaming(body: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(body, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.post("/v1/completions")
+async def completions(req: CompletionRequest, b: Backend = Depends(backend)) -> Any:
+    _check_model(b, req.model)
+    _check_greedy(req.temperature)
+    if req.suffix is not None:
+        ids = prompts.fim_ids(b.tokenizer, req.prompt_text, req.suffix)
+    else:  # verbatim, like `codespec generate`: special tokens written in it are recognised
+        ids = b.tokenizer(req.prompt_text, add_special_tokens=False)["input_ids"]
+    b.check_request(ids, req.max_tokens)
+    config = GenerationConfig(max_new_tokens=req.max_tokens, stop=tuple(req.stop))
+    cid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), b.name
+
+    def chunk(text: str, done: Generation | None) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": cid, "object": "text_completion", "created": created, "model": model,
+                               "choices": [{"index": 0, "text": text, "logprobs": None,
+                                            "finish_reason": done.finish_reason if done else None}]}
+        if done:
+            out["usage"] = _usage(done)
+            out["codespec"] = done.stats.to_json()
+        return out
+
+    if req.stream:
+        return _streaming(_stream(b, ids, config, chunk))
+    g = await _complete(b, ids, config)
+    return chunk(g.text, g)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(req: ChatCompletionRequest, b: Backend = Depends(backend)) -> Any:
+    _check_model(b, req.model)
+    _check_greedy(req.temperature)
+    ids = prompts.chat_ids(b.tokenizer, [{"role": m.role, "content": m.text()} for m in req.messages])
+    b.check_request(ids, req.limit)
+    config = GenerationConfig(max_new_tokens=req.limit, stop=tuple(req.stop))
+    cid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), b.name
+
+    def chunk(text: str, done: Generation | None) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                               "choices": [{"index": 0, "delta": {"role": "assistant", "content": text},
+                                            "finish_reason": done.finish_reason if done else None}]}
+        if done:
+            out["usage"] = _usage(done)
+            out["codespec"] = done.stats.to_json()
+        return out
+
+    if req.stream:
+        return _streaming(_stream(b, ids, config, chunk))
+    g = await _complete(b, ids, config)
+    return {"id": cid, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": g.text},
+                         "finish_reason": g.finish_reason}],
+            "usage": _usage(g), "codespec": g.stats.to_json()}
+
+
+@router.post("/infill")
+async def infill(req: InfillRequest, b: Backend = Depends(backend)) -> Any:
+    """llama.cpp's /infill: greedy FIM with the tokenizer's FIM and repository tokens;
+    samplers and cache options are accepted and ignored (KV reuse comes with the verifier)."""
+    extra = [prompts.ExtraFile(c.filename, c.text) for c in req.input_extra]
+    ids = prompts.fim_ids(b.tokenizer, req.input_prefix, req.input_suffix, req.prompt, extra)
+    limit = b.settings.max_tokens_limit if req.n_predict < 0 else max(req.n_predict, 1)
+    b.check_request(ids, limit)
+    seconds = req.t_max_predict_ms / 1000 if req.t_max_predict_ms else None
+    config = GenerationConfig(max_new_tokens=limit, stop=tuple(req.stop), time_limit_s=seconds)
+
+    def chunk(text: str, done: Generation | None) -> dict[str, Any]:
+        out: dict[str, Any] = {"content": text, "stop": done is not None}
+        if done:
+            s = done.stats
+            stop_type = "limit" if done.finish_reason == "length" else ("word" if req.stop else "eos")
+            out |= {"model": b.name, "tokens_predicted": s.generated_tokens, "tokens_evaluated": s.prompt_tokens,
+                    "tokens_cached": 0, "truncated": False, "stop_type": stop_type,
+                    "timings": {"prompt_n": s.prompt_tokens, "prompt_ms": s.ttft_s * 1000,
+                                "predicted_n": s.generated_tokens, "predicted_ms": (s.wall_s - s.ttft_s) * 1000,
+                                "predicted_per_second": s.generated_tokens / s.wall_s if s.wall_s else 0.0},
+                    "codespec": s.to_json()}
+        return out
+
+    if req.stream:
+        return _streaming(_stream(b, ids, config, chunk, done_marker=False))
+    g = await _complete(b, ids, config)
+    return chunk(g.text, g)
+
+
+@router.get("/v1/models")
+async def models(b: Backend = Depends(backend)) -> dict[str, Any]:
+    return {"object": "list", "data": [{"id": b.name, "object": "model", "created": 0, "owned_by": "codespec"}]}
+
+
+@router.get("/health")
+async def health(b: Backend = Depends(backend)) -> dict[str, Any]:
+    return {"status": "ok", "model": b.name, "active": b.scheduler.active, "waiting": b.scheduler.queue_depth,
+            "index": _index_summary(b)}
+
+
+def _index_summary(b: Backend) -> dict[str, Any]:
+    stats = b.index.stats()
+    static = stats.get("static") or {}
+    return {"static_tokens": static.get("tokens", 0), "files": static.get("files", 0),
+            "dynamic_tokens": stats["dynamic"]["live_tokens"], "rebuild_error": str(b.index.rebuild_error or "")}
+
+
+@router.get("/metrics")
+async def metrics(b: Backend = Depends(backend)) -> Response:
+    summary = _index_summary(b)
+    b.metrics.index_tokens.labels("static").set(summary["static_tokens"])
+    b.metrics.index_tokens.labels("dynamic").set(summary["dynamic_tokens"])
+    b.metrics.queue_depth.set(b.scheduler.queue_depth)
+    b.metrics.active.set(b.scheduler.active)
+    return Response(generate_latest(b.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.post("/v1/index/documents")
+async def add_document(req: DocumentRequest, b: Backend = Depends(backend)) -> dict[str, Any]:
+    """Add or replace a document (an open buffer, a file the client edited) in the
+    dynamic index; later drafts can copy from it."""
+    ids = prompts.encode(b.tokenizer, req.text)
+    b.index.add_document(req.key, ids)
+    return {"key": req.key, "tokens": len(ids)}
+
+
+@router.delete("/v1/index/documents/{key:path}")
+async def remove_document(key: str, b: Backend = Depends(backend)) -> Any:
+    if not b.index.remove_document(key):
+        return JSONResponse(error_body(f"no document {key!r} in the index", code="not_found"), status_code=404)
+    return {"key": key, "removed": True}
+
+
+@router.get("/v1/index/stats")
+async def index_stats(b: Backend = Depends(backend)) -> dict[str, Any]:
+    return b.index.stats()

@@ -1,0 +1,112 @@
+"""Request bodies (pydantic, validated at the edge) and OpenAI-style error bodies.
+
+Unknown fields are ignored, as OpenAI and llama.cpp servers do, so clients that send
+options codespec does not use (logit_bias, user, samplers, ...) keep working.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Stop = str | list[str] | None
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class _Stops(_Request):
+    """`stop`: a string or a list of up to 16 non-empty strings (OpenAI allows 4)."""
+
+    stop: list[str] = Field(default_factory=list)
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _as_list(cls, value: Stop) -> list[str]:
+        if value is None:
+            return []
+        stops = [value] if isinstance(value, str) else value
+        if not isinstance(stops, list) or len(stops) > 16 or any(not isinstance(s, str) or not s for s in stops):
+            raise ValueError("stop takes a string or up to 16 non-empty strings")
+        return stops
+
+
+class CompletionRequest(_Stops):
+    model: str | None = None
+    prompt: str | list[str] = Field(description="The prompt; a list must hold exactly one string (n=1).")
+    suffix: str | None = Field(None, description="Text after the insertion point: makes a FIM request.")
+    max_tokens: int = Field(16, ge=1)
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stream: bool = False
+    n: int = Field(1, ge=1, le=1, description="Only n=1 is served.")
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list) and len(value) != 1:
+            raise ValueError("give exactly one prompt (n=1)")
+        return value
+
+    @property
+    def prompt_text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[dict] = ""
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.get("text", "") for part in self.content if part.get("type") == "text")
+
+
+class ChatCompletionRequest(_Stops):
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stream: bool = False
+    n: int = Field(1, ge=1, le=1)
+
+    @property
+    def limit(self) -> int:
+        return self.max_completion_tokens or self.max_tokens or 256
+
+
+class ExtraChunk(_Request):
+    filename: str = ""
+    text: str = ""
+
+
+class InfillRequest(_Stops):
+    """llama.cpp's /infill, as llama.vim and llama.vscode send it."""
+
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: list[ExtraChunk] = Field(default_factory=list)
+    prompt: str = ""  # the already-typed text after the FIM middle token
+    n_predict: int = Field(128, ge=-1)
+    t_max_predict_ms: int | None = Field(None, ge=0)
+    cache_prompt: bool = True
+    temperature: float | None = Field(None, ge=0.0)
+    stream: bool = False
+
+
+class DocumentRequest(_Request):
+    key: str = Field(min_length=1, max_length=1024, description="Replaces a document with the same key.")
+    text: str
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    """OpenAI's error shape: {"error": {"message", "type", "param", "code"}}."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

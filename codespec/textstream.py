@@ -1,0 +1,44 @@
+"""Committed tokens -> text increments that are safe to show while streaming.
+
+Two things are held back until they are certain: an incomplete UTF-8 character at the
+end (byte-level BPE splits characters across tokens; the decoder shows U+FFFD until the
+rest arrives) and the last `len(longest stop string) - 1` characters, which may be the
+start of a stop string that the final text will not contain.
+
+>>> ts = TextStream(decode=lambda ids: "".join(map(chr, ids)), stop=("END",))
+>>> ts.push([104, 105, 32, 69])     # "hi E": "E" may start "END"; 2 chars held back
+'hi'
+>>> ts.finish("hi ")                # the run stopped at "END": the rest of the final text
+' '
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+REPLACEMENT = "\ufffd"
+
+
+class TextStream:
+    def __init__(self, decode: Callable[[Sequence[int]], str], stop: Sequence[str] = ()) -> None:
+        self.decode = decode
+        self.holdback = max((len(s) for s in stop), default=1) - 1
+        self.tokens: list[int] = []
+        self.sent = 0  # characters already emitted
+
+    def push(self, tokens: Sequence[int]) -> str:
+        self.tokens.extend(tokens)
+        text = self.decode(self.tokens)
+        end = len(text) - self.holdback
+        while end > self.sent and text[end - 1] == REPLACEMENT:
+            end -= 1
+        if end <= self.sent:
+            return ""
+        piece, self.sent = text[self.sent : end], end
+        return piece
+
+    def finish(self, final_text: str) -> str:
+        """What remains of the run's final text (already cut at any stop string)."""
+        rest = final_text[self.sent :]
+        self.sent = len(final_text)
+        return rest

@@ -1,0 +1,179 @@
+"""The HTTP endpoint with real clients: openai (in process and over loopback), llama.vim's
+/infill, streaming, concurrency, disconnects, and every bad input getting a 4xx."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from codespec.engine import GenerationConfig
+
+pytestmark = [pytest.mark.model, pytest.mark.anyio]
+
+PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+
+
+def expected_text(backend, prompt: str, max_tokens: int) -> str:
+    ids = backend.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    return backend.engine.generate(ids, GenerationConfig(max_new_tokens=max_tokens, speculate=False)).text
+
+
+async def test_completion_and_stream_with_the_openai_client(client, backend):
+    want = expected_text(backend, PROMPT, 24)
+    out = await client.completions.create(model="codespec", prompt=PROMPT, max_tokens=24)
+    assert out.choices[0].text == want
+    assert out.usage.completion_tokens == 24 and out.choices[0].finish_reason == "length"
+    pieces = []
+    stream = await client.completions.create(model="codespec", prompt=PROMPT, max_tokens=24, stream=True)
+    async for event in stream:
+        pieces.append(event.choices[0].text)
+    assert "".join(pieces) == want and len(pieces) > 2
+
+
+async def test_fim_suffix_and_chat(client):
+    out = await client.completions.create(model="codespec", prompt="def add(a, b):\n    ", suffix="\n\nprint(add(1, 2))\n",
+                                          max_tokens=12)
+    assert "a + b" in out.choices[0].text
+    chat = await client.chat.completions.create(
+        model="codespec", max_tokens=16, messages=[{"role": "user", "content": "Write a Python hello world."}])
+    assert chat.choices[0].message.content and chat.choices[0].message.role == "assistant"
+    pieces = []
+    stream = await client.chat.completions.create(
+        model="codespec", max_tokens=16, stream=True, messages=[{"role": "user", "content": "Write a Python hello world."}])
+    async for event in stream:
+        pieces.append(event.choices[0].delta.content or "")
+    assert "".join(pieces) == chat.choices[0].message.content
+
+
+async def test_infill_as_llama_vim_sends_it(http):
+    body = {  # the fields llama.vim's llama#fim sends
+        "id_slot": 0, "input_prefix": "import os\n\ndef list_python_files(path):\n    ",
+        "input_suffix": "\n\nif __name__ == '__main__':\n    print(list_python_files('.'))\n",
+        "input_extra": [{"filename": "util.py", "text": "def is_python(name):\n    return name.endswith('.py')\n"}],
+        "prompt": "", "n_predict": 24, "n_indent": 4, "top_k": 40, "top_p": 0.90, "stream": False,
+        "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True, "t_max_prompt_ms": 500,
+        "t_max_predict_ms": 10000, "response_fields": ["content", "timings/prompt_n", "tokens_cached"],
+    }
+    r = await http.post("/infill", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["content"] and out["stop"] is True and out["tokens_predicted"] <= 24
+    assert {"prompt_n", "predicted_n", "predicted_ms"} <= out["timings"].keys()
+
+
+async def test_concurrent_requests_equal_their_sequential_outputs(client, backend):
+    prompts = [f"def function_{i}(x):\n    return x * {i}\n\ndef next_{i}(" for i in range(8)]
+    want = [expected_text(backend, p, 16) for p in prompts]
+    outs = await asyncio.gather(*(client.completions.create(model="codespec", prompt=p, max_tokens=16)
+                                  for p in prompts))
+    assert [o.choices[0].text for o in outs] == want
+
+
+async def test_disconnect_mid_stream_frees_the_slot(live_server, backend):
+    import httpx2
+
+    async with httpx2.AsyncClient(base_url=live_server, timeout=60) as http:
+        async with http.stream("POST", "/v1/completions",
+                               json={"prompt": PROMPT, "max_tokens": 400, "stream": True}) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data:"):
+                    break  # one chunk read, then the client goes away
+        for _ in range(600):  # bounded wait for the worker to notice (no timing assertion)
+            health = (await http.get("/health")).json()
+            if health["active"] == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert health["active"] == 0 and health["waiting"] == 0
+        r = await http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4})
+        assert r.status_code == 200
+
+
+async def test_openai_client_over_a_real_socket(live_server):
+    import openai
+
+    async with openai.AsyncOpenAI(base_url=f"{live_server}/v1", api_key="unused", max_retries=0) as client:
+        stream = await client.completions.create(model="codespec", prompt=PROMPT, max_tokens=8, stream=True)
+        text = "".join([e.choices[0].text async for e in stream])
+        models = await client.models.list()
+    assert text
+    assert [m.id for m in models.data] == ["Qwen2.5-Coder-0.5B-Instruct"]
+
+
+BAD = [
+    ("post", "/v1/completions", b"{not json", 400, "not valid JSON"),
+    ("post", "/v1/completions", {"prompt": 5, "max_tokens": 4}, 400, "prompt"),
+    ("post", "/v1/completions", {"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
+    ("post", "/v1/completions", {"prompt": "x", "max_tokens": 100000}, 400, "limit"),
+    ("post", "/v1/completions", {"prompt": "x", "model": "gpt-9"}, 404, "does not exist"),
+    ("post", "/v1/completions", {"prompt": "x", "temperature": 0.7}, 400, "temperature"),
+    ("post", "/v1/completions", {"prompt": "x", "n": 2}, 400, "n"),
+    ("post", "/v1/completions", {"prompt": ["a", "b"]}, 400, "exactly one prompt"),
+    ("post", "/v1/completions", {"prompt": ""}, 400, "empty"),
+    ("post", "/v1/completions", {"prompt": "x", "stop": [""]}, 400, "stop"),
+    ("post", "/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("post", "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
+    ("post", "/infill", {"input_prefix": "x", "n_predict": "many"}, 400, "n_predict"),
+    ("post", "/v1/index/documents", {"key": "", "text": "x"}, 400, "key"),
+    ("delete", "/v1/index/documents/never-added", None, 404, "no document"),
+    ("get", "/v1/nothing-here", None, 404, "Not Found"),
+]
+
+
+@pytest.mark.parametrize("method, path, body, status, message", BAD)
+async def test_bad_requests_get_openai_style_4xx(http, method, path, body, status, message):
+    if isinstance(body, bytes):
+        r = await http.request(method.upper(), path, content=body, headers={"content-type": "application/json"})
+    else:
+        r = await http.request(method.upper(), path, json=body)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert message in error["message"] and error["type"]
+    assert (await http.get("/health")).status_code == 200  # still serving
+
+
+async def test_prompt_longer_than_the_context(http, backend):
+    long_prompt = "1" * (backend.engine.max_context + 10)  # one token per digit
+    r = await http.post("/v1/completions", json={"prompt": long_prompt, "max_tokens": 4})
+    assert r.status_code == 400 and "context holds" in r.json()["error"]["message"]
+
+
+async def test_oversized_body_is_refused(http, backend):
+    r = await http.post("/v1/completions", json={"prompt": "x" * (backend.settings.max_request_bytes + 1)})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
+async def test_index_routes_feed_drafts(http, backend):
+    text = "def very_specific_helper(alpha, beta):\n    return alpha * 31 + beta * 17 - 5\n"
+    r = await http.post("/v1/index/documents", json={"key": "buffer:helpers.py", "text": text})
+    assert r.status_code == 200 and r.json()["tokens"] > 10
+    stats = (await http.get("/v1/index/stats")).json()
+    assert stats["dynamic"]["documents"] >= 1
+    assert (await http.delete("/v1/index/documents/buffer:helpers.py")).json()["removed"] is True
+
+
+async def test_metrics_expose_speculation(http):
+    await http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 8})
+    text = (await http.get("/metrics")).text
+    for name in ("codespec_requests_total", "codespec_accepted_tokens_per_pass", "codespec_verify_passes_total",
+                 "codespec_time_to_first_token_seconds", "codespec_queue_depth", "codespec_index_tokens",
+                 "codespec_inter_token_latency_seconds"):
+        assert name in text, name
+
+
+async def test_engine_failure_fails_one_request_only(http, backend, monkeypatch):
+    from codespec.engine import Run
+
+    original = Run.step
+
+    def broken(self):
+        if self.prompt and self.prompt[-1] == backend.tokenizer.convert_tokens_to_ids("<|fim_pad|>"):
+            raise RuntimeError("simulated kernel failure")
+        return original(self)
+
+    monkeypatch.setattr(Run, "step", broken)
+    r = await http.post("/v1/completions", json={"prompt": "x<|fim_pad|>", "max_tokens": 4})
+    assert r.status_code == 500 and "simulated" in r.json()["error"]["message"]
+    r = await http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4})
+    assert r.status_code == 200
