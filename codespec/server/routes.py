@@ -58,6 +58,23 @@ def _usage(g: Generation) -> dict[str, Any]:
             "total_tokens": s.prompt_tokens + s.generated_tokens}
 
 
+class _Envelope:
+    """OpenAI's response shape around one choice; the final one carries usage and
+    codespec's speculation stats."""
+
+    def __init__(self, response_id: str, model: str) -> None:
+        self.id, self.model, self.created = response_id, model, int(time.time())
+
+    def __call__(self, kind: str, choice: dict[str, Any], done: Generation | None) -> dict[str, Any]:
+        finish = done.finish_reason if done else None
+        out: dict[str, Any] = {"id": self.id, "object": kind, "created": self.created, "model": self.model,
+                               "choices": [{"index": 0, **choice, "finish_reason": finish}]}
+        if done:
+            out["usage"] = _usage(done)
+            out["codespec"] = done.stats.to_json()
+        return out
+
+
 def _sse(payload: dict[str, Any] | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
@@ -106,16 +123,10 @@ async def completions(req: CompletionRequest, b: Backend = Depends(backend)) -> 
         ids = b.tokenizer(req.prompt_text, add_special_tokens=False)["input_ids"]
     b.check_request(ids, req.max_tokens)
     config = GenerationConfig(max_new_tokens=req.max_tokens, stop=tuple(req.stop))
-    cid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), b.name
+    envelope = _Envelope(f"cmpl-{uuid.uuid4().hex}", b.name)
 
     def chunk(text: str, done: Generation | None) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": cid, "object": "text_completion", "created": created, "model": model,
-                               "choices": [{"index": 0, "text": text, "logprobs": None,
-                                            "finish_reason": done.finish_reason if done else None}]}
-        if done:
-            out["usage"] = _usage(done)
-            out["codespec"] = done.stats.to_json()
-        return out
+        return envelope("text_completion", {"text": text, "logprobs": None}, done)
 
     if req.stream:
         return _streaming(_stream(b, ids, config, chunk))
@@ -130,24 +141,15 @@ async def chat_completions(req: ChatCompletionRequest, b: Backend = Depends(back
     ids = prompts.chat_ids(b.tokenizer, [{"role": m.role, "content": m.text()} for m in req.messages])
     b.check_request(ids, req.limit)
     config = GenerationConfig(max_new_tokens=req.limit, stop=tuple(req.stop))
-    cid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), b.name
+    envelope = _Envelope(f"chatcmpl-{uuid.uuid4().hex}", b.name)
 
     def chunk(text: str, done: Generation | None) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                               "choices": [{"index": 0, "delta": {"role": "assistant", "content": text},
-                                            "finish_reason": done.finish_reason if done else None}]}
-        if done:
-            out["usage"] = _usage(done)
-            out["codespec"] = done.stats.to_json()
-        return out
+        return envelope("chat.completion.chunk", {"delta": {"role": "assistant", "content": text}}, done)
 
     if req.stream:
         return _streaming(_stream(b, ids, config, chunk))
     g = await _complete(b, ids, config)
-    return {"id": cid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": g.text},
-                         "finish_reason": g.finish_reason}],
-            "usage": _usage(g), "codespec": g.stats.to_json()}
+    return envelope("chat.completion", {"message": {"role": "assistant", "content": g.text}}, g)
 
 
 @router.post("/infill")
