@@ -14,6 +14,7 @@ decode step: that is the reference the lossless tests compare against.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
@@ -24,7 +25,8 @@ from codespec.proposer import IndexedProposer, NoProposer, PromptLookupProposer,
 from codespec.settings import Settings
 from codespec.stats import GenerationStats
 from codespec.stopping import StopCondition
-from codespec.verifier import ChainVerifier
+from codespec.sampling import SamplingParams, new_generator, sample_accept
+from codespec.verifier import Accept, ChainVerifier, greedy_accept
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,10 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
     speculate: bool = True
     time_limit_s: float | None = None  # stop ("length") once generation took this long
+    temperature: float = 0.0  # 0: greedy; > 0: lossless speculative sampling
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
 
 
 @dataclass
@@ -117,6 +123,7 @@ class Run:
         proposer = engine.proposer if config.speculate else NoProposer()
         self.session = proposer.start(prompt)
         self.cache = engine.verifier.new_cache()
+        self.accept = _acceptance(config, engine.verifier.device)
         self.generated: list[int] = []
         self.finish_reason: str | None = None
         self._prefilled = False
@@ -133,11 +140,11 @@ class Run:
         verifier = self.engine.verifier
         if not self._prefilled:
             self._prefilled = True
-            kept = self._commit([verifier.prefill(self.cache, self.prompt)])
+            kept = self._commit([verifier.prefill(self.cache, self.prompt, self.accept)])
             self.stats.ttft_s = time.perf_counter() - self._started
         else:
             draft = self.session.draft(self._draft_budget())
-            result = verifier.verify(self.cache, self.generated[-1], draft.token_ids)
+            result = verifier.verify(self.cache, self.generated[-1], draft.token_ids, self.accept)
             kept = self._commit(result.committed)
             self.stats.record_pass(len(draft), len(kept), min(result.accepted, len(kept)), draft.source)
         limit = self.config.time_limit_s
@@ -168,6 +175,15 @@ class Run:
         if self.stop.text_end is not None:
             text = text[: self.stop.text_end]
         return Generation(list(self.generated), text, self.finish_reason or "stop", self.stats)
+
+
+def _acceptance(config: GenerationConfig, device: Any) -> Accept:
+    if config.temperature < 0 or not 0 < config.top_p <= 1 or config.top_k < 0:
+        raise RequestError("temperature must be >= 0, top_p in (0, 1] and top_k >= 0")
+    if config.temperature == 0:
+        return greedy_accept
+    params = SamplingParams(config.temperature, config.top_p, config.top_k)
+    return functools.partial(sample_accept, params=params, generator=new_generator(device, config.seed))
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:

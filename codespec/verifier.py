@@ -18,7 +18,7 @@ An empty draft makes the pass a plain decode step: speculation off runs the same
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -46,6 +46,12 @@ def greedy_accept(logits: torch.Tensor, draft: torch.Tensor) -> VerifyResult:
     return VerifyResult(accepted, tuple(target[: accepted + 1].tolist()))
 
 
+# How a pass turns logits into committed tokens: greedy_accept, or speculative sampling
+# (codespec.sampling.sample_accept) bound to a request's parameters and generator.
+Accept = Callable[[torch.Tensor, torch.Tensor], VerifyResult]
+_NO_DRAFT = torch.empty(0, dtype=torch.long)
+
+
 class ChainVerifier:
     """Drives a Hugging Face causal LM for prefill and chain verify passes."""
 
@@ -64,8 +70,8 @@ class ChainVerifier:
         return DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
-    def prefill(self, cache: Any, prompt_ids: Sequence[int]) -> int:
-        """Run the prompt through the model and return its greedy next token."""
+    def prefill(self, cache: Any, prompt_ids: Sequence[int], accept: Accept = greedy_accept) -> int:
+        """Run the prompt through the model and return its next token."""
         ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
         positions = torch.arange(ids.shape[1], device=self.device)[None]
         # logits_to_keep=1: the full [prompt, vocab] logits of a 1k-token prompt would be
@@ -73,10 +79,10 @@ class ChainVerifier:
         out = self.model(
             input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1
         )
-        return int(out.logits[0, -1].argmax())
+        return accept(out.logits[0, -1:], _NO_DRAFT.to(self.device)).committed[0]
 
     @torch.inference_mode()
-    def verify(self, cache: Any, pending: int, draft: Sequence[int]) -> VerifyResult:
+    def verify(self, cache: Any, pending: int, draft: Sequence[int], accept: Accept = greedy_accept) -> VerifyResult:
         """One verify pass; on return the cache holds pending + accepted draft tokens."""
         from codespec import attention
         start = cache.get_seq_length()
@@ -89,7 +95,7 @@ class ChainVerifier:
         positions = torch.arange(start, start + ids.shape[1], device=self.device)[None]
         rows = {attention.ROWS_FLAG: len(tokens)} if self.rows_exact else {}
         out = self.model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True, **rows)
-        result = greedy_accept(out.logits[0, : len(tokens)], ids[0, 1 : len(tokens)])
+        result = accept(out.logits[0, : len(tokens)], ids[0, 1 : len(tokens)])
         discard = len(draft) - result.accepted + pad
         if discard:
             cache.crop(-discard)

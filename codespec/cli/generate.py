@@ -27,6 +27,10 @@ def register(commands: Any) -> None:
     p.add_argument("--no-spec", action="store_true", help="run the same engine with speculation off")
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="tokens to generate at most (128)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop before this text (repeatable)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: lossless sampling")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus cut for sampling (1.0)")
+    p.add_argument("--top-k", type=int, default=0, help="top-k cut for sampling (0: none)")
+    p.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template as a user turn")
     p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
     add_settings_arguments(p, MODEL_FIELDS + SPECULATION_FIELDS)
@@ -66,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_new_tokens < 1:
         raise RequestError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:
+        raise RequestError("--temperature must be >= 0, --top-p in (0, 1], --top-k >= 0")
     settings = settings_from_args(args)
     text = read_prompt(args.prompt_file)
     index = None
@@ -85,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
 
         index.check_tokenizer(tokenizer_fingerprint(tokenizer))
     engine = Engine.from_settings(loaded.model, tokenizer, settings, index=index)
-    config = GenerationConfig(max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), speculate=not args.no_spec)
+    config = GenerationConfig(max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), speculate=not args.no_spec,
+                              temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     result = engine.generate(prompt_ids, config)
     if args.json:
         print(json.dumps(result.to_json()))

@@ -46,12 +46,6 @@ def _check_model(b: Backend, model: str | None) -> None:
         raise ModelNotFound(f"the model {model!r} does not exist here; GET /v1/models lists {b.name!r}")
 
 
-def _check_greedy(temperature: float | None) -> None:
-    if temperature:
-        raise RequestError("temperature > 0 is not served yet (lossless speculative sampling comes with the "
-                           "verifier work); send temperature 0 for greedy decoding")
-
-
 def _usage(g: Generation) -> dict[str, Any]:
     s = g.stats
     return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.generated_tokens,
@@ -116,13 +110,13 @@ def _streaming(body: AsyncIterator[str]) -> StreamingResponse:
 @router.post("/v1/completions")
 async def completions(req: CompletionRequest, b: Backend = Depends(backend)) -> Any:
     _check_model(b, req.model)
-    _check_greedy(req.temperature)
     if req.suffix is not None:
         ids = prompts.fim_ids(b.tokenizer, req.prompt_text, req.suffix)
     else:  # verbatim, like `codespec generate`: special tokens written in it are recognised
         ids = b.tokenizer(req.prompt_text, add_special_tokens=False)["input_ids"]
     b.check_request(ids, req.max_tokens)
-    config = GenerationConfig(max_new_tokens=req.max_tokens, stop=tuple(req.stop))
+    config = GenerationConfig(max_new_tokens=req.max_tokens, stop=tuple(req.stop), temperature=req.temperature,
+                              top_p=req.top_p, seed=req.seed)
     envelope = _Envelope(f"cmpl-{uuid.uuid4().hex}", b.name)
 
     def chunk(text: str, done: Generation | None) -> dict[str, Any]:
@@ -137,10 +131,10 @@ async def completions(req: CompletionRequest, b: Backend = Depends(backend)) -> 
 @router.post("/v1/chat/completions")
 async def chat_completions(req: ChatCompletionRequest, b: Backend = Depends(backend)) -> Any:
     _check_model(b, req.model)
-    _check_greedy(req.temperature)
     ids = prompts.chat_ids(b.tokenizer, [{"role": m.role, "content": m.text()} for m in req.messages])
     b.check_request(ids, req.limit)
-    config = GenerationConfig(max_new_tokens=req.limit, stop=tuple(req.stop))
+    config = GenerationConfig(max_new_tokens=req.limit, stop=tuple(req.stop), temperature=req.temperature,
+                              top_p=req.top_p, seed=req.seed)
     envelope = _Envelope(f"chatcmpl-{uuid.uuid4().hex}", b.name)
 
     def chunk(text: str, done: Generation | None) -> dict[str, Any]:
@@ -154,14 +148,16 @@ async def chat_completions(req: ChatCompletionRequest, b: Backend = Depends(back
 
 @router.post("/infill")
 async def infill(req: InfillRequest, b: Backend = Depends(backend)) -> Any:
-    """llama.cpp's /infill: greedy FIM with the tokenizer's FIM and repository tokens;
-    samplers and cache options are accepted and ignored (KV reuse comes with the verifier)."""
+    """llama.cpp's /infill: FIM with the tokenizer's FIM and repository tokens. Greedy
+    unless the request sets a temperature (then top_k / top_p apply); cache options are
+    accepted and ignored (KV reuse comes with the verifier issue)."""
     extra = [prompts.ExtraFile(c.filename, c.text) for c in req.input_extra]
     ids = prompts.fim_ids(b.tokenizer, req.input_prefix, req.input_suffix, req.prompt, extra)
     limit = b.settings.max_tokens_limit if req.n_predict < 0 else max(req.n_predict, 1)
     b.check_request(ids, limit)
     seconds = req.t_max_predict_ms / 1000 if req.t_max_predict_ms else None
-    config = GenerationConfig(max_new_tokens=limit, stop=tuple(req.stop), time_limit_s=seconds)
+    config = GenerationConfig(max_new_tokens=limit, stop=tuple(req.stop), time_limit_s=seconds,
+                              temperature=req.temperature or 0.0, top_p=req.top_p, top_k=req.top_k, seed=req.seed)
 
     def chunk(text: str, done: Generation | None) -> dict[str, Any]:
         out: dict[str, Any] = {"content": text, "stop": done is not None}

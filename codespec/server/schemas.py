@@ -97,7 +97,10 @@ class InfillRequest(_Stops):
     n_predict: int = Field(128, ge=-1)
     t_max_predict_ms: int | None = Field(None, ge=0)
     cache_prompt: bool = True
-    temperature: float | None = Field(None, ge=0.0)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_k: int = Field(0, ge=0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = None
     stream: bool = False
 
 

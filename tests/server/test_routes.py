@@ -31,6 +31,13 @@ async def test_completion_and_stream_with_the_openai_client(client, backend):
     assert "".join(pieces) == want and len(pieces) > 2
 
 
+async def test_seeded_sampling_repeats(client):
+    args = dict(model="codespec", prompt=PROMPT, max_tokens=12, temperature=0.8, top_p=0.95, seed=42)
+    first = await client.completions.create(**args)
+    second = await client.completions.create(**args)
+    assert first.choices[0].text == second.choices[0].text
+
+
 async def test_fim_suffix_and_chat(client):
     out = await client.completions.create(model="codespec", prompt="def add(a, b):\n    ", suffix="\n\nprint(add(1, 2))\n",
                                           max_tokens=12)
@@ -106,7 +113,8 @@ BAD = [
     ("post", "/v1/completions", {"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
     ("post", "/v1/completions", {"prompt": "x", "max_tokens": 100000}, 400, "limit"),
     ("post", "/v1/completions", {"prompt": "x", "model": "gpt-9"}, 404, "does not exist"),
-    ("post", "/v1/completions", {"prompt": "x", "temperature": 0.7}, 400, "temperature"),
+    ("post", "/v1/completions", {"prompt": "x", "temperature": 3}, 400, "temperature"),
+    ("post", "/v1/completions", {"prompt": "x", "top_p": 0}, 400, "top_p"),
     ("post", "/v1/completions", {"prompt": "x", "n": 2}, 400, "n"),
     ("post", "/v1/completions", {"prompt": ["a", "b"]}, 400, "exactly one prompt"),
     ("post", "/v1/completions", {"prompt": ""}, 400, "empty"),
