@@ -40,6 +40,12 @@ class GenerationConfig:
     top_k: int = 0
     seed: int | None = None
 
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise RequestError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise RequestError("temperature must be >= 0, top_p in (0, 1] and top_k >= 0")
+
 
 @dataclass
 class Generation:
@@ -178,8 +184,6 @@ class Run:
 
 
 def _acceptance(config: GenerationConfig, device: Any) -> Accept:
-    if config.temperature < 0 or not 0 < config.top_p <= 1 or config.top_k < 0:
-        raise RequestError("temperature must be >= 0, top_p in (0, 1] and top_k >= 0")
     if config.temperature == 0:
         return greedy_accept
     params = SamplingParams(config.temperature, config.top_p, config.top_k)

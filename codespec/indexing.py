@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from codespec.index import IndexFileError, StaticIndex
 from codespec.index import store
+from codespec.prompts import encode_texts
 from codespec.repo import WalkReport, read_text, walk_repository
 
 _BATCH_FILES = 64
@@ -59,11 +60,6 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     digest = hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode())
     digest.update(type(tokenizer).__name__.encode())
     return digest.hexdigest()
-
-
-def encode_text(tokenizer: Any, texts: list[str]) -> list[list[int]]:
-    """Token ids of file texts; special-token strings inside files stay plain text."""
-    return tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
 
 def build_repository_index(root: Path, tokenizer: Any, out: Path, *, progress: bool = True) -> IndexReport:
@@ -116,7 +112,7 @@ def build_repository_index(root: Path, tokenizer: Any, out: Path, *, progress: b
 def _encode_batch(tokenizer: Any, pending: list[tuple[str, str]], tokens: dict[str, np.ndarray], bar: tqdm) -> None:
     if not pending:
         return
-    encoded = encode_text(tokenizer, [text for _, text in pending])
+    encoded = encode_texts(tokenizer, [text for _, text in pending])
     for (path, _), ids in zip(pending, encoded):
         tokens[path] = np.asarray(ids, dtype=np.int32)
     bar.update(len(pending))

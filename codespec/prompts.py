@@ -22,9 +22,20 @@ class ExtraFile:
     text: str
 
 
+def encode_texts(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    """Texts (source files, user code) as tokens; special-token strings in them stay
+    plain text, so a file that mentions `<|endoftext|>` cannot end a prompt."""
+    return tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+
 def encode(tokenizer: Any, text: str) -> list[int]:
-    """Text as tokens, with special-token strings in it kept as plain text."""
-    return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    return encode_texts(tokenizer, [text])[0]
+
+
+def encode_prompt(tokenizer: Any, text: str) -> list[int]:
+    """A prompt tokenized verbatim: special tokens written in it (`<|fim_prefix|>`) are
+    recognised, as `codespec generate` and /v1/completions promise."""
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def special_id(tokenizer: Any, token: str) -> int | None:
@@ -61,4 +72,4 @@ def chat_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
     if getattr(tokenizer, "chat_template", None) is None:
         raise RequestError("this model has no chat template; use /v1/completions")
     text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return encode_prompt(tokenizer, text)

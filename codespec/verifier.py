@@ -22,6 +22,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from codespec import attention
+
 
 @dataclass(frozen=True)
 class VerifyResult:
@@ -56,8 +58,6 @@ class ChainVerifier:
     """Drives a Hugging Face causal LM for prefill and chain verify passes."""
 
     def __init__(self, model: Any) -> None:
-        from codespec import attention
-
         self.model = model
         self.device = next(model.parameters()).device
         # Decode steps and verify passes share one attention path row by row, so a
@@ -84,7 +84,6 @@ class ChainVerifier:
     @torch.inference_mode()
     def verify(self, cache: Any, pending: int, draft: Sequence[int], accept: Accept = greedy_accept) -> VerifyResult:
         """One verify pass; on return the cache holds pending + accepted draft tokens."""
-        from codespec import attention
         start = cache.get_seq_length()
         tokens = [pending, *draft]
         # CPU bf16 matmuls take another kernel for a single row (GEMV) than for two or

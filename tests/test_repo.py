@@ -52,7 +52,8 @@ def test_walk_skips_what_a_developer_would(tmp_path):
 @pytest.mark.model
 def test_incremental_index_retokenizes_only_changed_files(tmp_path, default_model):
     from codespec.index import SuffixIndex
-    from codespec.indexing import build_repository_index, encode_text
+    from codespec.indexing import build_repository_index
+    from codespec.prompts import encode
 
     make_tree(tmp_path / "repo")
     out = tmp_path / "repo.csidx"
@@ -63,6 +64,6 @@ def test_incremental_index_retokenizes_only_changed_files(tmp_path, default_mode
     second = build_repository_index(tmp_path / "repo", tok, out, progress=False)
     assert second.reused_files == 7 and second.tokenized_files == 1
     index = SuffixIndex.load(out)
-    assert list(index.static.file_tokens("src/util.py")) == encode_text(tok, ["X = 2\n"])[0]
+    assert list(index.static.file_tokens("src/util.py")) == encode(tok, "X = 2\n")
     # invalid UTF-8 was decoded with a replacement character, not dropped
     assert "\ufffd" in tok.decode(index.static.file_tokens("latin1.py"))

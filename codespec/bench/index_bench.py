@@ -22,7 +22,8 @@ from typing import Any, Callable
 import numpy as np
 
 from codespec.index import DynamicIndex, StaticIndex, SuffixIndex
-from codespec.indexing import encode_text, tokenizer_fingerprint
+from codespec.indexing import tokenizer_fingerprint
+from codespec.prompts import encode_texts
 from codespec.repo import read_text, walk_repository
 
 SIZES = (10_000, 100_000, 1_000_000, 10_000_000)
@@ -64,7 +65,7 @@ def load_corpus(tokenizer: Any, cache_dir: Path, need: int, log: Callable[[str],
     for i in range(0, len(order), 64):
         batch = order[i : i + 64]
         texts = [read_text(p)[0] for p in batch]
-        for j, ids in enumerate(encode_text(tokenizer, texts)):
+        for j, ids in enumerate(encode_texts(tokenizer, texts)):
             arr = np.asarray(ids, dtype=np.int32)
             if (i + j) % HELD_OUT_EVERY == 0:
                 held_out.append(arr)

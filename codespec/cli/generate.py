@@ -67,11 +67,11 @@ def read_prompt(source: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from codespec.engine import Engine, GenerationConfig
     from codespec.models.loading import load_model
+    from codespec.prompts import encode_prompt
 
-    if args.max_new_tokens < 1:
-        raise RequestError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:
-        raise RequestError("--temperature must be >= 0, --top-p in (0, 1], --top-k >= 0")
+    # Built first: bad limits or sampling values fail before anything loads.
+    config = GenerationConfig(max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), speculate=not args.no_spec,
+                              temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     settings = settings_from_args(args)
     text = read_prompt(args.prompt_file)
     index = None
@@ -85,14 +85,12 @@ def run(args: argparse.Namespace) -> int:
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
         )
-    prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    prompt_ids = encode_prompt(tokenizer, text)
     if index is not None:
         from codespec.indexing import tokenizer_fingerprint
 
         index.check_tokenizer(tokenizer_fingerprint(tokenizer))
     engine = Engine.from_settings(loaded.model, tokenizer, settings, index=index)
-    config = GenerationConfig(max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), speculate=not args.no_spec,
-                              temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     result = engine.generate(prompt_ids, config)
     if args.json:
         print(json.dumps(result.to_json()))

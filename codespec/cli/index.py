@@ -92,12 +92,13 @@ def _stats(path: Path, args: argparse.Namespace) -> int:
 
 def _query(path: Path, text: str, args: argparse.Namespace) -> int:
     from codespec.index import SuffixIndex
-    from codespec.indexing import encode_text, tokenizer_fingerprint
+    from codespec.indexing import tokenizer_fingerprint
     from codespec.models.loading import load_tokenizer
+    from codespec.prompts import encode
 
     tokenizer = load_tokenizer(settings_from_args(args))
     index = SuffixIndex.load(path, tokenizer=tokenizer_fingerprint(tokenizer))
-    context = encode_text(tokenizer, [text])[0]
+    context = encode(tokenizer, text)
     index.draft(context[-1:], max_tokens=1)  # first call loads the compiled kernels
     started = time.perf_counter()
     draft = index.draft(context, max_tokens=args.max_tokens, tree=args.tree)

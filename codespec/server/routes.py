@@ -113,7 +113,7 @@ async def completions(req: CompletionRequest, b: Backend = Depends(backend)) -> 
     if req.suffix is not None:
         ids = prompts.fim_ids(b.tokenizer, req.prompt_text, req.suffix)
     else:  # verbatim, like `codespec generate`: special tokens written in it are recognised
-        ids = b.tokenizer(req.prompt_text, add_special_tokens=False)["input_ids"]
+        ids = prompts.encode_prompt(b.tokenizer, req.prompt_text)
     b.check_request(ids, req.max_tokens)
     config = GenerationConfig(max_new_tokens=req.max_tokens, stop=tuple(req.stop), temperature=req.temperature,
                               top_p=req.top_p, seed=req.seed)
