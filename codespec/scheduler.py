@@ -17,7 +17,6 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -39,7 +38,6 @@ class Ticket:
     config: GenerationConfig
     on_tokens: OnTokens
     on_done: OnDone
-    submitted: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
@@ -63,7 +61,9 @@ class Scheduler:
                on_done: OnDone) -> Ticket:
         ticket = Ticket(list(prompt_ids), config, on_tokens, on_done)
         with self._wake:
-            if len(self._waiting) >= self.max_waiting:
+            # a submitted ticket waits until the worker admits it, so free slots count too
+            free_slots = max(0, self.max_active - len(self._active))
+            if len(self._waiting) >= self.max_waiting + free_slots:
                 raise SchedulerFull(f"{len(self._waiting)} requests are already waiting; retry shortly")
             self._waiting.append(ticket)
             self._wake.notify()
