@@ -1,79 +1,128 @@
-"""Row-exact attention: a verify pass computes each row exactly as a decode step would.
+"""Attention over the KV slots, row-exact so that speculation changes no output.
 
-Why. Lossless speculation needs the verify pass's logits for row i to equal those of
-plain decoding at that position, bit for bit, or a near-tie can resolve differently.
-Measured on the default model (bf16, CPU): final hidden states differed by up to 0.6
-between a q=11 pass and 11 decode steps, and a FIM completion changed at a one-ULP
-logit tie (17.375 vs 17.25). Two causes, both fixed here and in the verifier:
+The verifier packs every request's rows of a pass into one sequence (batch dimension
+1) and hands this module a `Plan`: where each row's keys and values are written (slot,
+position) and which keys each row attends to. The model's attention layers call
+`slot_attention`, which reads the slots of `SlotCache`.
+
+Why row-exact. Lossless speculation needs a verify pass's logits for row i to equal
+those of plain decoding at that position, bit for bit, or a near-tie can resolve
+differently. Measured on the default model (bf16, CPU): a FIM completion changed at a
+one-ULP logit tie (17.375 vs 17.25). Two causes, both handled:
 * attention: one query against a masked block of keys and the same query against its
-  unmasked causal prefix sum in different orders;
-* matmuls: bf16 linear layers give identical rows for any row count of two or more,
-  but a single row takes a GEMV kernel with another summation order (the MLP's
-  4864 -> 896 down projection differs by 1e-3). The verifier pads one-row passes to two.
+  unmasked prefix sum in different orders. So in decode and verify passes every real
+  row attends through its own lean call: one query position, no mask, exactly its keys
+  (the committed context and its ancestors in the draft tree, nothing else);
+* matmuls: bf16 linear layers give identical rows for any row count of two or more
+  (checked up to 300 rows), but a single row takes a GEMV kernel with another summation
+  order. The verifier pads one-row passes to two.
+So a row's output depends only on its own token, position and keys: not on the batch,
+the tree around it, or the draft length.
 
-How. During decode and verify passes (the verifier passes `codespec_rows=n`) every
-real row i of a chain attends through one lean call, the same for a decode step and a
-verify pass: one query position, no mask, keys sliced to its causal prefix. The
-prefill, identical in both modes, keeps transformers' fused sdpa path. Cost: q small
-attention calls per layer instead of one (docs/decisions.md has the numbers), which
-buys output identical to `--no-spec` in bfloat16.
+Prefill chunks (`Plan.prefill`) attend with one masked call per chunk; the chunk grid
+is absolute (kvcache.py), so a reused prefix and a fresh prefill compute the same KV.
 
-Only for models without sliding-window attention; others keep the masked path.
+With `exact_rows=False` (the verifier's option for GPUs, whose kernels are not
+batch-invariant anyway) each request's rows attend in one call with an additive tree
+mask (kernels/tree_mask.py); outputs then match plain decoding up to float rounding.
+Sliding-window models are not supported: every row attends to its whole context.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-NAME = "codespec_rows"
-ROWS_FLAG = "codespec_rows"
+NAME = "codespec_slots"
+PLAN_KEY = "codespec_plan"
 
 
-def row_exact_attention(
+@dataclass(frozen=True)
+class RowKeys:
+    slot: int
+    end: int  # the row attends to slot positions [0, end) ...
+    gather: torch.Tensor | None = None  # ... or to these positions [n] (tree rows off the main path)
+
+
+@dataclass(frozen=True)
+class Group:
+    """One request's rows for the masked path."""
+
+    slot: int
+    start: int  # the slot's length before the pass
+    first_row: int
+    rows: int
+    mask: torch.Tensor  # [rows, start + rows] additive, in the model dtype
+
+
+@dataclass(frozen=True)
+class Plan:
+    cache: Any  # SlotCache
+    write_slots: torch.Tensor  # [rows] int64
+    write_positions: torch.Tensor  # [rows] int64
+    prefill: tuple[int, int, int] | None = None  # (slot, start, rows): a prefill chunk
+    prefill_mask: torch.Tensor | None = None  # [rows, start + rows] bool
+    rows: tuple[RowKeys, ...] = ()  # row-exact verify: one entry per real row
+    groups: tuple[Group, ...] = ()  # masked verify: one entry per request
+
+
+def slot_attention(
     module: torch.nn.Module,
-    query: torch.Tensor,  # [batch, heads, q, dim]
-    key: torch.Tensor,  # [batch, kv_heads, kv_len, dim], the pass's q positions last
+    query: torch.Tensor,  # [1, heads, rows, dim]
+    key: torch.Tensor,  # [1, kv_heads, rows, dim] (already written to the slots)
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
     dropout: float = 0.0,
     scaling: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """sdpa for the prefill; one lean sdpa call per real row for decode and verify passes.
-
-    `codespec_rows=n` marks the pass: rows 0..n-1 are a chain, rows past n are padding
-    whose output is discarded (zeros here). A row's query heads are packed per KV head
-    (grouped-query attention: the heads sharing a KV head are rows of one call)."""
-    real_rows = kwargs.pop(ROWS_FLAG, 0)
-    if not real_rows:
+    plan: Plan | None = kwargs.pop(PLAN_KEY, None)
+    if plan is None:  # a forward not driven by the verifier (e.g. model.generate): plain sdpa
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    batch, heads, q_len, dim = query.shape
-    kv_heads, kv_len = key.shape[1], key.shape[2]
-    out = query.new_zeros(batch, q_len, heads, dim)  # [batch, q, heads, dim], as transformers expects
-    for i in range(real_rows):
-        end = kv_len - (q_len - 1 - i)  # row i sees the cache and the chain up to itself
-        packed = query[:, :, i].reshape(batch, kv_heads, heads // kv_heads, dim)
-        rows = F.scaled_dot_product_attention(packed, key[:, :, :end], value[:, :, :end], scale=scaling)
-        out[:, i] = rows.reshape(batch, heads, dim)
+    keys = plan.cache.keys[module.layer_idx]  # [slots, kv_heads, slot_tokens, dim]
+    values = plan.cache.values[module.layer_idx]
+    _, heads, rows, dim = query.shape
+    kv_heads = keys.shape[1]
+    out = query.new_zeros(1, rows, heads, dim)  # [1, rows, heads, dim], as transformers expects
+    if plan.prefill is not None:
+        slot, start, n = plan.prefill
+        span = slice(slot, slot + 1), slice(None), slice(0, start + n)
+        attended = F.scaled_dot_product_attention(
+            query, keys[span], values[span], attn_mask=plan.prefill_mask, scale=scaling, enable_gqa=True
+        )
+        return attended.transpose(1, 2), None
+    for i, row in enumerate(plan.rows):
+        if row.gather is None:
+            k = keys[row.slot : row.slot + 1, :, : row.end]
+            v = values[row.slot : row.slot + 1, :, : row.end]
+        else:
+            k = keys[row.slot : row.slot + 1].index_select(2, row.gather)
+            v = values[row.slot : row.slot + 1].index_select(2, row.gather)
+        # grouped-query attention: the query heads sharing a KV head are rows of one call
+        packed = query[:, :, i].reshape(1, kv_heads, heads // kv_heads, dim)
+        out[:, i] = F.scaled_dot_product_attention(packed, k, v, scale=scaling).reshape(1, heads, dim)
+    for group in plan.groups:
+        span = slice(group.slot, group.slot + 1), slice(None), slice(0, group.start + group.rows)
+        q = query[:, :, group.first_row : group.first_row + group.rows]
+        attended = F.scaled_dot_product_attention(
+            q, keys[span], values[span], attn_mask=group.mask, scale=scaling, enable_gqa=True
+        )
+        out[:, group.first_row : group.first_row + group.rows] = attended.transpose(1, 2)
     return out, None
 
 
-def install(model: Any) -> bool:
-    """Switch `model` to row-exact attention when it supports it; True if it did."""
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.masking_utils import sdpa_mask
+def uses_sliding_window(config: Any) -> bool:
+    return bool(getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True))
 
-    config = model.config
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        return False
-    if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager", NAME):
-        return False
-    AttentionInterface.register(NAME, row_exact_attention)
-    AttentionMaskInterface.register(NAME, sdpa_mask)
+
+def install(model: Any) -> None:
+    """Route `model`'s attention through the slots (every pass then needs a Plan)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, slot_attention)
     model.set_attn_implementation(NAME)
-    return True

@@ -1,14 +1,16 @@
-"""The engine: prefill, then verify passes until a stop condition, one request at a time.
+"""The engine: prefill, then batched verify passes until each request stops.
 
-A `Run` is one request's life; each `step()` is the prefill or one verify pass and
-returns the tokens it committed, so a caller can stream them (or, later, a scheduler can
-interleave runs). `Engine.generate` drives a run to the end.
+A `Run` is one request's life: its KV slot, proposer session, stop condition and stats.
+`Engine.step(runs)` advances several runs at once: each new run is prefilled (reusing a
+cached prompt prefix when a slot holds one), and all the others share one verify pass;
+it returns the tokens each run committed, so callers can stream them. The scheduler
+calls it with every active request; `Run.step()` and `Engine.generate` drive one run.
 
     engine = Engine(model, tokenizer, PromptLookupProposer())
     out = engine.generate(tokenizer.encode("def fib(n):"), GenerationConfig(max_new_tokens=64))
     out.text, out.stats.accepted_tokens_per_pass
 
-With `speculate=False` the same run asks for no drafts, so each verify pass is a plain
+With `speculate=False` a run asks for no drafts, so each of its verify passes is a plain
 decode step: that is the reference the lossless tests compare against.
 """
 
@@ -19,14 +21,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
+from codespec import controller
 from codespec.errors import RequestError
-from codespec.index import SuffixIndex
+from codespec.index import Draft, SuffixIndex
+from codespec.kvcache import DEFAULT_CHUNK, CacheFull, SlotCache
 from codespec.proposer import IndexedProposer, NoProposer, PromptLookupProposer, Proposer
+from codespec.sampling import SamplingParams, new_generator, sample_accept
 from codespec.settings import Settings
 from codespec.stats import GenerationStats
 from codespec.stopping import StopCondition
-from codespec.sampling import SamplingParams, new_generator, sample_accept
-from codespec.verifier import Accept, ChainVerifier, greedy_accept
+from codespec.tree import VerifyTree
+from codespec.verifier import Accept, Item, Verifier, greedy_accept
+
+COST_ROWS = (2, 4, 8, 16, 32, 64, 128)  # verify pass sizes timed when the controller starts
 
 
 @dataclass(frozen=True)
@@ -64,7 +71,7 @@ class Generation:
 
 
 class Engine:
-    """Greedy generation with chain speculation over a Hugging Face causal LM."""
+    """Greedy or sampled generation with speculation over a Hugging Face causal LM."""
 
     def __init__(
         self,
@@ -73,22 +80,48 @@ class Engine:
         proposer: Proposer | None = None,
         *,
         max_draft_tokens: int = 16,
+        draft_policy: controller.DraftPolicy = "chain",
         eos_token_ids: Iterable[int] | None = None,
+        cache: SlotCache | None = None,
+        slots: int = 2,
+        exact_rows: bool = True,
     ) -> None:
-        self.verifier = ChainVerifier(model)
+        if draft_policy not in controller.POLICIES:
+            raise ValueError(f"draft_policy must be one of {controller.POLICIES}, got {draft_policy!r}")
+        self.max_context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+        if cache is None:
+            param = next(model.parameters())
+            cache = SlotCache(model.config, slots=slots, slot_tokens=min(self.max_context, 4096), dtype=param.dtype,
+                              device=param.device, chunk=DEFAULT_CHUNK)
+        self.cache = cache
+        self.verifier = Verifier(model, cache, exact_rows=exact_rows)
         self.tokenizer = tokenizer
         self.proposer = proposer if proposer is not None else PromptLookupProposer()
         self.max_draft_tokens = max_draft_tokens
+        self.draft_policy = draft_policy
         self.eos_token_ids = frozenset(eos_token_ids if eos_token_ids is not None else _eos_ids(model, tokenizer))
-        self.max_context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+        self.cost = controller.CostModel()
 
     @classmethod
     def from_settings(cls, model: Any, tokenizer: Any, settings: Settings, index: SuffixIndex | None = None) -> Engine:
         """An engine whose proposer drafts from the request's context, and from `index`
-        (repository, past generations) when one is given."""
+        (repository, past generations) when one is given; its KV slots fill
+        `settings.kv_cache_mb`."""
         match = dict(min_match_tokens=settings.min_match_tokens, max_match_tokens=settings.max_match_tokens)
         proposer: Proposer = PromptLookupProposer(**match) if index is None else IndexedProposer(index, **match)
-        return cls(model, tokenizer, proposer, max_draft_tokens=settings.max_draft_tokens)
+        param = next(model.parameters())
+        max_context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+        cache = SlotCache.within_budget(
+            model.config, budget_mb=settings.kv_cache_mb, slot_tokens=min(settings.kv_slot_tokens, max_context),
+            dtype=param.dtype, device=param.device, chunk=settings.prefill_chunk_tokens,
+        )
+        return cls(model, tokenizer, proposer, max_draft_tokens=settings.max_draft_tokens,
+                   draft_policy=settings.draft_policy, cache=cache)
+
+    @property
+    def context_limit(self) -> int:
+        """Most tokens (prompt + output) one request may hold."""
+        return min(self.max_context, self.cache.slot_tokens)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         if self.tokenizer is None:
@@ -100,22 +133,86 @@ class Engine:
 
     def generate(self, prompt_ids: Sequence[int], config: GenerationConfig = GenerationConfig()) -> Generation:
         run = self.start(prompt_ids, config)
-        while not run.done:
-            run.step()
+        try:
+            while not run.done:
+                run.step()
+        finally:
+            run.close()
         return run.result()
+
+    # -- one step of many runs -----------------------------------------------------------
+    def step(self, runs: Sequence[Run]) -> list[list[int]]:
+        """Prefill the new runs and verify all the others in one pass; returns each run's
+        committed tokens (in the order of `runs`). A failure that belongs to one run (its
+        prefill, its draft) ends that run alone with `run.error` set; a failed batched
+        pass ends every run in it."""
+        committed: dict[int, list[int]] = {}
+        ready = [run for run in runs if run.prefilled and not run.done]
+        for run in runs:
+            if not run.prefilled:
+                committed[id(run)] = run._guarded(run._prefill)
+        drafts = [run._guarded(lambda r=run: self._draft(r)) for run in ready]
+        ready, drafts = [r for r in ready if not r.done], [d for r, d in zip(ready, drafts) if not r.done]
+        if ready:
+            try:
+                outs = self._verify(ready, drafts)
+            except Exception as exc:
+                for run in ready:
+                    run._fail(exc)
+                outs = [[] for _ in ready]
+            for run, kept in zip(ready, outs):
+                committed[id(run)] = kept
+        return [committed.get(id(run), []) for run in runs]
+
+    def _draft(self, run: Run) -> Draft:
+        return run.session.draft(run.draft_budget(), tree=self.draft_policy != "chain")
+
+    def _verify(self, runs: Sequence[Run], drafts: list[Draft]) -> list[list[int]]:
+        if self.draft_policy == "goodput" and any(len(d) for d in drafts):
+            self._ensure_cost_model()
+            drafts = controller.choose(drafts, [run.acceptance.rate for run in runs], self.cost)
+        trees = [VerifyTree.build(run.generated[-1], draft) for run, draft in zip(runs, drafts)]
+        items = [Item(run.slot, tree, run.accept) for run, tree in zip(runs, trees)]
+        began = time.perf_counter()
+        results = self.verifier.verify(items)
+        rows = sum(len(tree) for tree in trees)
+        self.cost.observe(max(rows, 2), time.perf_counter() - began)
+        return [run._after_pass(draft, tree, result) for run, draft, tree, result in zip(runs, drafts, trees, results)]
+
+    def _ensure_cost_model(self) -> None:
+        """Time verify passes of growing size once, on a free slot (or trust the online
+        timings when every slot is busy)."""
+        if self.cost.points or not self.cache.free_slots:
+            return
+        slot, _ = self.cache.acquire([0])
+        try:
+            limit = self.cache.slot_tokens - 2
+
+            def timed(rows: int) -> float:
+                began = time.perf_counter()
+                self.verifier.verify([Item(slot, VerifyTree.chain(0, [0] * (rows - 1)))])
+                self.cache.prefilled(slot, [])  # forget the scratch tokens
+                return time.perf_counter() - began
+
+            self.cost.measure(timed, [n for n in COST_ROWS if n < limit])
+        finally:
+            self.cache.prefilled(slot, [])
+            self.cache.release(slot)
 
 
 class Run:
-    """One request: its KV cache, proposer session, stop condition and stats."""
+    """One request: its KV slot, proposer session, stop condition and stats."""
 
     def __init__(self, engine: Engine, prompt_ids: Sequence[int], config: GenerationConfig) -> None:
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise RequestError("the prompt is empty: give at least one token")
-        room = engine.max_context - len(prompt)
+        # Drafts never exceed the tokens still allowed, so a pass's rows fit in this room too.
+        room = engine.context_limit - len(prompt)
         if room < 1:
             raise RequestError(
-                f"the prompt has {len(prompt)} tokens; the model's context holds {engine.max_context}"
+                f"the prompt has {len(prompt)} tokens; this server's context holds {engine.context_limit} "
+                f"(model: {engine.max_context}, KV slot: {engine.cache.slot_tokens} tokens)"
             )
         self.engine = engine
         self.config = config
@@ -128,11 +225,13 @@ class Run:
         )
         proposer = engine.proposer if config.speculate else NoProposer()
         self.session = proposer.start(prompt)
-        self.cache = engine.verifier.new_cache()
-        self.accept = _acceptance(config, engine.verifier.device)
+        self.accept: Accept | None = _acceptance(config, engine.verifier.device)
+        self.acceptance = controller.Acceptance()
+        self.slot: int | None = None
         self.generated: list[int] = []
         self.finish_reason: str | None = None
-        self._prefilled = False
+        self.prefilled = False
+        self.error: BaseException | None = None  # what ended the run, when it failed
         self.stats = GenerationStats(prompt_tokens=len(prompt))
         self._started = time.perf_counter()
 
@@ -143,28 +242,63 @@ class Run:
     def step(self) -> list[int]:
         """Prefill (first call) or one verify pass; returns the tokens committed."""
         assert not self.done, "step() after the run finished"
-        verifier = self.engine.verifier
-        if not self._prefilled:
-            self._prefilled = True
-            kept = self._commit([verifier.prefill(self.cache, self.prompt, self.accept)])
-            self.stats.ttft_s = time.perf_counter() - self._started
-        else:
-            draft = self.session.draft(self._draft_budget())
-            result = verifier.verify(self.cache, self.generated[-1], draft.token_ids, self.accept)
-            kept = self._commit(result.committed)
-            self.stats.record_pass(len(draft), len(kept), min(result.accepted, len(kept)), draft.source)
+        kept = self.engine.step([self])[0]
+        if self.error is not None:
+            raise self.error
+        return kept
+
+    def _guarded(self, work: Any) -> Any:
+        try:
+            return work()
+        except Exception as exc:
+            self._fail(exc)
+            return []
+
+    def _fail(self, exc: BaseException) -> None:
+        self.error = exc
+        self.finish_reason = "error"
+        self.close()
+
+    def close(self) -> None:
+        """Give the KV slot back (its contents stay cached for a later prompt)."""
+        if self.slot is not None:
+            self.engine.cache.release(self.slot)
+            self.slot = None
+
+    def draft_budget(self) -> int:
+        # A pass commits at most budget + 1 tokens: never draft past the token limit.
+        remaining = self.stop.max_new_tokens - len(self.generated)
+        return max(0, min(self.engine.max_draft_tokens, remaining - 1))
+
+    def _prefill(self) -> list[int]:
+        engine = self.engine
+        if self.slot is None:
+            self.slot, reused = engine.cache.acquire(self.prompt)
+            self.stats.cached_prompt_tokens = reused
+        logits = engine.verifier.prefill(self.slot, self.prompt, start=self.stats.cached_prompt_tokens)
+        first = (self.accept or greedy_accept)(logits, VerifyTree.chain(self.prompt[-1])).committed[0]
+        self.prefilled = True
+        kept = self._commit([first])
+        self.stats.ttft_s = time.perf_counter() - self._started
+        self._check_time()
+        return kept
+
+    def _after_pass(self, draft: Draft, tree: VerifyTree, result: Any) -> list[int]:
+        kept = self._commit(result.committed)
+        self.stats.record_pass(len(draft), len(kept), min(result.accepted, len(kept)), draft.source)
+        trials = sum(1 for node in (0, *result.path) if tree.children(node))
+        self.acceptance.observe(trials, result.accepted)
+        self._check_time()
+        return kept
+
+    def _check_time(self) -> None:
         limit = self.config.time_limit_s
         if not self.done and limit is not None and time.perf_counter() - self._started > limit:
             self.finish_reason = "length"
         if self.done:
             self.stats.wall_s = time.perf_counter() - self._started
             self.session.finish(self.generated)
-        return kept
-
-    def _draft_budget(self) -> int:
-        # A pass commits at most budget + 1 tokens: never draft past the token limit.
-        remaining = self.stop.max_new_tokens - len(self.generated)
-        return max(0, min(self.engine.max_draft_tokens, remaining - 1))
+            self.close()
 
     def _commit(self, new: Sequence[int]) -> list[int]:
         kept, reason = self.stop.admit(self.generated, new)
@@ -183,9 +317,9 @@ class Run:
         return Generation(list(self.generated), text, self.finish_reason or "stop", self.stats)
 
 
-def _acceptance(config: GenerationConfig, device: Any) -> Accept:
+def _acceptance(config: GenerationConfig, device: Any) -> Accept | None:
     if config.temperature == 0:
-        return greedy_accept
+        return None  # greedy: accepted for the whole batch at once
     params = SamplingParams(config.temperature, config.top_p, config.top_k)
     return functools.partial(sample_accept, params=params, generator=new_generator(device, config.seed))
 
@@ -200,3 +334,6 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return ids
+
+
+__all__ = ["CacheFull", "Engine", "Generation", "GenerationConfig", "Run"]

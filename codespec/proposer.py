@@ -27,8 +27,9 @@ class ProposerSession(Protocol):
     def extend(self, token_ids: Iterable[int]) -> None:
         """Record committed tokens (the request's output) in the session's context."""
 
-    def draft(self, budget: int) -> Draft:
-        """A draft of at most `budget` tokens continuing the context (maybe empty)."""
+    def draft(self, budget: int, tree: bool = False) -> Draft:
+        """A draft of at most `budget` tokens continuing the context (maybe empty); a
+        chain, or with `tree` a token tree of at most `budget` nodes."""
 
     def finish(self, generated: Sequence[int]) -> None:
         """The request ended with output `generated` (a source for later requests)."""
@@ -81,15 +82,18 @@ class _LookupSession:
     def extend(self, token_ids: Iterable[int]) -> None:
         self.matcher.extend(token_ids)
 
-    def draft(self, budget: int) -> Draft:
+    def draft(self, budget: int, tree: bool = False) -> Draft:
         if budget <= 0:
             return Draft.empty("context")
-        best = self.matcher.draft(max_tokens=budget)
+        best = self.matcher.draft(max_tokens=budget, tree=tree)
         if self.index is not None:
             longest = self.matcher.max_match
-            indexed = self.index.draft(self.matcher.tokens[-longest:], max_tokens=budget, max_match=longest)
+            indexed = self.index.draft(self.matcher.tokens[-longest:], max_tokens=budget, max_match=longest,
+                                       tree=tree)
             if indexed.match_len > best.match_len:
                 best = indexed
+        if tree:  # both sources already keep a tree no deeper than its match
+            return best if best.match_len >= self.min_match_tokens else Draft.empty(best.source)
         return _k_for_k(best, budget, self.min_match_tokens)
 
     def finish(self, generated: Sequence[int]) -> None:
@@ -118,7 +122,7 @@ class _NoSession:
     def extend(self, token_ids: Iterable[int]) -> None:
         pass
 
-    def draft(self, budget: int) -> Draft:
+    def draft(self, budget: int, tree: bool = False) -> Draft:
         return Draft.empty("none")
 
     def finish(self, generated: Sequence[int]) -> None:

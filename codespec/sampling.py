@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from codespec.tree import VerifyTree
 from codespec.verifier import VerifyResult
 
 
@@ -50,22 +51,34 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return probs
 
 
-def sample_accept(logits: torch.Tensor, draft: torch.Tensor, params: SamplingParams,
+def sample_accept(logits: torch.Tensor, tree: VerifyTree, params: SamplingParams,
                   generator: torch.Generator) -> VerifyResult:
-    """logits: [k + 1, vocab] for inputs [pending, d0 .. d(k-1)]; draft: [k] int64."""
+    """Multi-draft speculative sampling down a draft tree.
+
+    logits: [nodes, vocab], row i after node i. At the current node (the pending token
+    first) its children's tokens are tried in order: child c is accepted with
+    probability p(c) under the current distribution p; on rejection c's token is
+    removed from p, which is renormalised, and the next child is tried. Deterministic
+    drafts make each try the point-mass rule above, so the token that leaves the node
+    is distributed exactly as p. If no child is accepted, the token is drawn from what
+    is left of p and the pass ends; if an accepted node has no children, the bonus is
+    drawn from its row."""
     probs = target_probs(logits, params)
-    committed: list[int] = []
-    for i, token in enumerate(draft.tolist()):
-        p = probs[i]
-        if torch.rand((), generator=generator, device=p.device) < p[token]:
-            committed.append(token)
-            continue
-        residual = p.clone()
-        residual[token] = 0.0
-        committed.append(int(torch.multinomial(residual, 1, generator=generator)))
-        return VerifyResult(i, tuple(committed))
-    bonus = int(torch.multinomial(probs[len(committed)], 1, generator=generator))
-    return VerifyResult(len(committed), (*committed, bonus))
+    node, path, committed = 0, [], []
+    while True:
+        p = probs[node].clone()
+        for child in tree.children(node):
+            token = tree.tokens[child]
+            mass = p.sum()
+            if torch.rand((), generator=generator, device=p.device) * mass < p[token]:
+                path.append(child)
+                committed.append(token)
+                node = child
+                break
+            p[token] = 0.0
+        else:
+            committed.append(int(torch.multinomial(p, 1, generator=generator)))
+            return VerifyResult(len(path), tuple(committed), tuple(path))
 
 
 def new_generator(device: torch.device, seed: int | None) -> torch.Generator:

@@ -1,12 +1,14 @@
 """The scheduler: one worker thread drives every active request, one step at a time.
 
 Front ends (the HTTP server, the language server) `submit` a request and get a
-`Ticket`; the worker interleaves the active runs round-robin (each `step()` is a prefill
-or one verify pass), reports committed tokens through the ticket's callbacks, and drops
-a run at once when its ticket is cancelled (a client that disconnected, a newer
-keystroke). Runs have their own KV caches, so interleaving never changes an output: a
-request's tokens are exactly those it gets alone. The verifier issue replaces the
-round-robin with batched verification; the interface stays.
+`Ticket`; the worker runs continuous batching: each step prefills at most one newly
+admitted request and verifies every other active request in one batched pass
+(`Engine.step`), reports committed tokens through the tickets' callbacks, and drops a
+run at once when its ticket is cancelled (a client that disconnected, a newer
+keystroke). Requests join and leave between any two steps. Every row of a pass is
+computed as it would be alone (attention.py), so batching never changes an output: a
+request's tokens are exactly those it gets alone. Active requests are capped by the
+KV slots the engine has; the rest wait.
 
     ticket = scheduler.submit(prompt_ids, config, on_tokens=print, on_done=print)
     ticket.cancel()
@@ -47,7 +49,7 @@ class Ticket:
 class Scheduler:
     def __init__(self, engine: Engine, max_active: int = 4, max_waiting: int = 64) -> None:
         self.engine = engine
-        self.max_active = max_active
+        self.max_active = min(max_active, engine.cache.slots)
         self.max_waiting = max_waiting
         self._waiting: collections.deque[Ticket] = collections.deque()
         self._active: list[tuple[Ticket, Run]] = []
@@ -93,8 +95,7 @@ class Scheduler:
                     return
                 while self._waiting and len(self._active) < self.max_active:
                     self._admit(self._waiting.popleft())
-            for entry in list(self._active):
-                self._step(*entry)
+            self._step()
 
     def _admit(self, ticket: Ticket) -> None:
         if ticket.cancelled.is_set():
@@ -106,22 +107,25 @@ class Scheduler:
             return
         self._active.append((ticket, run))
 
-    def _step(self, ticket: Ticket, run: Run) -> None:
-        if ticket.cancelled.is_set():
-            self._active.remove((ticket, run))  # its KV cache goes with it
-            return
-        try:
-            tokens = run.step()
-        except Exception as exc:  # an engine failure ends this request, not the server
+    def _step(self) -> None:
+        for ticket, run in [e for e in self._active if e[0].cancelled.is_set()]:
+            run.close()  # its slot frees at once; the KV stays cached
             self._active.remove((ticket, run))
-            _notify(ticket, ticket.on_done, exc)
+        new = [e for e in self._active if not e[1].prefilled][:1]  # one prefill per step
+        batch = new + [e for e in self._active if e[1].prefilled]
+        if not batch:
             return
-        if tokens:
-            _notify(ticket, ticket.on_tokens, tokens)
-        if run.done or ticket.cancelled.is_set():
-            self._active.remove((ticket, run))
-            if run.done:
-                _notify(ticket, ticket.on_done, run.result())
+        outs = self.engine.step([run for _, run in batch])
+        for (ticket, run), tokens in zip(batch, outs):
+            if tokens:
+                _notify(ticket, ticket.on_tokens, tokens)
+            if run.done or ticket.cancelled.is_set():
+                run.close()
+                self._active.remove((ticket, run))
+                if run.error is not None:  # an engine failure ends these requests, not the server
+                    _notify(ticket, ticket.on_done, run.error)
+                elif run.done:
+                    _notify(ticket, ticket.on_done, run.result())
 
 
 def _notify(ticket: Ticket, callback: Callable[[Any], None], value: Any) -> None:

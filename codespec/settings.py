@@ -65,12 +65,29 @@ class Settings(BaseSettings):
         16, ge=0, le=256,
         description="Cap on draft tokens per verify pass (a k-token match drafts up to k).",
     )
+    draft_policy: Literal["chain", "tree", "goodput"] = Field(
+        "goodput",
+        description="Drafts per verify pass: 'chain' (k tokens for a k-token match), 'tree' (a token "
+        "tree of up to max_draft_tokens nodes), 'goodput' (the tree, pruned per request to maximise "
+        "expected committed tokens per second; may draft nothing).",
+    )
     min_match_tokens: int = Field(
         2, ge=1, le=64,
         description="Shortest suffix match of the context that may propose a draft.",
     )
     max_match_tokens: int = Field(
         64, ge=1, le=1024, description="Longest suffix of the context the matcher tries to match."
+    )
+
+    kv_cache_mb: int = Field(
+        1024, ge=1, description="Memory for KV slots, in MiB: one slot per active request, the rest "
+        "keep finished prompts for prefix reuse.",
+    )
+    kv_slot_tokens: int = Field(
+        8192, ge=64, description="Tokens one KV slot holds (prompt + output); longer prompts are refused.",
+    )
+    prefill_chunk_tokens: int = Field(
+        128, ge=16, le=4096, description="Prefill chunk; cached prompt prefixes are reused in whole chunks.",
     )
 
     # -- serving -------------------------------------------------------------------------

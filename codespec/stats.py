@@ -28,6 +28,8 @@ class GenerationStats:
     committed_in_passes: int = 0
     committed_per_pass: Counter[int] = field(default_factory=Counter)
     accepted_by_source: Counter[str] = field(default_factory=Counter)  # draft tokens accepted, by index
+    drafted_per_pass: Counter[int] = field(default_factory=Counter)  # draft budgets the passes used
+    cached_prompt_tokens: int = 0  # prompt tokens whose KV came from an earlier request
     ttft_s: float = 0.0
     wall_s: float = 0.0
 
@@ -42,6 +44,7 @@ class GenerationStats:
             self.accepted_by_source[source] += accepted
         self.committed_in_passes += committed
         self.committed_per_pass[committed] += 1
+        self.drafted_per_pass[drafted] += 1
 
     @property
     def accepted_tokens_per_pass(self) -> float:
@@ -66,6 +69,8 @@ class GenerationStats:
             "draft_tokens": self.draft_tokens,
             "accepted_draft_tokens": self.accepted_draft_tokens,
             "accepted_by_source": dict(self.accepted_by_source),
+            "draft_budget_histogram": {str(k): v for k, v in sorted(self.drafted_per_pass.items())},
+            "cached_prompt_tokens": self.cached_prompt_tokens,
             "ttft_s": round(self.ttft_s, 4),
             "wall_s": round(self.wall_s, 4),
             "tokens_per_s": round(self.generated_tokens / self.wall_s, 3) if self.wall_s else 0.0,

@@ -1,18 +1,21 @@
-"""The verifier: one forward over [pending token, draft...], greedy acceptance, KV crop.
+"""The verifier: chunked prefill, and verify passes over many requests' draft trees at once.
 
-State between passes: the KV cache holds every committed token except the last one, the
-*pending* token, whose KV the next pass computes. A pass feeds the pending token and the
-k draft tokens at positions P .. P+k, where P is the cache length. Logits row i is the
-model's distribution after input i, so row 0 checks draft[0], row 1 checks draft[1], ...:
+State between passes: a request's KV slot holds every committed token except the last
+one, the *pending* token, whose KV the next pass computes. A pass feeds each request's
+pending token (node 0) and its draft tree (nodes 1..) at positions L + depth, where L
+is the slot's length; logits row i is the model's distribution after node i, so the
+rows of a node's children check them:
 
-    input    pending  d0   d1   d2          model's argmax  a0 a1 a2 a3
+    chain    pending  d0   d1   d2          model's choices  a0 a1 a2 a3
     accepted while d_i == a_i; the bonus is a_j at the first mismatch j (or a_k)
 
-With draft [d0, d1, d2] and argmax [d0, d1, x, y] the pass accepts 2 draft tokens and
-commits [d0, d1, x]; x becomes the new pending token, and the KV entries of d2 are
-cropped (those of pending, d0 and d1 stay).
+With draft [d0, d1, d2] and choices [d0, d1, x, y] the pass accepts 2 draft tokens and
+commits [d0, d1, x]; x becomes the new pending token. The KV of pending, d0 and d1 is
+kept (for a tree, the accepted path is compacted to follow the context); the rest is
+left past the slot's length, to be overwritten.
 
-An empty draft makes the pass a plain decode step: speculation off runs the same code.
+An empty draft makes the pass a plain decode step: speculation off runs the same code,
+and every row is computed the same way whatever else is in the pass (attention.py).
 """
 
 from __future__ import annotations
@@ -23,79 +26,204 @@ from typing import Any, Callable, Sequence
 import torch
 
 from codespec import attention
+from codespec.errors import ModelError
+from codespec.kernels.accept import tree_accept
+from codespec.kernels.compact import compact_kv
+from codespec.kernels.tree_mask import tree_mask
+from codespec.kvcache import SlotCache
+from codespec.tree import VerifyTree
 
 
 @dataclass(frozen=True)
 class VerifyResult:
     accepted: int  # draft tokens accepted
     committed: tuple[int, ...]  # accepted draft tokens + the bonus token
+    path: tuple[int, ...] = ()  # the accepted nodes of the tree, in order (node 0 excluded)
 
 
-def greedy_accept(logits: torch.Tensor, draft: torch.Tensor) -> VerifyResult:
-    """Longest prefix of `draft` equal to the argmax chain, plus the bonus token.
+def greedy_accept(logits: torch.Tensor, tree: VerifyTree) -> VerifyResult:
+    """The longest path of the tree that follows the model's choices, plus the bonus.
 
-    logits: [k + 1, vocab] for inputs [pending, d0 .. d(k-1)]; draft: [k] int64.
+    logits: [nodes, vocab], row i after node i.
 
     >>> lg = torch.full((3, 5), -1.0); lg[0, 2] = lg[1, 4] = lg[2, 0] = 1.0
-    >>> greedy_accept(lg, torch.tensor([2, 3]))      # 2 matches, 3 != 4: bonus 4
-    VerifyResult(accepted=1, committed=(2, 4))
+    >>> greedy_accept(lg, VerifyTree.chain(9, [2, 3]))     # 2 matches, 3 != 4: bonus 4
+    VerifyResult(accepted=1, committed=(2, 4), path=(1,))
     """
-    k = draft.shape[0]
-    assert logits.shape[0] == k + 1, "one logits row per input token"
-    target = logits.argmax(dim=-1)  # [k + 1]
-    matches = (target[:k] == draft).to(torch.int64)
-    accepted = int(matches.cumprod(0).sum()) if k else 0
-    return VerifyResult(accepted, tuple(target[: accepted + 1].tolist()))
+    return batch_greedy_accept(logits, [0], [tree])[0]
 
 
-# How a pass turns logits into committed tokens: greedy_accept, or speculative sampling
-# (codespec.sampling.sample_accept) bound to a request's parameters and generator.
-Accept = Callable[[torch.Tensor, torch.Tensor], VerifyResult]
-_NO_DRAFT = torch.empty(0, dtype=torch.long)
+def batch_greedy_accept(logits: torch.Tensor, offsets: Sequence[int],
+                        trees: Sequence[VerifyTree]) -> list[VerifyResult]:
+    """Greedy acceptance of several requests' trees whose rows start at `offsets`."""
+    width = max(len(t) for t in trees)
+    device = logits.device
+
+    def padded(rows: list[tuple[int, ...]], fill: int) -> torch.Tensor:
+        return torch.tensor([list(r) + [fill] * (width - len(r)) for r in rows], dtype=torch.int64, device=device)
+
+    accepted, paths, bonus = tree_accept(
+        logits.contiguous(),
+        torch.tensor(list(offsets), dtype=torch.int64, device=device),
+        torch.tensor([len(t) for t in trees], dtype=torch.int64, device=device),
+        padded([t.tokens for t in trees], 0),
+        padded([t.parents for t in trees], -1),
+    )
+    results = []
+    for tree, n, path, b in zip(trees, accepted.tolist(), paths.tolist(), bonus.tolist()):
+        nodes = tuple(path[:n])
+        results.append(VerifyResult(n, tuple(tree.tokens[i] for i in nodes) + (b,), nodes))
+    return results
 
 
-class ChainVerifier:
-    """Drives a Hugging Face causal LM for prefill and chain verify passes."""
+# How a request's rows turn into committed tokens: None for greedy (batched), or a
+# speculative-sampling rule bound to the request's parameters (codespec.sampling).
+Accept = Callable[[torch.Tensor, VerifyTree], VerifyResult]
 
-    def __init__(self, model: Any) -> None:
+
+@dataclass(frozen=True)
+class Item:
+    slot: int
+    tree: VerifyTree
+    accept: Accept | None = None  # None: greedy
+
+
+class Verifier:
+    """Drives a Hugging Face causal LM over the KV slots: prefill and verify passes."""
+
+    def __init__(self, model: Any, cache: SlotCache, *, exact_rows: bool = True) -> None:
+        if attention.uses_sliding_window(model.config):
+            raise ModelError("models with sliding-window attention are not supported")
         self.model = model
+        self.cache = cache
         self.device = next(model.parameters()).device
-        # Decode steps and verify passes share one attention path row by row, so a
-        # verified row equals the decode step it replaces bit for bit (see attention.py).
-        self.rows_exact = attention.install(model)
+        self.dtype = next(model.parameters()).dtype
+        self.exact_rows = exact_rows
+        attention.install(model)
+        # A 4D mask makes transformers skip building one; slot_attention ignores it.
+        self._no_mask = torch.zeros(1, 1, 1, 1, dtype=self.dtype, device=self.device)
 
-    def new_cache(self) -> Any:
-        from transformers import DynamicCache
-
-        return DynamicCache(config=self.model.config)
+    def _forward(self, ids: list[int], positions: list[int], plan: attention.Plan, **kwargs: Any) -> torch.Tensor:
+        device = self.device
+        self.cache.plan = plan
+        try:
+            out = self.model(
+                input_ids=torch.tensor([ids], device=device),
+                position_ids=torch.tensor([positions], device=device),
+                attention_mask=self._no_mask,
+                past_key_values=self.cache,
+                use_cache=True,
+                **{attention.PLAN_KEY: plan},
+                **kwargs,
+            )
+        finally:
+            self.cache.plan = None
+        return out.logits[0]
 
     @torch.inference_mode()
-    def prefill(self, cache: Any, prompt_ids: Sequence[int], accept: Accept = greedy_accept) -> int:
-        """Run the prompt through the model and return its next token."""
-        ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
-        positions = torch.arange(ids.shape[1], device=self.device)[None]
-        # logits_to_keep=1: the full [prompt, vocab] logits of a 1k-token prompt would be
-        # ~600 MB of memory traffic for one row we need.
-        out = self.model(
-            input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1
-        )
-        return accept(out.logits[0, -1:], _NO_DRAFT.to(self.device)).committed[0]
+    def prefill(self, slot: int, prompt_ids: Sequence[int], start: int = 0) -> torch.Tensor:
+        """Compute the KV of prompt_ids[start:] in chunks on the absolute chunk grid;
+        returns the logits after the prompt's last token: [1, vocab]."""
+        prompt = list(prompt_ids)
+        assert 0 <= start < len(prompt) <= self.cache.slot_tokens
+        assert start % self.cache.chunk == 0, "a prefill resumes on the chunk grid"
+        logits = None
+        for begin in range(start, len(prompt), self.cache.chunk):
+            end = min(begin + self.cache.chunk, len(prompt))
+            rows = torch.arange(begin, end, device=self.device)
+            causal = torch.arange(end, device=self.device)[None, :] <= rows[:, None]  # [rows, end]
+            plan = attention.Plan(
+                self.cache,
+                write_slots=torch.full((end - begin,), slot, device=self.device),
+                write_positions=rows,
+                prefill=(slot, begin, end - begin),
+                prefill_mask=causal,
+            )
+            # logits_to_keep=1: a chunk's full [rows, vocab] logits would be ~40 MB we never read
+            logits = self._forward(prompt[begin:end], rows.tolist(), plan, logits_to_keep=1)
+        self.cache.prefilled(slot, prompt)
+        assert logits is not None
+        return logits[-1:]
 
     @torch.inference_mode()
-    def verify(self, cache: Any, pending: int, draft: Sequence[int], accept: Accept = greedy_accept) -> VerifyResult:
-        """One verify pass; on return the cache holds pending + accepted draft tokens."""
-        start = cache.get_seq_length()
-        tokens = [pending, *draft]
-        # CPU bf16 matmuls take another kernel for a single row (GEMV) than for two or
-        # more, with another summation order; a lone row is padded to two so that every
-        # pass runs the same kernels. The pad row's output and KV are discarded.
-        pad = 1 if self.rows_exact and len(tokens) == 1 else 0
-        ids = torch.tensor([tokens + [pending] * pad], dtype=torch.long, device=self.device)
-        positions = torch.arange(start, start + ids.shape[1], device=self.device)[None]
-        rows = {attention.ROWS_FLAG: len(tokens)} if self.rows_exact else {}
-        out = self.model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True, **rows)
-        result = accept(out.logits[0, : len(tokens)], ids[0, 1 : len(tokens)])
-        discard = len(draft) - result.accepted + pad
-        if discard:
-            cache.crop(-discard)
-        return result
+    def verify(self, items: Sequence[Item]) -> list[VerifyResult]:
+        """One forward over every item's tree; accepts, compacts and commits each."""
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        writes: list[int] = []
+        offsets: list[int] = []
+        for item in items:
+            start = self.cache.length(item.slot)
+            assert start + len(item.tree) < self.cache.slot_tokens, "the engine keeps room for a pass"
+            offsets.append(len(ids))
+            ids.extend(item.tree.tokens)
+            positions.extend(start + d for d in item.tree.depths)
+            slots.extend([item.slot] * len(item.tree))
+            writes.extend(start + i for i in range(len(item.tree)))
+        real = len(ids)
+        if real == 1:
+            # A lone row would take bf16's GEMV kernel (another summation order than the
+            # GEMM every other pass uses): pad with a copy whose output is discarded.
+            ids, slots = ids * 2, slots * 2
+            positions, writes = [positions[0], positions[0] + 1], [writes[0], writes[0] + 1]
+        plan = self._plan(items, slots, writes)
+        logits = self._forward(ids, positions, plan)[:real]
+        results: list[VerifyResult | None] = [None] * len(items)
+        greedy = [i for i, item in enumerate(items) if item.accept is None]
+        if greedy:
+            found = batch_greedy_accept(logits, [offsets[i] for i in greedy], [items[i].tree for i in greedy])
+            for i, result in zip(greedy, found):
+                results[i] = result
+        for i, item in enumerate(items):
+            if item.accept is not None:
+                results[i] = item.accept(logits[offsets[i] : offsets[i] + len(item.tree)], item.tree)
+        done = [r for r in results if r is not None]
+        assert len(done) == len(items)
+        self._commit(items, done)
+        return done
+
+    def _plan(self, items: Sequence[Item], slots: list[int], writes: list[int]) -> attention.Plan:
+        device = self.device
+        write_slots = torch.tensor(slots, device=device)
+        write_positions = torch.tensor(writes, device=device)
+        if self.exact_rows:
+            rows: list[attention.RowKeys] = []
+            for item in items:
+                start, tree = self.cache.length(item.slot), item.tree
+                for node in range(len(tree)):
+                    if tree.depths[node] == node:  # ancestors are nodes 0..node-1: one slice
+                        rows.append(attention.RowKeys(item.slot, start + node + 1))
+                    else:
+                        path = torch.tensor(tree.path(node), device=device) + start
+                        gather = torch.cat([torch.arange(start, device=device), path])
+                        rows.append(attention.RowKeys(item.slot, start + node + 1, gather))
+            return attention.Plan(self.cache, write_slots, write_positions, rows=tuple(rows))
+        width = max(len(item.tree) for item in items)
+        parents = torch.tensor([list(i.tree.parents) + [-1] * (width - len(i.tree)) for i in items], device=device)
+        allow = tree_mask(parents, torch.tensor([len(i.tree) for i in items], device=device))
+        groups, first = [], 0
+        blocked = torch.finfo(self.dtype).min
+        for item, item_allow in zip(items, allow):
+            start, n = self.cache.length(item.slot), len(item.tree)
+            mask = torch.zeros(n, start + n, dtype=self.dtype, device=device)
+            mask[:, start:] = mask.new_zeros(n, n).masked_fill(~item_allow[:n, :n], blocked)
+            groups.append(attention.Group(item.slot, start, first, n, mask))
+            first += n
+        return attention.Plan(self.cache, write_slots, write_positions, groups=tuple(groups))
+
+    def _commit(self, items: Sequence[Item], results: Sequence[VerifyResult]) -> None:
+        moved = [(item, result) for item, result in zip(items, results)
+                 if any(node != j + 1 for j, node in enumerate(result.path))]
+        if moved:
+            device = self.device
+            width = 1 + max(len(r.path) for _, r in moved)
+            src = torch.tensor([[0, *r.path] + [-1] * (width - 1 - len(r.path)) for _, r in moved], device=device)
+            slots = torch.tensor([item.slot for item, _ in moved], device=device)
+            starts = torch.tensor([self.cache.length(item.slot) for item, _ in moved], device=device)
+            keep = torch.tensor([1 + len(r.path) for _, r in moved], device=device)
+            for layer_keys, layer_values in zip(self.cache.keys, self.cache.values):
+                compact_kv(layer_keys, slots, starts, src, keep)
+                compact_kv(layer_values, slots, starts, src, keep)
+        for item, result in zip(items, results):
+            self.cache.committed(item.slot, [item.tree.tokens[0], *(item.tree.tokens[i] for i in result.path)])

@@ -19,10 +19,12 @@ it was 3, 4, 1, 2:
 
 from __future__ import annotations
 
+import math
 from typing import Iterable
 
 import numpy as np
 
+from codespec.index import search
 from codespec.index.draft import Draft
 
 SOURCE = "context"
@@ -80,12 +82,21 @@ class ContextMatcher:
             ends, length = ends_ok, length + 1
         return length, ends
 
-    def draft(self, max_tokens: int) -> Draft:
+    def draft(self, max_tokens: int, *, tree: bool = False, min_prob: float = 0.1) -> Draft:
         """The most frequent continuation of the longest match, as a chain of up to
-        `max_tokens` tokens; ties go to the most recent occurrence."""
+        `max_tokens` tokens (ties go to the most recent occurrence); or, with `tree`, a
+        tree of up to `max_tokens` nodes no deeper than the match, best first by count,
+        without branches followed by fewer than `min_prob` of the occurrences.
+
+        >>> m = ContextMatcher([1, 2, 3, 1, 2, 4, 1, 2])   # [1, 2] was followed by 3 1, 4 1
+        >>> d = m.draft(4, tree=True); d.token_ids, d.parents
+        ((3, 1, 4, 1), (-1, 0, -1, 2))
+        """
         length, ends = self.longest_match()
         if length == 0 or max_tokens <= 0:
             return Draft.empty(SOURCE)
+        if tree:
+            return self._tree(length, ends, max_tokens, min_prob)
         n, buf = self._n, self._buf
         positions = ends + 1  # where each occurrence's continuation starts; all < n
         token_ids: list[int] = []
@@ -101,6 +112,18 @@ class ContextMatcher:
             counts.append(int(keep.sum()))
             positions = positions[keep] + 1
         return Draft.chain(token_ids, counts, match_len=length, source=SOURCE)
+
+    def _tree(self, length: int, ends: np.ndarray, max_tokens: int, min_prob: float) -> Draft:
+        depth = min(max_tokens, length)  # k tokens deep at most for a k-token match
+        rows = ends.shape[0]
+        windows = np.empty((rows, depth), dtype=np.int32)
+        corpus = self._buf[: self._n]
+        search.fill_windows(corpus, self._n, ends, depth, windows, 0)
+        min_count = max(1, math.ceil(min_prob * rows))
+        tokens, parents, counts = search.build_draft(
+            windows, rows, depth, max_tokens, min_count, False, corpus, self._n, ends
+        )
+        return Draft(tuple(tokens.tolist()), tuple(parents.tolist()), tuple(counts.tolist()), length, SOURCE)
 
 
 def _most_frequent_latest(values: np.ndarray) -> int:

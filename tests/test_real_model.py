@@ -87,33 +87,71 @@ def test_fim_tokens_are_recognised_in_prompts(default_model):
     assert ids[-1] == tok.convert_tokens_to_ids("<|fim_suffix|>")
 
 
-def test_verify_rows_equal_decode_steps_bit_for_bit(default_model):
-    """The invariant behind losslessness in bf16: a row of a multi-token verify pass
-    gives exactly the logits of the decode step it replaces."""
+def test_tree_and_batch_rows_equal_decode_steps_bit_for_bit(default_model):
+    """The invariant behind losslessness in bf16: every row of a batched tree verify pass
+    gives exactly the logits of the decode step it stands for, on and off the tree's
+    main path, whatever else shares the pass; and a prompt prefilled on top of a reused
+    prefix gives the same logits as a fresh prefill."""
     import torch
 
-    from codespec.verifier import ChainVerifier
+    from codespec.kvcache import SlotCache
+    from codespec.tree import VerifyTree
+    from codespec.verifier import Item, Verifier
 
-    tok = default_model.tokenizer
+    tok, model = default_model.tokenizer, default_model.model
     prompt = tok(PROMPTS["copy"], add_special_tokens=False)["input_ids"]
-    chain = tok(inspect.getsource(textwrap.indent), add_special_tokens=False)["input_ids"][:12]
-    verifier = ChainVerifier(default_model.model)
-    assert verifier.rows_exact
+    other = tok(PROMPTS["class"], add_special_tokens=False)["input_ids"]
+    chain = tok(inspect.getsource(textwrap.indent), add_special_tokens=False)["input_ids"][:10]
+    # main path chain[0..9]; a branch off node 2 (two tokens) and one off node 5
+    tokens = (*chain, 11, 12, 13)
+    parents = (-1, *range(9), 2, 10, 5)
+    depths = (*range(10), 3, 4, 6)
+    tree = VerifyTree(tokens, parents, depths, tuple(range(len(tokens) - 1)))
+    cache = SlotCache(model.config, slots=4, slot_tokens=512, dtype=model.dtype, chunk=16)
+    verifier = Verifier(model, cache)
     captured: list[torch.Tensor] = []
-    model = default_model.model
     hook = model.lm_head.register_forward_hook(lambda m, i, o: captured.append(o[0].float().clone()))
-    try:
-        multi = verifier.new_cache()
-        verifier.prefill(multi, prompt)
-        single = verifier.new_cache()
-        verifier.prefill(single, prompt)
-        captured.clear()
-        verifier.verify(multi, chain[0], chain[1:])  # logits of every row, whatever is accepted
-        multi_logits = captured[-1]
-        for i, token in enumerate(chain):  # teacher-forced decode steps over the same chain
+
+    def decode_path(nodes):  # teacher-forced decode steps in a fresh slot: the reference
+        slot, _ = cache.acquire([-1])
+        verifier.prefill(slot, prompt)
+        rows = []
+        for node in nodes:
             captured.clear()
-            verifier.verify(single, token, [])
-            assert torch.equal(captured[-1][0], multi_logits[i]), f"row {i} differs"
+            verifier.verify([Item(slot, VerifyTree.chain(tokens[node]))])
+            rows.append(captured[-1][0])
+        cache.release(slot)
+        return rows
+
+    try:
+        batch_slot, _ = cache.acquire(prompt)
+        side_slot, _ = cache.acquire(other)
+        verifier.prefill(batch_slot, prompt)
+        verifier.prefill(side_slot, other)
+        captured.clear()
+        verifier.verify([Item(side_slot, VerifyTree.chain(other[-1], other[:3])), Item(batch_slot, tree)])
+        rows = captured[-1][4:]  # the side request's 4 rows come first
+        cache.release(batch_slot)
+        cache.release(side_slot)
+        for leaf in (9, 11, 12):
+            path = tree.path(leaf)
+            for node, reference in zip(path, decode_path(path)):
+                assert torch.equal(rows[node], reference), f"node {node} differs from its decode step"
+
+        long_prompt = tok(inspect.getsource(textwrap.wrap) * 3, add_special_tokens=False)["input_ids"][:100]
+        fresh, _ = cache.acquire([-2])
+        expected = verifier.prefill(fresh, long_prompt)
+        cache.release(fresh)
+        variant = long_prompt[:90] + [7] * 20
+        assert cache.acquire(variant) == (fresh, 80)  # five whole chunks of the shared 90 tokens
+        variant_logits = verifier.prefill(fresh, variant, start=80)
+        cache.release(fresh)
+        assert cache.acquire(long_prompt) == (fresh, 80)  # the variant's slot, same five chunks
+        assert torch.equal(verifier.prefill(fresh, long_prompt, start=80), expected)
+        cache.release(fresh)
+        assert cache.acquire(long_prompt) == (fresh, 96)  # now six
+        assert torch.equal(verifier.prefill(fresh, long_prompt, start=96), expected)
+        assert not torch.equal(variant_logits, expected)
     finally:
         hook.remove()
 

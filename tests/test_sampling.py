@@ -12,6 +12,7 @@ from codespec.engine import Engine, GenerationConfig
 from codespec.models.tiny import tiny_model
 from codespec.proposer import PromptLookupProposer
 from codespec.sampling import SamplingParams, sample_accept, target_probs
+from codespec.tree import VerifyTree
 
 P_VALUE = 1e-3  # a true distribution mismatch at these sample sizes gives p << 1e-6
 
@@ -32,10 +33,40 @@ def test_one_position_matches_the_target(draft_token):
     logits = torch.log(p).repeat(2, 1)
     generator = torch.Generator().manual_seed(0)
     n = 20000
-    firsts = Counter(sample_accept(logits, torch.tensor([draft_token]), SamplingParams(1.0), generator).committed[0]
-                     for _ in range(n))
+    tree = VerifyTree.chain(9, [draft_token])
+    firsts = Counter(sample_accept(logits, tree, SamplingParams(1.0), generator).committed[0] for _ in range(n))
     observed = [firsts[t] for t in range(4)]
     assert chisquare(observed, (p * n).tolist()).pvalue > P_VALUE
+
+
+def test_multi_draft_tree_keeps_the_target_at_two_levels():
+    """Root children 0 and 1 (both often sampled), node 0 has children 2 and 3: the first
+    two committed tokens must follow p(first) * p(second | first)."""
+    p_root = torch.tensor([0.4, 0.35, 0.2, 0.05])
+    p_next = torch.tensor([0.1, 0.2, 0.3, 0.4])  # the row after node 0 and after node 1
+    tree = VerifyTree((9, 0, 2, 3, 1), (-1, 0, 1, 1, 0), (0, 1, 2, 2, 1), (0, 1, 2, 3))
+    logits = torch.log(torch.stack([p_root, p_next, p_next, p_next, p_next]))
+    generator = torch.Generator().manual_seed(1)
+    n = 20000
+    pairs = Counter()
+    for _ in range(n):
+        result = sample_accept(logits, tree, SamplingParams(1.0), generator)
+        if result.path[:1] in ((1,), (4,)):  # a root child was accepted: a second token follows
+            pairs[result.committed[:2]] += 1
+        else:
+            pairs[(result.committed[0], None)] += 1
+    expected, observed = [], []
+    for first in range(4):
+        if first in (0, 1):
+            for second in range(4):
+                expected.append(float(p_root[first] * p_next[second] * n))
+                observed.append(pairs[(first, second)])
+        else:
+            expected.append(float(p_root[first] * n))
+            observed.append(pairs[(first, None)])
+    assert sum(observed) == n
+    expected = [e * n / sum(expected) for e in expected]  # float32 probabilities: rescale exactly
+    assert chisquare(observed, expected).pvalue > P_VALUE
 
 
 def test_engine_sampling_distribution_equals_plain_sampling():

@@ -30,7 +30,7 @@ def run_all(scheduler, prompts, config):
 
 def test_interleaved_equals_sequential_and_zero_waiting_still_serves():
     engine = Engine(tiny_model("qwen2", vocab_size=16, seed=3), None, PromptLookupProposer(min_match_tokens=1),
-                    eos_token_ids=[])
+                    eos_token_ids=[], slots=3)
     prompts = [[1, 2, 3, 4] * 2, [5, 6, 7] * 3, [9, 1, 9, 2]]
     config = GenerationConfig(max_new_tokens=20)
     scheduler = Scheduler(engine, max_active=3, max_waiting=0)  # no queue, but free slots serve

@@ -172,14 +172,14 @@ async def test_metrics_expose_speculation(http):
 async def test_engine_failure_fails_one_request_only(http, backend, monkeypatch):
     from codespec.engine import Run
 
-    original = Run.step
+    original = Run._prefill
 
     def broken(self):
         if self.prompt and self.prompt[-1] == backend.tokenizer.convert_tokens_to_ids("<|fim_pad|>"):
             raise RuntimeError("simulated kernel failure")
         return original(self)
 
-    monkeypatch.setattr(Run, "step", broken)
+    monkeypatch.setattr(Run, "_prefill", broken)
     r = await http.post("/v1/completions", json={"prompt": "x<|fim_pad|>", "max_tokens": 4})
     assert r.status_code == 500 and "simulated" in r.json()["error"]["message"]
     r = await http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4})

@@ -1,0 +1,170 @@
+"""Per-request KV slots: one preallocated cache that every request shares, with exact
+prefix reuse.
+
+Layout, per layer: keys and values of shape [slots, kv_heads, slot_tokens, head_dim]. A
+request holds one slot for its life. The first `length(s)` positions of slot s hold the
+KV of its committed context (every committed token but the pending one); a verify pass
+writes its rows at `length(s) + node`, and the verifier then compacts the accepted path
+and advances the length. Positions past the length are garbage, never attended.
+
+Prefix reuse (an editor completing in the same file again, an agent resending a
+conversation): a finished request's slot keeps its KV and token ids. A new request
+takes the free slot that shares the longest reusable prefix with its prompt (the least
+recently used one when none does) and prefills only the rest. Reuse changes no output:
+prompts are prefilled in chunks of `chunk` tokens at absolute positions (0, chunk,
+2 * chunk, ...), so the KV of a full chunk depends only on the tokens up to its end, and
+only full chunks a prefill computed are ever reused. A fresh prefill of the new prompt
+would compute those chunks bit for bit the same way.
+
+    cache = SlotCache(model.config, slots=4, slot_tokens=4096, dtype=torch.bfloat16)
+    slot, reused = cache.acquire(prompt_ids)       # reused: tokens whose KV is kept
+    ...
+    cache.release(slot)                            # the KV stays for the next request
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from codespec.errors import CodespecError
+
+DEFAULT_CHUNK = 128  # prefill chunk: 1k-token prefills cost ~1.12x one shot here (decisions.md)
+
+
+class CacheFull(CodespecError):
+    """No KV slot is free (the scheduler waits for one) or a prompt cannot fit in one."""
+
+
+@dataclass
+class _Slot:
+    tokens: list[int] = field(default_factory=list)  # ids whose KV the slot holds, in order
+    reusable: int = 0  # leading tokens whose KV a chunked prefill computed
+    busy: bool = False
+    last_used: int = 0
+
+
+def kv_dims(config: Any) -> tuple[int, int, int]:
+    """(layers, kv_heads, head_dim) of a transformers decoder config."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return config.num_hidden_layers, kv_heads, head_dim
+
+
+def bytes_per_token(config: Any, dtype: torch.dtype) -> int:
+    layers, kv_heads, head_dim = kv_dims(config)
+    return 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+class SlotCache:
+    """The KV of every active (and recently finished) request; see the module docstring.
+
+    It is also the `past_key_values` the model sees during a forward: the model calls
+    `update(keys, values, layer_idx)` and the verifier's `plan` says where each row goes."""
+
+    def __init__(self, config: Any, *, slots: int, slot_tokens: int, dtype: torch.dtype,
+                 device: torch.device | str = "cpu", chunk: int = DEFAULT_CHUNK) -> None:
+        if slots < 1 or slot_tokens < 2 or chunk < 1:
+            raise CodespecError(f"a KV cache needs slots >= 1, slot_tokens >= 2, chunk >= 1; got "
+                                f"{slots}, {slot_tokens}, {chunk}")
+        layers, kv_heads, head_dim = kv_dims(config)
+        shape = (slots, kv_heads, slot_tokens, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]  # per layer
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.slot_tokens = slot_tokens
+        self.chunk = chunk
+        self._slots = [_Slot() for _ in range(slots)]
+        self._lengths = [0] * slots
+        self._clock = itertools.count(1)
+        self.plan: Any = None  # set by the verifier around each forward (attention.Plan)
+
+    @classmethod
+    def within_budget(cls, config: Any, *, budget_mb: int, slot_tokens: int, dtype: torch.dtype,
+                      device: torch.device | str = "cpu", chunk: int = DEFAULT_CHUNK) -> SlotCache:
+        """As many slots as `budget_mb` MiB hold; a clear error when it holds none."""
+        slot_bytes = bytes_per_token(config, dtype) * slot_tokens
+        slots = (budget_mb << 20) // slot_bytes
+        if slots < 1:
+            raise CodespecError(
+                f"kv_cache_mb={budget_mb} cannot hold one slot of {slot_tokens} tokens "
+                f"({slot_bytes / 2**20:.0f} MiB); raise kv_cache_mb or lower kv_slot_tokens"
+            )
+        return cls(config, slots=int(slots), slot_tokens=slot_tokens, dtype=dtype, device=device, chunk=chunk)
+
+    # -- slots -----------------------------------------------------------------------------
+    @property
+    def slots(self) -> int:
+        return len(self._slots)
+
+    @property
+    def free_slots(self) -> int:
+        return sum(not s.busy for s in self._slots)
+
+    def length(self, slot: int) -> int:
+        return self._lengths[slot]
+
+    def acquire(self, prompt_ids: Sequence[int]) -> tuple[int, int]:
+        """Take a free slot for a prompt; returns (slot, tokens of the prompt already cached)."""
+        best, best_reuse = -1, -1
+        for index, state in enumerate(self._slots):
+            if state.busy:
+                continue
+            reuse = self._reusable(state, prompt_ids)
+            older = best >= 0 and state.last_used < self._slots[best].last_used
+            if reuse > best_reuse or (reuse == best_reuse and older):
+                best, best_reuse = index, reuse
+        if best < 0:
+            raise CacheFull("every KV slot is in use")
+        state = self._slots[best]
+        state.busy = True
+        del state.tokens[best_reuse:]
+        state.reusable = best_reuse
+        self._lengths[best] = best_reuse
+        return best, best_reuse
+
+    def release(self, slot: int) -> None:
+        state = self._slots[slot]
+        state.busy = False
+        state.last_used = next(self._clock)
+
+    def _reusable(self, state: _Slot, prompt_ids: Sequence[int]) -> int:
+        # Whole chunks only, and never the prompt's last token: its logits are needed.
+        limit = min(state.reusable, len(prompt_ids) - 1)
+        common = 0
+        for cached, new in zip(state.tokens[:limit], prompt_ids[:limit]):
+            if cached != new:
+                break
+            common += 1
+        return common - common % self.chunk
+
+    # -- bookkeeping the verifier does after each forward ---------------------------------
+    def prefilled(self, slot: int, prompt_ids: Sequence[int]) -> None:
+        """The whole prompt's KV is in the slot; its full chunks become reusable."""
+        state = self._slots[slot]
+        state.tokens[:] = list(prompt_ids)
+        state.reusable = len(prompt_ids) - len(prompt_ids) % self.chunk
+        self._lengths[slot] = len(prompt_ids)
+
+    def committed(self, slot: int, token_ids: Sequence[int]) -> None:
+        """A verify pass kept the KV of `token_ids` (the pending token and the accepted
+        path) right after the slot's length."""
+        self._slots[slot].tokens.extend(token_ids)
+        self._lengths[slot] += len(token_ids)
+        assert self._lengths[slot] == len(self._slots[slot].tokens)
+
+    # -- the model's side (transformers calls this from every attention layer) -----------
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """key, value: [1, kv_heads, rows, head_dim] for the pass's packed rows; each row
+        is stored at its (slot, position) from the plan. Attention reads the slots."""
+        slots, positions = self.plan.write_slots, self.plan.write_positions  # [rows] each
+        self.keys[layer_idx][slots, :, positions] = key[0].transpose(0, 1)
+        self.values[layer_idx][slots, :, positions] = value[0].transpose(0, 1)
+        return key, value
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        raise AssertionError("the verifier always passes position_ids")
