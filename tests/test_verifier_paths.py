@@ -1,0 +1,163 @@
+"""Every verifier path is lossless on float64 tiny models: chain, tree and goodput drafts,
+row-exact and masked attention, batched runs that join and leave, KV prefix reuse, and
+their combinations. Each test also checks that the path it names really ran."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from codespec import verifier as verifier_module
+from codespec.engine import Engine, GenerationConfig
+from codespec.errors import CodespecError, RequestError
+from codespec.kvcache import SlotCache
+from codespec.models.tiny import tiny_model
+from codespec.proposer import PromptLookupProposer
+from tests.test_engine_lossless import prompts
+
+
+class Spy:
+    """Counts branching trees and off-main-path acceptances (KV compactions)."""
+
+    def __init__(self, monkeypatch):
+        self.branching = self.compactions = 0
+        build = verifier_module.VerifyTree.build.__func__
+        compact = verifier_module.compact_kv
+
+        def counting_build(cls, pending, draft):
+            tree = build(cls, pending, draft)
+            self.branching += any(d != i for i, d in enumerate(tree.depths))
+            return tree
+
+        def counting_compact(*args, **kwargs):
+            self.compactions += 1
+            return compact(*args, **kwargs)
+
+        monkeypatch.setattr(verifier_module.VerifyTree, "build", classmethod(counting_build))
+        monkeypatch.setattr(verifier_module, "compact_kv", counting_compact)
+
+
+def engine_for(model, policy="chain", exact_rows=True, slots=2, chunk=128, max_draft_tokens=8):
+    cache = SlotCache(model.config, slots=slots, slot_tokens=256, dtype=model.dtype, chunk=chunk)
+    return Engine(model, None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=max_draft_tokens,
+                  draft_policy=policy, eos_token_ids=[], cache=cache, exact_rows=exact_rows)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("policy, exact_rows", [("tree", True), ("goodput", True), ("tree", False),
+                                                ("chain", False)])
+def test_policies_and_attention_paths_equal_plain(monkeypatch, arch, policy, exact_rows):
+    spy = Spy(monkeypatch)
+    model = tiny_model(arch, vocab_size=16, seed=3)
+    engine = engine_for(model, policy, exact_rows)
+    accepted = rejected = 0
+    for prompt in prompts(16, 10, seed=16, repeat=True):
+        plain = engine.generate(prompt, GenerationConfig(max_new_tokens=40, speculate=False))
+        spec = engine.generate(prompt, GenerationConfig(max_new_tokens=40))
+        assert spec.token_ids == plain.token_ids, f"prompt {prompt}"
+        accepted += spec.stats.accepted_draft_tokens
+        rejected += spec.stats.draft_tokens - spec.stats.accepted_draft_tokens
+    assert accepted > 40 and rejected > 10, (accepted, rejected)
+    if policy == "tree":  # (goodput's pruning follows measured timings: not asserted on)
+        assert spy.branching > 20 and spy.compactions > 20, (spy.branching, spy.compactions)
+
+
+def test_batched_runs_that_join_and_leave_equal_each_run_alone(monkeypatch):
+    """Runs of different prompt lengths and limits start at different steps, finish at
+    different steps, and share every verify pass meanwhile; greedy and seeded sampled
+    runs alike produce what they produce alone."""
+    spy = Spy(monkeypatch)
+    model = tiny_model("qwen2", vocab_size=16, seed=3)
+    engine = engine_for(model, "tree", slots=4)
+    cases = prompts(16, 6, seed=5, repeat=True) + [[3, 1, 4, 1, 5, 9, 2, 6]]
+    configs = [GenerationConfig(max_new_tokens=12 + 7 * i, temperature=1.1 if i % 3 == 2 else 0.0, seed=i)
+               for i in range(len(cases))]
+    alone = [engine.generate(p, c).token_ids for p, c in zip(cases, configs)]
+    waiting = list(range(len(cases)))
+    active, outputs, steps, widest = [], {}, 0, 0
+    while waiting or active:
+        if waiting and (steps % 3 == 0 or not active) and len(active) < 4:  # join every third step
+            i = waiting.pop(0)
+            active.append((i, engine.start(cases[i], configs[i])))
+        engine.step([run for _, run in active])
+        widest = max(widest, sum(run.prefilled for _, run in active))
+        for i, run in [entry for entry in active if entry[1].done]:
+            outputs[i] = run.result().token_ids
+            active.remove((i, run))
+        steps += 1
+    assert [outputs[i] for i in range(len(cases))] == alone
+    assert widest >= 3 and spy.branching > 0  # passes really were batched trees
+
+
+def test_goodput_controller_batches_are_lossless():
+    model = tiny_model("llama", vocab_size=16, seed=3)
+    engine = engine_for(model, "goodput", slots=4)
+    cases = prompts(16, 4, seed=7, repeat=True)
+    runs = [engine.start(p, GenerationConfig(max_new_tokens=30)) for p in cases]
+    while not all(run.done for run in runs):
+        engine.step([run for run in runs if not run.done])
+    plain = [engine.generate(p, GenerationConfig(max_new_tokens=30, speculate=False)).token_ids for p in cases]
+    assert [run.result().token_ids for run in runs] == plain
+    assert engine.cost.points  # the controller measured verify costs
+    budgets = [b for run in runs for b in run.stats.drafted_per_pass]
+    assert max(budgets) > 0
+
+
+@pytest.mark.parametrize("policy", ["chain", "tree"])
+def test_kv_prefix_reuse_is_lossless(policy):
+    """Requests sharing prompt prefixes reuse whole prefill chunks of earlier requests,
+    and produce what a fresh engine (nothing cached) produces."""
+    model = tiny_model("qwen2", vocab_size=64, seed=2)
+    base = prompts(64, 1, seed=3, repeat=False)[0] * 3
+    cases = [base[:30], base[:30] + [5, 6], base[:45], base[:30], [9] + base[:29], base[:60]]
+    engine = engine_for(model, policy, slots=2, chunk=8)
+    reused = []
+    for prompt in cases:
+        config = GenerationConfig(max_new_tokens=16, speculate=prompt is not cases[2])
+        fresh = engine_for(model, policy, slots=1, chunk=8).generate(prompt, config)
+        out = engine.generate(prompt, config)
+        assert out.token_ids == fresh.token_ids, f"prompt {prompt}"
+        reused.append(out.stats.cached_prompt_tokens)
+    assert reused[0] == 0 and reused[1] == 24 and reused[3] >= 24 and reused[4] == 0, reused
+
+
+def test_kv_budget_and_slot_limits_fail_clearly():
+    model = tiny_model("qwen2", vocab_size=16)
+    with pytest.raises(CodespecError, match="cannot hold one slot"):
+        SlotCache.within_budget(model.config, budget_mb=1, slot_tokens=1 << 20, dtype=torch.float64)
+    cache = SlotCache.within_budget(model.config, budget_mb=1, slot_tokens=64, dtype=torch.float64)
+    assert cache.slots == (1 << 20) // (2 * 2 * 2 * 16 * 8 * 64)  # layers, K+V, kv heads, head dim, bytes
+    engine = Engine(model, None, eos_token_ids=[], cache=cache)
+    with pytest.raises(RequestError, match="KV slot: 64 tokens"):
+        engine.generate(list(range(16)) * 4, GenerationConfig())
+    out = engine.generate([1] * 60, GenerationConfig(max_new_tokens=20))
+    assert len(out.token_ids) == 4 and out.finish_reason == "length"  # capped by the slot
+
+
+def test_controller_chooses_by_goodput():
+    from codespec.controller import CostModel, choose, node_probabilities
+    from codespec.index import Draft
+
+    chain = Draft.chain([1, 2, 3], counts=[9, 9, 9], match_len=3, source="context")
+    flat, steep = CostModel({2: 0.05, 64: 0.05}), CostModel({1: 0.05, 2: 0.05, 3: 0.08, 4: 0.2})
+    assert choose([chain], [0.9], flat)[0] == chain  # free rows: take everything
+    assert len(choose([chain], [0.9], steep)[0]) == 1  # the worked example of controller.py
+    assert len(choose([chain], [0.01], flat)[0]) == 3  # free rows are worth even poor drafts
+    assert len(choose([chain], [0.01], steep)[0]) == 1  # the padded second row is free...
+    assert len(choose([chain], [0.01], CostModel({1: 0.05, 2: 0.07}))[0]) == 0  # ...else: budget 0
+    tree = Draft((1, 2, 3, 4), (-1, -1, 0, 2), (6, 2, 6, 1), match_len=4, source="index")
+    probs = node_probabilities(tree, rate=0.8)
+    assert probs[2] < probs[0] and probs[3] < probs[2]  # never above the parent
+    for cost in (flat, steep, CostModel({2: 0.05, 3: 0.06, 4: 0.065, 5: 0.2})):
+        pruned = choose([tree, chain], [0.8, 0.5], cost)
+        for draft in pruned:
+            assert draft.is_valid_tree
+
+
+def test_cost_model_interpolates_and_learns():
+    from codespec.controller import CostModel
+
+    cost = CostModel({2: 0.1, 10: 0.3})
+    assert cost.cost(6) == pytest.approx(0.2) and cost.cost(1) == 0.1 and cost.cost(14) == pytest.approx(0.4)
+    cost.observe(10, 0.6)
+    assert 0.3 < cost.cost(10) < 0.6
