@@ -14,15 +14,17 @@ next verify pass over all R active requests:
 Each request commits its bonus token whatever happens (the R); a chosen node adds the
 probability that it ends up on the accepted path. That probability is the product
 along its path of per-node estimates: the draft's count ratio (how often the source
-continued that way) times the request's calibrated acceptance rate (`Acceptance`).
+continued that way) times the request's calibrated acceptance rate at that node's
+match length (`Acceptance`: the request's own record, with every request's as prior).
 `cost(rows)` is the measured time of a verify pass over that many packed rows
 (`CostModel`: measured at start-up, updated after every pass). Since a node's
 probability never exceeds its parent's, taking nodes in decreasing probability keeps
 every chosen set a tree; the controller takes the prefix of that order with the best G.
 
-Worked example: one request, cost(1) = cost(2) = 50 ms, cost(3) = 80 ms, a chain of two
-nodes with P = 0.9 and 0.3: G is 1/0.05 = 20 with no draft, 1.9/0.05 = 38 with one
-node, 2.2/0.08 = 27.5 with both. The controller drafts one token.
+Worked example: one request, cost(rows) = 20 ms + 15 ms per row (one row costs what
+two cost: passes are padded), a chain of two nodes with P = 0.9 and 0.3: G is 1/0.05 =
+20 with no draft, 1.9/0.05 = 38 with one node, 2.2/0.065 = 33.8 with both. The
+controller drafts one token.
 """
 
 from __future__ import annotations
@@ -40,49 +42,96 @@ DECAY = 0.8  # weight of the past in the acceptance rate: adapts within a few pa
 COST_EMA = 0.3  # weight of a new timing in the cost model
 
 
+MATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # upper bounds of match-length buckets
+REQUEST_PRIOR_WEIGHT = 4.0  # a request's own evidence outweighs the engine's after ~4 trials
+
+
+def match_bucket(match_len: int) -> int:
+    return min(bisect.bisect_left(MATCH_BUCKETS, match_len), len(MATCH_BUCKETS))
+
+
+@dataclass
+class AcceptanceTable:
+    """Decayed acceptance counts per match-length bucket: of the verified nodes whose
+    parent was accepted (an acceptance could happen there), how often one was."""
+
+    accepted: list[float] = field(default_factory=lambda: [PRIOR_ACCEPTED] * (len(MATCH_BUCKETS) + 1))
+    trials: list[float] = field(default_factory=lambda: [PRIOR_TRIALS] * (len(MATCH_BUCKETS) + 1))
+    decay: float = 0.995
+
+    def rate(self, bucket: int) -> float:
+        return self.accepted[bucket] / self.trials[bucket] if self.trials[bucket] else 0.0
+
+    def observe(self, bucket: int, accepted: bool) -> None:
+        self.accepted[bucket] = self.decay * self.accepted[bucket] + accepted
+        self.trials[bucket] = self.decay * self.trials[bucket] + 1
+
+
 @dataclass
 class Acceptance:
-    """A request's observed acceptance: of the draft nodes it was offered where an
-    acceptance could happen next (a node on the accepted path with children), how
-    often one was accepted."""
+    """One request's calibrated acceptance by match length: its own decayed counts,
+    starting from the engine's table (every request so far) as a prior.
 
-    accepted: float = PRIOR_ACCEPTED
-    trials: float = PRIOR_TRIALS
+    A draft from a k-token match whose first d tokens were accepted continues a
+    (k + d)-token match, so longer matches, which are more reliable, get their own rate.
+    """
 
-    @property
-    def rate(self) -> float:
-        return self.accepted / self.trials
+    engine: AcceptanceTable = field(default_factory=AcceptanceTable)
+    own: AcceptanceTable = field(default_factory=lambda: AcceptanceTable([0.0] * (len(MATCH_BUCKETS) + 1),
+                                                                          [0.0] * (len(MATCH_BUCKETS) + 1), DECAY))
 
-    def observe(self, trials: int, accepted: int) -> None:
-        self.accepted = DECAY * self.accepted + accepted
-        self.trials = DECAY * self.trials + trials
+    def rate(self, match_len: int) -> float:
+        b = match_bucket(match_len)
+        prior = self.engine.rate(b)
+        return (self.own.accepted[b] + REQUEST_PRIOR_WEIGHT * prior) / (self.own.trials[b] + REQUEST_PRIOR_WEIGHT)
+
+    def observe(self, match_len: int, accepted: bool) -> None:
+        b = match_bucket(match_len)
+        self.engine.observe(b, accepted)
+        self.own.observe(b, accepted)
 
 
 @dataclass
 class CostModel:
-    """Seconds per verify pass as a function of packed rows; linear between measured
-    points (and beyond the last two)."""
+    """Seconds per verify pass as a line in the packed row count, `a + b * rows`, fitted
+    by least squares with forgetting (newer timings weigh more), so it follows the
+    machine's load and the requests' context lengths. On the default model (2 cores,
+    bf16) a pass costs ~50 ms + ~2.7 ms per row from 2 to 128 rows; single timings
+    scatter by +-15%, so a fitted line decides better than interpolated points. One-row
+    passes are padded to two and cost what two cost."""
 
-    points: dict[int, float] = field(default_factory=dict)  # rows -> seconds
+    forget: float = 0.98  # weight of the past per new timing
+    _sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # w, x, y, xx, xy
+
+    @classmethod
+    def of(cls, points: dict[int, float]) -> CostModel:
+        model = cls(forget=1.0)
+        for rows, seconds in points.items():
+            model.observe(rows, seconds)
+        model.forget = cls.forget
+        return model
+
+    @property
+    def measured(self) -> bool:
+        return self._sums[0] > 0
 
     def observe(self, rows: int, seconds: float) -> None:
-        old = self.points.get(rows)
-        self.points[rows] = seconds if old is None else (1 - COST_EMA) * old + COST_EMA * seconds
+        x = float(max(rows, 2))
+        self._sums = [self.forget * s for s in self._sums]
+        for i, value in enumerate((1.0, x, seconds, x * x, x * seconds)):
+            self._sums[i] += value
+
+    def line(self) -> tuple[float, float]:
+        w, sx, sy, sxx, sxy = self._sums
+        if w == 0:
+            return 1.0, 0.0  # nothing measured: every pass costs the same
+        spread = w * sxx - sx * sx
+        slope = max((w * sxy - sx * sy) / spread, 0.0) if spread > 1e-9 * w * w else 0.0
+        return (sy - slope * sx) / w, slope
 
     def cost(self, rows: int) -> float:
-        if not self.points:
-            return 1.0  # nothing measured: every pass costs the same
-        xs = sorted(self.points)
-        if rows in self.points:
-            return self.points[rows]
-        i = bisect.bisect_left(xs, rows)
-        if i == 0:
-            return self.points[xs[0]]
-        lo, hi = (xs[i - 1], xs[i]) if i < len(xs) else (xs[-2], xs[-1]) if len(xs) > 1 else (xs[0], xs[0])
-        if lo == hi:
-            return self.points[lo]
-        slope = (self.points[hi] - self.points[lo]) / (hi - lo)
-        return max(self.points[lo] + slope * (rows - lo), 1e-6)
+        intercept, slope = self.line()
+        return max(intercept + slope * max(rows, 2), 1e-6)
 
     def measure(self, run_pass: Callable[[int], float], rows: Sequence[int]) -> None:
         """Time `run_pass(n)` once per row count (after one warm-up pass)."""
@@ -91,20 +140,24 @@ class CostModel:
             self.observe(n, run_pass(n))
 
 
-def node_probabilities(draft: Draft, rate: float) -> list[float]:
-    """P(node accepted) for every node of a topologically ordered draft.
+def node_probabilities(draft: Draft, rate: Callable[[int], float]) -> list[float]:
+    """P(node accepted) for every node of a topologically ordered draft: along its path,
+    each step's count share times the acceptance rate at that step's match length.
 
     >>> d = Draft((5, 6, 7), (-1, 0, 0), (4, 3, 1), match_len=3, source="index")
-    >>> [round(p, 3) for p in node_probabilities(d, rate=0.5)]
+    >>> [round(p, 3) for p in node_probabilities(d, rate=lambda match_len: 0.5)]
     [0.5, 0.188, 0.062]
     """
     sibling_total: dict[int, int] = {}
     for parent, count in zip(draft.parents, draft.counts):
         sibling_total[parent] = sibling_total.get(parent, 0) + max(count, 1)
     probs: list[float] = []
+    depths: list[int] = []
     for parent, count in zip(draft.parents, draft.counts):
+        depth = depths[parent] + 1 if parent >= 0 else 1
+        depths.append(depth)
         share = max(count, 1) / sibling_total[parent]
-        probs.append((probs[parent] if parent >= 0 else 1.0) * rate * share)
+        probs.append((probs[parent] if parent >= 0 else 1.0) * rate(draft.match_len + depth - 1) * share)
     return probs
 
 
@@ -123,7 +176,7 @@ def prune(draft: Draft, keep: set[int]) -> Draft:
     )
 
 
-def choose(drafts: Sequence[Draft], rates: Sequence[float], cost: CostModel) -> list[Draft]:
+def choose(drafts: Sequence[Draft], rates: Sequence[Callable[[int], float]], cost: CostModel) -> list[Draft]:
     """Prune each request's draft to the selection with the best expected goodput."""
     candidates = []  # (-probability, depth, request, node): parents sort before children
     for request, (draft, rate) in enumerate(zip(drafts, rates)):

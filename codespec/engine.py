@@ -34,6 +34,7 @@ from codespec.tree import VerifyTree
 from codespec.verifier import Accept, Item, Verifier, greedy_accept
 
 COST_ROWS = (2, 4, 8, 16, 32, 64, 128)  # verify pass sizes timed when the controller starts
+COST_CONTEXT = 512  # context length those passes attend to
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ class Engine:
         self.draft_policy = draft_policy
         self.eos_token_ids = frozenset(eos_token_ids if eos_token_ids is not None else _eos_ids(model, tokenizer))
         self.cost = controller.CostModel()
+        self.acceptance = controller.AcceptanceTable()  # every request's record, by match length
 
     @classmethod
     def from_settings(cls, model: Any, tokenizer: Any, settings: Settings, index: SuffixIndex | None = None) -> Engine:
@@ -169,7 +171,7 @@ class Engine:
 
     def _verify(self, runs: Sequence[Run], drafts: list[Draft]) -> list[list[int]]:
         if self.draft_policy == "goodput" and any(len(d) for d in drafts):
-            self._ensure_cost_model()
+            self.calibrate()
             drafts = controller.choose(drafts, [run.acceptance.rate for run in runs], self.cost)
         trees = [VerifyTree.build(run.generated[-1], draft) for run, draft in zip(runs, drafts)]
         items = [Item(run.slot, tree, run.accept) for run, tree in zip(runs, trees)]
@@ -179,19 +181,22 @@ class Engine:
         self.cost.observe(max(rows, 2), time.perf_counter() - began)
         return [run._after_pass(draft, tree, result) for run, draft, tree, result in zip(runs, drafts, trees, results)]
 
-    def _ensure_cost_model(self) -> None:
-        """Time verify passes of growing size once, on a free slot (or trust the online
-        timings when every slot is busy)."""
-        if self.cost.points or not self.cache.free_slots:
+    def calibrate(self) -> None:
+        """Time verify passes of growing size once, on a free slot, for the goodput
+        controller (servers call it at start-up; otherwise the first draft does). With
+        every slot busy the controller starts from the online timings alone."""
+        if self.draft_policy != "goodput" or self.cost.measured or not self.cache.free_slots:
             return
         slot, _ = self.cache.acquire([0])
+        # Passes attend to a context of typical length (its KV values do not matter).
+        context = [0] * min(COST_CONTEXT, self.cache.slot_tokens // 2)
         try:
-            limit = self.cache.slot_tokens - 2
+            limit = self.cache.slot_tokens - len(context) - 2
 
             def timed(rows: int) -> float:
+                self.cache.prefilled(slot, context)
                 began = time.perf_counter()
                 self.verifier.verify([Item(slot, VerifyTree.chain(0, [0] * (rows - 1)))])
-                self.cache.prefilled(slot, [])  # forget the scratch tokens
                 return time.perf_counter() - began
 
             self.cost.measure(timed, [n for n in COST_ROWS if n < limit])
@@ -226,7 +231,7 @@ class Run:
         proposer = engine.proposer if config.speculate else NoProposer()
         self.session = proposer.start(prompt)
         self.accept: Accept | None = _acceptance(config, engine.verifier.device)
-        self.acceptance = controller.Acceptance()
+        self.acceptance = controller.Acceptance(engine.acceptance)
         self.slot: int | None = None
         self.generated: list[int] = []
         self.finish_reason: str | None = None
@@ -286,8 +291,9 @@ class Run:
     def _after_pass(self, draft: Draft, tree: VerifyTree, result: Any) -> list[int]:
         kept = self._commit(result.committed)
         self.stats.record_pass(len(draft), len(kept), min(result.accepted, len(kept)), draft.source)
-        trials = sum(1 for node in (0, *result.path) if tree.children(node))
-        self.acceptance.observe(trials, result.accepted)
+        for depth, node in enumerate((0, *result.path)):  # where an acceptance could happen
+            if tree.children(node):
+                self.acceptance.observe(draft.match_len + depth, depth < len(result.path))
         self._check_time()
         return kept
 

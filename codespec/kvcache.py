@@ -126,6 +126,14 @@ class SlotCache:
         self._lengths[best] = best_reuse
         return best, best_reuse
 
+    def clear(self) -> None:
+        """Forget every cached prompt (benchmarks start each system from nothing)."""
+        for index, state in enumerate(self._slots):
+            if not state.busy:
+                state.tokens.clear()
+                state.reusable = 0
+                self._lengths[index] = 0
+
     def release(self, slot: int) -> None:
         state = self._slots[slot]
         state.busy = False

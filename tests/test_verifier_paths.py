@@ -98,7 +98,7 @@ def test_goodput_controller_batches_are_lossless():
         engine.step([run for run in runs if not run.done])
     plain = [engine.generate(p, GenerationConfig(max_new_tokens=30, speculate=False)).token_ids for p in cases]
     assert [run.result().token_ids for run in runs] == plain
-    assert engine.cost.points  # the controller measured verify costs
+    assert engine.cost.measured  # the controller timed verify passes
     budgets = [b for run in runs for b in run.stats.drafted_per_pass]
     assert max(budgets) > 0
 
@@ -138,26 +138,52 @@ def test_controller_chooses_by_goodput():
     from codespec.controller import CostModel, choose, node_probabilities
     from codespec.index import Draft
 
+    def rate(value):
+        return lambda match_len: value
+
     chain = Draft.chain([1, 2, 3], counts=[9, 9, 9], match_len=3, source="context")
-    flat, steep = CostModel({2: 0.05, 64: 0.05}), CostModel({1: 0.05, 2: 0.05, 3: 0.08, 4: 0.2})
-    assert choose([chain], [0.9], flat)[0] == chain  # free rows: take everything
-    assert len(choose([chain], [0.9], steep)[0]) == 1  # the worked example of controller.py
-    assert len(choose([chain], [0.01], flat)[0]) == 3  # free rows are worth even poor drafts
-    assert len(choose([chain], [0.01], steep)[0]) == 1  # the padded second row is free...
-    assert len(choose([chain], [0.01], CostModel({1: 0.05, 2: 0.07}))[0]) == 0  # ...else: budget 0
+    flat = CostModel.of({2: 0.05, 64: 0.05})
+    example = CostModel.of({2: 0.05, 3: 0.065, 4: 0.08})  # the worked example of controller.py
+    assert choose([chain], [rate(0.9)], flat)[0] == chain  # free rows: take everything
+    assert [len(d) for d in choose([chain, chain], [rate(0.9), rate(0.9)], flat)] == [3, 3]
+    worked = lambda match_len: 0.9 if match_len == 3 else 1 / 3  # noqa: E731  P = 0.9, then 0.3
+    assert len(choose([chain], [worked], example)[0]) == 1
+    assert len(choose([chain], [rate(0.01)], flat)[0]) == 3  # free rows are worth even poor drafts
+    assert len(choose([chain], [rate(0.01)], example)[0]) == 1  # the padded second row is free...
+    costly = CostModel.of({2: 0.07, 3: 0.09})
+    assert len(choose([chain, chain], [rate(0.01), rate(0.01)], costly)[0]) == 0  # ...else: budget 0
     tree = Draft((1, 2, 3, 4), (-1, -1, 0, 2), (6, 2, 6, 1), match_len=4, source="index")
-    probs = node_probabilities(tree, rate=0.8)
+    probs = node_probabilities(tree, rate(0.8))
     assert probs[2] < probs[0] and probs[3] < probs[2]  # never above the parent
-    for cost in (flat, steep, CostModel({2: 0.05, 3: 0.06, 4: 0.065, 5: 0.2})):
-        pruned = choose([tree, chain], [0.8, 0.5], cost)
+    for cost in (flat, example, costly):
+        pruned = choose([tree, chain], [rate(0.8), rate(0.5)], cost)
         for draft in pruned:
             assert draft.is_valid_tree
 
 
-def test_cost_model_interpolates_and_learns():
+def test_cost_model_fits_a_line_and_follows_new_timings():
     from codespec.controller import CostModel
 
-    cost = CostModel({2: 0.1, 10: 0.3})
-    assert cost.cost(6) == pytest.approx(0.2) and cost.cost(1) == 0.1 and cost.cost(14) == pytest.approx(0.4)
-    cost.observe(10, 0.6)
-    assert 0.3 < cost.cost(10) < 0.6
+    cost = CostModel.of({2: 0.1, 10: 0.3, 6: 0.2})
+    assert cost.cost(6) == pytest.approx(0.2) and cost.cost(14) == pytest.approx(0.4)
+    assert cost.cost(1) == cost.cost(2)  # one-row passes are padded to two
+    for _ in range(200):
+        cost.observe(10, 0.6)  # the machine got slower
+    assert cost.cost(10) == pytest.approx(0.6, rel=0.05)
+    assert CostModel().cost(50) == CostModel().cost(2)  # nothing measured: all passes alike
+
+
+def test_acceptance_learns_by_match_length():
+    from codespec.controller import Acceptance, AcceptanceTable
+
+    shared = AcceptanceTable()
+    first = Acceptance(shared)
+    for _ in range(30):
+        first.observe(40, True)  # long matches: always accepted
+        first.observe(2, False)  # short ones: never
+    assert first.rate(40) > 0.9 and first.rate(2) < 0.1
+    newcomer = Acceptance(shared)  # a new request starts from every request's record
+    assert newcomer.rate(40) > 0.8 and newcomer.rate(2) < 0.2
+    for _ in range(10):
+        newcomer.observe(40, False)  # ...and then follows its own
+    assert newcomer.rate(40) < 0.5 < first.rate(40)

@@ -23,8 +23,11 @@ SYSTEM_NAMES = ("plain", "hf_prompt_lookup", "codespec")
 
 def register(commands: Any) -> None:
     p = commands.add_parser("bench", help="measure generation (default) or the suffix index (`bench index`)")
-    p.add_argument("suite", nargs="?", choices=("generate", "index"), default="generate",
-                   help="generate: plain vs HF prompt lookup vs codespec; index: the index at 10k..10M tokens")
+    p.add_argument("suite", nargs="?", choices=("generate", "index", "verify"), default="generate",
+                   help="generate: plain vs HF prompt lookup vs codespec; index: the index at 10k..10M tokens; "
+                   "verify: draft policies (none, chain-4/8/16, tree, goodput) at batch 1 and 8")
+    p.add_argument("--sets", default="edit,fim-repo", help="verify suite: request sets (edit, fim-repo)")
+    p.add_argument("--batches", default="1,8", help="verify suite: concurrent requests per run (default 1,8)")
     p.add_argument("--sizes", default="10k,100k,1M,10M", help="index suite: corpus sizes (default 10k,100k,1M,10M)")
     p.add_argument("--workloads", default="edit,fim", help="comma-separated: edit, fim (default both)")
     p.add_argument("--systems", default=",".join(SYSTEM_NAMES),
@@ -45,7 +48,7 @@ def _pick(value: str, known: Any, what: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_index(args) if args.suite == "index" else run_generate(args)
+    return {"index": run_index, "verify": run_verify}.get(args.suite, run_generate)(args)
 
 
 def _parse_size(text: str) -> int:
@@ -123,4 +126,68 @@ def run_generate(args: argparse.Namespace) -> int:
         "settings": {"max_draft_tokens": settings.max_draft_tokens, "min_match_tokens": settings.min_match_tokens},
         "results": [r.to_json() for r in results],
     }))
+    return 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from codespec.bench.batch_bench import bar_checks, format_verify_table, run_verify_bench
+    from codespec.bench.request_sets import edit_set, repo_fim_set
+    from codespec.engine import Engine
+    from codespec.index import SuffixIndex
+    from codespec.kvcache import SlotCache
+    from codespec.models.loading import load_model
+    from codespec.prompts import encode_texts
+    from codespec.proposer import IndexedProposer, PromptLookupProposer
+
+    set_names = _pick(args.sets, ("edit", "fim-repo"), "sets")
+    try:
+        batches = sorted({int(b) for b in args.batches.split(",") if b.strip()})
+    except ValueError:
+        raise CodespecError(f"--batches: {args.batches!r} is not a list of numbers such as 1,8") from None
+    if not batches or batches[0] < 1:
+        raise CodespecError("--batches: give positive request counts, such as 1,8")
+    settings = settings_from_args(args)
+    loaded = load_model(settings)
+    tok = loaded.tokenizer
+    count = max(batches)
+    new_tokens = args.max_new_tokens or 96
+    request_sets, proposers = {}, {}
+    if "edit" in set_names:
+        request_sets["edit"] = edit_set(tok, count, new_tokens)
+        proposers["edit"] = PromptLookupProposer(settings.min_match_tokens, settings.max_match_tokens)
+    if "fim-repo" in set_names:
+        requests, files = repo_fim_set(tok, count, new_tokens)
+        print(f"indexing {len(files)} repository files (targets excluded)...", file=sys.stderr, flush=True)
+        paths = sorted(files)
+        index = SuffixIndex.build(dict(zip(paths, encode_texts(tok, [files[p] for p in paths]))))
+        request_sets["fim-repo"] = requests
+        # past generations are not recorded: a system must not draft from another's outputs
+        proposers["fim-repo"] = IndexedProposer(index, settings.min_match_tokens, settings.max_match_tokens,
+                                                record_generations=False)
+    longest = max(len(w.prompt_ids) + w.max_new_tokens for ws in request_sets.values() for w in ws)
+    cache = SlotCache(loaded.model.config, slots=count + 1, slot_tokens=longest + 64, dtype=loaded.dtype,
+                      device=loaded.device, chunk=settings.prefill_chunk_tokens)
+    engines: dict[tuple[str, str], Engine] = {}
+
+    def engine_for(set_name: str, policy: Any) -> Engine:
+        key = (set_name, policy.name)
+        if key not in engines:
+            engines[key] = Engine(loaded.model, tok, proposers[set_name], max_draft_tokens=policy.max_draft_tokens,
+                                  draft_policy=policy.draft_policy, cache=cache)
+        return engines[key]
+
+    def progress(result: Any) -> None:
+        j = result.to_json()
+        print(f"  {j['set']} batch {j['batch']} {j['system']}: {j['tokens']} tokens in {j['wall_s']:.1f} s, "
+              f"{j['accepted_tokens_per_pass']:.2f} tokens/pass", file=sys.stderr, flush=True)
+
+    results = run_verify_bench(engine_for, request_sets, batches, on_result=progress)
+    checks = bar_checks(results)
+    print(f"\nmodel {loaded.name} ({loaded.info()['dtype']}, {loaded.device}), {torch.get_num_threads()} threads, "
+          f"{platform.processor() or platform.machine()}; {count} requests per set, up to {new_tokens} new tokens each")
+    print(format_verify_table(results))
+    for name, ok in checks.items():
+        print(f"  {'PASS' if ok else 'FAIL'}  {name}")
+    print(json.dumps({"bench": "verify", "model": loaded.name, "dtype": loaded.info()["dtype"],
+                      "results": [r.to_json() for r in results], "checks": checks}))
     return 0

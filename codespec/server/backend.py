@@ -38,6 +38,7 @@ class Backend:
     @classmethod
     def create(cls, name: str, model: Any, tokenizer: Any, settings: Settings, index: SuffixIndex) -> Backend:
         engine = Engine.from_settings(model, tokenizer, settings, index=index)
+        engine.calibrate()
         scheduler = Scheduler(engine, settings.max_active_requests, settings.max_waiting_requests)
         return cls(name, tokenizer, engine, scheduler, index, settings)
 
@@ -54,9 +55,10 @@ class Backend:
         if max_tokens > self.settings.max_tokens_limit:
             raise RequestError(f"max_tokens {max_tokens} is above this server's limit of "
                                f"{self.settings.max_tokens_limit}")
-        if len(prompt_ids) >= self.engine.max_context:
-            raise RequestError(f"the prompt has {len(prompt_ids)} tokens; the model's context holds "
-                               f"{self.engine.max_context}")
+        if len(prompt_ids) >= self.engine.context_limit:
+            raise RequestError(f"the prompt has {len(prompt_ids)} tokens; this server's context holds "
+                               f"{self.engine.context_limit} (model {self.engine.max_context}, "
+                               f"KV slot {self.engine.cache.slot_tokens}; see --kv-slot-tokens)")
 
     async def generate(self, prompt_ids: Sequence[int], config: GenerationConfig) -> AsyncIterator[list[int] | Generation]:
         """Committed token lists as they come, then the finished Generation. Raises the

@@ -31,6 +31,12 @@ class Metrics:
                                      buckets=_LATENCY_BUCKETS, registry=r)
         self.queue_depth = Gauge("codespec_queue_depth", "Requests waiting for a generation slot", registry=r)
         self.active = Gauge("codespec_active_requests", "Requests generating", registry=r)
+        self.draft_budget = Histogram("codespec_draft_budget_tokens",
+                                      "Draft tokens the policy (goodput controller) gave each verify pass",
+                                      buckets=(0, 1, 2, 4, 8, 12, 16, 32, 64), registry=r)
+        self.cached_prompt_tokens = Counter("codespec_cached_prompt_tokens",
+                                            "Prompt tokens whose KV was reused from an earlier request",
+                                            registry=r)
         self.index_tokens = Gauge("codespec_index_tokens", "Tokens in the suffix index", ["part"], registry=r)
 
     def observe(self, stats: GenerationStats) -> None:
@@ -41,6 +47,10 @@ class Metrics:
         self.accepted_draft_tokens.inc(stats.accepted_draft_tokens)
         if stats.verify_passes:
             self.accepted_per_pass.observe(stats.accepted_tokens_per_pass)
+        for budget, passes in stats.drafted_per_pass.items():
+            for _ in range(passes):
+                self.draft_budget.observe(budget)
+        self.cached_prompt_tokens.inc(stats.cached_prompt_tokens)
         self.ttft.observe(stats.ttft_s)
         if stats.generated_tokens > 1:
             self.inter_token.observe((stats.wall_s - stats.ttft_s) / (stats.generated_tokens - 1))

@@ -185,7 +185,10 @@ async def models(b: Backend = Depends(backend)) -> dict[str, Any]:
 
 @router.get("/health")
 async def health(b: Backend = Depends(backend)) -> dict[str, Any]:
+    cache = b.engine.cache
     return {"status": "ok", "model": b.name, "active": b.scheduler.active, "waiting": b.scheduler.queue_depth,
+            "draft_policy": b.engine.draft_policy,
+            "kv_cache": {"slots": cache.slots, "free_slots": cache.free_slots, "slot_tokens": cache.slot_tokens},
             "index": _index_summary(b)}
 
 

@@ -143,7 +143,8 @@ async def test_bad_requests_get_openai_style_4xx(http, method, path, body, statu
 async def test_prompt_longer_than_the_context(http, backend):
     long_prompt = "1" * (backend.engine.max_context + 10)  # one token per digit
     r = await http.post("/v1/completions", json={"prompt": long_prompt, "max_tokens": 4})
-    assert r.status_code == 400 and "context holds" in r.json()["error"]["message"]
+    message = r.json()["error"]["message"]
+    assert r.status_code == 400 and "context holds" in message and "--kv-slot-tokens" in message
 
 
 async def test_oversized_body_is_refused(http, backend):

@@ -1,0 +1,194 @@
+"""`codespec bench verify`: draft policies side by side, one request at a time and many at once.
+
+Systems, all codespec's verifier on the same model and cache: `none` (speculation off),
+`chain-4/8/16` (fixed draft lengths), `tree` (16-node token trees), `goodput` (the
+controller, up to 16 nodes). Each runs every request set alone (batch 1, one request
+after another) and all at once through the scheduler (batch = the set's size, every
+request submitted together, continuous batching). The KV cache is cleared before every
+run, so no system profits from another's prompts.
+
+Reported per (set, batch, system): aggregate tokens/s (all tokens / wall time of the
+run), the median request's tokens/s (its tokens / its own latency), p50/p95 request
+latency, time to first token, accepted tokens per verify pass, the mean draft budget
+per pass, and whether every output equals `none`'s in the same batch mode.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from codespec.bench.workloads import Workload
+from codespec.engine import Engine, Generation, GenerationConfig
+from codespec.scheduler import Scheduler
+
+FIXED_LENGTHS = (4, 8, 16)
+TREE_NODES = 16
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    draft_policy: str
+    max_draft_tokens: int
+    speculate: bool = True
+
+
+def policies() -> list[Policy]:
+    return [Policy("none", "chain", 0, speculate=False),
+            *(Policy(f"chain-{k}", "chain", k) for k in FIXED_LENGTHS),
+            Policy("tree", "tree", TREE_NODES),
+            Policy("goodput", "goodput", TREE_NODES)]
+
+
+@dataclass
+class BatchResult:
+    request_set: str
+    batch: int
+    system: str
+    outputs: list[tuple[int, ...]]
+    wall_s: float
+    latencies: list[float]
+    ttfts: list[float]
+    passes: int
+    committed_in_passes: int
+    draft_tokens: int
+    identical: bool = True
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(o) for o in self.outputs)
+
+    def to_json(self) -> dict[str, Any]:
+        per_request = [len(o) / lat for o, lat in zip(self.outputs, self.latencies) if lat > 0]
+        latencies = sorted(self.latencies)
+        return {
+            "set": self.request_set,
+            "batch": self.batch,
+            "system": self.system,
+            "tokens": self.tokens,
+            "wall_s": round(self.wall_s, 3),
+            "aggregate_tokens_per_s": round(self.tokens / self.wall_s, 3),
+            "request_tokens_per_s_p50": round(statistics.median(per_request), 3),
+            "latency_p50_s": round(statistics.median(latencies), 3),
+            "latency_p95_s": round(latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))], 3),
+            "ttft_p50_s": round(statistics.median(self.ttfts), 3),
+            "accepted_tokens_per_pass": round(self.committed_in_passes / max(self.passes, 1), 3),
+            "draft_budget_mean": round(self.draft_tokens / max(self.passes, 1), 3),
+            "identical_to_none": self.identical,
+        }
+
+
+def _collect(name: str, batch: int, system: str, outs: Sequence[Generation], wall: float,
+             latencies: list[float]) -> BatchResult:
+    return BatchResult(
+        name, batch, system, [tuple(o.token_ids) for o in outs], wall, latencies,
+        [o.stats.ttft_s for o in outs],
+        sum(o.stats.verify_passes for o in outs),
+        sum(o.stats.committed_in_passes for o in outs),
+        sum(o.stats.draft_tokens for o in outs),
+    )
+
+
+Timed = tuple[list[Generation], float, list[float]]  # outputs, wall time, per-request latencies
+
+
+def run_alone(engine: Engine, requests: Sequence[Workload], speculate: bool) -> Timed:
+    outs, latencies = [], []
+    began = time.perf_counter()
+    for request in requests:
+        start = time.perf_counter()
+        config = GenerationConfig(request.max_new_tokens, speculate=speculate)
+        outs.append(engine.generate(request.prompt_ids, config))
+        latencies.append(time.perf_counter() - start)
+    return outs, time.perf_counter() - began, latencies
+
+
+def run_together(engine: Engine, requests: Sequence[Workload], speculate: bool) -> Timed:
+    scheduler = Scheduler(engine, max_active=len(requests), max_waiting=len(requests))
+    finished: dict[int, Any] = {}
+    ended: dict[int, float] = {}
+    all_done = threading.Event()
+
+    def on_done(i: int) -> Callable[[Any], None]:
+        def done(outcome: Any) -> None:
+            finished[i], ended[i] = outcome, time.perf_counter()
+            if len(finished) == len(requests):
+                all_done.set()
+        return done
+
+    try:
+        began = time.perf_counter()
+        for i, request in enumerate(requests):
+            scheduler.submit(request.prompt_ids, GenerationConfig(request.max_new_tokens, speculate=speculate),
+                             on_tokens=lambda tokens: None, on_done=on_done(i))
+        all_done.wait()
+        wall = time.perf_counter() - began
+    finally:
+        scheduler.close()
+    outs = [finished[i] for i in range(len(requests))]
+    for out in outs:
+        if isinstance(out, BaseException):
+            raise out
+    return outs, wall, [ended[i] - began for i in range(len(requests))]
+
+
+def run_verify_bench(
+    engines: Callable[[str, Policy], Engine],
+    request_sets: dict[str, list[Workload]],
+    batches: Sequence[int],
+    on_result: Callable[[BatchResult], None] | None = None,
+) -> list[BatchResult]:
+    results: list[BatchResult] = []
+    for set_name, requests in request_sets.items():
+        for batch in batches:
+            by_system: list[BatchResult] = []
+            for policy in policies():
+                engine = engines(set_name, policy)
+                engine.calibrate()  # start-up work, not part of any request
+                engine.cache.clear()
+                runner = run_alone if batch == 1 else run_together
+                outs, wall, latencies = runner(engine, requests, policy.speculate)
+                result = _collect(set_name, batch, policy.name, outs, wall, latencies)
+                result.identical = not by_system or result.outputs == by_system[0].outputs
+                by_system.append(result)
+                if on_result:
+                    on_result(result)
+            results.extend(by_system)
+    return results
+
+
+def format_verify_table(results: Sequence[BatchResult]) -> str:
+    header = (f"{'set':<9}{'batch':>6}  {'system':<10}{'agg tok/s':>10}{'req tok/s':>10}{'p50 s':>8}{'p95 s':>8}"
+              f"{'ttft s':>8}{'acc/pass':>9}{'budget':>8}  identical")
+    lines = [header, "-" * len(header)]
+    for r in results:
+        j = r.to_json()
+        lines.append(
+            f"{r.request_set:<9}{r.batch:>6}  {r.system:<10}{j['aggregate_tokens_per_s']:>10.1f}"
+            f"{j['request_tokens_per_s_p50']:>10.1f}{j['latency_p50_s']:>8.1f}{j['latency_p95_s']:>8.1f}"
+            f"{j['ttft_p50_s']:>8.2f}{j['accepted_tokens_per_pass']:>9.2f}{j['draft_budget_mean']:>8.1f}"
+            f"  {'yes' if r.identical else 'NO'}"
+        )
+    return "\n".join(lines)
+
+
+def bar_checks(results: Sequence[BatchResult]) -> dict[str, Any]:
+    """The verifier issue's bar, read off one run."""
+    checks: dict[str, Any] = {"identical": all(r.identical for r in results)}
+    widest = max(r.batch for r in results)
+    for set_name in sorted({r.request_set for r in results}):
+        row = {r.system: r for r in results if r.request_set == set_name and r.batch == widest}
+        if "goodput" in row:
+            agg = {name: r.tokens / r.wall_s for name, r in row.items()}
+            best_fixed = max((agg[n] for n in agg if n.startswith("chain-")), default=0.0)
+            checks[f"{set_name}: goodput aggregate >= none and best fixed (batch {widest})"] = (
+                agg["goodput"] >= agg.get("none", 0) and agg["goodput"] >= best_fixed)
+        one = {r.system: r for r in results if r.request_set == set_name and r.batch == 1}
+        if "tree" in one and "chain-16" in one:
+            tree, chain = (one[n].committed_in_passes / max(one[n].passes, 1) for n in ("tree", "chain-16"))
+            checks[f"{set_name}: tree accepted/pass > chain-16 (batch 1)"] = tree > chain
+    return checks
