@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from tqdm import tqdm
@@ -62,7 +62,11 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return digest.hexdigest()
 
 
-def build_repository_index(root: Path, tokenizer: Any, out: Path, *, progress: bool = True) -> IndexReport:
+def build_repository_index(root: Path, tokenizer: Any, out: Path, *, progress: bool = True,
+                           on_file: Callable[[int, int], None] | None = None) -> IndexReport:
+    """Index `root` into `out` (incrementally: unchanged files keep their tokens);
+    `progress` draws bars on stderr, `on_file(done, total)` reports each file read
+    (the language server turns it into `window/workDoneProgress`)."""
     started = time.perf_counter()
     root = Path(root).resolve()
     if not root.is_dir():
@@ -86,6 +90,8 @@ def build_repository_index(root: Path, tokenizer: Any, out: Path, *, progress: b
             sha = hashlib.sha256(data).hexdigest()
             facts[f.path] = (sha, f.size, f.mtime_ns)
             old = previous.get(f.path)
+            if on_file is not None:
+                on_file(len(facts), len(found))
             if old is not None and old[0] == sha:
                 tokens[f.path] = old[1]
                 reused += 1

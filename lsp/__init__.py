@@ -1,5 +1,6 @@
-"""The language server (pygls) that serves editors; never imports torch.
+"""The language server: `codespec lsp` serves `textDocument/inlineCompletion` (LSP 3.18).
 
-Its handlers arrive with the "language server" issue; the package exists now so that
-`codespec.lsp` resolves through the `codespec/lsp -> ../lsp` link from the start.
+Never imports torch: the model runs behind a `CompletionBackend`, either in process
+(`codespec.lsp_backend`, loaded by the CLI) or in a running `codespec serve`
+(`lsp.http_backend`), so several editors can share one model and one index.
 """

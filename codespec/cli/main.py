@@ -17,7 +17,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from codespec.cli import bench, generate, index, model, serve
+    from codespec.cli import bench, generate, index, lsp, model, serve
 
     parser = argparse.ArgumentParser(
         prog="codespec",
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.register(commands)
     bench.register(commands)
     serve.register(commands)
+    lsp.register(commands)
     return parser
 
 

@@ -12,7 +12,13 @@ import ipaddress
 import os
 from typing import Any
 
-from codespec.cli.options import MODEL_FIELDS, SPECULATION_FIELDS, add_settings_arguments, settings_from_args
+from codespec.cli.options import (
+    CACHE_FIELDS,
+    MODEL_FIELDS,
+    SPECULATION_FIELDS,
+    add_settings_arguments,
+    settings_from_args,
+)
 from codespec.errors import CodespecError
 
 SERVE_FIELDS = ("host", "port", "api_key", "index", "repo", "max_tokens_limit", "max_request_bytes",
@@ -23,7 +29,7 @@ def register(commands: Any) -> None:
     p = commands.add_parser("serve", help="serve OpenAI- and llama.cpp-compatible HTTP routes",
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", metavar="FILE", help="a TOML file of settings (flags and env override it)")
-    add_settings_arguments(p, SERVE_FIELDS + MODEL_FIELDS + SPECULATION_FIELDS)
+    add_settings_arguments(p, SERVE_FIELDS + MODEL_FIELDS + SPECULATION_FIELDS + CACHE_FIELDS)
     p.set_defaults(handler=run)
 
 

@@ -37,6 +37,8 @@ class Metrics:
         self.cached_prompt_tokens = Counter("codespec_cached_prompt_tokens",
                                             "Prompt tokens whose KV was reused from an earlier request",
                                             registry=r)
+        self.lsp_completions = Counter("codespec_lsp_completions", "Inline completions shown and accepted "
+                                       "in editors (codespec lsp --server)", ["outcome"], registry=r)
         self.index_tokens = Gauge("codespec_index_tokens", "Tokens in the suffix index", ["part"], registry=r)
 
     def observe(self, stats: GenerationStats) -> None:

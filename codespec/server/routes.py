@@ -2,7 +2,8 @@
 
 OpenAI: POST /v1/completions (`suffix` makes it FIM), POST /v1/chat/completions, GET
 /v1/models; llama.cpp: POST /infill; operations: GET /health, GET /metrics; the index:
-POST /v1/index/documents, DELETE /v1/index/documents/{key}, GET /v1/index/stats.
+POST /v1/index/documents, DELETE /v1/index/documents/{key}, GET /v1/index/stats; the
+language server's telemetry: POST /v1/lsp/acceptance.
 Streaming responses are server-sent events ending with `data: [DONE]`.
 """
 
@@ -22,6 +23,7 @@ from codespec.engine import Generation, GenerationConfig
 from codespec.errors import RequestError
 from codespec.server.backend import Backend, GenerationFailed
 from codespec.server.schemas import (
+    AcceptanceRequest,
     ChatCompletionRequest,
     CompletionRequest,
     DocumentRequest,
@@ -181,6 +183,13 @@ async def infill(req: InfillRequest, b: Backend = Depends(backend)) -> Any:
 @router.get("/v1/models")
 async def models(b: Backend = Depends(backend)) -> dict[str, Any]:
     return {"object": "list", "data": [{"id": b.name, "object": "model", "created": 0, "owned_by": "codespec"}]}
+
+
+@router.post("/v1/lsp/acceptance")
+async def lsp_acceptance(req: AcceptanceRequest, b: Backend = Depends(backend)) -> dict[str, Any]:
+    """Telemetry from `codespec lsp --server`: a completion was shown, or accepted."""
+    b.metrics.lsp_completions.labels("accepted" if req.accepted else "shown").inc()
+    return {"ok": True}
 
 
 @router.get("/health")

@@ -104,6 +104,10 @@ class InfillRequest(_Stops):
     stream: bool = False
 
 
+class AcceptanceRequest(_Request):
+    accepted: bool
+
+
 class DocumentRequest(_Request):
     key: str = Field(min_length=1, max_length=1024, description="Replaces a document with the same key.")
     text: str

@@ -1,0 +1,62 @@
+"""`codespec lsp`: the language server for editors' inline completions (stdio).
+
+    codespec lsp                          # the embedded default model in this process
+    codespec lsp --server http://127.0.0.1:8000   # share a running `codespec serve`
+    codespec lsp --tcp 127.0.0.1:2087     # listen on a socket (debugging)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from codespec.cli.options import (
+    CACHE_FIELDS,
+    MODEL_FIELDS,
+    SPECULATION_FIELDS,
+    add_settings_arguments,
+    settings_from_args,
+)
+from codespec.errors import CodespecError
+
+
+def register(commands: Any) -> None:
+    p = commands.add_parser("lsp", help="language server: inline completions for VS Code, Neovim, ...",
+                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--server", metavar="URL", help="use a running `codespec serve` instead of loading a model")
+    p.add_argument("--tcp", metavar="HOST:PORT", help="listen on a TCP socket instead of stdio")
+    add_settings_arguments(p, ("api_key", "max_active_requests") + MODEL_FIELDS + SPECULATION_FIELDS + CACHE_FIELDS)
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from codespec.lsp.server import build_server
+
+    settings = settings_from_args(args)
+    if args.server:
+        from codespec.lsp.http_backend import HttpBackend
+
+        if not args.server.startswith(("http://", "https://")):
+            raise CodespecError(f"--server {args.server}: give a URL such as http://127.0.0.1:8000")
+
+        def make_backend() -> Any:
+            return HttpBackend(args.server, settings.api_key)
+    else:
+        def make_backend() -> Any:
+            from codespec.lsp_backend import InProcessBackend
+
+            return InProcessBackend(settings)
+
+    # stdout carries the protocol: logs go to stderr
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="codespec-lsp %(levelname)s %(message)s")
+    server = build_server(make_backend)
+    if args.tcp:
+        host, _, port = args.tcp.rpartition(":")
+        if not host or not port.isdigit():
+            raise CodespecError(f"--tcp {args.tcp}: give HOST:PORT such as 127.0.0.1:2087")
+        server.start_tcp(host, int(port))
+    else:
+        server.start_io()
+    return 0

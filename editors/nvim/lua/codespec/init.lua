@@ -1,0 +1,195 @@
+-- codespec for Neovim: starts `codespec lsp` and shows its inline completions.
+--
+-- Neovim 0.12+: the built-in LSP client (vim.lsp.config / vim.lsp.enable) and
+-- vim.lsp.inline_completion render the ghost text; <Tab> accepts.
+-- Older versions (0.9-0.11): vim.lsp.start per buffer, and this plugin asks for
+-- textDocument/inlineCompletion itself after a pause in typing and draws the
+-- suggestion as extmark virtual text; <Tab> accepts, <C-]> dismisses.
+local M = {}
+
+M.defaults = {
+  cmd = { "codespec", "lsp" }, -- e.g. { "/path/to/.venv/bin/codespec", "lsp" }
+  server_url = nil, -- a running `codespec serve`: adds --server URL
+  filetypes = nil, -- nil: every buffer with a file
+  root_markers = { ".git", "pyproject.toml", "package.json" },
+  init_options = { maxTokens = 128, debounceMs = 40, multiline = true, indexWorkspace = true },
+  accept_key = "<Tab>",
+  dismiss_key = "<C-]>",
+  debounce_ms = 150, -- fallback only: pause before asking
+}
+
+local ns = vim.api.nvim_create_namespace("codespec")
+local state = { config = nil, timer = nil, shown = nil }
+
+local function has_native_inline()
+  return vim.lsp.inline_completion ~= nil and vim.fn.has("nvim-0.12") == 1
+end
+
+local function command(config)
+  local cmd = vim.deepcopy(config.cmd)
+  if config.server_url then
+    vim.list_extend(cmd, { "--server", config.server_url })
+  end
+  return cmd
+end
+
+local function on_status(_, result)
+  state.status = result and result.state or "unknown"
+  vim.g.codespec_status = state.status
+  vim.cmd("redrawstatus")
+end
+
+--- The client's status for a statusline: `%{v:lua.require'codespec'.status()}`.
+function M.status()
+  return "codespec:" .. (state.status or "off")
+end
+
+-- -- fallback ghost text (before Neovim 0.12) ---------------------------------------
+local function clear()
+  vim.api.nvim_buf_clear_namespace(0, ns, 0, -1)
+  state.shown = nil
+end
+
+local function show(bufnr, item)
+  clear()
+  local text = item.insertText
+  if type(text) == "table" then
+    text = text.value
+  end
+  if not text or text == "" then
+    return
+  end
+  local lines = vim.split(text, "\n", { plain = true })
+  local row, col = unpack(vim.api.nvim_win_get_cursor(0))
+  local virt_lines = {}
+  for i = 2, #lines do
+    table.insert(virt_lines, { { lines[i], "Comment" } })
+  end
+  vim.api.nvim_buf_set_extmark(bufnr, ns, row - 1, col, {
+    virt_text = { { lines[1], "Comment" } },
+    virt_text_pos = "inline",
+    virt_lines = #virt_lines > 0 and virt_lines or nil,
+  })
+  state.shown = { bufnr = bufnr, row = row, col = col, lines = lines, item = item }
+end
+
+local function request(bufnr)
+  local client = vim.lsp.get_clients({ bufnr = bufnr, name = "codespec" })[1]
+  if not client then
+    return
+  end
+  local params = vim.lsp.util.make_position_params(0, client.offset_encoding)
+  params.context = { triggerKind = 2 } -- automatic
+  client:request("textDocument/inlineCompletion", params, function(err, result)
+    if err or not result or vim.api.nvim_get_mode().mode ~= "i" then
+      return
+    end
+    local items = result.items or result
+    if items[1] then
+      show(bufnr, items[1])
+    end
+  end, bufnr)
+end
+
+local function accept()
+  local shown = state.shown
+  if not shown then
+    return false
+  end
+  clear()
+  vim.api.nvim_buf_set_text(shown.bufnr, shown.row - 1, shown.col, shown.row - 1, shown.col, shown.lines)
+  local last = shown.lines[#shown.lines]
+  local row = shown.row + #shown.lines - 1
+  local col = (#shown.lines == 1 and shown.col or 0) + #last
+  vim.api.nvim_win_set_cursor(0, { row, col })
+  local cmd = shown.item.command
+  if cmd then
+    local client = vim.lsp.get_clients({ bufnr = shown.bufnr, name = "codespec" })[1]
+    if client then
+      client:request("workspace/executeCommand", { command = cmd.command, arguments = cmd.arguments })
+    end
+  end
+  return true
+end
+
+local function fallback(bufnr, config)
+  local group = vim.api.nvim_create_augroup("codespec_ghost_" .. bufnr, { clear = true })
+  vim.api.nvim_create_autocmd({ "TextChangedI", "CursorMovedI" }, {
+    group = group,
+    buffer = bufnr,
+    callback = function()
+      clear()
+      if state.timer then
+        state.timer:stop()
+      end
+      state.timer = vim.defer_fn(function()
+        request(bufnr)
+      end, config.debounce_ms)
+    end,
+  })
+  vim.api.nvim_create_autocmd("InsertLeave", { group = group, buffer = bufnr, callback = clear })
+  vim.keymap.set("i", config.accept_key, function()
+    if not accept() then
+      return vim.api.nvim_replace_termcodes(config.accept_key, true, false, true)
+    end
+  end, { buffer = bufnr, expr = true, desc = "codespec: accept the suggestion" })
+  vim.keymap.set("i", config.dismiss_key, clear, { buffer = bufnr, desc = "codespec: dismiss the suggestion" })
+end
+
+-- -- set-up -------------------------------------------------------------------------
+function M.setup(opts)
+  local config = vim.tbl_deep_extend("force", M.defaults, opts or {})
+  state.config = config
+  local handlers = { ["codespec/status"] = on_status }
+  if vim.lsp.config and vim.lsp.enable then -- Neovim 0.11+
+    vim.lsp.config("codespec", {
+      cmd = command(config),
+      filetypes = config.filetypes,
+      root_markers = config.root_markers,
+      init_options = config.init_options,
+      handlers = handlers,
+    })
+    vim.lsp.enable("codespec")
+  else -- Neovim 0.9/0.10
+    vim.api.nvim_create_autocmd("FileType", {
+      group = vim.api.nvim_create_augroup("codespec_start", { clear = true }),
+      callback = function(args)
+        if vim.bo[args.buf].buftype ~= "" then
+          return
+        end
+        if config.filetypes and not vim.tbl_contains(config.filetypes, vim.bo[args.buf].filetype) then
+          return
+        end
+        local root = vim.fs.dirname(vim.fs.find(config.root_markers, { upward = true, path = vim.api.nvim_buf_get_name(args.buf) })[1] or "")
+        vim.lsp.start({
+          name = "codespec",
+          cmd = command(config),
+          root_dir = root ~= "" and root or vim.fn.getcwd(),
+          init_options = config.init_options,
+          handlers = handlers,
+        }, { bufnr = args.buf })
+      end,
+    })
+  end
+  vim.api.nvim_create_autocmd("LspAttach", {
+    group = vim.api.nvim_create_augroup("codespec_attach", { clear = true }),
+    callback = function(args)
+      local client = vim.lsp.get_client_by_id(args.data.client_id)
+      if not client or client.name ~= "codespec" then
+        return
+      end
+      if has_native_inline() then
+        vim.lsp.inline_completion.enable(true, { bufnr = args.buf })
+        vim.keymap.set("i", config.accept_key, function()
+          if not vim.lsp.inline_completion.get() then
+            return vim.api.nvim_replace_termcodes(config.accept_key, true, false, true)
+          end
+        end, { buffer = args.buf, expr = true, desc = "codespec: accept the suggestion" })
+      else
+        fallback(args.buf, config)
+      end
+    end,
+  })
+end
+
+return M

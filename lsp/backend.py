@@ -1,0 +1,45 @@
+"""What the language server needs from a model: the `CompletionBackend` protocol.
+
+    request = FimRequest(prefix, suffix, max_tokens=128, path="pkg/mod.py")
+    text = await backend.complete(request, on_text=check)   # on_text(text) -> False stops
+
+Two implementations: `codespec.lsp_backend.InProcessBackend` (the engine in this
+process; imports torch, so only the CLI loads it) and `lsp.http_backend.HttpBackend`
+(a running `codespec serve`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Protocol
+
+OnText = Callable[[str], bool]  # the completion so far; return False to stop generating
+Progress = Callable[[str, int], None]  # message, percentage
+
+
+@dataclass(frozen=True)
+class FimRequest:
+    prefix: str  # the file before the cursor (already cut to the token budget by chars)
+    suffix: str  # the file after the cursor
+    max_tokens: int
+    path: str = ""  # the file's path in the workspace, for repository context
+    prefix_tokens: int = 1024
+    suffix_tokens: int = 256
+
+
+class CompletionBackend(Protocol):
+    async def complete(self, request: FimRequest, on_text: OnText) -> str:
+        """The completion text (stopped early when `on_text` returned False). Cancelling
+        the awaiting task cancels the generation."""
+
+    async def index_workspace(self, folders: list[str], progress: Progress) -> str:
+        """Index the folders (repository context); returns a one-line summary."""
+
+    def update_document(self, path: str, text: str, saved: bool = False) -> None:
+        """An open buffer changed (or was saved): keep the index's copy current."""
+
+    def record_acceptance(self, accepted: bool) -> None:
+        """Telemetry: a shown completion was accepted (or not)."""
+
+    def close(self) -> Awaitable[None] | None:
+        """Release the model or the connection."""

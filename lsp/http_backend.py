@@ -1,0 +1,100 @@
+"""`codespec lsp --server URL`: the language server as a thin client of `codespec serve`.
+
+Completions go to the server's `/infill` (llama.cpp's shape: `input_prefix`,
+`input_suffix`, `n_predict`) as a stream, open buffers to `/v1/index/documents`, and
+acceptance telemetry to `/v1/lsp/acceptance`. Only the standard library: the
+language server never imports torch, or an HTTP stack of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import urllib.error
+import urllib.request
+from typing import Any
+
+from codespec.lsp.backend import FimRequest, OnText, Progress
+
+TIMEOUT_S = 120
+
+
+class BackendError(Exception):
+    """The server could not be reached or refused the request (one line)."""
+
+
+class HttpBackend:
+    def __init__(self, url: str, api_key: str = "") -> None:
+        self.url = url.rstrip("/")
+        self.api_key = api_key
+
+    def _request(self, path: str, body: Any | None = None, method: str = "POST") -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method)
+        request.add_header("Content-Type", "application/json")
+        if self.api_key:
+            request.add_header("Authorization", f"Bearer {self.api_key}")
+        try:
+            return urllib.request.urlopen(request, timeout=TIMEOUT_S)
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode("utf-8", "replace")[:200]
+            raise BackendError(f"{self.url}{path}: HTTP {exc.code}: {detail}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise BackendError(f"cannot reach codespec serve at {self.url}: {exc}") from None
+
+    async def complete(self, request: FimRequest, on_text: OnText) -> str:
+        stop = threading.Event()
+        body = {"input_prefix": request.prefix, "input_suffix": request.suffix, "n_predict": request.max_tokens,
+                "stream": True}
+
+        def run() -> str:
+            text = ""
+            with self._request("/infill", body) as response:
+                for raw in response:
+                    line = raw.decode("utf-8").strip()
+                    if not line.startswith("data:") or stop.is_set():
+                        if stop.is_set():
+                            break
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        break
+                    chunk = json.loads(payload)
+                    text += chunk.get("content", "")
+                    if not on_text(text) or chunk.get("stop"):
+                        break
+            return text
+
+        try:
+            return await asyncio.to_thread(run)
+        finally:
+            stop.set()  # a cancelled request stops reading: the server sees the disconnect
+
+    async def index_workspace(self, folders: list[str], progress: Progress) -> str:
+        progress("the server indexes its own repository (codespec serve --repo)", 100)
+        with self._request("/v1/index/stats", method="GET") as response:
+            stats = json.load(response)
+        static = stats.get("static") or {}
+        return f"server index: {static.get('files', 0)} files, {static.get('tokens', 0)} tokens"
+
+    def update_document(self, path: str, text: str, saved: bool = False) -> None:
+        def send() -> None:
+            try:
+                self._request("/v1/index/documents", {"key": f"file:{path}", "text": text}).close()
+            except BackendError:
+                pass  # the index copy is a hint; completions still work
+
+        threading.Thread(target=send, daemon=True).start()
+
+    def record_acceptance(self, accepted: bool) -> None:
+        def send() -> None:
+            try:
+                self._request("/v1/lsp/acceptance", {"accepted": accepted}).close()
+            except BackendError:
+                pass
+
+        threading.Thread(target=send, daemon=True).start()
+
+    def close(self) -> None:
+        return None

@@ -1,0 +1,156 @@
+"""What to complete and where a completion ends.
+
+`classify` decides before any model work, from the text around the cursor and a
+tree-sitter parse: no completion in the middle of a word; one line when text follows
+the cursor on its line, or inside a string or comment; otherwise several lines (a
+blank line, or the end of a line that opens a block). `BlockEnd` then cuts the
+streamed completion: a single-line completion ends at its first newline; a multi-line
+one ends before the first line that leaves the enclosing block (a dedent below the
+block's indentation, or a bracket that closes more than the completion opened).
+`repeats_following` drops a suggestion that only repeats the lines after the cursor.
+
+>>> text = "def add(a, b):\\n    \\n"
+>>> classify(text, text.index("\\n") + 5, "python")
+<Mode.MULTI: 'multi'>
+>>> classify("total = valu", 12, "python")   # the end of a line that opens nothing
+<Mode.SINGLE: 'single'>
+>>> classify("total = value", 10, "python")  # va|lue: mid-word
+<Mode.NONE: 'none'>
+>>> BlockEnd(Mode.MULTI, indent=4).cut("return a + b\\n\\ndef sub(a, b):\\n")
+('return a + b', True)
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import importlib
+from typing import Any
+
+GRAMMARS = {  # language id -> (module of the grammar wheel, attribute)
+    "python": ("tree_sitter_python", "language"),
+    "javascript": ("tree_sitter_javascript", "language"),
+    "javascriptreact": ("tree_sitter_javascript", "language"),
+    "typescript": ("tree_sitter_typescript", "language_typescript"),
+    "typescriptreact": ("tree_sitter_typescript", "language_tsx"),
+}
+INDENTED = {"python"}  # blocks end by indentation; other languages by brackets
+BLOCK_OPENERS = (":", "{", "(", "[", "=>", "->")
+CLOSERS = ")]}\"'`;,"
+TEXT_NODES = ("string", "comment", "template_string", "string_content", "line_comment", "block_comment")
+MAX_LINES = 64
+
+
+class Mode(enum.Enum):
+    NONE = "none"
+    SINGLE = "single"
+    MULTI = "multi"
+
+
+@functools.cache
+def parser_for(language_id: str) -> Any:
+    """A tree-sitter parser for the language, or None without a grammar wheel."""
+    if language_id not in GRAMMARS:
+        return None
+    try:
+        from tree_sitter import Language, Parser
+
+        module, attr = GRAMMARS[language_id]
+        return Parser(Language(getattr(importlib.import_module(module), attr)()))
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
+def _is_word(ch: str) -> bool:
+    return ch.isalnum() or ch == "_"
+
+
+def in_string_or_comment(text: str, offset: int, language_id: str) -> bool:
+    parser = parser_for(language_id)
+    if parser is None:
+        return False
+    data = text.encode("utf-8")
+    point = len(text[:offset].encode("utf-8"))
+    node = parser.parse(data).root_node.descendant_for_byte_range(max(point - 1, 0), point)
+    while node is not None:
+        if node.type in TEXT_NODES and node.start_byte < point < node.end_byte + (node.type.endswith("comment")):
+            return True
+        node = node.parent
+    return False
+
+
+def classify(text: str, offset: int, language_id: str) -> Mode:
+    line_start = text.rfind("\n", 0, offset) + 1
+    line_end = text.find("\n", offset)
+    before = text[line_start:offset]
+    after = text[offset : len(text) if line_end < 0 else line_end]
+    if before and after and _is_word(before[-1]) and _is_word(after[0]):
+        return Mode.NONE  # mid-word: the user is editing an identifier
+    if after.strip(" \t\r") and after.strip(" \t\r")[0] not in CLOSERS:
+        return Mode.SINGLE
+    if not before.strip():
+        return Mode.MULTI
+    if in_string_or_comment(text, offset, language_id):
+        return Mode.SINGLE
+    return Mode.MULTI if before.rstrip().endswith(BLOCK_OPENERS) else Mode.SINGLE
+
+
+def indentation(line: str) -> int:
+    return len(line.replace("\t", "    ")) - len(line.replace("\t", "    ").lstrip(" "))
+
+
+def block_indent(text: str, offset: int) -> int:
+    """The smallest indentation a multi-line completion at `offset` stays inside."""
+    line_start = text.rfind("\n", 0, offset) + 1
+    before = text[line_start:offset]
+    if not before.strip():
+        return indentation(before)  # a blank line: the block is as indented as the cursor
+    return indentation(before) + 1  # the end of an opener: anything deeper is the body
+
+
+class BlockEnd:
+    """Cuts a streamed completion where its block ends (see the module docstring)."""
+
+    def __init__(self, mode: Mode, indent: int = 0, language_id: str = "python") -> None:
+        self.mode = mode
+        self.indent = indent
+        self.brackets = language_id not in INDENTED
+
+    def cut(self, text: str) -> tuple[str, bool]:
+        """(the part of `text` to keep, whether the completion is finished)."""
+        if self.mode is Mode.NONE:
+            return "", True
+        if self.mode is Mode.SINGLE:
+            end = text.find("\n")
+            return (text, False) if end < 0 else (text[:end], True)
+        lines = text.split("\n")
+        depth = 0
+        for i, line in enumerate(lines):
+            complete = i < len(lines) - 1  # the last line may still grow
+            if i > 0 and line.strip() and indentation(line) < self.indent:  # known at its first character
+                return _joined(lines[:i]), True
+            if self.brackets and complete:
+                depth += sum(line.count(c) for c in "([{") - sum(line.count(c) for c in ")]}")
+                if depth < 0:  # closes the enclosing block: the file already has that line
+                    return _joined(lines[:i]), True
+            if i >= MAX_LINES:
+                return _joined(lines[:i]), True
+        return text, False
+
+    def finish(self, text: str) -> str:
+        """The final cut once generation stopped."""
+        kept, done = self.cut(text if self.mode is Mode.SINGLE else text + "\n")
+        return kept if done else text
+
+
+def _joined(lines: list[str]) -> str:
+    return "\n".join(lines).rstrip()
+
+
+def repeats_following(completion: str, text: str, offset: int) -> bool:
+    """True when the completion's lines only repeat what follows the cursor."""
+    mine = [line.strip() for line in completion.strip().splitlines() if line.strip()]
+    if not mine:
+        return True
+    following = [line.strip() for line in text[offset:].splitlines() if line.strip()][: len(mine)]
+    return mine == following

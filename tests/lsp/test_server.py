@@ -1,0 +1,132 @@
+"""`codespec lsp` driven by pytest-lsp as a real client, with VS Code's and Neovim's
+capability profiles (plus LSP 3.18 inline completion), on the embedded default model."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+import pytest_lsp
+from lsprotocol import types
+from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
+
+from tests.lsp.conftest import CUT_FILE, make_repo
+
+pytestmark = pytest.mark.model
+SERVER = [sys.executable, "-m", "codespec", "lsp"]
+READY_TIMEOUT_S = 600  # model load, calibration and indexing
+
+
+def capabilities(profile: str) -> types.ClientCapabilities:
+    caps = client_capabilities(profile)
+    caps.text_document.inline_completion = types.InlineCompletionClientCapabilities()
+    caps.window.work_done_progress = True
+    return caps
+
+
+async def start(client: LanguageClient, root, profile: str, options: dict) -> list[dict]:
+    statuses: list[dict] = []
+    ready = asyncio.Event()
+
+    @client.feature("codespec/status")
+    def on_status(params) -> None:
+        statuses.append(params if isinstance(params, dict) else vars(params))
+        if statuses[-1].get("state") in ("ready", "error"):
+            ready.set()
+
+    await client.initialize_session(types.InitializeParams(
+        capabilities=capabilities(profile),
+        workspace_folders=[types.WorkspaceFolder(uri=root.as_uri(), name="workspace")],
+        initialization_options=options,
+    ))
+    await asyncio.wait_for(ready.wait(), READY_TIMEOUT_S)
+    return statuses
+
+
+def open_file(client: LanguageClient, root, text: str) -> str:
+    uri = (root / CUT_FILE).as_uri()
+    client.text_document_did_open(types.DidOpenTextDocumentParams(
+        text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
+    return uri
+
+
+def request(client: LanguageClient, uri: str, line: int, character: int):
+    return client.text_document_inline_completion_async(types.InlineCompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri),
+        position=types.Position(line=line, character=character),
+        context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic),
+    ))
+
+
+@pytest_lsp.fixture(scope="module", config=ClientServerConfig(server_command=SERVER))
+async def vscode(lsp_client: LanguageClient, tmp_path_factory):
+    root, text, body_line = make_repo(tmp_path_factory.mktemp("vscode"))
+    statuses = await start(lsp_client, root, "visual-studio-code", {"maxTokens": 96})
+    yield lsp_client, root, text, body_line, statuses
+    await lsp_client.shutdown_session()
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_indexing_reports_progress_and_status(vscode):
+    client, _, _, _, statuses = vscode
+    assert statuses[0]["state"] == "indexing" and statuses[-1]["state"] == "ready", statuses
+    assert "files" in statuses[-1]["message"]
+    reports = [r for token_reports in client.progress_reports.values() for r in token_reports]
+    kinds = [r.kind for r in reports]
+    assert kinds[0] == "begin" and kinds[-1] == "end" and "report" in kinds, kinds
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_completion_at_a_function_body_ends_at_the_block_end(vscode):
+    client, root, text, body_line, _ = vscode
+    uri = open_file(client, root, text)
+    result = await request(client, uri, body_line, 8)
+    assert result is not None and result.items, "no completion at the start of a function body"
+    completion = result.items[0].insert_text
+    lines = completion.splitlines()
+    assert lines and lines[0].strip(), completion
+    # it ends at the block end: no line leaves the method's body (8 spaces) ...
+    assert all(not line.strip() or len(line) - len(line.lstrip()) >= 8 for line in lines[1:]), completion
+    # ... and the method's real body (in the vendored copy) is what comes out
+    assert "raw_decode" in completion, completion
+    assert result.items[0].command.command == "codespec.accepted"
+    await client.workspace_execute_command_async(types.ExecuteCommandParams(command="codespec.accepted"))
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_newer_request_cancels_the_older_one(vscode):
+    client, root, text, body_line, _ = vscode
+    edited = text.replace("        \n", "        obj, end = \n", 1)
+    uri = (root / CUT_FILE).as_uri()
+    client.text_document_did_change(types.DidChangeTextDocumentParams(
+        text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+        content_changes=[types.TextDocumentContentChangeWholeDocument(text=edited)]))
+    older = request(client, uri, body_line, 19)
+    await asyncio.sleep(0.01)
+    newer = request(client, uri, body_line, 19)
+    outcome = (await asyncio.gather(older, return_exceptions=True))[0]
+    assert isinstance(outcome, Exception) or outcome is None, outcome  # superseded
+    result = await newer
+    assert result is not None and result.items and result.items[0].insert_text.strip()
+
+
+@pytest_lsp.fixture(scope="module", config=ClientServerConfig(server_command=SERVER))
+async def neovim(lsp_client: LanguageClient, tmp_path_factory):
+    root, text, body_line = make_repo(tmp_path_factory.mktemp("neovim"))
+    options = {"maxTokens": "lots", "debounceMs": -1, "indexWorkspace": False, "multiline": False}
+    await start(lsp_client, root, "neovim", options)
+    yield lsp_client, root, text, body_line, [m.message for m in lsp_client.messages]
+    await lsp_client.shutdown_session()
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_bad_configuration_is_reported_and_defaults_serve(neovim):
+    client, root, text, body_line, messages = neovim
+    assert any("maxTokens" in m for m in messages) and any("debounceMs" in m for m in messages), messages
+    uri = open_file(client, root, text)
+    result = await request(client, uri, body_line, 8)
+    assert result is not None and result.items
+    assert "\n" not in result.items[0].insert_text  # multiline off: one line
+    signature = text[: text.index("    def decode(self")].count("\n")
+    assert (await request(client, uri, signature, 10)) is None  # "de|code": mid-word, nothing
