@@ -25,7 +25,7 @@ BODY = "def add(a, b):\n    \"\"\"Sum.\"\"\"\n    \n\ndef sub(a, b):\n    return
     ("# a comment that says:", 22, "python", Mode.SINGLE),  # ends with ':' but is a comment
     ("s = 'key: {'", 11, "python", Mode.SINGLE),  # inside a string
     ("function f() {", 14, "javascript", Mode.MULTI),
-    ("const s = `a {", 14, "typescript", Mode.SINGLE),  # inside a template string
+    ("const s = `a {`;", 14, "typescript", Mode.SINGLE),  # inside a template string
     ("plain text:", 11, "plaintext", Mode.MULTI),  # no grammar: indentation rules only
 ])
 def test_classify(text, cursor, language, mode):

@@ -7,7 +7,7 @@ import { LanguageClient, LanguageClientOptions, ServerOptions, State } from "vsc
 const SECTION = "codespec";
 let client: LanguageClient | undefined;
 let statusItem: vscode.StatusBarItem;
-let output: vscode.OutputChannel;
+let output: vscode.LogOutputChannel;
 
 interface Status {
   state: "busy" | "indexing" | "ready" | "error";
@@ -77,7 +77,7 @@ async function start(context: vscode.ExtensionContext): Promise<void> {
 }
 
 export async function activate(context: vscode.ExtensionContext): Promise<void> {
-  output = vscode.window.createOutputChannel("codespec");
+  output = vscode.window.createOutputChannel("codespec", { log: true });
   statusItem = vscode.window.createStatusBarItem(vscode.StatusBarAlignment.Right, 100);
   statusItem.command = "codespec.showOutput";
   context.subscriptions.push(
