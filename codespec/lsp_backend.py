@@ -41,6 +41,7 @@ class InProcessBackend:
         self.engine.calibrate()
         self.scheduler = Scheduler(self.engine, settings.max_active_requests, settings.max_waiting_requests)
         self.acceptance: Counter[str] = Counter()
+        self.root: Path | None = None  # the indexed workspace folder
 
     def prompt_ids(self, request: FimRequest) -> list[int]:
         prefix = encode(self.tokenizer, request.prefix)[-request.prefix_tokens :]
@@ -90,15 +91,36 @@ class InProcessBackend:
             report = await asyncio.to_thread(build_repository_index, root, self.tokenizer, out, progress=False,
                                              on_file=on_file)
             self.index.static = SuffixIndex.load(out, tokenizer=fingerprint).static
+            self.root = root
             summaries.append(f"{root.name}: {report.files} files, {report.tokens} tokens")
             break  # one static index: the first folder (others still get open-buffer drafts)
         return "; ".join(summaries) or "no workspace folder"
 
     def update_document(self, path: str, text: str, saved: bool = False) -> None:
+        """The buffer replaces its file in the index at once (dynamic side); a save also
+        rebuilds the static index in the background, incrementally (only changed files
+        are tokenized again)."""
+
         def update() -> None:
             self.index.update_file(path, encode_texts(self.tokenizer, [text])[0])
 
         threading.Thread(target=update, daemon=True).start()  # tokenizing a big file takes a while
+        if saved and self.root is not None:
+            self._rebuild(self.root)
+
+    def _rebuild(self, root: Path) -> None:
+        from codespec.indexing import build_repository_index, default_index_path, tokenizer_fingerprint
+
+        out = default_index_path(self.settings.cache_dir, root)
+
+        def build() -> Any:
+            build_repository_index(root, self.tokenizer, out, progress=False)
+            return SuffixIndex.load(out, tokenizer=tokenizer_fingerprint(self.tokenizer)).static
+
+        try:
+            self.index.rebuild_in_background(build)
+        except RuntimeError:
+            pass  # one is running; the open buffer's copy keeps drafts current meanwhile
 
     def record_acceptance(self, accepted: bool) -> None:
         self.acceptance["accepted" if accepted else "shown"] += 1

@@ -6,7 +6,9 @@
 
 A request flows: the cursor's context is classified (`syntax.classify`: nothing
 mid-word, one line, or a block); the forwarding cache answers when the user typed
-along the completion shown last; otherwise, after a short debounce, the backend
+along the completion shown last (or asks again where it was shown, or where an accepted
+completion ends: that one is computed ahead, right after the accept); otherwise, after
+a short debounce, the backend
 generates, and `syntax.BlockEnd` stops it where the block ends. The latest request per
 document wins: a newer request (or `$/cancelRequest`) cancels the older one's
 generation. The workspace is indexed in the background on `initialized`, reported with
@@ -55,6 +57,7 @@ class CodespecServer(LanguageServer):
         self.options = LspOptions()
         self.in_flight: dict[str, asyncio.Task[Any]] = {}  # uri -> the generation running for it
         self.shown: dict[str, Shown] = {}
+        self.ahead: dict[str, asyncio.Future[None]] = {}  # uri -> the completion computed after an accept
         self.roots: list[Path] = []
 
     # -- helpers ---------------------------------------------------------------------
@@ -130,6 +133,10 @@ def build_server(make_backend: Callable[[], CompletionBackend]) -> CodespecServe
     def accepted(ls: CodespecServer, *args: Any) -> None:
         if ls.backend is not None:
             ls.backend.record_acceptance(True)
+        arguments = args[0] if len(args) == 1 and isinstance(args[0], (list, tuple)) else args
+        if len(arguments) == 2 and all(isinstance(a, str) for a in arguments):
+            uri, accepted_prefix = arguments
+            ls.ahead[uri] = asyncio.ensure_future(complete_ahead(ls, uri, accepted_prefix))
 
     @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
     async def inline_completion(ls: CodespecServer,
@@ -176,16 +183,45 @@ async def complete(ls: CodespecServer, params: types.InlineCompletionParams) -> 
     offset = doc.offset_at_position(params.position)
     if "\r\n" in doc.source:
         offset -= doc.source[:offset].count("\r\n")
-    mode = classify(text, offset, doc.language_id or "")
+    ahead = ls.ahead.pop(uri, None)
+    if ahead is not None and text[:offset] == getattr(ahead, "prefix", None):
+        await asyncio.shield(ahead)  # computed since the accept: finish it rather than start over
+    cached = forward(ls.shown.get(uri), text[:offset])
+    if cached is not None:
+        return _items(params.position, cached, uri, text[:offset])
+    completion = await generate(ls, uri, text, offset, doc.language_id or "")
+    return None if completion is None else _items(params.position, completion, uri, text[:offset])
+
+
+async def complete_ahead(ls: CodespecServer, uri: str, prefix: str) -> None:
+    """After an accept, compute the next completion at the end of the accepted text, so
+    that the editor's next request finds it in the cache."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.prefix = prefix  # type: ignore[attr-defined]
+    for _ in range(50):  # the accepted text reaches the server as a didChange soon after
+        text = ls.workspace.get_text_document(uri).source.replace("\r\n", "\n")
+        if text.startswith(prefix):
+            break
+        await asyncio.sleep(0.02)
+    else:
+        return
+    try:
+        await generate(ls, uri, text, len(prefix), ls.workspace.get_text_document(uri).language_id or "")
+    except (asyncio.CancelledError, Exception):
+        log.debug("completion ahead dropped", exc_info=True)
+
+
+async def generate(ls: CodespecServer, uri: str, text: str, offset: int, language_id: str) -> str | None:
+    """Generate a completion at `offset` (cancelling the document's older one), cut at
+    the block end; cached in `ls.shown` for the forwarding cache."""
+    assert ls.backend is not None
+    mode = classify(text, offset, language_id)
     if mode is Mode.MULTI and not ls.options.multiline:
         mode = Mode.SINGLE
     if mode is Mode.NONE:
         return None
     prefix, suffix = text[:offset], text[offset:]
-    cached = forward(ls.shown.get(uri), prefix)
-    if cached is not None:
-        return _items(params.position, cached)
-
     previous = ls.in_flight.pop(uri, None)
     if previous is not None:
         previous.cancel()  # the latest request per document wins
@@ -195,7 +231,7 @@ async def complete(ls: CodespecServer, params: types.InlineCompletionParams) -> 
     try:
         await asyncio.sleep(ls.options.debounce_ms / 1000)  # a keystroke storm cancels here
         ls.status("busy")
-        block = BlockEnd(mode, block_indent(text, offset), doc.language_id or "")
+        block = BlockEnd(mode, block_indent(text, offset), language_id)
         opts = ls.options
         request = FimRequest(
             prefix[-opts.prefix_tokens * CHARS_PER_TOKEN :], suffix[: opts.suffix_tokens * CHARS_PER_TOKEN],
@@ -211,7 +247,7 @@ async def complete(ls: CodespecServer, params: types.InlineCompletionParams) -> 
         return None
     ls.shown[uri] = Shown(prefix, completion)
     ls.backend.record_acceptance(False)
-    return _items(params.position, completion)
+    return completion
 
 
 def forward(shown: Shown | None, prefix: str) -> str | None:
@@ -223,15 +259,16 @@ def forward(shown: Shown | None, prefix: str) -> str | None:
     if shown is None or not prefix.startswith(shown.prefix):
         return None
     typed = prefix[len(shown.prefix) :]
-    if not typed or not shown.text.startswith(typed) or len(typed) >= len(shown.text.rstrip()):
+    if not shown.text.startswith(typed) or len(typed) >= len(shown.text.rstrip()):
         return None
     return shown.text[len(typed) :]
 
 
-def _items(position: types.Position, text: str) -> types.InlineCompletionList:
+def _items(position: types.Position, text: str, uri: str, prefix: str) -> types.InlineCompletionList:
+    # the command tells the server what the document starts with once the item is accepted
     item = types.InlineCompletionItem(
         insert_text=text,
         range=types.Range(start=position, end=position),
-        command=types.Command(title="codespec: accepted", command=ACCEPT_COMMAND),
+        command=types.Command(title="codespec: accepted", command=ACCEPT_COMMAND, arguments=[uri, prefix + text]),
     )
     return types.InlineCompletionList(items=[item])

@@ -97,8 +97,16 @@ async def test_completion_at_a_function_body_ends_at_the_block_end(vscode):
     # last statement is complete (the model went on to the next method, which was cut)
     assert all(not line.strip() or len(line) - len(line.lstrip()) >= 8 for line in lines[1:]), completion
     ast.parse("class C:\n    def decode(self, s, _w=None):\n        " + completion)  # complete code
-    assert result.items[0].command.command == "codespec.accepted"
-    await client.workspace_execute_command_async(types.ExecuteCommandParams(command="codespec.accepted"))
+    command = result.items[0].command
+    assert command.command == "codespec.accepted" and command.arguments[1].endswith(completion)
+    # the editor accepts: the text changes and the command runs (the server computes the next one ahead)
+    accepted = command.arguments[1] + text[len(command.arguments[1]) - len(completion):]
+    client.text_document_did_change(types.DidChangeTextDocumentParams(
+        text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+        content_changes=[types.TextDocumentContentChangeWholeDocument(text=accepted)]))
+    await client.workspace_execute_command_async(types.ExecuteCommandParams(command=command.command,
+                                                                            arguments=command.arguments))
+    client.text_document_did_save(types.DidSaveTextDocumentParams(text_document=types.TextDocumentIdentifier(uri)))
 
 
 @pytest.mark.asyncio(loop_scope="module")
@@ -107,7 +115,7 @@ async def test_a_newer_request_cancels_the_older_one(vscode):
     edited = text.replace("        \n", "        obj, end = \n", 1)
     uri = (root / CUT_FILE).as_uri()
     client.text_document_did_change(types.DidChangeTextDocumentParams(
-        text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+        text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=3),
         content_changes=[types.TextDocumentContentChangeWholeDocument(text=edited)]))
     older = asyncio.ensure_future(request(client, uri, body_line, 19))  # sent now
     await asyncio.sleep(0.02)
