@@ -43,5 +43,6 @@ def parse_options(raw: Any) -> tuple[LspOptions, list[str]]:
         kept = {k: v for k, v in raw.items() if k not in bad}
         options = LspOptions.model_validate(kept)
         defaults = options.model_dump(by_alias=True)
-        problems = [f"{e['loc'][0]}: {e['msg']} (kept {defaults.get(str(e['loc'][0]))})" for e in exc.errors() if e["loc"]]
+        problems = [f"{e['loc'][0]}: {e['msg']} (kept {defaults.get(str(e['loc'][0]))})"
+                    for e in exc.errors() if e["loc"]]
         return options, problems

@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from codespec.bench.workloads import Workload
