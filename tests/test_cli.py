@@ -28,6 +28,10 @@ def run(capsys, *argv):
         ("ok", ["generate", "--max-draft-tokens", "-1", "p"], "bad setting max_draft_tokens"),
         ("ok", ["generate", "--model", "/no/such/model", "p"], "no such directory"),
         (None, ["bench", "--workloads", "chat"], "unknown chat"),
+        (None, ["bench", "verify", "--sets", "chat"], "unknown chat"),
+        (None, ["bench", "verify", "--batches", "one"], "not a list of numbers"),
+        (None, ["bench", "verify", "--repeat", "0"], "at least 1"),
+        (None, ["lsp", "--server", "localhost:8000"], "give a URL"),
     ],
 )
 def test_bad_input_is_one_clear_line(tmp_path, monkeypatch, capsys, setup, argv, message):

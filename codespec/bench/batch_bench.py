@@ -5,7 +5,8 @@ Systems, all codespec's verifier on the same model and cache: `none` (speculatio
 controller, up to 16 nodes). Each runs every request set alone (batch 1, one request
 after another) and all at once through the scheduler (batch = the set's size, every
 request submitted together, continuous batching). The KV cache is cleared before every
-run, so no system profits from another's prompts.
+run, so no system profits from another's prompts. With `--repeat N` the systems run N
+times, interleaved, and each is reported by its median run.
 
 Reported per (set, batch, system): aggregate tokens/s (all tokens / wall time of the
 run), the median request's tokens/s (its tokens / its own latency), p50/p95 request
@@ -18,7 +19,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from codespec.bench.workloads import Workload
@@ -57,6 +58,7 @@ class BatchResult:
     committed_in_passes: int
     draft_tokens: int
     identical: bool = True
+    wall_runs: list[float] = field(default_factory=list)  # every repeat's wall time
 
     @property
     def tokens(self) -> int:
@@ -79,6 +81,7 @@ class BatchResult:
             "accepted_tokens_per_pass": round(self.committed_in_passes / max(self.passes, 1), 3),
             "draft_budget_mean": round(self.draft_tokens / max(self.passes, 1), 3),
             "identical_to_none": self.identical,
+            "wall_s_runs": self.wall_runs,
         }
 
 
@@ -140,24 +143,33 @@ def run_verify_bench(
     engines: Callable[[str, Policy], Engine],
     request_sets: dict[str, list[Workload]],
     batches: Sequence[int],
+    repeat: int = 1,
     on_result: Callable[[BatchResult], None] | None = None,
 ) -> list[BatchResult]:
+    """Every system on every set and batch size, `repeat` times, interleaved (all
+    systems once, then again) so that a noisy neighbour hits all alike; each system is
+    reported by its median-wall run, with every run's wall time in `wall_runs`."""
     results: list[BatchResult] = []
     for set_name, requests in request_sets.items():
         for batch in batches:
-            by_system: list[BatchResult] = []
-            for policy in policies():
-                engine = engines(set_name, policy)
-                engine.calibrate()  # start-up work, not part of any request
-                engine.cache.clear()
-                runner = run_alone if batch == 1 else run_together
-                outs, wall, latencies = runner(engine, requests, policy.speculate)
-                result = _collect(set_name, batch, policy.name, outs, wall, latencies)
-                result.identical = not by_system or result.outputs == by_system[0].outputs
-                by_system.append(result)
-                if on_result:
-                    on_result(result)
-            results.extend(by_system)
+            runs: dict[str, list[BatchResult]] = {p.name: [] for p in policies()}
+            for _ in range(repeat):
+                for policy in policies():
+                    engine = engines(set_name, policy)
+                    engine.calibrate()  # start-up work, not part of any request
+                    engine.cache.clear()
+                    runner = run_alone if batch == 1 else run_together
+                    outs, wall, latencies = runner(engine, requests, policy.speculate)
+                    result = _collect(set_name, batch, policy.name, outs, wall, latencies)
+                    runs[policy.name].append(result)
+                    if on_result:
+                        on_result(result)
+            reference = runs["none"][0].outputs
+            for name, done in runs.items():
+                median = sorted(done, key=lambda r: r.wall_s)[len(done) // 2]
+                median.identical = all(r.outputs == reference for r in done)
+                median.wall_runs = [round(r.wall_s, 3) for r in done]
+                results.append(median)
     return results
 
 

@@ -32,7 +32,8 @@ def register(commands: Any) -> None:
     p.add_argument("--workloads", default="edit,fim", help="comma-separated: edit, fim (default both)")
     p.add_argument("--systems", default=",".join(SYSTEM_NAMES),
                    help=f"comma-separated, plain always included: {', '.join(SYSTEM_NAMES)}")
-    p.add_argument("--repeat", type=int, default=3, metavar="N", help="timed runs per system (median; 3)")
+    p.add_argument("--repeat", type=int, default=None, metavar="N",
+                   help="timed runs per system, reported by the median (generate: 3, verify: 1)")
     p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
                    help="override each workload's token limit (edit 160, fim 128)")
     add_settings_arguments(p, MODEL_FIELDS + SPECULATION_FIELDS)
@@ -84,6 +85,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
     workload_names = _pick(args.workloads, WORKLOADS, "workloads")
     system_names = _pick(args.systems, SYSTEM_NAMES, "systems")
+    args.repeat = 3 if args.repeat is None else args.repeat
     if args.repeat < 1:
         raise CodespecError(f"--repeat must be at least 1, got {args.repeat}")
     settings = settings_from_args(args)
@@ -140,6 +142,9 @@ def run_verify(args: argparse.Namespace) -> int:
     from codespec.proposer import IndexedProposer, PromptLookupProposer
 
     set_names = _pick(args.sets, ("edit", "fim-repo"), "sets")
+    args.repeat = 1 if args.repeat is None else args.repeat
+    if args.repeat < 1:
+        raise CodespecError(f"--repeat must be at least 1, got {args.repeat}")
     try:
         batches = sorted({int(b) for b in args.batches.split(",") if b.strip()})
     except ValueError:
@@ -181,10 +186,11 @@ def run_verify(args: argparse.Namespace) -> int:
         print(f"  {j['set']} batch {j['batch']} {j['system']}: {j['tokens']} tokens in {j['wall_s']:.1f} s, "
               f"{j['accepted_tokens_per_pass']:.2f} tokens/pass", file=sys.stderr, flush=True)
 
-    results = run_verify_bench(engine_for, request_sets, batches, on_result=progress)
+    results = run_verify_bench(engine_for, request_sets, batches, repeat=args.repeat, on_result=progress)
     checks = bar_checks(results)
     print(f"\nmodel {loaded.name} ({loaded.info()['dtype']}, {loaded.device}), {torch.get_num_threads()} threads, "
-          f"{platform.processor() or platform.machine()}; {count} requests per set, up to {new_tokens} new tokens each")
+          f"{platform.processor() or platform.machine()}; {count} requests per set, up to {new_tokens} new tokens each, "
+          f"median of {args.repeat}")
     print(format_verify_table(results))
     for name, ok in checks.items():
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
