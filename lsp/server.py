@@ -222,6 +222,7 @@ async def generate(ls: CodespecServer, uri: str, text: str, offset: int, languag
     if mode is Mode.NONE:
         return None
     prefix, suffix = text[:offset], text[offset:]
+    failure = ""
     previous = ls.in_flight.pop(uri, None)
     if previous is not None:
         previous.cancel()  # the latest request per document wins
@@ -237,12 +238,17 @@ async def generate(ls: CodespecServer, uri: str, text: str, offset: int, languag
             prefix[-opts.prefix_tokens * CHARS_PER_TOKEN :], suffix[: opts.suffix_tokens * CHARS_PER_TOKEN],
             opts.max_tokens, ls.relative_path(uri), opts.prefix_tokens, opts.suffix_tokens,
         )
-        raw = await ls.backend.complete(request, on_text=lambda so_far: not block.cut(so_far)[1])
+        try:
+            raw = await ls.backend.complete(request, on_text=lambda so_far: not block.cut(so_far)[1])
+        except Exception as exc:  # the backend failed (server gone, prompt refused): say so, serve on
+            log.warning("completion failed: %s", exc)
+            failure = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return None
         completion = block.finish(raw)
     finally:
         if ls.in_flight.get(uri) is task:
             del ls.in_flight[uri]
-        ls.status("ready")
+        ls.status("error" if failure else "ready", failure)
     if not completion.strip() or repeats_following(completion, text, offset):
         return None
     ls.shown[uri] = Shown(prefix, completion)
