@@ -38,8 +38,8 @@ from codespec.index import Draft
 DraftPolicy = Literal["chain", "tree", "goodput"]
 POLICIES: tuple[str, ...] = ("chain", "tree", "goodput")
 PRIOR_ACCEPTED, PRIOR_TRIALS = 2.0, 3.0  # a new request starts at rate 2/3
-DECAY = 0.8  # weight of the past in the acceptance rate: adapts within a few passes
-COST_EMA = 0.3  # weight of a new timing in the cost model
+DECAY = 0.8  # a request's own record: weight of the past per observation (adapts fast)
+ENGINE_DECAY = 0.995  # every request's record: weight of the past per observation
 
 
 MATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # upper bounds of match-length buckets
@@ -57,7 +57,7 @@ class AcceptanceTable:
 
     accepted: list[float] = field(default_factory=lambda: [PRIOR_ACCEPTED] * (len(MATCH_BUCKETS) + 1))
     trials: list[float] = field(default_factory=lambda: [PRIOR_TRIALS] * (len(MATCH_BUCKETS) + 1))
-    decay: float = 0.995
+    decay: float = ENGINE_DECAY
 
     def rate(self, bucket: int) -> float:
         return self.accepted[bucket] / self.trials[bucket] if self.trials[bucket] else 0.0

@@ -89,7 +89,7 @@ class Engine:
     ) -> None:
         if draft_policy not in controller.POLICIES:
             raise ValueError(f"draft_policy must be one of {controller.POLICIES}, got {draft_policy!r}")
-        self.max_context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+        self.max_context = max_context(model.config)
         if cache is None:
             param = next(model.parameters())
             cache = SlotCache(model.config, slots=slots, slot_tokens=min(self.max_context, 4096), dtype=param.dtype,
@@ -112,9 +112,9 @@ class Engine:
         match = dict(min_match_tokens=settings.min_match_tokens, max_match_tokens=settings.max_match_tokens)
         proposer: Proposer = PromptLookupProposer(**match) if index is None else IndexedProposer(index, **match)
         param = next(model.parameters())
-        max_context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         cache = SlotCache.within_budget(
-            model.config, budget_mb=settings.kv_cache_mb, slot_tokens=min(settings.kv_slot_tokens, max_context),
+            model.config, budget_mb=settings.kv_cache_mb,
+            slot_tokens=min(settings.kv_slot_tokens, max_context(model.config)),
             dtype=param.dtype, device=param.device, chunk=settings.prefill_chunk_tokens,
         )
         return cls(model, tokenizer, proposer, max_draft_tokens=settings.max_draft_tokens,
@@ -328,6 +328,11 @@ def _acceptance(config: GenerationConfig, device: Any) -> Accept | None:
         return None  # greedy: accepted for the whole batch at once
     params = SamplingParams(config.temperature, config.top_p, config.top_k)
     return functools.partial(sample_accept, params=params, generator=new_generator(device, config.seed))
+
+
+def max_context(config: Any) -> int:
+    """The model's context length (unbounded when the config does not say)."""
+    return int(getattr(config, "max_position_embeddings", 0) or 1 << 30)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:

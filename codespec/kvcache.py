@@ -36,7 +36,7 @@ DEFAULT_CHUNK = 128  # prefill chunk: 1k-token prefills cost ~1.12x one shot her
 
 
 class CacheFull(CodespecError):
-    """No KV slot is free (the scheduler waits for one) or a prompt cannot fit in one."""
+    """No KV slot is free (the scheduler admits no more requests than slots)."""
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import Any
 from codespec.engine import GenerationConfig
 from codespec.index import SuffixIndex
 from codespec.lsp.backend import FimRequest, OnText, Progress
-from codespec.prompts import encode, encode_texts, fim_ids
+from codespec.prompts import encode_texts, fim_ids
 from codespec.scheduler import Scheduler
 from codespec.settings import Settings
 
@@ -44,11 +44,8 @@ class InProcessBackend:
         self.root: Path | None = None  # the indexed workspace folder
 
     def prompt_ids(self, request: FimRequest) -> list[int]:
-        prefix = encode(self.tokenizer, request.prefix)[-request.prefix_tokens :]
-        suffix = encode(self.tokenizer, request.suffix)[: request.suffix_tokens]
-        text_prefix = self.tokenizer.decode(prefix) if prefix else ""
-        text_suffix = self.tokenizer.decode(suffix) if suffix else ""
-        return fim_ids(self.tokenizer, text_prefix, text_suffix)
+        return fim_ids(self.tokenizer, request.prefix, request.suffix, prefix_tokens=request.prefix_tokens,
+                       suffix_tokens=request.suffix_tokens)
 
     async def complete(self, request: FimRequest, on_text: OnText) -> str:
         loop = asyncio.get_running_loop()

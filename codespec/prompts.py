@@ -50,9 +50,13 @@ def fim_ids(
     middle: str = "",
     extra: Sequence[ExtraFile] = (),
     repo_name: str = "",
+    prefix_tokens: int | None = None,
+    suffix_tokens: int | None = None,
 ) -> list[int]:
     """A fill-in-the-middle prompt; with `extra`, the repository-level layout
-    (<|repo_name|>, then <|file_sep|>name + text per file) when the tokenizer has it."""
+    (<|repo_name|>, then <|file_sep|>name + text per file) when the tokenizer has it.
+    `prefix_tokens` / `suffix_tokens` keep only the prefix's last and the suffix's first
+    tokens (an editor's budget around the cursor)."""
     fim = [special_id(tokenizer, t) for t in (FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE)]
     if any(t is None for t in fim):
         raise RequestError("this model's tokenizer has no fill-in-the-middle tokens; use a prompt without a suffix")
@@ -64,7 +68,12 @@ def fim_ids(
             ids += [sep, *encode(tokenizer, f"{chunk.filename}\n{chunk.text}")]
     elif extra:  # no repository tokens: the extra files become a commented preamble
         prefix = "".join(f"# {c.filename}\n{c.text}\n" for c in extra) + prefix
-    ids += [fim[0], *encode(tokenizer, prefix), fim[1], *encode(tokenizer, suffix), fim[2]]
+    before, after = encode(tokenizer, prefix), encode(tokenizer, suffix)
+    if prefix_tokens is not None:
+        before = before[len(before) - min(prefix_tokens, len(before)) :]
+    if suffix_tokens is not None:
+        after = after[:suffix_tokens]
+    ids += [fim[0], *before, fim[1], *after, fim[2]]
     return ids + encode(tokenizer, middle)
 
 

@@ -39,7 +39,7 @@ class CompletionBackend(Protocol):
         """An open buffer changed (or was saved): keep the index's copy current."""
 
     def record_acceptance(self, accepted: bool) -> None:
-        """Telemetry: a shown completion was accepted (or not)."""
+        """Telemetry: a completion was shown (False) or accepted (True)."""
 
     def close(self) -> Awaitable[None] | None:
         """Release the model or the connection."""

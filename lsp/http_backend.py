@@ -52,10 +52,10 @@ class HttpBackend:
             text = ""
             with self._request("/infill", body) as response:
                 for raw in response:
+                    if stop.is_set():
+                        break
                     line = raw.decode("utf-8").strip()
-                    if not line.startswith("data:") or stop.is_set():
-                        if stop.is_set():
-                            break
+                    if not line.startswith("data:"):
                         continue
                     payload = line[5:].strip()
                     if payload == "[DONE]":

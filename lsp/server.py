@@ -57,7 +57,8 @@ class CodespecServer(LanguageServer):
         self.options = LspOptions()
         self.in_flight: dict[str, asyncio.Task[Any]] = {}  # uri -> the generation running for it
         self.shown: dict[str, Shown] = {}
-        self.ahead: dict[str, asyncio.Future[None]] = {}  # uri -> the completion computed after an accept
+        # uri -> (the text before the cursor once the accepted item is in, the completion computed there)
+        self.ahead: dict[str, tuple[str, asyncio.Future[None]]] = {}
         self.roots: list[Path] = []
 
     # -- helpers ---------------------------------------------------------------------
@@ -136,7 +137,10 @@ def build_server(make_backend: Callable[[], CompletionBackend]) -> CodespecServe
         arguments = args[0] if len(args) == 1 and isinstance(args[0], (list, tuple)) else args
         if len(arguments) == 2 and all(isinstance(a, str) for a in arguments):
             uri, accepted_prefix = arguments
-            ls.ahead[uri] = asyncio.ensure_future(complete_ahead(ls, uri, accepted_prefix))
+            previous = ls.ahead.pop(uri, None)
+            if previous is not None:
+                previous[1].cancel()
+            ls.ahead[uri] = (accepted_prefix, asyncio.ensure_future(complete_ahead(ls, uri, accepted_prefix)))
 
     @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
     async def inline_completion(ls: CodespecServer,
@@ -184,8 +188,11 @@ async def complete(ls: CodespecServer, params: types.InlineCompletionParams) -> 
     if "\r\n" in doc.source:
         offset -= doc.source[:offset].count("\r\n")
     ahead = ls.ahead.pop(uri, None)
-    if ahead is not None and text[:offset] == getattr(ahead, "prefix", None):
-        await asyncio.shield(ahead)  # computed since the accept: finish it rather than start over
+    if ahead is not None:
+        if ahead[0] == text[:offset]:
+            await asyncio.shield(ahead[1])  # computed since the accept: finish it rather than start over
+        else:
+            ahead[1].cancel()  # the user went elsewhere: it must not cancel this request later
     cached = forward(ls.shown.get(uri), text[:offset])
     if cached is not None:
         return _items(params.position, cached, uri, text[:offset])
@@ -196,18 +203,16 @@ async def complete(ls: CodespecServer, params: types.InlineCompletionParams) -> 
 async def complete_ahead(ls: CodespecServer, uri: str, prefix: str) -> None:
     """After an accept, compute the next completion at the end of the accepted text, so
     that the editor's next request finds it in the cache."""
-    task = asyncio.current_task()
-    if task is not None:
-        task.prefix = prefix  # type: ignore[attr-defined]
     for _ in range(50):  # the accepted text reaches the server as a didChange soon after
-        text = ls.workspace.get_text_document(uri).source.replace("\r\n", "\n")
+        doc = ls.workspace.get_text_document(uri)
+        text = doc.source.replace("\r\n", "\n")
         if text.startswith(prefix):
             break
         await asyncio.sleep(0.02)
     else:
         return
     try:
-        await generate(ls, uri, text, len(prefix), ls.workspace.get_text_document(uri).language_id or "")
+        await generate(ls, uri, text, len(prefix), doc.language_id or "")
     except (asyncio.CancelledError, Exception):
         log.debug("completion ahead dropped", exc_info=True)
 

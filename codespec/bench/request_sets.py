@@ -18,7 +18,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from codespec.bench.workloads import FIM_PREFIX_TOKENS, FIM_SUFFIX_TOKENS, Workload, _fim_ids, _keep_head, _keep_tail
+from codespec.bench.workloads import FIM_PREFIX_TOKENS, FIM_SUFFIX_TOKENS, Workload, _keep_head, _keep_tail
+from codespec.prompts import fim_ids
 
 EDIT_MODULES = ("textwrap", "shlex", "json.decoder", "json.encoder", "csv", "difflib", "calendar", "string",
                 "configparser", "fractions")
@@ -91,7 +92,7 @@ def repo_fim_set(tokenizer: Any, count: int = 8, max_new_tokens: int = 96) -> tu
             prefix = _keep_tail(tokenizer, "".join(lines_list[:cut_line]), FIM_PREFIX_TOKENS)
             suffix = _keep_head(tokenizer, "".join(lines_list[(fn.end_lineno or cut_line):]), FIM_SUFFIX_TOKENS)
             out.append(Workload(f"fim:{path.stem}.{fn.name}", f"complete {REPO_PACKAGE}/{path.name} {fn.name}",
-                                tuple(_fim_ids(tokenizer, prefix, suffix)), max_new_tokens))
+                                tuple(fim_ids(tokenizer, prefix, suffix)), max_new_tokens))
             break
     excluded = {p.resolve() for p in targets}
     files = {str(p.relative_to(root.parent)): p.read_text(encoding="utf-8")

@@ -13,6 +13,8 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from codespec.prompts import fim_ids
+
 FIM_PREFIX_TOKENS = 1024  # editor-like budget: ~1k tokens before the cursor,
 FIM_SUFFIX_TOKENS = 256  # a quarter of that after it
 
@@ -49,16 +51,8 @@ def fim_workload(tokenizer: Any, max_new_tokens: int = 128) -> Workload:
     cut = module_source.index(function_source) + body_start
     prefix = _keep_tail(tokenizer, module_source[:cut], FIM_PREFIX_TOKENS)
     suffix = _keep_head(tokenizer, module_source[cut:].split("\n\n\n", 1)[-1], FIM_SUFFIX_TOKENS)
-    ids = _fim_ids(tokenizer, prefix, suffix)
+    ids = fim_ids(tokenizer, prefix, suffix)
     return Workload("fim", "complete the body of textwrap.dedent in textwrap.py (FIM)", tuple(ids), max_new_tokens)
-
-
-def _fim_ids(tokenizer: Any, prefix: str, suffix: str) -> list[int]:
-    """Qwen2.5-Coder's FIM layout, with the tokenizer's own special tokens."""
-    special: Callable[[str], int] = tokenizer.convert_tokens_to_ids
-    encode: Callable[[str], list[int]] = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]
-    return [special("<|fim_prefix|>"), *encode(prefix), special("<|fim_suffix|>"), *encode(suffix),
-            special("<|fim_middle|>")]
 
 
 def _keep_tail(tokenizer: Any, text: str, budget: int) -> str:
