@@ -122,7 +122,10 @@ def uses_sliding_window(config: Any) -> bool:
 
 def install(model: Any) -> None:
     """Route `model`'s attention through the slots (every pass then needs a Plan)."""
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
 
     AttentionInterface.register(NAME, slot_attention)
+    # forwards the verifier does not drive (model.generate) fall back to sdpa: give them sdpa's masks
+    AttentionMaskInterface.register(NAME, sdpa_mask)
     model.set_attn_implementation(NAME)

@@ -58,6 +58,19 @@ def test_plain_engine_equals_hf_greedy_generate():
         assert engine.generate(prompt, GenerationConfig(max_new_tokens=24, speculate=False)).token_ids == hf
 
 
+def test_hf_generate_on_a_model_the_engine_installed_into_keeps_its_masks():
+    """The engine routes attention through its slots; forwards it does not drive (the HF
+    prompt-lookup baseline of `codespec bench`) must still get correct causal masks,
+    also for multi-token steps on top of a cache."""
+    model = tiny_model("qwen2", vocab_size=16, seed=3)
+    engine = Engine(model, None, eos_token_ids=[])
+    for prompt in prompts(16, 4, seed=16, repeat=True):
+        ids = torch.tensor([prompt])
+        hf = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, min_new_tokens=24,
+                            do_sample=False, pad_token_id=0, prompt_lookup_num_tokens=4)[0, len(prompt):].tolist()
+        assert engine.generate(prompt, GenerationConfig(max_new_tokens=24, speculate=False)).token_ids == hf
+
+
 def test_eos_and_limit_stop_at_the_same_token_with_and_without_speculation():
     model = tiny_model("qwen2", vocab_size=16, seed=3)
     probe = Engine(model, None, PromptLookupProposer(min_match_tokens=1), eos_token_ids=[])

@@ -77,6 +77,7 @@ System = Callable[[Workload], Sample]
 
 def codespec_system(engine: Engine, speculate: bool) -> System:
     def run(workload: Workload) -> Sample:
+        engine.cache.clear()  # no prompt prefix from an earlier run: peers have no such cache
         out = engine.generate(workload.prompt_ids, GenerationConfig(workload.max_new_tokens, speculate=speculate))
         s = out.stats
         return Sample(tuple(out.token_ids), s.wall_s, s.ttft_s, s.accepted_tokens_per_pass, s.verify_passes)
