@@ -16,8 +16,8 @@ probability that it ends up on the accepted path. That probability is the produc
 along its path of per-node estimates: the draft's count ratio (how often the source
 continued that way) times the request's calibrated acceptance rate at that node's
 match length (`Acceptance`: the request's own record, with every request's as prior).
-`cost(rows)` is the measured time of a verify pass over that many packed rows
-(`CostModel`: measured at start-up, updated after every pass). Since a node's
+`cost(rows)` is the measured time of a verify pass over that many packed rows and
+the keys they attend to (`CostModel`: measured at start-up, updated after every pass). Since a node's
 probability never exceeds its parent's, taking nodes in decreasing probability keeps
 every chosen set a tree; the controller takes the prefix of that order with the best G.
 
@@ -91,53 +91,91 @@ class Acceptance:
         self.own.observe(b, accepted)
 
 
+KEY_SCALE = 1000.0  # attended keys enter the fit in thousands (keeps the normal equations well scaled)
+
+
 @dataclass
 class CostModel:
-    """Seconds per verify pass as a line in the packed row count, `a + b * rows`, fitted
-    by least squares with forgetting (newer timings weigh more), so it follows the
-    machine's load and the requests' context lengths. On the default model (2 cores,
-    bf16) a pass costs ~50 ms + ~2.7 ms per row from 2 to 128 rows; single timings
-    scatter by +-15%, so a fitted line decides better than interpolated points. One-row
-    passes are padded to two and cost what two cost."""
+    """Seconds per verify pass, `a + b * rows + c * keys`: `rows` packed rows, `keys`
+    the attended keys summed over the rows (each row attends to its request's context
+    and its ancestors). Fitted by least squares with forgetting (newer timings weigh
+    more), so it follows the machine's load. Why two variables: on the default model (2
+    cores, bf16) a row costs ~2 ms in the linear layers plus one attention call per layer
+    that grows with its context (~45 us per layer at 500 keys, ~80 us at 1,200), so a
+    line in rows alone, timed at one context length, misprices requests with longer
+    prompts (issue 4's batch-8 FIM runs: ~1.2k-token prompts, timed at 512). Start-up
+    timing at two context lengths separates the two slopes. Single timings scatter by
+    +-15%, so a fitted model decides better than interpolated points. One-row passes
+    are padded to two and cost what two cost."""
 
     forget: float = 0.98  # weight of the past per new timing
-    _sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # w, x, y, xx, xy
+    _xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])  # sum w x x^T
+    _xy: list[float] = field(default_factory=lambda: [0.0] * 3)  # sum w x y
 
     @classmethod
-    def of(cls, points: dict[int, float]) -> CostModel:
+    def of(cls, points: dict[int, float] | dict[tuple[int, int], float]) -> CostModel:
+        """A model fitted to {rows: seconds} or {(rows, keys): seconds}, without forgetting."""
         model = cls(forget=1.0)
-        for rows, seconds in points.items():
-            model.observe(rows, seconds)
+        for at, seconds in points.items():
+            rows, keys = at if isinstance(at, tuple) else (at, 0)
+            model.observe(rows, seconds, keys)
         model.forget = cls.forget
         return model
 
     @property
     def measured(self) -> bool:
-        return self._sums[0] > 0
+        return self._xx[0][0] > 0
 
-    def observe(self, rows: int, seconds: float) -> None:
-        x = float(max(rows, 2))
-        self._sums = [self.forget * s for s in self._sums]
-        for i, value in enumerate((1.0, x, seconds, x * x, x * seconds)):
-            self._sums[i] += value
+    def observe(self, rows: int, seconds: float, keys: int = 0) -> None:
+        x = (1.0, float(max(rows, 2)), keys / KEY_SCALE)
+        for i in range(3):
+            self._xy[i] = self.forget * self._xy[i] + x[i] * seconds
+            for j in range(3):
+                self._xx[i][j] = self.forget * self._xx[i][j] + x[i] * x[j]
 
-    def line(self) -> tuple[float, float]:
-        w, sx, sy, sxx, sxy = self._sums
-        if w == 0:
-            return 1.0, 0.0  # nothing measured: every pass costs the same
-        spread = w * sxx - sx * sx
-        slope = max((w * sxy - sx * sy) / spread, 0.0) if spread > 1e-9 * w * w else 0.0
-        return (sy - slope * sx) / w, slope
+    def coefficients(self) -> tuple[float, float, float]:
+        """(a, b, c): seconds, seconds per row, seconds per attended key. Slopes are never
+        negative: a variable whose best slope is negative (or that never varied) is
+        dropped and the rest refitted."""
+        if not self.measured:
+            return 1.0, 0.0, 0.0  # nothing measured: every pass costs the same
+        for used in ((0, 1, 2), (0, 1), (0, 2), (0,)):
+            solved = _solve([[self._xx[i][j] for j in used] for i in used], [self._xy[i] for i in used])
+            if solved is None or any(v < 0 for v in solved[1:]):
+                continue
+            full = dict(zip(used, solved))
+            return full.get(0, 0.0), full.get(1, 0.0), full.get(2, 0.0) / KEY_SCALE
+        return self._xy[0] / self._xx[0][0], 0.0, 0.0
 
-    def cost(self, rows: int) -> float:
-        intercept, slope = self.line()
-        return max(intercept + slope * max(rows, 2), 1e-6)
+    def cost(self, rows: int, keys: int = 0) -> float:
+        a, b, c = self.coefficients()
+        return max(a + b * max(rows, 2) + c * keys, 1e-6)
 
-    def measure(self, run_pass: Callable[[int], float], rows: Sequence[int]) -> None:
-        """Time `run_pass(n)` once per row count (after one warm-up pass)."""
-        run_pass(rows[0])
-        for n in rows:
-            self.observe(n, run_pass(n))
+    def measure(self, run_pass: Callable[[int, int], float], rows: Sequence[int], contexts: Sequence[int]) -> None:
+        """Time `run_pass(rows, context)` once per row count and context length (after
+        one warm-up pass); a chain of n rows over a context of L attends to
+        n * (L + 1) + n * (n - 1) / 2 keys."""
+        run_pass(rows[0], contexts[0])
+        for context in contexts:
+            for n in rows:
+                self.observe(n, run_pass(n, context), n * (context + 1) + n * (n - 1) // 2)
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; None when `a` is (nearly) singular."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    scale = max(abs(v) for row in a for v in row) or 1.0
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-9 * scale:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(n):
+            if r != col:
+                f = m[r][col] / m[col][col]
+                m[r] = [x - f * y for x, y in zip(m[r], m[col])]
+    return [m[i][n] / m[i][i] for i in range(n)]
 
 
 def node_probabilities(draft: Draft, rate: Callable[[int], float]) -> list[float]:
@@ -176,8 +214,11 @@ def prune(draft: Draft, keep: set[int]) -> Draft:
     )
 
 
-def choose(drafts: Sequence[Draft], rates: Sequence[Callable[[int], float]], cost: CostModel) -> list[Draft]:
-    """Prune each request's draft to the selection with the best expected goodput."""
+def choose(drafts: Sequence[Draft], rates: Sequence[Callable[[int], float]], cost: CostModel,
+           contexts: Sequence[int] | None = None) -> list[Draft]:
+    """Prune each request's draft to the selection with the best expected goodput;
+    `contexts` are the requests' committed lengths (what each of their rows attends to)."""
+    contexts = list(contexts) if contexts is not None else [0] * len(drafts)
     candidates = []  # (-probability, depth, request, node): parents sort before children
     for request, (draft, rate) in enumerate(zip(drafts, rates)):
         depth: list[int] = []
@@ -186,10 +227,12 @@ def choose(drafts: Sequence[Draft], rates: Sequence[Callable[[int], float]], cos
             candidates.append((-p, depth[node], request, node))
     candidates.sort()
     requests = len(drafts)
-    best_n, best_goodput, expected = 0, requests / cost.cost(requests), float(requests)
-    for n, (neg_p, _, _, _) in enumerate(candidates, start=1):
+    rows, keys = requests, sum(c + 1 for c in contexts)  # every request's pending token
+    best_n, best_goodput, expected = 0, requests / cost.cost(rows, keys), float(requests)
+    for n, (neg_p, node_depth, request, _) in enumerate(candidates, start=1):
         expected -= neg_p
-        goodput = expected / cost.cost(requests + n)
+        rows, keys = rows + 1, keys + contexts[request] + node_depth + 1
+        goodput = expected / cost.cost(rows, keys)
         if goodput > best_goodput:
             best_n, best_goodput = n, goodput
     keep: list[set[int]] = [set() for _ in drafts]

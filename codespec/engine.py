@@ -33,8 +33,8 @@ from codespec.stopping import StopCondition
 from codespec.tree import VerifyTree
 from codespec.verifier import Accept, Item, Verifier, greedy_accept
 
-COST_ROWS = (2, 4, 8, 16, 32, 64, 128)  # verify pass sizes timed when the controller starts
-COST_CONTEXT = 512  # context length those passes attend to
+COST_ROWS = (2, 4, 8, 16, 32, 64)  # verify pass sizes timed when the controller starts,
+COST_CONTEXTS = (512, 2048)  # at these context lengths (two, to tell row cost from key cost)
 
 
 @dataclass(frozen=True)
@@ -172,13 +172,17 @@ class Engine:
     def _verify(self, runs: Sequence[Run], drafts: list[Draft]) -> list[list[int]]:
         if self.draft_policy == "goodput" and any(len(d) for d in drafts):
             self.calibrate()
-            drafts = controller.choose(drafts, [run.acceptance.rate for run in runs], self.cost)
+            contexts = [self.cache.length(run.slot) for run in runs]
+            drafts = controller.choose(drafts, [run.acceptance.rate for run in runs], self.cost, contexts)
         trees = [VerifyTree.build(run.generated[-1], draft) for run, draft in zip(runs, drafts)]
         items = [Item(run.slot, tree, run.accept) for run, tree in zip(runs, trees)]
+        starts = [self.cache.length(run.slot) for run in runs]
         began = time.perf_counter()
         results = self.verifier.verify(items)
+        seconds = time.perf_counter() - began
         rows = sum(len(tree) for tree in trees)
-        self.cost.observe(max(rows, 2), time.perf_counter() - began)
+        keys = sum(len(tree) * (start + 1) + sum(tree.depths) for tree, start in zip(trees, starts))
+        self.cost.observe(max(rows, 2), seconds, keys)
         return [run._after_pass(draft, tree, result) for run, draft, tree, result in zip(runs, drafts, trees, results)]
 
     def calibrate(self) -> None:
@@ -188,18 +192,18 @@ class Engine:
         if self.draft_policy != "goodput" or self.cost.measured or not self.cache.free_slots:
             return
         slot, _ = self.cache.acquire([0])
-        # Passes attend to a context of typical length (its KV values do not matter).
-        context = [0] * min(COST_CONTEXT, self.cache.slot_tokens // 2)
+        # Passes attend to contexts of typical lengths (their KV values do not matter).
+        contexts = sorted({min(c, self.cache.slot_tokens // 2) for c in COST_CONTEXTS})
         try:
-            limit = self.cache.slot_tokens - len(context) - 2
+            limit = self.cache.slot_tokens - max(contexts) - 2
 
-            def timed(rows: int) -> float:
-                self.cache.prefilled(slot, context)
+            def timed(rows: int, context: int) -> float:
+                self.cache.prefilled(slot, [0] * context)
                 began = time.perf_counter()
                 self.verifier.verify([Item(slot, VerifyTree.chain(0, [0] * (rows - 1)))])
                 return time.perf_counter() - began
 
-            self.cost.measure(timed, [n for n in COST_ROWS if n < limit])
+            self.cost.measure(timed, [n for n in COST_ROWS if n < limit], contexts)
         finally:
             self.cache.prefilled(slot, [])
             self.cache.release(slot)

@@ -173,6 +173,35 @@ def test_cost_model_fits_a_line_and_follows_new_timings():
     assert CostModel().cost(50) == CostModel().cost(2)  # nothing measured: all passes alike
 
 
+def test_cost_model_separates_row_cost_from_attended_keys():
+    from codespec.controller import CostModel, choose
+
+    def truth(rows: int, keys: int) -> float:
+        return 0.05 + 0.002 * rows + 1e-6 * keys
+
+    points = {(n, n * ctx): truth(n, n * ctx) for ctx in (512, 2048) for n in (2, 8, 32)}
+    cost = CostModel.of(points)
+    a, b, c = cost.coefficients()
+    assert (a, b, c) == pytest.approx((0.05, 0.002, 1e-6), rel=1e-6)
+    assert cost.cost(16, 16 * 1200) == pytest.approx(truth(16, 16 * 1200))
+    # timed at one context only, keys cannot be told from rows: the line in rows is kept
+    one_context = CostModel.of({(n, n * 512): truth(n, n * 512) for n in (2, 8, 32)})
+    assert one_context.cost(8, 8 * 512) == pytest.approx(truth(8, 8 * 512))
+    # negative slopes are never used: a pass never gets cheaper with more rows
+    assert min(CostModel.of({(2, 9000): 0.2, (8, 100): 0.1, (32, 5000): 0.3}).coefficients()[1:]) >= 0
+
+    # the same draft is worth drafting for a short context and not for a long one
+    from codespec.index import Draft
+
+    chain = Draft((5, 6, 7), (-1, 0, 1), (3, 3, 3), match_len=4, source="prompt")
+    pricey_keys = CostModel.of({(n, n * ctx): 0.05 + 0.0005 * n + 2e-6 * n * ctx
+                                for ctx in (512, 2048) for n in (2, 8, 32)})
+    rates = [lambda match_len: 0.45] * 8
+    short = choose([chain] * 8, rates, pricey_keys, contexts=[200] * 8)
+    long = choose([chain] * 8, rates, pricey_keys, contexts=[8000] * 8)
+    assert sum(len(d) for d in short) > sum(len(d) for d in long)
+
+
 def test_acceptance_learns_by_match_length():
     from codespec.controller import Acceptance, AcceptanceTable
 

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from codespec.bench.workloads import Workload
+from codespec.bench.request_sets import Workload
 from codespec.engine import Engine, Generation, GenerationConfig
 from codespec.scheduler import Scheduler
 

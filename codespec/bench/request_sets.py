@@ -15,10 +15,11 @@ import ast
 import importlib
 import inspect
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from codespec.bench.workloads import FIM_PREFIX_TOKENS, FIM_SUFFIX_TOKENS, Workload, _keep_head, _keep_tail
+from codespec.bench.windows import FIM_PREFIX_TOKENS, FIM_SUFFIX_TOKENS, keep_head, keep_tail
 from codespec.prompts import fim_ids
 
 EDIT_MODULES = ("textwrap", "shlex", "json.decoder", "json.encoder", "csv", "difflib", "calendar", "string",
@@ -29,12 +30,22 @@ FIM_FILES = ("_encoded_words.py", "_parseaddr.py", "base64mime.py", "charset.py"
 MIN_LINES, MAX_LINES = 10, 40
 
 
-def _functions(tree: ast.AST) -> list[ast.FunctionDef]:
+@dataclass(frozen=True)
+class Workload:
+    """One request of a set."""
+
+    name: str
+    description: str
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+
+
+def functions(tree: ast.AST) -> list[ast.FunctionDef]:
     found = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
     return sorted(found, key=lambda n: n.lineno)
 
 
-def _local_to_rename(fn: ast.FunctionDef) -> str | None:
+def local_to_rename(fn: ast.FunctionDef) -> str | None:
     """A local variable assigned in the body and used at least three times."""
     params = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
     counts: dict[str, int] = {}
@@ -52,9 +63,9 @@ def edit_set(tokenizer: Any, count: int = 8, max_new_tokens: int = 96) -> list[W
     for module_name in EDIT_MODULES:
         module = importlib.import_module(module_name)
         source = inspect.getsource(module)
-        for fn in _functions(ast.parse(source)):
+        for fn in functions(ast.parse(source)):
             lines = fn.end_lineno - fn.lineno + 1 if fn.end_lineno else 0
-            name = _local_to_rename(fn)
+            name = local_to_rename(fn)
             if not MIN_LINES <= lines <= MAX_LINES or name is None:
                 continue
             body = textwrap.dedent("".join(source.splitlines(keepends=True)[fn.lineno - 1 : fn.end_lineno]))
@@ -82,15 +93,15 @@ def repo_fim_set(tokenizer: Any, count: int = 8, max_new_tokens: int = 96) -> tu
     out: list[Workload] = []
     for path in targets:
         source = path.read_text(encoding="utf-8")
-        for fn in _functions(ast.parse(source)):
+        for fn in functions(ast.parse(source)):
             lines = (fn.end_lineno or 0) - fn.lineno + 1
             doc = ast.get_docstring(fn)
             if not MIN_LINES <= lines <= 60 or doc is None or len(fn.body) < 3:
                 continue
             cut_line = fn.body[1].lineno - 1  # the first statement after the docstring
             lines_list = source.splitlines(keepends=True)
-            prefix = _keep_tail(tokenizer, "".join(lines_list[:cut_line]), FIM_PREFIX_TOKENS)
-            suffix = _keep_head(tokenizer, "".join(lines_list[(fn.end_lineno or cut_line):]), FIM_SUFFIX_TOKENS)
+            prefix = keep_tail(tokenizer, "".join(lines_list[:cut_line]), FIM_PREFIX_TOKENS)
+            suffix = keep_head(tokenizer, "".join(lines_list[(fn.end_lineno or cut_line):]), FIM_SUFFIX_TOKENS)
             out.append(Workload(f"fim:{path.stem}.{fn.name}", f"complete {REPO_PACKAGE}/{path.name} {fn.name}",
                                 tuple(fim_ids(tokenizer, prefix, suffix)), max_new_tokens))
             break

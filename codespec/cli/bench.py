@@ -1,7 +1,9 @@
-"""`codespec bench`: plain greedy, Hugging Face prompt lookup and codespec in one run.
+"""`codespec bench`: the evidence, measured side by side in one run.
 
-    codespec bench                         # both workloads, 3 repeats, table + JSON line
-    codespec bench --workloads edit --repeat 5
+    codespec bench                                   # 4 workloads x all systems: table + JSON line
+    codespec bench --workloads edit,repo --repeat 3 --out results/
+    codespec bench verify --batches 8 --repeat 3     # draft policies at batch 1 and 8
+    codespec bench index --out results/              # the index at 10k..10M tokens
 """
 
 from __future__ import annotations
@@ -11,31 +13,38 @@ import json
 import os
 import platform
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from codespec.bench.suite import SYSTEM_NAMES
 from codespec.cli.options import MODEL_FIELDS, SPECULATION_FIELDS, add_settings_arguments, settings_from_args
 from codespec.errors import CodespecError
 
-SYSTEM_NAMES = ("plain", "hf_prompt_lookup", "codespec")
 
 
 def register(commands: Any) -> None:
-    p = commands.add_parser("bench", help="measure generation (default) or the suffix index (`bench index`)")
-    p.add_argument("suite", nargs="?", choices=("generate", "index", "verify"), default="generate",
-                   help="generate: plain vs HF prompt lookup vs codespec; index: the index at 10k..10M tokens; "
-                   "verify: draft policies (none, chain-4/8/16, tree, goodput) at batch 1 and 8")
+    p = commands.add_parser("bench", help="measure workloads side by side (default), draft policies (`bench "
+                            "verify`) or the suffix index (`bench index`)")
+    p.add_argument("suite", nargs="?", choices=("workloads", "index", "verify"), default="workloads",
+                   help="workloads: repo completion, edit, agent loop, editor session x plain, HF prompt lookup, "
+                   "codespec variants, arctic-inference; verify: draft policies (none, chain-4/8/16, tree, goodput) "
+                   "at batch 1 and 8; index: the index at 10k..10M tokens")
     p.add_argument("--sets", default="edit,fim-repo", help="verify suite: request sets (edit, fim-repo)")
     p.add_argument("--batches", default="1,8", help="verify suite: concurrent requests per run (default 1,8)")
     p.add_argument("--sizes", default="10k,100k,1M,10M", help="index suite: corpus sizes (default 10k,100k,1M,10M)")
-    p.add_argument("--workloads", default="edit,fim", help="comma-separated: edit, fim (default both)")
+    p.add_argument("--workloads", default="repo,edit,agent,editor",
+                   help="comma-separated: repo, edit, agent, editor (default all)")
     p.add_argument("--systems", default=",".join(SYSTEM_NAMES),
                    help=f"comma-separated, plain always included: {', '.join(SYSTEM_NAMES)}")
     p.add_argument("--repeat", type=int, default=None, metavar="N",
-                   help="timed runs per system, reported by the median (generate: 3, verify: 1)")
+                   help="timed runs per system, reported by the median (default 1)")
     p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
-                   help="override each workload's token limit (edit 160, fim 128)")
+                   help="override every request's token limit (workloads: repo 128, edit/agent 320, editor 48; "
+                   "verify: 96)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="also write the results as JSON and PNG plots into DIR")
     add_settings_arguments(p, MODEL_FIELDS + SPECULATION_FIELDS)
     p.set_defaults(handler=run)
 
@@ -49,7 +58,7 @@ def _pick(value: str, known: Any, what: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"index": run_index, "verify": run_verify}.get(args.suite, run_generate)(args)
+    return {"index": run_index, "verify": run_verify}.get(args.suite, run_workloads)(args)
 
 
 def _parse_size(text: str) -> int:
@@ -68,67 +77,111 @@ def run_index(args: argparse.Namespace) -> int:
     from codespec.models.loading import load_tokenizer
 
     sizes = tuple(_parse_size(s.strip()) for s in args.sizes.split(",") if s.strip())
+    out_dir = _out_dir(args.out)
     settings = settings_from_args(args)
     results = run_index_bench(load_tokenizer(settings), settings.cache_dir, sizes, stderr)
     print(f"\nsuffix index, real code (stdlib + installed packages), {platform.machine()}, "
           f"{os.cpu_count()} cores; drafts of 32 tokens after 32-token held-out contexts")
     print(format_index_table(results))
-    print(json.dumps({"bench": "index", "results": results}))
+    report = {"bench": "index", "machine": _machine(), "results": results}
+    if out_dir is not None:
+        from codespec.bench.plots import index_latency_plot
+
+        _write_json(out_dir / "index.json", report)
+        plot = index_latency_plot(results, out_dir / "index_latency.png",
+                                  f"suffix index on real code, {platform.machine()}, {os.cpu_count()} cores")
+        print(f"wrote {out_dir / 'index.json'} and {plot}", file=sys.stderr)
+    print(json.dumps(report))
     return 0
 
 
-def run_generate(args: argparse.Namespace) -> int:
-    from codespec.bench.runner import PLAIN, codespec_system, format_table, hf_prompt_lookup_system, run_bench
-    from codespec.bench.workloads import WORKLOADS
-    from codespec.engine import Engine
+def run_workloads(args: argparse.Namespace) -> int:
+    from codespec.bench.sessions import WORKLOADS
+    from codespec.bench.suite import Context, available_systems, bar_checks, format_table, run_suite
     from codespec.models.loading import load_model
 
     workload_names = _pick(args.workloads, WORKLOADS, "workloads")
-    system_names = _pick(args.systems, SYSTEM_NAMES, "systems")
-    args.repeat = 3 if args.repeat is None else args.repeat
+    chosen, skipped = available_systems(_pick(args.systems, SYSTEM_NAMES, "systems"))
+    args.repeat = 1 if args.repeat is None else args.repeat
     if args.repeat < 1:
         raise CodespecError(f"--repeat must be at least 1, got {args.repeat}")
+    out_dir = _out_dir(args.out)
     settings = settings_from_args(args)
     loaded = load_model(settings)
-    engine = Engine.from_settings(loaded.model, loaded.tokenizer, settings)
-    available = {
-        PLAIN: codespec_system(engine, speculate=False),
-        "hf_prompt_lookup": hf_prompt_lookup_system(loaded.model, engine.eos_token_ids),
-        "codespec": codespec_system(engine, speculate=True),
-    }
-    systems = {name: available[name] for name in SYSTEM_NAMES if name == PLAIN or name in system_names}
     workloads = [WORKLOADS[name](loaded.tokenizer) for name in workload_names]
     if args.max_new_tokens is not None:
         from dataclasses import replace
 
-        workloads = [replace(w, max_new_tokens=args.max_new_tokens) for w in workloads]
-
-    def progress(workload: str, system: str, i: int, sample: Any) -> None:
-        print(f"  {workload} {system} #{i + 1}: {len(sample.token_ids)} tokens in {sample.wall_s:.2f} s",
-              file=sys.stderr, flush=True)
-
+        for w in workloads:
+            w.steps = [replace(step, max_new_tokens=args.max_new_tokens) for step in w.steps]
+    for name, why in skipped.items():
+        print(f"skipping {name}: {why}", file=sys.stderr)
     for w in workloads:
-        print(f"workload {w.name}: {w.description}; {len(w.prompt_ids)} prompt tokens, "
-              f"up to {w.max_new_tokens} new", file=sys.stderr)
-    results = run_bench(workloads, systems, args.repeat, on_sample=progress)
-    machine = {
+        print(f"workload {w.name}: {w.description}; {len(w.steps)} requests", file=sys.stderr)
+    ctx = Context(loaded, settings, slot_tokens=4096)
+
+    def progress(run: Any) -> None:
+        print(f"  {run.workload} {run.system}: {run.tokens} tokens in {run.wall_s:.1f} s "
+              f"({len(run.requests)} requests)", file=sys.stderr, flush=True)
+
+    results = run_suite(ctx, workloads, chosen, args.repeat, on_run=progress)
+    checks = bar_checks(results)
+    machine = _machine()
+    print(f"\nmodel {loaded.name} ({loaded.info()['dtype']}, {loaded.device}), {machine['cores']} cores "
+          f"({machine['cpu']}), {machine['torch_threads']} threads, median of {args.repeat}")
+    print(format_table(results))
+    for name, ok in checks.items():
+        print(f"  {'PASS' if ok else 'FAIL'}  {name}")
+    report = {
+        "bench": "workloads",
+        "model": loaded.name,
+        "dtype": loaded.info()["dtype"],
+        "machine": machine,
+        "settings": {"max_draft_tokens": 16, "min_match_tokens": settings.min_match_tokens,
+                     "prefill_chunk_tokens": settings.prefill_chunk_tokens},
+        "workloads": {w.name: {"description": w.description, "requests": [s.name for s in w.steps],
+                               "repository_files": len(w.files)} for w in workloads},
+        "skipped": skipped,
+        "results": [r.to_json() for r in results],
+        "checks": checks,
+    }
+    if out_dir is not None:
+        from codespec.bench.plots import speedup_plot
+
+        _write_json(out_dir / "workloads.json", report)
+        plot = speedup_plot(report["results"], out_dir / "speedup.png",
+                            f"{loaded.name} ({loaded.info()['dtype']}), {machine['cores']} cores, "
+                            f"median of {args.repeat}")
+        print(f"wrote {out_dir / 'workloads.json'} and {plot}", file=sys.stderr)
+    print(json.dumps(report))
+    return 0
+
+
+def _machine() -> dict[str, Any]:
+    return {
         "cpu": platform.processor() or platform.machine(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }
-    print(f"\nmodel {loaded.name} ({loaded.info()['dtype']}, {loaded.device}), "
-          f"{machine['torch_threads']} threads, median of {args.repeat}")
-    print(format_table(results))
-    print(json.dumps({
-        "bench": "generate",
-        "model": loaded.name,
-        "dtype": loaded.info()["dtype"],
-        "machine": machine,
-        "settings": {"max_draft_tokens": settings.max_draft_tokens, "min_match_tokens": settings.min_match_tokens},
-        "results": [r.to_json() for r in results],
-    }))
-    return 0
+
+
+def _out_dir(value: str | None) -> Path | None:
+    """--out DIR, created up front so a bad path fails before minutes of measuring."""
+    if value is None:
+        return None
+    path = Path(value)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CodespecError(f"--out: cannot create {path}: {exc.strerror or exc}") from None
+    return path
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)  # never a half-written file
 
 
 def run_verify(args: argparse.Namespace) -> int:
@@ -142,6 +195,7 @@ def run_verify(args: argparse.Namespace) -> int:
     from codespec.proposer import IndexedProposer, PromptLookupProposer
 
     set_names = _pick(args.sets, ("edit", "fim-repo"), "sets")
+    out_dir = _out_dir(args.out)
     args.repeat = 1 if args.repeat is None else args.repeat
     if args.repeat < 1:
         raise CodespecError(f"--repeat must be at least 1, got {args.repeat}")
@@ -194,6 +248,10 @@ def run_verify(args: argparse.Namespace) -> int:
     print(format_verify_table(results))
     for name, ok in checks.items():
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
-    print(json.dumps({"bench": "verify", "model": loaded.name, "dtype": loaded.info()["dtype"],
-                      "results": [r.to_json() for r in results], "checks": checks}))
+    report = {"bench": "verify", "model": loaded.name, "dtype": loaded.info()["dtype"], "machine": _machine(),
+              "results": [r.to_json() for r in results], "checks": checks}
+    if out_dir is not None:
+        _write_json(out_dir / "verify.json", report)
+        print(f"wrote {out_dir / 'verify.json'}", file=sys.stderr)
+    print(json.dumps(report))
     return 0

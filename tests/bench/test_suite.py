@@ -1,0 +1,92 @@
+"""The benchmark suite: workloads from real code, systems side by side, honest reports."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from codespec.bench.suite import PLAIN, Request, Result, Run, bar_checks, format_table
+
+
+def _run(system: str, workload: str, latencies: list[float], tokens: list[tuple[int, ...]]) -> Run:
+    requests = [Request(f"s{i}", 10, t, lat, 0.1, passes=2, committed_in_passes=len(t))
+                for i, (lat, t) in enumerate(zip(latencies, tokens))]
+    return Run(workload, system, requests, 1000.0)
+
+
+def test_report_reads_medians_ratios_and_identity():
+    same = [(1, 2, 3), (4, 5)]
+    plain = Result("edit", PLAIN, [_run(PLAIN, "edit", [2.0, 2.0], same)])
+    fast = Result("edit", "codespec", [_run("codespec", "edit", [0.5, 0.5], same),
+                                       _run("codespec", "edit", [0.4, 0.6], same),
+                                       _run("codespec", "edit", [3.0, 3.0], same)], ratio_vs_plain=4.0)
+    hf = Result("edit", "hf_prompt_lookup", [_run("hf_prompt_lookup", "edit", [1.0, 1.0], [(1, 2, 3), (9,)])],
+                identical_rate=0.5, ratio_vs_plain=1.5)
+    j = fast.to_json()
+    assert j["wall_s"] == 1.0 and j["wall_s_runs"] == [1.0, 1.0, 6.0]  # the median run, every run kept
+    assert j["latency_p50_s"] == 0.5 and j["latency_p95_s"] == 0.6 and j["accepted_tokens_per_pass"] == 1.25
+    table = format_table([plain, fast, hf])
+    assert "4.00x" in table and "50%" in table
+    checks = bar_checks([plain, fast, hf])
+    assert checks["edit: codespec >= 1.5x HF prompt lookup"]  # 5 tok/s vs 2 tok/s
+    hf.runs = [_run("hf_prompt_lookup", "edit", [0.2, 0.2], same)]
+    assert not bar_checks([plain, fast, hf])["edit: codespec >= 1.5x HF prompt lookup"]
+
+
+def test_plots_are_written(tmp_path):
+    from codespec.bench.plots import index_latency_plot, speedup_plot
+
+    results = [{"workload": w, "system": s, "ratio_vs_plain": r}
+               for w in ("edit", "repo") for s, r in (("plain", 1.0), ("codespec", 3.2), ("hf_prompt_lookup", 2.1))]
+    png = speedup_plot(results, tmp_path / "speedup.png", "test")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    index = [{"tokens": n, "draft_p50_us": 10.0, "draft_p99_us": 40.0, "bytes_per_token": 8.0}
+             for n in (10_000, 100_000, 1_000_000)]
+    assert index_latency_plot(index, tmp_path / "index.png", "test").stat().st_size > 1000
+
+
+@pytest.mark.model
+def test_workloads_come_from_real_code(default_model):
+    from codespec.bench.sessions import WORKLOADS
+
+    tok = default_model.tokenizer
+    built = {name: make(tok) for name, make in WORKLOADS.items()}
+    repo = built["repo"]
+    assert len(repo.steps) == 4 and repo.files and not any("charset.py" in p for p in repo.files)
+    text = tok.decode(list(repo.steps[0].prompt([])))
+    assert text.count("<|fim_prefix|>") == 1 and text.endswith("<|fim_middle|>")
+    # the agent's follow-up resends the model's own earlier answer
+    agent = built["agent"]
+    follow_up = tok.decode(list(agent.steps[1].prompt(["ANSWER-ONE"])))
+    assert "ANSWER-ONE" in follow_up and "Also rename" in follow_up
+    # editor: the prefix only grows (a stable window), so cached prompt prefixes stay valid
+    editor = [s.prompt([]) for s in built["editor"].steps]
+    middle = tok.convert_tokens_to_ids("<|fim_suffix|>")
+    prefixes = [p[: p.index(middle)] for p in editor]
+    assert all(b[: len(a)] == a and len(b) > len(a) for a, b in zip(prefixes, prefixes[1:]))
+
+
+@pytest.mark.model
+def test_suite_runs_systems_side_by_side(default_model, tmp_path):
+    from codespec.bench.sessions import WORKLOADS
+    from codespec.bench.suite import SYSTEMS, Context, run_suite
+    from codespec.settings import Settings
+
+    tok = default_model.tokenizer
+    editor = WORKLOADS["editor"](tok, requests=2, max_new_tokens=6)
+    edit = WORKLOADS["edit"](tok, count=1, max_new_tokens=6)
+    systems = [s for s in SYSTEMS if s.name in (PLAIN, "hf_prompt_lookup", "codespec-prompt", "codespec")]
+    ctx = Context(default_model, Settings(), slot_tokens=2048)
+    results = run_suite(ctx, [edit, editor], systems, repeat=1)
+    rows = {(r.workload, r.system): r.to_json() for r in results}
+    assert set(rows) == {(w, s.name) for w in ("edit", "editor") for s in systems}
+    for (workload, system), row in rows.items():
+        assert row["tokens"] > 0 and row["peak_rss_mb"] > 0 and row["latency_p95_s"] >= row["latency_p50_s"]
+        if system.startswith("codespec"):
+            assert row["identical_rate"] == 1.0 and row["accepted_tokens_per_pass"] >= 1.0
+    # the editor's second request reuses the first one's cached prompt; plain never does
+    assert rows["editor", "codespec"]["cached_prompt_tokens"] > 0
+    assert rows["editor", PLAIN]["cached_prompt_tokens"] == 0
+    assert rows["edit", "hf_prompt_lookup"]["ttft_p50_s"] is not None
+    json.dumps([r.to_json() for r in results])  # the JSON line is serialisable
