@@ -87,7 +87,7 @@ class Settings(BaseSettings):
         8192, ge=64, description="Tokens one KV slot holds (prompt + output); longer prompts are refused.",
     )
     prefill_chunk_tokens: int = Field(
-        128, ge=16, le=4096, description="Prefill chunk; cached prompt prefixes are reused in whole chunks.",
+        256, ge=16, le=4096, description="Prefill chunk; cached prompt prefixes are reused in whole chunks.",
     )
 
     # -- serving -------------------------------------------------------------------------

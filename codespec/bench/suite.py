@@ -161,7 +161,8 @@ class Context:
         """(static index, tokenized files) of the workload's repository."""
         if workload.name not in self.indexed:
             paths = sorted(workload.files)
-            tokens = dict(zip(paths, encode_texts(self.loaded.tokenizer, [workload.files[p] for p in paths])))
+            texts = [workload.files[p] for p in paths]
+            tokens = dict(zip(paths, encode_texts(self.loaded.tokenizer, texts))) if texts else {}
             static = SuffixIndex.build(tokens).static if tokens else None
             self.indexed[workload.name] = (static, tokens)
         return self.indexed[workload.name]

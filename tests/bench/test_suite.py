@@ -59,12 +59,17 @@ def test_workloads_come_from_real_code(default_model):
     # the agent's follow-up resends the model's own earlier answer
     agent = built["agent"]
     follow_up = tok.decode(list(agent.steps[1].prompt(["ANSWER-ONE"])))
-    assert "ANSWER-ONE" in follow_up and "Also rename" in follow_up
-    # editor: the prefix only grows (a stable window), so cached prompt prefixes stay valid
+    assert "ANSWER-ONE" in follow_up and ("Also rename" in follow_up or "type hints" in follow_up)
+    # editor: the prefix only grows (a stable window), so cached prompt prefixes stay
+    # valid up to the old cursor (where BPE may merge the newline with the next line)
     editor = [s.prompt([]) for s in built["editor"].steps]
     middle = tok.convert_tokens_to_ids("<|fim_suffix|>")
     prefixes = [p[: p.index(middle)] for p in editor]
-    assert all(b[: len(a)] == a and len(b) > len(a) for a, b in zip(prefixes, prefixes[1:]))
+
+    def common(a, b):
+        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+    assert all(common(a, b) >= len(a) - 2 and len(b) > len(a) for a, b in zip(prefixes, prefixes[1:]))
 
 
 @pytest.mark.model
