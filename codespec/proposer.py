@@ -17,10 +17,12 @@ for a k-token match, capped by the budget the engine grants.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Protocol, Sequence
 
 from codespec.index import ContextMatcher, Draft, SuffixIndex
+from codespec.index.anchor import ANCHOR_MIN_MATCH, CopyAnchor
+from codespec.index.anchor import SOURCE as ANCHOR
 
 
 class ProposerSession(Protocol):
@@ -78,20 +80,30 @@ class _LookupSession:
     min_match_tokens: int
     index: SuffixIndex | None = None
     record_generations: bool = False
+    anchor: CopyAnchor = field(default_factory=CopyAnchor)  # where an edit's output copies from
 
     def extend(self, token_ids: Iterable[int]) -> None:
+        start = len(self.matcher)
         self.matcher.extend(token_ids)
+        self.anchor.extend(self.matcher.tokens, start, len(self.matcher) - start)
 
     def draft(self, budget: int, tree: bool = False) -> Draft:
         if budget <= 0:
             return Draft.empty("context")
         best = self.matcher.draft(max_tokens=budget, tree=tree)
+        self.anchor.observe(*self.matcher.last_match)
         if self.index is not None:
             longest = self.matcher.max_match
             indexed = self.index.draft(self.matcher.tokens[-longest:], max_tokens=budget, max_match=longest,
                                        tree=tree)
             if indexed.match_len > best.match_len:
                 best = indexed
+        if best.match_len < ANCHOR_MIN_MATCH:
+            # a short match mid-edit is mostly spurious: resume the copy the output left
+            anchored = self.anchor.draft(self.matcher.tokens, len(self.matcher), budget, tree)
+            resumed = anchored.source == ANCHOR and len(anchored) > 0
+            if resumed or (len(anchored) and (tree or best.match_len < self.min_match_tokens)):
+                return anchored  # a resumed copy, or guesses (trees; chains only where nothing else drafts)
         if tree:  # both sources already keep a tree no deeper than its match
             return best if best.match_len >= self.min_match_tokens else Draft.empty(best.source)
         return _k_for_k(best, budget, self.min_match_tokens)

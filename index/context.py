@@ -40,6 +40,7 @@ class ContextMatcher:
         self.max_match = max_match
         self._buf = np.empty(_INITIAL_CAPACITY, dtype=np.int32)
         self._n = 0
+        self.last_match: tuple[int, np.ndarray] = (0, np.empty(0, dtype=np.int64))  # of the last draft()
         self.extend(tokens)
 
     def __len__(self) -> int:
@@ -92,7 +93,7 @@ class ContextMatcher:
         >>> d = m.draft(4, tree=True); d.token_ids, d.parents
         ((3, 1, 4, 1), (-1, 0, -1, 2))
         """
-        length, ends = self.longest_match()
+        length, ends = self.last_match = self.longest_match()
         if length == 0 or max_tokens <= 0:
             return Draft.empty(SOURCE)
         if tree:
