@@ -60,7 +60,7 @@ def index_latency_plot(results: Sequence[dict[str, Any]], path: Path, title: str
     right.set_ylabel("bytes per token")
     right.set_ylim(bottom=0)
     lines = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
-    ax.legend(lines, [str(h.get_label()) for h in lines], fontsize=8, loc="upper left")
+    ax.legend(lines, [str(h.get_label()) for h in lines], fontsize=8, loc="center left")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
