@@ -122,6 +122,8 @@ class Result:
             "ratio_vs_plain": round(self.ratio_vs_plain, 3),
             "accepted_tokens_per_pass": round(sum(r.committed_in_passes for r in run.requests) / passes, 3)
             if passes else None,
+            # rows a pass verified beyond each request's pending token: what drafting cost
+            "draft_tokens_per_pass": round(sum(r.draft_tokens for r in run.requests) / passes, 3) if passes else None,
             "ttft_p50_s": round(statistics.median(ttfts), 4) if ttfts else None,
             "latency_p50_s": round(statistics.median(latencies), 3),
             "latency_p95_s": round(_percentile(latencies, 0.95), 3),

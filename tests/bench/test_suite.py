@@ -10,7 +10,7 @@ from codespec.bench.suite import PLAIN, Request, Result, Run, bar_checks, format
 
 
 def _run(system: str, workload: str, latencies: list[float], tokens: list[tuple[int, ...]]) -> Run:
-    requests = [Request(f"s{i}", 10, t, lat, 0.1, passes=2, committed_in_passes=len(t))
+    requests = [Request(f"s{i}", 10, t, lat, 0.1, passes=2, committed_in_passes=len(t), draft_tokens=3)
                 for i, (lat, t) in enumerate(zip(latencies, tokens))]
     return Run(workload, system, requests, 1000.0)
 
@@ -26,6 +26,7 @@ def test_report_reads_medians_ratios_and_identity():
     j = fast.to_json()
     assert j["wall_s"] == 1.0 and j["wall_s_runs"] == [1.0, 1.0, 6.0]  # the median run, every run kept
     assert j["latency_p50_s"] == 0.5 and j["latency_p95_s"] == 0.6 and j["accepted_tokens_per_pass"] == 1.25
+    assert j["draft_tokens_per_pass"] == 1.5
     table = format_table([plain, fast, hf])
     assert "4.00x" in table and "50%" in table
     checks = bar_checks([plain, fast, hf])
