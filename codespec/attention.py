@@ -13,9 +13,10 @@ one-ULP logit tie (17.375 vs 17.25). Two causes, both handled:
   unmasked prefix sum in different orders. So in decode and verify passes every real
   row attends through its own lean call: one query position, no mask, exactly its keys
   (the committed context and its ancestors in the draft tree, nothing else);
-* matmuls: bf16 linear layers give identical rows for any row count of two or more
-  (checked up to 300 rows), but a single row takes a GEMV kernel with another summation
-  order. The verifier pads one-row passes to two.
+* matmuls: bf16 linear layers give identical rows for any row count from 2 to 32 on
+  this CPU (another kernel from 33 on; rowblocks.py multiplies verify passes in
+  blocks that stay in the first regime), but a single row takes a GEMV kernel with
+  another summation order. The verifier pads one-row passes to two.
 So a row's output depends only on its own token, position and keys: not on the batch,
 the tree around it, or the draft length.
 

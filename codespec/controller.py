@@ -30,6 +30,7 @@ controller drafts one token.
 from __future__ import annotations
 
 import bisect
+import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
 
@@ -37,7 +38,7 @@ from codespec.index import Draft
 
 DraftPolicy = Literal["chain", "tree", "goodput"]
 POLICIES: tuple[str, ...] = ("chain", "tree", "goodput")
-PRIOR_ACCEPTED, PRIOR_TRIALS = 2.0, 3.0  # a new request starts at rate 2/3
+PRIOR_TRIALS = 3.0  # weight of the prior rate, in trials (observations soon outweigh it)
 DECAY = 0.8  # a request's own record: weight of the past per observation (adapts fast)
 ENGINE_DECAY = 0.995  # every request's record: weight of the past per observation
 
@@ -46,8 +47,33 @@ MATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # upper bounds of ma
 REQUEST_PRIOR_WEIGHT = 4.0  # a request's own evidence outweighs the engine's after ~4 trials
 
 
-def match_bucket(match_len: int) -> int:
-    return min(bisect.bisect_left(MATCH_BUCKETS, match_len), len(MATCH_BUCKETS))
+# Drafts that guess rather than match get their own rates: a copy anchor's guesses and
+# resumed copies (index/anchor.py) are right in most places of an edit and in few of a
+# FIM completion, and pooled with matches of the same length they would mislead the
+# controller on both.
+GUESS_SOURCES = frozenset({"anchor", "anchor-guess"})
+FAMILY = len(MATCH_BUCKETS) + 1  # buckets per family (matches, guesses)
+BUCKETS = 2 * FAMILY
+
+
+def match_bucket(match_len: int, source: str = "") -> int:
+    bucket = min(bisect.bisect_left(MATCH_BUCKETS, match_len), len(MATCH_BUCKETS))
+    return bucket + FAMILY if source in GUESS_SOURCES else bucket
+
+
+def prior_rate(bucket: int) -> float:
+    """Laplace's rule of succession for the shortest match of the bucket: a k-token match
+    is k tokens that followed as the source did, so the next one does with probability
+    (k + 1) / (k + 2). Longer matches start out more trusted (2/3 at one token, 0.95 at
+    17), which lets a fresh engine draft deep on a long copy instead of learning it
+    first; each bucket's observations outweigh the prior after a few trials.
+
+    >>> [round(prior_rate(match_bucket(k)), 2) for k in (1, 2, 5, 17, 100)]
+    [0.67, 0.75, 0.86, 0.95, 0.99]
+    """
+    bucket %= FAMILY
+    shortest = MATCH_BUCKETS[bucket - 1] + 1 if bucket else 1
+    return (shortest + 1) / (shortest + 2)
 
 
 @dataclass
@@ -55,8 +81,8 @@ class AcceptanceTable:
     """Decayed acceptance counts per match-length bucket: of the verified nodes whose
     parent was accepted (an acceptance could happen there), how often one was."""
 
-    accepted: list[float] = field(default_factory=lambda: [PRIOR_ACCEPTED] * (len(MATCH_BUCKETS) + 1))
-    trials: list[float] = field(default_factory=lambda: [PRIOR_TRIALS] * (len(MATCH_BUCKETS) + 1))
+    accepted: list[float] = field(default_factory=lambda: [PRIOR_TRIALS * prior_rate(b) for b in range(BUCKETS)])
+    trials: list[float] = field(default_factory=lambda: [PRIOR_TRIALS] * BUCKETS)
     decay: float = ENGINE_DECAY
 
     def rate(self, bucket: int) -> float:
@@ -69,24 +95,24 @@ class AcceptanceTable:
 
 @dataclass
 class Acceptance:
-    """One request's calibrated acceptance by match length: its own decayed counts,
-    starting from the engine's table (every request so far) as a prior.
+    """One request's calibrated acceptance by match length (and by whether the draft
+    matched or guessed): its own decayed counts, starting from the engine's table
+    (every request so far) as a prior.
 
     A draft from a k-token match whose first d tokens were accepted continues a
     (k + d)-token match, so longer matches, which are more reliable, get their own rate.
     """
 
     engine: AcceptanceTable = field(default_factory=AcceptanceTable)
-    own: AcceptanceTable = field(default_factory=lambda: AcceptanceTable([0.0] * (len(MATCH_BUCKETS) + 1),
-                                                                          [0.0] * (len(MATCH_BUCKETS) + 1), DECAY))
+    own: AcceptanceTable = field(default_factory=lambda: AcceptanceTable([0.0] * BUCKETS, [0.0] * BUCKETS, DECAY))
 
-    def rate(self, match_len: int) -> float:
-        b = match_bucket(match_len)
+    def rate(self, match_len: int, source: str = "") -> float:
+        b = match_bucket(match_len, source)
         prior = self.engine.rate(b)
         return (self.own.accepted[b] + REQUEST_PRIOR_WEIGHT * prior) / (self.own.trials[b] + REQUEST_PRIOR_WEIGHT)
 
-    def observe(self, match_len: int, accepted: bool) -> None:
-        b = match_bucket(match_len)
+    def observe(self, match_len: int, accepted: bool, source: str = "") -> None:
+        b = match_bucket(match_len, source)
         self.engine.observe(b, accepted)
         self.own.observe(b, accepted)
 
@@ -96,26 +122,31 @@ KEY_SCALE = 1000.0  # attended keys enter the fit in thousands (keeps the normal
 
 @dataclass
 class CostModel:
-    """Seconds per verify pass, `a + b * rows + c * keys`: `rows` packed rows, `keys`
-    the attended keys summed over the rows (each row attends to its request's context
-    and its ancestors). Fitted by least squares with forgetting (newer timings weigh
-    more), so it follows the machine's load. Why two variables: on the default model (2
-    cores, bf16) a row costs ~2 ms in the linear layers plus one attention call per layer
-    that grows with its context (~45 us per layer at 500 keys, ~80 us at 1,200), so a
-    line in rows alone, timed at one context length, misprices requests with longer
-    prompts (issue 4's batch-8 FIM runs: ~1.2k-token prompts, timed at 512). Start-up
-    timing at two context lengths separates the two slopes. Single timings scatter by
-    +-15%, so a fitted model decides better than interpolated points. One-row passes
-    are padded to two and cost what two cost."""
+    """Seconds per verify pass, `a + b * rows + c * keys + d * extra_blocks`: `rows`
+    packed rows, `keys` the attended keys summed over the rows (each row attends to its
+    request's context and its ancestors), `extra_blocks` the row blocks past the first
+    that the linear layers multiply separately (rowblocks.py: 32 rows a block here).
+    Fitted by least squares with forgetting (newer timings weigh more), so it follows
+    the machine's load. Why these variables: on the default model (2 cores, bf16) a row
+    costs ~1.3 ms in the linear layers plus one attention call per layer that grows with
+    its context (~45 us per layer at 500 keys, ~80 us at 1,200), so a line in rows
+    alone, timed at one context length, misprices requests with longer prompts (issue
+    4's batch-8 FIM runs: ~1.2k-token prompts, timed at 512); and each extra block
+    re-reads every weight (~20 ms). Start-up timing at two context lengths and on both
+    sides of a block boundary separates them. Single timings scatter by +-15%, so a
+    fitted model decides better than interpolated points. One-row passes are padded to
+    two and cost what two cost."""
 
     forget: float = 0.98  # weight of the past per new timing
-    _xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])  # sum w x x^T
-    _xy: list[float] = field(default_factory=lambda: [0.0] * 3)  # sum w x y
+    block: int = 0  # rows per linear-layer block (0: passes are not blocked)
+    _xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 4 for _ in range(4)])  # sum w x x^T
+    _xy: list[float] = field(default_factory=lambda: [0.0] * 4)  # sum w x y
+    _fitted: tuple[float, float, float, float] | None = field(default=None, repr=False)
 
     @classmethod
-    def of(cls, points: dict[int, float] | dict[tuple[int, int], float]) -> CostModel:
+    def of(cls, points: dict[int, float] | dict[tuple[int, int], float], block: int = 0) -> CostModel:
         """A model fitted to {rows: seconds} or {(rows, keys): seconds}, without forgetting."""
-        model = cls(forget=1.0)
+        model = cls(forget=1.0, block=block)
         for at, seconds in points.items():
             rows, keys = at if isinstance(at, tuple) else (at, 0)
             model.observe(rows, seconds, keys)
@@ -126,39 +157,57 @@ class CostModel:
     def measured(self) -> bool:
         return self._xx[0][0] > 0
 
-    def observe(self, rows: int, seconds: float, keys: int = 0) -> None:
-        x = (1.0, float(max(rows, 2)), keys / KEY_SCALE)
-        for i in range(3):
-            self._xy[i] = self.forget * self._xy[i] + x[i] * seconds
-            for j in range(3):
-                self._xx[i][j] = self.forget * self._xx[i][j] + x[i] * x[j]
+    def _features(self, rows: int, keys: int) -> tuple[float, float, float, float]:
+        rows = max(rows, 2)
+        extra = -(-rows // self.block) - 1 if self.block else 0
+        return 1.0, float(rows), keys / KEY_SCALE, float(extra)
 
-    def coefficients(self) -> tuple[float, float, float]:
-        """(a, b, c): seconds, seconds per row, seconds per attended key. Slopes are never
-        negative: a variable whose best slope is negative (or that never varied) is
-        dropped and the rest refitted."""
+    def observe(self, rows: int, seconds: float, keys: int = 0) -> None:
+        x = self._features(rows, keys)
+        for i in range(4):
+            self._xy[i] = self.forget * self._xy[i] + x[i] * seconds
+            for j in range(4):
+                self._xx[i][j] = self.forget * self._xx[i][j] + x[i] * x[j]
+        self._fitted = None
+
+    def coefficients(self) -> tuple[float, float, float, float]:
+        """(a, b, c, d): seconds, per row, per attended key, per extra block. Slopes are
+        never negative: the largest set of variables whose fit has no negative slope
+        (variables that never varied cannot be fitted) wins; the constant is always in."""
+        if self._fitted is None:
+            self._fitted = self._fit()
+        return self._fitted
+
+    def _fit(self) -> tuple[float, float, float, float]:
         if not self.measured:
-            return 1.0, 0.0, 0.0  # nothing measured: every pass costs the same
-        for used in ((0, 1, 2), (0, 1), (0, 2), (0,)):
+            return 1.0, 0.0, 0.0, 0.0  # nothing measured: every pass costs the same
+        subsets = [(1, 2, 3), (1, 2), (1, 3), (1,), (2, 3), (2,), (3,), ()]
+        for slopes in subsets:
+            used = (0, *slopes)
             solved = _solve([[self._xx[i][j] for j in used] for i in used], [self._xy[i] for i in used])
             if solved is None or any(v < 0 for v in solved[1:]):
                 continue
             full = dict(zip(used, solved))
-            return full.get(0, 0.0), full.get(1, 0.0), full.get(2, 0.0) / KEY_SCALE
-        return self._xy[0] / self._xx[0][0], 0.0, 0.0
+            return full[0], full.get(1, 0.0), full.get(2, 0.0) / KEY_SCALE, full.get(3, 0.0)
+        return self._xy[0] / self._xx[0][0], 0.0, 0.0, 0.0
 
     def cost(self, rows: int, keys: int = 0) -> float:
-        a, b, c = self.coefficients()
-        return max(a + b * max(rows, 2) + c * keys, 1e-6)
+        a, b, c, d = self.coefficients()
+        _, n, _, extra = self._features(rows, keys)
+        return max(a + b * n + c * keys + d * extra, 1e-6)
 
-    def measure(self, run_pass: Callable[[int, int], float], rows: Sequence[int], contexts: Sequence[int]) -> None:
-        """Time `run_pass(rows, context)` once per row count and context length (after
-        one warm-up pass); a chain of n rows over a context of L attends to
-        n * (L + 1) + n * (n - 1) / 2 keys."""
-        run_pass(rows[0], contexts[0])
+    def measure(self, run_pass: Callable[[int, int], float], rows: Sequence[int], contexts: Sequence[int],
+                repeat: int = 3) -> None:
+        """Time `run_pass(rows, context)` per row count and context length, and observe
+        the median of `repeat` timings (after a warm-up pass at the largest size); a chain
+        of n rows over a context of L attends to n * (L + 1) + n * (n - 1) / 2 keys.
+        Why a median: single start-up timings ran 10-25% above the steady cost (first
+        touches of the KV slot's pages, allocator growth), which priced rows too high."""
+        run_pass(max(rows), max(contexts))
         for context in contexts:
             for n in rows:
-                self.observe(n, run_pass(n, context), n * (context + 1) + n * (n - 1) // 2)
+                seconds = statistics.median(run_pass(n, context) for _ in range(repeat))
+                self.observe(n, seconds, n * (context + 1) + n * (n - 1) // 2)
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
@@ -178,12 +227,12 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
     return [m[i][n] / m[i][i] for i in range(n)]
 
 
-def node_probabilities(draft: Draft, rate: Callable[[int], float]) -> list[float]:
+def node_probabilities(draft: Draft, rate: Callable[[int, str], float]) -> list[float]:
     """P(node accepted) for every node of a topologically ordered draft: along its path,
     each step's count share times the acceptance rate at that step's match length.
 
     >>> d = Draft((5, 6, 7), (-1, 0, 0), (4, 3, 1), match_len=3, source="index")
-    >>> [round(p, 3) for p in node_probabilities(d, rate=lambda match_len: 0.5)]
+    >>> [round(p, 3) for p in node_probabilities(d, rate=lambda match_len, source: 0.5)]
     [0.5, 0.188, 0.062]
     """
     sibling_total: dict[int, int] = {}
@@ -195,7 +244,7 @@ def node_probabilities(draft: Draft, rate: Callable[[int], float]) -> list[float
         depth = depths[parent] + 1 if parent >= 0 else 1
         depths.append(depth)
         share = max(count, 1) / sibling_total[parent]
-        probs.append((probs[parent] if parent >= 0 else 1.0) * rate(draft.match_len + depth - 1) * share)
+        probs.append((probs[parent] if parent >= 0 else 1.0) * rate(draft.match_len + depth - 1, draft.source) * share)
     return probs
 
 
@@ -214,7 +263,7 @@ def prune(draft: Draft, keep: set[int]) -> Draft:
     )
 
 
-def choose(drafts: Sequence[Draft], rates: Sequence[Callable[[int], float]], cost: CostModel,
+def choose(drafts: Sequence[Draft], rates: Sequence[Callable[[int, str], float]], cost: CostModel,
            contexts: Sequence[int] | None = None) -> list[Draft]:
     """Prune each request's draft to the selection with the best expected goodput;
     `contexts` are the requests' committed lengths (what each of their rows attends to)."""

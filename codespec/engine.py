@@ -33,7 +33,7 @@ from codespec.stopping import StopCondition
 from codespec.tree import VerifyTree
 from codespec.verifier import Accept, Item, Verifier, greedy_accept
 
-COST_ROWS = (2, 4, 8, 16, 32, 64)  # verify pass sizes timed when the controller starts,
+COST_ROWS = (2, 4, 8, 16, 32, 48, 64)  # verify pass sizes timed when the controller starts,
 COST_CONTEXTS = (512, 2048)  # at these context lengths (two, to tell row cost from key cost)
 
 
@@ -101,7 +101,7 @@ class Engine:
         self.max_draft_tokens = max_draft_tokens
         self.draft_policy = draft_policy
         self.eos_token_ids = frozenset(eos_token_ids if eos_token_ids is not None else _eos_ids(model, tokenizer))
-        self.cost = controller.CostModel()
+        self.cost = controller.CostModel(block=self.verifier.row_block if exact_rows else 0)
         self.acceptance = controller.AcceptanceTable()  # every request's record, by match length
 
     @classmethod
@@ -167,7 +167,10 @@ class Engine:
         return [committed.get(id(run), []) for run in runs]
 
     def _draft(self, run: Run) -> Draft:
-        return run.session.draft(run.draft_budget(), tree=self.draft_policy != "chain")
+        # the controller prices every node by its calibrated acceptance, so its trees may
+        # run deeper than k tokens for a k-token match (the fixed policies' safety cap)
+        return run.session.draft(run.draft_budget(), tree=self.draft_policy != "chain",
+                                 deep=self.draft_policy == "goodput")
 
     def _verify(self, runs: Sequence[Run], drafts: list[Draft]) -> list[list[int]]:
         if self.draft_policy == "goodput" and any(len(d) for d in drafts):
@@ -297,7 +300,7 @@ class Run:
         self.stats.record_pass(len(draft), len(kept), min(result.accepted, len(kept)), draft.source)
         for depth, node in enumerate((0, *result.path)):  # where an acceptance could happen
             if tree.children(node):
-                self.acceptance.observe(draft.match_len + depth, depth < len(result.path))
+                self.acceptance.observe(draft.match_len + depth, depth < len(result.path), draft.source)
         self._check_time()
         return kept
 

@@ -29,9 +29,11 @@ class ProposerSession(Protocol):
     def extend(self, token_ids: Iterable[int]) -> None:
         """Record committed tokens (the request's output) in the session's context."""
 
-    def draft(self, budget: int, tree: bool = False) -> Draft:
+    def draft(self, budget: int, tree: bool = False, deep: bool = False) -> Draft:
         """A draft of at most `budget` tokens continuing the context (maybe empty); a
-        chain, or with `tree` a token tree of at most `budget` nodes."""
+        chain, or with `tree` a token tree of at most `budget` nodes. Trees are at most k
+        deep for a k-token match, or with `deep` up to `budget` deep (for a caller that
+        prices every node by its calibrated acceptance: the goodput controller)."""
 
     def finish(self, generated: Sequence[int]) -> None:
         """The request ended with output `generated` (a source for later requests)."""
@@ -87,15 +89,16 @@ class _LookupSession:
         self.matcher.extend(token_ids)
         self.anchor.extend(self.matcher.tokens, start, len(self.matcher) - start)
 
-    def draft(self, budget: int, tree: bool = False) -> Draft:
+    def draft(self, budget: int, tree: bool = False, deep: bool = False) -> Draft:
         if budget <= 0:
             return Draft.empty("context")
-        best = self.matcher.draft(max_tokens=budget, tree=tree)
+        depth = budget if deep else None
+        best = self.matcher.draft(max_tokens=budget, tree=tree, max_depth=depth)
         self.anchor.observe(*self.matcher.last_match)
         if self.index is not None:
             longest = self.matcher.max_match
             indexed = self.index.draft(self.matcher.tokens[-longest:], max_tokens=budget, max_match=longest,
-                                       tree=tree)
+                                       tree=tree, max_depth=depth)
             if indexed.match_len > best.match_len:
                 best = indexed
         if best.match_len < ANCHOR_MIN_MATCH:
@@ -104,7 +107,7 @@ class _LookupSession:
             resumed = anchored.source == ANCHOR and len(anchored) > 0
             if resumed or (len(anchored) and (tree or best.match_len < self.min_match_tokens)):
                 return anchored  # a resumed copy, or guesses (trees; chains only where nothing else drafts)
-        if tree:  # both sources already keep a tree no deeper than its match
+        if tree:  # both sources already keep a tree no deeper than asked
             return best if best.match_len >= self.min_match_tokens else Draft.empty(best.source)
         return _k_for_k(best, budget, self.min_match_tokens)
 
@@ -134,7 +137,7 @@ class _NoSession:
     def extend(self, token_ids: Iterable[int]) -> None:
         pass
 
-    def draft(self, budget: int, tree: bool = False) -> Draft:
+    def draft(self, budget: int, tree: bool = False, deep: bool = False) -> Draft:
         return Draft.empty("none")
 
     def finish(self, generated: Sequence[int]) -> None:

@@ -62,8 +62,9 @@ class Settings(BaseSettings):
         0, ge=0, description="CPU threads for torch; 0 uses every core this process may use."
     )
     max_draft_tokens: int = Field(
-        16, ge=0, le=256,
-        description="Cap on draft tokens per verify pass (a k-token match drafts up to k).",
+        32, ge=0, le=256,
+        description="Cap on draft tokens per request per verify pass (chain and tree policies draft "
+        "up to k tokens for a k-token match; goodput drafts deeper where acceptance is calibrated high).",
     )
     draft_policy: Literal["chain", "tree", "goodput"] = Field(
         "goodput",

@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from codespec import attention
+from codespec import attention, rowblocks
 from codespec.errors import ModelError
 from codespec.kernels.accept import tree_accept
 from codespec.kernels.compact import compact_kv
@@ -100,6 +100,10 @@ class Verifier:
         self.dtype = next(model.parameters()).dtype
         self.exact_rows = exact_rows
         attention.install(model)
+        rowblocks.install(model)
+        if not hasattr(model, "_codespec_row_block"):  # probed once per model
+            model._codespec_row_block = rowblocks.probe(model)
+        self.row_block = model._codespec_row_block
         # A 4D mask makes transformers skip building one; slot_attention ignores it.
         self._no_mask = torch.zeros(1, 1, 1, 1, dtype=self.dtype, device=self.device)
 
@@ -168,7 +172,11 @@ class Verifier:
             ids, slots = ids * 2, slots * 2
             positions, writes = [positions[0], positions[0] + 1], [writes[0], writes[0] + 1]
         plan = self._plan(items, slots, writes)
-        logits = self._forward(ids, positions, plan)[:real]
+        if self.exact_rows:
+            with rowblocks.blocked(self.row_block):  # multiply like a decode step (rowblocks.py)
+                logits = self._forward(ids, positions, plan)[:real]
+        else:
+            logits = self._forward(ids, positions, plan)[:real]
         results: list[VerifyResult | None] = [None] * len(items)
         greedy = [i for i, item in enumerate(items) if item.accept is None]
         if greedy:

@@ -83,11 +83,13 @@ class ContextMatcher:
             ends, length = ends_ok, length + 1
         return length, ends
 
-    def draft(self, max_tokens: int, *, tree: bool = False, min_prob: float = 0.1) -> Draft:
+    def draft(self, max_tokens: int, *, tree: bool = False, min_prob: float = 0.1,
+              max_depth: int | None = None) -> Draft:
         """The most frequent continuation of the longest match, as a chain of up to
         `max_tokens` tokens (ties go to the most recent occurrence); or, with `tree`, a
-        tree of up to `max_tokens` nodes no deeper than the match, best first by count,
-        without branches followed by fewer than `min_prob` of the occurrences.
+        tree of up to `max_tokens` nodes no deeper than `max_depth` (default: the match's
+        length, k tokens for a k-token match), best first by count, without branches
+        followed by fewer than `min_prob` of the occurrences.
 
         >>> m = ContextMatcher([1, 2, 3, 1, 2, 4, 1, 2])   # [1, 2] was followed by 3 1, 4 1
         >>> d = m.draft(4, tree=True); d.token_ids, d.parents
@@ -97,7 +99,7 @@ class ContextMatcher:
         if length == 0 or max_tokens <= 0:
             return Draft.empty(SOURCE)
         if tree:
-            return self._tree(length, ends, max_tokens, min_prob)
+            return self._tree(length, ends, max_tokens, min_prob, length if max_depth is None else max_depth)
         n, buf = self._n, self._buf
         positions = ends + 1  # where each occurrence's continuation starts; all < n
         token_ids: list[int] = []
@@ -114,8 +116,8 @@ class ContextMatcher:
             positions = positions[keep] + 1
         return Draft.chain(token_ids, counts, match_len=length, source=SOURCE)
 
-    def _tree(self, length: int, ends: np.ndarray, max_tokens: int, min_prob: float) -> Draft:
-        depth = min(max_tokens, length)  # k tokens deep at most for a k-token match
+    def _tree(self, length: int, ends: np.ndarray, max_tokens: int, min_prob: float, max_depth: int) -> Draft:
+        depth = min(max_tokens, max_depth)
         rows = ends.shape[0]
         windows = np.empty((rows, depth), dtype=np.int32)
         corpus = self._buf[: self._n]

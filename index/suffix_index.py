@@ -80,6 +80,7 @@ class SuffixIndex:
         tree: bool = False,
         min_prob: float = MIN_PROB,
         max_match: int = MAX_MATCH,
+        max_depth: int | None = None,
     ) -> Draft:
         context = as_tokens(context_ids[-max_match:] if max_match else context_ids[:0])
         best, hits = 0, []
@@ -90,8 +91,9 @@ class SuffixIndex:
             if length > best:
                 best, hits = length, []
             hits.append((source, segment, ends))
-        depth = min(max_tokens, best)
-        if depth <= 0:
+        # k tokens for a k-token match, unless the caller prices deeper nodes itself
+        depth = min(max_tokens, best if max_depth is None else max_depth)
+        if best == 0 or depth <= 0:
             return Draft.empty("index")
         rows = sum(int(ends.shape[0]) for _, _, ends in hits)
         if len(hits) == 1:  # the common case: one segment, its windows read lazily

@@ -156,6 +156,39 @@ def test_tree_and_batch_rows_equal_decode_steps_bit_for_bit(default_model):
         hook.remove()
 
 
+def test_passes_past_one_row_block_equal_decode_steps_bit_for_bit(default_model):
+    """bf16 linear layers switch kernels past 32 rows here (rowblocks.py): a 40-row
+    verify pass (two blocks) must still give every row its decode step's logits."""
+    import torch
+
+    from codespec.kvcache import SlotCache
+    from codespec.tree import VerifyTree
+    from codespec.verifier import Item, Verifier
+
+    tok, model = default_model.tokenizer, default_model.model
+    prompt = tok(PROMPTS["copy"], add_special_tokens=False)["input_ids"]
+    chain = tok(inspect.getsource(textwrap.wrap) * 2, add_special_tokens=False)["input_ids"][:40]
+    cache = SlotCache(model.config, slots=1, slot_tokens=512, dtype=model.dtype, chunk=16)
+    verifier = Verifier(model, cache)
+    assert 2 <= verifier.row_block < len(chain)  # the pass really spans blocks
+    captured: list[torch.Tensor] = []
+    hook = model.lm_head.register_forward_hook(lambda m, i, o: captured.append(o[0].float().clone()))
+    try:
+        slot, _ = cache.acquire(prompt)
+        verifier.prefill(slot, prompt)
+        verifier.verify([Item(slot, VerifyTree.chain(chain[0], chain[1:]))])
+        rows = captured[-1][: len(chain)]
+        cache.release(slot)
+        slot, _ = cache.acquire([-1])
+        verifier.prefill(slot, prompt)
+        for i, token in enumerate(chain):
+            captured.clear()
+            verifier.verify([Item(slot, VerifyTree.chain(token))])
+            assert torch.equal(rows[i], captured[-1][0]), f"row {i} differs from its decode step"
+    finally:
+        hook.remove()
+
+
 def _fim_cut_json_decode(tok):
     """A FIM request: json/decoder.py with the body of JSONDecoder.decode cut out."""
     import ast

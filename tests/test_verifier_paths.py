@@ -139,14 +139,14 @@ def test_controller_chooses_by_goodput():
     from codespec.index import Draft
 
     def rate(value):
-        return lambda match_len: value
+        return lambda match_len, source: value
 
     chain = Draft.chain([1, 2, 3], counts=[9, 9, 9], match_len=3, source="context")
     flat = CostModel.of({2: 0.05, 64: 0.05})
     example = CostModel.of({2: 0.05, 3: 0.065, 4: 0.08})  # the worked example of controller.py
     assert choose([chain], [rate(0.9)], flat)[0] == chain  # free rows: take everything
     assert [len(d) for d in choose([chain, chain], [rate(0.9), rate(0.9)], flat)] == [3, 3]
-    worked = lambda match_len: 0.9 if match_len == 3 else 1 / 3  # noqa: E731  P = 0.9, then 0.3
+    worked = lambda match_len, source: 0.9 if match_len == 3 else 1 / 3  # noqa: E731  P = 0.9, then 0.3
     assert len(choose([chain], [worked], example)[0]) == 1
     assert len(choose([chain], [rate(0.01)], flat)[0]) == 3  # free rows are worth even poor drafts
     assert len(choose([chain], [rate(0.01)], example)[0]) == 1  # the padded second row is free...
@@ -181,8 +181,8 @@ def test_cost_model_separates_row_cost_from_attended_keys():
 
     points = {(n, n * ctx): truth(n, n * ctx) for ctx in (512, 2048) for n in (2, 8, 32)}
     cost = CostModel.of(points)
-    a, b, c = cost.coefficients()
-    assert (a, b, c) == pytest.approx((0.05, 0.002, 1e-6), rel=1e-6)
+    a, b, c, d = cost.coefficients()
+    assert (a, b, c, d) == pytest.approx((0.05, 0.002, 1e-6, 0.0), rel=1e-6, abs=1e-12)
     assert cost.cost(16, 16 * 1200) == pytest.approx(truth(16, 16 * 1200))
     # timed at one context only, keys cannot be told from rows: the line in rows is kept
     one_context = CostModel.of({(n, n * 512): truth(n, n * 512) for n in (2, 8, 32)})
@@ -196,10 +196,22 @@ def test_cost_model_separates_row_cost_from_attended_keys():
     chain = Draft((5, 6, 7), (-1, 0, 1), (3, 3, 3), match_len=4, source="prompt")
     pricey_keys = CostModel.of({(n, n * ctx): 0.05 + 0.0005 * n + 2e-6 * n * ctx
                                 for ctx in (512, 2048) for n in (2, 8, 32)})
-    rates = [lambda match_len: 0.45] * 8
+    rates = [lambda match_len, source: 0.45] * 8
     short = choose([chain] * 8, rates, pricey_keys, contexts=[200] * 8)
     long = choose([chain] * 8, rates, pricey_keys, contexts=[8000] * 8)
     assert sum(len(d) for d in short) > sum(len(d) for d in long)
+
+
+def test_cost_model_prices_each_extra_row_block():
+    from codespec.controller import CostModel
+
+    def truth(rows: int) -> float:
+        return 0.08 + 0.0013 * rows + 0.02 * (-(-rows // 32) - 1)
+
+    cost = CostModel.of({n: truth(n) for n in (2, 4, 8, 16, 32, 48, 64)}, block=32)
+    assert cost.coefficients()[3] == pytest.approx(0.02, rel=1e-6)
+    assert cost.cost(33) - cost.cost(32) == pytest.approx(0.0213, rel=1e-6)  # the step at a block edge
+    assert cost.cost(96) == pytest.approx(truth(96), rel=1e-6)
 
 
 def test_acceptance_learns_by_match_length():
@@ -216,3 +228,15 @@ def test_acceptance_learns_by_match_length():
     for _ in range(10):
         newcomer.observe(40, False)  # ...and then follows its own
     assert newcomer.rate(40) < 0.5 < first.rate(40)
+
+
+def test_acceptance_keeps_guesses_apart_from_matches():
+    from codespec.controller import Acceptance, prior_rate
+
+    record = Acceptance()
+    assert record.rate(30) > record.rate(2) > record.rate(1)  # the prior trusts longer matches
+    assert record.rate(30) == pytest.approx(prior_rate(9), rel=1e-9)
+    for _ in range(30):
+        record.observe(1, False, "anchor-guess")  # guesses that keep failing (a FIM completion)
+        record.observe(1, True, "context")  # while 1-token matches hold
+    assert record.rate(1, "anchor-guess") < 0.1 < 0.9 < record.rate(1, "context")

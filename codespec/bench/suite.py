@@ -37,7 +37,6 @@ from codespec.prompts import encode_texts
 from codespec.proposer import IndexedProposer, PromptLookupProposer, Proposer
 
 PLAIN = "plain"
-MAX_DRAFT = 16
 
 
 @dataclass(frozen=True)
@@ -155,7 +154,7 @@ class Context:
     def engine(self, policy: str) -> Engine:
         if policy not in self.engines:
             self.engines[policy] = Engine(self.loaded.model, self.loaded.tokenizer, PromptLookupProposer(),
-                                          max_draft_tokens=MAX_DRAFT, draft_policy=policy, cache=self.cache)
+                                          max_draft_tokens=self.settings.max_draft_tokens, draft_policy=policy, cache=self.cache)
             self.engines[policy].calibrate()  # start-up work, outside every timed request
         return self.engines[policy]
 

@@ -137,7 +137,7 @@ def run_workloads(args: argparse.Namespace) -> int:
         "model": loaded.name,
         "dtype": loaded.info()["dtype"],
         "machine": machine,
-        "settings": {"max_draft_tokens": 16, "min_match_tokens": settings.min_match_tokens,
+        "settings": {"max_draft_tokens": settings.max_draft_tokens, "min_match_tokens": settings.min_match_tokens,
                      "prefill_chunk_tokens": settings.prefill_chunk_tokens},
         "workloads": {w.name: {"description": w.description, "requests": [s.name for s in w.steps],
                                "repository_files": len(w.files)} for w in workloads},

@@ -48,3 +48,20 @@ def test_a_long_rewrite_forgets_the_anchor():
     session.extend([200 + i for i in range(MAX_DEVIATION + 1)])
     assert session.draft(16).token_ids == ()
     assert session.draft(16, tree=True).token_ids == ()
+
+
+def test_a_short_match_anchors_once_the_output_copied_enough():
+    session = PromptLookupProposer().start(PROMPT)
+    session.extend(SOURCE_CODE[:2])  # a 2-token match: a candidate, not yet an anchor
+    assert session.draft(16, tree=True, deep=True).token_ids[:3] == (3, 4, 5)  # deep: past k for k
+    session.extend([3, 4, 5, 6])  # the model accepted the deep draft: 6 tokens copied
+    session.extend([77])  # then deviated
+    assert session.draft(16, tree=True).source == GUESS
+
+
+def test_a_candidate_that_stops_copying_early_is_dropped():
+    session = PromptLookupProposer().start(PROMPT)
+    session.extend(SOURCE_CODE[:2])
+    session.draft(16)
+    session.extend([3, 77])  # 3 tokens copied, then something else: not an edit's copy
+    assert session.draft(16, tree=True).token_ids == ()

@@ -1,0 +1,93 @@
+"""Row-blocked linear layers: a verify pass of any size multiplies like a decode step.
+
+Lossless speculation in bf16 needs every row of a verify pass to get exactly the
+logits of the decode step it stands for (attention.py). The linear layers give that
+only within one kernel regime: measured on the default model (CPU, torch 2.13, bf16),
+`F.linear` returns identical rows for every row count from 2 to 32, and other ones
+(still identical among themselves) from 33 rows on, where oneDNN switches kernels.
+A decode step is padded to two rows, so a verify pass of 33 rows or more (a 32-token
+draft plus its pending token, or eight requests' trees) drifted by up to 0.19 in a
+logit: enough to flip a near-tie, and it did, on the benchmark's repository workload.
+
+So during verify passes every linear layer multiplies at most `block` rows at a time,
+in balanced blocks (never a lone row: one row takes bf16's GEMV kernel, another order
+of summation). `probe` finds `block` on the machine at hand: the most rows for which
+each of the model's weight shapes still gives the two-row result (capped at
+`MAX_BLOCK`; a shape that never breaks is not the limit). Prefill chunks do not need
+it: they only have to agree with each other, and they run on one absolute grid.
+
+Cost: a block re-reads the weights, so a 33-row pass costs about what two 17-row
+passes cost in its linear layers; the controller's cost model carries that step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Iterator
+
+import torch
+import torch.nn.functional as F
+
+MAX_BLOCK = 64  # probed up to here: beyond it a pass is blocked anyway
+_active: list[int] = []  # the block size while a verify pass runs (a stack: re-entrant)
+
+
+@contextlib.contextmanager
+def blocked(block: int) -> Iterator[None]:
+    """Within this context, installed linear layers multiply at most `block` rows at once."""
+    _active.append(block)
+    try:
+        yield
+    finally:
+        _active.pop()
+
+
+def sizes(rows: int, block: int) -> list[int]:
+    """Balanced block sizes covering `rows`, none above `block`, none a lone row.
+
+    >>> sizes(33, 32), sizes(64, 32), sizes(20, 32), sizes(65, 32)
+    ([17, 16], [32, 32], [20], [22, 22, 21])
+    """
+    count = math.ceil(rows / block)
+    base, extra = divmod(rows, count)
+    return [base + 1] * extra + [base] * (count - extra)
+
+
+def _blocked_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    rows = x.shape[-2] if x.dim() >= 2 else 1
+    if not _active or rows <= _active[-1] or x.dim() < 2:
+        return F.linear(x, module.weight, module.bias)
+    parts = x.split(sizes(rows, _active[-1]), dim=-2)
+    return torch.cat([F.linear(part, module.weight, module.bias) for part in parts], dim=-2)
+
+
+def install(model: Any) -> None:
+    """Route every nn.Linear of `model` through the row blocking (a no-op outside `blocked`)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and not getattr(module, "_codespec_blocked", False):
+            module.forward = _blocked_linear.__get__(module)  # type: ignore[method-assign]
+            module._codespec_blocked = True
+
+
+@torch.inference_mode()
+def probe(model: Any, limit: int = MAX_BLOCK) -> int:
+    """The most rows (2..limit) every linear weight shape of `model` multiplies exactly
+    as it does two rows; `limit` when none breaks."""
+    param = next(model.parameters())
+    shapes: dict[tuple[int, int], torch.nn.Linear] = {}
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            shapes.setdefault(tuple(module.weight.shape), module)
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    block = limit
+    for module in shapes.values():
+        x = torch.randn(limit, module.in_features, generator=generator).to(param.device, param.dtype)
+        reference = F.linear(x[:2], module.weight, module.bias)
+        for rows in range(3, block + 1):
+            if not torch.equal(F.linear(x[:rows], module.weight, module.bias)[:2], reference):
+                block = rows - 1
+                break
+    # Blocks of fewer than four rows could not split a pass without a lone row; a machine
+    # that breaks that early cannot verify bit-exactly in this dtype at all.
+    return max(block, 4)
