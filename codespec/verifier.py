@@ -204,8 +204,7 @@ class Verifier:
                         rows.append(attention.RowKeys(item.slot, start + node + 1))
                     else:
                         path = torch.tensor(tree.path(node), device=device) + start
-                        gather = torch.cat([torch.arange(start, device=device), path])
-                        rows.append(attention.RowKeys(item.slot, start + node + 1, gather))
+                        rows.append(attention.RowKeys(item.slot, start + node + 1, path, start))
             return attention.Plan(self.cache, write_slots, write_positions, rows=tuple(rows))
         width = max(len(item.tree) for item in items)
         parents = torch.tensor([list(i.tree.parents) + [-1] * (width - len(i.tree)) for i in items], device=device)
