@@ -103,10 +103,19 @@ class _LookupSession:
                 best = indexed
         if best.match_len < ANCHOR_MIN_MATCH:
             # a short match mid-edit is mostly spurious: resume the copy the output left
+            matched = best.match_len >= self.min_match_tokens and len(best) > 0
+            if tree and not deep and matched and len(best) < budget:
+                # fixed trees keep the match's nodes and spend the rest of the budget on guesses
+                guesses = self.anchor.draft(self.matcher.tokens, len(self.matcher), budget - len(best), tree)
+                if guesses.source == ANCHOR and len(guesses):
+                    return guesses  # the copy resumed: that beats a short match
+                return best.with_roots(guesses) if len(guesses) else best
             anchored = self.anchor.draft(self.matcher.tokens, len(self.matcher), budget, tree)
             resumed = anchored.source == ANCHOR and len(anchored) > 0
-            if resumed or (len(anchored) and (tree or best.match_len < self.min_match_tokens)):
-                return anchored  # a resumed copy, or guesses (trees; chains only where nothing else drafts)
+            if resumed or (len(anchored) and (tree or not matched)):
+                # a resumed copy, or guesses (goodput trees, whose controller prices them as
+                # guesses; chains only where nothing else drafts)
+                return anchored
         if tree:  # both sources already keep a tree no deeper than asked
             return best if best.match_len >= self.min_match_tokens else Draft.empty(best.source)
         return _k_for_k(best, budget, self.min_match_tokens)

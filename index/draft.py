@@ -70,3 +70,16 @@ class Draft:
             return self
         n = max(0, max_tokens)
         return Draft(self.token_ids[:n], self.parents[:n], self.counts[:n], self.match_len, self.source)
+
+    def with_roots(self, other: Draft) -> Draft:
+        """This draft's nodes, then `other`'s as further subtrees of the context (this
+        draft's match length and source are kept).
+
+        >>> a = Draft.chain([1, 2], [3, 3], match_len=2, source="index")
+        >>> a.with_roots(Draft.chain([7, 8], [1, 1], match_len=1, source="anchor-guess")).parents
+        (-1, 0, -1, 2)
+        """
+        shift = len(self)
+        parents = tuple(p + shift if p >= 0 else -1 for p in other.parents)
+        return Draft(self.token_ids + other.token_ids, self.parents + parents, self.counts + other.counts,
+                     self.match_len, self.source)

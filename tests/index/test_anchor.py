@@ -40,7 +40,10 @@ def test_chains_keep_a_real_match_over_guesses():
     session.draft(16)  # the engine drafts before every pass: the long match anchors the copy
     session.extend([77, 50, 51])  # the deviation now matches other text: [50, 51] -> 52 53
     assert session.draft(16).token_ids[:2] == (52, 53)
-    assert session.draft(16, tree=True).source == GUESS  # trees take the cheap guesses instead
+    tree = session.draft(16, tree=True)  # fixed trees keep the match and add the guesses as roots
+    roots = [t for t, p in zip(tree.token_ids, tree.parents) if p == -1]
+    assert tree.token_ids[:2] == (52, 53) and roots[1:] == [8, 9, 10] and tree.is_valid_tree
+    assert session.draft(16, tree=True, deep=True).source == GUESS  # goodput prices the guesses alone
 
 
 def test_a_long_rewrite_forgets_the_anchor():

@@ -111,3 +111,12 @@ def test_random_large_sequence_against_brute_force():
     for cut in (50, 500, 1999):
         prefix = tokens[:cut]
         assert ContextMatcher(prefix, max_match=16).longest_match()[0] == brute_force_match(prefix, 16)[0]
+
+
+def test_trees_run_deeper_than_the_match_only_when_asked():
+    from codespec.index import ContextMatcher
+
+    m = ContextMatcher([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2])  # a 2-token match, 7 tokens follow it
+    assert m.draft(16, tree=True).token_ids == (3, 4)  # k tokens for a k-token match
+    assert m.draft(16, tree=True, max_depth=16).token_ids == (3, 4, 5, 6, 7, 8, 9, 1, 2)
+    assert m.draft(5, tree=True, max_depth=16).token_ids == (3, 4, 5, 6, 7)  # the node budget still holds

@@ -148,3 +148,12 @@ def test_empty_and_degenerate_inputs():
     assert len(SuffixIndex.build({"a": [1, 2, 3]}).draft([], 8)) == 0
     with pytest.raises(ValueError):
         SuffixIndex.build({"a": [-1]})
+
+
+def test_index_drafts_deeper_than_the_match_only_when_asked():
+    from codespec.index import SuffixIndex
+
+    idx = SuffixIndex.build({"a.py": [5, 6, 7, 8, 9, 10, 11]})
+    assert idx.draft([6, 7], max_tokens=16, tree=True).token_ids == (8, 9)
+    assert idx.draft([6, 7], max_tokens=16, tree=True, max_depth=16).token_ids == (8, 9, 10, 11)
+    assert idx.draft([6, 7], max_tokens=16, max_depth=16).token_ids == (8, 9, 10, 11)  # chains too
