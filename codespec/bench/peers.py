@@ -123,7 +123,8 @@ class _ArcticSession:
             self.cache.add_active_response(self.req, new)
 
     def draft(self, budget: int, tree: bool = False, deep: bool = False) -> Draft:
-        if budget <= 0:  # arctic sizes its drafts itself (max_spec_factor x match length)
+        # `deep` is ignored: arctic sizes its drafts itself (max_spec_factor x match length)
+        if budget <= 0:
             return Draft.empty("arctic")
         got = self.cache.speculate(self.req, self.context[-self.max_depth:], max_spec_tokens=budget,
                                    max_spec_factor=ARCTIC_SPEC_FACTOR, max_spec_offset=ARCTIC_SPEC_OFFSET,
