@@ -239,10 +239,7 @@ def node_probabilities(draft: Draft, rate: Callable[[int, str], float]) -> list[
     for parent, count in zip(draft.parents, draft.counts):
         sibling_total[parent] = sibling_total.get(parent, 0) + max(count, 1)
     probs: list[float] = []
-    depths: list[int] = []
-    for parent, count in zip(draft.parents, draft.counts):
-        depth = depths[parent] + 1 if parent >= 0 else 1
-        depths.append(depth)
+    for parent, count, depth in zip(draft.parents, draft.counts, _depths(draft)):
         share = max(count, 1) / sibling_total[parent]
         probs.append((probs[parent] if parent >= 0 else 1.0) * rate(draft.match_len + depth - 1, draft.source) * share)
     return probs
@@ -263,6 +260,38 @@ def prune(draft: Draft, keep: set[int]) -> Draft:
     )
 
 
+def pick(candidates: Sequence[Draft], rate: Callable[[int, str], float], cost: CostModel, context: int = 0) -> Draft:
+    """The candidate (a request's drafts from its several sources) whose best pruning
+    gives the request alone the best expected goodput; empty when drafting nothing
+    beats every candidate. Scoring, not rules, decides between a long match from the
+    index, a shorter one in the request's own context and a copy anchor's guesses: each
+    node is priced by its source's calibrated acceptance (as SuffixDecoding keeps the
+    draft with the higher expected accepted length, here divided by its cost).
+
+    >>> cost = CostModel.of({2: 0.024, 40: 0.1})   # 20 ms + 2 ms per row
+    >>> short = Draft.chain([1, 2], [1, 1], match_len=2, source="context")
+    >>> long = Draft.chain([3, 4, 5, 6], [1, 1, 1, 1], match_len=9, source="index")
+    >>> pick([short, long], rate=lambda match_len, source: 0.9, cost=cost).token_ids
+    (3, 4, 5, 6)
+    """
+    best, best_goodput = Draft.empty("none"), 1.0 / cost.cost(1, context + 1)
+    for draft in candidates:
+        pruned = choose([draft], [rate], cost, [context])[0]
+        expected = 1.0 + sum(node_probabilities(pruned, rate))
+        rows, keys = 1 + len(pruned), (1 + len(pruned)) * (context + 1) + sum(_depths(pruned))
+        goodput = expected / cost.cost(rows, keys)
+        if goodput > best_goodput:
+            best, best_goodput = pruned, goodput
+    return best
+
+
+def _depths(draft: Draft) -> list[int]:
+    depths: list[int] = []
+    for parent in draft.parents:
+        depths.append(depths[parent] + 1 if parent >= 0 else 1)
+    return depths
+
+
 def choose(drafts: Sequence[Draft], rates: Sequence[Callable[[int, str], float]], cost: CostModel,
            contexts: Sequence[int] | None = None) -> list[Draft]:
     """Prune each request's draft to the selection with the best expected goodput;
@@ -270,10 +299,8 @@ def choose(drafts: Sequence[Draft], rates: Sequence[Callable[[int, str], float]]
     contexts = list(contexts) if contexts is not None else [0] * len(drafts)
     candidates = []  # (-probability, depth, request, node): parents sort before children
     for request, (draft, rate) in enumerate(zip(drafts, rates)):
-        depth: list[int] = []
-        for node, (parent, p) in enumerate(zip(draft.parents, node_probabilities(draft, rate))):
-            depth.append(depth[parent] + 1 if parent >= 0 else 1)
-            candidates.append((-p, depth[node], request, node))
+        for node, (depth, p) in enumerate(zip(_depths(draft), node_probabilities(draft, rate))):
+            candidates.append((-p, depth, request, node))
     candidates.sort()
     requests = len(drafts)
     rows, keys = requests, sum(c + 1 for c in contexts)  # every request's pending token

@@ -167,14 +167,19 @@ class Engine:
         return [committed.get(id(run), []) for run in runs]
 
     def _draft(self, run: Run) -> Draft:
+        if self.draft_policy != "goodput":
+            return run.session.draft(run.draft_budget(), tree=self.draft_policy == "tree")
         # the controller prices every node by its calibrated acceptance, so its trees may
-        # run deeper than k tokens for a k-token match (the fixed policies' safety cap)
-        return run.session.draft(run.draft_budget(), tree=self.draft_policy != "chain",
-                                 deep=self.draft_policy == "goodput")
+        # run deeper than k tokens for a k-token match (the fixed policies' safety cap),
+        # and it picks among the sources by expected goodput instead of by match length
+        candidates = run.session.candidates(run.draft_budget())
+        if not candidates:
+            return Draft.empty("none")
+        self.calibrate()
+        return controller.pick(candidates, run.acceptance.rate, self.cost, self.cache.length(run.slot))
 
     def _verify(self, runs: Sequence[Run], drafts: list[Draft]) -> list[list[int]]:
         if self.draft_policy == "goodput" and any(len(d) for d in drafts):
-            self.calibrate()
             contexts = [self.cache.length(run.slot) for run in runs]
             drafts = controller.choose(drafts, [run.acceptance.rate for run in runs], self.cost, contexts)
         trees = [VerifyTree.build(run.generated[-1], draft) for run, draft in zip(runs, drafts)]

@@ -29,11 +29,15 @@ class ProposerSession(Protocol):
     def extend(self, token_ids: Iterable[int]) -> None:
         """Record committed tokens (the request's output) in the session's context."""
 
-    def draft(self, budget: int, tree: bool = False, deep: bool = False) -> Draft:
-        """A draft of at most `budget` tokens continuing the context (maybe empty); a
-        chain, or with `tree` a token tree of at most `budget` nodes. Trees are at most k
-        deep for a k-token match, or with `deep` up to `budget` deep (for a caller that
-        prices every node by its calibrated acceptance: the goodput controller)."""
+    def draft(self, budget: int, tree: bool = False) -> Draft:
+        """A draft of at most `budget` tokens continuing the context (maybe empty): a
+        chain, or with `tree` a token tree of at most `budget` nodes, at most k deep for
+        a k-token match."""
+
+    def candidates(self, budget: int) -> list[Draft]:
+        """Every draft the session's sources offer now, each a tree of at most `budget`
+        nodes and up to `budget` deep, for a caller that prices every node by its
+        calibrated acceptance and keeps the best (the goodput controller)."""
 
     def finish(self, generated: Sequence[int]) -> None:
         """The request ended with output `generated` (a source for later requests)."""
@@ -89,36 +93,46 @@ class _LookupSession:
         self.matcher.extend(token_ids)
         self.anchor.extend(self.matcher.tokens, start, len(self.matcher) - start)
 
-    def draft(self, budget: int, tree: bool = False, deep: bool = False) -> Draft:
+    def draft(self, budget: int, tree: bool = False) -> Draft:
         if budget <= 0:
             return Draft.empty("context")
-        depth = budget if deep else None
-        best = self.matcher.draft(max_tokens=budget, tree=tree, max_depth=depth)
-        self.anchor.observe(*self.matcher.last_match)
-        if self.index is not None:
-            longest = self.matcher.max_match
-            indexed = self.index.draft(self.matcher.tokens[-longest:], max_tokens=budget, max_match=longest,
-                                       tree=tree, max_depth=depth)
-            if indexed.match_len > best.match_len:
-                best = indexed
+        own, indexed = self._matches(budget, tree, depth=None)
+        best = indexed if indexed is not None and indexed.match_len > own.match_len else own
         if best.match_len < ANCHOR_MIN_MATCH:
             # a short match mid-edit is mostly spurious: resume the copy the output left
             matched = best.match_len >= self.min_match_tokens and len(best) > 0
-            if tree and not deep and matched and len(best) < budget:
-                # fixed trees keep the match's nodes and spend the rest of the budget on guesses
-                guesses = self.anchor.draft(self.matcher.tokens, len(self.matcher), budget - len(best), tree)
-                if guesses.source == ANCHOR and len(guesses):
-                    return guesses  # the copy resumed: that beats a short match
-                return best.with_roots(guesses) if len(guesses) else best
-            anchored = self.anchor.draft(self.matcher.tokens, len(self.matcher), budget, tree)
-            resumed = anchored.source == ANCHOR and len(anchored) > 0
-            if resumed or (len(anchored) and (tree or not matched)):
-                # a resumed copy, or guesses (goodput trees, whose controller prices them as
-                # guesses; chains only where nothing else drafts)
-                return anchored
+            room = budget - len(best) if tree and matched else budget
+            anchored = self.anchor.draft(self.matcher.tokens, len(self.matcher), room, tree)
+            if anchored.source == ANCHOR and len(anchored):
+                return anchored  # the copy resumed: that beats a short match
+            if len(anchored) and tree and matched:
+                return best.with_roots(anchored)  # trees keep the match and add the guesses
+            if len(anchored) and not matched:
+                return anchored  # guesses where nothing else drafts
         if tree:  # both sources already keep a tree no deeper than asked
             return best if best.match_len >= self.min_match_tokens else Draft.empty(best.source)
         return _k_for_k(best, budget, self.min_match_tokens)
+
+    def candidates(self, budget: int) -> list[Draft]:
+        if budget <= 0:
+            return []
+        own, indexed = self._matches(budget, tree=True, depth=budget)
+        anchored = self.anchor.draft(self.matcher.tokens, len(self.matcher), budget, tree=True)
+        # every match counts, one token long too (`min_match_tokens` is the fixed policies'
+        # guard): a caller that prices nodes by calibrated acceptance drops what won't pay
+        return [d for d in (own, indexed, anchored) if d is not None and len(d)]
+
+    def _matches(self, budget: int, tree: bool, depth: int | None) -> tuple[Draft, Draft | None]:
+        """Drafts from the longest match in the request's own context and in the index
+        (None without one); the anchor learns where the output copies from."""
+        own = self.matcher.draft(max_tokens=budget, tree=tree, max_depth=depth)
+        self.anchor.observe(*self.matcher.last_match)
+        if self.index is None:
+            return own, None
+        longest = self.matcher.max_match
+        indexed = self.index.draft(self.matcher.tokens[-longest:], max_tokens=budget, max_match=longest,
+                                   tree=tree, max_depth=depth)
+        return own, indexed
 
     def finish(self, generated: Sequence[int]) -> None:
         if self.index is not None and self.record_generations and generated:
@@ -146,8 +160,11 @@ class _NoSession:
     def extend(self, token_ids: Iterable[int]) -> None:
         pass
 
-    def draft(self, budget: int, tree: bool = False, deep: bool = False) -> Draft:
+    def draft(self, budget: int, tree: bool = False) -> Draft:
         return Draft.empty("none")
+
+    def candidates(self, budget: int) -> list[Draft]:
+        return []
 
     def finish(self, generated: Sequence[int]) -> None:
         pass

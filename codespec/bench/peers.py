@@ -122,8 +122,12 @@ class _ArcticSession:
         if new and self.open:
             self.cache.add_active_response(self.req, new)
 
-    def draft(self, budget: int, tree: bool = False, deep: bool = False) -> Draft:
-        # `deep` is ignored: arctic sizes its drafts itself (max_spec_factor x match length)
+    def candidates(self, budget: int) -> list[Draft]:
+        # arctic sizes its drafts itself (max_spec_factor x match length): one tree
+        found = self.draft(budget, tree=True)
+        return [found] if len(found) else []
+
+    def draft(self, budget: int, tree: bool = False) -> Draft:
         if budget <= 0:
             return Draft.empty("arctic")
         got = self.cache.speculate(self.req, self.context[-self.max_depth:], max_spec_tokens=budget,

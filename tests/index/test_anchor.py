@@ -43,7 +43,9 @@ def test_chains_keep_a_real_match_over_guesses():
     tree = session.draft(16, tree=True)  # fixed trees keep the match and add the guesses as roots
     roots = [t for t, p in zip(tree.token_ids, tree.parents) if p == -1]
     assert tree.token_ids[:2] == (52, 53) and roots[1:] == [8, 9, 10] and tree.is_valid_tree
-    assert session.draft(16, tree=True, deep=True).source == GUESS  # goodput prices the guesses alone
+    # the goodput controller gets both, each to be priced by its own calibrated rate
+    sources = {d.source for d in session.candidates(16)}
+    assert sources == {"context", GUESS}
 
 
 def test_a_long_rewrite_forgets_the_anchor():
@@ -56,7 +58,8 @@ def test_a_long_rewrite_forgets_the_anchor():
 def test_a_short_match_anchors_once_the_output_copied_enough():
     session = PromptLookupProposer().start(PROMPT)
     session.extend(SOURCE_CODE[:2])  # a 2-token match: a candidate, not yet an anchor
-    assert session.draft(16, tree=True, deep=True).token_ids[:3] == (3, 4, 5)  # deep: past k for k
+    (deep,) = session.candidates(16)  # candidates run past k tokens for a k-token match
+    assert deep.token_ids[:5] == (3, 4, 5, 6, 7)
     session.extend([3, 4, 5, 6])  # the model accepted the deep draft: 6 tokens copied
     session.extend([77])  # then deviated
     assert session.draft(16, tree=True).source == GUESS

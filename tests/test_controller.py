@@ -1,0 +1,40 @@
+"""The goodput controller's choice among a request's draft sources (`controller.pick`)."""
+
+from __future__ import annotations
+
+from codespec import controller
+from codespec.index import Draft
+
+COST = controller.CostModel.of({2: 0.024, 40: 0.1})  # 20 ms + 2 ms per row
+
+
+def chain(tokens, match_len, source):
+    return Draft.chain(tokens, [1] * len(tokens), match_len=match_len, source=source)
+
+
+def test_pick_takes_the_source_with_the_best_expected_goodput_not_the_longest_match():
+    long_but_doubtful = chain([1, 2, 3], match_len=12, source="static")
+    short_but_sure = chain([4, 5, 6, 7, 8], match_len=2, source="context")
+    rates = {"static": 0.2, "context": 0.95}
+    picked = controller.pick([long_but_doubtful, short_but_sure], lambda m, s: rates[s], COST)
+    assert picked.token_ids == (4, 5, 6, 7, 8)
+
+
+def test_pick_prunes_the_winner_to_what_pays_for_its_rows():
+    draft = chain([1, 2, 3, 4], match_len=3, source="static")
+    # one node rides free (a one-row pass is padded to two); a second one costs a row
+    assert controller.pick([draft], lambda m, s: 0.01, COST).token_ids == (1,)
+    assert controller.pick([], lambda m, s: 0.9, COST).token_ids == ()
+    # a sure first token, then doubtful ones: only what pays for its row stays
+    halves = controller.pick([draft], lambda m, s: 0.99 if m == 3 else 0.02, COST)
+    assert halves.token_ids == (1,)
+
+
+def test_guesses_are_priced_by_their_own_record():
+    acceptance = controller.Acceptance()
+    for _ in range(40):  # guesses failed, matches of the same length held
+        acceptance.observe(1, False, "anchor-guess")
+        acceptance.observe(1, True, "context")
+    guess = chain([9, 9, 9], match_len=1, source="anchor-guess")
+    match = chain([1, 2], match_len=1, source="context")
+    assert controller.pick([guess, match], acceptance.rate, COST).source == "context"
