@@ -4,7 +4,9 @@ Policies (`draft_policy`):
 * `chain`: the most frequent continuation of the longest match, k tokens for a k-token
   match, up to `max_draft_tokens`;
 * `tree`: a token tree of up to `max_draft_tokens` nodes (best first by count);
-* `goodput`: the tree, pruned by the controller below. It may give a request nothing.
+* `goodput`: for each request, the best of its sources' trees (`pick`: own context,
+  index, copy anchor, each priced by its calibrated acceptance), pruned by the
+  controller below. It may give a request nothing.
 
 The controller maximises goodput, the expected committed tokens per second of the
 next verify pass over all R active requests:

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
 
 MAX_BLOCK = 64  # probed up to here: beyond it a pass is blocked anyway
+MIN_BLOCK = 3  # the smallest block that splits every pass without a lone row
 _active: list[int] = []  # the block size while a verify pass runs (a stack: re-entrant)
 
 
@@ -46,8 +48,8 @@ def blocked(block: int) -> Iterator[None]:
 def sizes(rows: int, block: int) -> list[int]:
     """Balanced block sizes covering `rows`, none above `block`, none a lone row.
 
-    >>> sizes(33, 32), sizes(64, 32), sizes(20, 32), sizes(65, 32)
-    ([17, 16], [32, 32], [20], [22, 22, 21])
+    >>> sizes(33, 32), sizes(64, 32), sizes(20, 32), sizes(65, 32), sizes(7, 3)
+    ([17, 16], [32, 32], [20], [22, 22, 21], [3, 2, 2])
     """
     count = math.ceil(rows / block)
     base, extra = divmod(rows, count)
@@ -88,6 +90,11 @@ def probe(model: Any, limit: int = MAX_BLOCK) -> int:
             if not torch.equal(F.linear(x[:rows], module.weight, module.bias)[:2], reference):
                 block = rows - 1
                 break
-    # Blocks of fewer than four rows could not split a pass without a lone row; a machine
-    # that breaks that early cannot verify bit-exactly in this dtype at all.
-    return max(block, 4)
+    if block < MIN_BLOCK:
+        # Blocks of two rows cannot split an odd pass without a lone row (another kernel):
+        # this machine cannot verify bit-exactly in this dtype. Say so; never hide it.
+        warnings.warn(
+            f"the linear layers of this model ({param.dtype}, {param.device}) change results past "
+            f"{block} rows: speculative output may differ from plain decoding at near-ties; "
+            "use --dtype float32 for exact output", RuntimeWarning, stacklevel=2)
+    return max(block, MIN_BLOCK)

@@ -69,12 +69,13 @@ class Settings(BaseSettings):
     draft_policy: Literal["chain", "tree", "goodput"] = Field(
         "goodput",
         description="Drafts per verify pass: 'chain' (k tokens for a k-token match), 'tree' (a token "
-        "tree of up to max_draft_tokens nodes), 'goodput' (the tree, pruned per request to maximise "
-        "expected committed tokens per second; may draft nothing).",
+        "tree of up to max_draft_tokens nodes), 'goodput' (each request's best-scoring source's tree, "
+        "pruned to maximise expected committed tokens per second; may draft nothing).",
     )
     min_match_tokens: int = Field(
         2, ge=1, le=64,
-        description="Shortest suffix match of the context that may propose a draft.",
+        description="Shortest suffix match of the context that may propose a draft (chain and tree "
+        "policies; goodput prices every match by its calibrated acceptance instead).",
     )
     max_match_tokens: int = Field(
         64, ge=1, le=1024, description="Longest suffix of the context the matcher tries to match."

@@ -1,0 +1,50 @@
+"""Row-block probing: the block is where a machine's linear kernels change results."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from codespec import rowblocks
+
+
+row_by_row = types.SimpleNamespace(  # every row count multiplies alike
+    linear=lambda x, weight, bias=None: torch.cat([F.linear(r, weight, bias) for r in x.split(1)]))
+
+
+def kernels_switching_past(rows: int):
+    """A stand-in for torch.nn.functional whose linear changes its last bits past `rows`."""
+    def linear(x, weight, bias=None):
+        out = row_by_row.linear(x, weight, bias)
+        return out + 1e-3 if x.shape[-2] > rows else out
+    return types.SimpleNamespace(linear=linear)
+
+
+def model():
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)).double()
+
+
+def test_probe_finds_the_most_rows_that_multiply_like_two(monkeypatch):
+    monkeypatch.setattr(rowblocks, "F", kernels_switching_past(5))
+    assert rowblocks.probe(model()) == 5
+    monkeypatch.setattr(rowblocks, "F", row_by_row)
+    assert rowblocks.probe(model(), limit=12) == 12  # nothing breaks: the limit
+
+
+def test_a_machine_that_breaks_at_three_rows_is_told_not_hidden(monkeypatch):
+    monkeypatch.setattr(rowblocks, "F", kernels_switching_past(2))
+    with pytest.warns(RuntimeWarning, match="float32"):
+        assert rowblocks.probe(model()) == rowblocks.MIN_BLOCK
+
+
+def test_blocked_passes_equal_one_block_at_a_time():
+    layer = torch.nn.Linear(8, 4).double()
+    rowblocks.install(layer)
+    x = torch.randn(11, 8, dtype=torch.float64)
+    with rowblocks.blocked(4):
+        out = layer(x)
+    parts = [F.linear(p, layer.weight, layer.bias) for p in x.split(rowblocks.sizes(11, 4))]
+    assert torch.equal(out, torch.cat(parts))
