@@ -33,13 +33,18 @@ class InProcessBackend:
         from codespec.engine import Engine
         from codespec.models.loading import load_model
 
-        loaded = load_model(settings, progress=False)
         self.settings = settings
-        self.tokenizer = loaded.tokenizer
         self.index = SuffixIndex()
-        self.engine = Engine.from_settings(loaded.model, loaded.tokenizer, settings, index=self.index)
-        self.engine.calibrate()
-        self.scheduler = Scheduler(self.engine, settings.max_active_requests, settings.max_waiting_requests)
+
+        def build() -> Engine:  # on the scheduler's thread, where every step runs (scheduler.py)
+            loaded = load_model(settings, progress=False)
+            engine = Engine.from_settings(loaded.model, loaded.tokenizer, settings, index=self.index)
+            engine.calibrate()
+            return engine
+
+        self.scheduler = Scheduler(build, settings.max_active_requests, settings.max_waiting_requests)
+        self.engine = self.scheduler.engine
+        self.tokenizer = self.engine.tokenizer
         self.acceptance: Counter[str] = Counter()
         self.root: Path | None = None  # the indexed workspace folder
 

@@ -47,16 +47,48 @@ class Ticket:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, max_active: int = 4, max_waiting: int = 64) -> None:
-        self.engine = engine
-        self.max_active = min(max_active, engine.cache.slots)
+    """`engine` is an Engine, or a function that builds one: a server passes the
+    function, so that loading the model, calibrating and every step run on the worker
+    thread. Why: torch's CPU thread pool (OpenMP) belongs to the thread that first uses
+    it; a second thread running torch gets a second pool, and with more pool threads
+    than cores every parallel region wakes its helpers the slow way. Measured here (2
+    cores): a decode step took 86 ms on the model's thread and 105 ms on another; a
+    batch-8 pass 134 vs 225 ms. With `thread=False` there is no worker: the caller
+    runs the submitted requests on its own thread with `drain()` (the benchmark)."""
+
+    def __init__(self, engine: Engine | Callable[[], Engine], max_active: int = 4, max_waiting: int = 64,
+                 *, thread: bool = True) -> None:
         self.max_waiting = max_waiting
+        self._max_active = max_active
         self._waiting: collections.deque[Ticket] = collections.deque()
         self._active: list[tuple[Ticket, Run]] = []
         self._wake = threading.Condition()
         self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="codespec-scheduler", daemon=True)
+        self._thread: threading.Thread | None = None
+        if not thread:
+            self._use(engine)
+            return
+        ready, failed = threading.Event(), []
+
+        def work() -> None:
+            try:
+                self._use(engine)
+            except BaseException as exc:  # raised in the constructor's thread below
+                failed.append(exc)
+                return
+            finally:
+                ready.set()
+            self._loop()
+
+        self._thread = threading.Thread(target=work, name="codespec-scheduler", daemon=True)
         self._thread.start()
+        ready.wait()
+        if failed:
+            raise failed[0]
+
+    def _use(self, engine: Engine | Callable[[], Engine]) -> None:
+        self.engine = engine if isinstance(engine, Engine) else engine()
+        self.max_active = min(self._max_active, self.engine.cache.slots)
 
     # -- front-end side ------------------------------------------------------------------
     def submit(self, prompt_ids: Sequence[int], config: GenerationConfig, on_tokens: OnTokens,
@@ -83,7 +115,20 @@ class Scheduler:
         with self._wake:
             self._stopping = True
             self._wake.notify()
-        self._thread.join(timeout=30)
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def drain(self) -> None:
+        """Run every submitted request to its end on the calling thread (a scheduler
+        made with `thread=False`)."""
+        if self._thread is not None:
+            raise RuntimeError("this scheduler has a worker thread; drain() is for thread=False")
+        while True:
+            with self._wake:
+                self._admit_waiting()
+            if not self._active:
+                return
+            self._step()
 
     # -- worker side ---------------------------------------------------------------------
     def _loop(self) -> None:
@@ -93,9 +138,12 @@ class Scheduler:
                     self._wake.wait()
                 if self._stopping:
                     return
-                while self._waiting and len(self._active) < self.max_active:
-                    self._admit(self._waiting.popleft())
+                self._admit_waiting()
             self._step()
+
+    def _admit_waiting(self) -> None:
+        while self._waiting and len(self._active) < self.max_active:
+            self._admit(self._waiting.popleft())
 
     def _admit(self, ticket: Ticket) -> None:
         if ticket.cancelled.is_set():

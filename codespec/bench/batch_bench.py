@@ -17,7 +17,6 @@ per pass, and whether every output equals `none`'s in the same batch mode.
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -111,27 +110,23 @@ def run_alone(engine: Engine, requests: Sequence[Workload], speculate: bool) -> 
 
 
 def run_together(engine: Engine, requests: Sequence[Workload], speculate: bool) -> Timed:
-    scheduler = Scheduler(engine, max_active=len(requests), max_waiting=len(requests))
+    # driven on this thread, the one that loaded the model and calibrated: a second
+    # thread would run torch on a second, slower thread pool (scheduler.py)
+    scheduler = Scheduler(engine, max_active=len(requests), max_waiting=len(requests), thread=False)
     finished: dict[int, Any] = {}
     ended: dict[int, float] = {}
-    all_done = threading.Event()
 
     def on_done(i: int) -> Callable[[Any], None]:
         def done(outcome: Any) -> None:
             finished[i], ended[i] = outcome, time.perf_counter()
-            if len(finished) == len(requests):
-                all_done.set()
         return done
 
-    try:
-        began = time.perf_counter()
-        for i, request in enumerate(requests):
-            scheduler.submit(request.prompt_ids, GenerationConfig(request.max_new_tokens, speculate=speculate),
-                             on_tokens=lambda tokens: None, on_done=on_done(i))
-        all_done.wait()
-        wall = time.perf_counter() - began
-    finally:
-        scheduler.close()
+    began = time.perf_counter()
+    for i, request in enumerate(requests):
+        scheduler.submit(request.prompt_ids, GenerationConfig(request.max_new_tokens, speculate=speculate),
+                         on_tokens=lambda tokens: None, on_done=on_done(i))
+    scheduler.drain()
+    wall = time.perf_counter() - began
     outs = [finished[i] for i in range(len(requests))]
     for out in outs:
         if isinstance(out, BaseException):

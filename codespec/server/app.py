@@ -26,7 +26,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from codespec import __version__
 from codespec.errors import CodespecError, RequestError
 from codespec.index import SuffixIndex
-from codespec.scheduler import SchedulerFull
+from codespec.engine import Engine
+from codespec.scheduler import Scheduler, SchedulerFull
 from codespec.server.backend import Backend, GenerationFailed
 from codespec.server.routes import ModelNotFound, router
 from codespec.server.schemas import error_body
@@ -69,29 +70,40 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
 
 def load_backend(settings: Settings) -> Backend:
     """The model, and the index: a file (`index`), or the repository (`repo`) indexed in
-    the background while the server already answers."""
+    the background while the server already answers. The model loads on the
+    scheduler's thread, where every step runs (scheduler.py: one torch thread pool)."""
     from codespec.indexing import build_repository_index, default_index_path, tokenizer_fingerprint
     from codespec.models.loading import load_model
 
-    loaded = load_model(settings)
-    fingerprint = tokenizer_fingerprint(loaded.tokenizer)
-    if settings.index:
-        index = SuffixIndex.load(settings.index, tokenizer=fingerprint)
-    else:
-        index = SuffixIndex()
-        if settings.repo:
-            root = Path(settings.repo).resolve()
-            if not root.is_dir():
-                raise CodespecError(f"--repo {settings.repo}: not a directory")
-            out = default_index_path(settings.cache_dir, root)
+    built: dict[str, Any] = {}
 
-            def build() -> Any:
-                build_repository_index(root, loaded.tokenizer, out, progress=False)
-                return SuffixIndex.load(out, tokenizer=fingerprint).static
+    def build() -> Engine:
+        loaded = load_model(settings)
+        fingerprint = tokenizer_fingerprint(loaded.tokenizer)
+        if settings.index:
+            index = SuffixIndex.load(settings.index, tokenizer=fingerprint)
+        else:
+            index = SuffixIndex()
+            if settings.repo:
+                root = Path(settings.repo).resolve()
+                if not root.is_dir():
+                    raise CodespecError(f"--repo {settings.repo}: not a directory")
+                out = default_index_path(settings.cache_dir, root)
 
-            print(f"codespec: indexing {root} in the background -> {out}", file=sys.stderr)
-            index.rebuild_in_background(build)
-    return Backend.create(loaded.name, loaded.model, loaded.tokenizer, settings, index)
+                def rebuild() -> Any:
+                    build_repository_index(root, loaded.tokenizer, out, progress=False)
+                    return SuffixIndex.load(out, tokenizer=fingerprint).static
+
+                print(f"codespec: indexing {root} in the background -> {out}", file=sys.stderr)
+                index.rebuild_in_background(rebuild)
+        built.update(name=loaded.name, index=index)
+        engine = Engine.from_settings(loaded.model, loaded.tokenizer, settings, index=index)
+        engine.calibrate()
+        return engine
+
+    scheduler = Scheduler(build, settings.max_active_requests, settings.max_waiting_requests)
+    engine = scheduler.engine
+    return Backend(built["name"], engine.tokenizer, engine, scheduler, built["index"], settings)
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -37,10 +37,13 @@ class Backend:
 
     @classmethod
     def create(cls, name: str, model: Any, tokenizer: Any, settings: Settings, index: SuffixIndex) -> Backend:
-        engine = Engine.from_settings(model, tokenizer, settings, index=index)
-        engine.calibrate()
-        scheduler = Scheduler(engine, settings.max_active_requests, settings.max_waiting_requests)
-        return cls(name, tokenizer, engine, scheduler, index, settings)
+        def build() -> Engine:  # on the scheduler's thread, where every step runs
+            engine = Engine.from_settings(model, tokenizer, settings, index=index)
+            engine.calibrate()
+            return engine
+
+        scheduler = Scheduler(build, settings.max_active_requests, settings.max_waiting_requests)
+        return cls(name, tokenizer, scheduler.engine, scheduler, index, settings)
 
     def close(self) -> None:
         self.scheduler.close()
