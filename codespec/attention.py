@@ -10,9 +10,11 @@ those of plain decoding at that position, bit for bit, or a near-tie can resolve
 differently. Measured on the default model (bf16, CPU): a FIM completion changed at a
 one-ULP logit tie (17.375 vs 17.25). Two causes, both handled:
 * attention: one query against a masked block of keys and the same query against its
-  unmasked prefix sum in different orders. So in decode and verify passes every real
-  row attends through its own lean call: one query position, no mask, exactly its keys
-  (the committed context and its ancestors in the draft tree, nothing else);
+  unmasked prefix sum in different orders. So in decode and verify passes every row
+  attends in a way that does not depend on the rest of the pass: by default one call per
+  request with its keys padded (rowcalls.py; a decode step is such a call with one row),
+  or, where `rowcalls.probe` finds the padding does not keep rows exact, one lean call
+  per row with exactly its keys (the committed context and its ancestors in the tree);
 * matmuls: bf16 linear layers give identical rows for any row count from 2 to 32 on
   this CPU (another kernel from 33 on; rowblocks.py multiplies verify passes in
   blocks that stay in the first regime), but a single row takes a GEMV kernel with
@@ -37,16 +39,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from codespec import rowcalls
+
 NAME = "codespec_slots"
 PLAN_KEY = "codespec_plan"
-
-
-@dataclass(frozen=True)
-class RowKeys:
-    slot: int
-    end: int  # the row attends to slot positions [0, end) ...
-    path: torch.Tensor | None = None  # ... or to [0, context) and these positions (off the main path)
-    context: int = 0
 
 
 @dataclass(frozen=True)
@@ -67,7 +63,7 @@ class Plan:
     write_positions: torch.Tensor  # [rows] int64
     prefill: tuple[int, int, int] | None = None  # (slot, start, rows): a prefill chunk
     prefill_mask: torch.Tensor | None = None  # [rows, start + rows] bool
-    rows: tuple[RowKeys, ...] = ()  # row-exact verify: one entry per real row
+    calls: tuple[rowcalls.Call, ...] = ()  # row-exact verify (rowcalls.py)
     groups: tuple[Group, ...] = ()  # masked verify: one entry per request
 
 
@@ -99,27 +95,30 @@ def slot_attention(
         )
         return attended.transpose(1, 2), None
     scratch: tuple[int, torch.Tensor, torch.Tensor] | None = None  # (slot, keys, values)
-    for i, row in enumerate(plan.rows):
-        if row.path is None:
-            k = keys[row.slot : row.slot + 1, :, : row.end]
-            v = values[row.slot : row.slot + 1, :, : row.end]
+    rows_first = query[0]  # [heads, rows, dim]
+    for call in plan.calls:
+        if call.path is None:
+            k = keys[call.slot : call.slot + 1, :, : call.keys]
+            v = values[call.slot : call.slot + 1, :, : call.keys]
         else:
             # A tree row off the main path attends to the context and its own ancestors,
             # which are not contiguous in the slot. Copy the request's context once per
             # layer into a scratch buffer laid out like the slot, then write each such row's
             # path after it: one context copy per request, not one per row (a gather per
             # row made such rows cost ~2.5x a chain row at 1k tokens of context).
-            if scratch is None or scratch[0] != row.slot:
-                scratch = (row.slot, keys.new_empty(1, *keys.shape[1:]), values.new_empty(1, *values.shape[1:]))
-                scratch[1][:, :, : row.context] = keys[row.slot : row.slot + 1, :, : row.context]
-                scratch[2][:, :, : row.context] = values[row.slot : row.slot + 1, :, : row.context]
-            end = row.context + row.path.shape[0]
-            scratch[1][:, :, row.context : end] = keys[row.slot : row.slot + 1].index_select(2, row.path)
-            scratch[2][:, :, row.context : end] = values[row.slot : row.slot + 1].index_select(2, row.path)
-            k, v = scratch[1][:, :, :end], scratch[2][:, :, :end]
-        # grouped-query attention: the query heads sharing a KV head are rows of one call
-        packed = query[:, :, i].reshape(1, kv_heads, heads // kv_heads, dim)
-        out[:, i] = F.scaled_dot_product_attention(packed, k, v, scale=scaling).reshape(1, heads, dim)
+            if scratch is None or scratch[0] != call.slot:
+                scratch = (call.slot, keys.new_empty(1, *keys.shape[1:]), values.new_empty(1, *values.shape[1:]))
+                scratch[1][:, :, : call.context] = keys[call.slot : call.slot + 1, :, : call.context]
+                scratch[2][:, :, : call.context] = values[call.slot : call.slot + 1, :, : call.context]
+            end = call.context + call.path.shape[0]
+            scratch[1][:, :, call.context : end] = keys[call.slot : call.slot + 1].index_select(2, call.path)
+            scratch[2][:, :, call.context : end] = values[call.slot : call.slot + 1].index_select(2, call.path)
+            # masked padding must hold finite numbers: its zero weights times NaN are NaN
+            scratch[1][:, :, end : call.keys] = 0
+            scratch[2][:, :, end : call.keys] = 0
+            k, v = scratch[1][:, :, : call.keys], scratch[2][:, :, : call.keys]
+        rows = slice(call.first_row, call.first_row + call.rows)
+        out[0, rows] = rowcalls.attend(rows_first[:, rows], k, v, call, scaling)
     for group in plan.groups:
         span = slice(group.slot, group.slot + 1), slice(None), slice(0, group.start + group.rows)
         q = query[:, :, group.first_row : group.first_row + group.rows]

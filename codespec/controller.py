@@ -36,6 +36,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
 
+from codespec import rowcalls
 from codespec.index import Draft
 
 DraftPolicy = Literal["chain", "tree", "goodput"]
@@ -141,6 +142,7 @@ class CostModel:
 
     forget: float = 0.98  # weight of the past per new timing
     block: int = 0  # rows per linear-layer block (0: passes are not blocked)
+    padded: bool = False  # attention runs padded calls (rowcalls.py): keys are counted per call
     _xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 4 for _ in range(4)])  # sum w x x^T
     _xy: list[float] = field(default_factory=lambda: [0.0] * 4)  # sum w x y
     _fitted: tuple[float, float, float, float] | None = field(default=None, repr=False)
@@ -201,15 +203,29 @@ class CostModel:
     def measure(self, run_pass: Callable[[int, int], float], rows: Sequence[int], contexts: Sequence[int],
                 repeat: int = 3) -> None:
         """Time `run_pass(rows, context)` per row count and context length, and observe
-        the median of `repeat` timings (after a warm-up pass at the largest size); a chain
-        of n rows over a context of L attends to n * (L + 1) + n * (n - 1) / 2 keys.
+        the median of `repeat` timings (after a warm-up pass at the largest size); keys
+        counted by `attended_keys`.
         Why a median: single start-up timings ran 10-25% above the steady cost (first
         touches of the KV slot's pages, allocator growth), which priced rows too high."""
         run_pass(max(rows), max(contexts))
         for context in contexts:
             for n in rows:
                 seconds = statistics.median(run_pass(n, context) for _ in range(repeat))
-                self.observe(n, seconds, n * (context + 1) + n * (n - 1) // 2)
+                self.observe(n, seconds, self.attended_keys(context, n))
+
+    def attended_keys(self, context: int, main: int, off_path: Sequence[int] = ()) -> int:
+        """The keys a request's rows read in one pass: `main` rows on the main path (the
+        pending token and a chain below it) over `context` committed tokens, and tree
+        rows off it at depths `off_path`. Lean calls read each row's own keys; padded
+        calls read the main path's keys once, and each off-path row's alone.
+
+        >>> CostModel().attended_keys(100, 3, [2]), CostModel(padded=True).attended_keys(100, 3, [2])
+        (409, 1024)
+        """
+        if self.padded:
+            calls = [rowcalls.padded_length(context + main)] if main else []
+            return sum(calls) + sum(rowcalls.padded_length(context + d + 1) for d in off_path)
+        return main * (context + 1) + main * (main - 1) // 2 + sum(context + d + 1 for d in off_path)
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
@@ -276,15 +292,29 @@ def pick(candidates: Sequence[Draft], rate: Callable[[int, str], float], cost: C
     >>> pick([short, long], rate=lambda match_len, source: 0.9, cost=cost).token_ids
     (3, 4, 5, 6)
     """
-    best, best_goodput = Draft.empty("none"), 1.0 / cost.cost(1, context + 1)
+    best, best_goodput = Draft.empty("none"), 1.0 / cost.cost(1, cost.attended_keys(context, 1))
     for draft in candidates:
         pruned = choose([draft], [rate], cost, [context])[0]
         expected = 1.0 + sum(node_probabilities(pruned, rate))
-        rows, keys = 1 + len(pruned), (1 + len(pruned)) * (context + 1) + sum(_depths(pruned))
+        main, off_path = _main_path(pruned)
+        rows, keys = 1 + len(pruned), cost.attended_keys(context, 1 + main, off_path)
         goodput = expected / cost.cost(rows, keys)
         if goodput > best_goodput:
             best, best_goodput = pruned, goodput
     return best
+
+
+def _main_path(draft: Draft) -> tuple[int, list[int]]:
+    """(nodes on the main path, depths of the others): the verify tree lays a draft out
+    depth first, children in draft order, so the main path follows first children."""
+    first_child: dict[int, int] = {}
+    for node, parent in enumerate(draft.parents):
+        first_child.setdefault(parent, node)
+    main, node = set(), first_child.get(-1)
+    while node is not None:
+        main.add(node)
+        node = first_child.get(node)
+    return len(main), [d for i, d in enumerate(_depths(draft)) if i not in main]
 
 
 def _depths(draft: Draft) -> list[int]:
@@ -305,11 +335,24 @@ def choose(drafts: Sequence[Draft], rates: Sequence[Callable[[int, str], float]]
             candidates.append((-p, depth, request, node))
     candidates.sort()
     requests = len(drafts)
-    rows, keys = requests, sum(c + 1 for c in contexts)  # every request's pending token
+    rows, keys = requests, sum(cost.attended_keys(c, 1) for c in contexts)  # every request's pending token
     best_n, best_goodput, expected = 0, requests / cost.cost(rows, keys), float(requests)
-    for n, (neg_p, node_depth, request, _) in enumerate(candidates, start=1):
+    # a node joins its request's main path when its parent is on it and has no chosen
+    # child yet (approximately: the layout follows draft order, this follows probability)
+    main_len = [1] * requests  # rows on each request's main path
+    on_main: list[set[int]] = [{-1} for _ in drafts]
+    has_child: list[set[int]] = [set() for _ in drafts]
+    for n, (neg_p, node_depth, request, node) in enumerate(candidates, start=1):
         expected -= neg_p
-        rows, keys = rows + 1, keys + contexts[request] + node_depth + 1
+        parent, context = drafts[request].parents[node], contexts[request]
+        if parent in on_main[request] and parent not in has_child[request]:
+            on_main[request].add(node)
+            keys += cost.attended_keys(context, main_len[request] + 1) - cost.attended_keys(context, main_len[request])
+            main_len[request] += 1
+        else:
+            keys += cost.attended_keys(context, 0, [node_depth])
+        has_child[request].add(parent)
+        rows += 1
         goodput = expected / cost.cost(rows, keys)
         if goodput > best_goodput:
             best_n, best_goodput = n, goodput

@@ -101,7 +101,8 @@ class Engine:
         self.max_draft_tokens = max_draft_tokens
         self.draft_policy = draft_policy
         self.eos_token_ids = frozenset(eos_token_ids if eos_token_ids is not None else _eos_ids(model, tokenizer))
-        self.cost = controller.CostModel(block=self.verifier.row_block if exact_rows else 0)
+        self.cost = controller.CostModel(block=self.verifier.row_block if exact_rows else 0,
+                                         padded=exact_rows and self.verifier.padded_rows)
         self.acceptance = controller.AcceptanceTable()  # every request's record, by match length
 
     @classmethod
@@ -189,7 +190,8 @@ class Engine:
         results = self.verifier.verify(items)
         seconds = time.perf_counter() - began
         rows = sum(len(tree) for tree in trees)
-        keys = sum(len(tree) * (start + 1) + sum(tree.depths) for tree, start in zip(trees, starts))
+        keys = sum(self.cost.attended_keys(start, tree.main_path, tree.depths[tree.main_path:])
+                   for tree, start in zip(trees, starts))
         self.cost.observe(max(rows, 2), seconds, keys)
         return [run._after_pass(draft, tree, result) for run, draft, tree, result in zip(runs, drafts, trees, results)]
 

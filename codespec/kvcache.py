@@ -30,6 +30,7 @@ from typing import Any, Sequence
 
 import torch
 
+from codespec import rowcalls
 from codespec.errors import CodespecError
 
 DEFAULT_CHUNK = 256  # prefill chunk: the fastest 1k-token prefill here, 128 costs +20% (decisions.md)
@@ -72,7 +73,9 @@ class SlotCache:
             raise CodespecError(f"a KV cache needs slots >= 1, slot_tokens >= 2, chunk >= 1; got "
                                 f"{slots}, {slot_tokens}, {chunk}")
         layers, kv_heads, head_dim = kv_dims(config)
-        shape = (slots, kv_heads, slot_tokens, head_dim)
+        # Row-exact attention reads up to rowcalls.padded_length(n) positions for n tokens
+        # (masked, but they must exist): the storage is that much longer than a slot holds.
+        shape = (slots, kv_heads, rowcalls.padded_length(slot_tokens), head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]  # per layer
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.slot_tokens = slot_tokens
@@ -86,7 +89,7 @@ class SlotCache:
     def within_budget(cls, config: Any, *, budget_mb: int, slot_tokens: int, dtype: torch.dtype,
                       device: torch.device | str = "cpu", chunk: int = DEFAULT_CHUNK) -> SlotCache:
         """As many slots as `budget_mb` MiB hold; a clear error when it holds none."""
-        slot_bytes = bytes_per_token(config, dtype) * slot_tokens
+        slot_bytes = bytes_per_token(config, dtype) * rowcalls.padded_length(slot_tokens)
         slots = (budget_mb << 20) // slot_bytes
         if slots < 1:
             raise CodespecError(

@@ -25,12 +25,12 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from codespec import attention, rowblocks
+from codespec import attention, rowblocks, rowcalls
 from codespec.errors import ModelError
 from codespec.kernels.accept import tree_accept
 from codespec.kernels.compact import compact_kv
 from codespec.kernels.tree_mask import tree_mask
-from codespec.kvcache import SlotCache
+from codespec.kvcache import SlotCache, kv_dims
 from codespec.tree import VerifyTree
 
 
@@ -104,6 +104,11 @@ class Verifier:
         if not hasattr(model, "_codespec_row_block"):  # probed once per model
             model._codespec_row_block = rowblocks.probe(model)
         self.row_block = model._codespec_row_block
+        _, kv_heads, head_dim = kv_dims(model.config)
+        self.query_group = model.config.num_attention_heads // kv_heads
+        if not hasattr(model, "_codespec_padded_rows"):  # likewise for attention (rowcalls.py)
+            model._codespec_padded_rows = rowcalls.probe(self.dtype, self.device, kv_heads, self.query_group, head_dim)
+        self.padded_rows = model._codespec_padded_rows
         # A 4D mask makes transformers skip building one; slot_attention ignores it.
         self._no_mask = torch.zeros(1, 1, 1, 1, dtype=self.dtype, device=self.device)
 
@@ -196,16 +201,10 @@ class Verifier:
         write_slots = torch.tensor(slots, device=device)
         write_positions = torch.tensor(writes, device=device)
         if self.exact_rows:
-            rows: list[attention.RowKeys] = []
-            for item in items:
-                start, tree = self.cache.length(item.slot), item.tree
-                for node in range(len(tree)):
-                    if tree.depths[node] == node:  # ancestors are nodes 0..node-1: one slice
-                        rows.append(attention.RowKeys(item.slot, start + node + 1))
-                    else:
-                        path = torch.tensor(tree.path(node), device=device) + start
-                        rows.append(attention.RowKeys(item.slot, start + node + 1, path, start))
-            return attention.Plan(self.cache, write_slots, write_positions, rows=tuple(rows))
+            requests = [(item.slot, self.cache.length(item.slot), item.tree) for item in items]
+            calls = rowcalls.plan_calls(requests, padded=self.padded_rows, group=self.query_group,
+                                        dtype=self.dtype, device=device)
+            return attention.Plan(self.cache, write_slots, write_positions, calls=calls)
         width = max(len(item.tree) for item in items)
         parents = torch.tensor([list(i.tree.parents) + [-1] * (width - len(i.tree)) for i in items], device=device)
         allow = tree_mask(parents, torch.tensor([len(i.tree) for i in items], device=device))

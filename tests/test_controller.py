@@ -38,3 +38,21 @@ def test_guesses_are_priced_by_their_own_record():
     guess = chain([9, 9, 9], match_len=1, source="anchor-guess")
     match = chain([1, 2], match_len=1, source="context")
     assert controller.pick([guess, match], acceptance.rate, COST).source == "context"
+
+
+def test_padded_attention_prices_main_path_rows_below_branch_rows():
+    """With padded calls (rowcalls.py) a main-path row adds no context read and a branch
+    row reads the whole context again: at a long context the controller keeps a likely
+    chain and drops a less likely branch; with lean calls every row reads it."""
+    # 20 ms + 0.5 ms per row + 10 ms per 1,000 keys read
+    points = {(rows, keys): 0.02 + 0.0005 * rows + 0.00001 * keys for rows in (2, 8, 32) for keys in (500, 5000)}
+    # root 1 with child 2 (the main path) and a second root 3: p = 0.525, 0.3675, 0.175
+    draft = Draft((1, 2, 3), (-1, 0, -1), (3, 3, 1), match_len=4, source="index")
+    rate = lambda m, s: 0.7  # noqa: E731
+    padded = controller.CostModel.of(points)
+    padded.padded = True
+    kept = controller.choose([draft], [rate], padded, [2000])[0]
+    assert kept.token_ids == (1, 2)
+    lean = controller.choose([draft], [rate], controller.CostModel.of(points), [2000])[0]
+    assert lean.token_ids == (1,)  # the second row of a pass rides free (padding)
+    assert padded.attended_keys(2000, 3) == 2016 and padded.attended_keys(2000, 0, [1]) == 2016

@@ -47,9 +47,12 @@ def test_speculative_equals_plain(arch, max_draft_tokens):
     assert accepted > 20 and rejected > 20, (accepted, rejected)
 
 
-def test_plain_engine_equals_hf_greedy_generate():
-    """The reference itself is right: plain decoding equals transformers' greedy generate."""
-    model = tiny_model("qwen2", vocab_size=64, seed=5)
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_plain_engine_equals_hf_greedy_generate(kv_heads):
+    """The reference itself is right: plain decoding equals transformers' greedy generate,
+    with lean attention calls (two query heads per KV head: the float64 probe fails) and
+    with padded ones (four per KV head; rowcalls.py)."""
+    model = tiny_model("qwen2", vocab_size=64, seed=5, num_key_value_heads=kv_heads)
     engine = Engine(model, None, eos_token_ids=[])
     for prompt in prompts(64, 4, seed=1, repeat=False):
         ids = torch.tensor([prompt])

@@ -43,13 +43,30 @@ def engine_for(model, policy="chain", exact_rows=True, slots=2, chunk=128, max_d
                   draft_policy=policy, eos_token_ids=[], cache=cache, exact_rows=exact_rows)
 
 
+def rows_model(arch, rows, **kwargs):
+    """A tiny model whose row-exact attention runs `rows` calls: "padded" (one per
+    request, rowcalls.py) or "lean" (one per row). One KV head for four query heads: in
+    float64 here padded calls are row-exact for that layout (not for two per KV head)."""
+    model = tiny_model(arch, num_key_value_heads=1, **kwargs)
+    if rows == "lean":
+        model._codespec_padded_rows = False  # what the verifier does where the probe fails
+    return model
+
+
+def check_rows(engine, rows):
+    if rows == "padded" and not engine.verifier.padded_rows:
+        pytest.skip("rowcalls.probe: padded attention calls are not row-exact on this machine")
+    assert engine.verifier.padded_rows == (rows == "padded") or rows == "masked"
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
-@pytest.mark.parametrize("policy, exact_rows", [("tree", True), ("goodput", True), ("tree", False),
-                                                ("chain", False)])
-def test_policies_and_attention_paths_equal_plain(monkeypatch, arch, policy, exact_rows):
+@pytest.mark.parametrize("policy, rows", [("tree", "padded"), ("goodput", "padded"), ("tree", "lean"),
+                                          ("goodput", "lean"), ("tree", "masked"), ("chain", "masked")])
+def test_policies_and_attention_paths_equal_plain(monkeypatch, arch, policy, rows):
     spy = Spy(monkeypatch)
-    model = tiny_model(arch, vocab_size=16, seed=3)
-    engine = engine_for(model, policy, exact_rows)
+    model = rows_model(arch, rows, vocab_size=16, seed=3)
+    engine = engine_for(model, policy, exact_rows=rows != "masked")
+    check_rows(engine, rows)
     accepted = rejected = 0
     for prompt in prompts(16, 10, seed=16, repeat=True):
         plain = engine.generate(prompt, GenerationConfig(max_new_tokens=40, speculate=False))
@@ -62,13 +79,15 @@ def test_policies_and_attention_paths_equal_plain(monkeypatch, arch, policy, exa
         assert spy.branching > 20 and spy.compactions > 20, (spy.branching, spy.compactions)
 
 
-def test_batched_runs_that_join_and_leave_equal_each_run_alone(monkeypatch):
+@pytest.mark.parametrize("rows", ["padded", "lean"])
+def test_batched_runs_that_join_and_leave_equal_each_run_alone(monkeypatch, rows):
     """Runs of different prompt lengths and limits start at different steps, finish at
     different steps, and share every verify pass meanwhile; greedy and seeded sampled
     runs alike produce what they produce alone."""
     spy = Spy(monkeypatch)
-    model = tiny_model("qwen2", vocab_size=16, seed=3)
+    model = rows_model("qwen2", rows, vocab_size=16, seed=3)
     engine = engine_for(model, "tree", slots=4)
+    check_rows(engine, rows)
     cases = prompts(16, 6, seed=5, repeat=True) + [[3, 1, 4, 1, 5, 9, 2, 6]]
     configs = [GenerationConfig(max_new_tokens=12 + 7 * i, temperature=1.1 if i % 3 == 2 else 0.0, seed=i)
                for i in range(len(cases))]
@@ -103,11 +122,12 @@ def test_goodput_controller_batches_are_lossless():
     assert max(budgets) > 0
 
 
-@pytest.mark.parametrize("policy", ["chain", "tree"])
-def test_kv_prefix_reuse_is_lossless(policy):
+@pytest.mark.parametrize("policy, rows", [("chain", "padded"), ("tree", "padded"), ("tree", "lean")])
+def test_kv_prefix_reuse_is_lossless(policy, rows):
     """Requests sharing prompt prefixes reuse whole prefill chunks of earlier requests,
     and produce what a fresh engine (nothing cached) produces."""
-    model = tiny_model("qwen2", vocab_size=64, seed=2)
+    model = rows_model("qwen2", rows, vocab_size=64, seed=2)
+    check_rows(engine_for(model), rows)
     base = prompts(64, 1, seed=3, repeat=False)[0] * 3
     cases = [base[:30], base[:30] + [5, 6], base[:45], base[:30], [9] + base[:29], base[:60]]
     engine = engine_for(model, policy, slots=2, chunk=8)
@@ -126,7 +146,8 @@ def test_kv_budget_and_slot_limits_fail_clearly():
     with pytest.raises(CodespecError, match="cannot hold one slot"):
         SlotCache.within_budget(model.config, budget_mb=1, slot_tokens=1 << 20, dtype=torch.float64)
     cache = SlotCache.within_budget(model.config, budget_mb=1, slot_tokens=64, dtype=torch.float64)
-    assert cache.slots == (1 << 20) // (2 * 2 * 2 * 16 * 8 * 64)  # layers, K+V, kv heads, head dim, bytes
+    # layers, K+V, kv heads, head dim, bytes, positions (64 padded to rowcalls.MIN_KEYS)
+    assert cache.slots == (1 << 20) // (2 * 2 * 2 * 16 * 8 * 512)
     engine = Engine(model, None, eos_token_ids=[], cache=cache)
     with pytest.raises(RequestError, match="KV slot: 64 tokens"):
         engine.generate(list(range(16)) * 4, GenerationConfig())

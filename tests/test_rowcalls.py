@@ -1,0 +1,73 @@
+"""Row-exact attention calls: how a pass's rows become calls, that a call computes
+attention, and that the probe notices when rows stop being independent of their call."""
+
+from __future__ import annotations
+
+import torch
+
+from codespec import rowcalls
+from codespec.index import Draft
+from codespec.tree import VerifyTree
+
+GROUP = 4  # query heads per KV head
+
+
+def tree_with_branches() -> VerifyTree:
+    # pending 9, main path 9 -> 1 -> 2 -> 3, a sibling 5 under the root and 6 under 1
+    draft = Draft((1, 2, 3, 5, 6), (-1, 0, 1, -1, 0), (4, 3, 3, 1, 1), 2, "test")
+    return VerifyTree.build(9, draft)
+
+
+def test_padded_plan_gives_the_main_path_one_call_and_each_branch_row_its_own():
+    tree = tree_with_branches()
+    main = next(i for i, d in enumerate(tree.depths) if d != i)
+    calls = rowcalls.plan_calls([(0, 4, VerifyTree.chain(7)), (1, 600, tree)], padded=True, group=GROUP,
+                                dtype=torch.float32, device="cpu")
+    assert [(c.slot, c.first_row, c.rows) for c in calls] == [
+        (0, 0, 1), (1, 1, main), *((1, 1 + node, 1) for node in range(main, len(tree)))]
+    decode, chain = calls[0], calls[1]
+    assert decode.keys == 512 and chain.keys == 608  # padded: at least 512, a multiple of 32
+    seen = (chain.mask == 0).sum(dim=1).view(main, GROUP)  # keys each row sees, per query head
+    assert seen.tolist() == [[601 + i] * GROUP for i in range(main)]
+    for call in calls[2:]:
+        node = call.first_row - 1
+        assert call.context == 600 and call.path.tolist() == [600 + p for p in tree.path(node)]
+        assert (call.mask[0] == 0).sum() == 600 + len(tree.path(node))
+
+
+def test_lean_plan_gives_every_row_a_call_with_exactly_its_keys():
+    tree = tree_with_branches()
+    calls = rowcalls.plan_calls([(3, 20, tree)], padded=False, group=GROUP, dtype=torch.float32, device="cpu")
+    assert len(calls) == len(tree) and all(c.rows == 1 and c.mask is None for c in calls)
+    for node, call in enumerate(calls):
+        assert call.keys == 20 + len(tree.path(node)) if call.path is not None else call.keys == 21 + node
+
+
+def test_a_padded_call_computes_each_rows_attention():
+    torch.manual_seed(0)
+    kv_heads, rows, start, dim = 2, 5, 40, 16
+    keys, values = torch.randn(2, 1, kv_heads, 512, dim, dtype=torch.float64)
+    query = torch.randn(kv_heads * GROUP, rows, dim, dtype=torch.float64)
+    call = rowcalls.plan_calls([(0, start, VerifyTree.chain(1, [2] * (rows - 1)))], padded=True, group=GROUP,
+                               dtype=torch.float64, device="cpu")[0]
+    out = rowcalls.attend(query, keys[:, :, : call.keys], values[:, :, : call.keys], call, 0.25)
+    for row in range(rows):
+        seen = start + row + 1
+        k = keys[0, :, :seen].repeat_interleave(GROUP, dim=0)  # [heads, seen, dim]
+        v = values[0, :, :seen].repeat_interleave(GROUP, dim=0)
+        weights = torch.softmax(0.25 * query[:, row : row + 1] @ k.transpose(1, 2), dim=-1)
+        torch.testing.assert_close(out[row], (weights @ v)[:, 0], rtol=1e-12, atol=1e-12)
+
+
+def test_probe_fails_when_a_rows_result_depends_on_its_call(monkeypatch):
+    exact = rowcalls.attend
+
+    def drifting(query, keys, values, call, scale):  # what a batch-dependent kernel would do
+        return exact(query, keys, values, call, scale) * (1 + 1e-3 * (call.rows > 1))
+
+    monkeypatch.setattr(rowcalls, "attend", drifting)
+    assert not rowcalls.probe(torch.float32, "cpu", 1, GROUP, 32)
+
+
+def test_padded_length():
+    assert [rowcalls.padded_length(n) for n in (1, 511, 512, 513, 544, 545)] == [512, 512, 512, 544, 544, 576]
