@@ -3,8 +3,9 @@
 Systems, all codespec's verifier on the same model and cache: `none` (speculation off),
 `chain-4/8/16` (fixed draft lengths), `tree` (16-node token trees), `goodput` (the
 controller, up to 16 nodes). Each runs every request set alone (batch 1, one request
-after another) and all at once through the scheduler (batch = the set's size, every
-request submitted together, continuous batching). The KV cache is cleared before every
+after another) and through the scheduler at each larger batch size (every request
+submitted together, up to `batch` decoding at once, the others joining as they finish:
+continuous batching). The KV cache is cleared before every
 run, so no system profits from another's prompts. With `--repeat N` the systems run N
 times, interleaved, and each is reported by its median run.
 
@@ -109,10 +110,12 @@ def run_alone(engine: Engine, requests: Sequence[Workload], speculate: bool) -> 
     return outs, time.perf_counter() - began, latencies
 
 
-def run_together(engine: Engine, requests: Sequence[Workload], speculate: bool) -> Timed:
+def run_together(engine: Engine, requests: Sequence[Workload], speculate: bool, batch: int | None = None) -> Timed:
+    """Every request submitted at once; up to `batch` (default: all) decode together,
+    the rest wait in the scheduler's queue and join as others finish."""
     # driven on this thread, the one that loaded the model and calibrated: a second
     # thread would run torch on a second, slower thread pool (scheduler.py)
-    scheduler = Scheduler(engine, max_active=len(requests), max_waiting=len(requests), thread=False)
+    scheduler = Scheduler(engine, max_active=batch or len(requests), max_waiting=len(requests), thread=False)
     finished: dict[int, Any] = {}
     ended: dict[int, float] = {}
 
@@ -153,8 +156,10 @@ def run_verify_bench(
                     engine = engines(set_name, policy)
                     engine.calibrate()  # start-up work, not part of any request
                     engine.cache.clear()
-                    runner = run_alone if batch == 1 else run_together
-                    outs, wall, latencies = runner(engine, requests, policy.speculate)
+                    if batch == 1:
+                        outs, wall, latencies = run_alone(engine, requests, policy.speculate)
+                    else:
+                        outs, wall, latencies = run_together(engine, requests, policy.speculate, batch)
                     result = _collect(set_name, batch, policy.name, outs, wall, latencies)
                     runs[policy.name].append(result)
                     if on_result:

@@ -33,6 +33,8 @@ def register(commands: Any) -> None:
                    "at batch 1 and 8; index: the index at 10k..10M tokens")
     p.add_argument("--sets", default="edit,fim-repo", help="verify suite: request sets (edit, fim-repo)")
     p.add_argument("--batches", default="1,8", help="verify suite: concurrent requests per run (default 1,8)")
+    p.add_argument("--requests", type=int, default=8, metavar="N",
+                   help="verify suite: requests per set, run at each batch size (default 8)")
     p.add_argument("--sizes", default="10k,100k,1M,10M", help="index suite: corpus sizes (default 10k,100k,1M,10M)")
     p.add_argument("--workloads", default="repo,edit,agent,editor",
                    help="comma-separated: repo, edit, agent, editor (default all)")
@@ -205,10 +207,13 @@ def run_verify(args: argparse.Namespace) -> int:
         raise CodespecError(f"--batches: {args.batches!r} is not a list of numbers such as 1,8") from None
     if not batches or batches[0] < 1:
         raise CodespecError("--batches: give positive request counts, such as 1,8")
+    if args.requests < batches[-1]:
+        raise CodespecError(f"--requests {args.requests} is fewer than the largest batch ({batches[-1]}): "
+                            "raise --requests or lower --batches")
     settings = settings_from_args(args)
     loaded = load_model(settings)
     tok = loaded.tokenizer
-    count = max(batches)
+    count = args.requests
     new_tokens = args.max_new_tokens or 96
     request_sets, proposers = {}, {}
     if "edit" in set_names:
