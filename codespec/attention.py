@@ -85,7 +85,6 @@ def slot_attention(
     keys = plan.cache.keys[module.layer_idx]  # [slots, kv_heads, slot_tokens, dim]
     values = plan.cache.values[module.layer_idx]
     _, heads, rows, dim = query.shape
-    kv_heads = keys.shape[1]
     out = query.new_zeros(1, rows, heads, dim)  # [1, rows, heads, dim], as transformers expects
     if plan.prefill is not None:
         slot, start, n = plan.prefill
@@ -95,7 +94,6 @@ def slot_attention(
         )
         return attended.transpose(1, 2), None
     scratch: tuple[int, torch.Tensor, torch.Tensor] | None = None  # (slot, keys, values)
-    rows_first = query[0]  # [heads, rows, dim]
     for call in plan.calls:
         if call.path is None:
             k = keys[call.slot : call.slot + 1, :, : call.keys]
@@ -117,8 +115,8 @@ def slot_attention(
             scratch[1][:, :, end : call.keys] = 0
             scratch[2][:, :, end : call.keys] = 0
             k, v = scratch[1][:, :, : call.keys], scratch[2][:, :, : call.keys]
-        rows = slice(call.first_row, call.first_row + call.rows)
-        out[0, rows] = rowcalls.attend(rows_first[:, rows], k, v, call, scaling)
+        answered = slice(call.first_row, call.first_row + call.rows)
+        out[0, answered] = rowcalls.attend(query[0, :, answered], k, v, call, scaling)
     for group in plan.groups:
         span = slice(group.slot, group.slot + 1), slice(None), slice(0, group.start + group.rows)
         q = query[:, :, group.first_row : group.first_row + group.rows]
