@@ -38,6 +38,7 @@ from typing import Callable, Literal, Sequence
 
 from codespec import rowcalls
 from codespec.index import Draft
+from codespec.tree import VerifyTree
 
 DraftPolicy = Literal["chain", "tree", "goodput"]
 POLICIES: tuple[str, ...] = ("chain", "tree", "goodput")
@@ -211,21 +212,30 @@ class CostModel:
         for context in contexts:
             for n in rows:
                 seconds = statistics.median(run_pass(n, context) for _ in range(repeat))
-                self.observe(n, seconds, self.attended_keys(context, n))
+                self.observe(n, seconds, self.attended_keys(context, [(n, n - 1)]))
 
-    def attended_keys(self, context: int, main: int, off_path: Sequence[int] = ()) -> int:
-        """The keys a request's rows read in one pass: `main` rows on the main path (the
-        pending token and a chain below it) over `context` committed tokens, and tree
-        rows off it at depths `off_path`. Lean calls read each row's own keys; padded
-        calls read the main path's keys once, and each off-path row's alone.
+    def attended_keys(self, context: int, chains: Sequence[tuple[int, int]]) -> int:
+        """The keys a request's rows read in one pass over `context` committed tokens;
+        `chains`: (rows, depth of the last row) per chain of its tree (rowcalls.chains;
+        the main path of m rows is (m, m - 1)). Lean calls read each row's own keys;
+        padded calls read each chain's keys once, up to its last row.
 
-        >>> CostModel().attended_keys(100, 3, [2]), CostModel(padded=True).attended_keys(100, 3, [2])
+        >>> CostModel().attended_keys(100, [(3, 2), (1, 2)]), CostModel(padded=True).attended_keys(100, [(3, 2), (1, 2)])
         (409, 1024)
         """
         if self.padded:
-            calls = [rowcalls.padded_length(context + main)] if main else []
-            return sum(calls) + sum(rowcalls.padded_length(context + d + 1) for d in off_path)
-        return main * (context + 1) + main * (main - 1) // 2 + sum(context + d + 1 for d in off_path)
+            return sum(rowcalls.padded_length(context + last + 1) for _, last in chains)
+        return sum(rows * (context + last + 1) - rows * (rows - 1) // 2 for rows, last in chains)
+
+    def tree_keys(self, context: int, tree: VerifyTree) -> int:
+        return self.attended_keys(context, [(end - begin, tree.depths[end - 1]) for begin, end in rowcalls.chains(tree)])
+
+    def row_keys(self, context: int, depth: int, extends: bool) -> int:
+        """The keys one more row at `depth` adds: `extends` when it continues its parent's
+        chain (its parent's first child), else it starts a chain of its own."""
+        if not self.padded:
+            return context + depth + 1
+        return rowcalls.padded_length(context + depth + 1) - (rowcalls.padded_length(context + depth) if extends else 0)
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
@@ -292,29 +302,15 @@ def pick(candidates: Sequence[Draft], rate: Callable[[int, str], float], cost: C
     >>> pick([short, long], rate=lambda match_len, source: 0.9, cost=cost).token_ids
     (3, 4, 5, 6)
     """
-    best, best_goodput = Draft.empty("none"), 1.0 / cost.cost(1, cost.attended_keys(context, 1))
+    best, best_goodput = Draft.empty("none"), 1.0 / cost.cost(1, cost.attended_keys(context, [(1, 0)]))
     for draft in candidates:
         pruned = choose([draft], [rate], cost, [context])[0]
         expected = 1.0 + sum(node_probabilities(pruned, rate))
-        main, off_path = _main_path(pruned)
-        rows, keys = 1 + len(pruned), cost.attended_keys(context, 1 + main, off_path)
+        rows, keys = 1 + len(pruned), cost.tree_keys(context, VerifyTree.build(0, pruned))
         goodput = expected / cost.cost(rows, keys)
         if goodput > best_goodput:
             best, best_goodput = pruned, goodput
     return best
-
-
-def _main_path(draft: Draft) -> tuple[int, list[int]]:
-    """(nodes on the main path, depths of the others): the verify tree lays a draft out
-    depth first, children in draft order, so the main path follows first children."""
-    first_child: dict[int, int] = {}
-    for node, parent in enumerate(draft.parents):
-        first_child.setdefault(parent, node)
-    main, node = set(), first_child.get(-1)
-    while node is not None:
-        main.add(node)
-        node = first_child.get(node)
-    return len(main), [d for i, d in enumerate(_depths(draft)) if i not in main]
 
 
 def _depths(draft: Draft) -> list[int]:
@@ -335,22 +331,15 @@ def choose(drafts: Sequence[Draft], rates: Sequence[Callable[[int, str], float]]
             candidates.append((-p, depth, request, node))
     candidates.sort()
     requests = len(drafts)
-    rows, keys = requests, sum(cost.attended_keys(c, 1) for c in contexts)  # every request's pending token
+    rows, keys = requests, sum(cost.attended_keys(c, [(1, 0)]) for c in contexts)  # every request's pending token
     best_n, best_goodput, expected = 0, requests / cost.cost(rows, keys), float(requests)
-    # a node joins its request's main path when its parent is on it and has no chosen
-    # child yet (approximately: the layout follows draft order, this follows probability)
-    main_len = [1] * requests  # rows on each request's main path
-    on_main: list[set[int]] = [{-1} for _ in drafts]
+    # a node extends its parent's chain when it is the parent's first chosen child
+    # (approximately: the tree orders children by draft order, this by probability)
     has_child: list[set[int]] = [set() for _ in drafts]
     for n, (neg_p, node_depth, request, node) in enumerate(candidates, start=1):
         expected -= neg_p
-        parent, context = drafts[request].parents[node], contexts[request]
-        if parent in on_main[request] and parent not in has_child[request]:
-            on_main[request].add(node)
-            keys += cost.attended_keys(context, main_len[request] + 1) - cost.attended_keys(context, main_len[request])
-            main_len[request] += 1
-        else:
-            keys += cost.attended_keys(context, 0, [node_depth])
+        parent = drafts[request].parents[node]
+        keys += cost.row_keys(contexts[request], node_depth, extends=parent not in has_child[request])
         has_child[request].add(parent)
         rows += 1
         goodput = expected / cost.cost(rows, keys)

@@ -190,8 +190,7 @@ class Engine:
         results = self.verifier.verify(items)
         seconds = time.perf_counter() - began
         rows = sum(len(tree) for tree in trees)
-        keys = sum(self.cost.attended_keys(start, tree.main_path, tree.depths[tree.main_path:])
-                   for tree, start in zip(trees, starts))
+        keys = sum(self.cost.tree_keys(start, tree) for tree, start in zip(trees, starts))
         self.cost.observe(max(rows, 2), seconds, keys)
         return [run._after_pass(draft, tree, result) for run, draft, tree, result in zip(runs, drafts, trees, results)]
 

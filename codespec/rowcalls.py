@@ -18,8 +18,9 @@ one call 60 us vs 116 us lean; 32 rows 268 vs 1,294 us; 1 row 46 vs 39 us.
 
 Rows on the request's main path (the chain from the pending token) see a prefix of the
 slot, so they share one call. A tree row off the main path sees the context and its own
-ancestors, scattered in the slot: it attends alone, to a scratch copy with the keys laid
-out as decoding would have them.
+ancestors, scattered in the slot: its chain (the rows below it that follow first
+children, consecutive in the tree's depth-first order) attends in one call to a scratch
+copy with the keys laid out as decoding would have them.
 
 The invariance is a property of kernels, not of mathematics, so `probe` checks it on
 the machine at hand (model dtype, head layout, device) and the verifier falls back to
@@ -60,24 +61,49 @@ class Call:
     context: int = 0
 
 
+def chains(tree: Any) -> list[tuple[int, int]]:
+    """The tree's rows as chains [start, end): runs in which each node is its
+    predecessor's child. Depth-first order makes every chain consecutive; the first is
+    the main path, each other one starts at a node that is not its parent's first child.
+
+    >>> from codespec.tree import VerifyTree
+    >>> chains(VerifyTree((9, 1, 2, 3, 4, 5), (-1, 0, 1, 0, 3, 1), (0, 1, 2, 1, 2, 2), ()))
+    [(0, 3), (3, 5), (5, 6)]
+    """
+    found, begin = [], 0
+    for node in range(1, len(tree)):
+        if tree.parents[node] != node - 1:
+            found.append((begin, node))
+            begin = node
+    found.append((begin, len(tree)))
+    return found
+
+
 def plan_calls(requests: Sequence[tuple[int, int, Any]], *, padded: bool, group: int,
                dtype: torch.dtype, device: Any) -> tuple[Call, ...]:
     """The calls of one verify pass. `requests`: (slot, slot length before the pass, tree)
-    in packing order; `group`: query heads per KV head."""
+    in packing order; `group`: query heads per KV head. Padded: one call per chain of
+    the tree (`chains`); the main path reads the slot, every other chain a scratch copy
+    of the context followed by its ancestors and itself. Lean: one call per row."""
     calls: list[Call] = []
     first = 0
     for slot, start, tree in requests:
-        main = tree.main_path
-        if padded:
-            calls.append(_padded(slot, first, start, main, group, dtype, device))
-        else:
-            calls.extend(Call(slot, first + node, 1, start + node + 1) for node in range(main))
-        for node in range(main, len(tree)):
-            path = torch.tensor(tree.path(node), device=device) + start
-            seen = start + path.shape[0]
-            keys = padded_length(seen) if padded else seen
-            mask = _mask(torch.tensor([seen], device=device), keys, group, dtype) if padded else None
-            calls.append(Call(slot, first + node, 1, keys, mask, path, start))
+        for begin, end in chains(tree):
+            if begin == 0:  # the main path: row i sees slot positions [0, start + i + 1)
+                if padded:
+                    calls.append(_padded(slot, first, start, end, group, dtype, device))
+                else:
+                    calls.extend(Call(slot, first + i, 1, start + i + 1) for i in range(end))
+                continue
+            path = torch.tensor(tree.path(end - 1), device=device) + start
+            # row begin + j sees the context and the first (depth(begin) + 1 + j) nodes of the path
+            seen = start + tree.depths[begin] + 1 + torch.arange(end - begin, device=device)
+            if padded:
+                keys = padded_length(start + path.shape[0])
+                calls.append(Call(slot, first + begin, end - begin, keys, _mask(seen, keys, group, dtype), path, start))
+            else:
+                calls.extend(Call(slot, first + begin + j, 1, int(n), None, path[: int(n) - start], start)
+                             for j, n in enumerate(seen.tolist()))
         first += len(tree)
     return tuple(calls)
 

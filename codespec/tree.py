@@ -11,8 +11,8 @@ them as one slice of the KV slot instead of gathering them (see attention.py).
 >>> t = VerifyTree.build(9, d)           # draft: 5 and 6 follow the context, 7 follows 5
 >>> t.tokens, t.parents, t.depths
 ((9, 5, 7, 6), (-1, 0, 1, 0), (0, 1, 2, 1))
->>> t.path(2), t.draft_nodes, t.main_path
-([0, 1, 2], (0, 2, 1), 3)
+>>> t.path(2), t.draft_nodes
+([0, 1, 2], (0, 2, 1))
 """
 
 from __future__ import annotations
@@ -58,14 +58,6 @@ class VerifyTree:
 
     def __len__(self) -> int:
         return len(self.tokens)
-
-    @property
-    def main_path(self) -> int:
-        """How many leading nodes form the main path (node i at depth i)."""
-        n = 0
-        while n < len(self.depths) and self.depths[n] == n:
-            n += 1
-        return n
 
     def path(self, node: int) -> list[int]:
         """Nodes from the pending token down to `node`, inclusive."""

@@ -55,4 +55,6 @@ def test_padded_attention_prices_main_path_rows_below_branch_rows():
     assert kept.token_ids == (1, 2)
     lean = controller.choose([draft], [rate], controller.CostModel.of(points), [2000])[0]
     assert lean.token_ids == (1,)  # the second row of a pass rides free (padding)
-    assert padded.attended_keys(2000, 3) == 2016 and padded.attended_keys(2000, 0, [1]) == 2016
+    assert padded.attended_keys(2000, [(3, 2)]) == 2016 and padded.attended_keys(2000, [(1, 1)]) == 2016
+    # a row continuing its parent's chain adds no read (within one 32-key step); a new chain adds one
+    assert padded.row_keys(2000, 5, extends=True) == 0 and padded.row_keys(2000, 5, extends=False) == 2016

@@ -13,26 +13,30 @@ GROUP = 4  # query heads per KV head
 
 
 def tree_with_branches() -> VerifyTree:
-    # pending 9, main path 9 -> 1 -> 2 -> 3, a sibling 5 under the root and 6 under 1
-    draft = Draft((1, 2, 3, 5, 6), (-1, 0, 1, -1, 0), (4, 3, 3, 1, 1), 2, "test")
+    # pending 9; main path 9 -> 1 -> 2 -> 3; a branch 6 -> 7 under 1; a second root 5
+    draft = Draft((1, 2, 3, 5, 6, 7), (-1, 0, 1, -1, 0, 4), (4, 3, 3, 1, 1, 1), 2, "test")
     return VerifyTree.build(9, draft)
 
 
-def test_padded_plan_gives_the_main_path_one_call_and_each_branch_row_its_own():
+def test_padded_plan_gives_each_chain_of_the_tree_one_call():
     tree = tree_with_branches()
-    main = next(i for i, d in enumerate(tree.depths) if d != i)
+    assert tree.tokens == (9, 1, 2, 3, 6, 7, 5) and rowcalls.chains(tree) == [(0, 4), (4, 6), (6, 7)]
     calls = rowcalls.plan_calls([(0, 4, VerifyTree.chain(7)), (1, 600, tree)], padded=True, group=GROUP,
                                 dtype=torch.float32, device="cpu")
-    assert [(c.slot, c.first_row, c.rows) for c in calls] == [
-        (0, 0, 1), (1, 1, main), *((1, 1 + node, 1) for node in range(main, len(tree)))]
-    decode, chain = calls[0], calls[1]
-    assert decode.keys == 512 and chain.keys == 608  # padded: at least 512, a multiple of 32
-    seen = (chain.mask == 0).sum(dim=1).view(main, GROUP)  # keys each row sees, per query head
-    assert seen.tolist() == [[601 + i] * GROUP for i in range(main)]
-    for call in calls[2:]:
-        node = call.first_row - 1
-        assert call.context == 600 and call.path.tolist() == [600 + p for p in tree.path(node)]
-        assert (call.mask[0] == 0).sum() == 600 + len(tree.path(node))
+    assert [(c.slot, c.first_row, c.rows) for c in calls] == [(0, 0, 1), (1, 1, 4), (1, 5, 2), (1, 7, 1)]
+    decode, main, branch, root = calls
+    assert decode.keys == 512 and main.keys == 608  # padded: at least 512, a multiple of 32
+    assert main.path is None and [seen(main)] == [[601, 602, 603, 604]]
+    # the branch reads the context, then 9 -> 1 -> 6 -> 7 (slot positions 600, 601, 604, 605)
+    assert branch.context == 600 and branch.path.tolist() == [600, 601, 604, 605]
+    assert seen(branch) == [603, 604] and root.path.tolist() == [600, 606] and seen(root) == [602]
+
+
+def seen(call):
+    """Keys each row of a call sees (the same for every query head of a row)."""
+    per_head = (call.mask == 0).sum(dim=1).view(call.rows, GROUP)
+    assert (per_head == per_head[:, :1]).all()
+    return per_head[:, 0].tolist()
 
 
 def test_lean_plan_gives_every_row_a_call_with_exactly_its_keys():
@@ -40,7 +44,9 @@ def test_lean_plan_gives_every_row_a_call_with_exactly_its_keys():
     calls = rowcalls.plan_calls([(3, 20, tree)], padded=False, group=GROUP, dtype=torch.float32, device="cpu")
     assert len(calls) == len(tree) and all(c.rows == 1 and c.mask is None for c in calls)
     for node, call in enumerate(calls):
-        assert call.keys == 20 + len(tree.path(node)) if call.path is not None else call.keys == 21 + node
+        assert call.first_row == node and call.keys == 20 + len(tree.path(node))
+        if call.path is not None:
+            assert call.path.tolist() == [20 + n for n in tree.path(node)]
 
 
 def test_a_padded_call_computes_each_rows_attention():
