@@ -99,11 +99,12 @@ def slot_attention(
             k = keys[call.slot : call.slot + 1, :, : call.keys]
             v = values[call.slot : call.slot + 1, :, : call.keys]
         else:
-            # A tree row off the main path attends to the context and its own ancestors,
+            # Tree rows off the main path attend to the context and their ancestors,
             # which are not contiguous in the slot. Copy the request's context once per
-            # layer into a scratch buffer laid out like the slot, then write each such row's
-            # path after it: one context copy per request, not one per row (a gather per
-            # row made such rows cost ~2.5x a chain row at 1k tokens of context).
+            # layer into a scratch buffer laid out like the slot, then write each call's
+            # path (a chain's ancestors and itself) after it: one context copy per
+            # request, not one per row (a gather per row made such rows cost ~2.5x a
+            # chain row at 1k tokens of context).
             if scratch is None or scratch[0] != call.slot:
                 scratch = (call.slot, keys.new_empty(1, *keys.shape[1:]), values.new_empty(1, *values.shape[1:]))
                 scratch[1][:, :, : call.context] = keys[call.slot : call.slot + 1, :, : call.context]

@@ -57,7 +57,7 @@ class Call:
     rows: int
     keys: int  # the call reads slot positions [0, keys) ...
     mask: torch.Tensor | None = None  # [rows * group, keys] additive (-inf: unseen); None: lean
-    path: torch.Tensor | None = None  # ... or [0, context) and these positions (one row off the main path)
+    path: torch.Tensor | None = None  # ... or [0, context) and these positions (a chain off the main path)
     context: int = 0
 
 
