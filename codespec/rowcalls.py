@@ -89,29 +89,27 @@ def plan_calls(requests: Sequence[tuple[int, int, Any]], *, padded: bool, group:
     first = 0
     for slot, start, tree in requests:
         for begin, end in chains(tree):
-            if begin == 0:  # the main path: row i sees slot positions [0, start + i + 1)
-                if padded:
-                    calls.append(_padded(slot, first, start, end, group, dtype, device))
-                else:
-                    calls.extend(Call(slot, first + i, 1, start + i + 1) for i in range(end))
-                continue
-            path = torch.tensor(tree.path(end - 1), device=device) + start
-            # row begin + j sees the context and the first (depth(begin) + 1 + j) nodes of the path
-            seen = start + tree.depths[begin] + 1 + torch.arange(end - begin, device=device)
+            # the main path reads the slot; another chain a scratch copy: the context,
+            # then its path (ancestors, then the chain itself)
+            path = None if begin == 0 else torch.tensor(tree.path(end - 1), device=device) + start
+            first_seen = start + tree.depths[begin] + 1  # the chain's row j sees first_seen + j keys
             if padded:
-                keys = padded_length(start + path.shape[0])
-                calls.append(Call(slot, first + begin, end - begin, keys, _mask(seen, keys, group, dtype), path, start))
+                calls.append(_chain_call(slot, first + begin, end - begin, first_seen, group, dtype, device,
+                                         path, start))
             else:
-                calls.extend(Call(slot, first + begin + j, 1, int(n), None, path[: int(n) - start], start)
-                             for j, n in enumerate(seen.tolist()))
+                calls.extend(Call(slot, first + begin + j, 1, first_seen + j, None,
+                                  None if path is None else path[: first_seen + j - start], start)
+                             for j in range(end - begin))
         first += len(tree)
     return tuple(calls)
 
 
-def _padded(slot: int, first: int, start: int, rows: int, group: int, dtype: torch.dtype, device: Any) -> Call:
-    seen = start + 1 + torch.arange(rows, device=device)  # row i sees slot positions [0, start + i + 1)
-    keys = padded_length(start + rows)
-    return Call(slot, first, rows, keys, _mask(seen, keys, group, dtype))
+def _chain_call(slot: int, first_row: int, rows: int, first_seen: int, group: int, dtype: torch.dtype,
+                device: Any, path: torch.Tensor | None = None, context: int = 0) -> Call:
+    """A padded call for `rows` consecutive rows of a chain, row j seeing first_seen + j keys."""
+    seen = first_seen + torch.arange(rows, device=device)
+    keys = padded_length(first_seen + rows - 1)
+    return Call(slot, first_row, rows, keys, _mask(seen, keys, group, dtype), path, context)
 
 
 def _mask(seen: torch.Tensor, keys: int, group: int, dtype: torch.dtype) -> torch.Tensor:
@@ -147,7 +145,7 @@ def probe(dtype: torch.dtype, device: Any, kv_heads: int, group: int, dim: int) 
 
     def call(start: int, first: int, rows: int) -> torch.Tensor:
         # rows first..first+rows-1 of a chain whose pending token sits at `start`
-        c = _padded(0, 0, start + first, rows, group, dtype, device)
+        c = _chain_call(0, 0, rows, start + first + 1, group, dtype, device)
         return attend(queries[:, first : first + rows], keys[:, :, : c.keys], values[:, :, : c.keys], c, None)
 
     for start in (0, 5, 30, 95, 470, 490, 505, 510, 1000, 1020, 1050):
