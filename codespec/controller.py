@@ -218,24 +218,25 @@ class CostModel:
         """The keys a request's rows read in one pass over `context` committed tokens;
         `chains`: (rows, depth of the last row) per chain of its tree (rowcalls.chains;
         the main path of m rows is (m, m - 1)). Lean calls read each row's own keys;
-        padded calls read each chain's keys once, up to its last row.
+        in a padded call every row scores all of its chain's keys, padded to whole key
+        blocks (the softmax work, which dominates, grows with rows x padded keys).
 
         >>> CostModel().attended_keys(100, [(3, 2), (1, 2)]), CostModel(padded=True).attended_keys(100, [(3, 2), (1, 2)])
-        (409, 1024)
+        (409, 2048)
         """
         if self.padded:
-            return sum(rowcalls.padded_length(context + last + 1) for _, last in chains)
+            return sum(rows * rowcalls.padded_length(context + last + 1) for rows, last in chains)
         return sum(rows * (context + last + 1) - rows * (rows - 1) // 2 for rows, last in chains)
 
     def tree_keys(self, context: int, tree: VerifyTree) -> int:
         return self.attended_keys(context, [(end - begin, tree.depths[end - 1]) for begin, end in rowcalls.chains(tree)])
 
-    def row_keys(self, context: int, depth: int, extends: bool) -> int:
-        """The keys one more row at `depth` adds: `extends` when it continues its parent's
-        chain (its parent's first child), else it starts a chain of its own."""
+    def row_keys(self, context: int, depth: int) -> int:
+        """The keys one more row at `depth` adds: its own (lean), or its padded call's
+        (on the main path or off it alike: every row of a padded call scores them all)."""
         if not self.padded:
             return context + depth + 1
-        return rowcalls.padded_length(context + depth + 1) - (rowcalls.padded_length(context + depth) if extends else 0)
+        return rowcalls.padded_length(context + depth + 1)
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
@@ -333,14 +334,9 @@ def choose(drafts: Sequence[Draft], rates: Sequence[Callable[[int, str], float]]
     requests = len(drafts)
     rows, keys = requests, sum(cost.attended_keys(c, [(1, 0)]) for c in contexts)  # every request's pending token
     best_n, best_goodput, expected = 0, requests / cost.cost(rows, keys), float(requests)
-    # a node extends its parent's chain when it is the parent's first chosen child
-    # (approximately: the tree orders children by draft order, this by probability)
-    has_child: list[set[int]] = [set() for _ in drafts]
     for n, (neg_p, node_depth, request, node) in enumerate(candidates, start=1):
         expected -= neg_p
-        parent = drafts[request].parents[node]
-        keys += cost.row_keys(contexts[request], node_depth, extends=parent not in has_child[request])
-        has_child[request].add(parent)
+        keys += cost.row_keys(contexts[request], node_depth)
         rows += 1
         goodput = expected / cost.cost(rows, keys)
         if goodput > best_goodput:

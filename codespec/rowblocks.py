@@ -13,7 +13,9 @@ So during verify passes every linear layer multiplies at most `block` rows at a 
 in balanced blocks (never a lone row: one row takes bf16's GEMV kernel, another order
 of summation). `probe` finds `block` on the machine at hand: the most rows for which
 each of the model's weight shapes still gives the two-row result (capped at
-`MAX_BLOCK`; a shape that never breaks is not the limit). Prefill chunks do not need
+`MAX_BLOCK`; a shape that never breaks is not the limit), checking every row of every
+call size against a decode step's; where even three rows break it, every row is
+multiplied alone (`ROW_BY_ROW`: exact, slow). Prefill chunks do not need
 it: they only have to agree with each other, and they run on one absolute grid.
 
 Cost: a block re-reads the weights, so a 33-row pass costs about what two 17-row
@@ -32,6 +34,7 @@ import torch.nn.functional as F
 
 MAX_BLOCK = 64  # probed up to here: beyond it a pass is blocked anyway
 MIN_BLOCK = 3  # the smallest block that splits every pass without a lone row
+ROW_BY_ROW = 1  # the fail-safe block: each row alone, as the top row of a two-row call
 _active: list[int] = []  # the block size while a verify pass runs (a stack: re-entrant)
 
 
@@ -58,8 +61,11 @@ def sizes(rows: int, block: int) -> list[int]:
 
 def _blocked_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows = x.shape[-2] if x.dim() >= 2 else 1
-    if not _active or rows <= _active[-1] or x.dim() < 2:
+    if not _active or x.dim() < 2 or (rows <= _active[-1] and _active[-1] != ROW_BY_ROW):
         return F.linear(x, module.weight, module.bias)
+    if _active[-1] == ROW_BY_ROW:
+        parts = [torch.cat([row, row], dim=-2) for row in x.split(1, dim=-2)]
+        return torch.cat([F.linear(p, module.weight, module.bias).narrow(-2, 0, 1) for p in parts], dim=-2)
     parts = x.split(sizes(rows, _active[-1]), dim=-2)
     return torch.cat([F.linear(part, module.weight, module.bias) for part in parts], dim=-2)
 
@@ -74,8 +80,10 @@ def install(model: Any) -> None:
 
 @torch.inference_mode()
 def probe(model: Any, limit: int = MAX_BLOCK) -> int:
-    """The most rows (2..limit) every linear weight shape of `model` multiplies exactly
-    as it does two rows; `limit` when none breaks."""
+    """The most rows (2..limit) for which every linear weight shape of `model` gives every
+    row, at every position of the call, the bits it gets at the top of a two-row call (a
+    decode step); `limit` when none breaks. Every row is checked, not only the first:
+    a kernel may treat a call's tail rows with another microkernel."""
     param = next(model.parameters())
     shapes: dict[tuple[int, int], torch.nn.Linear] = {}
     for module in model.modules():
@@ -84,17 +92,20 @@ def probe(model: Any, limit: int = MAX_BLOCK) -> int:
     generator = torch.Generator(device="cpu").manual_seed(0)
     block = limit
     for module in shapes.values():
-        x = torch.randn(limit, module.in_features, generator=generator).to(param.device, param.dtype)
-        reference = F.linear(x[:2], module.weight, module.bias)
+        x = torch.randn(limit + 1, module.in_features, generator=generator).to(param.device, param.dtype)
+        reference = torch.cat([F.linear(x[i : i + 2], module.weight, module.bias)[:1] for i in range(block)])
         for rows in range(3, block + 1):
-            if not torch.equal(F.linear(x[:rows], module.weight, module.bias)[:2], reference):
+            if not torch.equal(F.linear(x[:rows], module.weight, module.bias), reference[:rows]):
                 block = rows - 1
                 break
     if block < MIN_BLOCK:
-        # Blocks of two rows cannot split an odd pass without a lone row (another kernel):
-        # this machine cannot verify bit-exactly in this dtype. Say so; never hide it.
+        # Blocks of two rows cannot split an odd pass without a lone row (another kernel).
+        # Fail safe: every row of a verify pass is multiplied alone, as the top row of a
+        # two-row call, which is a decode step's computation: exact, but each row then
+        # re-reads the weights, so speculation rarely pays. Say so; never hide it.
         warnings.warn(
             f"the linear layers of this model ({param.dtype}, {param.device}) change results past "
-            f"{block} rows: speculative output may differ from plain decoding at near-ties; "
-            "use --dtype float32 for exact output", RuntimeWarning, stacklevel=2)
-    return max(block, MIN_BLOCK)
+            f"{block} rows: verify passes multiply row by row to stay exact (slow); --dtype float32 "
+            "may be faster", RuntimeWarning, stacklevel=2)
+        return ROW_BY_ROW
+    return block

@@ -40,10 +40,9 @@ def test_guesses_are_priced_by_their_own_record():
     assert controller.pick([guess, match], acceptance.rate, COST).source == "context"
 
 
-def test_padded_attention_prices_main_path_rows_below_branch_rows():
-    """With padded calls (rowcalls.py) a main-path row adds no context read and a branch
-    row reads the whole context again: at a long context the controller keeps a likely
-    chain and drops a less likely branch; with lean calls every row reads it."""
+def test_padded_attention_prices_every_row_at_its_calls_padded_keys():
+    """With padded calls (rowcalls.py) every row of a call scores the call's keys, padded
+    to whole key blocks, on the main path or off it; lean calls read each row's own keys."""
     # 20 ms + 0.5 ms per row + 10 ms per 1,000 keys read
     points = {(rows, keys): 0.02 + 0.0005 * rows + 0.00001 * keys for rows in (2, 8, 32) for keys in (500, 5000)}
     # root 1 with child 2 (the main path) and a second root 3: p = 0.525, 0.3675, 0.175
@@ -51,10 +50,11 @@ def test_padded_attention_prices_main_path_rows_below_branch_rows():
     rate = lambda m, s: 0.7  # noqa: E731
     padded = controller.CostModel.of(points)
     padded.padded = True
-    kept = controller.choose([draft], [rate], padded, [2000])[0]
-    assert kept.token_ids == (1, 2)
-    lean = controller.choose([draft], [rate], controller.CostModel.of(points), [2000])[0]
-    assert lean.token_ids == (1,)  # the second row of a pass rides free (padding)
-    assert padded.attended_keys(2000, [(3, 2)]) == 2016 and padded.attended_keys(2000, [(1, 1)]) == 2016
-    # a row continuing its parent's chain adds no read (within one 32-key step); a new chain adds one
-    assert padded.row_keys(2000, 5, extends=True) == 0 and padded.row_keys(2000, 5, extends=False) == 2016
+    assert padded.attended_keys(2000, [(3, 2)]) == 3 * 2048 and padded.attended_keys(2000, [(1, 1)]) == 2048
+    assert padded.row_keys(2000, 5) == 2048 and padded.row_keys(2047, 1) == 2560  # the next key block
+    assert controller.choose([draft], [rate], padded, [2000])[0].token_ids == (1,)  # the second row rides free
+    lean = controller.CostModel.of(points)
+    assert lean.attended_keys(2000, [(3, 2)]) == 2001 + 2002 + 2003 and lean.row_keys(2000, 5) == 2006
+    cheap_keys = controller.CostModel.of({(r, k): 0.02 + 0.0005 * r + 1e-7 * k for r in (2, 8, 32) for k in (500, 5000)})
+    cheap_keys.padded = True
+    assert controller.choose([draft], [rate], cheap_keys, [2000])[0].token_ids == (1, 2, 3)

@@ -248,3 +248,52 @@ def test_past_generations_draft_a_repeated_request(default_model):
     assert second.token_ids == first.token_ids
     assert second.stats.accepted_by_source["dynamic"] > 30
     assert second.stats.accepted_tokens_per_pass > 3 * first.stats.accepted_tokens_per_pass / 2
+
+
+def test_long_context_rows_equal_decode_steps_bit_for_bit(default_model):
+    """Issue 15: at contexts past 1k tokens, rows of one verify pass met other attention
+    kernel shapes than their decode steps (a short last key block, query heads straddling
+    query blocks) on some CPUs. A pass whose chain crosses a key-block edge, with a
+    branch and a second request beside it, must give every row its decode step's bits."""
+    import torch
+
+    from codespec import rowcalls
+    from codespec.kvcache import SlotCache
+    from codespec.tree import VerifyTree
+    from codespec.verifier import Item, Verifier
+
+    tok, model = default_model.tokenizer, default_model.model
+    source = inspect.getsource(textwrap) + inspect.getsource(json.decoder)
+    ids = tok(source, add_special_tokens=False)["input_ids"]
+    edge = 3 * rowcalls.KEY_BLOCK
+    prompt = ids[: edge - 12]  # the chain's rows see 1525.. keys: the pass crosses 1536
+    chain = ids[edge - 12 : edge + 14]
+    other = ids[300:1400]
+    tokens = (*chain, 11, 12)  # a branch of two tokens off node 4
+    parents = (-1, *range(len(chain) - 1), 4, len(chain))
+    depths = (*range(len(chain)), 5, 6)
+    tree = VerifyTree(tokens, parents, depths, tuple(range(len(tokens) - 1)))
+    cache = SlotCache(model.config, slots=3, slot_tokens=2048, dtype=model.dtype)
+    verifier = Verifier(model, cache)
+    captured: list[torch.Tensor] = []
+    hook = model.lm_head.register_forward_hook(lambda m, i, o: captured.append(o[0].float().clone()))
+    try:
+        batch_slot, _ = cache.acquire(prompt)
+        side_slot, _ = cache.acquire(other)
+        verifier.prefill(batch_slot, prompt)
+        verifier.prefill(side_slot, other)
+        captured.clear()
+        verifier.verify([Item(side_slot, VerifyTree.chain(other[-1], other[:5])), Item(batch_slot, tree)])
+        rows = captured[-1][6:]
+        cache.release(batch_slot)
+        cache.release(side_slot)
+        for leaf in (len(chain) - 1, len(tokens) - 1):
+            slot, _ = cache.acquire([-1])
+            verifier.prefill(slot, prompt)
+            for node in tree.path(leaf):
+                captured.clear()
+                verifier.verify([Item(slot, VerifyTree.chain(tokens[node]))])
+                assert torch.equal(rows[node], captured[-1][0]), f"node {node} differs from its decode step"
+            cache.release(slot)
+    finally:
+        hook.remove()

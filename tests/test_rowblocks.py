@@ -34,10 +34,25 @@ def test_probe_finds_the_most_rows_that_multiply_like_two(monkeypatch):
     assert rowblocks.probe(model(), limit=12) == 12  # nothing breaks: the limit
 
 
-def test_a_machine_that_breaks_at_three_rows_is_told_not_hidden(monkeypatch):
+def test_a_machine_that_breaks_at_three_rows_fails_safe_and_says_so(monkeypatch):
     monkeypatch.setattr(rowblocks, "F", kernels_switching_past(2))
-    with pytest.warns(RuntimeWarning, match="float32"):
-        assert rowblocks.probe(model()) == rowblocks.MIN_BLOCK
+    with pytest.warns(RuntimeWarning, match="row by row"):
+        assert rowblocks.probe(model()) == rowblocks.ROW_BY_ROW
+
+
+def test_row_by_row_multiplies_each_row_as_the_top_of_a_two_row_call(monkeypatch):
+    layer = torch.nn.Linear(8, 4).double()
+    rowblocks.install(layer)
+    x = torch.randn(1, 5, 8, dtype=torch.float64)
+    calls = []
+    spy = lambda a, w, b=None: calls.append(tuple(a.shape)) or F.linear(a, w, b)  # noqa: E731
+    monkeypatch.setattr(rowblocks, "F", types.SimpleNamespace(linear=spy))
+    with rowblocks.blocked(rowblocks.ROW_BY_ROW):
+        out = layer(x)
+    assert calls == [(1, 2, 8)] * 5
+    expected = torch.cat([F.linear(torch.cat([x[:, i : i + 1]] * 2, dim=1), layer.weight, layer.bias)[:, :1]
+                          for i in range(5)], dim=1)
+    assert torch.equal(out, expected)
 
 
 def test_blocked_passes_equal_one_block_at_a_time():

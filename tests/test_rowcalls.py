@@ -3,6 +3,7 @@ attention, and that the probe notices when rows stop being independent of their 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from codespec import rowcalls
@@ -25,18 +26,29 @@ def test_padded_plan_gives_each_chain_of_the_tree_one_call():
                                 dtype=torch.float32, device="cpu")
     assert [(c.slot, c.first_row, c.rows) for c in calls] == [(0, 0, 1), (1, 1, 4), (1, 5, 2), (1, 7, 1)]
     decode, main, branch, root = calls
-    assert decode.keys == 512 and main.keys == 608  # padded: at least 512, a multiple of 32
+    assert decode.keys == 512 and main.keys == 1024  # padded: whole 512-key blocks
     assert main.path is None and [seen(main)] == [[601, 602, 603, 604]]
     # the branch reads the context, then 9 -> 1 -> 6 -> 7 (slot positions 600, 601, 604, 605)
     assert branch.context == 600 and branch.path.tolist() == [600, 601, 604, 605]
     assert seen(branch) == [603, 604] and root.path.tolist() == [600, 606] and seen(root) == [602]
 
 
+def test_a_long_chain_splits_into_balanced_batch_elements_of_whole_tokens():
+    per = rowcalls.tokens_per_element(7)
+    call = rowcalls.plan_calls([(0, 500, VerifyTree.chain(1, [2] * (2 * per)))], padded=True, group=7,
+                               dtype=torch.float32, device="cpu")[0]
+    assert (call.elements, call.tokens) == (3, per * 2 // 3 + 1)  # 2 * per + 1 rows in 3 elements
+    assert call.mask.shape == (3, 1, call.tokens * 8, 1024)  # 7 heads laid out in 8 query rows a token
+    assert seen(call)[: call.rows] == list(range(501, 501 + call.rows))  # past one key block
+    assert seen(call)[call.rows:] == [1] * (3 * call.tokens - call.rows)  # padding tokens see one key
+
+
 def seen(call):
-    """Keys each row of a call sees (the same for every query head of a row)."""
-    per_head = (call.mask == 0).sum(dim=1).view(call.rows, GROUP)
-    assert (per_head == per_head[:, :1]).all()
-    return per_head[:, 0].tolist()
+    """Keys each token position of a call sees (the same for every query row of a token)."""
+    slots = call.mask.shape[2] // call.tokens
+    per_row = (call.mask == 0).sum(dim=-1).view(call.elements * call.tokens, slots)
+    assert (per_row == per_row[:, :1]).all()
+    return per_row[:, 0].tolist()
 
 
 def test_lean_plan_gives_every_row_a_call_with_exactly_its_keys():
@@ -49,9 +61,10 @@ def test_lean_plan_gives_every_row_a_call_with_exactly_its_keys():
             assert call.path.tolist() == [20 + n for n in tree.path(node)]
 
 
-def test_a_padded_call_computes_each_rows_attention():
+@pytest.mark.parametrize("rows", [1, 5, 2 * rowcalls.tokens_per_element(GROUP) + 3])
+def test_a_padded_call_computes_each_rows_attention(rows):
     torch.manual_seed(0)
-    kv_heads, rows, start, dim = 2, 5, 40, 16
+    kv_heads, start, dim = 2, 40, 16
     keys, values = torch.randn(2, 1, kv_heads, 512, dim, dtype=torch.float64)
     query = torch.randn(kv_heads * GROUP, rows, dim, dtype=torch.float64)
     call = rowcalls.plan_calls([(0, start, VerifyTree.chain(1, [2] * (rows - 1)))], padded=True, group=GROUP,
@@ -76,4 +89,30 @@ def test_probe_fails_when_a_rows_result_depends_on_its_call(monkeypatch):
 
 
 def test_padded_length():
-    assert [rowcalls.padded_length(n) for n in (1, 511, 512, 513, 544, 545)] == [512, 512, 512, 544, 544, 576]
+    assert [rowcalls.padded_length(n) for n in (1, 511, 512, 513, 544, 545)] == [512, 512, 512, 1024, 1024, 1024]
+
+
+def test_every_row_of_a_padded_call_equals_its_decode_call_in_bf16_across_contexts():
+    """Issue 15's cause, swept: the default model's head layout (2 KV heads, 7 query
+    heads each, 64 dims) in bfloat16, chains of 2..40 rows whose pending token sits
+    anywhere from 0 to 4k keys. Every row must get, bit for bit, what its one-row
+    (decode) call gives. Keys padded to a multiple of 32 failed this on an AVX-512 BF16
+    EPYC (20 of 6,650 rows, contexts past 1.2k)."""
+    kv_heads, group, dim, dtype = 2, 7, 64, torch.bfloat16
+    generator = torch.Generator().manual_seed(1)
+    longest = 4200
+    keys, values = torch.randn(2, 1, kv_heads, rowcalls.padded_length(longest), dim, generator=generator).to(dtype)
+    queries = torch.randn(kv_heads * group, 40, dim, generator=generator).to(dtype)
+
+    def call(start, first, rows):
+        c = rowcalls.plan_calls([(0, start + first, VerifyTree.chain(1, [2] * (rows - 1)))], padded=True,
+                                group=group, dtype=dtype, device="cpu")[0]
+        return rowcalls.attend(queries[:, first : first + rows], keys[:, :, : c.keys], values[:, :, : c.keys], c, None)
+
+    differ = []
+    for start in range(0, 4100, 97):
+        alone = torch.cat([call(start, i, 1) for i in range(40)])
+        for rows in (2, 3, 5, 9, 17, 24, 33, 40):
+            together = call(start, 0, rows)
+            differ += [(start, rows, i) for i in range(rows) if not torch.equal(together[i], alone[i])]
+    assert not differ, f"rows (start, rows, row) that differ from their decode call: {differ[:10]}"
