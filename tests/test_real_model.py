@@ -157,8 +157,9 @@ def test_tree_and_batch_rows_equal_decode_steps_bit_for_bit(default_model):
 
 
 def test_passes_past_one_row_block_equal_decode_steps_bit_for_bit(default_model):
-    """bf16 linear layers switch kernels past 32 rows here (rowblocks.py): a 40-row
-    verify pass (two blocks) must still give every row its decode step's logits."""
+    """bf16 linear layers switch kernels past some row count on some CPUs (32 on an
+    Intel VM; none up to 64 on an AVX-512 BF16 EPYC; rowblocks.py): a 40-row verify pass
+    multiplied in blocks must still give every row its decode step's logits."""
     import torch
 
     from codespec.kvcache import SlotCache
@@ -170,7 +171,9 @@ def test_passes_past_one_row_block_equal_decode_steps_bit_for_bit(default_model)
     chain = tok(inspect.getsource(textwrap.wrap) * 2, add_special_tokens=False)["input_ids"][:40]
     cache = SlotCache(model.config, slots=1, slot_tokens=512, dtype=model.dtype, chunk=16)
     verifier = Verifier(model, cache)
-    assert 2 <= verifier.row_block < len(chain)  # the pass really spans blocks
+    # any block up to the probed one is exact; 16 makes the pass span three (14 + 13 + 13)
+    verifier.row_block = min(verifier.row_block, 16)
+    assert 3 <= verifier.row_block < len(chain) / 2
     captured: list[torch.Tensor] = []
     hook = model.lm_head.register_forward_hook(lambda m, i, o: captured.append(o[0].float().clone()))
     try:
