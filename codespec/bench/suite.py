@@ -96,6 +96,8 @@ class Result:
     runs: list[Run] = field(default_factory=list)
     identical_rate: float = 1.0
     ratio_vs_plain: float = 1.0
+    # per request (step name): its output equals plain greedy's in every run
+    identical: dict[str, bool] = field(default_factory=dict)
 
     @property
     def median(self) -> Run:
@@ -127,6 +129,7 @@ class Result:
             "latency_p50_s": round(statistics.median(latencies), 3),
             "latency_p95_s": round(_percentile(latencies, 0.95), 3),
             "identical_rate": round(self.identical_rate, 4),
+            "identical_per_request": dict(self.identical),
             "peak_rss_mb": None if run.peak_rss_mb is None else round(run.peak_rss_mb, 1),
             "cached_prompt_tokens": sum(r.cached_prompt_tokens for r in run.requests),
             "wall_s_runs": [round(r.wall_s, 3) for r in self.runs],
@@ -238,6 +241,8 @@ def run_suite(ctx: Context, workloads: Sequence[Workload], systems: Sequence[Sys
         for result in by_system.values():
             same = [r.token_ids == ref for run in result.runs for r, ref in zip(run.requests, reference)]
             result.identical_rate = sum(same) / len(same)
+            for i, step in enumerate(workload.steps):
+                result.identical[step.name] = all(run.requests[i].token_ids == reference[i] for run in result.runs)
             result.ratio_vs_plain = result.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else 0.0
         results.extend(by_system.values())
     return results
@@ -255,6 +260,10 @@ def format_table(results: Sequence[Result]) -> str:
         lines.append(f"{r.workload:<9}{r.system:<18}{j['tokens']:>7}{j['tokens_per_s']:>8.1f}"
                      f"{j['ratio_vs_plain']:>8.2f}x{atp:>9}{ttft:>9}{j['latency_p50_s']:>7.2f}"
                      f"{j['latency_p95_s']:>7.2f}{j['identical_rate']:>6.0%}{peak:>9}")
+    differing = [f"  {r.workload}/{r.system}: {', '.join(step for step, same in r.identical.items() if not same)}"
+                 for r in results if not all(r.identical.values())]
+    if differing:
+        lines += ["requests whose output differs from plain greedy decoding:", *differing]
     return "\n".join(lines)
 
 

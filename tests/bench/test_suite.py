@@ -22,13 +22,15 @@ def test_report_reads_medians_ratios_and_identity():
                                        _run("codespec", "edit", [0.4, 0.6], same),
                                        _run("codespec", "edit", [3.0, 3.0], same)], ratio_vs_plain=4.0)
     hf = Result("edit", "hf_prompt_lookup", [_run("hf_prompt_lookup", "edit", [1.0, 1.0], [(1, 2, 3), (9,)])],
-                identical_rate=0.5, ratio_vs_plain=1.5)
+                identical_rate=0.5, ratio_vs_plain=1.5, identical={"s0": True, "s1": False})
     j = fast.to_json()
     assert j["wall_s"] == 1.0 and j["wall_s_runs"] == [1.0, 1.0, 6.0]  # the median run, every run kept
     assert j["latency_p50_s"] == 0.5 and j["latency_p95_s"] == 0.6 and j["accepted_tokens_per_pass"] == 1.25
     assert j["draft_tokens_per_pass"] == 1.5
     table = format_table([plain, fast, hf])
     assert "4.00x" in table and "50%" in table
+    assert hf.to_json()["identical_per_request"] == {"s0": True, "s1": False}
+    assert table.splitlines()[-1] == "  edit/hf_prompt_lookup: s1"  # which requests differ, by name
     checks = bar_checks([plain, fast, hf])
     assert checks["edit: codespec >= 1.5x HF prompt lookup"]  # 5 tok/s vs 2 tok/s
     hf.runs = [_run("hf_prompt_lookup", "edit", [0.2, 0.2], same)]
@@ -91,6 +93,7 @@ def test_suite_runs_systems_side_by_side(default_model, tmp_path):
         assert row["tokens"] > 0 and row["peak_rss_mb"] > 0 and row["latency_p95_s"] >= row["latency_p50_s"]
         if system.startswith("codespec"):
             assert row["identical_rate"] == 1.0 and row["accepted_tokens_per_pass"] >= 1.0
+            assert list(row["identical_per_request"].values()) == [True] * row["requests"]
     # the editor's second request reuses the first one's cached prompt; plain never does
     assert rows["editor", "codespec"]["cached_prompt_tokens"] > 0
     assert rows["editor", PLAIN]["cached_prompt_tokens"] == 0
