@@ -12,13 +12,15 @@ one-ULP logit tie (17.375 vs 17.25). Two causes, both handled:
 * attention: one query against a masked block of keys and the same query against its
   unmasked prefix sum in different orders. So in decode and verify passes every row
   attends in a way that does not depend on the rest of the pass: by default one call per
-  request with its keys padded (rowcalls.py; a decode step is such a call with one row),
-  or, where `rowcalls.probe` finds the padding does not keep rows exact, one lean call
-  per row with exactly its keys (the committed context and its ancestors in the tree);
-* matmuls: bf16 linear layers give identical rows for any row count from 2 to 32 on
-  this CPU (another kernel from 33 on; rowblocks.py multiplies verify passes in
-  blocks that stay in the first regime), but a single row takes a GEMV kernel with
-  another summation order. The verifier pads one-row passes to two.
+  chain of a request's tree, laid out so that every row meets the same kernel shapes
+  (whole 512-key blocks, whole tokens per query block: rowcalls.py; a decode step is
+  such a call with one row), or, where `rowcalls.probe` finds that layout does not keep
+  rows exact, one lean call per row with exactly its keys (the decode step's own call);
+* matmuls: bf16 linear layers give identical rows for row counts up to a machine's
+  kernel switch (32 on an Intel VM, none up to 64 on an AVX-512 BF16 EPYC);
+  rowblocks.py probes it and multiplies verify passes in blocks below it (row by row
+  where even three rows break). A single row may take a GEMV kernel with another
+  summation order, so the verifier pads one-row passes to two.
 So a row's output depends only on its own token, position and keys: not on the batch,
 the tree around it, or the draft length.
 

@@ -89,7 +89,9 @@ def test_every_heldout_request_identical_with_and_without_speculation(default_mo
     assert mismatches(engine, rest, default_model.tokenizer) == []
 
 
-@pytest.mark.parametrize("policy", ["goodput", "tree", "chain"])
+# goodput (the default) in the default run; the fixed policies in the slow step
+@pytest.mark.parametrize("policy", ["goodput", pytest.param("tree", marks=pytest.mark.slow),
+                                    pytest.param("chain", marks=pytest.mark.slow)])
 def test_one_request_gives_one_output_whatever_runs_beside_it(default_model, engine, requests, policy):
     tok = default_model.tokenizer
     target = next(r for r in requests if r.kind == "fim")

@@ -96,7 +96,7 @@ def test_tree_and_batch_rows_equal_decode_steps_bit_for_bit(default_model):
 
     from codespec.kvcache import SlotCache
     from codespec.tree import VerifyTree
-    from codespec.verifier import Item, Verifier
+    from codespec.verifier import Verifier
 
     tok, model = default_model.tokenizer, default_model.model
     prompt = tok(PROMPTS["copy"], add_special_tokens=False)["input_ids"]
@@ -108,52 +108,23 @@ def test_tree_and_batch_rows_equal_decode_steps_bit_for_bit(default_model):
     depths = (*range(10), 3, 4, 6)
     tree = VerifyTree(tokens, parents, depths, tuple(range(len(tokens) - 1)))
     cache = SlotCache(model.config, slots=4, slot_tokens=512, dtype=model.dtype, chunk=16)
+    for node, row, step in _pass_rows_and_decode_steps(model, cache, prompt, tree, other, other[:3], (9, 11, 12)):
+        assert torch.equal(row, step), f"node {node} differs from its decode step"
     verifier = Verifier(model, cache)
-    captured: list[torch.Tensor] = []
-    hook = model.lm_head.register_forward_hook(lambda m, i, o: captured.append(o[0].float().clone()))
-
-    def decode_path(nodes):  # teacher-forced decode steps in a fresh slot: the reference
-        slot, _ = cache.acquire([-1])
-        verifier.prefill(slot, prompt)
-        rows = []
-        for node in nodes:
-            captured.clear()
-            verifier.verify([Item(slot, VerifyTree.chain(tokens[node]))])
-            rows.append(captured[-1][0])
-        cache.release(slot)
-        return rows
-
-    try:
-        batch_slot, _ = cache.acquire(prompt)
-        side_slot, _ = cache.acquire(other)
-        verifier.prefill(batch_slot, prompt)
-        verifier.prefill(side_slot, other)
-        captured.clear()
-        verifier.verify([Item(side_slot, VerifyTree.chain(other[-1], other[:3])), Item(batch_slot, tree)])
-        rows = captured[-1][4:]  # the side request's 4 rows come first
-        cache.release(batch_slot)
-        cache.release(side_slot)
-        for leaf in (9, 11, 12):
-            path = tree.path(leaf)
-            for node, reference in zip(path, decode_path(path)):
-                assert torch.equal(rows[node], reference), f"node {node} differs from its decode step"
-
-        long_prompt = tok(inspect.getsource(textwrap.wrap) * 3, add_special_tokens=False)["input_ids"][:100]
-        fresh, _ = cache.acquire([-2])
-        expected = verifier.prefill(fresh, long_prompt)
-        cache.release(fresh)
-        variant = long_prompt[:90] + [7] * 20
-        assert cache.acquire(variant) == (fresh, 80)  # five whole chunks of the shared 90 tokens
-        variant_logits = verifier.prefill(fresh, variant, start=80)
-        cache.release(fresh)
-        assert cache.acquire(long_prompt) == (fresh, 80)  # the variant's slot, same five chunks
-        assert torch.equal(verifier.prefill(fresh, long_prompt, start=80), expected)
-        cache.release(fresh)
-        assert cache.acquire(long_prompt) == (fresh, 96)  # now six
-        assert torch.equal(verifier.prefill(fresh, long_prompt, start=96), expected)
-        assert not torch.equal(variant_logits, expected)
-    finally:
-        hook.remove()
+    long_prompt = tok(inspect.getsource(textwrap.wrap) * 3, add_special_tokens=False)["input_ids"][:100]
+    fresh, _ = cache.acquire([-2])
+    expected = verifier.prefill(fresh, long_prompt)
+    cache.release(fresh)
+    variant = long_prompt[:90] + [7] * 20
+    assert cache.acquire(variant) == (fresh, 80)  # five whole chunks of the shared 90 tokens
+    variant_logits = verifier.prefill(fresh, variant, start=80)
+    cache.release(fresh)
+    assert cache.acquire(long_prompt) == (fresh, 80)  # the variant's slot, same five chunks
+    assert torch.equal(verifier.prefill(fresh, long_prompt, start=80), expected)
+    cache.release(fresh)
+    assert cache.acquire(long_prompt) == (fresh, 96)  # now six
+    assert torch.equal(verifier.prefill(fresh, long_prompt, start=96), expected)
+    assert not torch.equal(variant_logits, expected)
 
 
 def test_passes_past_one_row_block_equal_decode_steps_bit_for_bit(default_model):
@@ -263,7 +234,6 @@ def test_long_context_rows_equal_decode_steps_bit_for_bit(default_model):
     from codespec import rowcalls
     from codespec.kvcache import SlotCache
     from codespec.tree import VerifyTree
-    from codespec.verifier import Item, Verifier
 
     tok, model = default_model.tokenizer, default_model.model
     source = inspect.getsource(textwrap) + inspect.getsource(json.decoder)
@@ -277,6 +247,20 @@ def test_long_context_rows_equal_decode_steps_bit_for_bit(default_model):
     depths = (*range(len(chain)), 5, 6)
     tree = VerifyTree(tokens, parents, depths, tuple(range(len(tokens) - 1)))
     cache = SlotCache(model.config, slots=3, slot_tokens=2048, dtype=model.dtype)
+    leaves = (len(chain) - 1, len(tokens) - 1)
+    for node, row, step in _pass_rows_and_decode_steps(model, cache, prompt, tree, other, other[:5], leaves):
+        assert torch.equal(row, step), f"node {node} differs from its decode step"
+
+
+def _pass_rows_and_decode_steps(model, cache, prompt, tree, other, side_draft, leaves):
+    """One verify pass over a side request (`other` drafting `side_draft`) and `tree`
+    after `prompt`, and the reference: teacher-forced decode steps in a fresh slot along
+    the paths to `leaves`. Returns (node, the pass's logits row, the decode step's)."""
+    import torch
+
+    from codespec.tree import VerifyTree
+    from codespec.verifier import Item, Verifier
+
     verifier = Verifier(model, cache)
     captured: list[torch.Tensor] = []
     hook = model.lm_head.register_forward_hook(lambda m, i, o: captured.append(o[0].float().clone()))
@@ -286,17 +270,19 @@ def test_long_context_rows_equal_decode_steps_bit_for_bit(default_model):
         verifier.prefill(batch_slot, prompt)
         verifier.prefill(side_slot, other)
         captured.clear()
-        verifier.verify([Item(side_slot, VerifyTree.chain(other[-1], other[:5])), Item(batch_slot, tree)])
-        rows = captured[-1][6:]
+        verifier.verify([Item(side_slot, VerifyTree.chain(other[-1], side_draft)), Item(batch_slot, tree)])
+        rows = captured[-1][len(side_draft) + 1 :]  # the side request's rows come first
         cache.release(batch_slot)
         cache.release(side_slot)
-        for leaf in (len(chain) - 1, len(tokens) - 1):
+        found = []
+        for leaf in leaves:
             slot, _ = cache.acquire([-1])
             verifier.prefill(slot, prompt)
             for node in tree.path(leaf):
                 captured.clear()
-                verifier.verify([Item(slot, VerifyTree.chain(tokens[node]))])
-                assert torch.equal(rows[node], captured[-1][0]), f"node {node} differs from its decode step"
+                verifier.verify([Item(slot, VerifyTree.chain(tree.tokens[node]))])
+                found.append((node, rows[node], captured[-1][0]))
             cache.release(slot)
+        return found
     finally:
         hook.remove()

@@ -146,7 +146,7 @@ def test_kv_budget_and_slot_limits_fail_clearly():
     with pytest.raises(CodespecError, match="cannot hold one slot"):
         SlotCache.within_budget(model.config, budget_mb=1, slot_tokens=1 << 20, dtype=torch.float64)
     cache = SlotCache.within_budget(model.config, budget_mb=1, slot_tokens=64, dtype=torch.float64)
-    # layers, K+V, kv heads, head dim, bytes, positions (64 padded to rowcalls.MIN_KEYS)
+    # layers, K+V, kv heads, head dim, bytes, positions (64 padded to one rowcalls.KEY_BLOCK)
     assert cache.slots == (1 << 20) // (2 * 2 * 2 * 16 * 8 * 512)
     engine = Engine(model, None, eos_token_ids=[], cache=cache)
     with pytest.raises(RequestError, match="KV slot: 64 tokens"):
