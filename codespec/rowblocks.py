@@ -60,13 +60,15 @@ def sizes(rows: int, block: int) -> list[int]:
 
 
 def _blocked_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    rows = x.shape[-2] if x.dim() >= 2 else 1
-    if not _active or x.dim() < 2 or (rows <= _active[-1] and _active[-1] != ROW_BY_ROW):
+    if not _active or x.dim() < 2:
         return F.linear(x, module.weight, module.bias)
-    if _active[-1] == ROW_BY_ROW:
-        parts = [torch.cat([row, row], dim=-2) for row in x.split(1, dim=-2)]
-        return torch.cat([F.linear(p, module.weight, module.bias).narrow(-2, 0, 1) for p in parts], dim=-2)
-    parts = x.split(sizes(rows, _active[-1]), dim=-2)
+    block = _active[-1]
+    if block == ROW_BY_ROW:  # each row as the top of a two-row call (a decode step)
+        pairs = [torch.cat([row, row], dim=-2) for row in x.split(1, dim=-2)]
+        return torch.cat([F.linear(p, module.weight, module.bias).narrow(-2, 0, 1) for p in pairs], dim=-2)
+    if x.shape[-2] <= block:
+        return F.linear(x, module.weight, module.bias)
+    parts = x.split(sizes(x.shape[-2], block), dim=-2)
     return torch.cat([F.linear(part, module.weight, module.bias) for part in parts], dim=-2)
 
 

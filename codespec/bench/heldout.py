@@ -12,7 +12,7 @@ library code that no benchmark, test or example of the project otherwise uses.
 Every prompt is built deterministically from the installed Python's own sources, so
 every machine has them offline; the set changes only with the Python version.
 
-    requests = heldout_requests(tokenizer)          # 34 FIM + 20 edit
+    requests = heldout_requests(tokenizer)          # 36 FIM + 20 edit
     [r.name for r in requests][:2]                   # ['fim:logging/handlers.py:...', ...]
 """
 
@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import ast
 import importlib
-import inspect
-import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from codespec.bench.request_sets import functions, local_to_rename
+from codespec.bench.request_sets import functions
+from codespec.bench.sessions import edit_targets, rename_instruction
 from codespec.bench.windows import FIM_PREFIX_TOKENS, FIM_SUFFIX_TOKENS, keep_head, keep_tail
 from codespec.prompts import chat_ids, fim_ids
 
@@ -46,6 +45,7 @@ EDIT_MODULES = ("argparse", "pprint", "heapq", "statistics", "tarfile", "pathlib
 EDIT_COUNT = 20
 CUTS = ("docstring", "signature", "middle")  # where a FIM request's cursor sits, in turn
 FIM_LINES = (6, 80)  # function lengths that make a fair completion
+EDIT_LINES = (8, 30)  # functions an edit answers whole
 
 
 @dataclass(frozen=True)
@@ -83,13 +83,9 @@ def fim_requests(tokenizer: Any) -> list[HeldoutRequest]:
 
 def edit_requests(tokenizer: Any, count: int = EDIT_COUNT) -> list[HeldoutRequest]:
     out: list[HeldoutRequest] = []
-    for module_name, fn, body, local in _edit_targets():
-        instruction = (f"Rename the local variable `{local}` to `{local}_value` in this function. "
-                       f"Reply with the complete function only.\n\n```python\n{body}```")
-        ids = chat_ids(tokenizer, [{"role": "user", "content": instruction}])
+    for module_name, fn, body, local in edit_targets(EDIT_MODULES, count, EDIT_LINES):
+        ids = chat_ids(tokenizer, [{"role": "user", "content": rename_instruction(local, f"{local}_value", body)}])
         out.append(HeldoutRequest(f"edit:{module_name}.{fn.name}", "edit", tuple(ids)))
-        if len(out) == count:
-            break
     return out
 
 
@@ -116,15 +112,3 @@ def _split(source: str, fn: ast.FunctionDef, cut: str) -> tuple[str, str]:
         first = body[0].lineno - 1
     end = fn.end_lineno or first
     return "".join(lines[:first]), "".join(lines[end:])
-
-
-def _edit_targets() -> Iterator[tuple[str, ast.FunctionDef, str, str]]:
-    for module_name in EDIT_MODULES:
-        source = inspect.getsource(importlib.import_module(module_name))
-        for fn in functions(ast.parse(source)):
-            lines = (fn.end_lineno or 0) - fn.lineno + 1
-            local = local_to_rename(fn)
-            if 8 <= lines <= 30 and local is not None:
-                body = textwrap.dedent("".join(source.splitlines(keepends=True)[fn.lineno - 1 : fn.end_lineno]))
-                yield module_name, fn, body, local
-                break

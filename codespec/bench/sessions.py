@@ -61,15 +61,17 @@ def _fixed(ids: Sequence[int]) -> Callable[[Sequence[str]], tuple[int, ...]]:
     return lambda answers: frozen
 
 
-def _edit_targets(modules: Sequence[str], count: int) -> list[tuple[str, ast.FunctionDef, str, str]]:
-    """(module, function node, function source, a local to rename) for `count` modules."""
+def edit_targets(modules: Sequence[str], count: int, lines: tuple[int, int] = (MIN_LINES, EDIT_MAX_LINES)
+                 ) -> list[tuple[str, ast.FunctionDef, str, str]]:
+    """(module, function node, function source, a local to rename) for `count` modules:
+    each module's first function of `lines` (min, max) lines with a local to rename."""
     found = []
     for module_name in modules:
         source = inspect.getsource(importlib.import_module(module_name))
         for fn in functions(ast.parse(source)):
-            lines = (fn.end_lineno or 0) - fn.lineno + 1
+            length = (fn.end_lineno or 0) - fn.lineno + 1
             local = local_to_rename(fn)
-            if MIN_LINES <= lines <= EDIT_MAX_LINES and local is not None:
+            if lines[0] <= length <= lines[1] and local is not None:
                 body = textwrap.dedent("".join(source.splitlines(keepends=True)[fn.lineno - 1 : fn.end_lineno]))
                 found.append((module_name, fn, body, local))
                 break
@@ -78,15 +80,15 @@ def _edit_targets(modules: Sequence[str], count: int) -> list[tuple[str, ast.Fun
     return found
 
 
-def _rename(name: str, new: str, body: str) -> str:
+def rename_instruction(name: str, new: str, body: str) -> str:
     return (f"Rename the local variable `{name}` to `{new}` in this function. "
             f"Reply with the complete function only.\n\n```python\n{body}```")
 
 
 def edit_workload(tokenizer: Any, count: int = 4, max_new_tokens: int = 320) -> Workload:
     steps = []
-    for module_name, fn, body, local in _edit_targets(EDIT_MODULES, count):
-        ids = chat_ids(tokenizer, [{"role": "user", "content": _rename(local, f"{local}_value", body)}])
+    for module_name, fn, body, local in edit_targets(EDIT_MODULES, count):
+        ids = chat_ids(tokenizer, [{"role": "user", "content": rename_instruction(local, f"{local}_value", body)}])
         steps.append(Step(f"{module_name}.{fn.name}", _fixed(ids), max_new_tokens))
     return Workload("edit", "rename a local, answer the whole function (chat), functions of "
                     f"{len(steps)} stdlib modules", steps)
@@ -94,8 +96,8 @@ def edit_workload(tokenizer: Any, count: int = 4, max_new_tokens: int = 320) -> 
 
 def agent_workload(tokenizer: Any, count: int = 2, max_new_tokens: int = 320) -> Workload:
     steps: list[Step] = []
-    for module_name, fn, body, local in _edit_targets(AGENT_MODULES, count):
-        first = _rename(local, f"{local}_value", body)
+    for module_name, fn, body, local in edit_targets(AGENT_MODULES, count):
+        first = rename_instruction(local, f"{local}_value", body)
         other = _second_local(fn, local)
         follow_up = (f"Also rename `{other}` to `{other}_value`. Reply with the complete function only."
                      if other else "Now add type hints to the parameters. Reply with the complete function only.")
@@ -106,7 +108,7 @@ def agent_workload(tokenizer: Any, count: int = 2, max_new_tokens: int = 320) ->
                                               {"role": "assistant", "content": answers[at]},
                                               {"role": "user", "content": follow_up}]))
 
-        retry = _rename(local, f"{local}_new", body)  # the same request with a small change
+        retry = rename_instruction(local, f"{local}_new", body)  # the same request with a small change
         steps += [Step(f"{fn.name}:edit", _fixed(chat_ids(tokenizer, [{"role": "user", "content": first}])),
                        max_new_tokens),
                   Step(f"{fn.name}:follow-up", resent, max_new_tokens),
