@@ -1,7 +1,5 @@
 """`python -m codespec` runs the CLI."""
 
-import sys
+from codespec.cli.main import run
 
-from codespec.cli.main import main
-
-sys.exit(main())
+run()

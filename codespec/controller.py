@@ -122,6 +122,10 @@ class Acceptance:
 
 
 KEY_SCALE = 1000.0  # attended keys enter the fit in thousands (keeps the normal equations well scaled)
+# Before a calibration, the cost model trusts its own online fit once it has seen this
+# many passes spanning at least this many rows (a fixed cost and a per-row cost apart).
+ONLINE_PASSES = 8
+ONLINE_ROW_SPREAD = 6
 
 
 @dataclass
@@ -139,28 +143,40 @@ class CostModel:
     re-reads every weight (~20 ms). Start-up timing at two context lengths and on both
     sides of a block boundary separates them. Single timings scatter by +-15%, so a
     fitted model decides better than interpolated points. One-row passes are padded to
-    two and cost what two cost."""
+    two and cost what two cost.
+
+    Until it is calibrated (`measure`, or timings stored by an earlier process:
+    calibration.py) or has seen enough passes to tell a fixed cost from a per-row one
+    (`ready`), the engine does not ask it: drafts follow the chain policy's prior, k
+    tokens for a k-token match."""
 
     forget: float = 0.98  # weight of the past per new timing
     block: int = 0  # rows per linear-layer block (0: passes are not blocked)
     padded: bool = False  # attention runs padded calls (rowcalls.py): keys are counted per call
+    calibrated: bool = False  # fitted to start-up timings (this process's or stored ones)
+    passes: int = 0  # timings observed
+    rows_seen: tuple[int, int] = (1 << 30, 0)  # fewest and most rows of those timings
     _xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 4 for _ in range(4)])  # sum w x x^T
     _xy: list[float] = field(default_factory=lambda: [0.0] * 4)  # sum w x y
     _fitted: tuple[float, float, float, float] | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, points: dict[int, float] | dict[tuple[int, int], float], block: int = 0) -> CostModel:
-        """A model fitted to {rows: seconds} or {(rows, keys): seconds}, without forgetting."""
-        model = cls(forget=1.0, block=block)
-        for at, seconds in points.items():
-            rows, keys = at if isinstance(at, tuple) else (at, 0)
-            model.observe(rows, seconds, keys)
-        model.forget = cls.forget
+        """A model calibrated with {rows: seconds} or {(rows, keys): seconds}."""
+        model = cls(block=block)
+        model.calibrated_with([(*(at if isinstance(at, tuple) else (at, 0)), seconds) for at, seconds in points.items()])
         return model
 
     @property
     def measured(self) -> bool:
         return self._xx[0][0] > 0
+
+    @property
+    def ready(self) -> bool:
+        """Whether its prices can steer drafting: calibrated, or fitted online to passes
+        of varied sizes."""
+        fewest, most = self.rows_seen
+        return self.calibrated or (self.passes >= ONLINE_PASSES and most - fewest >= ONLINE_ROW_SPREAD)
 
     def _features(self, rows: int, keys: int) -> tuple[float, float, float, float]:
         rows = max(rows, 2)
@@ -169,6 +185,8 @@ class CostModel:
 
     def observe(self, rows: int, seconds: float, keys: int = 0) -> None:
         x = self._features(rows, keys)
+        self.passes += 1
+        self.rows_seen = (min(self.rows_seen[0], max(rows, 2)), max(self.rows_seen[1], max(rows, 2)))
         for i in range(4):
             self._xy[i] = self.forget * self._xy[i] + x[i] * seconds
             for j in range(4):
@@ -202,17 +220,29 @@ class CostModel:
         return max(a + b * n + c * keys + d * extra, 1e-6)
 
     def measure(self, run_pass: Callable[[int, int], float], rows: Sequence[int], contexts: Sequence[int],
-                repeat: int = 3) -> None:
+                repeat: int = 3) -> list[tuple[int, int, float]]:
         """Time `run_pass(rows, context)` per row count and context length, and observe
         the median of `repeat` timings (after a warm-up pass at the largest size); keys
-        counted by `attended_keys`.
+        counted by `attended_keys`. Returns the (rows, keys, seconds) observed, for
+        `calibrated_with` in a later process.
         Why a median: single start-up timings ran 10-25% above the steady cost (first
         touches of the KV slot's pages, allocator growth), which priced rows too high."""
         run_pass(max(rows), max(contexts))
+        timings = []
         for context in contexts:
             for n in rows:
                 seconds = statistics.median(run_pass(n, context) for _ in range(repeat))
-                self.observe(n, seconds, self.attended_keys(context, [(n, n - 1)]))
+                timings.append((n, self.attended_keys(context, [(n, n - 1)]), seconds))
+        self.calibrated_with(timings)
+        return timings
+
+    def calibrated_with(self, timings: Sequence[tuple[int, int, float]]) -> None:
+        """Observe start-up timings (rows, keys, seconds), all with the same weight."""
+        forget, self.forget = self.forget, 1.0
+        for rows, keys, seconds in timings:
+            self.observe(rows, seconds, keys)
+        self.forget = forget
+        self.calibrated = self.calibrated or bool(timings)
 
     def attended_keys(self, context: int, chains: Sequence[tuple[int, int]]) -> int:
         """The keys a request's rows read in one pass over `context` committed tokens;

@@ -19,9 +19,12 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from codespec import controller
+import torch
+
+from codespec import calibration, controller
 from codespec.errors import RequestError
 from codespec.index import Draft, SuffixIndex
 from codespec.kvcache import DEFAULT_CHUNK, CacheFull, SlotCache
@@ -86,15 +89,27 @@ class Engine:
         cache: SlotCache | None = None,
         slots: int = 2,
         exact_rows: bool = True,
+        profile_dir: Path | str | None = None,
     ) -> None:
+        """`profile_dir`: the cache directory holding this machine's profile (probes and
+        verify-pass timings, calibration.py): read at start, written once measured."""
         if draft_policy not in controller.POLICIES:
             raise ValueError(f"draft_policy must be one of {controller.POLICIES}, got {draft_policy!r}")
         self.max_context = max_context(model.config)
+        param = next(model.parameters())
         if cache is None:
-            param = next(model.parameters())
             cache = SlotCache(model.config, slots=slots, slot_tokens=min(self.max_context, 4096), dtype=param.dtype,
                               device=param.device, chunk=DEFAULT_CHUNK)
         self.cache = cache
+        self.profile_dir = profile_dir
+        self.profile_key: dict[str, str] | None = None
+        profile = None
+        if profile_dir is not None:
+            self.profile_key = calibration.profile_key(model, param.device, param.dtype, torch.get_num_threads())
+            profile = calibration.load(profile_dir, self.profile_key)
+            if profile is not None and not hasattr(model, "_codespec_row_block"):
+                # the probes' results on this very setting: the verifier skips probing
+                model._codespec_row_block, model._codespec_padded_rows = profile.row_block, profile.padded_rows
         self.verifier = Verifier(model, cache, exact_rows=exact_rows)
         self.tokenizer = tokenizer
         self.proposer = proposer if proposer is not None else PromptLookupProposer()
@@ -104,6 +119,10 @@ class Engine:
         self.cost = controller.CostModel(block=self.verifier.row_block if exact_rows else 0,
                                          padded=exact_rows and self.verifier.padded_rows)
         self.acceptance = controller.AcceptanceTable()  # every request's record, by match length
+        if profile is not None:
+            self.cost.calibrated_with(profile.timings)
+        elif profile_dir is not None:
+            self._store_profile([])  # the probes just run: the next process skips them
 
     @classmethod
     def from_settings(cls, model: Any, tokenizer: Any, settings: Settings, index: SuffixIndex | None = None) -> Engine:
@@ -119,7 +138,7 @@ class Engine:
             dtype=param.dtype, device=param.device, chunk=settings.prefill_chunk_tokens,
         )
         return cls(model, tokenizer, proposer, max_draft_tokens=settings.max_draft_tokens,
-                   draft_policy=settings.draft_policy, cache=cache)
+                   draft_policy=settings.draft_policy, cache=cache, profile_dir=settings.cache_dir)
 
     @property
     def context_limit(self) -> int:
@@ -167,8 +186,16 @@ class Engine:
                 committed[id(run)] = kept
         return [committed.get(id(run), []) for run in runs]
 
+    @property
+    def _controlled(self) -> bool:
+        """Whether the goodput controller drafts: only once its cost model can price
+        passes. Before that (no stored calibration, too few passes seen) the chain
+        policy's prior drafts, k tokens for a k-token match: a request never waits for
+        a calibration (issue 16)."""
+        return self.draft_policy == "goodput" and self.cost.ready
+
     def _draft(self, run: Run) -> Draft:
-        if self.draft_policy != "goodput":
+        if not self._controlled:
             return run.session.draft(run.draft_budget(), tree=self.draft_policy == "tree")
         # the controller prices every node by its calibrated acceptance, so its trees may
         # run deeper than k tokens for a k-token match (the fixed policies' safety cap),
@@ -176,11 +203,10 @@ class Engine:
         candidates = run.session.candidates(run.draft_budget())
         if not candidates:
             return Draft.empty("none")
-        self.calibrate()
         return controller.pick(candidates, run.acceptance.rate, self.cost, self.cache.length(run.slot))
 
     def _verify(self, runs: Sequence[Run], drafts: list[Draft]) -> list[list[int]]:
-        if self.draft_policy == "goodput" and any(len(d) for d in drafts):
+        if self._controlled and any(len(d) for d in drafts):
             contexts = [self.cache.length(run.slot) for run in runs]
             drafts = controller.choose(drafts, [run.acceptance.rate for run in runs], self.cost, contexts)
         trees = [VerifyTree.build(run.generated[-1], draft) for run, draft in zip(runs, drafts)]
@@ -196,9 +222,10 @@ class Engine:
 
     def calibrate(self) -> None:
         """Time verify passes of growing size once, on a free slot, for the goodput
-        controller (servers call it at start-up; otherwise the first draft does). With
-        every slot busy the controller starts from the online timings alone."""
-        if self.draft_policy != "goodput" or self.cost.measured or not self.cache.free_slots:
+        controller, and store them in the machine profile: start-up work (`codespec
+        model prepare`, `serve` and `lsp` call it; requests never do). A no-op when a
+        stored profile already calibrated the cost model."""
+        if self.draft_policy != "goodput" or self.cost.calibrated or not self.cache.free_slots:
             return
         slot, _ = self.cache.acquire([0])
         # Passes attend to contexts of typical lengths (their KV values do not matter).
@@ -212,10 +239,24 @@ class Engine:
                 self.verifier.verify([Item(slot, VerifyTree.chain(0, [0] * (rows - 1)))])
                 return time.perf_counter() - began
 
-            self.cost.measure(timed, [n for n in COST_ROWS if n < limit], contexts)
+            timings = self.cost.measure(timed, [n for n in COST_ROWS if n < limit], contexts)
         finally:
             self.cache.prefilled(slot, [])
             self.cache.release(slot)
+        self._store_profile(timings)
+
+    def _store_profile(self, timings: list[tuple[int, int, float]]) -> None:
+        if self.profile_dir is None or self.profile_key is None:
+            return
+        calibration.save(self.profile_dir, calibration.Profile(
+            self.profile_key, self.verifier.row_block, self.verifier.padded_rows, timings))
+
+    @property
+    def profile_path(self) -> Path | None:
+        """Where this engine's machine profile is (or would be) stored."""
+        if self.profile_dir is None or self.profile_key is None:
+            return None
+        return calibration.profile_path(self.profile_dir, self.profile_key)
 
 
 class Run:

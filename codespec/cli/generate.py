@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,7 @@ def register(commands: Any) -> None:
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template as a user turn")
     p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
     add_settings_arguments(p, MODEL_FIELDS + SPECULATION_FIELDS)
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, fast_exit=True)  # nothing to tear down once the answer is out (main.run)
 
 
 def read_prompt(source: str) -> str:
@@ -64,10 +66,28 @@ def read_prompt(source: str) -> str:
     return text
 
 
+def process_age() -> float:
+    """Seconds since this process started (Linux: from /proc; elsewhere since codespec's
+    CLI was imported, which misses the interpreter's own start-up)."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        return uptime - started_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - _IMPORTED
+
+
+_IMPORTED = time.perf_counter()
+
+
 def run(args: argparse.Namespace) -> int:
     from codespec.engine import Engine, GenerationConfig
     from codespec.models.loading import load_model
     from codespec.prompts import encode_prompt
+
+    imported = process_age()
 
     # Built first: bad limits or sampling values fail before anything loads.
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), speculate=not args.no_spec,
@@ -79,7 +99,9 @@ def run(args: argparse.Namespace) -> int:
         from codespec.index import SuffixIndex
 
         index = SuffixIndex.load(args.index)
+    loading = process_age()
     loaded = load_model(settings)
+    loaded_at = process_age()
     tokenizer = loaded.tokenizer
     if args.chat:
         text = tokenizer.apply_chat_template(
@@ -91,9 +113,15 @@ def run(args: argparse.Namespace) -> int:
 
         index.check_tokenizer(tokenizer_fingerprint(tokenizer))
     engine = Engine.from_settings(loaded.model, tokenizer, settings, index=index)
+    started = process_age()
     result = engine.generate(prompt_ids, config)
     if args.json:
-        print(json.dumps(result.to_json()))
+        out = result.to_json()
+        # where a fresh process's time went before the request (bench cold start reads it)
+        out["startup"] = {"imports_s": round(imported, 4), "model_load_s": round(loaded_at - loading, 4),
+                          "engine_s": round(started - loaded_at, 4),
+                          "first_token_s": round(started + result.stats.ttft_s, 4)}
+        print(json.dumps(out))
         return 0
     sys.stdout.write(result.text)
     if not result.text.endswith("\n"):

