@@ -43,7 +43,9 @@ def engine(default_model):
     """An engine as `codespec generate` builds it (settings' defaults: goodput, 32-token
     drafts), whose proposer each test points at the request's repository index."""
     settings = Settings(kv_slot_tokens=SLOT_TOKENS)
-    return Engine.from_settings(default_model.model, default_model.tokenizer, settings, SuffixIndex())
+    engine = Engine.from_settings(default_model.model, default_model.tokenizer, settings, SuffixIndex())
+    engine.calibrate()  # stored by `model prepare` (or timed here once): the controller drafts from the start
+    return engine
 
 
 _STATIC: dict[tuple[str, ...], object] = {}  # repository (its paths) -> static index, built once

@@ -62,6 +62,8 @@ def test_generate_json_contract(tmp_path):
         assert {"text", "token_ids", "stats"} <= out.keys()
         assert {"generated_tokens", "verify_passes", "accepted_tokens_per_pass", "draft_tokens", "ttft_s",
                 "wall_s"} <= out["stats"].keys()
+        startup = out["startup"]  # where a fresh process's time went (bench cold start reads it)
+        assert 0 < startup["imports_s"] < startup["first_token_s"] and startup["model_load_s"] > 0
         outputs[bool(flag)] = out
     assert outputs[True]["token_ids"] == outputs[False]["token_ids"]
     assert outputs[True]["stats"]["draft_tokens"] == 0
@@ -78,6 +80,19 @@ def test_model_info_json_path_loads_with_transformers():
     from transformers import AutoConfig
 
     assert AutoConfig.from_pretrained(info["path"]).model_type == "qwen2"
+    assert info["weights"] == info["path"] + "/bfloat16"  # the serving copy written by preparation
+    assert info["profile"]["path"].endswith(".json") and isinstance(info["profile"]["stored"], bool)
+
+
+def test_serving_copy_holds_exactly_the_weights_a_float32_load_casts_to(default_model):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    assert default_model.weights.endswith("bfloat16")
+    cast = AutoModelForCausalLM.from_pretrained(default_model.path, dtype=torch.bfloat16).state_dict()
+    served = default_model.model.state_dict()
+    assert cast.keys() == served.keys()
+    assert all(torch.equal(cast[name], served[name]) for name in cast)
 
 
 def test_fim_tokens_are_recognised_in_prompts(default_model):

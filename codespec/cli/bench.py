@@ -4,6 +4,7 @@
     codespec bench --workloads edit,repo --repeat 3 --out results/
     codespec bench verify --batches 8 --repeat 3     # draft policies at batch 1 and 8
     codespec bench index --out results/              # the index at 10k..10M tokens
+    codespec bench cold --requests 12                # fresh `codespec generate` processes
 """
 
 from __future__ import annotations
@@ -27,14 +28,16 @@ from codespec.errors import CodespecError
 def register(commands: Any) -> None:
     p = commands.add_parser("bench", help="measure workloads side by side (default), draft policies (`bench "
                             "verify`) or the suffix index (`bench index`)")
-    p.add_argument("suite", nargs="?", choices=("workloads", "index", "verify"), default="workloads",
+    p.add_argument("suite", nargs="?", choices=("workloads", "index", "verify", "cold"), default="workloads",
                    help="workloads: repo completion, edit, agent loop, editor session x plain, HF prompt lookup, "
                    "codespec variants, arctic-inference; verify: draft policies (none, chain-4/8/16, tree, goodput) "
-                   "at batch 1 and 8; index: the index at 10k..10M tokens")
+                   "at batch 1 and 8; index: the index at 10k..10M tokens; cold: held-out requests, a fresh "
+                   "process each (codespec generate, --no-spec, HF prompt lookup): start-up included")
     p.add_argument("--sets", default="edit,fim-repo", help="verify suite: request sets (edit, fim-repo)")
     p.add_argument("--batches", default="1,8", help="verify suite: concurrent requests per run (default 1,8)")
     p.add_argument("--requests", type=int, default=8, metavar="N",
-                   help="verify suite: requests per set, run at each batch size (default 8)")
+                   help="verify suite: requests per set, run at each batch size; cold suite: held-out requests, "
+                   "half FIM, half edit, spread over the set (default 8)")
     p.add_argument("--sizes", default="10k,100k,1M,10M", help="index suite: corpus sizes (default 10k,100k,1M,10M)")
     p.add_argument("--workloads", default="repo,edit,agent,editor",
                    help="comma-separated: repo, edit, agent, editor (default all)")
@@ -60,7 +63,59 @@ def _pick(value: str, known: Any, what: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"index": run_index, "verify": run_verify}.get(args.suite, run_workloads)(args)
+    return {"index": run_index, "verify": run_verify, "cold": run_cold}.get(args.suite, run_workloads)(args)
+
+
+def run_cold(args: argparse.Namespace) -> int:
+    from codespec.bench import cold
+    from codespec.bench.heldout import heldout_requests
+    from codespec.models.loading import load_tokenizer
+
+    systems = _pick(args.systems, cold.COLD_SYSTEMS, "systems") if args.systems != ",".join(SYSTEM_NAMES) \
+        else list(cold.COLD_SYSTEMS)
+    systems = ["plain", *[s for s in systems if s != "plain"]]
+    repeat = 1 if args.repeat is None else args.repeat
+    if repeat < 1 or args.requests < 2:
+        raise CodespecError("cold suite: --repeat must be at least 1 and --requests at least 2")
+    out_dir = _out_dir(args.out)
+    settings = settings_from_args(args)
+    tokenizer = load_tokenizer(settings)
+    held = heldout_requests(tokenizer)
+    chosen = [*_spread([r for r in held if r.kind == "fim"], args.requests // 2),
+              *_spread([r for r in held if r.kind == "edit"], args.requests - args.requests // 2)]
+    print(f"cold suite: {len(chosen)} held-out requests x {', '.join(systems)}, a fresh process each, "
+          f"{repeat} round(s)", file=sys.stderr)
+
+    def progress(run: Any) -> None:
+        print(f"  {run.request} {run.system}: {len(run.token_ids)} tokens, {run.wall_s:.1f} s wall, "
+              f"{run.model_load_s:.1f} s load, first token at {run.first_token_s:.1f} s", file=sys.stderr, flush=True)
+
+    result = cold.run_cold(settings, tokenizer, chosen, systems, repeat, progress)
+    found = cold.checks(result, systems)
+    facts = cold.summary(result, systems)
+    machine = _machine()
+    print(f"\n{len(chosen)} held-out requests, a fresh process each, {machine['cores']} cores ({machine['cpu']}), "
+          f"median of {repeat}; net = wall - model load (seconds)")
+    print(cold.format_table(result, systems))
+    for system in systems:
+        f = facts[system]
+        print(f"  {system}: cold start to first token {f['cold_start_to_first_token_s']:.2f} s (median), "
+              f"model load {f['median_model_load_s']:.2f} s")
+    for name, ok in found.items():
+        print(f"  {'PASS' if ok else 'FAIL'}  {name}")
+    report = {"bench": "cold", "machine": machine, "systems": systems, "summary": facts, "checks": found}
+    if out_dir is not None:
+        _write_json(out_dir / "cold.json", report)
+        print(f"wrote {out_dir / 'cold.json'}", file=sys.stderr)
+    print(json.dumps(report))
+    return 0
+
+
+def _spread(items: list[Any], count: int) -> list[Any]:
+    if count >= len(items):
+        return items
+    step = len(items) / count
+    return [items[int(i * step)] for i in range(count)]
 
 
 def _parse_size(text: str) -> int:

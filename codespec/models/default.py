@@ -103,6 +103,7 @@ def prepare(cache_dir: Path, model: PackagedModel = DEFAULT_MODEL, *, progress: 
     """
     target = prepared_dir(cache_dir, model)
     if is_prepared(cache_dir, model):
+        _serving_copy(target, progress)  # caches prepared before the copy existed get it once
         return target
     parts = part_paths(model)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -171,9 +172,11 @@ def _convert_gguf(directory: Path, model: PackagedModel, out: Path, progress: bo
 
 def _serving_copy(out: Path, progress: bool) -> None:
     """The bfloat16 copy every load on CPU or CUDA reads (`--dtype auto`; loading.py)."""
-    import torch
+    from codespec.models.loading import SERVING_COPY, write_serving_copy
 
-    from codespec.models.loading import write_serving_copy
+    if (out / "bfloat16" / SERVING_COPY).is_file():
+        return
+    import torch
 
     with tqdm(total=1, desc="bfloat16 copy for serving", disable=not progress) as bar:
         write_serving_copy(out, torch.bfloat16)

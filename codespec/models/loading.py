@@ -145,6 +145,9 @@ def write_serving_copy(path: str | Path, dtype: torch.dtype) -> Path:
     copy = Path(path) / _dtype_name(dtype)
     if (copy / SERVING_COPY).is_file():
         return copy
+    config = json.loads((Path(path) / "config.json").read_text())
+    if (config.get("dtype") or config.get("torch_dtype")) == _dtype_name(dtype):
+        return Path(path)  # stored in that dtype already
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     with tempfile.TemporaryDirectory(prefix=f".{copy.name}-", dir=path) as tmp:
         work = Path(tmp) / "copy"

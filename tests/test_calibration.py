@@ -1,0 +1,157 @@
+"""The machine profile (calibration.py): stored once per machine and setting, read by
+every later engine; a request never waits for probes or calibration passes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from codespec import calibration, controller, rowblocks, rowcalls
+from codespec.engine import Engine, GenerationConfig
+from codespec.kvcache import SlotCache
+from codespec.models.tiny import tiny_model
+from codespec.proposer import PromptLookupProposer
+from tests.test_engine_lossless import prompts
+
+PROMPT = [3, 1, 4, 1, 5, 9, 2, 6] * 4  # repeats: the prompt lookup drafts from the start
+
+
+def engine_on(model, cache_dir, policy="goodput"):
+    cache = SlotCache(model.config, slots=2, slot_tokens=256, dtype=model.dtype, chunk=128)
+    return Engine(model, None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=8, draft_policy=policy,
+                  eos_token_ids=[], cache=cache, profile_dir=cache_dir)
+
+
+class PassCounter:
+    """Counts every verify pass the engine's verifier runs, and every calibration."""
+
+    def __init__(self, monkeypatch, engine):
+        self.passes = self.calibrations = 0
+        verify = engine.verifier.verify
+
+        def counted(items):
+            self.passes += 1
+            return verify(items)
+
+        monkeypatch.setattr(engine.verifier, "verify", counted)
+        measure = controller.CostModel.measure
+
+        def calibrating(cost, *args, **kwargs):
+            self.calibrations += 1
+            return measure(cost, *args, **kwargs)
+
+        monkeypatch.setattr(controller.CostModel, "measure", calibrating)
+
+
+@pytest.mark.parametrize("stored", [False, True])
+def test_first_request_of_a_fresh_engine_runs_no_calibration_pass(monkeypatch, tmp_path, stored):
+    """Without a profile the controller starts from its prior; with one, from the stored
+    timings. Either way every verify pass the request pays for is one of its own."""
+    if stored:
+        engine_on(tiny_model("qwen2", vocab_size=16, seed=3), tmp_path).calibrate()
+    engine = engine_on(tiny_model("qwen2", vocab_size=16, seed=3), tmp_path)
+    assert engine.cost.calibrated == stored
+    counter = PassCounter(monkeypatch, engine)
+    out = engine.generate(PROMPT, GenerationConfig(max_new_tokens=40))
+    assert counter.calibrations == 0
+    assert counter.passes == out.stats.verify_passes > 0
+    assert out.stats.accepted_draft_tokens > 0  # it did speculate
+
+
+def test_profile_is_stored_and_spares_the_next_engine_its_probes(monkeypatch, tmp_path):
+    first = engine_on(tiny_model("llama", vocab_size=16, seed=3), tmp_path)
+    stored = calibration.load(tmp_path, first.profile_key)
+    assert stored is not None and stored.timings == []  # the probes, for the next process
+    assert (stored.row_block, stored.padded_rows) == (first.verifier.row_block, first.verifier.padded_rows)
+    first.calibrate()
+    timed = calibration.load(tmp_path, first.profile_key)
+    assert timed is not None and len(timed.timings) >= 4 and first.profile_path.is_file()
+
+    def no_probe(*args, **kwargs):
+        raise AssertionError("probed although a profile was stored")
+
+    monkeypatch.setattr(rowblocks, "probe", no_probe)
+    monkeypatch.setattr(rowcalls, "probe", no_probe)
+    second = engine_on(tiny_model("llama", vocab_size=16, seed=3), tmp_path)
+    assert second.cost.calibrated and second.cost.coefficients() == first_fit(timed)
+    assert second.verifier.row_block == first.verifier.row_block
+    second.calibrate()  # a no-op: nothing is timed again
+    assert calibration.load(tmp_path, first.profile_key).created == timed.created
+
+
+def first_fit(profile):
+    cost = controller.CostModel(block=profile.row_block, padded=profile.padded_rows)
+    cost.calibrated_with(profile.timings)
+    return cost.coefficients()
+
+
+def test_speculation_from_a_stored_profile_equals_plain(tmp_path):
+    engine_on(tiny_model("qwen2", vocab_size=16, seed=3), tmp_path).calibrate()
+    engine = engine_on(tiny_model("qwen2", vocab_size=16, seed=3), tmp_path)
+    assert engine.cost.calibrated
+    for prompt in prompts(16, 6, seed=11, repeat=True):
+        plain = engine.generate(prompt, GenerationConfig(max_new_tokens=32, speculate=False))
+        assert engine.generate(prompt, GenerationConfig(max_new_tokens=32)).token_ids == plain.token_ids
+
+
+def test_a_corrupt_or_stale_profile_is_ignored_and_rebuilt(tmp_path, caplog):
+    model = tiny_model("qwen2", vocab_size=16, seed=3)
+    engine = engine_on(model, tmp_path)
+    path = engine.profile_path
+    path.write_text("{ not json")
+    with caplog.at_level("WARNING", logger="codespec.calibration"):
+        assert calibration.load(tmp_path, engine.profile_key) is None
+    assert "ignoring the machine profile" in caplog.text
+    rebuilt = engine_on(model, tmp_path)  # probes again (the model's own result) and stores it
+    assert calibration.load(tmp_path, rebuilt.profile_key) is not None
+
+    data = json.loads(path.read_text())
+    data["key"]["threads"] = "999"  # measured under another setting: never reused
+    path.write_text(json.dumps(data))
+    assert calibration.load(tmp_path, engine.profile_key) is None
+    data["key"] = engine.profile_key
+    data["timings"] = [[2, 100, -1.0]]  # a timing no machine measured
+    path.write_text(json.dumps(data))
+    assert calibration.load(tmp_path, engine.profile_key) is None
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary files left
+
+
+def test_key_names_what_changes_kernels(tmp_path):
+    model = tiny_model("qwen2", vocab_size=16, seed=3)
+    key = engine_on(model, tmp_path).profile_key
+    for field in ("processor", "torch", "transformers", "model_shapes", "dtype", "device", "threads", "layout"):
+        assert key[field], field
+    wider = engine_on(tiny_model("qwen2", vocab_size=32, seed=3), tmp_path).profile_key
+    assert wider["model_shapes"] != key["model_shapes"]
+    assert calibration.profile_path(tmp_path, wider) != calibration.profile_path(tmp_path, key)
+
+
+def test_an_unwritable_cache_costs_nothing_but_the_profile(tmp_path, caplog):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    with caplog.at_level("WARNING", logger="codespec.calibration"):
+        engine = engine_on(tiny_model("qwen2", vocab_size=16, seed=3), blocked)
+    assert "could not store the machine profile" in caplog.text
+    assert engine.generate(PROMPT, GenerationConfig(max_new_tokens=8)).stats.generated_tokens == 8
+
+
+def test_uncalibrated_controller_drafts_k_for_k_until_its_online_fit_is_ready():
+    """The prior: chain drafts (k tokens for a k-token match). The controller takes over
+    once passes of varied sizes taught the cost model a fixed and a per-row cost."""
+    engine = engine_on(tiny_model("qwen2", vocab_size=16, seed=3), None)
+    assert not engine.cost.ready and not engine.cost.calibrated
+    run = engine.start(PROMPT, GenerationConfig(max_new_tokens=60))
+    run.step()  # prefill
+    draft = engine._draft(run)
+    chain = run.session.draft(run.draft_budget())
+    assert draft.token_ids == chain.token_ids and len(draft) <= draft.match_len
+    cost = controller.CostModel()
+    for rows in (2, 3, 5, 9, 12, 2, 4, 8):
+        cost.observe(rows, 0.01 + 0.001 * rows)
+    assert cost.ready and not cost.calibrated
+    few = controller.CostModel()
+    for _ in range(20):
+        few.observe(17, 0.03)  # one size only: fixed and per-row cost cannot be told apart
+    assert not few.ready
+    run.close()
