@@ -301,3 +301,16 @@ def _pass_rows_and_decode_steps(model, cache, prompt, tree, other, side_draft, l
         return found
     finally:
         hook.remove()
+
+
+def test_bench_cold_hf_worker_reports_like_generate(tmp_path):
+    """The HF prompt-lookup worker of `codespec bench cold` runs in its own process and
+    answers with generate's JSON fields (token ids, stats, startup)."""
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text(PROMPTS["copy"])
+    proc = subprocess.run([sys.executable, "-m", "codespec.bench.cold", str(prompt), "12"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(out["token_ids"]) == out["stats"]["generated_tokens"] <= 12
+    assert 0 < out["startup"]["model_load_s"] < out["startup"]["first_token_s"]
