@@ -76,13 +76,16 @@ class Profile:
                    bool(data["padded_rows"]), timings, float(data["created"]))
 
 
-def profile_key(model: Any, device: Any, dtype: Any, threads: int) -> dict[str, str]:
-    """Everything a stored profile must have been measured under to be reused."""
+def profile_key(model: Any) -> dict[str, str]:
+    """Everything a stored profile must have been measured under to be reused: the
+    model's device and dtype, torch's thread count now, and the machine."""
     import torch
     import transformers
 
     from codespec import rowblocks, rowcalls
 
+    param = next(model.parameters())
+    device, dtype, threads = param.device, param.dtype, torch.get_num_threads()
     config = model.config
     shapes = {name: getattr(config, name, None) for name in SHAPE_FIELDS}
     dtype_name = str(dtype).removeprefix("torch.")

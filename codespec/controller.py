@@ -186,7 +186,8 @@ class CostModel:
     def observe(self, rows: int, seconds: float, keys: int = 0) -> None:
         x = self._features(rows, keys)
         self.passes += 1
-        self.rows_seen = (min(self.rows_seen[0], max(rows, 2)), max(self.rows_seen[1], max(rows, 2)))
+        padded_rows = int(x[1])  # a one-row pass runs as two
+        self.rows_seen = (min(self.rows_seen[0], padded_rows), max(self.rows_seen[1], padded_rows))
         for i in range(4):
             self._xy[i] = self.forget * self._xy[i] + x[i] * seconds
             for j in range(4):

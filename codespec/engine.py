@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-import torch
-
 from codespec import calibration, controller
 from codespec.errors import RequestError
 from codespec.index import Draft, SuffixIndex
@@ -105,7 +103,7 @@ class Engine:
         self.profile_key: dict[str, str] | None = None
         profile = None
         if profile_dir is not None:
-            self.profile_key = calibration.profile_key(model, param.device, param.dtype, torch.get_num_threads())
+            self.profile_key = calibration.profile_key(model)
             profile = calibration.load(profile_dir, self.profile_key)
             if profile is not None and not hasattr(model, "_codespec_row_block"):
                 # the probes' results on this very setting: the verifier skips probing

@@ -207,7 +207,7 @@ def _worker(argv: Sequence[str]) -> int:
     Face prompt lookup in a fresh process, reporting as `codespec generate --json` does."""
     import argparse
 
-    from codespec.cli.generate import process_age, read_prompt
+    from codespec.cli.generate import process_age, read_prompt, startup_report
     from codespec.settings import Settings
 
     parser = argparse.ArgumentParser(prog="python -m codespec.bench.cold")
@@ -231,9 +231,7 @@ def _worker(argv: Sequence[str]) -> int:
     out = hf_prompt_lookup(loaded.model, ids, args.max_new_tokens, _eos_ids(loaded.model, loaded.tokenizer))
     print(json.dumps({"token_ids": out.token_ids, "stats": {"generated_tokens": len(out.token_ids),
                                                             "wall_s": round(out.wall_s, 4)},
-                      "startup": {"imports_s": round(imported, 4), "model_load_s": round(loaded_at - loading, 4),
-                                  "engine_s": round(started - loaded_at, 4),
-                                  "first_token_s": round(started + (out.ttft_s or out.wall_s), 4)}}))
+                      "startup": startup_report(imported, loading, loaded_at, started, out.ttft_s or out.wall_s)}))
     return 0
 
 

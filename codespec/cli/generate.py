@@ -82,6 +82,13 @@ def process_age() -> float:
 _IMPORTED = time.perf_counter()
 
 
+def startup_report(imported: float, loading: float, loaded_at: float, started: float, ttft: float) -> dict[str, float]:
+    """`generate --json`'s `startup` from process ages (`process_age`): after imports,
+    around the model load, at the request's start, and its time to first token."""
+    return {"imports_s": round(imported, 4), "model_load_s": round(loaded_at - loading, 4),
+            "engine_s": round(started - loaded_at, 4), "first_token_s": round(started + ttft, 4)}
+
+
 def run(args: argparse.Namespace) -> int:
     from codespec.engine import Engine, GenerationConfig
     from codespec.models.loading import load_model
@@ -118,9 +125,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = result.to_json()
         # where a fresh process's time went before the request (bench cold start reads it)
-        out["startup"] = {"imports_s": round(imported, 4), "model_load_s": round(loaded_at - loading, 4),
-                          "engine_s": round(started - loaded_at, 4),
-                          "first_token_s": round(started + result.stats.ttft_s, 4)}
+        out["startup"] = startup_report(imported, loading, loaded_at, started, result.stats.ttft_s)
         print(json.dumps(out))
         return 0
     sys.stdout.write(result.text)

@@ -60,8 +60,6 @@ def run_prepare(args: argparse.Namespace) -> int:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    import torch
-
     from codespec import calibration
     from codespec.models.loading import load_model, read_manifest
 
@@ -71,7 +69,7 @@ def run_info(args: argparse.Namespace) -> int:
     manifest = read_manifest(loaded.path)
     if manifest:
         info["source_sha256"] = manifest["sha256"]
-    key = calibration.profile_key(loaded.model, loaded.device, loaded.dtype, torch.get_num_threads())
+    key = calibration.profile_key(loaded.model)
     info["profile"] = _stored_profile_facts(settings.cache_dir, key)
     print_facts(info, args.json)
     return 0
@@ -87,14 +85,14 @@ def _stored_profile_facts(cache_dir: Any, key: dict[str, str]) -> dict[str, Any]
     the cost model it starts from (`"stored": false` when this setting has none yet)."""
     from codespec import calibration, controller
 
-    profile = calibration.load(cache_dir, key)
+    profile, path = calibration.load(cache_dir, key), str(calibration.profile_path(cache_dir, key))
     if profile is None:
-        return {"path": str(calibration.profile_path(cache_dir, key)), "stored": False}
+        return {"path": path, "stored": False}
     cost = controller.CostModel(block=profile.row_block, padded=profile.padded_rows)
     cost.calibrated_with(profile.timings)
     a, b, c, d = cost.coefficients()
     return {
-        "path": str(calibration.profile_path(cache_dir, key)),
+        "path": path,
         "stored": True,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(profile.created)),
         "row_block": profile.row_block,
