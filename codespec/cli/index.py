@@ -3,6 +3,7 @@
     codespec index PATH [--out FILE] [--json]     build (again: re-tokenizes changed files only)
     codespec index stats FILE [--json]            what an index holds
     codespec index query FILE TEXT                the match and the draft for TEXT (debugging)
+    codespec index export FILE --sglang OUT       the files as SGLang's external n-gram corpus (JSONL)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from codespec.errors import CodespecError
 TOKENIZER_FIELDS = ("model", "cache_dir")
 
 
-ACTIONS = ("build", "stats", "query")
+ACTIONS = ("build", "stats", "query", "export")
 
 
 def register(commands: Any) -> None:
@@ -28,7 +29,7 @@ def register(commands: Any) -> None:
         "index", help="build (PATH), inspect (stats FILE) or query (query FILE TEXT) a suffix index",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    actions = p.add_subparsers(dest="action", metavar="PATH | stats | query", required=True)
+    actions = p.add_subparsers(dest="action", metavar="PATH | stats | query | export", required=True)
 
     build = actions.add_parser("build", help="index a repository (the default: `codespec index PATH`)")
     build.add_argument("path", metavar="PATH", help="the repository's folder")
@@ -50,6 +51,16 @@ def register(commands: Any) -> None:
     query.add_argument("--json", action="store_true", help="print one JSON object")
     add_settings_arguments(query, TOKENIZER_FIELDS)
     query.set_defaults(handler=lambda a: _query(Path(a.file), a.text, a))
+
+    export = actions.add_parser("export", help="write the index's files for another engine (SGLang)")
+    export.add_argument("file", metavar="FILE", help="an index file (`codespec index PATH --out FILE`)")
+    export.add_argument("--sglang", metavar="OUT", required=True,
+                        help="JSONL for SGLang's --speculative-ngram-external-corpus-path")
+    export.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                        help="stop before N tokens, separators included (SGLang's default limit: 10,000,000)")
+    export.add_argument("--json", action="store_true", help="print one JSON object")
+    add_settings_arguments(export, TOKENIZER_FIELDS)
+    export.set_defaults(handler=lambda a: _export(Path(a.file), Path(a.sglang), a))
 
 
 def implicit_build(argv: list[str]) -> list[str]:
@@ -90,14 +101,42 @@ def _stats(path: Path, args: argparse.Namespace) -> int:
     return 0
 
 
-def _query(path: Path, text: str, args: argparse.Namespace) -> int:
+def _load_with_tokenizer(path: Path, args: argparse.Namespace) -> tuple[Any, Any]:
+    """The index file and the model's tokenizer, refused when they do not belong together."""
     from codespec.index import SuffixIndex
     from codespec.indexing import tokenizer_fingerprint
     from codespec.models.loading import load_tokenizer
-    from codespec.prompts import encode
 
     tokenizer = load_tokenizer(settings_from_args(args))
-    index = SuffixIndex.load(path, tokenizer=tokenizer_fingerprint(tokenizer))
+    return SuffixIndex.load(path, tokenizer=tokenizer_fingerprint(tokenizer)), tokenizer
+
+
+def _export(path: Path, out: Path, args: argparse.Namespace) -> int:
+    from codespec.integrations.sglang import SGLANG_MAX_TOKENS, export_corpus
+
+    limit = SGLANG_MAX_TOKENS if args.max_tokens is None else args.max_tokens
+    if limit < 1:
+        raise CodespecError(f"--max-tokens {limit}: give a positive number of tokens")
+    index, tokenizer = _load_with_tokenizer(path, args)
+    report = export_corpus(index, tokenizer, out, max_tokens=limit, progress=not args.json)
+    if args.json:
+        print(json.dumps(report.to_json()))
+        return 0
+    print(f"wrote {report.files:,} files, {report.tokens:,} tokens -> {report.path} ({report.bytes / 1e6:.1f} MB)")
+    if report.left_out:
+        print(f"left out {report.left_out:,} files over the {limit:,}-token limit: raise --max-tokens and "
+              "SGLang's --speculative-ngram-external-corpus-max-tokens together")
+    if report.retokenized:
+        print(f"{report.retokenized:,} files tokenize differently in SGLang (they spell special tokens); "
+              "their drafts may differ")
+    print(f"serve with: --speculative-algorithm NGRAM --speculative-ngram-external-corpus-path {report.path}")
+    return 0
+
+
+def _query(path: Path, text: str, args: argparse.Namespace) -> int:
+    from codespec.prompts import encode
+
+    index, tokenizer = _load_with_tokenizer(path, args)
     context = encode(tokenizer, text)
     index.draft(context[-1:], max_tokens=1)  # first call loads the compiled kernels
     started = time.perf_counter()

