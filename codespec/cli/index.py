@@ -107,8 +107,10 @@ def _load_with_tokenizer(path: Path, args: argparse.Namespace) -> tuple[Any, Any
     from codespec.indexing import tokenizer_fingerprint
     from codespec.models.loading import load_tokenizer
 
+    index = SuffixIndex.load(path)  # a bad file fails here, before the tokenizer loads
     tokenizer = load_tokenizer(settings_from_args(args))
-    return SuffixIndex.load(path, tokenizer=tokenizer_fingerprint(tokenizer)), tokenizer
+    index.check_tokenizer(tokenizer_fingerprint(tokenizer))
+    return index, tokenizer
 
 
 def _export(path: Path, out: Path, args: argparse.Namespace) -> int:
@@ -117,6 +119,8 @@ def _export(path: Path, out: Path, args: argparse.Namespace) -> int:
     limit = SGLANG_MAX_TOKENS if args.max_tokens is None else args.max_tokens
     if limit < 1:
         raise CodespecError(f"--max-tokens {limit}: give a positive number of tokens")
+    if out.is_dir():
+        raise CodespecError(f"--sglang {out}: a directory; give the JSONL file to write")
     index, tokenizer = _load_with_tokenizer(path, args)
     report = export_corpus(index, tokenizer, out, max_tokens=limit, progress=not args.json)
     if args.json:
