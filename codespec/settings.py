@@ -103,6 +103,11 @@ class Settings(BaseSettings):
         ".", description="Repository to index at start-up (in the background) when no --index is given; "
         "'' for none.",
     )
+    upstream: str = Field(
+        "", description="An OpenAI-compatible engine (vLLM, SGLang, ...) that generates for `codespec serve`: "
+        "codespec's routes in front, prompts sent as --model's tokens (docs/scale.md).",
+    )
+    upstream_api_key: str = Field("", description="Bearer token the --upstream engine wants, if any.")
     max_tokens_limit: int = Field(4096, ge=1, description="Largest max_tokens / n_predict a request may ask for.")
     max_request_bytes: int = Field(8 << 20, ge=1024, description="Largest request body accepted, in bytes.")
     max_active_requests: int = Field(4, ge=1, le=256, description="Requests generating at once; more wait.")

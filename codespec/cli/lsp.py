@@ -1,7 +1,8 @@
 """`codespec lsp`: the language server for editors' inline completions (stdio).
 
     codespec lsp                          # the embedded default model in this process
-    codespec lsp --server http://127.0.0.1:8000   # share a running `codespec serve`
+    codespec lsp --server http://127.0.0.1:8000   # share a running `codespec serve`,
+                                                  # or a vLLM / SGLang OpenAI-compatible server
     codespec lsp --tcp 127.0.0.1:2087     # listen on a socket (debugging)
 """
 
@@ -25,7 +26,9 @@ from codespec.errors import CodespecError
 def register(commands: Any) -> None:
     p = commands.add_parser("lsp", help="language server: inline completions for VS Code, Neovim, ...",
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--server", metavar="URL", help="use a running `codespec serve` instead of loading a model")
+    p.add_argument("--server", metavar="URL",
+                   help="use a running `codespec serve`, or a vLLM / SGLang server (FIM prompts built with "
+                        "--model's tokenizer), instead of loading a model")
     p.add_argument("--tcp", metavar="HOST:PORT", help="listen on a TCP socket instead of stdio")
     add_settings_arguments(p, ("api_key", "max_active_requests") + MODEL_FIELDS + SPECULATION_FIELDS + CACHE_FIELDS)
     p.set_defaults(handler=run)
@@ -36,13 +39,11 @@ def run(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args)
     if args.server:
-        from codespec.lsp.http_backend import HttpBackend
-
         if not args.server.startswith(("http://", "https://")):
             raise CodespecError(f"--server {args.server}: give a URL such as http://127.0.0.1:8000")
 
         def make_backend() -> Any:
-            return HttpBackend(args.server, settings.api_key)
+            return remote_backend(args.server, settings)
     else:
         def make_backend() -> Any:
             from codespec.lsp_backend import InProcessBackend
@@ -60,3 +61,24 @@ def run(args: argparse.Namespace) -> int:
     else:
         server.start_io()
     return 0
+
+
+def remote_backend(url: str, settings: Any) -> Any:
+    """`codespec serve` gets its own client (its /infill adds repository context); any
+    other OpenAI-compatible engine gets FIM prompts built here with --model's tokenizer,
+    checked against the engine's when it can tokenize."""
+    from codespec.integrations.upstream import UpstreamClient
+    from codespec.lsp.http_backend import HttpBackend
+
+    client = UpstreamClient(url, settings.api_key)
+    served = client.served_model()
+    if served.is_codespec:
+        return HttpBackend(url, settings.api_key)
+    from codespec.lsp.engine_backend import EngineBackend
+    from codespec.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(settings, progress=False)
+    if not client.check_tokenizer(served.name, tokenizer):
+        logging.getLogger("codespec.lsp").warning(
+            "the engine at %s cannot tokenize: its tokenizer is assumed to be --model's", url)
+    return EngineBackend(client, tokenizer, served)

@@ -3,6 +3,7 @@
     codespec serve                               # default model, indexes the current directory
     codespec serve --port 8080 --index repo.csidx
     CODESPEC_API_KEY=secret codespec serve --host 0.0.0.0
+    codespec serve --upstream http://gpu-box:8000    # routes here, generation on a vLLM / SGLang server
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from codespec.cli.options import (
 )
 from codespec.errors import CodespecError
 
-SERVE_FIELDS = ("host", "port", "api_key", "index", "repo", "max_tokens_limit", "max_request_bytes",
-                "max_active_requests", "max_waiting_requests")
+SERVE_FIELDS = ("host", "port", "api_key", "index", "repo", "upstream", "upstream_api_key", "max_tokens_limit",
+                "max_request_bytes", "max_active_requests", "max_waiting_requests")
 
 
 def register(commands: Any) -> None:

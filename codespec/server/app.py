@@ -30,6 +30,7 @@ from codespec.engine import Engine
 from codespec.scheduler import Scheduler, SchedulerFull
 from codespec.server.backend import Backend, GenerationFailed
 from codespec.server.routes import ModelNotFound, router
+from codespec.server.upstream_backend import UpstreamBackend
 from codespec.server.schemas import error_body
 from codespec.settings import Settings
 
@@ -37,7 +38,7 @@ log = logging.getLogger("codespec.server")
 UNAUTHENTICATED = frozenset({"/health"})
 
 
-def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
+def create_app(settings: Settings, backend: Backend | UpstreamBackend | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.backend = backend if backend is not None else load_backend(settings)
@@ -68,10 +69,19 @@ def create_app(settings: Settings, backend: Backend | None = None) -> FastAPI:
     return app
 
 
-def load_backend(settings: Settings) -> Backend:
+def load_backend(settings: Settings) -> Backend | UpstreamBackend:
     """The model, and the index: a file (`index`), or the repository (`repo`) indexed in
     the background while the server already answers. The model loads on the
-    scheduler's thread, where every step runs (scheduler.py: one torch thread pool)."""
+    scheduler's thread, where every step runs (scheduler.py: one torch thread pool).
+    With `upstream`, only the tokenizer: the engine there generates."""
+    if settings.upstream:
+        from codespec.models.loading import load_tokenizer
+
+        if settings.index:
+            raise CodespecError("--index with --upstream: the engine drafts from its own index; give it the file "
+                                "(CODESPEC_INDEX for vLLM's codespec proposer, docs/scale.md)")
+        tokenizer = load_tokenizer(settings, progress=False)
+        return UpstreamBackend.connect(settings.upstream, tokenizer, settings, settings.upstream_api_key)
     from codespec.indexing import build_repository_index, default_index_path, tokenizer_fingerprint
     from codespec.models.loading import load_model
 

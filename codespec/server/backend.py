@@ -19,6 +19,9 @@ from codespec.index import SuffixIndex
 from codespec.scheduler import Scheduler
 from codespec.server.metrics import Metrics
 from codespec.settings import Settings
+from codespec.textstream import TextStream
+
+Chunk = tuple[str, Generation | None]  # text to send now; the finished generation, last
 
 
 class GenerationFailed(CodespecError):
@@ -55,6 +58,9 @@ class Backend:
         """Refuse what cannot be served before any header is sent."""
         if not prompt_ids:
             raise RequestError("the prompt is empty")
+        vocab = self.engine.verifier.model.config.vocab_size
+        if max(prompt_ids) >= vocab:
+            raise RequestError(f"token id {max(prompt_ids)} is outside the model's vocabulary of {vocab}")
         if max_tokens > self.settings.max_tokens_limit:
             raise RequestError(f"max_tokens {max_tokens} is above this server's limit of "
                                f"{self.settings.max_tokens_limit}")
@@ -62,6 +68,40 @@ class Backend:
             raise RequestError(f"the prompt has {len(prompt_ids)} tokens; this server's context holds "
                                f"{self.engine.context_limit} (model {self.engine.max_context}, "
                                f"KV slot {self.engine.cache.slot_tokens}; see --kv-slot-tokens)")
+
+    async def stream_text(self, prompt_ids: Sequence[int], config: GenerationConfig) -> AsyncIterator[Chunk]:
+        """Text as it becomes safe to show (whole characters, no partial stop string),
+        then the rest with the finished Generation."""
+        text = TextStream(self.engine.decode, config.stop)
+        async for item in self.generate(prompt_ids, config):
+            if isinstance(item, Generation):
+                yield text.finish(item.text), item
+            else:
+                piece = text.push(item)
+                if piece:
+                    yield piece, None
+
+    async def complete(self, prompt_ids: Sequence[int], config: GenerationConfig) -> Generation:
+        result = None
+        async for item in self.generate(prompt_ids, config):
+            if isinstance(item, Generation):
+                result = item
+        assert result is not None
+        return result
+
+    def health(self) -> dict[str, Any]:
+        cache = self.engine.cache
+        return {"status": "ok", "model": self.name, "active": self.scheduler.active,
+                "waiting": self.scheduler.queue_depth, "draft_policy": self.engine.draft_policy,
+                "kv_cache": {"slots": cache.slots, "free_slots": cache.free_slots, "slot_tokens": cache.slot_tokens},
+                "index": index_summary(self.index)}
+
+    def refresh_gauges(self) -> None:
+        summary = index_summary(self.index)
+        self.metrics.index_tokens.labels("static").set(summary["static_tokens"])
+        self.metrics.index_tokens.labels("dynamic").set(summary["dynamic_tokens"])
+        self.metrics.queue_depth.set(self.scheduler.queue_depth)
+        self.metrics.active.set(self.scheduler.active)
 
     async def generate(self, prompt_ids: Sequence[int], config: GenerationConfig) -> AsyncIterator[list[int] | Generation]:
         """Committed token lists as they come, then the finished Generation. Raises the
@@ -89,3 +129,10 @@ class Backend:
         finally:
             ticket.cancel()  # a no-op when finished; frees the slot when the client left
             self.metrics.queue_depth.set(self.scheduler.queue_depth)
+
+
+def index_summary(index: SuffixIndex) -> dict[str, Any]:
+    stats = index.stats()
+    static = stats.get("static") or {}
+    return {"static_tokens": static.get("tokens", 0), "files": static.get("files", 0),
+            "dynamic_tokens": stats["dynamic"]["live_tokens"], "rebuild_error": str(index.rebuild_error or "")}

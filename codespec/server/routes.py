@@ -21,7 +21,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from codespec import prompts
 from codespec.engine import Generation, GenerationConfig
 from codespec.errors import RequestError
+from codespec.index import SuffixIndex
 from codespec.server.backend import Backend, GenerationFailed
+from codespec.server.upstream_backend import UpstreamBackend
 from codespec.server.schemas import (
     AcceptanceRequest,
     ChatCompletionRequest,
@@ -30,12 +32,14 @@ from codespec.server.schemas import (
     InfillRequest,
     error_body,
 )
-from codespec.textstream import TextStream
 
 router = APIRouter()
 
 
-def backend(request: Request) -> Backend:
+AnyBackend = Backend | UpstreamBackend  # the model here, or an engine behind (serve --upstream)
+
+
+def backend(request: Request) -> AnyBackend:
     return request.app.state.backend
 
 
@@ -43,7 +47,7 @@ class ModelNotFound(RequestError):
     pass
 
 
-def _check_model(b: Backend, model: str | None) -> None:
+def _check_model(b: AnyBackend, model: str | None) -> None:
     if model and model not in b.model_names():
         raise ModelNotFound(f"the model {model!r} does not exist here; GET /v1/models lists {b.name!r}")
 
@@ -75,18 +79,11 @@ def _sse(payload: dict[str, Any] | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
 
-async def _stream(b: Backend, prompt_ids: list[int], config: GenerationConfig,
+async def _stream(b: AnyBackend, prompt_ids: list[int], config: GenerationConfig,
                   chunk: Callable[[str, Generation | None], dict[str, Any]], done_marker: bool = True) -> AsyncIterator[str]:
-    text = TextStream(b.engine.decode, config.stop)
     try:
-        async for item in b.generate(prompt_ids, config):
-            if isinstance(item, Generation):
-                rest = text.finish(item.text)
-                yield _sse(chunk(rest, item))
-            else:
-                piece = text.push(item)
-                if piece:
-                    yield _sse(chunk(piece, None))
+        async for piece, done in b.stream_text(prompt_ids, config):
+            yield _sse(chunk(piece, done))
     except RequestError as exc:  # the request failed after the headers: say so in the stream
         yield _sse(error_body(str(exc)))
     except GenerationFailed as exc:  # an engine failure ends this stream only
@@ -95,24 +92,19 @@ async def _stream(b: Backend, prompt_ids: list[int], config: GenerationConfig,
         yield _sse("[DONE]")
 
 
-async def _complete(b: Backend, prompt_ids: list[int], config: GenerationConfig) -> Generation:
-    result = None
-    async for item in b.generate(prompt_ids, config):
-        if isinstance(item, Generation):
-            result = item
-    assert result is not None
-    return result
-
-
 def _streaming(body: AsyncIterator[str]) -> StreamingResponse:
     return StreamingResponse(body, media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 @router.post("/v1/completions")
-async def completions(req: CompletionRequest, b: Backend = Depends(backend)) -> Any:
+async def completions(req: CompletionRequest, b: AnyBackend = Depends(backend)) -> Any:
     _check_model(b, req.model)
-    if req.suffix is not None:
+    if req.prompt_ids is not None:  # the model's own tokens, as sent
+        if req.suffix is not None:
+            raise RequestError("suffix needs a text prompt; send token ids without a suffix")
+        ids = req.prompt_ids
+    elif req.suffix is not None:
         ids = prompts.fim_ids(b.tokenizer, req.prompt_text, req.suffix)
     else:  # verbatim, like `codespec generate`: special tokens written in it are recognised
         ids = prompts.encode_prompt(b.tokenizer, req.prompt_text)
@@ -126,12 +118,12 @@ async def completions(req: CompletionRequest, b: Backend = Depends(backend)) -> 
 
     if req.stream:
         return _streaming(_stream(b, ids, config, chunk))
-    g = await _complete(b, ids, config)
+    g = await b.complete(ids, config)
     return chunk(g.text, g)
 
 
 @router.post("/v1/chat/completions")
-async def chat_completions(req: ChatCompletionRequest, b: Backend = Depends(backend)) -> Any:
+async def chat_completions(req: ChatCompletionRequest, b: AnyBackend = Depends(backend)) -> Any:
     _check_model(b, req.model)
     ids = prompts.chat_ids(b.tokenizer, [{"role": m.role, "content": m.text()} for m in req.messages])
     b.check_request(ids, req.limit)
@@ -144,12 +136,12 @@ async def chat_completions(req: ChatCompletionRequest, b: Backend = Depends(back
 
     if req.stream:
         return _streaming(_stream(b, ids, config, chunk))
-    g = await _complete(b, ids, config)
+    g = await b.complete(ids, config)
     return envelope("chat.completion", {"message": {"role": "assistant", "content": g.text}}, g)
 
 
 @router.post("/infill")
-async def infill(req: InfillRequest, b: Backend = Depends(backend)) -> Any:
+async def infill(req: InfillRequest, b: AnyBackend = Depends(backend)) -> Any:
     """llama.cpp's /infill: FIM with the tokenizer's FIM and repository tokens. Greedy
     unless the request sets a temperature (then top_k / top_p apply); cache options are
     accepted and ignored (KV reuse comes with the verifier issue)."""
@@ -176,64 +168,59 @@ async def infill(req: InfillRequest, b: Backend = Depends(backend)) -> Any:
 
     if req.stream:
         return _streaming(_stream(b, ids, config, chunk, done_marker=False))
-    g = await _complete(b, ids, config)
+    g = await b.complete(ids, config)
     return chunk(g.text, g)
 
 
 @router.get("/v1/models")
-async def models(b: Backend = Depends(backend)) -> dict[str, Any]:
+async def models(b: AnyBackend = Depends(backend)) -> dict[str, Any]:
     return {"object": "list", "data": [{"id": b.name, "object": "model", "created": 0, "owned_by": "codespec"}]}
 
 
 @router.post("/v1/lsp/acceptance")
-async def lsp_acceptance(req: AcceptanceRequest, b: Backend = Depends(backend)) -> dict[str, Any]:
+async def lsp_acceptance(req: AcceptanceRequest, b: AnyBackend = Depends(backend)) -> dict[str, Any]:
     """Telemetry from `codespec lsp --server`: a completion was shown, or accepted."""
     b.metrics.lsp_completions.labels("accepted" if req.accepted else "shown").inc()
     return {"ok": True}
 
 
 @router.get("/health")
-async def health(b: Backend = Depends(backend)) -> dict[str, Any]:
-    cache = b.engine.cache
-    return {"status": "ok", "model": b.name, "active": b.scheduler.active, "waiting": b.scheduler.queue_depth,
-            "draft_policy": b.engine.draft_policy,
-            "kv_cache": {"slots": cache.slots, "free_slots": cache.free_slots, "slot_tokens": cache.slot_tokens},
-            "index": _index_summary(b)}
-
-
-def _index_summary(b: Backend) -> dict[str, Any]:
-    stats = b.index.stats()
-    static = stats.get("static") or {}
-    return {"static_tokens": static.get("tokens", 0), "files": static.get("files", 0),
-            "dynamic_tokens": stats["dynamic"]["live_tokens"], "rebuild_error": str(b.index.rebuild_error or "")}
+async def health(b: AnyBackend = Depends(backend)) -> dict[str, Any]:
+    return b.health()
 
 
 @router.get("/metrics")
-async def metrics(b: Backend = Depends(backend)) -> Response:
-    summary = _index_summary(b)
-    b.metrics.index_tokens.labels("static").set(summary["static_tokens"])
-    b.metrics.index_tokens.labels("dynamic").set(summary["dynamic_tokens"])
-    b.metrics.queue_depth.set(b.scheduler.queue_depth)
-    b.metrics.active.set(b.scheduler.active)
+async def metrics(b: AnyBackend = Depends(backend)) -> Response:
+    b.refresh_gauges()
     return Response(generate_latest(b.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
+def _index(b: AnyBackend) -> SuffixIndex:
+    if b.index is None:
+        raise RequestError(f"this server has no index: {b.name} generates (and drafts) in the engine behind it; "
+                           "give that engine the index (docs/scale.md)")
+    return b.index
+
+
 @router.post("/v1/index/documents")
-async def add_document(req: DocumentRequest, b: Backend = Depends(backend)) -> dict[str, Any]:
+async def add_document(req: DocumentRequest, b: AnyBackend = Depends(backend)) -> dict[str, Any]:
     """Add or replace a document (an open buffer, a file the client edited) in the
     dynamic index; later drafts can copy from it."""
+    index = _index(b)
     ids = prompts.encode(b.tokenizer, req.text)
-    b.index.add_document(req.key, ids)
+    index.add_document(req.key, ids)
     return {"key": req.key, "tokens": len(ids)}
 
 
 @router.delete("/v1/index/documents/{key:path}")
-async def remove_document(key: str, b: Backend = Depends(backend)) -> Any:
-    if not b.index.remove_document(key):
+async def remove_document(key: str, b: AnyBackend = Depends(backend)) -> Any:
+    if not _index(b).remove_document(key):
         return JSONResponse(error_body(f"no document {key!r} in the index", code="not_found"), status_code=404)
     return {"key": key, "removed": True}
 
 
 @router.get("/v1/index/stats")
-async def index_stats(b: Backend = Depends(backend)) -> dict[str, Any]:
+async def index_stats(b: AnyBackend = Depends(backend)) -> dict[str, Any]:
+    if b.index is None:
+        return {"static": None, "dynamic": None, "upstream": b.health().get("upstream")}
     return b.index.stats()

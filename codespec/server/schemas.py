@@ -35,7 +35,9 @@ class _Stops(_Request):
 
 class CompletionRequest(_Stops):
     model: str | None = None
-    prompt: str | list[str] = Field(description="The prompt; a list must hold exactly one string (n=1).")
+    prompt: str | list[str] | list[int] = Field(
+        description="The prompt: a string, a list of exactly one string (n=1), or token ids (as OpenAI "
+                    "allows; `codespec serve --upstream` and other engines' clients send the model's own tokens).")
     suffix: str | None = Field(None, description="Text after the insertion point: makes a FIM request.")
     max_tokens: int = Field(16, ge=1)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
@@ -46,14 +48,25 @@ class CompletionRequest(_Stops):
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, value: str | list[str]) -> str | list[str]:
+    def _one_prompt(cls, value: str | list[str] | list[int]) -> str | list[str] | list[int]:
+        if isinstance(value, list) and value and all(isinstance(t, int) for t in value):
+            if min(value) < 0:
+                raise ValueError("token ids are non-negative")
+            return value
         if isinstance(value, list) and len(value) != 1:
             raise ValueError("give exactly one prompt (n=1)")
         return value
 
     @property
+    def prompt_ids(self) -> list[int] | None:
+        """The prompt's token ids when it was sent as ids, else None."""
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], int):
+            return list(self.prompt)  # type: ignore[arg-type]
+        return None
+
+    @property
     def prompt_text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+        return self.prompt if isinstance(self.prompt, str) else str(self.prompt[0])
 
 
 class ChatMessage(_Request):

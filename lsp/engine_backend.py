@@ -1,0 +1,65 @@
+"""`codespec lsp --server URL` against another engine's OpenAI-compatible server
+(vLLM, SGLang): the language server builds the FIM prompt with the model's own tokens
+and streams `/v1/completions`; the engine generates (and drafts, with codespec's vLLM
+proposer or SGLang's corpus: docs/scale.md).
+
+The tokenizer is handed in (loaded by the CLI): this package never imports torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import Counter
+from typing import Any
+
+from codespec.integrations.upstream import ServedModel, UpstreamClient
+from codespec.lsp.backend import FimRequest, OnText, Progress
+from codespec.prompts import fim_ids
+
+log = logging.getLogger("codespec.lsp")
+
+
+class EngineBackend:
+    def __init__(self, client: UpstreamClient, tokenizer: Any, served: ServedModel) -> None:
+        self.client, self.tokenizer, self.served = client, tokenizer, served
+        self.acceptance: Counter[str] = Counter()
+
+    def prompt_ids(self, request: FimRequest) -> list[int]:
+        return fim_ids(self.tokenizer, request.prefix, request.suffix, prefix_tokens=request.prefix_tokens,
+                       suffix_tokens=request.suffix_tokens)
+
+    async def complete(self, request: FimRequest, on_text: OnText) -> str:
+        stop = threading.Event()
+        body = {"model": self.served.name, "prompt": self.prompt_ids(request), "max_tokens": request.max_tokens,
+                "temperature": 0}
+
+        def run() -> str:
+            text = ""
+            for delta in self.client.stream(body, stop):
+                text += delta.text
+                if not on_text(text):
+                    break
+            return text
+
+        try:
+            return await asyncio.to_thread(run)
+        finally:
+            stop.set()  # superseded or cancelled: stop reading, the engine sees the disconnect
+
+    async def index_workspace(self, folders: list[str], progress: Progress) -> str:
+        progress(f"drafts come from the engine at {self.client.url}", 100)
+        return (f"engine {self.served.name} at {self.client.url}; its drafts: CODESPEC_INDEX for vLLM's "
+                "codespec proposer, `codespec index export --sglang` for SGLang (docs/scale.md)")
+
+    def update_document(self, path: str, text: str, saved: bool = False) -> None:
+        """Open buffers stay here: a remote engine's corpus is loaded at its start."""
+
+    def record_acceptance(self, accepted: bool) -> None:
+        self.acceptance["accepted" if accepted else "shown"] += 1
+        log.info("completions: %d accepted of %d shown", self.acceptance["accepted"],
+                 self.acceptance["accepted"] + self.acceptance["shown"])
+
+    def close(self) -> None:
+        return None
