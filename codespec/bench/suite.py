@@ -11,6 +11,10 @@ Systems (all greedy, batch 1, one request after another as a user or agent sends
     codespec           + the goodput controller: codespec serve's defaults
     arctic-tree        arctic-inference's suffix tree drafting into codespec's verifier
                        (trees of up to 16 nodes), when it is installed
+    llamacpp           llama.cpp's llama-server on the same weights (BF16 GGUF), plain
+    llamacpp-simple    llama-server with n-gram lookup: ngram-simple, ngram-mod, ngram-map-k
+    llamacpp-mod       (16-token drafts; `llamacpp-lookup` picks all three), when
+    llamacpp-map-k     scripts/install-bench-peers.sh has built it (bench/llamacpp.py)
 
 Every codespec system keeps its KV prompt cache and its past generations from one
 request of a workload to the next, as `codespec serve` does, and starts each workload
@@ -28,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from codespec import controller
+from codespec.bench import llamacpp
 from codespec.bench.peers import ArcticProposer, arctic_available, hf_prompt_lookup
 from codespec.bench.sessions import Workload
 from codespec.engine import Engine, GenerationConfig
@@ -43,7 +48,7 @@ PLAIN = "plain"
 class SystemSpec:
     name: str
     description: str
-    kind: str  # "plain", "hf" or "codespec"
+    kind: str  # "plain", "hf", "codespec" or "llamacpp"
     drafter: str = ""  # codespec: "prompt", "index" or "arctic"
     policy: str = "chain"
 
@@ -56,8 +61,13 @@ SYSTEMS: tuple[SystemSpec, ...] = (
     SystemSpec("codespec-tree", "+ token trees", "codespec", "index", "tree"),
     SystemSpec("codespec", "+ goodput controller (default)", "codespec", "index", "goodput"),
     SystemSpec("arctic-tree", "arctic-inference suffix tree, trees", "codespec", "arctic", "tree"),
+    SystemSpec("llamacpp", "llama.cpp llama-server, BF16 GGUF", "llamacpp"),
+    SystemSpec("llamacpp-simple", "llama.cpp n-gram lookup: ngram-simple", "llamacpp"),
+    SystemSpec("llamacpp-mod", "llama.cpp n-gram lookup: ngram-mod", "llamacpp"),
+    SystemSpec("llamacpp-map-k", "llama.cpp n-gram lookup: ngram-map-k", "llamacpp"),
 )
 SYSTEM_NAMES = tuple(s.name for s in SYSTEMS)
+ALIASES = {"llamacpp-lookup": llamacpp.LOOKUP_SYSTEMS}  # --systems shorthands
 
 
 @dataclass(frozen=True)
@@ -184,15 +194,40 @@ class Context:
 def available_systems(names: Sequence[str]) -> tuple[list[SystemSpec], dict[str, str]]:
     """The chosen systems that can run here, and why the others cannot."""
     skipped: dict[str, str] = {}
+    names = [n for name in names for n in ALIASES.get(name, (name,))]
     chosen = [s for s in SYSTEMS if s.name == PLAIN or s.name in names]
     why = arctic_available()
     if why is not None and any(s.drafter == "arctic" for s in chosen):
         skipped["arctic-tree"] = why
         chosen = [s for s in chosen if s.drafter != "arctic"]
+    why = llamacpp.llamacpp_available()
+    if why is not None and any(s.kind == "llamacpp" for s in chosen):
+        skipped.update({s.name: why for s in chosen if s.kind == "llamacpp"})
+        chosen = [s for s in chosen if s.kind != "llamacpp"]
     return chosen, skipped
 
 
+def run_llamacpp(ctx: Context, spec: SystemSpec, workload: Workload) -> Run:
+    """One llama-server for the workload (started and stopped outside every timed
+    request); passes are inferred: each commits its accepted draft tokens plus one."""
+    import torch
+
+    answers: list[str] = []
+    samples: list[Request] = []
+    with llamacpp.LlamaServer(spec.name, threads=torch.get_num_threads()) as server:
+        for step in workload.steps:
+            prompt = step.prompt(answers)
+            out = server.complete(prompt, step.max_new_tokens, ctx.eos_token_ids)
+            passes = max(len(out.token_ids) - out.accepted_draft_tokens, 0)
+            samples.append(Request(step.name, len(prompt), tuple(out.token_ids), out.wall_s, out.ttft_s, passes,
+                                   len(out.token_ids), out.draft_tokens))
+            answers.append(ctx.loaded.tokenizer.decode(out.token_ids, skip_special_tokens=True))
+    return Run(workload.name, spec.name, samples, None)  # its memory is another process's
+
+
 def run_system(ctx: Context, spec: SystemSpec, workload: Workload) -> Run:
+    if spec.kind == "llamacpp":
+        return run_llamacpp(ctx, spec, workload)
     tokenizer = ctx.loaded.tokenizer
     engine = None if spec.kind == "hf" else ctx.engine("chain" if spec.kind == PLAIN else spec.policy)
     if engine is not None:
@@ -277,6 +312,15 @@ def bar_checks(results: Sequence[Result]) -> dict[str, bool]:
             by["edit", "codespec"].tokens_per_s >= 1.5 * by["edit", "hf_prompt_lookup"].tokens_per_s)
     if ("repo", "codespec") in by:
         checks["repo: codespec >= 2x plain"] = by["repo", "codespec"].ratio_vs_plain >= 2.0
+    for workload in sorted({r.workload for r in results}):
+        if (workload, "llamacpp") in by:
+            checks[f"{workload}: codespec plain >= llama.cpp plain"] = (
+                by[workload, PLAIN].tokens_per_s >= by[workload, "llamacpp"].tokens_per_s)
+        lookups = [by[workload, name] for name in llamacpp.LOOKUP_SYSTEMS if (workload, name) in by]
+        if lookups and (workload, "codespec") in by and workload in ("edit", "repo"):
+            best = max(lookups, key=lambda r: r.tokens_per_s)
+            checks[f"{workload}: codespec >= 1.5x llama.cpp's best lookup ({best.system})"] = (
+                by[workload, "codespec"].tokens_per_s >= 1.5 * best.tokens_per_s)
     return checks
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from codespec.bench.suite import SYSTEM_NAMES
+from codespec.bench.suite import ALIASES, SYSTEM_NAMES
 from codespec.cli.options import MODEL_FIELDS, SPECULATION_FIELDS, add_settings_arguments, settings_from_args
 from codespec.errors import CodespecError
 
@@ -42,7 +42,8 @@ def register(commands: Any) -> None:
     p.add_argument("--workloads", default="repo,edit,agent,editor",
                    help="comma-separated: repo, edit, agent, editor (default all)")
     p.add_argument("--systems", default=",".join(SYSTEM_NAMES),
-                   help=f"comma-separated, plain always included: {', '.join(SYSTEM_NAMES)}")
+                   help=f"comma-separated, plain always included: {', '.join(SYSTEM_NAMES)}; "
+                   "llamacpp-lookup = the three llama.cpp lookup types")
     p.add_argument("--repeat", type=int, default=None, metavar="N",
                    help="timed runs per system, reported by the median (default 1)")
     p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
@@ -158,7 +159,7 @@ def run_workloads(args: argparse.Namespace) -> int:
     from codespec.models.loading import load_model
 
     workload_names = _pick(args.workloads, WORKLOADS, "workloads")
-    chosen, skipped = available_systems(_pick(args.systems, SYSTEM_NAMES, "systems"))
+    chosen, skipped = available_systems(_pick(args.systems, (*SYSTEM_NAMES, *ALIASES), "systems"))
     args.repeat = 1 if args.repeat is None else args.repeat
     if args.repeat < 1:
         raise CodespecError(f"--repeat must be at least 1, got {args.repeat}")

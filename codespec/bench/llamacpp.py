@@ -1,0 +1,145 @@
+"""llama.cpp's `llama-server` as a benchmark peer: the backend a CPU user picks instead
+of codespec (llama.vim and llama.vscode talk to it).
+
+`scripts/install-bench-peers.sh` builds it from the source vendored in the
+llama-cpp-python sdist and writes the default model as a BF16 GGUF (the same values as
+codespec's bf16 weights) into `$CODESPEC_PEERS_DIR` (default ~/.cache/codespec/peers).
+Benchmark only: codespec never runs it otherwise.
+
+Each system is one server process (one slot, the machine's threads), started before a
+workload and stopped after it, driven through `/completion` with the prompt's token ids,
+greedy, timed end to end on our side as every other system is. Its prompt cache stays
+on between a workload's requests, as codespec's KV prefix cache does.
+
+Systems: `llamacpp` (plain decoding) and one per n-gram speculation type
+(`llamacpp-simple`, `llamacpp-mod`, `llamacpp-map-k`); `--systems llamacpp-lookup` picks
+all three and the report names the best per workload.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from codespec.settings import default_cache_dir
+
+GGUF_BF16 = "qwen2.5-coder-0.5b-instruct-bf16.gguf"
+START_TIMEOUT_S = 120
+DRAFT_MAX = 16  # the same budget as codespec's chains
+# What each lookup system passes to llama-server. ngram-simple as the issue measured it
+# (3-token key, 16-token drafts); the other types with their own defaults for the key.
+SPEC_ARGS: dict[str, list[str]] = {
+    "llamacpp": [],
+    "llamacpp-simple": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
+                        "--spec-ngram-simple-size-m", str(DRAFT_MAX), "--draft-max", str(DRAFT_MAX)],
+    "llamacpp-mod": ["--spec-type", "ngram-mod", "--draft-max", str(DRAFT_MAX)],
+    "llamacpp-map-k": ["--spec-type", "ngram-map-k", "--draft-max", str(DRAFT_MAX)],
+}
+LOOKUP_SYSTEMS = ("llamacpp-simple", "llamacpp-mod", "llamacpp-map-k")
+
+
+def peers_dir() -> Path:
+    return Path(os.environ.get("CODESPEC_PEERS_DIR") or default_cache_dir() / "peers")
+
+
+def server_binary() -> Path:
+    return peers_dir() / "llama.cpp" / "bin" / "llama-server"
+
+
+def gguf_path() -> Path:
+    return peers_dir() / GGUF_BF16
+
+
+def llamacpp_available() -> str | None:
+    """None when the server and the BF16 GGUF are installed, else why not."""
+    for path in (server_binary(), gguf_path()):
+        if not path.exists():
+            return f"{path} is missing: run scripts/install-bench-peers.sh (docs/benchmarks.md)"
+    return None
+
+
+@dataclass
+class LlamaOutcome:
+    token_ids: list[int]
+    wall_s: float
+    ttft_s: float | None
+    draft_tokens: int
+    accepted_draft_tokens: int
+
+
+class LlamaServer:
+    """One llama-server process for one system; `with LlamaServer(...) as server:`."""
+
+    def __init__(self, system: str, threads: int, context: int = 8192) -> None:
+        self.system = system
+        self.threads = threads
+        self.context = context
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log = tempfile.NamedTemporaryFile(prefix=f"codespec-{system}-", suffix=".log", delete=False)
+        self.url = ""
+
+    def __enter__(self) -> LlamaServer:
+        port = _free_port()
+        binary = server_binary()
+        args = [str(binary), "-m", str(gguf_path()), "--host", "127.0.0.1", "--port", str(port),
+                "-t", str(self.threads), "-tb", str(self.threads), "-c", str(self.context), "-np", "1",
+                *SPEC_ARGS[self.system]]
+        env = {**os.environ, "LD_LIBRARY_PATH": f"{binary.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+        self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                break
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as response:
+                    if response.status == 200:
+                        return self
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.2)
+        self.__exit__(None, None, None)
+        tail = Path(self.log.name).read_text(errors="replace")[-1500:]
+        raise RuntimeError(f"llama-server ({self.system}) did not start; its log ends:\n{tail}")
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self.log.close()
+
+    def complete(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_ids: Iterable[int]) -> LlamaOutcome:
+        body = {"prompt": list(prompt_ids), "n_predict": max_new_tokens, "temperature": 0.0, "top_k": 1,
+                "cache_prompt": True, "return_tokens": True, "stream": False}
+        request = urllib.request.Request(self.url + "/completion", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        began = time.perf_counter()
+        with urllib.request.urlopen(request, timeout=600) as response:
+            answer = json.load(response)
+        wall = time.perf_counter() - began
+        eos = set(eos_token_ids)
+        tokens = [int(t) for t in answer.get("tokens", [])]
+        while tokens and tokens[-1] in eos:  # codespec's output excludes the EOS token
+            tokens.pop()
+        timings = answer.get("timings", {})
+        prompt_ms = timings.get("prompt_ms")
+        return LlamaOutcome(tokens, wall, None if prompt_ms is None else prompt_ms / 1000,
+                            int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0)))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
