@@ -11,37 +11,22 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import urllib.error
-import urllib.request
 from typing import Any
 
+from codespec.integrations.upstream import UpstreamClient, UpstreamError, sse_data
 from codespec.lsp.backend import FimRequest, OnText, Progress
 
 TIMEOUT_S = 120
-
-
-class BackendError(Exception):
-    """The server could not be reached or refused the request (one line)."""
+BackendError = UpstreamError  # the server could not be reached or refused the request (one line)
 
 
 class HttpBackend:
     def __init__(self, url: str, api_key: str = "") -> None:
-        self.url = url.rstrip("/")
-        self.api_key = api_key
+        self.client = UpstreamClient(url, api_key, TIMEOUT_S, peer="codespec serve")
+        self.url = self.client.url
 
     def _request(self, path: str, body: Any | None = None, method: str = "POST") -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, method=method)
-        request.add_header("Content-Type", "application/json")
-        if self.api_key:
-            request.add_header("Authorization", f"Bearer {self.api_key}")
-        try:
-            return urllib.request.urlopen(request, timeout=TIMEOUT_S)
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode("utf-8", "replace")[:200]
-            raise BackendError(f"{self.url}{path}: HTTP {exc.code}: {detail}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise BackendError(f"cannot reach codespec serve at {self.url}: {exc}") from None
+        return self.client.open(path, body, method)
 
     async def complete(self, request: FimRequest, on_text: OnText) -> str:
         stop = threading.Event()
@@ -51,16 +36,7 @@ class HttpBackend:
         def run() -> str:
             text = ""
             with self._request("/infill", body) as response:
-                for raw in response:
-                    if stop.is_set():
-                        break
-                    line = raw.decode("utf-8").strip()
-                    if not line.startswith("data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        break
-                    chunk = json.loads(payload)
+                for chunk in sse_data(response, stop):
                     text += chunk.get("content", "")
                     if not on_text(text) or chunk.get("stop"):
                         break

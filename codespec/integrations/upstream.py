@@ -58,13 +58,29 @@ class Delta:
     usage: dict[str, int] | None = None
 
 
+def sse_data(response: Any, stop: threading.Event) -> Iterator[dict[str, Any]]:
+    """The JSON payloads of a server-sent-event stream, up to `data: [DONE]` (or the
+    end), or until `stop` is set."""
+    for raw in response:
+        if stop.is_set():
+            return
+        line = raw.decode("utf-8").strip()
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            return
+        yield json.loads(payload)
+
+
 class UpstreamClient:
-    def __init__(self, url: str, api_key: str = "", timeout: float = TIMEOUT_S) -> None:
+    def __init__(self, url: str, api_key: str = "", timeout: float = TIMEOUT_S, peer: str = "the engine") -> None:
         if not url.startswith(("http://", "https://")):
             raise UpstreamError(f"{url}: give the engine's URL such as http://127.0.0.1:8000")
         self.url = url.rstrip("/")
         self.api_key = api_key
         self.timeout = timeout
+        self.peer = peer  # what errors call the server
 
     def open(self, path: str, body: Any | None = None, method: str = "POST") -> Any:
         data = None if body is None else json.dumps(body).encode()
@@ -78,7 +94,7 @@ class UpstreamClient:
             detail = exc.read().decode("utf-8", "replace")[:300].replace("\n", " ")
             raise UpstreamError(f"{self.url}{path}: HTTP {exc.code}: {detail}", exc.code) from None
         except (urllib.error.URLError, OSError) as exc:
-            raise UpstreamError(f"cannot reach the engine at {self.url}: {exc}") from None
+            raise UpstreamError(f"cannot reach {self.peer} at {self.url}: {exc}") from None
 
     def get_json(self, path: str) -> Any:
         with self.open(path, method="GET") as response:
@@ -128,19 +144,10 @@ class UpstreamClient:
         (closing the connection, which the engine takes as a cancel)."""
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         with self.open("/v1/completions", body) as response:
-            for raw in response:
-                if stop.is_set():
-                    return
-                line = raw.decode("utf-8").strip()
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    return
-                chunk = json.loads(payload)
+            for chunk in sse_data(response, stop):
                 if "error" in chunk:
                     message = chunk["error"].get("message", chunk["error"]) if isinstance(chunk["error"], dict) \
                         else chunk["error"]
-                    raise UpstreamError(f"the engine at {self.url} failed: {message}")
+                    raise UpstreamError(f"{self.peer} at {self.url} failed: {message}")
                 choices = chunk.get("choices") or [{}]
                 yield Delta(choices[0].get("text") or "", choices[0].get("finish_reason"), chunk.get("usage"))
