@@ -34,7 +34,7 @@ if [ "${CODESPEC_SKIP_LLAMACPP:-0}" != "1" ]; then
         pip install -q 'cmake>=3.18' ninja
         work="$(mktemp -d)"
         trap 'rm -rf "$work"' EXIT
-        pip download -q --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -d "$work"
+        pip download -q --no-deps --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -d "$work"
         tar -xzf "$work/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz" -C "$work"
         src="$work/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
         # the sdist keeps the submodule's .git file, pointing at a parent repository it

@@ -34,15 +34,16 @@ from codespec.settings import default_cache_dir
 
 GGUF_BF16 = "qwen2.5-coder-0.5b-instruct-bf16.gguf"
 START_TIMEOUT_S = 120
-DRAFT_MAX = 16  # the same budget as codespec's chains
-# What each lookup system passes to llama-server. ngram-simple as the issue measured it
-# (3-token key, 16-token drafts); the other types with their own defaults for the key.
+# What each system passes to llama-server: ngram-simple as the issue measured it (a
+# 3-token key, 16-token drafts); ngram-mod and ngram-map-k with llama.cpp's own defaults
+# (mod: a 24-token rolling hash, drafts of 48-64 tokens, what llama.vim uses; map-k: a
+# 12-token key, 48-token drafts).
 SPEC_ARGS: dict[str, list[str]] = {
     "llamacpp": [],
     "llamacpp-simple": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
-                        "--spec-ngram-simple-size-m", str(DRAFT_MAX), "--draft-max", str(DRAFT_MAX)],
-    "llamacpp-mod": ["--spec-type", "ngram-mod", "--draft-max", str(DRAFT_MAX)],
-    "llamacpp-map-k": ["--spec-type", "ngram-map-k", "--draft-max", str(DRAFT_MAX)],
+                        "--spec-ngram-simple-size-m", "16"],
+    "llamacpp-mod": ["--spec-type", "ngram-mod"],
+    "llamacpp-map-k": ["--spec-type", "ngram-map-k"],
 }
 LOOKUP_SYSTEMS = ("llamacpp-simple", "llamacpp-mod", "llamacpp-map-k")
 
