@@ -104,7 +104,7 @@ def profile_key(model: Any) -> dict[str, str]:
         "device": str(device),
         "threads": str(threads),
         "layout": f"key_block={rowcalls.KEY_BLOCK},q_block={rowcalls.Q_BLOCK},q_split={rowcalls.Q_SPLIT_LIMIT},"
-                  f"max_block={rowblocks.MAX_BLOCK}",
+                  f"max_block={rowblocks.MAX_BLOCK},linear={rowblocks.linear_kernel(dtype, device)}",
         "env": ",".join(f"{name}={os.environ[name]}" for name in KERNEL_ENV if name in os.environ),
     }
     if str(device).startswith("cpu"):
