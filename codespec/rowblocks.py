@@ -27,8 +27,8 @@ On a CPU in bfloat16 the weights are also packed once into oneDNN's blocked layo
 of the default model took 95 -> 73 ms for a two-row call (a decode step) and 158 -> 84
 ms for 16 rows, with results equal to `F.linear`'s. `probe` checks the packed path,
 like any other, so the row-exact guarantee does not rest on that equality. The packed
-copy costs the linear weights' bytes once more in memory. `CODESPEC_LINEAR=torch`
-turns packing off (the machine profile keys on it).
+copy replaces the original weight (`install`). `CODESPEC_LINEAR=torch` turns packing
+off (the machine profile keys on it).
 """
 
 from __future__ import annotations
@@ -105,13 +105,23 @@ PACK_ROWS_HINT = 16  # oneDNN's batch hint for the packed layout (results do not
 
 def install(model: Any) -> None:
     """Route every nn.Linear of `model` through the row blocking (a no-op outside
-    `blocked`), packing its weight for oneDNN where `linear_kernel` says so."""
+    `blocked`), packing its weight for oneDNN where `linear_kernel` says so.
+
+    A packed weight replaces its original, so memory stays what the model's weights
+    take: the parameter becomes a meta tensor of the same shape. Nothing of codespec
+    multiplies by it, and anything that tried would fail loudly, not compute with
+    stale values. A weight that shares its storage with another parameter (tied
+    embeddings) is kept."""
+    params = list(model.parameters())
+    shared = {p.data_ptr() for p in params if sum(q.data_ptr() == p.data_ptr() for q in params) > 1}
     for module in model.modules():
         if isinstance(module, torch.nn.Linear) and not getattr(module, "_codespec_blocked", False):
             weight = module.weight
             if linear_kernel(weight.dtype, weight.device) == "onednn-packed":
                 with torch.no_grad():
                     module._codespec_packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS_HINT)
+                if weight.data_ptr() not in shared:
+                    module.weight = torch.nn.Parameter(torch.empty_like(weight, device="meta"), requires_grad=False)
             module.forward = _blocked_linear.__get__(module)  # type: ignore[method-assign]
             module._codespec_blocked = True
 

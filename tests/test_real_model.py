@@ -90,7 +90,8 @@ def test_serving_copy_holds_exactly_the_weights_a_float32_load_casts_to(default_
 
     assert default_model.weights.endswith("bfloat16")
     cast = AutoModelForCausalLM.from_pretrained(default_model.path, dtype=torch.bfloat16).state_dict()
-    served = default_model.model.state_dict()
+    # a fresh load: the session's model has its linear weights packed for oneDNN (rowblocks.py)
+    served = AutoModelForCausalLM.from_pretrained(default_model.weights, dtype=torch.bfloat16).state_dict()
     assert cast.keys() == served.keys()
     assert all(torch.equal(cast[name], served[name]) for name in cast)
 
