@@ -124,6 +124,14 @@ def install(model: Any) -> None:
                     module.weight = torch.nn.Parameter(torch.empty_like(weight, device="meta"), requires_grad=False)
             module.forward = _blocked_linear.__get__(module)  # type: ignore[method-assign]
             module._codespec_blocked = True
+    if any(p.is_meta for p in model.parameters()):
+        # transformers maps the safetensors file and the parameters are views into it:
+        # while one of them lives the whole mapping stays resident (1 GB here). Copy the
+        # few that remain (embeddings, norms, biases) so the mapping can go.
+        with torch.no_grad():
+            for p in model.parameters():
+                if not p.is_meta and p.data_ptr() not in shared:
+                    p.data = p.data.clone()
 
 
 @torch.inference_mode()
