@@ -37,6 +37,7 @@ import contextlib
 import math
 import os
 import warnings
+from collections import Counter
 from typing import Any, Iterator
 
 import torch
@@ -112,8 +113,9 @@ def install(model: Any) -> None:
     multiplies by it, and anything that tried would fail loudly, not compute with
     stale values. A weight that shares its storage with another parameter (tied
     embeddings) is kept."""
-    params = list(model.parameters())
-    shared = {p.data_ptr() for p in params if sum(q.data_ptr() == p.data_ptr() for q in params) > 1}
+    storages = Counter(p.data_ptr() for _, p in model.named_parameters(remove_duplicate=False))
+    shared = {ptr for ptr, uses in storages.items() if uses > 1}
+    freed = False
     for module in model.modules():
         if isinstance(module, torch.nn.Linear) and not getattr(module, "_codespec_blocked", False):
             weight = module.weight
@@ -122,9 +124,10 @@ def install(model: Any) -> None:
                     module._codespec_packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS_HINT)
                 if weight.data_ptr() not in shared:
                     module.weight = torch.nn.Parameter(torch.empty_like(weight, device="meta"), requires_grad=False)
+                    freed = True
             module.forward = _blocked_linear.__get__(module)  # type: ignore[method-assign]
             module._codespec_blocked = True
-    if any(p.is_meta for p in model.parameters()):
+    if freed:  # once per model: a later install finds every layer done
         # transformers maps the safetensors file and the parameters are views into it:
         # while one of them lives the whole mapping stays resident (1 GB here). Copy the
         # few that remain (embeddings, norms, biases) so the mapping can go.

@@ -8,14 +8,13 @@ The tokenizer is handed in (loaded by the CLI): this package never imports torch
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
 from collections import Counter
 from typing import Any
 
 from codespec.integrations.upstream import ServedModel, UpstreamClient
 from codespec.lsp.backend import FimRequest, OnText, Progress
+from codespec.lsp.http_backend import follow
 from codespec.prompts import fim_ids
 
 log = logging.getLogger("codespec.lsp")
@@ -31,22 +30,9 @@ class EngineBackend:
                        suffix_tokens=request.suffix_tokens)
 
     async def complete(self, request: FimRequest, on_text: OnText) -> str:
-        stop = threading.Event()
         body = {"model": self.served.name, "prompt": self.prompt_ids(request), "max_tokens": request.max_tokens,
                 "temperature": 0}
-
-        def run() -> str:
-            text = ""
-            for delta in self.client.stream(body, stop):
-                text += delta.text
-                if not on_text(text):
-                    break
-            return text
-
-        try:
-            return await asyncio.to_thread(run)
-        finally:
-            stop.set()  # superseded or cancelled: stop reading, the engine sees the disconnect
+        return await follow(lambda stop: (delta.text for delta in self.client.stream(body, stop)), on_text)
 
     async def index_workspace(self, folders: list[str], progress: Progress) -> str:
         progress(f"drafts come from the engine at {self.client.url}", 100)

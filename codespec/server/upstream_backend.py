@@ -17,14 +17,13 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, AsyncIterator, Sequence
 
 from codespec.engine import Generation, GenerationConfig
 from codespec.errors import RequestError
 from codespec.integrations.upstream import Delta, ServedModel, UpstreamClient, UpstreamError
 from codespec.scheduler import SchedulerFull
-from codespec.server.backend import Chunk, GenerationFailed
+from codespec.server.backend import Chunk, GenerationFailed, check_limits, served_names
 from codespec.server.metrics import Metrics
 from codespec.settings import Settings
 from codespec.stats import GenerationStats
@@ -53,14 +52,10 @@ class UpstreamBackend:
         return None
 
     def model_names(self) -> set[str]:
-        return {self.name, "codespec", Path(self.name).name}
+        return served_names(self.name)
 
     def check_request(self, prompt_ids: Sequence[int], max_tokens: int) -> None:
-        if not prompt_ids:
-            raise RequestError("the prompt is empty")
-        if max_tokens > self.settings.max_tokens_limit:
-            raise RequestError(f"max_tokens {max_tokens} is above this server's limit of "
-                               f"{self.settings.max_tokens_limit}")
+        check_limits(prompt_ids, max_tokens, self.settings)
         limit = self.served.max_model_len
         if limit is not None and len(prompt_ids) >= limit:
             raise RequestError(f"the prompt has {len(prompt_ids)} tokens; the engine's context holds {limit}")
