@@ -70,16 +70,34 @@ def sizes(rows: int, block: int) -> list[int]:
     return [base + 1] * extra + [base] * (count - extra)
 
 
+LINEAR_CHOICES = ("rowgemm", "onednn", "torch")  # CODESPEC_LINEAR: force one (rowgemm only where it runs)
+
+
 def linear_kernel(dtype: torch.dtype, device: torch.device | str) -> str:
-    """Which product the linear layers use: "onednn-packed" (CPU, bfloat16, oneDNN
-    present, not turned off) or "torch" (`F.linear`)."""
-    packable = (torch.device(device).type == "cpu" and dtype == torch.bfloat16
-                and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-                and os.environ.get("CODESPEC_LINEAR", "") != "torch")
+    """Which product the linear layers use in decode steps and verify passes:
+    "rowgemm" (CPU, bfloat16, AVX-512 BF16 and a C compiler: kernels/rowgemm.py, exact
+    by construction), else "onednn-packed" (CPU, bfloat16, oneDNN present), else
+    "torch" (`F.linear`). `CODESPEC_LINEAR=onednn` or `=torch` picks a fallback."""
+    wanted = os.environ.get("CODESPEC_LINEAR", "")
+    if wanted and wanted not in LINEAR_CHOICES:
+        raise ValueError(f"CODESPEC_LINEAR={wanted!r}: expected one of {', '.join(LINEAR_CHOICES)}")
+    if torch.device(device).type != "cpu" or dtype != torch.bfloat16 or wanted == "torch":
+        return "torch"
+    if wanted in ("", "rowgemm"):
+        from codespec.kernels import rowgemm
+
+        if rowgemm.isa() == rowgemm.AVX512_BF16:
+            return "rowgemm"
+    packable = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
     return "onednn-packed" if packable else "torch"
 
 
 def _linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    striped = module.__dict__.get("_codespec_rowgemm")
+    if striped is not None:
+        from codespec.kernels.rowgemm import rowgemm
+
+        return rowgemm(x, striped, module.bias)
     packed = module.__dict__.get("_codespec_packed")
     if packed is None:
         return F.linear(x, module.weight, module.bias)
@@ -89,7 +107,7 @@ def _linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def _blocked_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if not _active or x.dim() < 2:
+    if not _active or x.dim() < 2 or "_codespec_rowgemm" in module.__dict__:  # rowgemm: every row alone
         return _linear(module, x)
     block = _active[-1]
     if block == ROW_BY_ROW:  # each row as the top of a two-row call (a decode step)
@@ -119,9 +137,16 @@ def install(model: Any) -> None:
     for module in model.modules():
         if isinstance(module, torch.nn.Linear) and not getattr(module, "_codespec_blocked", False):
             weight = module.weight
-            if linear_kernel(weight.dtype, weight.device) == "onednn-packed":
+            kernel = linear_kernel(weight.dtype, weight.device)
+            if kernel != "torch":
                 with torch.no_grad():
-                    module._codespec_packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS_HINT)
+                    if kernel == "rowgemm":
+                        from codespec.kernels import rowgemm
+
+                        module._codespec_rowgemm = rowgemm.pack(weight)
+                    else:
+                        module._codespec_packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(),
+                                                                                          PACK_ROWS_HINT)
                 if weight.data_ptr() not in shared:
                     module.weight = torch.nn.Parameter(torch.empty_like(weight, device="meta"), requires_grad=False)
                     freed = True
@@ -144,10 +169,12 @@ def probe(model: Any, limit: int = MAX_BLOCK) -> int:
     decode step); `limit` when none breaks. Every row is checked, not only the first:
     a kernel may treat a call's tail rows with another microkernel."""
     param = next(model.parameters())
+    linears = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
+    if linears and all("_codespec_rowgemm" in module.__dict__ for module in linears):
+        return limit  # rowgemm computes every row alone (tests/test_rowgemm.py pins it)
     shapes: dict[tuple[int, int], torch.nn.Linear] = {}
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear):
-            shapes.setdefault(tuple(module.weight.shape), module)
+    for module in linears:
+        shapes.setdefault(tuple(module.weight.shape), module)
     generator = torch.Generator(device="cpu").manual_seed(0)
     block = limit
     for module in shapes.values():

@@ -1,0 +1,123 @@
+"""rowgemm: every row of a bf16 product computed alone, whatever the call around it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from codespec import rowblocks
+from codespec.kernels import rowgemm as kernel
+
+pytestmark = pytest.mark.skipif(kernel.library() is None, reason=f"no rowgemm build: {kernel.unavailable()}")
+
+PATHS = [pytest.param(kernel.SCALAR, id="scalar"),
+         pytest.param(kernel.AVX512_BF16, id="avx512bf16",
+                      marks=pytest.mark.skipif(kernel.isa() != kernel.AVX512_BF16, reason="CPU without AVX-512 BF16"))]
+# K: whole chunks, a short tail, less than a chunk; N: whole tiles, ragged tiles and tasks
+SHAPES = [(37, 96), (64, 100), (5, 31), (130, 896)]
+
+
+def operands(n: int, k: int, rows: int = 70, seed: int = 0):
+    """x [rows, k], the weight packed, bias [n], and the weight itself."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=generator).bfloat16()
+    weight = (torch.randn(n, k, generator=generator) * k ** -0.5).bfloat16()
+    bias = torch.randn(n, generator=generator).bfloat16()
+    return x, kernel.pack(weight), bias, weight
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_packing_keeps_every_weight(n, k):
+    _, packed, _, weight = operands(n, k)
+    assert packed.shape == (n, k) and packed.data.shape[2] == kernel.STRIPE
+    assert torch.equal(kernel.unpack(packed), weight)
+
+
+@pytest.mark.parametrize("isa_cap", PATHS)
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_every_row_count_gives_every_row_the_bits_it_gets_alone(isa_cap, n, k):
+    x, weight, bias, _ = operands(n, k)
+    alone = torch.cat([kernel.rowgemm(x[i : i + 1], weight, bias, isa_cap=isa_cap) for i in range(len(x))])
+    for rows in range(1, len(x) + 1):  # crosses the streaming/tiled switch and every tile remainder
+        assert torch.equal(kernel.rowgemm(x[:rows], weight, bias, isa_cap=isa_cap), alone[:rows]), rows
+    shuffled = torch.randperm(len(x), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(kernel.rowgemm(x[shuffled], weight, bias, isa_cap=isa_cap), alone[shuffled])
+
+
+@pytest.mark.parametrize("isa_cap", PATHS)
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_it_is_the_linear_product_up_to_summation_order(isa_cap, n, k):
+    x, packed, bias, weight = operands(n, k)
+    for b in (bias, None):
+        out = kernel.rowgemm(x, packed, b, isa_cap=isa_cap).float()
+        reference = torch.nn.functional.linear(x.double(), weight.double(), None if b is None else b.double())
+        # one bf16 rounding of the fp32 sum: half an ulp of the result, plus fp32 noise
+        assert torch.allclose(out, reference.float(), rtol=2 ** -8, atol=1e-3)
+        assert torch.allclose(out, kernel.rowgemm_ref(x, weight, b).float(), rtol=2 ** -7, atol=1e-3)
+
+
+@pytest.mark.parametrize("isa_cap", PATHS)
+def test_threads_and_strided_rows_change_nothing(isa_cap):
+    x, weight, bias, _ = operands(130, 896, rows=12)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernel.rowgemm(x, weight, bias, isa_cap=isa_cap)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(kernel.rowgemm(x, weight, bias, isa_cap=isa_cap), one)
+    wide = torch.zeros(12, 2 * 896, dtype=torch.bfloat16)
+    wide[:, 896:] = x
+    strided = wide[:, 896:]  # rows 2K apart: the kernel takes the row stride
+    assert torch.equal(kernel.rowgemm(strided.unsqueeze(0), weight, bias, isa_cap=isa_cap)[0], one)
+
+
+def test_bad_operands_are_refused_with_the_reason():
+    x, packed, bias, weight = operands(8, 32)
+    with pytest.raises(ValueError, match="bfloat16"):
+        kernel.rowgemm(x.float(), packed, bias)
+    with pytest.raises(ValueError, match="features"):
+        kernel.rowgemm(x[:, :16], packed, bias)
+    with pytest.raises(ValueError, match="packed"):
+        kernel.rowgemm(x, weight, bias)
+    with pytest.raises(ValueError, match="bias"):
+        kernel.rowgemm(x, packed, bias[:4])
+    with pytest.raises(ValueError, match="bfloat16"):
+        kernel.pack(weight.float())
+
+
+def test_a_failed_build_leaves_no_library_behind(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernel, "SOURCE", tmp_path / "broken.c")
+    (tmp_path / "broken.c").write_text("this is not C\n")
+    target = tmp_path / "out" / "rowgemm-x.so"
+    with pytest.raises(RuntimeError, match="broken.c"):
+        kernel._build(kernel._compiler(), target)
+    assert os.listdir(target.parent) == []
+
+
+def test_installed_bf16_layers_use_it_in_passes_and_skip_the_probe(monkeypatch):
+    if rowblocks.linear_kernel(torch.bfloat16, "cpu") != "rowgemm":
+        pytest.skip("rowgemm is not this machine's linear kernel")
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 40)).bfloat16()
+    packed = [kernel.pack(layer.weight) for layer in model]
+    rowblocks.install(model)
+    assert all(layer.weight.is_meta for layer in model)  # the stripes replace the weights
+    x = torch.randn(1, 9, 64).bfloat16()
+    expected = kernel.rowgemm(kernel.rowgemm(x, packed[0], model[0].bias), packed[1], model[1].bias)
+    with rowblocks.blocked(4):
+        assert torch.equal(model(x), expected)
+    assert torch.equal(model(x), expected)  # a prefill multiplies alike
+    monkeypatch.setattr(rowblocks, "_linear", lambda *a: pytest.fail("rowgemm layers need no probe"))
+    assert rowblocks.probe(model) == rowblocks.MAX_BLOCK
+
+
+def test_the_linear_kernel_can_be_chosen_and_a_typo_is_refused(monkeypatch):
+    monkeypatch.setenv("CODESPEC_LINEAR", "onednn")
+    assert rowblocks.linear_kernel(torch.bfloat16, "cpu") in ("onednn-packed", "torch")
+    monkeypatch.setenv("CODESPEC_LINEAR", "torch")
+    assert rowblocks.linear_kernel(torch.bfloat16, "cpu") == "torch"
+    monkeypatch.setenv("CODESPEC_LINEAR", "fast")
+    with pytest.raises(ValueError, match="CODESPEC_LINEAR"):
+        rowblocks.linear_kernel(torch.bfloat16, "cpu")
