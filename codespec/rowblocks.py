@@ -21,14 +21,19 @@ it: they only have to agree with each other, and they run on one absolute grid.
 Cost: a block re-reads the weights, so a 33-row pass costs about what two 17-row
 passes cost in its linear layers; the controller's cost model carries that step.
 
-On a CPU in bfloat16 the weights are also packed once into oneDNN's blocked layout
-(`torch.ops.mkldnn._reorder_linear_weight`) and multiplied with
-`torch.ops.mkldnn._linear_pointwise`: measured on the 2-core EPYC VM, every linear layer
-of the default model took 95 -> 73 ms for a two-row call (a decode step) and 158 -> 84
-ms for 16 rows, with results equal to `F.linear`'s. `probe` checks the packed path,
-like any other, so the row-exact guarantee does not rest on that equality. The packed
-copy replaces the original weight (`install`). `CODESPEC_LINEAR=torch` turns packing
-off (the machine profile keys on it).
+Which product (`linear_kernel`), on a CPU in bfloat16:
+* "rowgemm" where the CPU has AVX-512 BF16 and a C compiler is present
+  (kernels/rowgemm.py): our own kernel, every output one dot product in a fixed order,
+  so rows are exact by construction and `probe` has nothing to find (it returns the
+  limit). It also runs prefill (faster there than `F.linear` at 256 rows). Measured on
+  the 2-core EPYC VM over 1 GB of the model's layer shapes (what a pass reads): 29 ms
+  at one row (oneDNN packed: 64 ms at two), 84 ms at 16 rows (96), 200 ms at 64 (232).
+* else "onednn-packed": weights packed once into oneDNN's blocked layout
+  (`_reorder_linear_weight`) and multiplied with `_linear_pointwise` (every linear
+  layer 95 -> 73 ms at two rows, 158 -> 84 ms at 16 on the same VM, against `F.linear`),
+  checked by `probe` like any other path.
+Either packed copy replaces the original weight (`install`). `CODESPEC_LINEAR=onednn`
+or `=torch` picks a fallback (the machine profile keys on the choice).
 """
 
 from __future__ import annotations
@@ -124,7 +129,7 @@ PACK_ROWS_HINT = 16  # oneDNN's batch hint for the packed layout (results do not
 
 def install(model: Any) -> None:
     """Route every nn.Linear of `model` through the row blocking (a no-op outside
-    `blocked`), packing its weight for oneDNN where `linear_kernel` says so.
+    `blocked`), packing its weight for rowgemm or oneDNN where `linear_kernel` says so.
 
     A packed weight replaces its original, so memory stays what the model's weights
     take: the parameter becomes a meta tensor of the same shape. Nothing of codespec
