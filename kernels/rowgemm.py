@@ -114,6 +114,7 @@ def unavailable() -> str | None:
     return _failure[0] if _failure else None
 
 
+@functools.cache
 def isa(cap: int = AVX512_BF16) -> int | None:
     """The path this CPU runs (AVX512_BF16 or SCALAR), None without the library."""
     lib = library()
@@ -174,7 +175,7 @@ def rowgemm(x: torch.Tensor, weight: Packed, bias: torch.Tensor | None = None, *
     out = torch.empty(rows, n, dtype=torch.bfloat16)
     if rows:
         assert lib is not None
-        lib.rowgemm_bf16(lib.rowgemm_isa(isa_cap), flat.data_ptr(), flat.stride(0), weight.data.data_ptr(),
+        lib.rowgemm_bf16(isa(isa_cap), flat.data_ptr(), flat.stride(0), weight.data.data_ptr(),
                          None if bias is None else bias.data_ptr(), out.data_ptr(), n, rows, n, flat.shape[1])
     return out.view(*x.shape[:-1], n)
 
