@@ -82,7 +82,7 @@ def profile_key(model: Any) -> dict[str, str]:
     import torch
     import transformers
 
-    from codespec import rowblocks, rowcalls
+    from codespec import decoder, rowblocks, rowcalls
 
     param = next(model.parameters())
     device, dtype, threads = param.device, param.dtype, torch.get_num_threads()
@@ -104,7 +104,8 @@ def profile_key(model: Any) -> dict[str, str]:
         "device": str(device),
         "threads": str(threads),
         "layout": f"key_block={rowcalls.KEY_BLOCK},q_block={rowcalls.Q_BLOCK},q_split={rowcalls.Q_SPLIT_LIMIT},"
-                  f"max_block={rowblocks.MAX_BLOCK},linear={rowblocks.linear_kernel(dtype, device)}",
+                  f"max_block={rowblocks.MAX_BLOCK},linear={rowblocks.linear_kernel(dtype, device)},"
+                  f"forward={decoder.forward_kind(model)}",
         "env": ",".join(f"{name}={os.environ[name]}" for name in KERNEL_ENV if name in os.environ),
     }
     if str(device).startswith("cpu"):

@@ -143,7 +143,7 @@ class CostModel:
     re-reads every weight (~20 ms). Start-up timing at two context lengths and on both
     sides of a block boundary separates them. Single timings scatter by +-15%, so a
     fitted model decides better than interpolated points. One-row passes are padded to
-    two and cost what two cost.
+    two and cost what two cost (`min_rows`; the row decoder runs them as one).
 
     Until it is calibrated (`measure`, or timings stored by an earlier process:
     calibration.py) or has seen enough passes to tell a fixed cost from a per-row one
@@ -153,6 +153,7 @@ class CostModel:
     forget: float = 0.98  # weight of the past per new timing
     block: int = 0  # rows per linear-layer block (0: passes are not blocked)
     padded: bool = False  # attention runs padded calls (rowcalls.py): keys are counted per call
+    min_rows: int = 2  # a pass of fewer rows runs (and costs) this many
     calibrated: bool = False  # fitted to start-up timings (this process's or stored ones)
     passes: int = 0  # timings observed
     rows_seen: tuple[int, int] = (1 << 30, 0)  # fewest and most rows of those timings
@@ -179,14 +180,14 @@ class CostModel:
         return self.calibrated or (self.passes >= ONLINE_PASSES and most - fewest >= ONLINE_ROW_SPREAD)
 
     def _features(self, rows: int, keys: int) -> tuple[float, float, float, float]:
-        rows = max(rows, 2)
+        rows = max(rows, self.min_rows)
         extra = -(-rows // self.block) - 1 if self.block else 0
         return 1.0, float(rows), keys / KEY_SCALE, float(extra)
 
     def observe(self, rows: int, seconds: float, keys: int = 0) -> None:
         x = self._features(rows, keys)
         self.passes += 1
-        padded_rows = int(x[1])  # a one-row pass runs as two
+        padded_rows = int(x[1])  # a one-row pass may run as two
         self.rows_seen = (min(self.rows_seen[0], padded_rows), max(self.rows_seen[1], padded_rows))
         for i in range(4):
             self._xy[i] = self.forget * self._xy[i] + x[i] * seconds

@@ -105,7 +105,7 @@ class Engine:
         if profile_dir is not None:
             self.profile_key = calibration.profile_key(model)
             profile = calibration.load(profile_dir, self.profile_key)
-            if profile is not None and not hasattr(model, "_codespec_row_block"):
+            if profile is not None and profile.row_block and not hasattr(model, "_codespec_row_block"):
                 # the probes' results on this very setting: the verifier skips probing
                 model._codespec_row_block, model._codespec_padded_rows = profile.row_block, profile.padded_rows
         self.verifier = Verifier(model, cache, exact_rows=exact_rows)
@@ -115,7 +115,8 @@ class Engine:
         self.draft_policy = draft_policy
         self.eos_token_ids = frozenset(eos_token_ids if eos_token_ids is not None else _eos_ids(model, tokenizer))
         self.cost = controller.CostModel(block=self.verifier.row_block if exact_rows else 0,
-                                         padded=exact_rows and self.verifier.padded_rows)
+                                         padded=exact_rows and self.verifier.padded_rows,
+                                         min_rows=1 if self.verifier.decoder is not None else 2)
         self.acceptance = controller.AcceptanceTable()  # every request's record, by match length
         if profile is not None:
             self.cost.calibrated_with(profile.timings)

@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from codespec import attention, rowblocks, rowcalls
+from codespec import attention, decoder, rowblocks, rowcalls
 from codespec.errors import ModelError
 from codespec.kernels.accept import tree_accept
 from codespec.kernels.compact import compact_kv
@@ -101,14 +101,24 @@ class Verifier:
         self.exact_rows = exact_rows
         attention.install(model)
         rowblocks.install(model)
-        if not hasattr(model, "_codespec_row_block"):  # probed once per model
-            model._codespec_row_block = rowblocks.probe(model)
-        self.row_block = model._codespec_row_block
+        # Decode steps and verify passes: one C call per pass where the model allows
+        # (decoder.py; exact by construction), else transformers' forward made exact by
+        # the probed row blocks and attention layouts below.
+        self.decoder = decoder.attach(model) if exact_rows else None
         _, kv_heads, head_dim = kv_dims(model.config)
         self.query_group = model.config.num_attention_heads // kv_heads
-        if not hasattr(model, "_codespec_padded_rows"):  # likewise for attention (rowcalls.py)
-            model._codespec_padded_rows = rowcalls.probe(self.dtype, self.device, kv_heads, self.query_group, head_dim)
-        self.padded_rows = model._codespec_padded_rows
+        if self.decoder is not None:
+            self.row_block, self.padded_rows = 0, False  # no blocks; each row reads its own keys
+            self._slots = self.decoder.slots(cache.keys, cache.values)
+            self.decoder.reach(cache.slot_tokens)
+        else:
+            if not hasattr(model, "_codespec_row_block"):  # probed once per model
+                model._codespec_row_block = rowblocks.probe(model)
+            self.row_block = model._codespec_row_block
+            if not hasattr(model, "_codespec_padded_rows"):  # likewise for attention (rowcalls.py)
+                model._codespec_padded_rows = rowcalls.probe(self.dtype, self.device, kv_heads, self.query_group,
+                                                             head_dim)
+            self.padded_rows = model._codespec_padded_rows
         # A 4D mask makes transformers skip building one; slot_attention ignores it.
         self._no_mask = torch.zeros(1, 1, 1, 1, dtype=self.dtype, device=self.device)
 
@@ -171,17 +181,16 @@ class Verifier:
             slots.extend([item.slot] * len(item.tree))
             writes.extend(start + i for i in range(len(item.tree)))
         real = len(ids)
-        if real == 1:
-            # A lone row would take bf16's GEMV kernel (another summation order than the
-            # GEMM every other pass uses): pad with a copy whose output is discarded.
-            ids, slots = ids * 2, slots * 2
-            positions, writes = [positions[0], positions[0] + 1], [writes[0], writes[0] + 1]
-        plan = self._plan(items, slots, writes)
-        if self.exact_rows:
-            with rowblocks.blocked(self.row_block):  # multiply like a decode step (rowblocks.py)
-                logits = self._forward(ids, positions, plan)[:real]
+        if self.decoder is not None:
+            rows, path = decoder.plan_rows([(item.slot, self.cache.length(item.slot), item.tree) for item in items])
+            logits = self.decoder.forward(ids, rows, path, self._slots)
         else:
-            logits = self._forward(ids, positions, plan)[:real]
+            if real == 1:
+                # A lone row would take bf16's GEMV kernel (another summation order than the
+                # GEMM every other pass uses): pad with a copy whose output is discarded.
+                ids, slots = ids * 2, slots * 2
+                positions, writes = [positions[0], positions[0] + 1], [writes[0], writes[0] + 1]
+            logits = self._transformers_pass(items, ids, positions, slots, writes)[:real]
         results: list[VerifyResult | None] = [None] * len(items)
         greedy = [i for i, item in enumerate(items) if item.accept is None]
         if greedy:
@@ -195,6 +204,14 @@ class Verifier:
         assert len(done) == len(items)
         self._commit(items, done)
         return done
+
+    def _transformers_pass(self, items: Sequence[Item], ids: list[int], positions: list[int], slots: list[int],
+                           writes: list[int]) -> torch.Tensor:
+        plan = self._plan(items, slots, writes)
+        if self.exact_rows:
+            with rowblocks.blocked(self.row_block):  # multiply like a decode step (rowblocks.py)
+                return self._forward(ids, positions, plan)
+        return self._forward(ids, positions, plan)
 
     def _plan(self, items: Sequence[Item], slots: list[int], writes: list[int]) -> attention.Plan:
         device = self.device

@@ -25,28 +25,12 @@
  * Layouts: x [M, K] bf16 (row stride ldx, K even), packed as above, bias [N] bf16 or
  * NULL, out [M, N] bf16 (row stride ldo). bf16 travels as uint16_t.
  */
-#include <stdint.h>
-#include <string.h>
+#include "bf16.h"
 
 #define STRIPE 64 /* output columns per stripe: BLOCKS x 16 fp32 lanes */
 #define BLOCKS 4
 #define LANES 16
 #define TM 6 /* rows of x per tile: TM x BLOCKS accumulators + BLOCKS + 1 in 32 registers */
-
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) { /* round to nearest even; NaN stays NaN */
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 /* ---------------------------------------------------------------- scalar (isa 0) */
 

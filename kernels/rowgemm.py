@@ -13,13 +13,8 @@ Only the AVX-512 BF16 path is fast; `isa()` says whether this CPU has it, and
 rowblocks.py uses the kernel only then. The scalar path exists so the contract can be
 tested anywhere (`isa_cap=0`).
 
-Build: `gcc -O3 -shared -fPIC -fopenmp rowgemm.c` (about a second) into
-`<cache>/kernels/rowgemm-<hash>.so`, the hash covering the source, the flags and the
-compiler's version; written to a temporary name and renamed, so concurrent first uses
-and interrupted builds leave no broken library. `-fopenmp` links `libgomp.so.1`, which
-the loader resolves to the copy torch already loaded: one thread pool, sized by
-`torch.set_num_threads`. No compiler (or a failed build) means no kernel: `library()`
-returns None with the reason in `unavailable()`, and the caller keeps oneDNN.
+The library is built with the C compiler at first use (native.py); without one the
+caller keeps oneDNN.
 
 >>> import torch
 >>> x, w = torch.ones(3, 64, dtype=torch.bfloat16), torch.full((5, 64), 0.5, dtype=torch.bfloat16)
@@ -31,87 +26,33 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from codespec.kernels import check
+from codespec.kernels import check, native
 
-SOURCE = Path(__file__).with_name("rowgemm.c")
-FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp")
 AVX512_BF16 = 2  # rowgemm_isa's answer for the fast path
 SCALAR = 0
 STRIPE = 64  # output columns per stripe (rowgemm.c; checked against the library on load)
-
-
-def _cache_dir() -> Path:
-    from codespec.settings import default_cache_dir
-
-    return Path(os.environ.get("CODESPEC_CACHE_DIR") or default_cache_dir()) / "kernels"
-
-
-def _compiler() -> str | None:
-    return shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
-
-
-def _build(compiler: str, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=target.name, suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    try:
-        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            raise RuntimeError(f"{compiler} failed on {SOURCE.name}: {done.stderr.strip().splitlines()[-1:]}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-_failure: list[str] = []  # why library() returned None (once per process)
+unavailable = native.unavailable
 
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The compiled kernel, built on first use; None where it cannot be built or loaded."""
-    compiler = _compiler()
-    if compiler is None:
-        _failure.append("no C compiler (gcc or cc) on PATH")
-        return None
-    try:
-        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
-        digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode()
-                                + platform.machine().encode()).hexdigest()[:16]
-        target = _cache_dir() / f"rowgemm-{digest}.so"
-        if not target.exists():
-            _build(compiler, target)
-        lib = ctypes.CDLL(str(target))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-        _failure.append(f"{type(err).__name__}: {err}")
-        warnings.warn(f"rowgemm kernel unavailable ({_failure[0]}): linear layers fall back to oneDNN",
-                      RuntimeWarning, stacklevel=2)
+    """The kernel library with rowgemm's signatures declared; None where it cannot be built,
+    or where it packs another stripe width than this module."""
+    lib = native.library()
+    if lib is None:
         return None
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     lib.rowgemm_isa.argtypes, lib.rowgemm_isa.restype = [ctypes.c_int], ctypes.c_int
     lib.rowgemm_bf16.argtypes = [ctypes.c_int, pointer, size, pointer, pointer, pointer, size, size, size, size]
     lib.rowgemm_bf16.restype = None
     if lib.rowgemm_stripe() != STRIPE:
-        _failure.append(f"{target.name} packs {lib.rowgemm_stripe()} columns a stripe, not {STRIPE}")
+        native._failure.append(f"the library packs {lib.rowgemm_stripe()} columns a stripe, not {STRIPE}")
         return None
     return lib
-
-
-def unavailable() -> str | None:
-    """Why the kernel could not be built or loaded (None if it was, or was never tried)."""
-    return _failure[0] if _failure else None
 
 
 @functools.cache

@@ -1,0 +1,26 @@
+/* bf16 <-> fp32 for codespec's C kernels. bf16 travels as uint16_t: the top half of an
+ * fp32. Widening is exact; narrowing rounds to nearest even, as torch and VCVTNEPS2BF16 do. */
+#ifndef CODESPEC_BF16_H
+#define CODESPEC_BF16_H
+#include <stdint.h>
+#include <string.h>
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even; NaN stays NaN */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* rowgemm.c: out[m, n] = bf16(dot(x[m], w[n]) + bias[n]) for weights packed in stripes */
+void rowgemm_bf16(int isa, const uint16_t *x, int64_t ldx, const uint16_t *packed, const uint16_t *bias, uint16_t *out,
+                  int64_t ldo, int64_t M, int64_t N, int64_t K);
+#endif

@@ -1,0 +1,90 @@
+"""codespec's C kernels (`rowgemm.c`, `rowdecoder.c`), built once per machine with the C compiler.
+
+Build: `gcc -O3 -shared -fPIC -fopenmp -ffp-contract=off rowgemm.c rowdecoder.c -lm`
+(a couple of seconds) into `<cache>/kernels/codespec-<hash>.so`, the hash covering the
+sources, the flags and the compiler's version; written to a temporary name and renamed,
+so concurrent first uses and interrupted builds leave no broken library.
+`-ffp-contract=off` keeps the compiler from fusing a multiply and an add into one
+rounding in some builds and not others: the kernels' sums are spelled out, and the
+bits must not depend on the CPU the code was compiled for. `-fopenmp` links
+`libgomp.so.1`, which the loader resolves to the copy torch already loaded: one thread
+pool, sized by `torch.set_num_threads`. No compiler (or a failed build) means no
+kernels: `library()` returns None with the reason in `unavailable()`, and callers keep
+torch's paths (oneDNN products, transformers' forward).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+HERE = Path(__file__).parent
+SOURCES = (HERE / "rowgemm.c", HERE / "rowdecoder.c")
+HEADERS = (HERE / "bf16.h",)
+FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off", "-Wno-psabi")
+LIBS = ("-lm",)
+
+
+def _cache_dir() -> Path:
+    from codespec.settings import default_cache_dir
+
+    return Path(os.environ.get("CODESPEC_CACHE_DIR") or default_cache_dir()) / "kernels"
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
+
+
+def _build(compiler: str, target: Path, sources: tuple[Path, ...] = SOURCES) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=target.name, suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([compiler, *FLAGS, *map(str, sources), "-o", tmp, *LIBS], capture_output=True,
+                              text=True, timeout=300)
+        if done.returncode != 0:
+            names = ", ".join(s.name for s in sources)
+            raise RuntimeError(f"{compiler} failed on {names}: {done.stderr.strip().splitlines()[-1:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+_failure: list[str] = []  # why library() returned None (once per process)
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The compiled kernels, built on first use; None where they cannot be built or loaded."""
+    compiler = _compiler()
+    if compiler is None:
+        _failure.append("no C compiler (gcc or cc) on PATH")
+        return None
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+        text = b"".join(path.read_bytes() for path in (*SOURCES, *HEADERS))
+        digest = hashlib.sha256(text + " ".join(FLAGS + LIBS).encode() + version.encode()
+                                + platform.machine().encode()).hexdigest()[:16]
+        target = _cache_dir() / f"codespec-{digest}.so"
+        if not target.exists():
+            _build(compiler, target)
+        return ctypes.CDLL(str(target))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+        _failure.append(f"{type(err).__name__}: {err}")
+        warnings.warn(f"codespec's C kernels are unavailable ({_failure[0]}): torch's kernels are used instead",
+                      RuntimeWarning, stacklevel=2)
+        return None
+
+
+def unavailable() -> str | None:
+    """Why the kernels could not be built or loaded (None if they were, or were never tried)."""
+    return _failure[0] if _failure else None

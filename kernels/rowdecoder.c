@@ -1,0 +1,347 @@
+/* A decoder stack's decode steps and verify passes in one call, every row computed alone.
+ *
+ * What a Qwen2/Llama layer does to a row, in the order and with the bf16 roundings of
+ * transformers' eager forward (RMSNorm, q/k/v with rotary, attention over the row's
+ * keys in the KV slots, o, residual, RMSNorm, SiLU-gated MLP, residual), then the final
+ * norm and lm_head. Products go through rowgemm.c; everything else is here.
+ *
+ * Why: lossless speculation needs a verify pass's row to get the bits of the decode
+ * step it stands for. Each piece here is a function of its own row alone:
+ *   - norms, rotary, SiLU, residuals: per element or per row, in a fixed order;
+ *   - attention: a row scores its own key sequence (the slot's first `context` keys,
+ *     then its `path` positions: an off-path tree row's ancestors and itself), in the
+ *     order decoding would see them: scores of 16 keys at a time (lanes = dims, then a
+ *     fixed transposing reduction), a max, exponentials, a sum in 16 lanes then a fixed
+ *     tree, and the weighted values summed key by key. A key's index in the row's own
+ *     sequence decides every summation, never the call around it;
+ *   - threads split rows, heads or stripes; no sum is ever split between threads.
+ * So a row's output is the same whatever the pass holds: by construction, on any CPU.
+ * The arithmetic uses GCC's vector extensions (no FMA contraction: -ffp-contract=off),
+ * so every clone (AVX-512, AVX2, baseline) computes the same bits.
+ *
+ * The forward also replaces transformers' per-op dispatch: a 24-layer decode step is
+ * one call from Python, not ~1,500 torch ops.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+
+#include "bf16.h"
+
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+
+#define W 16 /* lanes */
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define INLINE static inline __attribute__((always_inline))
+
+typedef struct {
+    const uint16_t *norm_in;   /* [hidden] */
+    const uint16_t *qkv;       /* rowgemm stripes of [q; k; v] x hidden */
+    const uint16_t *qkv_bias;  /* [q + k + v] or NULL */
+    const uint16_t *o;         /* stripes of hidden x (heads * dim) */
+    const uint16_t *o_bias;    /* [hidden] or NULL */
+    const uint16_t *norm_post; /* [hidden] */
+    const uint16_t *gate_up;   /* stripes of [gate; up] x hidden */
+    const uint16_t *down;      /* stripes of hidden x inter */
+} Layer;
+
+typedef struct {
+    int64_t layers, hidden, heads, kv_heads, head_dim, inter, vocab;
+    float eps, scale;
+    const Layer *layer;
+    const uint16_t *norm_final, *lm_head, *lm_bias; /* lm_head: stripes of vocab x hidden */
+    const uint16_t *cos, *sin;                      /* [positions][head_dim] rotary tables */
+    int64_t positions;
+} Model;
+
+typedef struct {
+    int64_t rows;
+    const int64_t *slot, *write, *position; /* [rows]: KV slot, where its K/V go, rotary position */
+    const int64_t *context;                 /* [rows]: it attends to the slot's first `context` keys ... */
+    const int64_t *path_start, *path_len;   /* ... then path[path_start .. + path_len) */
+    const int64_t *path;
+    uint16_t *const *keys, *const *values; /* per layer: [slots][kv_heads][capacity][head_dim] */
+    int64_t capacity;
+} Pass;
+
+/* ---------------------------------------------------------------- lanes */
+
+INLINE v16f splat(float x) { return (v16f){0} + x; }
+
+INLINE v16f widen(const uint16_t *p) {
+    v16h h;
+    memcpy(&h, p, sizeof h);
+    return (v16f)(__builtin_convertvector(h, v16u) << 16);
+}
+
+INLINE v16h narrow(v16f f) { /* f32_to_bf16 on every lane */
+    v16u u = (v16u)f;
+    v16u rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    v16u nan = (v16u)((u & 0x7fffffffu) > 0x7f800000u);
+    return __builtin_convertvector((rounded & ~nan) | (((u >> 16) | 0x40u) & nan), v16h);
+}
+
+INLINE void store(uint16_t *p, v16f f) {
+    v16h h = narrow(f);
+    memcpy(p, &h, sizeof h);
+}
+
+INLINE v16f round_bf16(v16f f) { /* what a bf16 tensor holds */
+    v16h h = narrow(f);
+    return (v16f)(__builtin_convertvector(h, v16u) << 16);
+}
+
+INLINE v16f pick(v16i mask, v16f yes, v16f no) { return (v16f)(((v16i)yes & mask) | ((v16i)no & ~mask)); }
+
+INLINE float sum16(v16f v) { /* a fixed tree: lanes (i, i+8), (i, i+4), (i, i+2), (i, i+1) */
+    float t[W];
+    memcpy(t, &v, sizeof t);
+    for (int w = W / 2; w; w >>= 1)
+        for (int i = 0; i < w; i++) t[i] += t[i + w];
+    return t[0];
+}
+
+/* e^x, Cephes' expf polynomial: same bits on every clone (only +, -, *, conversions) */
+INLINE v16f exp16(v16f x) {
+    x = pick(x > 88.3762626647949f, splat(88.3762626647949f), x);
+    x = pick(x < -87.3365447505531f, splat(-87.3365447505531f), x);
+    v16f fx = x * 1.44269504088896341f + 0.5f;
+    v16f whole = __builtin_convertvector(__builtin_convertvector(fx, v16i), v16f); /* toward zero */
+    whole = whole - pick(whole > fx, splat(1.0f), splat(0.0f));                   /* floor */
+    x = x - whole * 0.693359375f;
+    x = x - whole * -2.12194440e-4f;
+    v16f z = x * x;
+    v16f y = splat(1.9875691500E-4f);
+    y = y * x + 1.3981999507E-3f;
+    y = y * x + 8.3334519073E-3f;
+    y = y * x + 4.1665795894E-2f;
+    y = y * x + 1.6666665459E-1f;
+    y = y * x + 5.0000001201E-1f;
+    y = y * z + x + 1.0f;
+    v16i n = __builtin_convertvector(whole, v16i);
+    return y * (v16f)((n + 127) << 23);
+}
+
+/* 16 vectors of partial sums (one per key) -> one vector of 16 sums, each key's lanes
+ * added in the same tree wherever it sits: (i, i+8), (i, i+4), (i, i+2), (i, i+1). */
+INLINE v16f reduce16(const v16f *p) {
+    v16f a[8], b[4], c[2];
+    for (int k = 0; k < 8; k++)
+        a[k] = __builtin_shufflevector(p[2 * k], p[2 * k + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(p[2 * k], p[2 * k + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    for (int k = 0; k < 4; k++)
+        b[k] = __builtin_shufflevector(a[2 * k], a[2 * k + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+               __builtin_shufflevector(a[2 * k], a[2 * k + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    for (int k = 0; k < 2; k++)
+        c[k] = __builtin_shufflevector(b[2 * k], b[2 * k + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+               __builtin_shufflevector(b[2 * k], b[2 * k + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    return __builtin_shufflevector(c[0], c[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+           __builtin_shufflevector(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+/* ---------------------------------------------------------------- per row */
+
+/* transformers' RMSNorm: bf16(w * bf16(x * rsqrt(mean(x^2) + eps))) */
+CLONES static void rms_norm(const uint16_t *x, const uint16_t *weight, uint16_t *out, int64_t n, float eps) {
+    v16f squares = splat(0.0f);
+    for (int64_t i = 0; i < n; i += W) {
+        v16f v = widen(x + i);
+        squares = squares + v * v;
+    }
+    float inv = 1.0f / sqrtf(sum16(squares) / (float)n + eps);
+    for (int64_t i = 0; i < n; i += W) store(out + i, widen(weight + i) * round_bf16(widen(x + i) * inv));
+}
+
+/* q * cos + rotate_half(q) * sin, each product and the sum rounded to bf16 */
+static void rotate(uint16_t *v, const uint16_t *cos, const uint16_t *sin, int64_t dim) {
+    uint16_t out[512];
+    int64_t half = dim / 2;
+    for (int64_t i = 0; i < dim; i++) {
+        float turned = i < half ? -bf16_to_f32(v[i + half]) : bf16_to_f32(v[i - half]);
+        float a = bf16_to_f32(f32_to_bf16(bf16_to_f32(v[i]) * bf16_to_f32(cos[i])));
+        float b = bf16_to_f32(f32_to_bf16(turned * bf16_to_f32(sin[i])));
+        out[i] = f32_to_bf16(a + b);
+    }
+    memcpy(v, out, (size_t)dim * sizeof *v);
+}
+
+/* bf16(bf16(silu(g)) * u), silu(g) = g / (1 + e^-g) */
+CLONES static void silu_mul(const uint16_t *gate, const uint16_t *up, uint16_t *out, int64_t n) {
+    for (int64_t i = 0; i < n; i += W) {
+        v16f g = widen(gate + i);
+        store(out + i, round_bf16(g / (1.0f + exp16(-g))) * widen(up + i));
+    }
+}
+
+CLONES static void add_rows(uint16_t *x, const uint16_t *y, int64_t n) {
+    for (int64_t i = 0; i < n; i += W) store(x + i, widen(x + i) + widen(y + i));
+}
+
+/* One row's query heads of one KV head against the row's keys. q: the row's rotated
+ * queries of this group ([group][dim] bf16); out likewise. scratch: group * (keys
+ * rounded up to 16) floats plus group * dim accumulators. */
+CLONES static void attend(const uint16_t *q, uint16_t *out, const uint16_t *keys, const uint16_t *values,
+                          int64_t context, const int64_t *path, int64_t path_len, int64_t group, int64_t dim,
+                          float scale, float *scratch) {
+    int64_t n = context + path_len, padded = (n + W - 1) / W * W, chunks = dim / W;
+    float *scores = scratch, *acc = scratch + group * padded;
+    v16f qf[16][8]; /* group <= 16, dim <= 128 (checked by the caller) */
+    for (int64_t h = 0; h < group; h++)
+        for (int64_t c = 0; c < chunks; c++) qf[h][c] = widen(q + h * dim + c * W);
+    v16f parts[16][W];
+    for (int64_t j0 = 0; j0 < padded; j0 += W) {
+        for (int64_t l = 0; l < W; l++) {
+            int64_t j = j0 + l;
+            if (j >= n) {
+                for (int64_t h = 0; h < group; h++) parts[h][l] = splat(0.0f);
+                continue;
+            }
+            const uint16_t *k = keys + (j < context ? j : path[j - context]) * dim;
+            v16f kf[8];
+            for (int64_t c = 0; c < chunks; c++) kf[c] = widen(k + c * W);
+            for (int64_t h = 0; h < group; h++) {
+                v16f s = qf[h][0] * kf[0];
+                for (int64_t c = 1; c < chunks; c++) s = s + qf[h][c] * kf[c];
+                parts[h][l] = s;
+            }
+        }
+        for (int64_t h = 0; h < group; h++) {
+            v16f s = reduce16(parts[h]) * scale;
+            memcpy(scores + h * padded + j0, &s, sizeof s);
+        }
+    }
+    float sums[16];
+    for (int64_t h = 0; h < group; h++) {
+        float *s = scores + h * padded;
+        for (int64_t j = n; j < padded; j++) s[j] = -INFINITY;
+        v16f top = splat(-INFINITY);
+        for (int64_t j = 0; j < padded; j += W) {
+            v16f v;
+            memcpy(&v, s + j, sizeof v);
+            top = pick(v > top, v, top);
+        }
+        float best = -INFINITY, t[W];
+        memcpy(t, &top, sizeof t);
+        for (int i = 0; i < W; i++) best = t[i] > best ? t[i] : best;
+        v16f total = splat(0.0f);
+        for (int64_t j = 0; j < padded; j += W) {
+            v16f v;
+            memcpy(&v, s + j, sizeof v);
+            v16f e = pick(v == -INFINITY, splat(0.0f), exp16(v - best)); /* keys past the row's: nothing */
+            memcpy(s + j, &e, sizeof e);
+            total = total + e;
+        }
+        sums[h] = sum16(total);
+        for (int64_t c = 0; c < dim; c++) acc[h * dim + c] = 0.0f;
+    }
+    for (int64_t j = 0; j < n; j++) {
+        const uint16_t *v = values + (j < context ? j : path[j - context]) * dim;
+        v16f vf[8];
+        for (int64_t c = 0; c < chunks; c++) vf[c] = widen(v + c * W);
+        for (int64_t h = 0; h < group; h++) {
+            v16f p = splat(scores[h * padded + j]);
+            float *a = acc + h * dim;
+            for (int64_t c = 0; c < chunks; c++) {
+                v16f r;
+                memcpy(&r, a + c * W, sizeof r);
+                r = r + p * vf[c];
+                memcpy(a + c * W, &r, sizeof r);
+            }
+        }
+    }
+    for (int64_t h = 0; h < group; h++) {
+        for (int64_t c = 0; c < chunks; c++) {
+            v16f r;
+            memcpy(&r, acc + h * dim + c * W, sizeof r);
+            store(out + h * dim + c * W, r / sums[h]);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- the stack */
+
+typedef struct {
+    uint16_t *normed, *qkv, *attended, *mlp, *gated;
+} Work;
+
+static Work carve(const Model *m, int64_t rows, uint16_t *work) {
+    int64_t qkv = (m->heads + 2 * m->kv_heads) * m->head_dim;
+    Work w;
+    w.normed = work;
+    w.qkv = w.normed + rows * m->hidden;
+    w.attended = w.qkv + rows * qkv;
+    w.mlp = w.attended + rows * m->heads * m->head_dim;
+    w.gated = w.mlp + rows * 2 * m->inter;
+    return w;
+}
+
+/* bf16 elements of the work buffer a pass of `rows` rows needs */
+int64_t rowdecoder_work(const Model *m, int64_t rows) {
+    int64_t qkv = (m->heads + 2 * m->kv_heads) * m->head_dim;
+    return rows * (m->hidden + qkv + m->heads * m->head_dim + 3 * m->inter);
+}
+
+/* floats of attention scratch one thread needs for rows seeing at most `keys` keys */
+static int64_t scratch_floats(const Model *m, int64_t keys) {
+    int64_t group = m->heads / m->kv_heads;
+    return group * ((keys + W - 1) / W * W + m->head_dim);
+}
+
+static void layer(int isa, const Model *m, int64_t index, const Pass *p, uint16_t *x, Work w, int64_t most_keys) {
+    const Layer *L = m->layer + index;
+    int64_t rows = p->rows, H = m->hidden, D = m->head_dim, Q = m->heads * D, KV = m->kv_heads * D;
+    int64_t NQKV = Q + 2 * KV, I = m->inter, group = m->heads / m->kv_heads;
+    for (int64_t r = 0; r < rows; r++) rms_norm(x + r * H, L->norm_in, w.normed + r * H, H, m->eps);
+    rowgemm_bf16(isa, w.normed, H, L->qkv, L->qkv_bias, w.qkv, NQKV, rows, NQKV, H);
+    uint16_t *keys = p->keys[index], *values = p->values[index];
+    for (int64_t r = 0; r < rows; r++) {
+        uint16_t *row = w.qkv + r * NQKV;
+        const uint16_t *cos = m->cos + p->position[r] * D, *sin = m->sin + p->position[r] * D;
+        for (int64_t h = 0; h < m->heads + m->kv_heads; h++) rotate(row + h * D, cos, sin, D);
+        for (int64_t g = 0; g < m->kv_heads; g++) {
+            int64_t at = ((p->slot[r] * m->kv_heads + g) * p->capacity + p->write[r]) * D;
+            memcpy(keys + at, row + Q + g * D, (size_t)D * sizeof *keys);
+            memcpy(values + at, row + Q + KV + g * D, (size_t)D * sizeof *values);
+        }
+    }
+#pragma omp parallel
+    {
+        float *scratch = aligned_alloc(64, (size_t)scratch_floats(m, most_keys) * sizeof(float) + 64);
+#pragma omp for schedule(dynamic)
+        for (int64_t task = 0; task < rows * m->kv_heads; task++) {
+            int64_t r = task / m->kv_heads, g = task % m->kv_heads;
+            int64_t base = (p->slot[r] * m->kv_heads + g) * p->capacity * D;
+            attend(w.qkv + r * NQKV + g * group * D, w.attended + r * Q + g * group * D, keys + base, values + base,
+                   p->context[r], p->path + p->path_start[r], p->path_len[r], group, D, m->scale, scratch);
+        }
+        free(scratch);
+    }
+    rowgemm_bf16(isa, w.attended, Q, L->o, L->o_bias, w.normed, H, rows, H, Q);
+    for (int64_t r = 0; r < rows; r++) add_rows(x + r * H, w.normed + r * H, H);
+    for (int64_t r = 0; r < rows; r++) rms_norm(x + r * H, L->norm_post, w.normed + r * H, H, m->eps);
+    rowgemm_bf16(isa, w.normed, H, L->gate_up, NULL, w.mlp, 2 * I, rows, 2 * I, H);
+#pragma omp parallel for schedule(static) if (rows > 1)
+    for (int64_t r = 0; r < rows; r++) silu_mul(w.mlp + r * 2 * I, w.mlp + r * 2 * I + I, w.gated + r * I, I);
+    rowgemm_bf16(isa, w.gated, I, L->down, NULL, w.normed, H, rows, H, I);
+    for (int64_t r = 0; r < rows; r++) add_rows(x + r * H, w.normed + r * H, H);
+}
+
+/* x: [rows][hidden] the rows' embeddings (overwritten); logits: [rows][vocab]. Returns
+ * 0, or -1 for a pass it cannot run (a row without keys, a position past the table). */
+int rowdecoder_forward(int isa, const Model *m, const Pass *p, uint16_t *x, uint16_t *work, uint16_t *logits) {
+    int64_t most_keys = 1;
+    for (int64_t r = 0; r < p->rows; r++) {
+        int64_t keys = p->context[r] + p->path_len[r];
+        if (keys < 1 || p->position[r] < 0 || p->position[r] >= m->positions) return -1;
+        most_keys = keys > most_keys ? keys : most_keys;
+    }
+    Work w = carve(m, p->rows, work);
+    for (int64_t i = 0; i < m->layers; i++) layer(isa, m, i, p, x, w, most_keys);
+    for (int64_t r = 0; r < p->rows; r++) rms_norm(x + r * m->hidden, m->norm_final, w.normed + r * m->hidden,
+                                                   m->hidden, m->eps);
+    rowgemm_bf16(isa, w.normed, m->hidden, m->lm_head, m->lm_bias, logits, m->vocab, p->rows, m->vocab, m->hidden);
+    return 0;
+}
