@@ -225,7 +225,7 @@ class RowDecoder:
 
 def attach(model: Any) -> RowDecoder | None:
     """The model's row decoder (made once per model), or None where it does not apply."""
-    if not wanted() or unsupported(model) is not None or rowgemm.isa() != rowgemm.AVX512_BF16:
+    if not wanted() or unsupported(model) is not None:  # unsupported: rowgemm's linears included
         return None
     if "_codespec_decoder" not in model.__dict__:
         model.__dict__["_codespec_decoder"] = RowDecoder(model)

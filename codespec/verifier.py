@@ -91,7 +91,8 @@ class Item:
 class Verifier:
     """Drives a Hugging Face causal LM over the KV slots: prefill and verify passes."""
 
-    def __init__(self, model: Any, cache: SlotCache, *, exact_rows: bool = True) -> None:
+    def __init__(self, model: Any, cache: SlotCache, *, exact_rows: bool = True, row_decoder: bool = True) -> None:
+        """`row_decoder=False` keeps transformers' forward where the row decoder would apply."""
         if attention.uses_sliding_window(model.config):
             raise ModelError("models with sliding-window attention are not supported")
         self.model = model
@@ -104,7 +105,7 @@ class Verifier:
         # Decode steps and verify passes: one C call per pass where the model allows
         # (decoder.py; exact by construction), else transformers' forward made exact by
         # the probed row blocks and attention layouts below.
-        self.decoder = decoder.attach(model) if exact_rows else None
+        self.decoder = decoder.attach(model) if exact_rows and row_decoder else None
         _, kv_heads, head_dim = kv_dims(model.config)
         self.query_group = model.config.num_attention_heads // kv_heads
         if self.decoder is not None:

@@ -5,6 +5,7 @@ Runs in CI on every run (prepares the model from the pinned part packages on fir
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import subprocess
@@ -103,7 +104,11 @@ def test_fim_tokens_are_recognised_in_prompts(default_model):
     assert ids[-1] == tok.convert_tokens_to_ids("<|fim_suffix|>")
 
 
-def test_tree_and_batch_rows_equal_decode_steps_bit_for_bit(default_model):
+FORWARDS = ["rowdecoder", "transformers"]
+
+
+@pytest.mark.parametrize("forward", FORWARDS)
+def test_tree_and_batch_rows_equal_decode_steps_bit_for_bit(default_model, forward):
     """The invariant behind losslessness in bf16: every row of a batched tree verify pass
     gives exactly the logits of the decode step it stands for, on and off the tree's
     main path, whatever else shares the pass; and a prompt prefilled on top of a reused
@@ -124,7 +129,8 @@ def test_tree_and_batch_rows_equal_decode_steps_bit_for_bit(default_model):
     depths = (*range(10), 3, 4, 6)
     tree = VerifyTree(tokens, parents, depths, tuple(range(len(tokens) - 1)))
     cache = SlotCache(model.config, slots=4, slot_tokens=512, dtype=model.dtype, chunk=16)
-    for node, row, step in _pass_rows_and_decode_steps(model, cache, prompt, tree, other, other[:3], (9, 11, 12)):
+    for node, row, step in _pass_rows_and_decode_steps(model, cache, prompt, tree, other, other[:3], (9, 11, 12),
+                                                       forward):
         assert torch.equal(row, step), f"node {node} differs from its decode step"
     verifier = Verifier(model, cache)
     long_prompt = tok(inspect.getsource(textwrap.wrap) * 3, add_special_tokens=False)["input_ids"][:100]
@@ -157,13 +163,11 @@ def test_passes_past_one_row_block_equal_decode_steps_bit_for_bit(default_model)
     prompt = tok(PROMPTS["copy"], add_special_tokens=False)["input_ids"]
     chain = tok(inspect.getsource(textwrap.wrap) * 2, add_special_tokens=False)["input_ids"][:40]
     cache = SlotCache(model.config, slots=1, slot_tokens=512, dtype=model.dtype, chunk=16)
-    verifier = Verifier(model, cache)
+    verifier = Verifier(model, cache, row_decoder=False)
     # any block up to the probed one is exact; 16 makes the pass span three (14 + 13 + 13)
     verifier.row_block = min(verifier.row_block, 16)
     assert 3 <= verifier.row_block < len(chain) / 2
-    captured: list[torch.Tensor] = []
-    hook = model.lm_head.register_forward_hook(lambda m, i, o: captured.append(o[0].float().clone()))
-    try:
+    with captured_logits() as captured:
         slot, _ = cache.acquire(prompt)
         verifier.prefill(slot, prompt)
         verifier.verify([Item(slot, VerifyTree.chain(chain[0], chain[1:]))])
@@ -175,8 +179,6 @@ def test_passes_past_one_row_block_equal_decode_steps_bit_for_bit(default_model)
             captured.clear()
             verifier.verify([Item(slot, VerifyTree.chain(token))])
             assert torch.equal(rows[i], captured[-1][0]), f"row {i} differs from its decode step"
-    finally:
-        hook.remove()
 
 
 def _fim_cut_json_decode(tok):
@@ -240,7 +242,8 @@ def test_past_generations_draft_a_repeated_request(default_model):
     assert second.stats.accepted_tokens_per_pass > 3 * first.stats.accepted_tokens_per_pass / 2
 
 
-def test_long_context_rows_equal_decode_steps_bit_for_bit(default_model):
+@pytest.mark.parametrize("forward", FORWARDS)
+def test_long_context_rows_equal_decode_steps_bit_for_bit(default_model, forward):
     """Issue 15: at contexts past 1k tokens, rows of one verify pass met other attention
     kernel shapes than their decode steps (a short last key block, query heads straddling
     query blocks) on some CPUs. A pass whose chain crosses a key-block edge, with a
@@ -264,11 +267,32 @@ def test_long_context_rows_equal_decode_steps_bit_for_bit(default_model):
     tree = VerifyTree(tokens, parents, depths, tuple(range(len(tokens) - 1)))
     cache = SlotCache(model.config, slots=3, slot_tokens=2048, dtype=model.dtype)
     leaves = (len(chain) - 1, len(tokens) - 1)
-    for node, row, step in _pass_rows_and_decode_steps(model, cache, prompt, tree, other, other[:5], leaves):
+    for node, row, step in _pass_rows_and_decode_steps(model, cache, prompt, tree, other, other[:5], leaves,
+                                                       forward):
         assert torch.equal(row, step), f"node {node} differs from its decode step"
 
 
-def _pass_rows_and_decode_steps(model, cache, prompt, tree, other, side_draft, leaves):
+@contextlib.contextmanager
+def captured_logits():
+    """Every verify pass's logits rows (the pass's real rows, in packing order), whichever
+    forward computed them."""
+    from codespec import verifier
+
+    captured: list = []
+    accept = verifier.batch_greedy_accept
+
+    def spy(logits, offsets, trees):
+        captured.append(logits.float().clone())
+        return accept(logits, offsets, trees)
+
+    verifier.batch_greedy_accept = spy
+    try:
+        yield captured
+    finally:
+        verifier.batch_greedy_accept = accept
+
+
+def _pass_rows_and_decode_steps(model, cache, prompt, tree, other, side_draft, leaves, forward):
     """One verify pass over a side request (`other` drafting `side_draft`) and `tree`
     after `prompt`, and the reference: teacher-forced decode steps in a fresh slot along
     the paths to `leaves`. Returns (node, the pass's logits row, the decode step's)."""
@@ -277,10 +301,8 @@ def _pass_rows_and_decode_steps(model, cache, prompt, tree, other, side_draft, l
     from codespec.tree import VerifyTree
     from codespec.verifier import Item, Verifier
 
-    verifier = Verifier(model, cache)
-    captured: list[torch.Tensor] = []
-    hook = model.lm_head.register_forward_hook(lambda m, i, o: captured.append(o[0].float().clone()))
-    try:
+    verifier = Verifier(model, cache, row_decoder=forward == "rowdecoder")
+    with captured_logits() as captured:
         batch_slot, _ = cache.acquire(prompt)
         side_slot, _ = cache.acquire(other)
         verifier.prefill(batch_slot, prompt)
@@ -300,8 +322,6 @@ def _pass_rows_and_decode_steps(model, cache, prompt, tree, other, side_draft, l
                 found.append((node, rows[node], captured[-1][0]))
             cache.release(slot)
         return found
-    finally:
-        hook.remove()
 
 
 def test_bench_cold_hf_worker_reports_like_generate(tmp_path):

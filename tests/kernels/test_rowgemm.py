@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from codespec import rowblocks
+from codespec.kernels import native
 from codespec.kernels import rowgemm as kernel
 
 pytestmark = pytest.mark.skipif(kernel.library() is None, reason=f"no rowgemm build: {kernel.unavailable()}")
@@ -88,12 +89,11 @@ def test_bad_operands_are_refused_with_the_reason():
         kernel.pack(weight.float())
 
 
-def test_a_failed_build_leaves_no_library_behind(tmp_path, monkeypatch):
-    monkeypatch.setattr(kernel, "SOURCE", tmp_path / "broken.c")
+def test_a_failed_build_leaves_no_library_behind(tmp_path):
     (tmp_path / "broken.c").write_text("this is not C\n")
     target = tmp_path / "out" / "rowgemm-x.so"
     with pytest.raises(RuntimeError, match="broken.c"):
-        kernel._build(kernel._compiler(), target)
+        native._build(native._compiler(), target, (tmp_path / "broken.c",))
     assert os.listdir(target.parent) == []
 
 

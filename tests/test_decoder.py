@@ -1,0 +1,131 @@
+"""The row decoder (decoder.py, kernels/rowdecoder.c): every row of a pass gets the bits
+of the decode step it stands for, and the layers compute what transformers' do.
+
+Tiny bf16 models run wherever the kernels build: their linear layers are put on
+rowgemm even without AVX-512 BF16 (the scalar path, same layout), so the contract is
+tested on any CPU; the real model's rows are pinned in test_real_model.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from codespec import decoder, rowblocks
+from codespec.engine import Engine, GenerationConfig
+from codespec.kernels import rowgemm
+from codespec.kvcache import SlotCache
+from codespec.models.tiny import tiny_model
+from codespec.proposer import PromptLookupProposer
+from codespec.tree import VerifyTree
+from codespec.verifier import Verifier
+
+pytestmark = pytest.mark.skipif(rowgemm.library() is None, reason=f"no kernel build: {rowgemm.unavailable()}")
+
+# widths in whole 64-column stripes: q 4x32, k and v 2x32, MLP 192
+SHAPE = dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, intermediate_size=192)
+
+
+@pytest.fixture(autouse=True)
+def linears_on_rowgemm(monkeypatch):
+    monkeypatch.setattr(rowblocks, "linear_kernel", lambda dtype, device: "rowgemm")
+
+
+def bf16_model(arch: str, vocab: int = 256, seed: int = 0, **overrides):
+    model = tiny_model(arch, vocab_size=vocab, seed=seed, dtype=torch.bfloat16, **{**SHAPE, **overrides})
+    rowblocks.install(model)
+    return model
+
+
+def random_ids(count: int, vocab: int, seed: int) -> list[int]:
+    return torch.randint(0, vocab, (count,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_every_row_of_a_batched_tree_pass_equals_its_decode_step(arch):
+    model = bf16_model(arch)
+    cache = SlotCache(model.config, slots=4, slot_tokens=1100, dtype=torch.bfloat16, chunk=16)
+    verifier = Verifier(model, cache)
+    assert verifier.decoder is not None and verifier.row_block == 0
+    rowdecoder = verifier.decoder
+    prompt, other = random_ids(1030, 256, 1), random_ids(40, 256, 2)  # past the first 1024 rotary positions
+    tokens = (5, 6, 7, 8, 9, 10, 11, 12)  # main path 0-4, a branch off node 1 (5, 6), one off node 3 (7)
+    tree = VerifyTree(tokens, (-1, 0, 1, 2, 3, 1, 5, 3), (0, 1, 2, 3, 4, 2, 3, 4), tuple(range(7)))
+    side = VerifyTree.chain(other[-1], [3, 4, 5])
+    main_slot, _ = cache.acquire(prompt)
+    side_slot, _ = cache.acquire(other)
+    verifier.prefill(main_slot, prompt[:-1])
+    verifier.prefill(side_slot, other[:-1])
+    requests = [(side_slot, cache.length(side_slot), side), (main_slot, cache.length(main_slot), tree)]
+    rows, path = decoder.plan_rows(requests)
+    logits = rowdecoder.forward([*side.tokens, *tree.tokens], rows, path, verifier._slots)[len(side):]
+    assert rowdecoder.positions > 1030
+    for leaf in (4, 6, 7):
+        slot, _ = cache.acquire([-1])
+        verifier.prefill(slot, prompt[:-1])
+        for node in tree.path(leaf):
+            start = cache.length(slot)
+            step_rows, step_path = decoder.plan_rows([(slot, start, VerifyTree.chain(tree.tokens[node]))])
+            step = rowdecoder.forward([tree.tokens[node]], step_rows, step_path, verifier._slots)
+            assert torch.equal(logits[node], step[0]), f"{arch}: node {node} differs from its decode step"
+            cache.committed(slot, [tree.tokens[node]])
+        cache.release(slot)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_the_layers_compute_what_transformers_computes(arch):
+    """Not bit for bit (another attention summation order, another exp), but the same
+    function: bf16 logits within bf16 noise of transformers' forward."""
+    model = bf16_model(arch, seed=4)
+    cache = SlotCache(model.config, slots=1, slot_tokens=256, dtype=torch.bfloat16)
+    verifier = Verifier(model, cache)
+    prompt = random_ids(60, 256, 3)
+    slot, _ = cache.acquire(prompt)
+    verifier.prefill(slot, prompt[:-1])
+    draft = random_ids(6, 256, 4)
+    rows, path = decoder.plan_rows([(slot, cache.length(slot), VerifyTree.chain(prompt[-1], draft))])
+    ours = verifier.decoder.forward([prompt[-1], *draft], rows, path, verifier._slots).float()
+    with torch.inference_mode():
+        reference = model(input_ids=torch.tensor([prompt + draft])).logits[0, -len(draft) - 1 :].float()
+    scale = reference.abs().max()
+    assert (ours - reference).abs().max() < 0.03 * scale
+    assert torch.equal(ours.argmax(-1)[:3], reference.argmax(-1)[:3])
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_speculative_output_equals_plain_output(arch):
+    model = bf16_model(arch, vocab=16, seed=3)
+    engine = Engine(model, None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=8, eos_token_ids=[])
+    assert engine.verifier.decoder is not None and engine.cost.min_rows == 1
+    accepted = 0
+    for seed in range(6):
+        base = random_ids(3 + seed, 16, seed)
+        prompt = base * 3
+        plain = engine.generate(prompt, GenerationConfig(max_new_tokens=40, speculate=False))
+        spec = engine.generate(prompt, GenerationConfig(max_new_tokens=40))
+        assert spec.token_ids == plain.token_ids, f"prompt {prompt}"
+        accepted += spec.stats.accepted_draft_tokens
+    assert accepted > 20
+
+
+def test_models_it_does_not_know_keep_transformers_forward(monkeypatch):
+    narrow = bf16_model("qwen2", hidden_size=64, num_attention_heads=4, num_key_value_heads=2)  # k: 2 x 16 columns
+    assert "stripes" in decoder.unsupported(narrow)
+    assert Verifier(narrow, SlotCache(narrow.config, slots=1, slot_tokens=64, dtype=torch.bfloat16)).decoder is None
+    assert "model type 'gpt2'" in decoder.unsupported_layers(SimpleNamespace(config=SimpleNamespace(model_type="gpt2")))
+    wide = bf16_model("qwen2")
+    assert decoder.forward_kind(wide) == "rowdecoder"
+    monkeypatch.setenv("CODESPEC_FORWARD", "transformers")
+    assert decoder.forward_kind(wide) == "transformers"
+    assert decoder.attach(wide) is None
+    monkeypatch.setenv("CODESPEC_FORWARD", "fast")
+    with pytest.raises(ValueError, match="CODESPEC_FORWARD"):
+        decoder.wanted()
+
+
+def test_float_models_keep_transformers_forward(monkeypatch):
+    monkeypatch.undo()  # the real linear-kernel choice: float64 stays on F.linear
+    model = tiny_model("qwen2", vocab_size=16, **SHAPE)
+    assert decoder.forward_kind(model) == "transformers"
+    assert Verifier(model, SlotCache(model.config, slots=1, slot_tokens=64, dtype=torch.float64)).decoder is None
