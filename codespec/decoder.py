@@ -92,7 +92,7 @@ def unsupported_layers(model: Any) -> str | None:
         return f"rotary embedding {getattr(rotary, 'rope_type', None)!r}"
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
     dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    if dim % 16 or dim > 128 or heads % kv_heads or heads // kv_heads > 16:
+    if dim not in (64, 128) or heads % kv_heads or heads // kv_heads > 16:
         return f"head layout {heads}x{dim} over {kv_heads} KV heads"
     stripe = rowgemm.STRIPE
     if config.hidden_size % 16 or config.intermediate_size % stripe or (heads * dim) % stripe or (kv_heads * dim) % stripe:

@@ -216,7 +216,7 @@ class Engine:
         seconds = time.perf_counter() - began
         rows = sum(len(tree) for tree in trees)
         keys = sum(self.cost.tree_keys(start, tree) for tree, start in zip(trees, starts))
-        self.cost.observe(max(rows, 2), seconds, keys)
+        self.cost.observe(rows, seconds, keys)
         return [run._after_pass(draft, tree, result) for run, draft, tree, result in zip(runs, drafts, trees, results)]
 
     def calibrate(self) -> None:

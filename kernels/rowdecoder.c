@@ -180,38 +180,87 @@ CLONES static void add_rows(uint16_t *x, const uint16_t *y, int64_t n) {
     for (int64_t i = 0; i < n; i += W) store(x + i, widen(x + i) + widen(y + i));
 }
 
+/* Attention of one row's query heads of one KV head, a batch of `hb` heads at a time so
+ * that their queries (scores) or accumulators (weighted values) stay in registers: `hb`
+ * and `chunks` are constants at every call (the switches below). Batching changes no
+ * sum: each head's arithmetic is the same whatever batch it is in. */
+
+#define KEY(j) ((j) < context ? (j) : path[(j) - context]) /* slot position of the row's j-th key */
+
+/* scores[h][j] = scale * dot(q_h, k_j) for j < n; 16 keys at a time, lanes over dims,
+ * then `reduce16`: key j's sum is the same tree wherever j sits */
+INLINE void score_heads(const uint16_t *q, const uint16_t *keys, int64_t context, const int64_t *path, int64_t n,
+                        int64_t padded, const int hb, const int chunks, float scale, float *scores) {
+    v16f qf[4][8];
+    for (int h = 0; h < hb; h++)
+        for (int c = 0; c < chunks; c++) qf[h][c] = widen(q + (h * chunks + c) * W);
+    v16f parts[4][W];
+    for (int64_t j0 = 0; j0 < padded; j0 += W) {
+        for (int l = 0; l < W; l++) {
+            if (j0 + l >= n) {
+                for (int h = 0; h < hb; h++) parts[h][l] = splat(0.0f);
+                continue;
+            }
+            const uint16_t *k = keys + KEY(j0 + l) * chunks * W;
+            v16f kf[8];
+            for (int c = 0; c < chunks; c++) kf[c] = widen(k + c * W);
+            for (int h = 0; h < hb; h++) {
+                v16f sum = qf[h][0] * kf[0];
+                for (int c = 1; c < chunks; c++) sum = sum + qf[h][c] * kf[c];
+                parts[h][l] = sum;
+            }
+        }
+        for (int h = 0; h < hb; h++) {
+            v16f sum = reduce16(parts[h]) * scale;
+            memcpy(scores + h * padded + j0, &sum, sizeof sum);
+        }
+    }
+}
+
+/* acc[h] = sum over j < n, in order, of p[h][j] * v_j */
+INLINE void weigh_heads(const float *p, const uint16_t *values, int64_t context, const int64_t *path, int64_t n,
+                        int64_t padded, const int hb, const int chunks, float *acc) {
+    v16f sum[4][8];
+    for (int h = 0; h < hb; h++)
+        for (int c = 0; c < chunks; c++) sum[h][c] = splat(0.0f);
+    for (int64_t j = 0; j < n; j++) {
+        const uint16_t *v = values + KEY(j) * chunks * W;
+        v16f vf[8];
+        for (int c = 0; c < chunks; c++) vf[c] = widen(v + c * W);
+        for (int h = 0; h < hb; h++) {
+            v16f weight = splat(p[h * padded + j]);
+            for (int c = 0; c < chunks; c++) sum[h][c] = sum[h][c] + weight * vf[c];
+        }
+    }
+    for (int h = 0; h < hb; h++) memcpy(acc + h * chunks * W, sum[h], (size_t)chunks * sizeof(v16f));
+}
+
+#define HEADS_AT_ONCE(chunks) ((chunks) <= 4 ? 4 : 2) /* <= 16 registers of queries or sums */
+
+#define DISPATCH(call, hb, chunks)                                                                                  \
+    switch ((chunks) * 8 + (hb)) {                                                                                  \
+    case 33: call(1, 4); break;                                                                                    \
+    case 34: call(2, 4); break;                                                                                    \
+    case 35: call(3, 4); break;                                                                                    \
+    case 36: call(4, 4); break;                                                                                    \
+    case 65: call(1, 8); break;                                                                                    \
+    default: call(2, 8); break;                                                                                    \
+    }
+
 /* One row's query heads of one KV head against the row's keys. q: the row's rotated
- * queries of this group ([group][dim] bf16); out likewise. scratch: group * (keys
- * rounded up to 16) floats plus group * dim accumulators. */
+ * queries of this group ([group][dim] bf16); out likewise. dim is 64 or 128 (checked
+ * by the caller). scratch: group * (keys rounded up to 16) floats plus group * dim. */
 CLONES static void attend(const uint16_t *q, uint16_t *out, const uint16_t *keys, const uint16_t *values,
                           int64_t context, const int64_t *path, int64_t path_len, int64_t group, int64_t dim,
                           float scale, float *scratch) {
-    int64_t n = context + path_len, padded = (n + W - 1) / W * W, chunks = dim / W;
+    int64_t n = context + path_len, padded = (n + W - 1) / W * W;
+    int chunks = (int)(dim / W), most = HEADS_AT_ONCE(chunks);
     float *scores = scratch, *acc = scratch + group * padded;
-    v16f qf[16][8]; /* group <= 16, dim <= 128 (checked by the caller) */
-    for (int64_t h = 0; h < group; h++)
-        for (int64_t c = 0; c < chunks; c++) qf[h][c] = widen(q + h * dim + c * W);
-    v16f parts[16][W];
-    for (int64_t j0 = 0; j0 < padded; j0 += W) {
-        for (int64_t l = 0; l < W; l++) {
-            int64_t j = j0 + l;
-            if (j >= n) {
-                for (int64_t h = 0; h < group; h++) parts[h][l] = splat(0.0f);
-                continue;
-            }
-            const uint16_t *k = keys + (j < context ? j : path[j - context]) * dim;
-            v16f kf[8];
-            for (int64_t c = 0; c < chunks; c++) kf[c] = widen(k + c * W);
-            for (int64_t h = 0; h < group; h++) {
-                v16f s = qf[h][0] * kf[0];
-                for (int64_t c = 1; c < chunks; c++) s = s + qf[h][c] * kf[c];
-                parts[h][l] = s;
-            }
-        }
-        for (int64_t h = 0; h < group; h++) {
-            v16f s = reduce16(parts[h]) * scale;
-            memcpy(scores + h * padded + j0, &s, sizeof s);
-        }
+    for (int64_t h0 = 0; h0 < group; h0 += most) {
+        int hb = group - h0 < most ? (int)(group - h0) : most;
+#define SCORE(HB, CH) score_heads(q + h0 * dim, keys, context, path, n, padded, HB, CH, scale, scores + h0 * padded)
+        DISPATCH(SCORE, hb, chunks)
+#undef SCORE
     }
     float sums[16];
     for (int64_t h = 0; h < group; h++) {
@@ -235,30 +284,19 @@ CLONES static void attend(const uint16_t *q, uint16_t *out, const uint16_t *keys
             total = total + e;
         }
         sums[h] = sum16(total);
-        for (int64_t c = 0; c < dim; c++) acc[h * dim + c] = 0.0f;
     }
-    for (int64_t j = 0; j < n; j++) {
-        const uint16_t *v = values + (j < context ? j : path[j - context]) * dim;
-        v16f vf[8];
-        for (int64_t c = 0; c < chunks; c++) vf[c] = widen(v + c * W);
-        for (int64_t h = 0; h < group; h++) {
-            v16f p = splat(scores[h * padded + j]);
-            float *a = acc + h * dim;
-            for (int64_t c = 0; c < chunks; c++) {
-                v16f r;
-                memcpy(&r, a + c * W, sizeof r);
-                r = r + p * vf[c];
-                memcpy(a + c * W, &r, sizeof r);
-            }
-        }
+    for (int64_t h0 = 0; h0 < group; h0 += most) {
+        int hb = group - h0 < most ? (int)(group - h0) : most;
+#define WEIGH(HB, CH) weigh_heads(scores + h0 * padded, values, context, path, n, padded, HB, CH, acc + h0 * dim)
+        DISPATCH(WEIGH, hb, chunks)
+#undef WEIGH
     }
-    for (int64_t h = 0; h < group; h++) {
-        for (int64_t c = 0; c < chunks; c++) {
+    for (int64_t h = 0; h < group; h++)
+        for (int c = 0; c < chunks; c++) {
             v16f r;
             memcpy(&r, acc + h * dim + c * W, sizeof r);
             store(out + h * dim + c * W, r / sums[h]);
         }
-    }
 }
 
 /* ---------------------------------------------------------------- the stack */

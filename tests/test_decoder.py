@@ -23,8 +23,8 @@ from codespec.verifier import Verifier
 
 pytestmark = pytest.mark.skipif(rowgemm.library() is None, reason=f"no kernel build: {rowgemm.unavailable()}")
 
-# widths in whole 64-column stripes: q 4x32, k and v 2x32, MLP 192
-SHAPE = dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, intermediate_size=192)
+# heads of 64 dims (the kernel's smallest) and widths in whole 64-column stripes
+SHAPE = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=192)
 
 
 @pytest.fixture(autouse=True)
@@ -110,7 +110,7 @@ def test_speculative_output_equals_plain_output(arch):
 
 
 def test_models_it_does_not_know_keep_transformers_forward(monkeypatch):
-    narrow = bf16_model("qwen2", hidden_size=64, num_attention_heads=4, num_key_value_heads=2)  # k: 2 x 16 columns
+    narrow = bf16_model("qwen2", intermediate_size=200)  # the MLP's columns end mid-stripe
     assert "stripes" in decoder.unsupported(narrow)
     assert Verifier(narrow, SlotCache(narrow.config, slots=1, slot_tokens=64, dtype=torch.bfloat16)).decoder is None
     assert "model type 'gpt2'" in decoder.unsupported_layers(SimpleNamespace(config=SimpleNamespace(model_type="gpt2")))
