@@ -1,5 +1,9 @@
 """Attention over the KV slots, row-exact so that speculation changes no output.
 
+Where the row decoder runs (decoder.py: Qwen2/Llama on rowgemm's CPUs) decode steps and
+verify passes do not come here: it attends in C, each row over its own keys. This
+module serves prefill chunks everywhere, and passes on every other model and machine.
+
 The verifier packs every request's rows of a pass into one sequence (batch dimension
 1) and hands this module a `Plan`: where each row's keys and values are written (slot,
 position) and which keys each row attends to. The model's attention layers call
