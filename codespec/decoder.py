@@ -111,17 +111,26 @@ def forward_kind(model: Any) -> str:
     return "transformers"
 
 
-def _fuse(modules: Sequence[torch.nn.Linear]) -> rowgemm.Packed:
-    """One stripe matrix for several products of the same input (q, k, v; gate, up). Each
-    module keeps a view of its stripes, so nothing is stored twice."""
+def _fuse(modules: Sequence[torch.nn.Linear], arena: torch.Tensor | None) -> rowgemm.Packed:
+    """One stripe matrix for several products of the same input (q, k, v; gate, up). When
+    rowblocks packed them side by side in its buffer it is a view of them; else they are
+    copied together and each module keeps a view of its stripes. Nothing is stored twice."""
     parts = [m.__dict__["_codespec_rowgemm"] for m in modules]
+    out_features = sum(p.out_features for p in parts)
+    stripes = sum(p.data.shape[0] for p in parts)
+    first = parts[0].data
+    adjacent = all(b.data.data_ptr() == a.data.data_ptr() + a.data.nbytes for a, b in zip(parts, parts[1:]))
+    if arena is not None and adjacent:
+        start = (first.data_ptr() - arena.data_ptr()) // arena.element_size()
+        fused = arena[start : start + stripes * first[0].numel()].view(stripes, *first.shape[1:])
+        return rowgemm.Packed(fused, out_features, parts[0].in_features)
     fused = torch.cat([p.data for p in parts])
-    first = 0
+    begin = 0
     for module, part in zip(modules, parts):
         count = part.data.shape[0]
-        module._codespec_rowgemm = rowgemm.Packed(fused[first : first + count], part.out_features, part.in_features)
-        first += count
-    return rowgemm.Packed(fused, sum(p.out_features for p in parts), parts[0].in_features)
+        module._codespec_rowgemm = rowgemm.Packed(fused[begin : begin + count], part.out_features, part.in_features)
+        begin += count
+    return rowgemm.Packed(fused, out_features, parts[0].in_features)
 
 
 def _ptr(tensor: torch.Tensor | None) -> int | None:
@@ -144,15 +153,16 @@ class RowDecoder:
         self.embed = model.get_input_embeddings().weight
         self._keep: list[Any] = []  # every tensor a pointer of the structures refers to
         layers = (_Layer * len(body.layers))()
+        arena = model.__dict__.get("_codespec_arena")
         for entry, block in zip(layers, body.layers):
             attn, mlp = block.self_attn, block.mlp
-            qkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+            qkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], arena)
             biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
             qkv_bias = torch.cat(biases) if all(b is not None for b in biases) else None
             if qkv_bias is None and any(b is not None for b in biases):
                 qkv_bias = torch.cat([b if b is not None else torch.zeros(p.out_features, dtype=torch.bfloat16)
                                       for b, p in zip(biases, (attn.q_proj, attn.k_proj, attn.v_proj))])
-            gate_up = _fuse([mlp.gate_proj, mlp.up_proj])
+            gate_up = _fuse([mlp.gate_proj, mlp.up_proj], arena)
             tensors = dict(norm_in=block.input_layernorm.weight, qkv=qkv.data, qkv_bias=qkv_bias,
                            o=attn.o_proj._codespec_rowgemm.data, o_bias=attn.o_proj.bias,
                            norm_post=block.post_attention_layernorm.weight, gate_up=gate_up.data,

@@ -138,25 +138,31 @@ def install(model: Any) -> None:
     embeddings) is kept."""
     storages = Counter(p.data_ptr() for _, p in model.named_parameters(remove_duplicate=False))
     shared = {ptr for ptr, uses in storages.items() if uses > 1}
-    freed = False
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear) and not getattr(module, "_codespec_blocked", False):
-            weight = module.weight
-            kernel = linear_kernel(weight.dtype, weight.device)
-            if kernel != "torch":
-                with torch.no_grad():
-                    if kernel == "rowgemm":
-                        from codespec.kernels import rowgemm
+    todo = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and not getattr(m, "_codespec_blocked", False)]
+    kernels = [linear_kernel(m.weight.dtype, m.weight.device) for m in todo]
+    striped = [m for m, kernel in zip(todo, kernels) if kernel == "rowgemm"]
+    if striped:
+        # one buffer for every stripe matrix, in module order: q, k and v (gate and up)
+        # end up adjacent, so decoder.py fuses them without a copy
+        from codespec.kernels import rowgemm
 
-                        module._codespec_rowgemm = rowgemm.pack(weight)
-                    else:
-                        module._codespec_packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(),
-                                                                                          PACK_ROWS_HINT)
-                if weight.data_ptr() not in shared:
-                    module.weight = torch.nn.Parameter(torch.empty_like(weight, device="meta"), requires_grad=False)
-                    freed = True
-            module.forward = _blocked_linear.__get__(module)  # type: ignore[method-assign]
-            module._codespec_blocked = True
+        sizes = [rowgemm.packed_elements(tuple(m.weight.shape)) for m in striped]
+        buffer = torch.empty(sum(sizes), dtype=torch.bfloat16)
+        with torch.no_grad():
+            for module, part in zip(striped, buffer.split(sizes)):
+                module._codespec_rowgemm = rowgemm.pack(module.weight, out=part)
+        model.__dict__["_codespec_arena"] = buffer
+    freed = False
+    for module, kernel in zip(todo, kernels):
+        weight = module.weight
+        if kernel == "onednn-packed":
+            with torch.no_grad():
+                module._codespec_packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS_HINT)
+        if kernel != "torch" and weight.data_ptr() not in shared:
+            module.weight = torch.nn.Parameter(torch.empty_like(weight, device="meta"), requires_grad=False)
+            freed = True
+        module.forward = _blocked_linear.__get__(module)  # type: ignore[method-assign]
+        module._codespec_blocked = True
     if freed:  # once per model: a later install finds every layer done
         # transformers maps the safetensors file and the parameters are views into it:
         # while one of them lives the whole mapping stays resident (1 GB here). Copy the

@@ -138,3 +138,25 @@ void rowgemm_bf16(int isa, const uint16_t *x, int64_t ldx, const uint16_t *packe
         stripe_scalar(x, ldx, stripe, bias, out, ldo, M, pairs, n0, columns);
     }
 }
+
+/* Lay w [N, K] (row stride ldw) out in stripes (see the top of this file): out holds
+ * ceil(N / STRIPE) * ceil(K / 2) * STRIPE * 2 values; rows past N and the odd K's last
+ * pair half are zeros. A plain copy, parallel over stripes (torch's permute-copy of the
+ * same layout ran at ~1.2 GB/s and was most of an engine's start-up). */
+void rowgemm_pack(const uint16_t *w, int64_t N, int64_t K, int64_t ldw, uint16_t *out) {
+    int64_t stripes = (N + STRIPE - 1) / STRIPE, pairs = (K + 1) / 2;
+#pragma omp parallel for schedule(static)
+    for (int64_t s = 0; s < stripes; s++) {
+        uint16_t *stripe = out + s * pairs * STRIPE * 2;
+        for (int64_t p0 = 0; p0 < pairs; p0 += 64) /* 64 pairs x 64 columns: 16 KB, in L1 */
+            for (int64_t c = 0; c < STRIPE; c++) {
+                int64_t n = s * STRIPE + c, end = p0 + 64 < pairs ? p0 + 64 : pairs;
+                for (int64_t p = p0; p < end; p++) {
+                    uint16_t *dst = stripe + (p * STRIPE + c) * 2;
+                    dst[0] = n < N ? w[n * ldw + 2 * p] : 0;
+                    dst[1] = n < N && 2 * p + 1 < K ? w[n * ldw + 2 * p + 1] : 0;
+                }
+            }
+    }
+}
+

@@ -49,6 +49,7 @@ def library() -> ctypes.CDLL | None:
     lib.rowgemm_isa.argtypes, lib.rowgemm_isa.restype = [ctypes.c_int], ctypes.c_int
     lib.rowgemm_bf16.argtypes = [ctypes.c_int, pointer, size, pointer, pointer, pointer, size, size, size, size]
     lib.rowgemm_bf16.restype = None
+    lib.rowgemm_pack.argtypes, lib.rowgemm_pack.restype = [pointer, size, size, size, pointer], None
     if lib.rowgemm_stripe() != STRIPE:
         native._failure.append(f"the library packs {lib.rowgemm_stripe()} columns a stripe, not {STRIPE}")
         return None
@@ -76,14 +77,30 @@ class Packed:
         return self.out_features, self.in_features
 
 
-def pack(weight: torch.Tensor) -> Packed:
-    """Lay `weight` [N, K] (bf16, CPU) out in stripes: a copy the size of the weight."""
+def packed_elements(shape: tuple[int, int]) -> int:
+    """bf16 values `pack` stores for a weight of `shape` [N, K]."""
+    n, k = shape
+    return -(-n // STRIPE) * -(-k // 2) * STRIPE * 2
+
+
+def pack(weight: torch.Tensor, out: torch.Tensor | None = None) -> Packed:
+    """Lay `weight` [N, K] (bf16, CPU) out in stripes: a copy the size of the weight, into
+    `out` (a contiguous bf16 tensor of `packed_elements` values) when given."""
     check(weight.dim() == 2 and weight.dtype == torch.bfloat16 and weight.device.type == "cpu",
           "rowgemm packs a bfloat16 [N, K] CPU matrix")
     n, k = weight.shape
-    padded = torch.nn.functional.pad(weight.detach(), (0, k % 2, 0, -n % STRIPE))
-    stripes, pairs = padded.shape[0] // STRIPE, padded.shape[1] // 2
-    data = padded.view(stripes, STRIPE, pairs, 2).permute(0, 2, 1, 3).contiguous()
+    stripes, pairs = -(-n // STRIPE), -(-k // 2)
+    check(out is None or (out.dtype == torch.bfloat16 and out.is_contiguous()
+                          and out.numel() == packed_elements((n, k))), "out must hold the packed weight")
+    lib = library()
+    if lib is None:  # the layout in torch (slower: a strided copy); rowgemm itself needs the library anyway
+        padded = torch.nn.functional.pad(weight.detach(), (0, k % 2, 0, -n % STRIPE))
+        data = padded.view(stripes, STRIPE, pairs, 2).permute(0, 2, 1, 3)
+        return Packed(data.contiguous() if out is None else out.view(data.shape).copy_(data), n, k)
+    source = weight.detach() if weight.stride(1) == 1 else weight.detach().contiguous()
+    data = torch.empty(stripes, pairs, STRIPE, 2, dtype=torch.bfloat16) if out is None else out.view(
+        stripes, pairs, STRIPE, 2)
+    lib.rowgemm_pack(source.data_ptr(), n, k, source.stride(0), data.data_ptr())
     return Packed(data, n, k)
 
 
