@@ -17,7 +17,7 @@
  *   - threads split rows, heads or stripes; no sum is ever split between threads.
  * So a row's output is the same whatever the pass holds: by construction, on any CPU.
  * The arithmetic uses GCC's vector extensions (no FMA contraction: -ffp-contract=off),
- * so every clone (AVX-512, AVX2, baseline) computes the same bits.
+ * so both clones (AVX-512, baseline) compute the same bits.
  *
  * The forward also replaces transformers' per-op dispatch: a 24-layer decode step is
  * one call from Python, not ~1,500 torch ops.
@@ -34,7 +34,7 @@ typedef uint32_t v16u __attribute__((vector_size(64)));
 typedef uint16_t v16h __attribute__((vector_size(32)));
 
 #define W 16 /* lanes */
-#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define CLONES __attribute__((target_clones("avx512f", "default")))
 #define INLINE static inline __attribute__((always_inline))
 
 typedef struct {
