@@ -33,9 +33,20 @@ FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off", "-Wno-psabi
 LIBS = ("-lm",)
 
 
+_chosen_dir: list[Path] = []  # set by use_cache_dir (the settings' cache directory)
+
+
+def use_cache_dir(cache_dir: Path | str) -> None:
+    """Build into `<cache_dir>/kernels` (the CLI's --cache-dir), if nothing was built yet."""
+    if library.cache_info().currsize == 0:
+        _chosen_dir[:] = [Path(cache_dir)]
+
+
 def _cache_dir() -> Path:
     from codespec.settings import default_cache_dir
 
+    if _chosen_dir:
+        return _chosen_dir[0] / "kernels"
     return Path(os.environ.get("CODESPEC_CACHE_DIR") or default_cache_dir()) / "kernels"
 
 

@@ -109,6 +109,9 @@ def load_model(settings: Settings, *, progress: bool = True) -> LoadedModel:
     """Resolve, load and place the model that `settings.model` names."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from codespec.kernels import native
+
+    native.use_cache_dir(settings.cache_dir)  # where the C kernels are built, beside the models
     name, path = resolve_model_path(settings.model, settings, progress=progress)
     device = pick_device(settings.device)
     dtype = pick_dtype(settings.dtype, device)

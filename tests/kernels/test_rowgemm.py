@@ -121,3 +121,13 @@ def test_the_linear_kernel_can_be_chosen_and_a_typo_is_refused(monkeypatch):
     monkeypatch.setenv("CODESPEC_LINEAR", "fast")
     with pytest.raises(ValueError, match="CODESPEC_LINEAR"):
         rowblocks.linear_kernel(torch.bfloat16, "cpu")
+
+
+def test_kernels_are_built_in_the_settings_cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(native, "_chosen_dir", [])
+    monkeypatch.setenv("CODESPEC_CACHE_DIR", str(tmp_path / "env"))
+    assert native._cache_dir() == tmp_path / "env" / "kernels"
+    native.use_cache_dir(tmp_path / "cli")  # this process already loaded its library: nothing moves
+    assert native._cache_dir() == tmp_path / "env" / "kernels"
+    monkeypatch.setattr(native, "_chosen_dir", [tmp_path / "cli"])  # as a first use_cache_dir leaves it
+    assert native._cache_dir() == tmp_path / "cli" / "kernels"
