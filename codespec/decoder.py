@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 import torch
 
-from codespec.kernels import rowgemm
+from codespec.kernels import native, rowgemm
 
 FORWARD_CHOICES = ("rowdecoder", "transformers")  # CODESPEC_FORWARD
 FAMILIES = ("qwen2", "llama")
@@ -106,7 +106,8 @@ def forward_kind(model: Any) -> str:
     from codespec import rowblocks
 
     param = next(model.parameters())
-    if wanted() and unsupported_layers(model) is None and rowblocks.linear_kernel(param.dtype, param.device) == "rowgemm":
+    if (wanted() and unsupported_layers(model) is None and rowblocks.linear_kernel(param.dtype, param.device) == "rowgemm"
+            and native.has("rowdecoder_forward")):
         return "rowdecoder"
     return "transformers"
 
@@ -235,8 +236,8 @@ class RowDecoder:
 
 def attach(model: Any) -> RowDecoder | None:
     """The model's row decoder (made once per model), or None where it does not apply."""
-    if not wanted() or unsupported(model) is not None:  # unsupported: rowgemm's linears included
-        return None
+    if not wanted() or unsupported(model) is not None or not native.has("rowdecoder_forward"):
+        return None  # unsupported(): the linears on rowgemm included
     if "_codespec_decoder" not in model.__dict__:
         model.__dict__["_codespec_decoder"] = RowDecoder(model)
     return model.__dict__["_codespec_decoder"]

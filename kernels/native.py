@@ -75,25 +75,43 @@ _failure: list[str] = []  # why library() returned None (once per process)
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The compiled kernels, built on first use; None where they cannot be built or loaded."""
+    """The compiled kernels, built on first use; None where they cannot be built or loaded.
+    A compiler that builds rowgemm.c but not rowdecoder.c (it needs GCC 12 or clang for
+    `__builtin_shufflevector`) gives a library with the GEMM alone (`has` tells)."""
     compiler = _compiler()
     if compiler is None:
         _failure.append("no C compiler (gcc or cc) on PATH")
         return None
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
-        text = b"".join(path.read_bytes() for path in (*SOURCES, *HEADERS))
-        digest = hashlib.sha256(text + " ".join(FLAGS + LIBS).encode() + version.encode()
-                                + platform.machine().encode()).hexdigest()[:16]
-        target = _cache_dir() / f"codespec-{digest}.so"
-        if not target.exists():
-            _build(compiler, target)
-        return ctypes.CDLL(str(target))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+    except (OSError, subprocess.SubprocessError) as err:
         _failure.append(f"{type(err).__name__}: {err}")
-        warnings.warn(f"codespec's C kernels are unavailable ({_failure[0]}): torch's kernels are used instead",
-                      RuntimeWarning, stacklevel=2)
         return None
+    errors = []
+    for sources in (SOURCES, SOURCES[:1]):  # everything, else the GEMM alone
+        try:
+            text = b"".join(path.read_bytes() for path in (*sources, *HEADERS))
+            digest = hashlib.sha256(text + " ".join(FLAGS + LIBS).encode() + version.encode()
+                                    + platform.machine().encode()).hexdigest()[:16]
+            target = _cache_dir() / f"codespec-{digest}.so"
+            if not target.exists():
+                _build(compiler, target, sources)
+            if errors:
+                warnings.warn(f"codespec's C forward is unavailable ({errors[0]}): decode steps run transformers' "
+                              "forward", RuntimeWarning, stacklevel=2)
+            return ctypes.CDLL(str(target))
+        except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+            errors.append(f"{type(err).__name__}: {err}")
+    _failure.append(errors[-1])
+    warnings.warn(f"codespec's C kernels are unavailable ({_failure[0]}): torch's kernels are used instead",
+                  RuntimeWarning, stacklevel=2)
+    return None
+
+
+def has(symbol: str) -> bool:
+    """Whether the library was built and holds `symbol` (e.g. "rowdecoder_forward")."""
+    lib = library()
+    return lib is not None and hasattr(lib, symbol)
 
 
 def unavailable() -> str | None:

@@ -131,3 +131,19 @@ def test_kernels_are_built_in_the_settings_cache_dir(tmp_path, monkeypatch):
     assert native._cache_dir() == tmp_path / "env" / "kernels"
     monkeypatch.setattr(native, "_chosen_dir", [tmp_path / "cli"])  # as a first use_cache_dir leaves it
     assert native._cache_dir() == tmp_path / "cli" / "kernels"
+
+
+def test_a_compiler_that_fails_on_the_forward_still_builds_the_gemm(tmp_path):
+    broken = tmp_path / "rowdecoder.c"
+    broken.write_text("this is not C\n")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(native, "SOURCES", (native.SOURCES[0], broken))
+        patch.setattr(native, "_chosen_dir", [tmp_path])
+        native.library.cache_clear()
+        try:
+            with pytest.warns(RuntimeWarning, match="C forward is unavailable"):
+                lib = native.library()
+            assert lib is not None and hasattr(lib, "rowgemm_bf16") and not native.has("rowdecoder_forward")
+        finally:
+            native.library.cache_clear()
+    assert native.has("rowdecoder_forward")  # the real build again
