@@ -15,7 +15,9 @@ kept (for a tree, the accepted path is compacted to follow the context); the res
 left past the slot's length, to be overwritten.
 
 An empty draft makes the pass a plain decode step: speculation off runs the same code,
-and every row is computed the same way whatever else is in the pass (attention.py).
+and every row is computed the same way whatever else is in the pass: in one C call where
+the row decoder applies (decoder.py: Qwen2/Llama on CPUs with AVX-512 BF16), else
+through transformers' forward with row-exact attention and row blocks (attention.py).
 """
 
 from __future__ import annotations
