@@ -32,7 +32,9 @@ from typing import Any, Sequence
 
 import torch
 
+from codespec import rowcalls
 from codespec.kernels import native, rowgemm
+from codespec.kvcache import kv_dims
 
 FORWARD_CHOICES = ("rowdecoder", "transformers")  # CODESPEC_FORWARD
 FAMILIES = ("qwen2", "llama")
@@ -90,8 +92,7 @@ def unsupported_layers(model: Any) -> str | None:
     rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
     if rotary is None or getattr(rotary, "rope_type", "default") not in STATIC_ROPE:
         return f"rotary embedding {getattr(rotary, 'rope_type', None)!r}"
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
-    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    heads, (_, kv_heads, dim) = config.num_attention_heads, kv_dims(config)
     if dim not in (64, 128) or heads % kv_heads or heads // kv_heads > 16:
         return f"head layout {heads}x{dim} over {kv_heads} KV heads"
     stripe = rowgemm.STRIPE
@@ -158,11 +159,11 @@ class RowDecoder:
         for entry, block in zip(layers, body.layers):
             attn, mlp = block.self_attn, block.mlp
             qkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], arena)
-            biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
-            qkv_bias = torch.cat(biases) if all(b is not None for b in biases) else None
-            if qkv_bias is None and any(b is not None for b in biases):
-                qkv_bias = torch.cat([b if b is not None else torch.zeros(p.out_features, dtype=torch.bfloat16)
-                                      for b, p in zip(biases, (attn.q_proj, attn.k_proj, attn.v_proj))])
+            projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+            qkv_bias = None  # Qwen2: all three; Llama: none (zeros stand in for a missing one)
+            if any(p.bias is not None for p in projections):
+                qkv_bias = torch.cat([p.bias if p.bias is not None else torch.zeros(p.out_features, dtype=torch.bfloat16)
+                                      for p in projections])
             gate_up = _fuse([mlp.gate_proj, mlp.up_proj], arena)
             tensors = dict(norm_in=block.input_layernorm.weight, qkv=qkv.data, qkv_bias=qkv_bias,
                            o=attn.o_proj._codespec_rowgemm.data, o_bias=attn.o_proj.bias,
@@ -172,8 +173,7 @@ class RowDecoder:
                 setattr(entry, name, _ptr(tensor))
             self._keep.extend(tensors.values())
         heads = config.num_attention_heads
-        self.kv_heads = config.num_key_value_heads or heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        _, self.kv_heads, self.head_dim = kv_dims(config)
         head = model.get_output_embeddings()
         self._layers = layers
         self._rotary = body.rotary_emb
@@ -256,9 +256,7 @@ def plan_rows(requests: Sequence[tuple[int, int, Any]]) -> tuple[torch.Tensor, t
     columns: list[list[int]] = [[] for _ in range(6)]
     path: list[int] = []
     for slot, start, tree in requests:
-        main = 1
-        while main < len(tree) and tree.parents[main] == main - 1:
-            main += 1
+        _, main = rowcalls.chains(tree)[0]  # the main path: nodes [0, main)
         for node in range(len(tree)):
             on_main = node < main
             nodes = [] if on_main else tree.path(node)

@@ -171,29 +171,17 @@ class Verifier:
     def verify(self, items: Sequence[Item]) -> list[VerifyResult]:
         """One forward over every item's tree; accepts, compacts and commits each."""
         ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        writes: list[int] = []
         offsets: list[int] = []
         for item in items:
-            start = self.cache.length(item.slot)
-            assert start + len(item.tree) < self.cache.slot_tokens, "the engine keeps room for a pass"
+            assert self.cache.length(item.slot) + len(item.tree) < self.cache.slot_tokens, \
+                "the engine keeps room for a pass"
             offsets.append(len(ids))
             ids.extend(item.tree.tokens)
-            positions.extend(start + d for d in item.tree.depths)
-            slots.extend([item.slot] * len(item.tree))
-            writes.extend(start + i for i in range(len(item.tree)))
-        real = len(ids)
         if self.decoder is not None:
             rows, path = decoder.plan_rows([(item.slot, self.cache.length(item.slot), item.tree) for item in items])
             logits = self.decoder.forward(ids, rows, path, self._slots)
         else:
-            if real == 1:
-                # A lone row would take bf16's GEMV kernel (another summation order than the
-                # GEMM every other pass uses): pad with a copy whose output is discarded.
-                ids, slots = ids * 2, slots * 2
-                positions, writes = [positions[0], positions[0] + 1], [writes[0], writes[0] + 1]
-            logits = self._transformers_pass(items, ids, positions, slots, writes)[:real]
+            logits = self._transformers_pass(items, ids)
         results: list[VerifyResult | None] = [None] * len(items)
         greedy = [i for i, item in enumerate(items) if item.accept is None]
         if greedy:
@@ -208,13 +196,27 @@ class Verifier:
         self._commit(items, done)
         return done
 
-    def _transformers_pass(self, items: Sequence[Item], ids: list[int], positions: list[int], slots: list[int],
-                           writes: list[int]) -> torch.Tensor:
+    def _transformers_pass(self, items: Sequence[Item], ids: list[int]) -> torch.Tensor:
+        """The pass through transformers' forward: logits [len(ids), vocab]."""
+        positions: list[int] = []
+        slots: list[int] = []
+        writes: list[int] = []
+        for item in items:
+            start = self.cache.length(item.slot)
+            positions.extend(start + d for d in item.tree.depths)
+            slots.extend([item.slot] * len(item.tree))
+            writes.extend(start + i for i in range(len(item.tree)))
+        real = len(ids)
+        if real == 1:
+            # A lone row would take bf16's GEMV kernel (another summation order than the
+            # GEMM every other pass uses): pad with a copy whose output is discarded.
+            ids, slots = ids * 2, slots * 2
+            positions, writes = [positions[0], positions[0] + 1], [writes[0], writes[0] + 1]
         plan = self._plan(items, slots, writes)
         if self.exact_rows:
             with rowblocks.blocked(self.row_block):  # multiply like a decode step (rowblocks.py)
-                return self._forward(ids, positions, plan)
-        return self._forward(ids, positions, plan)
+                return self._forward(ids, positions, plan)[:real]
+        return self._forward(ids, positions, plan)[:real]
 
     def _plan(self, items: Sequence[Item], slots: list[int], writes: list[int]) -> attention.Plan:
         device = self.device

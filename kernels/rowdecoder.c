@@ -351,7 +351,8 @@ static void layer(int isa, const Model *m, int64_t index, const Pass *p, uint16_
     }
 #pragma omp parallel
     {
-        float *scratch = aligned_alloc(64, (size_t)scratch_floats(m, most_keys) * sizeof(float) + 64);
+        size_t bytes = ((size_t)scratch_floats(m, most_keys) * sizeof(float) + 63) / 64 * 64; /* whole 64s */
+        float *scratch = aligned_alloc(64, bytes);
 #pragma omp for schedule(dynamic)
         for (int64_t task = 0; task < rows * m->kv_heads; task++) {
             int64_t r = task / m->kv_heads, g = task % m->kv_heads;

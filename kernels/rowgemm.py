@@ -93,10 +93,8 @@ def pack(weight: torch.Tensor, out: torch.Tensor | None = None) -> Packed:
     check(out is None or (out.dtype == torch.bfloat16 and out.is_contiguous()
                           and out.numel() == packed_elements((n, k))), "out must hold the packed weight")
     lib = library()
-    if lib is None:  # the layout in torch (slower: a strided copy); rowgemm itself needs the library anyway
-        padded = torch.nn.functional.pad(weight.detach(), (0, k % 2, 0, -n % STRIPE))
-        data = padded.view(stripes, STRIPE, pairs, 2).permute(0, 2, 1, 3)
-        return Packed(data.contiguous() if out is None else out.view(data.shape).copy_(data), n, k)
+    check(lib is not None, f"the rowgemm kernel is not available: {unavailable()}")
+    assert lib is not None
     source = weight.detach() if weight.stride(1) == 1 else weight.detach().contiguous()
     data = torch.empty(stripes, pairs, STRIPE, 2, dtype=torch.bfloat16) if out is None else out.view(
         stripes, pairs, STRIPE, 2)

@@ -296,8 +296,6 @@ def _pass_rows_and_decode_steps(model, cache, prompt, tree, other, side_draft, l
     """One verify pass over a side request (`other` drafting `side_draft`) and `tree`
     after `prompt`, and the reference: teacher-forced decode steps in a fresh slot along
     the paths to `leaves`. Returns (node, the pass's logits row, the decode step's)."""
-    import torch
-
     from codespec.tree import VerifyTree
     from codespec.verifier import Item, Verifier
 
