@@ -36,7 +36,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
 
-from codespec import rowcalls
+from codespec import rowplan
 from codespec.index import Draft
 from codespec.tree import VerifyTree
 
@@ -248,7 +248,7 @@ class CostModel:
 
     def attended_keys(self, context: int, chains: Sequence[tuple[int, int]]) -> int:
         """The keys a request's rows read in one pass over `context` committed tokens;
-        `chains`: (rows, depth of the last row) per chain of its tree (rowcalls.chains;
+        `chains`: (rows, depth of the last row) per chain of its tree (rowplan.chains;
         the main path of m rows is (m, m - 1)). Lean calls read each row's own keys;
         in a padded call every row scores all of its chain's keys, padded to whole key
         blocks (the softmax work, which dominates, grows with rows x padded keys).
@@ -257,18 +257,18 @@ class CostModel:
         (409, 2048)
         """
         if self.padded:
-            return sum(rows * rowcalls.padded_length(context + last + 1) for rows, last in chains)
+            return sum(rows * rowplan.padded_length(context + last + 1) for rows, last in chains)
         return sum(rows * (context + last + 1) - rows * (rows - 1) // 2 for rows, last in chains)
 
     def tree_keys(self, context: int, tree: VerifyTree) -> int:
-        return self.attended_keys(context, [(end - begin, tree.depths[end - 1]) for begin, end in rowcalls.chains(tree)])
+        return self.attended_keys(context, [(end - begin, tree.depths[end - 1]) for begin, end in rowplan.chains(tree)])
 
     def row_keys(self, context: int, depth: int) -> int:
         """The keys one more row at `depth` adds: its own (lean), or its padded call's
         (on the main path or off it alike: every row of a padded call scores them all)."""
         if not self.padded:
             return context + depth + 1
-        return rowcalls.padded_length(context + depth + 1)
+        return rowplan.padded_length(context + depth + 1)
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:

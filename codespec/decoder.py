@@ -16,8 +16,10 @@ token) sees a prefix of the slot; a tree row off it sees the context, then its
 ancestors and itself wherever the pass wrote them. Either is the sequence decoding
 would have had, in that order.
 
-Prefill chunks still run transformers' forward (a chunk is a GEMM-shaped problem that
-torch's flash attention does well; they only need to agree with each other).
+Prefill chunks run on it too, as rows that see the slot up to themselves, so a prompt's
+KV is the same whichever way it reaches the slot, and the torch-free path of a fresh CLI
+process (lean.py), which runs this same forward over the same packed weights (its
+Python side is rowforward.py, numpy only), computes what this path computes.
 
 Used where the linear layers are rowgemm's (CPU, bfloat16, AVX-512 BF16: rowblocks.py)
 and the model is one whose layers this forward knows (`unsupported` says why not);
@@ -26,40 +28,17 @@ and the model is one whose layers this forward knows (`unsupported` says why not
 
 from __future__ import annotations
 
-import ctypes
 import os
 from typing import Any, Sequence
 
 import torch
 
-from codespec import rowcalls
+from codespec import rowforward
 from codespec.kernels import native, rowgemm
-from codespec.kvcache import kv_dims
+from codespec.rowforward import RowDecoder
 
 FORWARD_CHOICES = ("rowdecoder", "transformers")  # CODESPEC_FORWARD
-FAMILIES = ("qwen2", "llama")
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # cos/sin depend on the position alone
-
-_pointer, _size = ctypes.c_void_p, ctypes.c_int64
-
-
-class _Layer(ctypes.Structure):
-    _fields_ = [(name, _pointer) for name in ("norm_in", "qkv", "qkv_bias", "o", "o_bias", "norm_post", "gate_up",
-                                              "down")]
-
-
-class _Model(ctypes.Structure):
-    _fields_ = [*((name, _size) for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab")),
-                ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("layer", ctypes.POINTER(_Layer)),
-                *((name, _pointer) for name in ("norm_final", "lm_head", "lm_bias", "cos", "sin")),
-                ("positions", _size)]
-
-
-class _Pass(ctypes.Structure):
-    _fields_ = [("rows", _size),
-                *((name, _pointer) for name in ("slot", "write", "position", "context", "path_start", "path_len",
-                                                "path", "keys", "values")),
-                ("capacity", _size)]
 
 
 def wanted() -> bool:
@@ -82,22 +61,12 @@ def unsupported(model: Any) -> str | None:
 
 def unsupported_layers(model: Any) -> str | None:
     """Why the row decoder does not know `model`'s layers (None: it does)."""
-    config = model.config
-    if getattr(config, "model_type", None) not in FAMILIES:
-        return f"model type {getattr(config, 'model_type', None)!r} (the row decoder knows {', '.join(FAMILIES)})"
-    if getattr(config, "hidden_act", None) != "silu" or getattr(config, "mlp_bias", False):
-        return "an MLP other than SiLU-gated without bias"
-    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
-        return "layers with sliding-window attention"
+    reason = rowforward.config_unsupported(model.config)
+    if reason is not None:
+        return reason
     rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
     if rotary is None or getattr(rotary, "rope_type", "default") not in STATIC_ROPE:
         return f"rotary embedding {getattr(rotary, 'rope_type', None)!r}"
-    heads, (_, kv_heads, dim) = config.num_attention_heads, kv_dims(config)
-    if dim not in (64, 128) or heads % kv_heads or heads // kv_heads > 16:
-        return f"head layout {heads}x{dim} over {kv_heads} KV heads"
-    stripe = rowgemm.STRIPE
-    if config.hidden_size % 16 or config.intermediate_size % stripe or (heads * dim) % stripe or (kv_heads * dim) % stripe:
-        return f"widths not in whole {stripe}-column stripes"
     return None
 
 
@@ -139,99 +108,48 @@ def _ptr(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
 
 
-class RowDecoder:
-    """The model's decoder stack for decode steps and verify passes (module docstring)."""
+def bits(tensor: torch.Tensor) -> Any:
+    """A bf16 tensor's storage as a numpy uint16 array (no copy)."""
+    return tensor.detach().contiguous().view(torch.uint16).numpy()
 
-    def __init__(self, model: Any, *, isa_cap: int = rowgemm.AVX512_BF16) -> None:
-        lib = rowgemm.library()
-        assert lib is not None and unsupported(model) is None
-        lib.rowdecoder_forward.argtypes = [ctypes.c_int, ctypes.POINTER(_Model), ctypes.POINTER(_Pass), _pointer,
-                                           _pointer, _pointer]
-        lib.rowdecoder_forward.restype = ctypes.c_int
-        lib.rowdecoder_work.argtypes, lib.rowdecoder_work.restype = [ctypes.POINTER(_Model), _size], _size
-        self._lib = lib
-        self.isa = rowgemm.isa(isa_cap)
-        config, body = model.config, model.model
-        self.embed = model.get_input_embeddings().weight
-        self._keep: list[Any] = []  # every tensor a pointer of the structures refers to
-        layers = (_Layer * len(body.layers))()
-        arena = model.__dict__.get("_codespec_arena")
-        for entry, block in zip(layers, body.layers):
-            attn, mlp = block.self_attn, block.mlp
-            qkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], arena)
-            projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-            qkv_bias = None  # Qwen2: all three; Llama: none (zeros stand in for a missing one)
-            if any(p.bias is not None for p in projections):
-                qkv_bias = torch.cat([p.bias if p.bias is not None else torch.zeros(p.out_features, dtype=torch.bfloat16)
-                                      for p in projections])
-            gate_up = _fuse([mlp.gate_proj, mlp.up_proj], arena)
-            tensors = dict(norm_in=block.input_layernorm.weight, qkv=qkv.data, qkv_bias=qkv_bias,
-                           o=attn.o_proj._codespec_rowgemm.data, o_bias=attn.o_proj.bias,
-                           norm_post=block.post_attention_layernorm.weight, gate_up=gate_up.data,
-                           down=mlp.down_proj._codespec_rowgemm.data)
-            for name, tensor in tensors.items():
-                setattr(entry, name, _ptr(tensor))
-            self._keep.extend(tensors.values())
-        heads = config.num_attention_heads
-        _, self.kv_heads, self.head_dim = kv_dims(config)
-        head = model.get_output_embeddings()
-        self._layers = layers
-        self._rotary = body.rotary_emb
-        self.dims = _Model(layers=len(body.layers), hidden=config.hidden_size, heads=heads, kv_heads=self.kv_heads,
-                           head_dim=self.head_dim, inter=config.intermediate_size, vocab=head.out_features,
-                           eps=float(config.rms_norm_eps), scale=float(getattr(body.layers[0].self_attn, "scaling",
-                                                                                self.head_dim ** -0.5)),
-                           layer=layers, norm_final=body.norm.weight.data_ptr(),
-                           lm_head=head._codespec_rowgemm.data.data_ptr(), lm_bias=_ptr(head.bias))
-        self._keep.extend([body.norm.weight, head._codespec_rowgemm.data, head.bias])
-        self.vocab = head.out_features
-        self.positions = 0
-        self.reach(1024)
 
-    def reach(self, positions: int) -> None:
-        """Make the rotary tables cover positions [0, positions): transformers' own cos/sin,
-        computed once for all of them (a position's values do not depend on the others)."""
-        if positions <= self.positions:
-            return
+def model_weights(model: Any) -> rowforward.Weights:
+    """The addresses of a transformers model's weights, once rowblocks packed its linears."""
+    body, keep = model.model, []
+    arena = model.__dict__.get("_codespec_arena")
+    layers = []
+    for block in body.layers:
+        attn, mlp = block.self_attn, block.mlp
+        qkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], arena)
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        qkv_bias = None  # Qwen2: all three; Llama: none (zeros stand in for a missing one)
+        if any(p.bias is not None for p in projections):
+            qkv_bias = torch.cat([p.bias if p.bias is not None else torch.zeros(p.out_features, dtype=torch.bfloat16)
+                                  for p in projections])
+        gate_up = _fuse([mlp.gate_proj, mlp.up_proj], arena)
+        tensors = dict(norm_in=block.input_layernorm.weight, qkv=qkv.data, qkv_bias=qkv_bias,
+                       o=attn.o_proj._codespec_rowgemm.data, o_bias=attn.o_proj.bias,
+                       norm_post=block.post_attention_layernorm.weight, gate_up=gate_up.data,
+                       down=mlp.down_proj._codespec_rowgemm.data)
+        layers.append({name: _ptr(tensor) for name, tensor in tensors.items()})
+        keep.extend(tensors.values())
+    head = model.get_output_embeddings()
+    embed = bits(model.get_input_embeddings().weight)
+    keep.extend([body.norm.weight, head._codespec_rowgemm.data, head.bias, embed])
+    _, _, head_dim = rowforward.kv_dims(model.config)
+    scale = float(getattr(body.layers[0].self_attn, "scaling", head_dim ** -0.5))
+    return rowforward.Weights(layers, body.norm.weight.data_ptr(), head._codespec_rowgemm.data.data_ptr(),
+                              _ptr(head.bias), embed, head.out_features, scale, keep)
+
+
+def _module_tables(rotary: Any, embed: torch.Tensor) -> Any:
+    """Rotary tables from the model's own module (scaled rope types: linear, llama3, yarn)."""
+    def tables(positions: int) -> tuple[Any, Any]:
         with torch.inference_mode():
-            ids = torch.arange(positions)[None]
-            cos, sin = self._rotary(self.embed[:1][None], ids)
-        self._tables = (cos[0].contiguous(), sin[0].contiguous())
-        self.dims.cos, self.dims.sin = self._tables[0].data_ptr(), self._tables[1].data_ptr()
-        self.dims.positions = positions
-        self.positions = positions
+            cos, sin = rotary(embed[:1][None], torch.arange(positions)[None])
+        return bits(cos[0]), bits(sin[0])
 
-    def slots(self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> tuple[Any, Any, int]:
-        """The per-layer cache pointers a pass hands over, for a SlotCache's tensors
-        ([slots, kv_heads, capacity, head_dim] each, contiguous)."""
-        for tensor in (*keys, *values):
-            assert tensor.is_contiguous() and tensor.dtype == torch.bfloat16 and tensor.shape[1:] == (
-                self.kv_heads, tensor.shape[2], self.head_dim)
-        array = _pointer * len(keys)
-        return array(*(t.data_ptr() for t in keys)), array(*(t.data_ptr() for t in values)), keys[0].shape[2]
-
-    @torch.inference_mode()
-    def forward(self, ids: Sequence[int], rows: torch.Tensor, path: torch.Tensor, slots: tuple[Any, Any, int]
-                ) -> torch.Tensor:
-        """Logits [len(ids), vocab] bf16. `rows`: int64 [6, len(ids)]: slot, write position,
-        rotary position, context, path start, path length per row; `path`: int64 slot
-        positions; `slots`: from `slots()`. Writes each row's K/V at (slot, write)."""
-        count = len(ids)
-        assert rows.dtype == torch.int64 and rows.shape == (6, count) and rows.is_contiguous()
-        needed = int(rows[2].max()) + 1
-        if needed > self.positions:
-            self.reach(max(needed, 2 * self.positions))
-        x = self.embed.index_select(0, torch.tensor(ids, dtype=torch.int64))
-        work = torch.empty(self._lib.rowdecoder_work(ctypes.byref(self.dims), count), dtype=torch.bfloat16)
-        logits = torch.empty(count, self.vocab, dtype=torch.bfloat16)
-        path = path if path.numel() else torch.zeros(1, dtype=torch.int64)
-        base, stride = rows.data_ptr(), rows.stride(0) * rows.element_size()
-        spec = _Pass(count, *(base + i * stride for i in range(6)), path.data_ptr(),
-                     ctypes.cast(slots[0], _pointer), ctypes.cast(slots[1], _pointer), slots[2])
-        status = self._lib.rowdecoder_forward(self.isa, ctypes.byref(self.dims), ctypes.byref(spec), x.data_ptr(),
-                                              work.data_ptr(), logits.data_ptr())
-        assert status == 0, "a row without keys or a position past the rotary tables"
-        return logits
+    return tables
 
 
 def attach(model: Any) -> RowDecoder | None:
@@ -239,29 +157,21 @@ def attach(model: Any) -> RowDecoder | None:
     if not wanted() or unsupported(model) is not None or not native.has("rowdecoder_forward"):
         return None  # unsupported(): the linears on rowgemm included
     if "_codespec_decoder" not in model.__dict__:
-        model.__dict__["_codespec_decoder"] = RowDecoder(model)
+        model.__dict__["_codespec_decoder"] = new_decoder(model)
     return model.__dict__["_codespec_decoder"]
 
 
-def plan_rows(requests: Sequence[tuple[int, int, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rows [6, n], path) for `RowDecoder.forward` from (slot, slot length, tree) per
-    request, in packing order: node i is written at length + i, rotated at length +
-    depth; main-path rows see the slot's prefix, the others the context and their path.
+def new_decoder(model: Any, *, isa_cap: int = rowgemm.AVX512_BF16) -> RowDecoder:
+    """A row decoder over `model`'s packed weights (`isa_cap=rowgemm.SCALAR`: the
+    portable path, for tests on any CPU)."""
+    lib = rowgemm.library()
+    assert lib is not None and unsupported(model) is None
+    rotary = model.model.rotary_emb
+    default = rowforward.rope_type(model.config) == "default" and getattr(rotary, "rope_type", "default") == "default"
+    tables = None if default else _module_tables(rotary, model.get_input_embeddings().weight)
+    return RowDecoder(lib, rowgemm.isa(isa_cap), model.config, model_weights(model), tables)
 
-    >>> from codespec.tree import VerifyTree
-    >>> rows, path = plan_rows([(3, 10, VerifyTree((9, 1, 2, 5), (-1, 0, 1, 0), (0, 1, 2, 1), ()))])
-    >>> rows.tolist(), path.tolist()
-    ([[3, 3, 3, 3], [10, 11, 12, 13], [10, 11, 12, 11], [11, 12, 13, 10], [0, 0, 0, 0], [0, 0, 0, 2]], [10, 13])
-    """
-    columns: list[list[int]] = [[] for _ in range(6)]
-    path: list[int] = []
-    for slot, start, tree in requests:
-        _, main = rowcalls.chains(tree)[0]  # the main path: nodes [0, main)
-        for node in range(len(tree)):
-            on_main = node < main
-            nodes = [] if on_main else tree.path(node)
-            for column, value in zip(columns, (slot, start + node, start + tree.depths[node],
-                                               start + node + 1 if on_main else start, len(path), len(nodes))):
-                column.append(value)
-            path.extend(start + n for n in nodes)
-    return torch.tensor(columns, dtype=torch.int64), torch.tensor(path, dtype=torch.int64)
+
+def as_tensor(logits: Any) -> torch.Tensor:
+    """The row decoder's logits (bf16 bits) as a bf16 tensor (no copy)."""
+    return torch.from_numpy(logits).view(torch.bfloat16)

@@ -17,6 +17,7 @@ only full chunks a prefill computed are ever reused. A fresh prefill of the new 
 would compute those chunks bit for bit the same way.
 
     cache = SlotCache(model.config, slots=4, slot_tokens=4096, dtype=torch.bfloat16)
+    cache = SlotCache(config, slots=1, slot_tokens=4096, dtype=numpy.uint16)  # bf16 bits, no torch (lean.py)
     slot, reused = cache.acquire(prompt_ids)       # reused: tokens whose KV is kept
     ...
     cache.release(slot)                            # the KV stays for the next request
@@ -27,12 +28,19 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import torch
+import numpy as np
 
-from codespec import rowcalls
+from codespec import rowplan
 from codespec.errors import CodespecError
+
+if TYPE_CHECKING:
+    import torch
+
+# A KV dtype is a torch dtype (tensors), or a numpy dtype: numpy arrays, uint16 holding
+# bf16 bits (the torch-free path, lean.py).
+KVDtype = Any
 
 DEFAULT_CHUNK = 256  # prefill chunk: the fastest 1k-token prefill here, 128 costs +20% (decisions.md)
 
@@ -57,23 +65,42 @@ def kv_dims(config: Any) -> tuple[int, int, int]:
     return config.num_hidden_layers, kv_heads, head_dim
 
 
-def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+def _is_numpy(dtype: KVDtype) -> bool:
+    return isinstance(dtype, np.dtype) or (isinstance(dtype, type) and issubclass(dtype, np.generic))
+
+
+def _element_size(dtype: KVDtype) -> int:
+    if _is_numpy(dtype):
+        return np.dtype(dtype).itemsize
+    import torch
+
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def address(array: Any) -> int:
+    """Where a tensor's or array's data starts."""
+    return array.ctypes.data if isinstance(array, np.ndarray) else array.data_ptr()
+
+
+def _zeros(shape: tuple[int, ...], dtype: KVDtype, device: Any) -> Any:
     """A zero tensor whose CPU pages are only touched when written: numpy's zeros come
     from calloc, which maps the OS's zero pages, where torch.zeros writes every byte (a
     1 GiB cache took 1.3 s to start, though a CLI request fills one slot of ten).
     Unused positions must still read as zeros, not garbage: padded attention calls
     multiply them (masked) and a NaN there would poison the row."""
+    if _is_numpy(dtype):
+        return np.zeros(shape, dtype=dtype)
+    import torch
+
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    import numpy as np
-
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * _element_size(dtype)
     return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
 
 
-def bytes_per_token(config: Any, dtype: torch.dtype) -> int:
+def bytes_per_token(config: Any, dtype: KVDtype) -> int:
     layers, kv_heads, head_dim = kv_dims(config)
-    return 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    return 2 * layers * kv_heads * head_dim * _element_size(dtype)
 
 
 class SlotCache:
@@ -82,15 +109,15 @@ class SlotCache:
     It is also the `past_key_values` the model sees during a forward: the model calls
     `update(keys, values, layer_idx)` and the verifier's `plan` says where each row goes."""
 
-    def __init__(self, config: Any, *, slots: int, slot_tokens: int, dtype: torch.dtype,
-                 device: torch.device | str = "cpu", chunk: int = DEFAULT_CHUNK) -> None:
+    def __init__(self, config: Any, *, slots: int, slot_tokens: int, dtype: KVDtype,
+                 device: Any = "cpu", chunk: int = DEFAULT_CHUNK) -> None:
         if slots < 1 or slot_tokens < 2 or chunk < 1:
             raise CodespecError(f"a KV cache needs slots >= 1, slot_tokens >= 2, chunk >= 1; got "
                                 f"{slots}, {slot_tokens}, {chunk}")
         layers, kv_heads, head_dim = kv_dims(config)
-        # Row-exact attention reads up to rowcalls.padded_length(n) positions for n tokens
+        # Row-exact attention reads up to rowplan.padded_length(n) positions for n tokens
         # (masked, but they must exist): the storage is that much longer than a slot holds.
-        shape = (slots, kv_heads, rowcalls.padded_length(slot_tokens), head_dim)
+        shape = (slots, kv_heads, rowplan.padded_length(slot_tokens), head_dim)
         self.keys = [_zeros(shape, dtype, device) for _ in range(layers)]  # per layer
         self.values = [_zeros(shape, dtype, device) for _ in range(layers)]
         self.slot_tokens = slot_tokens
@@ -101,10 +128,10 @@ class SlotCache:
         self.plan: Any = None  # set by the verifier around each forward (attention.Plan)
 
     @classmethod
-    def within_budget(cls, config: Any, *, budget_mb: int, slot_tokens: int, dtype: torch.dtype,
-                      device: torch.device | str = "cpu", chunk: int = DEFAULT_CHUNK) -> SlotCache:
+    def within_budget(cls, config: Any, *, budget_mb: int, slot_tokens: int, dtype: KVDtype,
+                      device: Any = "cpu", chunk: int = DEFAULT_CHUNK) -> SlotCache:
         """As many slots as `budget_mb` MiB hold; a clear error when it holds none."""
-        slot_bytes = bytes_per_token(config, dtype) * rowcalls.padded_length(slot_tokens)
+        slot_bytes = bytes_per_token(config, dtype) * rowplan.padded_length(slot_tokens)
         slots = (budget_mb << 20) // slot_bytes
         if slots < 1:
             raise CodespecError(
@@ -112,6 +139,11 @@ class SlotCache:
                 f"({slot_bytes / 2**20:.0f} MiB); raise kv_cache_mb or lower kv_slot_tokens"
             )
         return cls(config, slots=int(slots), slot_tokens=slot_tokens, dtype=dtype, device=device, chunk=chunk)
+
+    def addresses(self) -> tuple[list[int], list[int], int]:
+        """(per-layer key addresses, value addresses, positions per slot row) for the C
+        forward (rowforward.py), which reads and writes the storage in place."""
+        return [address(k) for k in self.keys], [address(v) for v in self.values], self.keys[0].shape[2]
 
     # -- slots -----------------------------------------------------------------------------
     @property

@@ -46,40 +46,8 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-KEY_BLOCK = 512  # keys per block of torch's CPU flash attention loop (kv_split_size)
-Q_BLOCK = 32  # query rows per block of that loop while a call has fewer than ...
-Q_SPLIT_LIMIT = 192  # ... this many query rows (from 192 on the kernel takes 64-row blocks)
-
-
-def padded_length(keys: int) -> int:
-    """Keys a padded call attends to when its longest row sees `keys`: whole key blocks.
-
-    >>> [padded_length(n) for n in (1, 512, 513, 1200)]
-    [512, 512, 1024, 1536]
-    """
-    return max(KEY_BLOCK, -(-keys // KEY_BLOCK) * KEY_BLOCK)
-
-
-def head_slots(group: int) -> int:
-    """Query rows one token takes in a padded call: `group` (query heads per KV head)
-    rounded up to a power of two, or to whole query blocks past one block.
-
-    >>> [head_slots(g) for g in (1, 2, 4, 7, 8, 12, 32, 40)]
-    [1, 2, 4, 8, 8, 16, 32, 64]
-    """
-    if group > Q_BLOCK:
-        return -(-group // Q_BLOCK) * Q_BLOCK
-    return 1 << (group - 1).bit_length()
-
-
-def tokens_per_element(group: int) -> int:
-    """Most tokens one batch element of a padded call holds (its query rows stay below
-    the kernel's limit for `Q_BLOCK`-row query blocks).
-
-    >>> tokens_per_element(7), tokens_per_element(2), tokens_per_element(64)
-    (23, 95, 2)
-    """
-    return max(1, (Q_SPLIT_LIMIT - 1) // head_slots(group))
+# the torch-free layout arithmetic lives in rowplan.py (KEY_BLOCK and Q_SPLIT_LIMIT: read here by calibration.py)
+from codespec.rowplan import KEY_BLOCK, Q_BLOCK, Q_SPLIT_LIMIT, chains, head_slots, padded_length, tokens_per_element  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -95,24 +63,6 @@ class Call:
     context: int = 0
     elements: int = 1  # batch elements of a padded call ...
     tokens: int = 1  # ... each holding this many token positions (the last ones may be padding)
-
-
-def chains(tree: Any) -> list[tuple[int, int]]:
-    """The tree's rows as chains [start, end): runs in which each node is its
-    predecessor's child. Depth-first order makes every chain consecutive; the first is
-    the main path, each other one starts at a node that is not its parent's first child.
-
-    >>> from codespec.tree import VerifyTree
-    >>> chains(VerifyTree((9, 1, 2, 3, 4, 5), (-1, 0, 1, 0, 3, 1), (0, 1, 2, 1, 2, 2), ()))
-    [(0, 3), (3, 5), (5, 6)]
-    """
-    found, begin = [], 0
-    for node in range(1, len(tree)):
-        if tree.parents[node] != node - 1:
-            found.append((begin, node))
-            begin = node
-    found.append((begin, len(tree)))
-    return found
 
 
 def plan_calls(requests: Sequence[tuple[int, int, Any]], *, padded: bool, group: int,

@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from codespec import attention, decoder, rowblocks, rowcalls
+from codespec import attention, decoder, rowblocks, rowcalls, rowforward
 from codespec.errors import ModelError
 from codespec.kernels.accept import tree_accept
 from codespec.kernels.compact import compact_kv
@@ -112,7 +112,7 @@ class Verifier:
         self.query_group = model.config.num_attention_heads // kv_heads
         if self.decoder is not None:
             self.row_block, self.padded_rows = 0, False  # no blocks; each row reads its own keys
-            self._slots = self.decoder.slots(cache.keys, cache.values)
+            self._slots = self.decoder.slots(*cache.addresses())
             self.decoder.reach(cache.slot_tokens)
         else:
             if not hasattr(model, "_codespec_row_block"):  # probed once per model
@@ -152,6 +152,11 @@ class Verifier:
         logits = None
         for begin in range(start, len(prompt), self.cache.chunk):
             end = min(begin + self.cache.chunk, len(prompt))
+            if self.decoder is not None:  # rows that see the slot up to themselves; logits of the last
+                rows, path = rowforward.prefill_rows(slot, begin, end)
+                logits = decoder.as_tensor(self.decoder.forward(prompt[begin:end], rows, path, self._slots,
+                                                                logits_from=end - begin - 1))
+                continue
             rows = torch.arange(begin, end, device=self.device)
             causal = torch.arange(end, device=self.device)[None, :] <= rows[:, None]  # [rows, end]
             plan = attention.Plan(
@@ -178,8 +183,8 @@ class Verifier:
             offsets.append(len(ids))
             ids.extend(item.tree.tokens)
         if self.decoder is not None:
-            rows, path = decoder.plan_rows([(item.slot, self.cache.length(item.slot), item.tree) for item in items])
-            logits = self.decoder.forward(ids, rows, path, self._slots)
+            rows, path = rowforward.plan_rows([(item.slot, self.cache.length(item.slot), item.tree) for item in items])
+            logits = decoder.as_tensor(self.decoder.forward(ids, rows, path, self._slots))
         else:
             logits = self._transformers_pass(items, ids)
         results: list[VerifyResult | None] = [None] * len(items)

@@ -69,6 +69,7 @@ typedef struct {
     const int64_t *path;
     uint16_t *const *keys, *const *values; /* per layer: [slots][kv_heads][capacity][head_dim] */
     int64_t capacity;
+    int64_t logits_from; /* logits of rows [logits_from, rows) only (prefill needs the last row's) */
 } Pass;
 
 /* ---------------------------------------------------------------- lanes */
@@ -372,10 +373,12 @@ static void layer(int isa, const Model *m, int64_t index, const Pass *p, uint16_
     for (int64_t r = 0; r < rows; r++) add_rows(x + r * H, w.normed + r * H, H);
 }
 
-/* x: [rows][hidden] the rows' embeddings (overwritten); logits: [rows][vocab]. Returns
- * 0, or -1 for a pass it cannot run (a row without keys, a position past the table). */
+/* x: [rows][hidden] the rows' embeddings (overwritten); logits: [rows - logits_from][vocab].
+ * Returns 0, or -1 for a pass it cannot run (a row without keys, a position past the
+ * table, no row to give logits for). */
 int rowdecoder_forward(int isa, const Model *m, const Pass *p, uint16_t *x, uint16_t *work, uint16_t *logits) {
-    int64_t most_keys = 1;
+    int64_t most_keys = 1, first = p->logits_from;
+    if (first < 0 || first >= p->rows) return -1;
     for (int64_t r = 0; r < p->rows; r++) {
         int64_t keys = p->context[r] + p->path_len[r];
         if (keys < 1 || p->position[r] < 0 || p->position[r] >= m->positions) return -1;
@@ -383,8 +386,9 @@ int rowdecoder_forward(int isa, const Model *m, const Pass *p, uint16_t *x, uint
     }
     Work w = carve(m, p->rows, work);
     for (int64_t i = 0; i < m->layers; i++) layer(isa, m, i, p, x, w, most_keys);
-    for (int64_t r = 0; r < p->rows; r++) rms_norm(x + r * m->hidden, m->norm_final, w.normed + r * m->hidden,
-                                                   m->hidden, m->eps);
-    rowgemm_bf16(isa, w.normed, m->hidden, m->lm_head, m->lm_bias, logits, m->vocab, p->rows, m->vocab, m->hidden);
+    for (int64_t r = first; r < p->rows; r++) rms_norm(x + r * m->hidden, m->norm_final, w.normed + r * m->hidden,
+                                                       m->hidden, m->eps);
+    rowgemm_bf16(isa, w.normed + first * m->hidden, m->hidden, m->lm_head, m->lm_bias, logits, m->vocab,
+                 p->rows - first, m->vocab, m->hidden);
     return 0;
 }

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from codespec import decoder, rowblocks
+from codespec import decoder, rowblocks, rowforward
 from codespec.engine import Engine, GenerationConfig
 from codespec.kernels import rowgemm
 from codespec.kvcache import SlotCache
@@ -58,16 +58,16 @@ def test_every_row_of_a_batched_tree_pass_equals_its_decode_step(arch):
     verifier.prefill(main_slot, prompt[:-1])
     verifier.prefill(side_slot, other[:-1])
     requests = [(side_slot, cache.length(side_slot), side), (main_slot, cache.length(main_slot), tree)]
-    rows, path = decoder.plan_rows(requests)
-    logits = rowdecoder.forward([*side.tokens, *tree.tokens], rows, path, verifier._slots)[len(side):]
+    rows, path = rowforward.plan_rows(requests)
+    logits = decoder.as_tensor(rowdecoder.forward([*side.tokens, *tree.tokens], rows, path, verifier._slots))[len(side):]
     assert rowdecoder.positions > 1030
     for leaf in (4, 6, 7):
         slot, _ = cache.acquire([-1])
         verifier.prefill(slot, prompt[:-1])
         for node in tree.path(leaf):
             start = cache.length(slot)
-            step_rows, step_path = decoder.plan_rows([(slot, start, VerifyTree.chain(tree.tokens[node]))])
-            step = rowdecoder.forward([tree.tokens[node]], step_rows, step_path, verifier._slots)
+            step_rows, step_path = rowforward.plan_rows([(slot, start, VerifyTree.chain(tree.tokens[node]))])
+            step = decoder.as_tensor(rowdecoder.forward([tree.tokens[node]], step_rows, step_path, verifier._slots))
             assert torch.equal(logits[node], step[0]), f"{arch}: node {node} differs from its decode step"
             cache.committed(slot, [tree.tokens[node]])
         cache.release(slot)
@@ -84,8 +84,8 @@ def test_the_layers_compute_what_transformers_computes(arch):
     slot, _ = cache.acquire(prompt)
     verifier.prefill(slot, prompt[:-1])
     draft = random_ids(6, 256, 4)
-    rows, path = decoder.plan_rows([(slot, cache.length(slot), VerifyTree.chain(prompt[-1], draft))])
-    ours = verifier.decoder.forward([prompt[-1], *draft], rows, path, verifier._slots).float()
+    rows, path = rowforward.plan_rows([(slot, cache.length(slot), VerifyTree.chain(prompt[-1], draft))])
+    ours = decoder.as_tensor(verifier.decoder.forward([prompt[-1], *draft], rows, path, verifier._slots)).float()
     with torch.inference_mode():
         reference = model(input_ids=torch.tensor([prompt + draft])).logits[0, -len(draft) - 1 :].float()
     scale = reference.abs().max()

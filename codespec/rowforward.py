@@ -1,0 +1,229 @@
+"""The row decoder's Python side without torch: kernels/rowdecoder.c over numpy buffers.
+
+`RowDecoder` runs a Qwen2/Llama decoder stack (weights packed for rowgemm, given as
+pointers) over rows of tokens in one C call: prefill chunks, decode steps and verify
+passes alike, each row computed alone (decoder.py says why that makes speculation
+lossless by construction). It takes and returns numpy arrays (bf16 as uint16), so the
+same object serves transformers' model (decoder.py hands it the model's packed weights)
+and the torch-free path of a fresh CLI process (lean.py), and both compute the same
+bits: same weights, same rotary tables (`rotary_tables`), same C code.
+
+    rows, path = plan_rows([(slot, length, tree)])       # a verify pass
+    logits = decoder.forward(tree.tokens, rows, path, slots)  # uint16 [rows, vocab]
+    rows, path = prefill_rows(slot, 0, len(prompt))       # a prefill chunk
+    last = decoder.forward(prompt, rows, path, slots, logits_from=len(prompt) - 1)
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from codespec import rowplan
+from codespec.kvcache import kv_dims
+
+FAMILIES = ("qwen2", "llama")
+STRIPE = 64  # rowgemm's output columns per stripe (kernels/rowgemm.c)
+LAYER_FIELDS = ("norm_in", "qkv", "qkv_bias", "o", "o_bias", "norm_post", "gate_up", "down")
+
+_pointer, _size = ctypes.c_void_p, ctypes.c_int64
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(name, _pointer) for name in LAYER_FIELDS]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [*((name, _size) for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab")),
+                ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("layer", ctypes.POINTER(_Layer)),
+                *((name, _pointer) for name in ("norm_final", "lm_head", "lm_bias", "cos", "sin")),
+                ("positions", _size)]
+
+
+class _Pass(ctypes.Structure):
+    _fields_ = [("rows", _size),
+                *((name, _pointer) for name in ("slot", "write", "position", "context", "path_start", "path_len",
+                                                "path", "keys", "values")),
+                ("capacity", _size), ("logits_from", _size)]
+
+
+def _rope(config: Any) -> dict[str, Any]:
+    # transformers 5 writes `rope_parameters`; older configs `rope_theta` and `rope_scaling`
+    found = dict(getattr(config, "rope_scaling", None) or {})
+    found.update(getattr(config, "rope_parameters", None) or {})
+    return found
+
+
+def rope_type(config: Any) -> str:
+    rope = _rope(config)
+    return str(rope.get("rope_type", rope.get("type", "default")))
+
+
+def rope_theta(config: Any) -> float:
+    return float(_rope(config).get("rope_theta") or getattr(config, "rope_theta", None) or 10000.0)
+
+
+def config_unsupported(config: Any) -> str | None:
+    """Why the row decoder does not know the layers `config` describes (None: it does)."""
+    if getattr(config, "model_type", None) not in FAMILIES:
+        return f"model type {getattr(config, 'model_type', None)!r} (the row decoder knows {', '.join(FAMILIES)})"
+    if getattr(config, "hidden_act", None) != "silu" or getattr(config, "mlp_bias", False):
+        return "an MLP other than SiLU-gated without bias"
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()) or (
+            getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None)):
+        return "layers with sliding-window attention"
+    heads, (_, kv_heads, dim) = config.num_attention_heads, kv_dims(config)
+    if dim not in (64, 128) or heads % kv_heads or heads // kv_heads > 16:
+        return f"head layout {heads}x{dim} over {kv_heads} KV heads"
+    if config.hidden_size % 16 or config.intermediate_size % STRIPE or (heads * dim) % STRIPE or (kv_heads * dim) % STRIPE:
+        return f"widths not in whole {STRIPE}-column stripes"
+    return None
+
+
+def bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits (uint16), rounded to nearest even as torch rounds."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def bf16_values(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bits (uint16) -> float32 values, exactly."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def rotary_tables(config: Any, positions: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [positions, head_dim] as bf16 bits for the default rotary embedding,
+    computed as transformers computes them (float32 frequencies, float32 angles,
+    duplicated halves, rounded once to bf16; cos/sin themselves in float64, so no
+    CPU's vector math library decides a bit)."""
+    _, _, dim = kv_dims(config)
+    base = rope_theta(config)
+    exponents = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
+    inv_freq = (np.float32(1.0) / (np.float64(base) ** exponents.astype(np.float64)).astype(np.float32))
+    angles = np.arange(positions, dtype=np.float32)[:, None] * inv_freq[None, :]  # float32, as torch's matmul
+    angles = np.concatenate([angles, angles], axis=1).astype(np.float64)
+    return (bf16_bits(np.cos(angles).astype(np.float32)), bf16_bits(np.sin(angles).astype(np.float32)))
+
+
+@dataclass
+class Weights:
+    """Where a model's weights are for the C forward: pointers into buffers someone keeps
+    alive (`keep`). Products are rowgemm stripes: qkv and gate_up fused per layer."""
+
+    layers: list[dict[str, int | None]]  # per layer, LAYER_FIELDS -> address (None: no bias)
+    norm_final: int
+    lm_head: int
+    lm_bias: int | None
+    embed: np.ndarray  # uint16 [vocab, hidden]: bf16 embeddings
+    vocab: int  # lm_head's rows
+    scale: float  # attention's query scale
+    keep: list[Any]
+
+
+class RowDecoder:
+    """The model's decoder stack for prefill chunks, decode steps and verify passes (module
+    docstring). `tables(positions)` gives rotary cos/sin as bf16 bits (default rope:
+    `rotary_tables`)."""
+
+    def __init__(self, lib: Any, isa: int, config: Any, weights: Weights, tables: Any = None) -> None:
+        lib.rowdecoder_forward.argtypes = [ctypes.c_int, ctypes.POINTER(_Model), ctypes.POINTER(_Pass), _pointer,
+                                           _pointer, _pointer]
+        lib.rowdecoder_forward.restype = ctypes.c_int
+        lib.rowdecoder_work.argtypes, lib.rowdecoder_work.restype = [ctypes.POINTER(_Model), _size], _size
+        self._lib, self.isa, self.weights = lib, isa, weights
+        self._tables = tables or (lambda n: rotary_tables(config, n))
+        layers = (_Layer * len(weights.layers))()
+        for entry, pointers in zip(layers, weights.layers):
+            for name in LAYER_FIELDS:
+                setattr(entry, name, pointers.get(name))
+        _, self.kv_heads, self.head_dim = kv_dims(config)
+        self._layers = layers
+        self.dims = _Model(layers=len(weights.layers), hidden=config.hidden_size, heads=config.num_attention_heads,
+                           kv_heads=self.kv_heads, head_dim=self.head_dim, inter=config.intermediate_size,
+                           vocab=weights.vocab, eps=float(config.rms_norm_eps), scale=float(weights.scale),
+                           layer=layers, norm_final=weights.norm_final, lm_head=weights.lm_head,
+                           lm_bias=weights.lm_bias)
+        self.vocab = weights.vocab
+        self.positions = 0
+        self.reach(1024)
+
+    def reach(self, positions: int) -> None:
+        """Make the rotary tables cover positions [0, positions) (a position's values do
+        not depend on the others, so growing them changes no row)."""
+        if positions <= self.positions:
+            return
+        cos, sin = self._tables(positions)
+        self._cos_sin = (np.ascontiguousarray(cos, dtype=np.uint16), np.ascontiguousarray(sin, dtype=np.uint16))
+        self.dims.cos, self.dims.sin = self._cos_sin[0].ctypes.data, self._cos_sin[1].ctypes.data
+        self.dims.positions = positions
+        self.positions = positions
+
+    def slots(self, keys: Sequence[int], values: Sequence[int], capacity: int) -> tuple[Any, Any, int]:
+        """The per-layer cache addresses a pass hands over: each layer's keys and values
+        are contiguous bf16 [slots, kv_heads, capacity, head_dim]."""
+        array = _pointer * len(keys)
+        return array(*keys), array(*values), capacity
+
+    def forward(self, ids: Sequence[int], rows: np.ndarray, path: np.ndarray, slots: tuple[Any, Any, int],
+                logits_from: int = 0) -> np.ndarray:
+        """Logits (bf16 bits) [len(ids) - logits_from, vocab] of rows logits_from.. . `rows`:
+        int64 [6, len(ids)]: slot, write position, rotary position, context, path start,
+        path length per row; `path`: int64 slot positions; `slots`: from `slots()`.
+        Writes each row's K/V at (slot, write)."""
+        count = len(ids)
+        assert rows.dtype == np.int64 and rows.shape == (6, count) and rows.flags.c_contiguous
+        assert 0 <= logits_from < count
+        needed = int(rows[2].max()) + 1
+        if needed > self.positions:
+            self.reach(max(needed, 2 * self.positions))
+        x = self.weights.embed[np.asarray(ids, dtype=np.int64)]  # a copy: the C forward overwrites it
+        work = np.empty(self._lib.rowdecoder_work(ctypes.byref(self.dims), count), dtype=np.uint16)
+        logits = np.empty((count - logits_from, self.vocab), dtype=np.uint16)
+        path = path if path.size else np.zeros(1, dtype=np.int64)
+        base, stride = rows.ctypes.data, rows.strides[0]
+        spec = _Pass(count, *(base + i * stride for i in range(6)), path.ctypes.data,
+                     ctypes.cast(slots[0], _pointer), ctypes.cast(slots[1], _pointer), slots[2], logits_from)
+        status = self._lib.rowdecoder_forward(self.isa, ctypes.byref(self.dims), ctypes.byref(spec), x.ctypes.data,
+                                              work.ctypes.data, logits.ctypes.data)
+        assert status == 0, "a row without keys or a position past the rotary tables"
+        return logits
+
+
+def plan_rows(requests: Sequence[tuple[int, int, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """(rows [6, n], path) for `RowDecoder.forward` from (slot, slot length, tree) per
+    request, in packing order: node i is written at length + i, rotated at length +
+    depth; main-path rows see the slot's prefix, the others the context and their path.
+
+    >>> from codespec.tree import VerifyTree
+    >>> rows, path = plan_rows([(3, 10, VerifyTree((9, 1, 2, 5), (-1, 0, 1, 0), (0, 1, 2, 1), ()))])
+    >>> rows.tolist(), path.tolist()
+    ([[3, 3, 3, 3], [10, 11, 12, 13], [10, 11, 12, 11], [11, 12, 13, 10], [0, 0, 0, 0], [0, 0, 0, 2]], [10, 13])
+    """
+    columns: list[list[int]] = [[] for _ in range(6)]
+    path: list[int] = []
+    for slot, start, tree in requests:
+        _, main = rowplan.chains(tree)[0]  # the main path: nodes [0, main)
+        for node in range(len(tree)):
+            on_main = node < main
+            nodes = [] if on_main else tree.path(node)
+            for column, value in zip(columns, (slot, start + node, start + tree.depths[node],
+                                               start + node + 1 if on_main else start, len(path), len(nodes))):
+                column.append(value)
+            path.extend(start + n for n in nodes)
+    return np.array(columns, dtype=np.int64).reshape(6, -1), np.array(path, dtype=np.int64)
+
+
+def prefill_rows(slot: int, begin: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, path) for prompt positions [begin, end) of `slot`: each row at its own
+    position, seeing the slot's keys up to and including itself (a decode step's view).
+
+    >>> prefill_rows(1, 4, 6)[0].tolist()
+    [[1, 1], [4, 5], [4, 5], [5, 6], [0, 0], [0, 0]]
+    """
+    positions = np.arange(begin, end, dtype=np.int64)
+    zeros = np.zeros_like(positions)
+    rows = np.stack([zeros + slot, positions, positions, positions + 1, zeros, zeros])
+    return np.ascontiguousarray(rows), np.zeros(0, dtype=np.int64)
