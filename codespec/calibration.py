@@ -113,6 +113,25 @@ def profile_key(model: Any) -> dict[str, str]:
     return key
 
 
+def direct_profile_key(config: Any, source: str, threads: int) -> dict[str, str]:
+    """The key of the torch-free path (codespec/direct): the same C forward as
+    transformers' path with the row decoder, measured apart (no torch, its own threads)."""
+    from codespec import rowplan
+
+    shapes = {name: getattr(config, name, None) for name in SHAPE_FIELDS}
+    return {
+        "processor": _processor("cpu"),
+        "machine": platform.machine(),
+        "model": source,
+        "model_shapes": _digest(json.dumps(shapes, sort_keys=True, default=str)),
+        "dtype": "bfloat16",
+        "device": "cpu",
+        "threads": str(threads),
+        "layout": f"key_block={rowplan.KEY_BLOCK},forward=rowdecoder,path=direct",
+        "env": ",".join(f"{name}={os.environ[name]}" for name in KERNEL_ENV if name in os.environ),
+    }
+
+
 def profile_path(cache_dir: Path | str, key: dict[str, str]) -> Path:
     """`<cache_dir>/calibration/<model>-<dtype>-<16 hex digits of the key's hash>.json`."""
     name = Path(key.get("model", "model")).name or "model"

@@ -27,12 +27,10 @@ from codespec.errors import RequestError
 from codespec.index import Draft, SuffixIndex
 from codespec.kvcache import DEFAULT_CHUNK, CacheFull, SlotCache
 from codespec.proposer import IndexedProposer, NoProposer, PromptLookupProposer, Proposer
-from codespec.sampling import SamplingParams, new_generator, sample_accept
 from codespec.settings import Settings
 from codespec.stats import GenerationStats
 from codespec.stopping import StopCondition
-from codespec.tree import VerifyTree
-from codespec.verifier import Accept, Item, Verifier, greedy_accept
+from codespec.tree import Accept, Item, VerifyTree
 
 COST_ROWS = (2, 4, 8, 16, 32, 48, 64)  # verify pass sizes timed when the controller starts,
 COST_CONTEXTS = (512, 2048)  # at these context lengths (two, to tell row cost from key cost)
@@ -72,8 +70,22 @@ class Generation:
         }
 
 
+def _direct(model: Any) -> bool:
+    """Whether `model` is the direct path's (codespec/direct: no torch), not transformers'."""
+    return getattr(model, "direct", False) is True
+
+
+def kv_storage(model: Any) -> tuple[Any, Any]:
+    """(dtype, device) of the model's KV slots."""
+    if _direct(model):
+        return model.kv_storage()
+    param = next(model.parameters())
+    return param.dtype, param.device
+
+
 class Engine:
-    """Greedy or sampled generation with speculation over a Hugging Face causal LM."""
+    """Greedy or sampled generation with speculation over a Hugging Face causal LM, or a
+    model of the direct path (codespec/direct)."""
 
     def __init__(
         self,
@@ -94,21 +106,26 @@ class Engine:
         if draft_policy not in controller.POLICIES:
             raise ValueError(f"draft_policy must be one of {controller.POLICIES}, got {draft_policy!r}")
         self.max_context = max_context(model.config)
-        param = next(model.parameters())
+        dtype, device = kv_storage(model)
         if cache is None:
-            cache = SlotCache(model.config, slots=slots, slot_tokens=min(self.max_context, 4096), dtype=param.dtype,
-                              device=param.device, chunk=DEFAULT_CHUNK)
+            cache = SlotCache(model.config, slots=slots, slot_tokens=min(self.max_context, 4096), dtype=dtype,
+                              device=device, chunk=DEFAULT_CHUNK)
         self.cache = cache
         self.profile_dir = profile_dir
         self.profile_key: dict[str, str] | None = None
         profile = None
         if profile_dir is not None:
-            self.profile_key = calibration.profile_key(model)
+            self.profile_key = model.profile_key() if _direct(model) else calibration.profile_key(model)
             profile = calibration.load(profile_dir, self.profile_key)
             if profile is not None and profile.row_block and not hasattr(model, "_codespec_row_block"):
                 # the probes' results on this very setting: the verifier skips probing
                 model._codespec_row_block, model._codespec_padded_rows = profile.row_block, profile.padded_rows
-        self.verifier = Verifier(model, cache, exact_rows=exact_rows)
+        if _direct(model):
+            self.verifier: Any = model.new_verifier(cache)
+        else:
+            from codespec.verifier import Verifier
+
+            self.verifier = Verifier(model, cache, exact_rows=exact_rows)
         self.tokenizer = tokenizer
         self.proposer = proposer if proposer is not None else PromptLookupProposer()
         self.max_draft_tokens = max_draft_tokens
@@ -130,11 +147,11 @@ class Engine:
         `settings.kv_cache_mb`."""
         match = dict(min_match_tokens=settings.min_match_tokens, max_match_tokens=settings.max_match_tokens)
         proposer: Proposer = PromptLookupProposer(**match) if index is None else IndexedProposer(index, **match)
-        param = next(model.parameters())
+        dtype, device = kv_storage(model)
         cache = SlotCache.within_budget(
             model.config, budget_mb=settings.kv_cache_mb,
             slot_tokens=min(settings.kv_slot_tokens, max_context(model.config)),
-            dtype=param.dtype, device=param.device, chunk=settings.prefill_chunk_tokens,
+            dtype=dtype, device=device, chunk=settings.prefill_chunk_tokens,
         )
         return cls(model, tokenizer, proposer, max_draft_tokens=settings.max_draft_tokens,
                    draft_policy=settings.draft_policy, cache=cache, profile_dir=settings.cache_dir)
@@ -334,7 +351,8 @@ class Run:
             self.slot, reused = engine.cache.acquire(self.prompt)
             self.stats.cached_prompt_tokens = reused
         logits = engine.verifier.prefill(self.slot, self.prompt, start=self.stats.cached_prompt_tokens)
-        first = (self.accept or greedy_accept)(logits, VerifyTree.chain(self.prompt[-1])).committed[0]
+        first = (self.accept(logits, VerifyTree.chain(self.prompt[-1])).committed[0] if self.accept is not None
+                 else engine.verifier.first_token(logits))
         self.prefilled = True
         kept = self._commit([first])
         self.stats.ttft_s = time.perf_counter() - self._started
@@ -379,6 +397,8 @@ class Run:
 def _acceptance(config: GenerationConfig, device: Any) -> Accept | None:
     if config.temperature == 0:
         return None  # greedy: accepted for the whole batch at once
+    from codespec.sampling import SamplingParams, new_generator, sample_accept
+
     params = SamplingParams(config.temperature, config.top_p, config.top_k)
     return functools.partial(sample_accept, params=params, generator=new_generator(device, config.seed))
 

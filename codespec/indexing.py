@@ -58,7 +58,7 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     """sha256 of the vocabulary and added tokens: equal iff token ids mean the same."""
     vocab = sorted(tokenizer.get_vocab().items())
     digest = hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode())
-    digest.update(type(tokenizer).__name__.encode())
+    digest.update(getattr(tokenizer, "fingerprint_class", type(tokenizer).__name__).encode())  # direct/tokenizer.py
     return digest.hexdigest()
 
 

@@ -121,6 +121,7 @@ class Weights:
     vocab: int  # lm_head's rows
     scale: float  # attention's query scale
     keep: list[Any]
+    parameters: int = 0  # the model's parameter count, for `model info`
 
 
 class RowDecoder:

@@ -18,6 +18,7 @@ them as one slice of the KV slot instead of gathering them (see attention.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from codespec.index import Draft
 
@@ -69,3 +70,27 @@ class VerifyTree:
 
     def children(self, node: int) -> list[int]:
         return [i for i in range(node + 1, len(self)) if self.parents[i] == node]
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """What a verify pass decided for one request's tree."""
+
+    accepted: int  # draft tokens accepted
+    committed: tuple[int, ...]  # accepted draft tokens + the bonus token
+    path: tuple[int, ...] = ()  # the accepted nodes of the tree, in order (node 0 excluded)
+
+
+# How a request's rows (logits [nodes, vocab]) turn into committed tokens: None for
+# greedy (batched), or a speculative-sampling rule bound to the request's parameters
+# (codespec.sampling).
+Accept = Callable[[Any, VerifyTree], VerifyResult]
+
+
+@dataclass(frozen=True)
+class Item:
+    """One request's part of a verify pass."""
+
+    slot: int
+    tree: VerifyTree
+    accept: Accept | None = None  # None: greedy

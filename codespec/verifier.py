@@ -22,8 +22,7 @@ through transformers' forward with row-exact attention and row blocks (attention
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -33,14 +32,7 @@ from codespec.kernels.accept import tree_accept
 from codespec.kernels.compact import compact_kv
 from codespec.kernels.tree_mask import tree_mask
 from codespec.kvcache import SlotCache, kv_dims
-from codespec.tree import VerifyTree
-
-
-@dataclass(frozen=True)
-class VerifyResult:
-    accepted: int  # draft tokens accepted
-    committed: tuple[int, ...]  # accepted draft tokens + the bonus token
-    path: tuple[int, ...] = ()  # the accepted nodes of the tree, in order (node 0 excluded)
+from codespec.tree import Accept, Item, VerifyResult, VerifyTree  # noqa: F401 (Accept: re-exported)
 
 
 def greedy_accept(logits: torch.Tensor, tree: VerifyTree) -> VerifyResult:
@@ -76,18 +68,6 @@ def batch_greedy_accept(logits: torch.Tensor, offsets: Sequence[int],
         nodes = tuple(path[:n])
         results.append(VerifyResult(n, tuple(tree.tokens[i] for i in nodes) + (b,), nodes))
     return results
-
-
-# How a request's rows turn into committed tokens: None for greedy (batched), or a
-# speculative-sampling rule bound to the request's parameters (codespec.sampling).
-Accept = Callable[[torch.Tensor, VerifyTree], VerifyResult]
-
-
-@dataclass(frozen=True)
-class Item:
-    slot: int
-    tree: VerifyTree
-    accept: Accept | None = None  # None: greedy
 
 
 class Verifier:
@@ -171,6 +151,10 @@ class Verifier:
         self.cache.prefilled(slot, prompt)
         assert logits is not None
         return logits[-1:]
+
+    def first_token(self, logits: torch.Tensor) -> int:
+        """The greedy choice after a prefill (the last row of `logits`)."""
+        return greedy_accept(logits[-1:], VerifyTree.chain(0)).committed[0]
 
     @torch.inference_mode()
     def verify(self, items: Sequence[Item]) -> list[VerifyResult]:

@@ -13,7 +13,10 @@ kernel runs (tests run it on CPU under `TRITON_INTERPRET=1`).
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the package itself needs no torch: native.py serves the torch-free path
+    import torch
 
 
 def use_triton(tensor: torch.Tensor, force: bool | None) -> bool:

@@ -373,6 +373,10 @@ static void layer(int isa, const Model *m, int64_t index, const Pass *p, uint16_
     for (int64_t r = 0; r < rows; r++) add_rows(x + r * H, w.normed + r * H, H);
 }
 
+/* The OpenMP threads of later calls. A process that loaded torch shares torch's pool
+ * (torch.set_num_threads sizes it); the direct path, without torch, sizes it here. */
+void rowdecoder_threads(int threads) { omp_set_num_threads(threads); }
+
 /* x: [rows][hidden] the rows' embeddings (overwritten); logits: [rows - logits_from][vocab].
  * Returns 0, or -1 for a pass it cannot run (a row without keys, a position past the
  * table, no row to give logits for). */

@@ -17,9 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from codespec.bench.suite import ALIASES, SYSTEM_NAMES
+from codespec.bench.systems import ALIASES, SYSTEM_NAMES
 from codespec.cli.options import MODEL_FIELDS, SPECULATION_FIELDS, add_settings_arguments, settings_from_args
 from codespec.errors import CodespecError
 
@@ -216,6 +214,8 @@ def run_workloads(args: argparse.Namespace) -> int:
 
 
 def _machine() -> dict[str, Any]:
+    import torch
+
     return {
         "cpu": platform.processor() or platform.machine(),
         "cores": os.cpu_count(),
@@ -303,6 +303,8 @@ def run_verify(args: argparse.Namespace) -> int:
 
     results = run_verify_bench(engine_for, request_sets, batches, repeat=args.repeat, on_result=progress)
     checks = bar_checks(results)
+    import torch
+
     print(f"\nmodel {loaded.name} ({loaded.info()['dtype']}, {loaded.device}), {torch.get_num_threads()} threads, "
           f"{platform.processor() or platform.machine()}; {count} requests per set, up to {new_tokens} new tokens each, "
           f"median of {args.repeat}")

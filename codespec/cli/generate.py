@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
 
         index = SuffixIndex.load(args.index)
     loading = process_age()
-    loaded = load_model(settings)
+    loaded = load_model(settings, direct=True)  # no torch import where the direct path serves it
     loaded_at = process_age()
     tokenizer = loaded.tokenizer
     if args.chat:
@@ -126,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         out = result.to_json()
         # where a fresh process's time went before the request (bench cold start reads it)
         out["startup"] = startup_report(imported, loading, loaded_at, started, result.stats.ttft_s)
+        out["startup"]["path"] = "direct" if loaded.direct else "transformers"
         print(json.dumps(out))
         return 0
     sys.stdout.write(result.text)

@@ -45,7 +45,6 @@ def _dispatch(argv: Sequence[str] | None) -> tuple[int, bool]:
 
     parser = build_parser()
     args = parser.parse_args(implicit_build(list(sys.argv[1:] if argv is None else argv)))
-    _quiet_libraries()
     handler: Handler = args.handler
     fast_exit = bool(getattr(args, "fast_exit", False))
     try:
@@ -70,17 +69,6 @@ def run() -> None:
         sys.stderr.flush()
         os._exit(code)
     sys.exit(code)
-
-
-def _quiet_libraries() -> None:
-    """transformers' own warnings and weight-loading bars would drown our output."""
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    try:
-        from transformers.utils import logging as hf_logging
-    except ImportError:
-        return
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
 
 
 if __name__ == "__main__":

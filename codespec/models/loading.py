@@ -34,13 +34,16 @@ class LoadedModel:
     name: str
     path: str
     model: Any  # transformers PreTrainedModel, in eval mode
-    tokenizer: Any  # transformers tokenizer
-    dtype: torch.dtype
-    device: torch.device
+    tokenizer: Any  # transformers tokenizer (direct: direct/tokenizer.py's)
+    dtype: torch.dtype | str
+    device: torch.device | str
     weights: str = ""  # the directory the weights came from (a serving-dtype copy, or path)
+    direct: bool = False  # served by the direct path (codespec/direct: no torch, no transformers)
 
     @property
     def parameters(self) -> int:
+        if self.direct:
+            return self.model.parameter_count
         return sum(p.numel() for p in self.model.parameters())
 
     def info(self) -> dict[str, Any]:
@@ -105,14 +108,32 @@ def set_threads(threads: int) -> None:
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
 
 
-def load_model(settings: Settings, *, progress: bool = True) -> LoadedModel:
-    """Resolve, load and place the model that `settings.model` names."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def quiet_transformers() -> None:
+    """transformers' own warnings and weight-loading bars would drown our output (called
+    where transformers is imported: a process that never loads it never pays its import)."""
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def load_model(settings: Settings, *, progress: bool = True, direct: bool = False) -> LoadedModel:
+    """Resolve, load and place the model that `settings.model` names. `direct`: on the
+    direct path (codespec/direct: no torch or transformers import) where it applies."""
     from codespec.kernels import native
 
     native.use_cache_dir(settings.cache_dir)  # where the C kernels are built, beside the models
     name, path = resolve_model_path(settings.model, settings, progress=progress)
+    if direct and Path(path).is_dir():
+        from codespec import direct as direct_path
+
+        if direct_path.unsupported(path, settings) is None:
+            model = direct_path.DirectModel.load(name, path, settings)
+            return LoadedModel(name=name, path=path, model=model, tokenizer=model.tokenizer, dtype="bfloat16",
+                               device="cpu", weights=str(model.weights_dir), direct=True)
+    quiet_transformers()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     device = pick_device(settings.device)
     dtype = pick_dtype(settings.dtype, device)
     set_threads(settings.threads)
@@ -143,6 +164,7 @@ def write_serving_copy(path: str | Path, dtype: torch.dtype) -> Path:
     a cold page cache), where the bfloat16 copy is half the bytes and loads as is. The
     copy is made by the very load it replaces (`from_pretrained(path, dtype=...)`), so
     its weights are bit for bit what that load gives."""
+    quiet_transformers()
     from transformers import AutoModelForCausalLM
 
     copy = Path(path) / _dtype_name(dtype)
@@ -168,6 +190,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def load_tokenizer(settings: Settings, *, progress: bool = True) -> Any:
     """The tokenizer of `settings.model` alone (indexing needs no weights)."""
+    quiet_transformers()
     from transformers import AutoTokenizer
 
     _, path = resolve_model_path(settings.model, settings, progress=progress)

@@ -1,0 +1,35 @@
+"""The systems `codespec bench` compares, by name (no heavy imports: the CLI's parser
+lists them before anything loads; suite.py runs them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from codespec.bench import llamacpp
+
+PLAIN = "plain"
+
+@dataclass(frozen=True)
+class SystemSpec:
+    name: str
+    description: str
+    kind: str  # "plain", "hf", "codespec" or "llamacpp"
+    drafter: str = ""  # codespec: "prompt", "index" or "arctic"
+    policy: str = "chain"
+
+
+SYSTEMS: tuple[SystemSpec, ...] = (
+    SystemSpec(PLAIN, "no speculation, no prompt cache", "plain"),
+    SystemSpec("hf_prompt_lookup", "transformers prompt lookup, 10 tokens", "hf"),
+    SystemSpec("codespec-prompt", "own context, chains", "codespec", "prompt", "chain"),
+    SystemSpec("codespec-index", "+ repository index, past generations", "codespec", "index", "chain"),
+    SystemSpec("codespec-tree", "+ token trees", "codespec", "index", "tree"),
+    SystemSpec("codespec", "+ goodput controller (default)", "codespec", "index", "goodput"),
+    SystemSpec("arctic-tree", "arctic-inference suffix tree, trees", "codespec", "arctic", "tree"),
+    SystemSpec("llamacpp", "llama.cpp llama-server, BF16 GGUF", "llamacpp"),
+    SystemSpec("llamacpp-simple", "llama.cpp n-gram lookup: ngram-simple", "llamacpp"),
+    SystemSpec("llamacpp-mod", "llama.cpp n-gram lookup: ngram-mod", "llamacpp"),
+    SystemSpec("llamacpp-map-k", "llama.cpp n-gram lookup: ngram-map-k", "llamacpp"),
+)
+SYSTEM_NAMES = tuple(s.name for s in SYSTEMS)
+ALIASES = {"llamacpp-lookup": llamacpp.LOOKUP_SYSTEMS}  # --systems shorthands
