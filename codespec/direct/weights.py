@@ -54,18 +54,33 @@ def dtypes(path: Path) -> set[str]:
     return {entry["dtype"] for file in tensor_files(path) for entry in read_header(file)[0].values()}
 
 
-def map_tensors(path: Path) -> dict[str, np.ndarray]:
-    """Every bf16 tensor of the model directory as a read-only uint16 array over the mapped files."""
+def map_tensors(path: Path, maps: list[np.memmap] | None = None) -> dict[str, np.ndarray]:
+    """Every bf16 tensor of the model directory as a read-only uint16 array over the mapped
+    files (appended to `maps` when given)."""
     tensors: dict[str, np.ndarray] = {}
     for file in tensor_files(path):
         header, start = read_header(file)
         data = np.memmap(file, dtype=np.uint8, mode="r")
+        if maps is not None:
+            maps.append(data)
         for name, entry in header.items():
             if entry["dtype"] != "BF16":
                 raise ModelError(f"{file}: tensor {name} is {entry['dtype']}, the direct path reads BF16")
             begin, end = entry["data_offsets"]
             tensors[name] = data[start + begin : start + end].view(np.uint16).reshape(entry["shape"])
     return tensors
+
+
+def _release(mapping: np.memmap) -> None:
+    """Drop the process's pages of a read-only file mapping (they stay in the page
+    cache; the few still read, embeddings and norms, fault back in): the resident
+    size stays one copy of the weights, not two."""
+    import mmap
+
+    try:
+        mapping._mmap.madvise(mmap.MADV_DONTNEED)  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):
+        pass  # not Linux, or no mapping: only memory is at stake
 
 
 def packed_elements(n: int, k: int) -> int:
@@ -83,7 +98,8 @@ def aligned_empty(elements: int, dtype: Any = np.uint16, align: int = 64) -> np.
 def load_weights(path: Path, config: Any, lib: Any) -> Weights:
     """The model's weights for the row decoder: products packed into stripes, the rest
     (embeddings, norms, biases) left in the mapped files."""
-    tensors = map_tensors(path)
+    maps: list[np.memmap] = []
+    tensors = map_tensors(path, maps)
     prefix = "model."
 
     def get(name: str, required: bool = True) -> np.ndarray | None:
@@ -110,6 +126,8 @@ def load_weights(path: Path, config: Any, lib: Any) -> Weights:
     for weight, offset in zip(products, offsets):
         n, k = weight.shape
         lib.rowgemm_pack(weight.ctypes.data, n, k, k, arena.ctypes.data + 2 * offset)
+    for mapping in maps:  # the products now live in the arena: let the file's pages go
+        _release(mapping)
 
     def at(index: int) -> int:
         return arena.ctypes.data + 2 * offsets[index]

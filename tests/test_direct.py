@@ -1,0 +1,183 @@
+"""The direct path (codespec/direct): no torch, no transformers, the same bits.
+
+Tiny bf16 models, saved as safetensors and read back by the direct loader, run on
+rowgemm's portable path, so these run on any CPU with a C compiler: the direct path's
+logits equal transformers' path with the row decoder bit for bit, and its speculative
+output equals its plain output. The default model's tokenizer and a fresh
+`codespec generate` process are checked against transformers where it is prepared.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from codespec import decoder, direct, rowblocks, rowforward
+from codespec.direct import weights
+from codespec.direct.tokenizer import DirectTokenizer
+from codespec.engine import Engine, GenerationConfig
+from codespec.errors import ModelError
+from codespec.kernels import rowgemm
+from codespec.kvcache import SlotCache
+from codespec.models.tiny import tiny_model
+from codespec.proposer import PromptLookupProposer
+from codespec.tree import VerifyTree
+from codespec.verifier import batch_greedy_accept
+
+needs_kernels = pytest.mark.skipif(rowgemm.library() is None or not hasattr(rowgemm.library(), "rowdecoder_forward"),
+                                   reason=f"no C forward: {rowgemm.unavailable()}")
+SHAPE = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=192)
+
+
+def saved_tiny(tmp_path, arch: str, seed: int = 0, vocab: int = 256, dtype=torch.bfloat16):
+    model = tiny_model(arch, vocab_size=vocab, seed=seed, dtype=dtype, **SHAPE)
+    model.save_pretrained(tmp_path)
+    return model
+
+
+def direct_model(path, isa=rowgemm.SCALAR) -> direct.DirectModel:
+    config = SimpleNamespace(**json.loads((path / "config.json").read_text()))
+    lib = rowgemm.library()
+    packed = weights.load_weights(path, config, lib)
+    return direct.DirectModel("tiny", path, config, SimpleNamespace(eos_token_id=None),
+                              rowforward.RowDecoder(lib, isa, config, packed), None, threads=1)
+
+
+def random_ids(count: int, vocab: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, vocab, count).tolist()
+
+
+@needs_kernels
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_direct_logits_equal_transformers_path_bit_for_bit(tmp_path, monkeypatch, arch):
+    monkeypatch.setattr(rowblocks, "linear_kernel", lambda dtype, device: "rowgemm")
+    model = saved_tiny(tmp_path, arch)
+    rowblocks.install(model)
+    ours = direct_model(tmp_path).decoder
+    theirs = decoder.new_decoder(model, isa_cap=rowgemm.SCALAR)
+    prompt = random_ids(300, 256, 1)
+    tree = VerifyTree((5, 6, 7, 8, 9), (-1, 0, 1, 0, 3), (0, 1, 2, 1, 2), tuple(range(4)))
+    results = []
+    for forward, kv_dtype in ((ours, np.uint16), (theirs, torch.bfloat16)):
+        cache = SlotCache(SimpleNamespace(**model.config.to_dict()), slots=1, slot_tokens=512, dtype=kv_dtype)
+        slots = forward.slots(*cache.addresses())
+        rows, path = rowforward.prefill_rows(0, 0, len(prompt))
+        last = forward.forward(prompt, rows, path, slots, logits_from=len(prompt) - 1)
+        rows, path = rowforward.plan_rows([(0, len(prompt), tree)])
+        results.append((last, forward.forward(list(tree.tokens), rows, path, slots)))
+    assert np.array_equal(results[0][0], results[1][0]) and np.array_equal(results[0][1], results[1][1])
+
+
+@needs_kernels
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_direct_speculative_output_equals_plain(tmp_path, arch):
+    saved_tiny(tmp_path, arch, seed=3, vocab=16)
+    model = direct_model(tmp_path)
+    engine = Engine(model, None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=8, eos_token_ids=[])
+    assert "torch" not in type(engine.verifier).__module__ and engine.cost.min_rows == 1
+    accepted = 0
+    for seed in range(5):
+        prompt = random_ids(3 + seed, 16, seed) * 3
+        plain = engine.generate(prompt, GenerationConfig(max_new_tokens=40, speculate=False))
+        spec = engine.generate(prompt, GenerationConfig(max_new_tokens=40))
+        assert spec.token_ids == plain.token_ids, f"prompt {prompt}"
+        accepted += spec.stats.accepted_draft_tokens
+    assert accepted > 20
+
+
+def test_greedy_acceptance_matches_the_torch_rule_with_ties():
+    """bf16 logits tie often at the top: both paths must take the first maximum."""
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        nodes = int(rng.integers(1, 8))
+        parents = [-1] + [int(rng.integers(0, i)) for i in range(1, nodes)]
+        depths = [0]
+        for p in parents[1:]:
+            depths.append(depths[p] + 1)
+        tokens = [int(t) for t in rng.integers(0, 6, nodes)]
+        tree = VerifyTree(tuple(tokens), tuple(parents), tuple(depths), tuple(range(nodes - 1)))
+        logits = rowforward.bf16_bits(rng.integers(-2, 3, (nodes, 6)).astype(np.float32))  # many ties
+        expected = batch_greedy_accept(decoder.as_tensor(logits), [0], [tree])[0]
+        assert direct.greedy_tree_accept(logits, tree) == expected, trial
+
+
+def test_rotary_tables_follow_the_config_forms():
+    new = SimpleNamespace(rope_parameters={"rope_theta": 1e6, "rope_type": "default"}, num_attention_heads=2,
+                          hidden_size=128, num_hidden_layers=1)
+    old = SimpleNamespace(rope_theta=1e6, rope_scaling=None, num_attention_heads=2, hidden_size=128,
+                          num_hidden_layers=1)
+    assert rowforward.rope_theta(new) == rowforward.rope_theta(old) == 1e6
+    assert rowforward.rope_type(new) == rowforward.rope_type(old) == "default"
+    assert all(np.array_equal(a, b) for a, b in zip(rowforward.rotary_tables(new, 64), rowforward.rotary_tables(old, 64)))
+
+
+def test_unsupported_says_why(tmp_path, monkeypatch):
+    saved_tiny(tmp_path, "qwen2", dtype=torch.float32)
+    (tmp_path / "tokenizer.json").write_text("{}")
+    settings = SimpleNamespace(device="cpu", dtype="auto")
+    assert direct.unsupported(tmp_path, settings) == "weights not stored in bfloat16"
+    assert "CUDA" in direct.unsupported(tmp_path, SimpleNamespace(device="cuda", dtype="auto"))
+    monkeypatch.setenv("CODESPEC_FORWARD", "transformers")
+    assert "CODESPEC_FORWARD" in direct.unsupported(tmp_path, settings)
+    (tmp_path / "model.safetensors").write_bytes(b"\xff" * 16)
+    with pytest.raises(ModelError, match="not a readable safetensors file"):
+        weights.dtypes(tmp_path)
+
+
+# -- the default model --------------------------------------------------------------------
+
+TEXTS = ["def f(x):\n    return x  # <|endoftext|> stays text\n", "naïve ünïcode — 中文\t\r\n", "   spaces\n\n\n"]
+
+
+@pytest.mark.model
+def test_tokenizer_answers_as_transformers(default_model):
+    from codespec.indexing import tokenizer_fingerprint
+    from codespec.prompts import encode_prompt, encode_texts, fim_ids
+
+    theirs = default_model.tokenizer
+    ours = DirectTokenizer(__import__("pathlib").Path(default_model.path))
+    assert encode_texts(ours, TEXTS) == encode_texts(theirs, TEXTS)
+    prompt = "<|fim_prefix|>def f(<|fim_suffix|>):\n<|fim_middle|>"
+    assert encode_prompt(ours, prompt) == encode_prompt(theirs, prompt)
+    assert fim_ids(ours, "a = 1\n", "b = 2\n") == fim_ids(theirs, "a = 1\n", "b = 2\n")
+    ids = encode_prompt(theirs, prompt + TEXTS[1] + "<|im_end|>")
+    for skip in (True, False):
+        assert ours.decode(ids, skip_special_tokens=skip) == theirs.decode(ids, skip_special_tokens=skip)
+    for messages in ([{"role": "user", "content": "Rename x to y."}],
+                     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                      {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Again"}]):
+        for prompt_too in (True, False):
+            assert ours.apply_chat_template(messages, add_generation_prompt=prompt_too) == \
+                theirs.apply_chat_template(messages, add_generation_prompt=prompt_too, tokenize=False)
+    assert (ours.eos_token_id, ours.unk_token_id) == (theirs.eos_token_id, theirs.unk_token_id)
+    assert tokenizer_fingerprint(ours) == tokenizer_fingerprint(theirs)  # index files serve both
+
+
+@pytest.mark.model
+def test_generate_runs_without_torch_and_equals_transformers_path(default_model, tmp_path):
+    """A fresh `codespec generate` on the direct path imports neither torch nor
+    transformers, and answers what transformers' path (the server's) answers."""
+    if direct.unsupported(default_model.path, SimpleNamespace(device="auto", dtype="auto")) is not None:
+        pytest.skip(f"no direct path here: {direct.unsupported(default_model.path, SimpleNamespace(device='auto', dtype='auto'))}")
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("Rename `n` to `count`. Reply with the function only.\n\n```python\n"
+                      "def total(n):\n    s = 0\n    for i in range(n):\n        s += i * n\n    return s\n```\n")
+    probe = ("import runpy, sys, json; sys.argv = ['codespec', *sys.argv[1:]]; "
+             "from codespec.cli import main; code, _ = main._dispatch(None); "
+             "print(json.dumps({'torch': 'torch' in sys.modules, 'transformers': 'transformers' in sys.modules}))")
+    proc = subprocess.run([sys.executable, "-c", probe, "generate", "--json", "--chat", "--max-new-tokens", "40",
+                           str(prompt)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out, imported = (json.loads(line) for line in proc.stdout.strip().splitlines()[-2:])
+    assert out["startup"]["path"] == "direct" and imported == {"torch": False, "transformers": False}
+    tok = default_model.tokenizer
+    ids = tok(tok.apply_chat_template([{"role": "user", "content": prompt.read_text()}], add_generation_prompt=True,
+                                      tokenize=False), add_special_tokens=False)["input_ids"]
+    engine = Engine(default_model.model, tok, PromptLookupProposer(), max_draft_tokens=16)
+    assert engine.generate(ids, GenerationConfig(max_new_tokens=40)).token_ids == out["token_ids"]
