@@ -27,7 +27,7 @@ from codespec.kernels import rowgemm
 from codespec.kvcache import SlotCache
 from codespec.models.tiny import tiny_model
 from codespec.proposer import PromptLookupProposer
-from codespec.tree import VerifyTree
+from codespec.tree import Item, VerifyTree
 from codespec.verifier import batch_greedy_accept
 
 needs_kernels = pytest.mark.skipif(rowgemm.library() is None or not hasattr(rowgemm.library(), "rowdecoder_forward"),
@@ -89,6 +89,29 @@ def test_direct_speculative_output_equals_plain(tmp_path, arch):
         assert spec.token_ids == plain.token_ids, f"prompt {prompt}"
         accepted += spec.stats.accepted_draft_tokens
     assert accepted > 20
+
+
+@needs_kernels
+def test_a_winning_branch_is_moved_after_the_context(tmp_path):
+    """A tree whose model-chosen path leaves the main path: the kept KV must be the
+    branch's, so decoding on from it equals plain decoding."""
+    saved_tiny(tmp_path, "qwen2", seed=5, vocab=64)
+    model = direct_model(tmp_path)
+    engine = Engine(model, None, PromptLookupProposer(), eos_token_ids=[])
+    prompt = random_ids(20, 64, 7)
+    plain = engine.generate(prompt, GenerationConfig(max_new_tokens=12, speculate=False)).token_ids
+    cache, verifier = engine.cache, engine.verifier
+    slot, _ = cache.acquire([-1])
+    verifier.prefill(slot, prompt)
+    wrong = (plain[1] + 1) % 64
+    # main path: a wrong token; a branch off the root: the next three right ones
+    tree = VerifyTree((plain[0], wrong, plain[1], plain[2], plain[3]), (-1, 0, 0, 2, 3), (0, 1, 1, 2, 3), (0, 1, 2, 3))
+    result = verifier.verify([Item(slot, tree)])[0]
+    assert result.path == (2, 3, 4) and result.committed == tuple(plain[1:5])
+    out = list(plain[:5])
+    while len(out) < 12:
+        out.append(verifier.verify([Item(slot, VerifyTree.chain(out[-1]))])[0].committed[0])
+    assert out == plain
 
 
 def test_greedy_acceptance_matches_the_torch_rule_with_ties():

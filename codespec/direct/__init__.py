@@ -148,7 +148,8 @@ class DirectVerifier:
             if any(node != j + 1 for j, node in enumerate(result.path)):  # a branch won: move it after the context
                 source = start + np.array([0, *result.path])
                 for layer in (*self.cache.keys, *self.cache.values):
-                    layer[item.slot, :, start : start + len(source)] = layer[item.slot, :, source]
+                    kept = layer[item.slot]  # [kv_heads, positions, head_dim]: gather, then store
+                    kept[:, start : start + len(source)] = kept[:, source]
             self.cache.committed(item.slot, [item.tree.tokens[0], *(item.tree.tokens[i] for i in result.path)])
 
 
