@@ -47,10 +47,19 @@ def run_prepare(args: argparse.Namespace) -> int:
     loaded = load_model(settings)
     began = time.perf_counter()
     print(f"codespec: profiling {name} on this machine ({loaded.dtype}, {loaded.device}) ...", file=sys.stderr)
-    engine = Engine.from_settings(loaded.model, loaded.tokenizer, settings.model_copy(update={"draft_policy": "goodput"}))
+    goodput = settings.model_copy(update={"draft_policy": "goodput"})
+    engine = Engine.from_settings(loaded.model, loaded.tokenizer, goodput)
     engine.calibrate()
-    facts = {"name": name, "path": path, "profile": _profile_facts(engine),
-             "profile_s": round(time.perf_counter() - began, 2)}
+    facts = {"name": name, "path": path, "profile": _profile_facts(engine)}
+    del engine, loaded
+    # `codespec generate` serves the model on the direct path where it can (codespec/direct:
+    # no torch import): the same C forward, profiled under its own key
+    direct = load_model(settings, direct=True)
+    if direct.direct:
+        engine = Engine.from_settings(direct.model, direct.tokenizer, goodput)
+        engine.calibrate()
+        facts["direct_profile"] = _profile_facts(engine)
+    facts["profile_s"] = round(time.perf_counter() - began, 2)
     if args.json:
         print(json.dumps(facts))
     else:
@@ -71,6 +80,10 @@ def run_info(args: argparse.Namespace) -> int:
         info["source_sha256"] = manifest["sha256"]
     key = calibration.profile_key(loaded.model)
     info["profile"] = _stored_profile_facts(settings.cache_dir, key)
+    from codespec import direct
+
+    if direct.unsupported(loaded.path, settings) is None:  # what `codespec generate` runs on (no torch)
+        info["direct_profile"] = _stored_profile_facts(settings.cache_dir, direct.profile_key(loaded.path, settings))
     print_facts(info, args.json)
     return 0
 

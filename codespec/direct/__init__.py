@@ -93,6 +93,18 @@ def _weights_dir(path: Path) -> Path:
     return copy if (copy / SERVING_COPY).is_file() else path
 
 
+def _threads(settings: Any) -> int:
+    if settings.threads > 0:
+        return settings.threads
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def profile_key(path: str | Path, settings: Any) -> dict[str, str]:
+    """The machine-profile key of the model at `path` on the direct path (calibration.py)."""
+    return calibration.direct_profile_key(_config(_weights_dir(Path(path)), "config.json"), str(path),
+                                          _threads(settings))
+
+
 class DirectVerifier:
     """The verifier of the direct path: Verifier's contract (verifier.py) over numpy KV
     slots and the C forward, which every pass of this path takes."""
@@ -193,8 +205,7 @@ class DirectModel:
         from codespec.kernels import native
 
         path = Path(path)
-        threads = settings.threads if settings.threads > 0 else len(os.sched_getaffinity(0)) \
-            if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        threads = _threads(settings)
         lib = native.library()  # built (or found) by unsupported()
         lib.rowdecoder_threads(threads)
         source = _weights_dir(path)
