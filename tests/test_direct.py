@@ -159,7 +159,7 @@ TEXTS = ["def f(x):\n    return x  # <|endoftext|> stays text\n", "naïve ünïc
 
 
 @pytest.mark.model
-def test_tokenizer_answers_as_transformers(default_model):
+def test_tokenizer_answers_as_transformers(default_model, tmp_path):
     from codespec.indexing import tokenizer_fingerprint
     from codespec.prompts import encode_prompt, encode_texts, fim_ids
 
@@ -179,7 +179,13 @@ def test_tokenizer_answers_as_transformers(default_model):
             assert ours.apply_chat_template(messages, add_generation_prompt=prompt_too) == \
                 theirs.apply_chat_template(messages, add_generation_prompt=prompt_too, tokenize=False)
     assert (ours.eos_token_id, ours.unk_token_id) == (theirs.eos_token_id, theirs.unk_token_id)
-    assert tokenizer_fingerprint(ours) == tokenizer_fingerprint(theirs)  # index files serve both
+    expected = tokenizer_fingerprint(theirs)
+    assert tokenizer_fingerprint(ours) == expected  # index files serve both
+    memo = tmp_path / "fingerprints"
+    assert tokenizer_fingerprint(ours, tmp_path) == expected and len(list(memo.iterdir())) == 1
+    assert tokenizer_fingerprint(ours, tmp_path) == expected  # read back
+    next(memo.iterdir()).write_text("garbage")
+    assert tokenizer_fingerprint(ours, tmp_path) == expected  # a bad memo is recomputed
 
 
 @pytest.mark.model

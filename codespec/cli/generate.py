@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     if index is not None:
         from codespec.indexing import tokenizer_fingerprint
 
-        index.check_tokenizer(tokenizer_fingerprint(tokenizer))
+        index.check_tokenizer(tokenizer_fingerprint(tokenizer, settings.cache_dir))
     engine = Engine.from_settings(loaded.model, tokenizer, settings, index=index)
     started = process_age()
     result = engine.generate(prompt_ids, config)

@@ -35,6 +35,8 @@ class DirectTokenizer:
         self._split_tokenizer: Any = None
         config_file = path / "tokenizer_config.json"
         config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+        # what defines the token ids: indexing.tokenizer_fingerprint memoizes by these files
+        self.source_files = [self._file, *([config_file] if config_file.is_file() else [])]
         # the class transformers would load: index files fingerprint it (indexing.py)
         self.fingerprint_class = str(config.get("tokenizer_class") or "PreTrainedTokenizerFast")
         self.clean_up_tokenization_spaces = bool(config.get("clean_up_tokenization_spaces", False))
