@@ -87,27 +87,16 @@ def profile_key(model: Any) -> dict[str, str]:
     param = next(model.parameters())
     device, dtype, threads = param.device, param.dtype, torch.get_num_threads()
     config = model.config
-    shapes = {name: getattr(config, name, None) for name in SHAPE_FIELDS}
     dtype_name = str(dtype).removeprefix("torch.")
     source = Path(str(getattr(config, "_name_or_path", "") or getattr(model, "name_or_path", "")))
     if source.name == dtype_name:  # a serving-dtype copy (models/loading.py): named after its model
         source = source.parent
-    key = {
-        "processor": _processor(device),
-        "machine": platform.machine(),
-        "torch": torch.__version__,
-        "torch_build": _digest(torch.__config__.show()),
-        "transformers": transformers.__version__,
-        "model": str(source),
-        "model_shapes": _digest(json.dumps(shapes, sort_keys=True, default=str)),
-        "dtype": dtype_name,
-        "device": str(device),
-        "threads": str(threads),
-        "layout": f"key_block={rowcalls.KEY_BLOCK},q_block={rowcalls.Q_BLOCK},q_split={rowcalls.Q_SPLIT_LIMIT},"
-                  f"max_block={rowblocks.MAX_BLOCK},linear={rowblocks.linear_kernel(dtype, device)},"
-                  f"forward={decoder.forward_kind(model)}",
-        "env": ",".join(f"{name}={os.environ[name]}" for name in KERNEL_ENV if name in os.environ),
-    }
+    key = _key(config, str(source), dtype_name, device, threads,
+               f"key_block={rowcalls.KEY_BLOCK},q_block={rowcalls.Q_BLOCK},q_split={rowcalls.Q_SPLIT_LIMIT},"
+               f"max_block={rowblocks.MAX_BLOCK},linear={rowblocks.linear_kernel(dtype, device)},"
+               f"forward={decoder.forward_kind(model)}")
+    key.update(torch=torch.__version__, torch_build=_digest(torch.__config__.show()),
+               transformers=transformers.__version__)
     if str(device).startswith("cpu"):
         key["cpu_capability"] = str(torch.backends.cpu.get_cpu_capability())
     return key
@@ -118,16 +107,21 @@ def direct_profile_key(config: Any, source: str, threads: int) -> dict[str, str]
     transformers' path with the row decoder, measured apart (no torch, its own threads)."""
     from codespec import rowplan
 
+    return _key(config, source, "bfloat16", "cpu", threads, f"key_block={rowplan.KEY_BLOCK},forward=rowdecoder,path=direct")
+
+
+def _key(config: Any, source: str, dtype: str, device: Any, threads: int, layout: str) -> dict[str, str]:
+    """The fields every profile key holds: machine, model, setting and kernel layout."""
     shapes = {name: getattr(config, name, None) for name in SHAPE_FIELDS}
     return {
-        "processor": _processor("cpu"),
+        "processor": _processor(device),
         "machine": platform.machine(),
         "model": source,
         "model_shapes": _digest(json.dumps(shapes, sort_keys=True, default=str)),
-        "dtype": "bfloat16",
-        "device": "cpu",
+        "dtype": dtype,
+        "device": str(device),
         "threads": str(threads),
-        "layout": f"key_block={rowplan.KEY_BLOCK},forward=rowdecoder,path=direct",
+        "layout": layout,
         "env": ",".join(f"{name}={os.environ[name]}" for name in KERNEL_ENV if name in os.environ),
     }
 

@@ -18,7 +18,7 @@ would have had, in that order.
 
 Prefill chunks run on it too, as rows that see the slot up to themselves, so a prompt's
 KV is the same whichever way it reaches the slot, and the torch-free path of a fresh CLI
-process (lean.py), which runs this same forward over the same packed weights (its
+process (codespec/direct), which runs this same forward over the same packed weights (its
 Python side is rowforward.py, numpy only), computes what this path computes.
 
 Used where the linear layers are rowgemm's (CPU, bfloat16, AVX-512 BF16: rowblocks.py)
@@ -28,25 +28,15 @@ and the model is one whose layers this forward knows (`unsupported` says why not
 
 from __future__ import annotations
 
-import os
 from typing import Any, Sequence
 
 import torch
 
 from codespec import rowforward
 from codespec.kernels import native, rowgemm
-from codespec.rowforward import RowDecoder
+from codespec.rowforward import FORWARD_CHOICES, RowDecoder, wanted  # noqa: F401 (FORWARD_CHOICES: re-exported)
 
-FORWARD_CHOICES = ("rowdecoder", "transformers")  # CODESPEC_FORWARD
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # cos/sin depend on the position alone
-
-
-def wanted() -> bool:
-    """Whether CODESPEC_FORWARD allows the row decoder (a typo is an error, not a silent default)."""
-    choice = os.environ.get("CODESPEC_FORWARD", "")
-    if choice and choice not in FORWARD_CHOICES:
-        raise ValueError(f"CODESPEC_FORWARD={choice!r}: expected one of {', '.join(FORWARD_CHOICES)}")
-    return choice != "transformers"
 
 
 def unsupported(model: Any) -> str | None:

@@ -17,7 +17,7 @@ only full chunks a prefill computed are ever reused. A fresh prefill of the new 
 would compute those chunks bit for bit the same way.
 
     cache = SlotCache(model.config, slots=4, slot_tokens=4096, dtype=torch.bfloat16)
-    cache = SlotCache(config, slots=1, slot_tokens=4096, dtype=numpy.uint16)  # bf16 bits, no torch (lean.py)
+    cache = SlotCache(config, slots=1, slot_tokens=4096, dtype=numpy.uint16)  # bf16 bits, no torch (codespec/direct)
     slot, reused = cache.acquire(prompt_ids)       # reused: tokens whose KV is kept
     ...
     cache.release(slot)                            # the KV stays for the next request
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     import torch
 
 # A KV dtype is a torch dtype (tensors), or a numpy dtype: numpy arrays, uint16 holding
-# bf16 bits (the torch-free path, lean.py).
+# bf16 bits (the torch-free path, codespec/direct).
 KVDtype = Any
 
 DEFAULT_CHUNK = 256  # prefill chunk: the fastest 1k-token prefill here, 128 costs +20% (decisions.md)
@@ -143,6 +143,9 @@ class SlotCache:
     def addresses(self) -> tuple[list[int], list[int], int]:
         """(per-layer key addresses, value addresses, positions per slot row) for the C
         forward (rowforward.py), which reads and writes the storage in place."""
+        for layer in (*self.keys, *self.values):
+            contiguous = layer.flags.c_contiguous if isinstance(layer, np.ndarray) else layer.is_contiguous()
+            assert contiguous and _element_size(layer.dtype) == 2, "the C forward reads contiguous bf16 slots"
         return [address(k) for k in self.keys], [address(v) for v in self.values], self.keys[0].shape[2]
 
     # -- slots -----------------------------------------------------------------------------

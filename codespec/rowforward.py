@@ -5,7 +5,7 @@ pointers) over rows of tokens in one C call: prefill chunks, decode steps and ve
 passes alike, each row computed alone (decoder.py says why that makes speculation
 lossless by construction). It takes and returns numpy arrays (bf16 as uint16), so the
 same object serves transformers' model (decoder.py hands it the model's packed weights)
-and the torch-free path of a fresh CLI process (lean.py), and both compute the same
+and the torch-free path of a fresh CLI process (codespec/direct), and both compute the same
 bits: same weights, same rotary tables (`rotary_tables`), same C code.
 
     rows, path = plan_rows([(slot, length, tree)])       # a verify pass
@@ -17,16 +17,18 @@ bits: same weights, same rotary tables (`rotary_tables`), same C code.
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
 from codespec import rowplan
+from codespec.kernels.rowgemm import STRIPE
 from codespec.kvcache import kv_dims
 
 FAMILIES = ("qwen2", "llama")
-STRIPE = 64  # rowgemm's output columns per stripe (kernels/rowgemm.c)
+FORWARD_CHOICES = ("rowdecoder", "transformers")  # CODESPEC_FORWARD
 LAYER_FIELDS = ("norm_in", "qkv", "qkv_bias", "o", "o_bias", "norm_post", "gate_up", "down")
 
 _pointer, _size = ctypes.c_void_p, ctypes.c_int64
@@ -48,6 +50,14 @@ class _Pass(ctypes.Structure):
                 *((name, _pointer) for name in ("slot", "write", "position", "context", "path_start", "path_len",
                                                 "path", "keys", "values")),
                 ("capacity", _size), ("logits_from", _size)]
+
+
+def wanted() -> bool:
+    """Whether CODESPEC_FORWARD allows the row decoder (a typo is an error, not a silent default)."""
+    choice = os.environ.get("CODESPEC_FORWARD", "")
+    if choice and choice not in FORWARD_CHOICES:
+        raise ValueError(f"CODESPEC_FORWARD={choice!r}: expected one of {', '.join(FORWARD_CHOICES)}")
+    return choice != "transformers"
 
 
 def _rope(config: Any) -> dict[str, Any]:
@@ -162,11 +172,28 @@ class RowDecoder:
         self.dims.positions = positions
         self.positions = positions
 
-    def slots(self, keys: Sequence[int], values: Sequence[int], capacity: int) -> tuple[Any, Any, int]:
-        """The per-layer cache addresses a pass hands over: each layer's keys and values
-        are contiguous bf16 [slots, kv_heads, capacity, head_dim]."""
+    def slots(self, cache: Any) -> tuple[Any, Any, int]:
+        """The per-layer addresses of a SlotCache's keys and values (tensors or arrays,
+        contiguous bf16 [slots, kv_heads, capacity, head_dim]) that passes hand over."""
+        keys, values, capacity = cache.addresses()  # checks contiguity and 2-byte elements
+        for layer in (*cache.keys, *cache.values):
+            assert tuple(layer.shape[1:]) == (self.kv_heads, capacity, self.head_dim), "a KV layout of another model"
         array = _pointer * len(keys)
         return array(*keys), array(*values), capacity
+
+    def prefill(self, prompt: Sequence[int], slot: int, start: int, chunk: int, slots: tuple[Any, Any, int]
+                ) -> np.ndarray:
+        """Write the KV of prompt[start:] into `slot` in chunks of `chunk` rows on the
+        absolute grid (each row sees the slot up to itself, so the chunking bounds the
+        work buffer and changes no bit); returns the logits (bf16 bits) after the last
+        token: [1, vocab]."""
+        logits = None
+        for begin in range(start, len(prompt), chunk):
+            end = min(begin + chunk, len(prompt))
+            rows, path = prefill_rows(slot, begin, end)
+            logits = self.forward(prompt[begin:end], rows, path, slots, logits_from=end - begin - 1)
+        assert logits is not None, "nothing to prefill"
+        return logits
 
     def forward(self, ids: Sequence[int], rows: np.ndarray, path: np.ndarray, slots: tuple[Any, Any, int],
                 logits_from: int = 0) -> np.ndarray:

@@ -1,7 +1,7 @@
 """The layout arithmetic of row-exact attention calls, without torch: key padding, query
 slots per token, and a verify tree's chains. rowcalls.py builds the calls from it; the
 cost model (controller.py), the KV cache and the row decoder's row plan use it too, in
-processes that never import torch (lean.py).
+processes that never import torch (codespec/direct).
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ class Verifier:
         self.query_group = model.config.num_attention_heads // kv_heads
         if self.decoder is not None:
             self.row_block, self.padded_rows = 0, False  # no blocks; each row reads its own keys
-            self._slots = self.decoder.slots(*cache.addresses())
+            self._slots = self.decoder.slots(cache)
             self.decoder.reach(cache.slot_tokens)
         else:
             if not hasattr(model, "_codespec_row_block"):  # probed once per model
@@ -129,14 +129,13 @@ class Verifier:
         prompt = list(prompt_ids)
         assert 0 <= start < len(prompt) <= self.cache.slot_tokens
         assert start % self.cache.chunk == 0, "a prefill resumes on the chunk grid"
+        if self.decoder is not None:  # rows that see the slot up to themselves (rowforward.py)
+            logits = self.decoder.prefill(prompt, slot, start, self.cache.chunk, self._slots)
+            self.cache.prefilled(slot, prompt)
+            return decoder.as_tensor(logits)
         logits = None
         for begin in range(start, len(prompt), self.cache.chunk):
             end = min(begin + self.cache.chunk, len(prompt))
-            if self.decoder is not None:  # rows that see the slot up to themselves; logits of the last
-                rows, path = rowforward.prefill_rows(slot, begin, end)
-                logits = decoder.as_tensor(self.decoder.forward(prompt[begin:end], rows, path, self._slots,
-                                                                logits_from=end - begin - 1))
-                continue
             rows = torch.arange(begin, end, device=self.device)
             causal = torch.arange(end, device=self.device)[None, :] <= rows[:, None]  # [rows, end]
             plan = attention.Plan(

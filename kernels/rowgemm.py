@@ -27,10 +27,12 @@ from __future__ import annotations
 import ctypes
 import functools
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from codespec.kernels import check, native
+
+if TYPE_CHECKING:  # imported where a tensor is handled: the direct path (codespec/direct) has none
+    import torch
 
 AVX512_BF16 = 2  # rowgemm_isa's answer for the fast path
 SCALAR = 0
@@ -86,6 +88,8 @@ def packed_elements(shape: tuple[int, int]) -> int:
 def pack(weight: torch.Tensor, out: torch.Tensor | None = None) -> Packed:
     """Lay `weight` [N, K] (bf16, CPU) out in stripes: a copy the size of the weight, into
     `out` (a contiguous bf16 tensor of `packed_elements` values) when given."""
+    import torch
+
     check(weight.dim() == 2 and weight.dtype == torch.bfloat16 and weight.device.type == "cpu",
           "rowgemm packs a bfloat16 [N, K] CPU matrix")
     n, k = weight.shape
@@ -114,6 +118,8 @@ def rowgemm(x: torch.Tensor, weight: Packed, bias: torch.Tensor | None = None, *
     """`F.linear(x, W, bias)` in bf16 on CPU for W packed by `pack`, every row computed alone.
 
     x: [..., K] bf16; bias: [N] bf16 or None; returns [..., N]."""
+    import torch
+
     lib = library()
     check(lib is not None, f"the rowgemm kernel is not available: {unavailable()}")
     check(isinstance(weight, Packed), "rowgemm takes a weight packed by rowgemm.pack")
@@ -138,6 +144,8 @@ def rowgemm(x: torch.Tensor, weight: Packed, bias: torch.Tensor | None = None, *
 
 def rowgemm_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The same product in float32 torch, rounded once to bf16 (equal up to summation order)."""
+    import torch
+
     out = x.float() @ weight.float().T
     if bias is not None:
         out = out + bias.float()

@@ -44,7 +44,7 @@ def saved_tiny(tmp_path, arch: str, seed: int = 0, vocab: int = 256, dtype=torch
 def direct_model(path, isa=rowgemm.SCALAR) -> direct.DirectModel:
     config = SimpleNamespace(**json.loads((path / "config.json").read_text()))
     lib = rowgemm.library()
-    packed = weights.load_weights(path, config, lib)
+    packed = weights.load_weights(path, config)
     return direct.DirectModel("tiny", path, config, SimpleNamespace(eos_token_id=None),
                               rowforward.RowDecoder(lib, isa, config, packed), None, threads=1)
 
@@ -66,7 +66,7 @@ def test_direct_logits_equal_transformers_path_bit_for_bit(tmp_path, monkeypatch
     results = []
     for forward, kv_dtype in ((ours, np.uint16), (theirs, torch.bfloat16)):
         cache = SlotCache(SimpleNamespace(**model.config.to_dict()), slots=1, slot_tokens=512, dtype=kv_dtype)
-        slots = forward.slots(*cache.addresses())
+        slots = forward.slots(cache)
         rows, path = rowforward.prefill_rows(0, 0, len(prompt))
         last = forward.forward(prompt, rows, path, slots, logits_from=len(prompt) - 1)
         rows, path = rowforward.plan_rows([(0, len(prompt), tree)])

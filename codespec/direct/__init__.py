@@ -31,10 +31,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from codespec import calibration, rowforward
+from codespec.kernels import native, rowgemm
 from codespec.kvcache import SlotCache
 from codespec.tree import Item, VerifyResult, VerifyTree
-
-AVX512_BF16 = 2  # rowgemm_isa's answer for the fast path (kernels/rowgemm.py)
 
 
 def _config(path: Path, name: str) -> SimpleNamespace:
@@ -58,7 +57,7 @@ def _cuda_visible() -> bool:
 def unsupported(path: str | Path, settings: Any) -> str | None:
     """Why the direct path cannot serve the model at `path` under `settings` (None: it can)."""
     path = Path(path)
-    if os.environ.get("CODESPEC_FORWARD") == "transformers" or os.environ.get("CODESPEC_LINEAR"):
+    if not rowforward.wanted() or os.environ.get("CODESPEC_LINEAR", "rowgemm") != "rowgemm":
         return "CODESPEC_FORWARD/CODESPEC_LINEAR ask for transformers' forward or another linear kernel"
     if settings.device == "cuda" or (settings.device == "auto" and _cuda_visible()):
         return "the model runs on CUDA"
@@ -66,8 +65,9 @@ def unsupported(path: str | Path, settings: Any) -> str | None:
         return f"device {settings.device}, dtype {settings.dtype} (the direct path is CPU bfloat16)"
     if not (path / "config.json").is_file() or not (path / "tokenizer.json").is_file():
         return "no config.json or tokenizer.json"
-    reason = rowforward.config_unsupported(_config(path, "config.json"))
-    if reason is None and rowforward.rope_type(_config(path, "config.json")) != "default":
+    config = _config(path, "config.json")
+    reason = rowforward.config_unsupported(config)
+    if reason is None and rowforward.rope_type(config) != "default":
         reason = "a scaled rotary embedding"
     if reason is not None:
         return reason
@@ -75,12 +75,9 @@ def unsupported(path: str | Path, settings: Any) -> str | None:
 
     if weights.dtypes(_weights_dir(path)) != {"BF16"}:
         return "weights not stored in bfloat16"
-    from codespec.kernels import native
-
-    lib = native.library()
-    if lib is None or not hasattr(lib, "rowdecoder_forward"):
+    if not native.has("rowdecoder_forward") or rowgemm.library() is None:
         return f"the C forward is not built ({native.unavailable() or 'no rowdecoder'})"
-    if lib.rowgemm_isa(AVX512_BF16) != AVX512_BF16:
+    if rowgemm.isa() != rowgemm.AVX512_BF16:
         return "this CPU has no AVX-512 BF16"
     return None
 
@@ -114,7 +111,7 @@ class DirectVerifier:
 
     def __init__(self, decoder: rowforward.RowDecoder, cache: SlotCache) -> None:
         self.decoder, self.cache = decoder, cache
-        self._slots = decoder.slots(*cache.addresses())
+        self._slots = decoder.slots(cache)
         decoder.reach(cache.slot_tokens)
 
     def prefill(self, slot: int, prompt_ids: Sequence[int], start: int = 0) -> np.ndarray:
@@ -122,13 +119,8 @@ class DirectVerifier:
         returns the logits (bf16 bits) after the prompt's last token: [1, vocab]."""
         prompt = list(prompt_ids)
         assert 0 <= start < len(prompt) <= self.cache.slot_tokens and start % self.cache.chunk == 0
-        logits = None
-        for begin in range(start, len(prompt), self.cache.chunk):
-            end = min(begin + self.cache.chunk, len(prompt))
-            rows, path = rowforward.prefill_rows(slot, begin, end)
-            logits = self.decoder.forward(prompt[begin:end], rows, path, self._slots, logits_from=end - begin - 1)
+        logits = self.decoder.prefill(prompt, slot, start, self.cache.chunk, self._slots)
         self.cache.prefilled(slot, prompt)
-        assert logits is not None
         return logits
 
     def first_token(self, logits: np.ndarray) -> int:
@@ -202,16 +194,15 @@ class DirectModel:
     def load(cls, name: str, path: str | Path, settings: Any) -> DirectModel:
         from codespec.direct import weights
         from codespec.direct.tokenizer import DirectTokenizer
-        from codespec.kernels import native
 
         path = Path(path)
         threads = _threads(settings)
-        lib = native.library()  # built (or found) by unsupported()
+        lib = rowgemm.library()  # built (or found) by unsupported()
         lib.rowdecoder_threads(threads)
         source = _weights_dir(path)
         config = _config(source, "config.json")
-        packed = weights.load_weights(source, config, lib)
-        decoder = rowforward.RowDecoder(lib, AVX512_BF16, config, packed)
+        packed = weights.load_weights(source, config)
+        decoder = rowforward.RowDecoder(lib, rowgemm.AVX512_BF16, config, packed)
         return cls(name, path, config, _config(source, "generation_config.json"), decoder, DirectTokenizer(path),
                    threads)
 

@@ -11,7 +11,6 @@ side, fused as the C forward reads them.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import struct
 from pathlib import Path
@@ -21,7 +20,8 @@ import numpy as np
 
 from codespec.errors import ModelError
 from codespec.kvcache import kv_dims
-from codespec.rowforward import STRIPE, Weights
+from codespec.kernels import rowgemm
+from codespec.rowforward import Weights
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -83,10 +83,6 @@ def _release(mapping: np.memmap) -> None:
         pass  # not Linux, or no mapping: only memory is at stake
 
 
-def packed_elements(n: int, k: int) -> int:
-    return -(-n // STRIPE) * -(-k // 2) * STRIPE * 2
-
-
 def aligned_empty(elements: int, dtype: Any = np.uint16, align: int = 64) -> np.ndarray:
     """An uninitialised array whose data starts on an `align`-byte boundary."""
     itemsize = np.dtype(dtype).itemsize
@@ -95,7 +91,7 @@ def aligned_empty(elements: int, dtype: Any = np.uint16, align: int = 64) -> np.
     return raw[skip : skip + elements * itemsize].view(dtype)
 
 
-def load_weights(path: Path, config: Any, lib: Any) -> Weights:
+def load_weights(path: Path, config: Any) -> Weights:
     """The model's weights for the row decoder: products packed into stripes, the rest
     (embeddings, norms, biases) left in the mapped files."""
     maps: list[np.memmap] = []
@@ -118,11 +114,10 @@ def load_weights(path: Path, config: Any, lib: Any) -> Weights:
         products += [get(layer + f"self_attn.{p}_proj.weight") for p in ("q", "k", "v", "o")]
         products += [get(layer + f"mlp.{p}_proj.weight") for p in ("gate", "up", "down")]
     products.append(head)
-    sizes = [packed_elements(*w.shape) for w in products]
+    sizes = [rowgemm.packed_elements(w.shape) for w in products]
     arena = aligned_empty(sum(sizes))
     offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
-    lib.rowgemm_pack.argtypes, lib.rowgemm_pack.restype = [ctypes.c_void_p, *[ctypes.c_int64] * 3,
-                                                           ctypes.c_void_p], None
+    lib = rowgemm.library()  # signatures declared there
     for weight, offset in zip(products, offsets):
         n, k = weight.shape
         lib.rowgemm_pack(weight.ctypes.data, n, k, k, arena.ctypes.data + 2 * offset)
