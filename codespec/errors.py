@@ -13,3 +13,7 @@ class ModelError(CodespecError):
 
 class RequestError(CodespecError):
     """A generation request is invalid (empty prompt, bad limits, too long for the model)."""
+
+
+class SettingError(CodespecError, ValueError):
+    """An environment setting holds a value codespec does not know (CODESPEC_FORWARD, ...)."""

@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import warnings
 from collections import Counter
 from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
+
+from codespec import rowforward
 
 MAX_BLOCK = 64  # probed up to here: beyond it a pass is blocked anyway
 MIN_BLOCK = 3  # the smallest block that splits every pass without a lone row
@@ -75,7 +76,6 @@ def sizes(rows: int, block: int) -> list[int]:
     return [base + 1] * extra + [base] * (count - extra)
 
 
-LINEAR_CHOICES = ("rowgemm", "onednn", "torch")  # CODESPEC_LINEAR: force one (rowgemm only where it runs)
 
 
 def linear_kernel(dtype: torch.dtype, device: torch.device | str) -> str:
@@ -83,9 +83,7 @@ def linear_kernel(dtype: torch.dtype, device: torch.device | str) -> str:
     "rowgemm" (CPU, bfloat16, AVX-512 BF16 and a C compiler: kernels/rowgemm.py, exact
     by construction), else "onednn-packed" (CPU, bfloat16, oneDNN present), else
     "torch" (`F.linear`). `CODESPEC_LINEAR=onednn` or `=torch` picks a fallback."""
-    wanted = os.environ.get("CODESPEC_LINEAR", "")
-    if wanted and wanted not in LINEAR_CHOICES:
-        raise ValueError(f"CODESPEC_LINEAR={wanted!r}: expected one of {', '.join(LINEAR_CHOICES)}")
+    wanted = rowforward.linear_wanted()
     if torch.device(device).type != "cpu" or dtype != torch.bfloat16 or wanted == "torch":
         return "torch"
     if wanted in ("", "rowgemm"):

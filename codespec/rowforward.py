@@ -24,11 +24,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from codespec import rowplan
+from codespec.errors import SettingError
 from codespec.kernels.rowgemm import STRIPE
 from codespec.kvcache import kv_dims
 
 FAMILIES = ("qwen2", "llama")
 FORWARD_CHOICES = ("rowdecoder", "transformers")  # CODESPEC_FORWARD
+LINEAR_CHOICES = ("rowgemm", "onednn", "torch")  # CODESPEC_LINEAR: force one (rowgemm only where it runs)
 LAYER_FIELDS = ("norm_in", "qkv", "qkv_bias", "o", "o_bias", "norm_post", "gate_up", "down")
 
 _pointer, _size = ctypes.c_void_p, ctypes.c_int64
@@ -56,8 +58,16 @@ def wanted() -> bool:
     """Whether CODESPEC_FORWARD allows the row decoder (a typo is an error, not a silent default)."""
     choice = os.environ.get("CODESPEC_FORWARD", "")
     if choice and choice not in FORWARD_CHOICES:
-        raise ValueError(f"CODESPEC_FORWARD={choice!r}: expected one of {', '.join(FORWARD_CHOICES)}")
+        raise SettingError(f"CODESPEC_FORWARD={choice!r}: expected one of {', '.join(FORWARD_CHOICES)}")
     return choice != "transformers"
+
+
+def linear_wanted() -> str:
+    """CODESPEC_LINEAR's choice ("" when unset; a typo is an error). rowblocks.py applies it."""
+    wanted = os.environ.get("CODESPEC_LINEAR", "")
+    if wanted and wanted not in LINEAR_CHOICES:
+        raise SettingError(f"CODESPEC_LINEAR={wanted!r}: expected one of {', '.join(LINEAR_CHOICES)}")
+    return wanted
 
 
 def _rope(config: Any) -> dict[str, Any]:

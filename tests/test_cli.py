@@ -52,3 +52,14 @@ def test_help_lists_settings_with_their_env_names(capsys):
         main(["generate", "--help"])
     out = capsys.readouterr().out
     assert "--max-draft-tokens" in out and "CODESPEC_MAX_DRAFT_TOKENS" in out
+
+
+@pytest.mark.parametrize("name", ["CODESPEC_FORWARD", "CODESPEC_LINEAR"])
+def test_unknown_kernel_setting_is_one_clear_line(tmp_path, monkeypatch, capsys, name):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p").write_text("def f():")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    monkeypatch.setenv(name, "fastest")
+    code, err = run(capsys, "generate", "--model", str(tmp_path / "model"), "p")
+    assert code == 2 and err.count("\n") == 0 and err.startswith(f"codespec: error: {name}='fastest'"), err

@@ -191,7 +191,8 @@ def test_tokenizer_answers_as_transformers(default_model, tmp_path):
 @pytest.mark.model
 def test_generate_runs_without_torch_and_equals_transformers_path(default_model, tmp_path):
     """A fresh `codespec generate` on the direct path imports neither torch nor
-    transformers, and answers what transformers' path (the server's) answers."""
+    transformers, answers as `--no-spec` does in fewer passes, and answers what
+    transformers' path (the server's) answers."""
     if direct.unsupported(default_model.path, SimpleNamespace(device="auto", dtype="auto")) is not None:
         pytest.skip(f"no direct path here: {direct.unsupported(default_model.path, SimpleNamespace(device='auto', dtype='auto'))}")
     prompt = tmp_path / "prompt.txt"
@@ -200,11 +201,16 @@ def test_generate_runs_without_torch_and_equals_transformers_path(default_model,
     probe = ("import runpy, sys, json; sys.argv = ['codespec', *sys.argv[1:]]; "
              "from codespec.cli import main; code, _ = main._dispatch(None); "
              "print(json.dumps({'torch': 'torch' in sys.modules, 'transformers': 'transformers' in sys.modules}))")
-    proc = subprocess.run([sys.executable, "-c", probe, "generate", "--json", "--chat", "--max-new-tokens", "40",
-                           str(prompt)], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    out, imported = (json.loads(line) for line in proc.stdout.strip().splitlines()[-2:])
-    assert out["startup"]["path"] == "direct" and imported == {"torch": False, "transformers": False}
+    runs = []
+    for flag in ([], ["--no-spec"]):
+        proc = subprocess.run([sys.executable, "-c", probe, "generate", "--json", "--chat", "--max-new-tokens", "40",
+                               *flag, str(prompt)], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        out, imported = (json.loads(line) for line in proc.stdout.strip().splitlines()[-2:])
+        assert out["startup"]["path"] == "direct" and imported == {"torch": False, "transformers": False}
+        runs.append(out)
+    out, plain = runs
+    assert out["token_ids"] == plain["token_ids"] and out["stats"]["verify_passes"] < plain["stats"]["verify_passes"]
     tok = default_model.tokenizer
     ids = tok(tok.apply_chat_template([{"role": "user", "content": prompt.read_text()}], add_generation_prompt=True,
                                       tokenize=False), add_special_tokens=False)["input_ids"]

@@ -57,7 +57,7 @@ def _cuda_visible() -> bool:
 def unsupported(path: str | Path, settings: Any) -> str | None:
     """Why the direct path cannot serve the model at `path` under `settings` (None: it can)."""
     path = Path(path)
-    if not rowforward.wanted() or os.environ.get("CODESPEC_LINEAR", "rowgemm") != "rowgemm":
+    if not rowforward.wanted() or rowforward.linear_wanted() not in ("", "rowgemm"):
         return "CODESPEC_FORWARD/CODESPEC_LINEAR ask for transformers' forward or another linear kernel"
     if settings.device == "cuda" or (settings.device == "auto" and _cuda_visible()):
         return "the model runs on CUDA"
