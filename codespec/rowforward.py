@@ -25,6 +25,7 @@ import numpy as np
 
 from codespec import rowplan
 from codespec.errors import SettingError
+from codespec.kernels import lmchoice
 from codespec.kernels.rowgemm import STRIPE
 from codespec.kvcache import kv_dims
 
@@ -170,6 +171,17 @@ class RowDecoder:
         self.vocab = weights.vocab
         self.positions = 0
         self.reach(1024)
+        # lm_head's int8 screen for greedy choices (kernels/lmchoice.py): 136 MB more
+        # memory for the default model, ~14% fewer bytes read per decode step
+        self.screen: lmchoice.Screen | None = None
+        if weights.lm_bias is None and hasattr(lib, "rowdecoder_choices") and lmchoice.wanted():
+            lib.rowdecoder_choices.argtypes = [ctypes.c_int, ctypes.POINTER(_Model), _pointer, _pointer, _pointer,
+                                               _pointer, ctypes.POINTER(_Pass), _pointer, _pointer, _pointer,
+                                               _pointer, _pointer]
+            lib.rowdecoder_choices.restype = ctypes.c_int
+            self.screen = lmchoice.build(lib, weights.lm_head, weights.vocab, config.hidden_size)
+        self._scores = np.empty((0, self.vocab), dtype=np.float32)  # the screen's scratch
+        self.kept = np.zeros(0, dtype=np.int64)  # tokens the screen kept per row of the last `choices` (a prefix)
 
     def reach(self, positions: int) -> None:
         """Make the rotary tables cover positions [0, positions) (a position's values do
@@ -205,12 +217,9 @@ class RowDecoder:
         assert logits is not None, "nothing to prefill"
         return logits
 
-    def forward(self, ids: Sequence[int], rows: np.ndarray, path: np.ndarray, slots: tuple[Any, Any, int],
-                logits_from: int = 0) -> np.ndarray:
-        """Logits (bf16 bits) [len(ids) - logits_from, vocab] of rows logits_from.. . `rows`:
-        int64 [6, len(ids)]: slot, write position, rotary position, context, path start,
-        path length per row; `path`: int64 slot positions; `slots`: from `slots()`.
-        Writes each row's K/V at (slot, write)."""
+    def _pass(self, ids: Sequence[int], rows: np.ndarray, path: np.ndarray, slots: tuple[Any, Any, int],
+              logits_from: int) -> tuple[_Pass, np.ndarray, np.ndarray, np.ndarray]:
+        """The C call's pass description, embeddings (overwritten by the call), work buffer."""
         count = len(ids)
         assert rows.dtype == np.int64 and rows.shape == (6, count) and rows.flags.c_contiguous
         assert 0 <= logits_from < count
@@ -219,15 +228,45 @@ class RowDecoder:
             self.reach(max(needed, 2 * self.positions))
         x = self.weights.embed[np.asarray(ids, dtype=np.int64)]  # a copy: the C forward overwrites it
         work = np.empty(self._lib.rowdecoder_work(ctypes.byref(self.dims), count), dtype=np.uint16)
-        logits = np.empty((count - logits_from, self.vocab), dtype=np.uint16)
         path = path if path.size else np.zeros(1, dtype=np.int64)
         base, stride = rows.ctypes.data, rows.strides[0]
         spec = _Pass(count, *(base + i * stride for i in range(6)), path.ctypes.data,
                      ctypes.cast(slots[0], _pointer), ctypes.cast(slots[1], _pointer), slots[2], logits_from)
+        return spec, x, work, path  # path: kept alive with the pass
+
+    def forward(self, ids: Sequence[int], rows: np.ndarray, path: np.ndarray, slots: tuple[Any, Any, int],
+                logits_from: int = 0) -> np.ndarray:
+        """Logits (bf16 bits) [len(ids) - logits_from, vocab] of rows logits_from.. . `rows`:
+        int64 [6, len(ids)]: slot, write position, rotary position, context, path start,
+        path length per row; `path`: int64 slot positions; `slots`: from `slots()`.
+        Writes each row's K/V at (slot, write)."""
+        spec, x, work, _ = self._pass(ids, rows, path, slots, logits_from)
+        logits = np.empty((len(ids) - logits_from, self.vocab), dtype=np.uint16)
         status = self._lib.rowdecoder_forward(self.isa, ctypes.byref(self.dims), ctypes.byref(spec), x.ctypes.data,
                                               work.ctypes.data, logits.ctypes.data)
         assert status == 0, "a row without keys or a position past the rotary tables"
         return logits
+
+    def choices(self, ids: Sequence[int], rows: np.ndarray, path: np.ndarray, slots: tuple[Any, Any, int],
+                logits_from: int = 0) -> np.ndarray:
+        """The greedy choice after each row logits_from.. (int64 [len(ids) - logits_from]):
+        the argmax of `forward`'s logits (the first maximum, as torch.argmax), found through
+        lm_head's int8 screen where the decoder has one (kernels/lmchoice.py), which reads
+        half of lm_head's bytes. Same arguments, same K/V writes as `forward`."""
+        if self.screen is None:
+            return lmchoice.first_max(self.forward(ids, rows, path, slots, logits_from))
+        spec, x, work, _ = self._pass(ids, rows, path, slots, logits_from)
+        count = len(ids) - logits_from
+        if self._scores.shape[0] < count:  # kept between passes: a fresh [rows, vocab] array faults in every page
+            self._scores = np.empty((count, self.vocab), dtype=np.float32)
+            self.kept = np.zeros(count, dtype=np.int64)
+        picked = np.empty(count, dtype=np.int64)
+        screen = self.screen
+        status = self._lib.rowdecoder_choices(self.isa, ctypes.byref(self.dims), *screen.arguments(),
+                                              ctypes.byref(spec), x.ctypes.data, work.ctypes.data,
+                                              self._scores.ctypes.data, picked.ctypes.data, self.kept.ctypes.data)
+        assert status == 0, "a row without keys, a position past the rotary tables, or no memory"
+        return picked
 
 
 def plan_rows(requests: Sequence[tuple[int, int, Any]]) -> tuple[np.ndarray, np.ndarray]:

@@ -18,7 +18,7 @@ them as one slice of the KV slot instead of gathering them (see attention.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from codespec.index import Draft
 
@@ -79,6 +79,23 @@ class VerifyResult:
     accepted: int  # draft tokens accepted
     committed: tuple[int, ...]  # accepted draft tokens + the bonus token
     path: tuple[int, ...] = ()  # the accepted nodes of the tree, in order (node 0 excluded)
+
+
+def accept_choices(choices: Sequence[int], tree: VerifyTree) -> VerifyResult:
+    """Greedy acceptance given the model's choice after each node (`choices[i]`: the argmax
+    of row i, the first maximum): scanning nodes in order, a node is accepted when its
+    parent is the last accepted node and its token is the choice there; the bonus is the
+    choice after the path (kernels/accept.py's rule).
+
+    >>> accept_choices([2, 4, 0], VerifyTree.chain(9, [2, 3]))   # 2 matches, 3 != 4: bonus 4
+    VerifyResult(accepted=1, committed=(2, 4), path=(1,))
+    """
+    last, chosen, path = 0, int(choices[0]), []
+    for node in range(1, len(tree)):
+        if tree.parents[node] == last and tree.tokens[node] == chosen:
+            path.append(node)
+            last, chosen = node, int(choices[node])
+    return VerifyResult(len(path), tuple(tree.tokens[i] for i in path) + (chosen,), tuple(path))
 
 
 # How a request's rows (logits [nodes, vocab]) turn into committed tokens: None for

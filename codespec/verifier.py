@@ -32,7 +32,7 @@ from codespec.kernels.accept import tree_accept
 from codespec.kernels.compact import compact_kv
 from codespec.kernels.tree_mask import tree_mask
 from codespec.kvcache import SlotCache, kv_dims
-from codespec.tree import Accept, Item, VerifyResult, VerifyTree  # noqa: F401 (Accept: re-exported)
+from codespec.tree import Accept, Item, VerifyResult, VerifyTree, accept_choices  # noqa: F401 (Accept: re-exported)
 
 
 def greedy_accept(logits: torch.Tensor, tree: VerifyTree) -> VerifyResult:
@@ -73,8 +73,11 @@ def batch_greedy_accept(logits: torch.Tensor, offsets: Sequence[int],
 class Verifier:
     """Drives a Hugging Face causal LM over the KV slots: prefill and verify passes."""
 
-    def __init__(self, model: Any, cache: SlotCache, *, exact_rows: bool = True, row_decoder: bool = True) -> None:
-        """`row_decoder=False` keeps transformers' forward where the row decoder would apply."""
+    def __init__(self, model: Any, cache: SlotCache, *, exact_rows: bool = True, row_decoder: bool = True,
+                 choices: bool = True) -> None:
+        """`row_decoder=False` keeps transformers' forward where the row decoder would apply;
+        `choices=False` has the row decoder's greedy passes compute full logits rather
+        than the choices alone (rowforward.RowDecoder.choices): tests that read logits."""
         if attention.uses_sliding_window(model.config):
             raise ModelError("models with sliding-window attention are not supported")
         self.model = model
@@ -82,6 +85,7 @@ class Verifier:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.exact_rows = exact_rows
+        self.choices = choices
         attention.install(model)
         rowblocks.install(model)
         # Decode steps and verify passes: one C call per pass where the model allows
@@ -167,6 +171,12 @@ class Verifier:
             ids.extend(item.tree.tokens)
         if self.decoder is not None:
             rows, path = rowforward.plan_rows([(item.slot, self.cache.length(item.slot), item.tree) for item in items])
+            if self.choices and all(item.accept is None for item in items):  # lm_head's screen (lmchoice.py)
+                picked = self.decoder.choices(ids, rows, path, self._slots)
+                done = [accept_choices(picked[offset : offset + len(item.tree)], item.tree)
+                        for item, offset in zip(items, offsets)]
+                self._commit(items, done)
+                return done
             logits = decoder.as_tensor(self.decoder.forward(ids, rows, path, self._slots))
         else:
             logits = self._transformers_pass(items, ids)

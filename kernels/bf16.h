@@ -23,4 +23,10 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even; NaN stay
 /* rowgemm.c: out[m, n] = bf16(dot(x[m], w[n]) + bias[n]) for weights packed in stripes */
 void rowgemm_bf16(int isa, const uint16_t *x, int64_t ldx, const uint16_t *packed, const uint16_t *bias, uint16_t *out,
                   int64_t ldo, int64_t M, int64_t N, int64_t K);
+/* rowgemm.c: one row against one stripe (`stripe` points at it), on the calling thread */
+void rowgemm_stripe_row(int isa, const uint16_t *x, const uint16_t *stripe, uint16_t *out, int64_t columns, int64_t K);
+/* lmchoice.c: greedy choices through lm_head's int8 screen */
+int lmchoice_choose(int isa, const uint16_t *x, int64_t ldx, int64_t M, const int8_t *q, const float *scale,
+                    const float *slack, const float *qslack, const uint16_t *lm_head, int64_t N, int64_t K,
+                    float *scores, int64_t *choices, int64_t *kept);
 #endif

@@ -377,10 +377,10 @@ static void layer(int isa, const Model *m, int64_t index, const Pass *p, uint16_
  * (torch.set_num_threads sizes it); the direct path, without torch, sizes it here. */
 void rowdecoder_threads(int threads) { omp_set_num_threads(threads); }
 
-/* x: [rows][hidden] the rows' embeddings (overwritten); logits: [rows - logits_from][vocab].
- * Returns 0, or -1 for a pass it cannot run (a row without keys, a position past the
- * table, no row to give logits for). */
-int rowdecoder_forward(int isa, const Model *m, const Pass *p, uint16_t *x, uint16_t *work, uint16_t *logits) {
+/* The layers and the final norm of rows [logits_from, rows) into w.normed; -1 for a
+ * pass it cannot run (a row without keys, a position past the table, no row to give
+ * logits for). */
+static int stack(int isa, const Model *m, const Pass *p, uint16_t *x, Work w) {
     int64_t most_keys = 1, first = p->logits_from;
     if (first < 0 || first >= p->rows) return -1;
     for (int64_t r = 0; r < p->rows; r++) {
@@ -388,11 +388,33 @@ int rowdecoder_forward(int isa, const Model *m, const Pass *p, uint16_t *x, uint
         if (keys < 1 || p->position[r] < 0 || p->position[r] >= m->positions) return -1;
         most_keys = keys > most_keys ? keys : most_keys;
     }
-    Work w = carve(m, p->rows, work);
     for (int64_t i = 0; i < m->layers; i++) layer(isa, m, i, p, x, w, most_keys);
     for (int64_t r = first; r < p->rows; r++) rms_norm(x + r * m->hidden, m->norm_final, w.normed + r * m->hidden,
                                                        m->hidden, m->eps);
+    return 0;
+}
+
+/* x: [rows][hidden] the rows' embeddings (overwritten); logits: [rows - logits_from][vocab].
+ * Returns 0, or -1 for a pass it cannot run. */
+int rowdecoder_forward(int isa, const Model *m, const Pass *p, uint16_t *x, uint16_t *work, uint16_t *logits) {
+    Work w = carve(m, p->rows, work);
+    if (stack(isa, m, p, x, w)) return -1;
+    int64_t first = p->logits_from;
     rowgemm_bf16(isa, w.normed + first * m->hidden, m->hidden, m->lm_head, m->lm_bias, logits, m->vocab,
                  p->rows - first, m->vocab, m->hidden);
     return 0;
+}
+
+/* The greedy choice (argmax of the logits rowdecoder_forward would give) of rows
+ * [logits_from, rows), through lm_head's int8 screen (lmchoice.c; the model has no
+ * lm_head bias). scores: [rows - logits_from][vocab] floats of scratch; kept: how many
+ * tokens each row's screen kept (NULL: not wanted). */
+int rowdecoder_choices(int isa, const Model *m, const int8_t *q, const float *scale, const float *slack,
+                       const float *qslack, const Pass *p, uint16_t *x, uint16_t *work, float *scores,
+                       int64_t *choices, int64_t *kept) {
+    Work w = carve(m, p->rows, work);
+    if (m->lm_bias || stack(isa, m, p, x, w)) return -1;
+    int64_t first = p->logits_from;
+    return lmchoice_choose(isa, w.normed + first * m->hidden, m->hidden, p->rows - first, q, scale, slack, qslack,
+                           m->lm_head, m->vocab, m->hidden, scores, choices, kept);
 }

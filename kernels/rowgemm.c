@@ -139,6 +139,19 @@ void rowgemm_bf16(int isa, const uint16_t *x, int64_t ldx, const uint16_t *packe
     }
 }
 
+/* One row x (K even) against stripe `stripe` of a packed matrix: out[0, columns), no
+ * bias, on the calling thread. The bits are those rowgemm_bf16 gives that row and those
+ * columns (lmchoice.c computes the few logits it needs this way). */
+void rowgemm_stripe_row(int isa, const uint16_t *x, const uint16_t *stripe, uint16_t *out, int64_t columns, int64_t K) {
+#if defined(__x86_64__)
+    if (isa == 2) {
+        stripe_avx512bf16(x, K, stripe, NULL, out, columns, 1, K / 2, 0, columns);
+        return;
+    }
+#endif
+    stripe_scalar(x, K, stripe, NULL, out, columns, 1, K / 2, 0, columns);
+}
+
 /* Lay w [N, K] (row stride ldw) out in stripes (see the top of this file): out holds
  * ceil(N / STRIPE) * ceil(K / 2) * STRIPE * 2 values; rows past N and the odd K's last
  * pair half are zeros. A plain copy, parallel over stripes (torch's permute-copy of the

@@ -299,7 +299,7 @@ def _pass_rows_and_decode_steps(model, cache, prompt, tree, other, side_draft, l
     from codespec.tree import VerifyTree
     from codespec.verifier import Item, Verifier
 
-    verifier = Verifier(model, cache, row_decoder=forward == "rowdecoder")
+    verifier = Verifier(model, cache, row_decoder=forward == "rowdecoder", choices=False)
     with captured_logits() as captured:
         batch_slot, _ = cache.acquire(prompt)
         side_slot, _ = cache.acquire(other)

@@ -31,9 +31,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from codespec import calibration, rowforward
-from codespec.kernels import native, rowgemm
+from codespec.kernels import lmchoice, native, rowgemm
 from codespec.kvcache import SlotCache
-from codespec.tree import Item, VerifyResult, VerifyTree
+from codespec.tree import Item, VerifyResult, VerifyTree, accept_choices
 
 
 def _config(path: Path, name: str) -> SimpleNamespace:
@@ -124,7 +124,7 @@ class DirectVerifier:
         return logits
 
     def first_token(self, logits: np.ndarray) -> int:
-        return int(np.argmax(rowforward.bf16_values(logits[-1])))
+        return int(lmchoice.first_max(logits[-1:])[0])
 
     def verify(self, items: Sequence[Item]) -> list[VerifyResult]:
         ids: list[int] = []
@@ -134,6 +134,12 @@ class DirectVerifier:
             offsets.append(len(ids))
             ids.extend(item.tree.tokens)
         rows, path = rowforward.plan_rows([(item.slot, self.cache.length(item.slot), item.tree) for item in items])
+        if all(item.accept is None for item in items):  # greedy needs the choices alone (lm_head's screen)
+            picked = self.decoder.choices(ids, rows, path, self._slots)
+            results = [accept_choices(picked[offset : offset + len(item.tree)], item.tree)
+                       for item, offset in zip(items, offsets)]
+            self._commit(items, results)
+            return results
         logits = self.decoder.forward(ids, rows, path, self._slots)
         results = []
         for item, offset in zip(items, offsets):
@@ -158,23 +164,14 @@ class DirectVerifier:
 
 
 def greedy_tree_accept(logits: np.ndarray, tree: VerifyTree) -> VerifyResult:
-    """kernels/accept.py's rule over bf16 bits: scanning nodes in order, a node is accepted
-    when its parent is the last accepted node and its token is the model's choice there
-    (the first maximum, as torch.argmax); the bonus is the choice after the path.
+    """kernels/accept.py's rule over bf16 bits [nodes, vocab] (`accept_choices` of each
+    row's first maximum, as torch.argmax).
 
     >>> lg = rowforward.bf16_bits(np.full((3, 5), -1.0, np.float32)); lg[0, 2] = lg[1, 4] = lg[2, 0] = 0x3F80
     >>> greedy_tree_accept(lg, VerifyTree.chain(9, [2, 3]))
     VerifyResult(accepted=1, committed=(2, 4), path=(1,))
     """
-    def choice(row: int) -> int:
-        return int(np.argmax(rowforward.bf16_values(logits[row])))
-
-    last, chosen, path = 0, choice(0), []
-    for node in range(1, len(tree)):
-        if tree.parents[node] == last and tree.tokens[node] == chosen:
-            path.append(node)
-            last, chosen = node, choice(node)
-    return VerifyResult(len(path), tuple(tree.tokens[i] for i in path) + (chosen,), tuple(path))
+    return accept_choices(lmchoice.first_max(logits), tree)
 
 
 class DirectModel:

@@ -1,0 +1,117 @@
+"""Greedy choices over lm_head through an int8 screen (`lmchoice.c`): the argmax of the
+exact bf16 logits while reading about half of lm_head's bytes.
+
+A greedy decode step or verify row needs one number from lm_head, the argmax, but the
+full product reads every weight: 272 MB for the default model, 27% of a step. The screen
+(`build`) holds lm_head as int8 with a scale and an error bound per output; a row's
+approximate logits then rule out all tokens but a few, whose exact logits come from
+the bf16 stripes, computed as the full product computes them. lmchoice.c derives the
+bound, so the choice is the full product's argmax by construction (`choices_ref` is
+that argmax, and the tests compare the two).
+
+    screen = build(lib, packed_lm_head_address, vocab, hidden)
+    picked = choices(lib, isa, x_bits, screen, packed_lm_head_address)   # int64 [rows]
+
+Torch-free (numpy and ctypes), like the direct path that uses it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from codespec.errors import SettingError
+from codespec.kernels.rowgemm import STRIPE
+
+SCREEN_CHOICES = ("on", "off")  # CODESPEC_LM_SCREEN
+
+_pointer, _size = ctypes.c_void_p, ctypes.c_int64
+
+
+def wanted() -> bool:
+    """Whether CODESPEC_LM_SCREEN allows the screen (default on; a typo is an error)."""
+    choice = os.environ.get("CODESPEC_LM_SCREEN", "")
+    if choice and choice not in SCREEN_CHOICES:
+        raise SettingError(f"CODESPEC_LM_SCREEN={choice!r}: expected one of {', '.join(SCREEN_CHOICES)}")
+    return choice != "off"
+
+
+def declare(lib: Any) -> Any:
+    """lmchoice.c's signatures on the kernel library (idempotent)."""
+    lib.lmchoice_pack.argtypes = [_pointer, _size, _size, _pointer, _pointer, _pointer, _pointer]
+    lib.lmchoice_pack.restype = None
+    lib.lmchoice_choose.argtypes = [ctypes.c_int, _pointer, _size, _size, _pointer, _pointer, _pointer, _pointer,
+                                    _pointer, _size, _size, _pointer, _pointer, _pointer]
+    lib.lmchoice_choose.restype = ctypes.c_int
+    return lib
+
+
+@dataclass(frozen=True)
+class Screen:
+    """lm_head [vocab, hidden] as int8 in rowgemm's stripe layout, with per-output scale
+    and error bounds (lmchoice.c)."""
+
+    q: np.ndarray  # int8 [stripes, hidden / 2, STRIPE, 2]
+    scale: np.ndarray  # float32 [vocab]: the int8 step
+    slack: np.ndarray  # float32 [vocab]: the bound's term per unit of sum |x|
+    qslack: np.ndarray  # float32 [vocab]: the bound's term per unit of the row's int16 error
+    vocab: int
+    hidden: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.nbytes + self.scale.nbytes + self.slack.nbytes + self.qslack.nbytes
+
+    def arguments(self) -> tuple[int, int, int, int]:
+        """q, scale, slack, qslack addresses, as lmchoice_choose takes them."""
+        return self.q.ctypes.data, self.scale.ctypes.data, self.slack.ctypes.data, self.qslack.ctypes.data
+
+
+def build(lib: Any, lm_head: int, vocab: int, hidden: int) -> Screen:
+    """The screen of the packed bf16 matrix at address `lm_head` ([vocab, hidden], hidden
+    even)."""
+    assert hidden % 2 == 0, "lm_head's rows are read in pairs"
+    stripes = -(-vocab // STRIPE)
+    q = np.empty((stripes, hidden // 2, STRIPE, 2), dtype=np.int8)
+    scale, slack, qslack = (np.empty(vocab, dtype=np.float32) for _ in range(3))
+    declare(lib).lmchoice_pack(lm_head, vocab, hidden, q.ctypes.data, scale.ctypes.data, slack.ctypes.data,
+                               qslack.ctypes.data)
+    return Screen(q, scale, slack, qslack, vocab, hidden)
+
+
+def choices(lib: Any, isa: int, x: np.ndarray, screen: Screen, lm_head: int,
+            kept: np.ndarray | None = None) -> np.ndarray:
+    """The argmax of each row's exact logits bf16(x @ lm_head.T) (x: uint16 bf16 bits
+    [rows, hidden]), the first maximum as torch.argmax; `kept` (int64 [rows]) gets how many
+    tokens each row's screen kept."""
+    x = np.ascontiguousarray(x, dtype=np.uint16)
+    rows = x.shape[0]
+    assert x.shape == (rows, screen.hidden)
+    scores = np.empty((rows, screen.vocab), dtype=np.float32)
+    picked = np.empty(rows, dtype=np.int64)
+    assert kept is None or (kept.dtype == np.int64 and kept.shape == (rows,))
+    status = declare(lib).lmchoice_choose(isa, x.ctypes.data, screen.hidden, rows, *screen.arguments(), lm_head,
+                                          screen.vocab, screen.hidden, scores.ctypes.data, picked.ctypes.data,
+                                          None if kept is None else kept.ctypes.data)
+    if status != 0:
+        raise MemoryError("lmchoice_choose: out of memory")
+    return picked
+
+
+def first_max(logits: np.ndarray) -> np.ndarray:
+    """torch.argmax over bf16 bits [rows, vocab]: the first maximum per row, a NaN above all."""
+    values = (logits.astype(np.uint32) << 16).view(np.float32)
+    return np.argmax(values, axis=-1).astype(np.int64)  # numpy's argmax also takes the first NaN
+
+
+def choices_ref(lib: Any, isa: int, x: np.ndarray, lm_head: int, vocab: int) -> np.ndarray:
+    """The reference: the full product through rowgemm, then `first_max`."""
+    x = np.ascontiguousarray(x, dtype=np.uint16)
+    rows, hidden = x.shape
+    logits = np.empty((rows, vocab), dtype=np.uint16)
+    lib.rowgemm_bf16(isa, x.ctypes.data, hidden, lm_head, None, logits.ctypes.data, vocab, rows, vocab, hidden)
+    return first_max(logits)
