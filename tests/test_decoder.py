@@ -129,3 +129,31 @@ def test_float_models_keep_transformers_forward(monkeypatch):
     model = tiny_model("qwen2", vocab_size=16, **SHAPE)
     assert decoder.forward_kind(model) == "transformers"
     assert Verifier(model, SlotCache(model.config, slots=1, slot_tokens=64, dtype=torch.float64)).decoder is None
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_choices_are_the_argmax_of_the_pass_logits(arch, monkeypatch):
+    """A greedy pass reads lm_head through its int8 screen (kernels/lmchoice.py): every row's
+    choice is the argmax of the logits the full product gives that row, and the K/V it
+    writes are the same."""
+    from codespec.kernels import lmchoice
+
+    model = bf16_model(arch, vocab=1000, seed=5)
+    cache = SlotCache(model.config, slots=2, slot_tokens=256, dtype=torch.bfloat16, chunk=16)
+    verifier = Verifier(model, cache)
+    rowdecoder = verifier.decoder
+    assert rowdecoder.screen is not None
+    prompt = random_ids(50, 1000, 6)
+    tree = VerifyTree((5, 6, 7, 8, 9, 10), (-1, 0, 1, 2, 1, 4), (0, 1, 2, 3, 2, 3), ())
+    for slot in (cache.acquire(prompt)[0], cache.acquire(prompt + [1])[0]):
+        verifier.prefill(slot, prompt)
+    rows, path = rowforward.plan_rows([(0, cache.length(0), tree)])
+    logits = rowdecoder.forward(list(tree.tokens), rows, path, verifier._slots)
+    keys = [layer[0].clone() for layer in cache.keys]
+    rows, path = rowforward.plan_rows([(1, cache.length(1), tree), (0, cache.length(0), tree)])
+    picked = rowdecoder.choices([*tree.tokens, *tree.tokens], rows, path, verifier._slots)
+    expected = lmchoice.first_max(logits).tolist()
+    assert picked.tolist() == expected * 2
+    assert all(torch.equal(layer[0], kept) for layer, kept in zip(cache.keys, keys))
+    monkeypatch.setenv("CODESPEC_LM_SCREEN", "off")
+    assert decoder.new_decoder(model).screen is None

@@ -216,3 +216,29 @@ def test_generate_runs_without_torch_and_equals_transformers_path(default_model,
                                       tokenize=False), add_special_tokens=False)["input_ids"]
     engine = Engine(default_model.model, tok, PromptLookupProposer(), max_draft_tokens=16)
     assert engine.generate(ids, GenerationConfig(max_new_tokens=40)).token_ids == out["token_ids"]
+
+
+@pytest.mark.model
+def test_the_real_models_choices_are_its_logits_argmax(default_model):
+    """The default model through lm_head's int8 screen: 80 teacher-forced rows of real code,
+    each row's choice equals the argmax of its full bf16 logits."""
+    import inspect
+
+    from codespec.kernels import lmchoice
+
+    rowdecoder = decoder.attach(default_model.model)
+    if rowdecoder is None or rowdecoder.screen is None:
+        pytest.skip("no row decoder with a screen on this CPU")
+    tok = default_model.tokenizer
+    ids = tok(inspect.getsource(json.decoder), add_special_tokens=False)["input_ids"]
+    prompt, chain = ids[:400], ids[400:480]
+    cache = SlotCache(default_model.model.config, slots=1, slot_tokens=1024, dtype=torch.bfloat16, chunk=64)
+    slots = rowdecoder.slots(cache)
+    slot, _ = cache.acquire(prompt)
+    rowdecoder.prefill(prompt, slot, 0, 64, slots)
+    cache.prefilled(slot, prompt)
+    rows, path = rowforward.plan_rows([(slot, len(prompt), VerifyTree.chain(chain[0], chain[1:]))])
+    logits = rowdecoder.forward(chain, rows, path, slots)
+    picked = rowdecoder.choices(chain, rows, path, slots)
+    assert picked.tolist() == lmchoice.first_max(logits).tolist()
+    assert np.median(rowdecoder.kept[: len(chain)]) < 50  # the screen leaves few tokens to compute exactly
