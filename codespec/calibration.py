@@ -94,7 +94,7 @@ def profile_key(model: Any) -> dict[str, str]:
     key = _key(config, str(source), dtype_name, device, threads,
                f"key_block={rowcalls.KEY_BLOCK},q_block={rowcalls.Q_BLOCK},q_split={rowcalls.Q_SPLIT_LIMIT},"
                f"max_block={rowblocks.MAX_BLOCK},linear={rowblocks.linear_kernel(dtype, device)},"
-               f"forward={decoder.forward_kind(model)}")
+               f"forward={decoder.forward_kind(model)},lm={_lm_head()}")
     key.update(torch=torch.__version__, torch_build=_digest(torch.__config__.show()),
                transformers=transformers.__version__)
     if str(device).startswith("cpu"):
@@ -107,7 +107,14 @@ def direct_profile_key(config: Any, source: str, threads: int) -> dict[str, str]
     transformers' path with the row decoder, measured apart (no torch, its own threads)."""
     from codespec import rowplan
 
-    return _key(config, source, "bfloat16", "cpu", threads, f"key_block={rowplan.KEY_BLOCK},forward=rowdecoder,path=direct")
+    return _key(config, source, "bfloat16", "cpu", threads, f"key_block={rowplan.KEY_BLOCK},forward=rowdecoder,path=direct,lm={_lm_head()}")
+
+
+def _lm_head() -> str:
+    """How greedy passes read lm_head (kernels/lmchoice.py): it changes a pass's cost."""
+    from codespec.kernels import lmchoice
+
+    return "screen" if lmchoice.wanted() else "full"
 
 
 def _key(config: Any, source: str, dtype: str, device: Any, threads: int, layout: str) -> dict[str, str]:
