@@ -94,7 +94,7 @@ def profile_key(model: Any) -> dict[str, str]:
     key = _key(config, str(source), dtype_name, device, threads,
                f"key_block={rowcalls.KEY_BLOCK},q_block={rowcalls.Q_BLOCK},q_split={rowcalls.Q_SPLIT_LIMIT},"
                f"max_block={rowblocks.MAX_BLOCK},linear={rowblocks.linear_kernel(dtype, device)},"
-               f"forward={decoder.forward_kind(model)},lm={_lm_head()}")
+               f"forward={decoder.forward_kind(model)},lm={_lm_head()},quantize={decoder.quantization(model)}")
     key.update(torch=torch.__version__, torch_build=_digest(torch.__config__.show()),
                transformers=transformers.__version__)
     if str(device).startswith("cpu"):
@@ -102,12 +102,12 @@ def profile_key(model: Any) -> dict[str, str]:
     return key
 
 
-def direct_profile_key(config: Any, source: str, threads: int) -> dict[str, str]:
+def direct_profile_key(config: Any, source: str, threads: int, quantize: str = "none") -> dict[str, str]:
     """The key of the torch-free path (codespec/direct): the same C forward as
     transformers' path with the row decoder, measured apart (no torch, its own threads)."""
     from codespec import rowplan
 
-    return _key(config, source, "bfloat16", "cpu", threads, f"key_block={rowplan.KEY_BLOCK},forward=rowdecoder,path=direct,lm={_lm_head()}")
+    return _key(config, source, "bfloat16", "cpu", threads, f"key_block={rowplan.KEY_BLOCK},forward=rowdecoder,path=direct,lm={_lm_head()},quantize={quantize}")
 
 
 def _lm_head() -> str:

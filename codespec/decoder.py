@@ -142,6 +142,14 @@ def _module_tables(rotary: Any, embed: torch.Tensor) -> Any:
     return tables
 
 
+QUANTIZE = "_codespec_quantize"  # the model's Settings.quantize, set at load (models/loading.py)
+
+
+def quantization(model: Any) -> str:
+    """How the row decoder holds `model`'s products: "none" (bf16) or "int8"."""
+    return str(model.__dict__.get(QUANTIZE, "none"))
+
+
 def attach(model: Any) -> RowDecoder | None:
     """The model's row decoder (made once per model), or None where it does not apply."""
     if not wanted() or unsupported(model) is not None or not native.has("rowdecoder_forward"):
@@ -159,7 +167,8 @@ def new_decoder(model: Any, *, isa_cap: int = rowgemm.AVX512_BF16) -> RowDecoder
     rotary = model.model.rotary_emb
     default = rowforward.rope_type(model.config) == "default" and getattr(rotary, "rope_type", "default") == "default"
     tables = None if default else _module_tables(rotary, model.get_input_embeddings().weight)
-    return RowDecoder(lib, rowgemm.isa(isa_cap), model.config, model_weights(model), tables)
+    return RowDecoder(lib, rowgemm.isa(isa_cap), model.config, model_weights(model), tables,
+                      quantize=quantization(model))
 
 
 def as_tensor(logits: Any) -> torch.Tensor:

@@ -25,7 +25,7 @@ import numpy as np
 
 from codespec import rowplan
 from codespec.errors import SettingError
-from codespec.kernels import lmchoice
+from codespec.kernels import int8, lmchoice
 from codespec.kernels.rowgemm import STRIPE
 from codespec.kvcache import kv_dims
 
@@ -33,19 +33,21 @@ FAMILIES = ("qwen2", "llama")
 FORWARD_CHOICES = ("rowdecoder", "transformers")  # CODESPEC_FORWARD
 LINEAR_CHOICES = ("rowgemm", "onednn", "torch")  # CODESPEC_LINEAR: force one (rowgemm only where it runs)
 LAYER_FIELDS = ("norm_in", "qkv", "qkv_bias", "o", "o_bias", "norm_post", "gate_up", "down")
+PRODUCTS = ("qkv", "o", "gate_up", "down")  # a layer's matrices: bf16 stripes, or their int8 form
 
 _pointer, _size = ctypes.c_void_p, ctypes.c_int64
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [(name, _pointer) for name in LAYER_FIELDS]
+    _fields_ = [(name, _pointer) for name in (*LAYER_FIELDS, *(f"{p}_q" for p in PRODUCTS),
+                                              *(f"{p}_s" for p in PRODUCTS))]
 
 
 class _Model(ctypes.Structure):
     _fields_ = [*((name, _size) for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab")),
                 ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("layer", ctypes.POINTER(_Layer)),
                 *((name, _pointer) for name in ("norm_final", "lm_head", "lm_bias", "cos", "sin")),
-                ("positions", _size)]
+                ("positions", _size), ("lm_q", _pointer), ("lm_s", _pointer)]
 
 
 class _Pass(ctypes.Structure):
@@ -150,7 +152,10 @@ class RowDecoder:
     docstring). `tables(positions)` gives rotary cos/sin as bf16 bits (default rope:
     `rotary_tables`)."""
 
-    def __init__(self, lib: Any, isa: int, config: Any, weights: Weights, tables: Any = None) -> None:
+    def __init__(self, lib: Any, isa: int, config: Any, weights: Weights, tables: Any = None,
+                 quantize: str = "none") -> None:
+        """`quantize="int8"`: every product and lm_head in int8 (kernels/int8.py), made here
+        from the bf16 stripes (which stay allocated: +0.5 GB for the default model)."""
         lib.rowdecoder_forward.argtypes = [ctypes.c_int, ctypes.POINTER(_Model), ctypes.POINTER(_Pass), _pointer,
                                            _pointer, _pointer]
         lib.rowdecoder_forward.restype = ctypes.c_int
@@ -171,10 +176,15 @@ class RowDecoder:
         self.vocab = weights.vocab
         self.positions = 0
         self.reach(1024)
+        self.quantize = quantize
+        self.int8: list[int8.Int8Matrix] = []  # kept alive: the C forward reads them
+        if quantize == "int8":
+            self._quantize(config)
         # lm_head's int8 screen for greedy choices (kernels/lmchoice.py): 136 MB more
         # memory for the default model, ~14% fewer bytes read per decode step
         self.screen: lmchoice.Screen | None = None
-        if weights.lm_bias is None and hasattr(lib, "rowdecoder_choices") and lmchoice.wanted():
+        if (quantize == "none" and weights.lm_bias is None and hasattr(lib, "rowdecoder_choices")
+                and lmchoice.wanted()):
             lib.rowdecoder_choices.argtypes = [ctypes.c_int, ctypes.POINTER(_Model), _pointer, _pointer, _pointer,
                                                _pointer, ctypes.POINTER(_Pass), _pointer, _pointer, _pointer,
                                                _pointer, _pointer]
@@ -182,6 +192,22 @@ class RowDecoder:
             self.screen = lmchoice.build(lib, weights.lm_head, weights.vocab, config.hidden_size)
         self._scores = np.empty((0, self.vocab), dtype=np.float32)  # the screen's scratch
         self.kept = np.zeros(0, dtype=np.int64)  # tokens the screen kept per row of the last `choices` (a prefix)
+
+    def _quantize(self, config: Any) -> None:
+        """Give the C forward the int8 form of every product and of lm_head."""
+        hidden, inter, dim = config.hidden_size, config.intermediate_size, self.head_dim
+        heads = config.num_attention_heads
+        shapes = {"qkv": ((heads + 2 * self.kv_heads) * dim, hidden), "o": (hidden, heads * dim),
+                  "gate_up": (2 * inter, hidden), "down": (hidden, inter)}
+        for entry, pointers in zip(self._layers, self.weights.layers):
+            for name in PRODUCTS:
+                matrix = int8.pack(self._lib, pointers[name], *shapes[name])
+                setattr(entry, f"{name}_q", matrix.q.ctypes.data)
+                setattr(entry, f"{name}_s", matrix.scale.ctypes.data)
+                self.int8.append(matrix)
+        head = int8.pack(self._lib, self.weights.lm_head, self.vocab, hidden)
+        self.dims.lm_q, self.dims.lm_s = head.q.ctypes.data, head.scale.ctypes.data
+        self.int8.append(head)
 
     def reach(self, positions: int) -> None:
         """Make the rotary tables cover positions [0, positions) (a position's values do

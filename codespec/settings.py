@@ -54,6 +54,13 @@ class Settings(BaseSettings):
         "scale better than float32 there; see docs/decisions.md) and on CUDA.",
     )
     device: Device = Field("auto", description="Where the model runs; 'auto' picks CUDA when present.")
+    quantize: Literal["none", "int8"] = Field(
+        "none",
+        description="'int8': weight-only int8 for every linear layer and lm_head (half the bytes per "
+        "decode step; the output is int8's, not bf16's). Speculation stays lossless against "
+        "--no-spec with the same setting. Needs the C row decoder (CPU with AVX-512 BF16, "
+        "bf16 Qwen2/Llama).",
+    )
     cache_dir: Path = Field(
         default_factory=default_cache_dir,
         description="Where prepared models are cached (default: $XDG_CACHE_HOME/codespec).",

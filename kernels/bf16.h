@@ -25,6 +25,12 @@ void rowgemm_bf16(int isa, const uint16_t *x, int64_t ldx, const uint16_t *packe
                   int64_t ldo, int64_t M, int64_t N, int64_t K);
 /* rowgemm.c: one row against one stripe (`stripe` points at it), on the calling thread */
 void rowgemm_stripe_row(int isa, const uint16_t *x, const uint16_t *stripe, uint16_t *out, int64_t columns, int64_t K);
+/* int8.c: int8 weights, rows cut into int16 blocks, their products */
+double int8_row(const uint16_t *x, int64_t K, int16_t *r, float *t, float *spread);
+void int8_estimates(int isa, const int16_t *r, const float *t, int64_t K, const int8_t *q, const float *scale,
+                    float *a, int64_t ldo, int64_t M, int64_t N);
+int int8_linear(int isa, const uint16_t *x, int64_t ldx, const int8_t *q, const float *scale, const uint16_t *bias,
+                uint16_t *out, int64_t ldo, int64_t M, int64_t N, int64_t K);
 /* lmchoice.c: greedy choices through lm_head's int8 screen */
 int lmchoice_choose(int isa, const uint16_t *x, int64_t ldx, int64_t M, const int8_t *q, const float *scale,
                     const float *slack, const float *qslack, const uint16_t *lm_head, int64_t N, int64_t K,

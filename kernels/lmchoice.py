@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import ctypes
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from codespec.errors import SettingError
-from codespec.kernels.rowgemm import STRIPE
+from codespec.kernels import int8
 
 SCREEN_CHOICES = ("on", "off")  # CODESPEC_LM_SCREEN
 
@@ -42,45 +41,18 @@ def wanted() -> bool:
 
 def declare(lib: Any) -> Any:
     """lmchoice.c's signatures on the kernel library (idempotent)."""
-    lib.lmchoice_pack.argtypes = [_pointer, _size, _size, _pointer, _pointer, _pointer, _pointer]
-    lib.lmchoice_pack.restype = None
     lib.lmchoice_choose.argtypes = [ctypes.c_int, _pointer, _size, _size, _pointer, _pointer, _pointer, _pointer,
                                     _pointer, _size, _size, _pointer, _pointer, _pointer]
     lib.lmchoice_choose.restype = ctypes.c_int
     return lib
 
 
-@dataclass(frozen=True)
-class Screen:
-    """lm_head [vocab, hidden] as int8 in rowgemm's stripe layout, with per-output scale
-    and error bounds (lmchoice.c)."""
-
-    q: np.ndarray  # int8 [stripes, hidden / 2, STRIPE, 2]
-    scale: np.ndarray  # float32 [vocab]: the int8 step
-    slack: np.ndarray  # float32 [vocab]: the bound's term per unit of sum |x|
-    qslack: np.ndarray  # float32 [vocab]: the bound's term per unit of the row's int16 error
-    vocab: int
-    hidden: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.q.nbytes + self.scale.nbytes + self.slack.nbytes + self.qslack.nbytes
-
-    def arguments(self) -> tuple[int, int, int, int]:
-        """q, scale, slack, qslack addresses, as lmchoice_choose takes them."""
-        return self.q.ctypes.data, self.scale.ctypes.data, self.slack.ctypes.data, self.qslack.ctypes.data
+Screen = int8.Int8Matrix  # lm_head's int8 form [vocab, hidden]: the screen
 
 
 def build(lib: Any, lm_head: int, vocab: int, hidden: int) -> Screen:
-    """The screen of the packed bf16 matrix at address `lm_head` ([vocab, hidden], hidden
-    even)."""
-    assert hidden % 2 == 0, "lm_head's rows are read in pairs"
-    stripes = -(-vocab // STRIPE)
-    q = np.empty((stripes, hidden // 2, STRIPE, 2), dtype=np.int8)
-    scale, slack, qslack = (np.empty(vocab, dtype=np.float32) for _ in range(3))
-    declare(lib).lmchoice_pack(lm_head, vocab, hidden, q.ctypes.data, scale.ctypes.data, slack.ctypes.data,
-                               qslack.ctypes.data)
-    return Screen(q, scale, slack, qslack, vocab, hidden)
+    """The screen of the packed bf16 lm_head at address `lm_head` ([vocab, hidden])."""
+    return int8.pack(lib, lm_head, vocab, hidden)
 
 
 def choices(lib: Any, isa: int, x: np.ndarray, screen: Screen, lm_head: int,
@@ -90,12 +62,12 @@ def choices(lib: Any, isa: int, x: np.ndarray, screen: Screen, lm_head: int,
     tokens each row's screen kept."""
     x = np.ascontiguousarray(x, dtype=np.uint16)
     rows = x.shape[0]
-    assert x.shape == (rows, screen.hidden)
-    scores = np.empty((rows, screen.vocab), dtype=np.float32)
+    assert x.shape == (rows, screen.k)
+    scores = np.empty((rows, screen.n), dtype=np.float32)
     picked = np.empty(rows, dtype=np.int64)
     assert kept is None or (kept.dtype == np.int64 and kept.shape == (rows,))
-    status = declare(lib).lmchoice_choose(isa, x.ctypes.data, screen.hidden, rows, *screen.arguments(), lm_head,
-                                          screen.vocab, screen.hidden, scores.ctypes.data, picked.ctypes.data,
+    status = declare(lib).lmchoice_choose(isa, x.ctypes.data, screen.k, rows, *screen.arguments(), lm_head,
+                                          screen.n, screen.k, scores.ctypes.data, picked.ctypes.data,
                                           None if kept is None else kept.ctypes.data)
     if status != 0:
         raise MemoryError("lmchoice_choose: out of memory")

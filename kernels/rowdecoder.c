@@ -50,6 +50,10 @@ typedef struct {
     const uint16_t *norm_post; /* [hidden] */
     const uint16_t *gate_up;   /* stripes of [gate; up] x hidden */
     const uint16_t *down;      /* stripes of hidden x inter */
+    /* --quantize int8 (int8.c): the same four products as int8 stripes and their steps;
+     * NULL: bf16 */
+    const int8_t *qkv_q, *o_q, *gate_up_q, *down_q;
+    const float *qkv_s, *o_s, *gate_up_s, *down_s;
 } Layer;
 
 typedef struct {
@@ -59,6 +63,8 @@ typedef struct {
     const uint16_t *norm_final, *lm_head, *lm_bias; /* lm_head: stripes of vocab x hidden */
     const uint16_t *cos, *sin;                      /* [positions][head_dim] rotary tables */
     int64_t positions;
+    const int8_t *lm_q; /* lm_head in int8 (int8.c), or NULL */
+    const float *lm_s;
 } Model;
 
 typedef struct {
@@ -333,12 +339,21 @@ static int64_t scratch_floats(const Model *m, int64_t keys) {
     return group * ((keys + W - 1) / W * W + m->head_dim);
 }
 
+/* out = x . w^T + bias through the bf16 stripes, or their int8 form where given */
+static void product(int isa, const uint16_t *x, int64_t ldx, const uint16_t *w, const int8_t *q, const float *s,
+                    const uint16_t *bias, uint16_t *out, int64_t ldo, int64_t M, int64_t N, int64_t K) {
+    if (q)
+        int8_linear(isa, x, ldx, q, s, bias, out, ldo, M, N, K);
+    else
+        rowgemm_bf16(isa, x, ldx, w, bias, out, ldo, M, N, K);
+}
+
 static void layer(int isa, const Model *m, int64_t index, const Pass *p, uint16_t *x, Work w, int64_t most_keys) {
     const Layer *L = m->layer + index;
     int64_t rows = p->rows, H = m->hidden, D = m->head_dim, Q = m->heads * D, KV = m->kv_heads * D;
     int64_t NQKV = Q + 2 * KV, I = m->inter, group = m->heads / m->kv_heads;
     for (int64_t r = 0; r < rows; r++) rms_norm(x + r * H, L->norm_in, w.normed + r * H, H, m->eps);
-    rowgemm_bf16(isa, w.normed, H, L->qkv, L->qkv_bias, w.qkv, NQKV, rows, NQKV, H);
+    product(isa, w.normed, H, L->qkv, L->qkv_q, L->qkv_s, L->qkv_bias, w.qkv, NQKV, rows, NQKV, H);
     uint16_t *keys = p->keys[index], *values = p->values[index];
     for (int64_t r = 0; r < rows; r++) {
         uint16_t *row = w.qkv + r * NQKV;
@@ -363,13 +378,13 @@ static void layer(int isa, const Model *m, int64_t index, const Pass *p, uint16_
         }
         free(scratch);
     }
-    rowgemm_bf16(isa, w.attended, Q, L->o, L->o_bias, w.normed, H, rows, H, Q);
+    product(isa, w.attended, Q, L->o, L->o_q, L->o_s, L->o_bias, w.normed, H, rows, H, Q);
     for (int64_t r = 0; r < rows; r++) add_rows(x + r * H, w.normed + r * H, H);
     for (int64_t r = 0; r < rows; r++) rms_norm(x + r * H, L->norm_post, w.normed + r * H, H, m->eps);
-    rowgemm_bf16(isa, w.normed, H, L->gate_up, NULL, w.mlp, 2 * I, rows, 2 * I, H);
+    product(isa, w.normed, H, L->gate_up, L->gate_up_q, L->gate_up_s, NULL, w.mlp, 2 * I, rows, 2 * I, H);
 #pragma omp parallel for schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) silu_mul(w.mlp + r * 2 * I, w.mlp + r * 2 * I + I, w.gated + r * I, I);
-    rowgemm_bf16(isa, w.gated, I, L->down, NULL, w.normed, H, rows, H, I);
+    product(isa, w.gated, I, L->down, L->down_q, L->down_s, NULL, w.normed, H, rows, H, I);
     for (int64_t r = 0; r < rows; r++) add_rows(x + r * H, w.normed + r * H, H);
 }
 
@@ -400,8 +415,8 @@ int rowdecoder_forward(int isa, const Model *m, const Pass *p, uint16_t *x, uint
     Work w = carve(m, p->rows, work);
     if (stack(isa, m, p, x, w)) return -1;
     int64_t first = p->logits_from;
-    rowgemm_bf16(isa, w.normed + first * m->hidden, m->hidden, m->lm_head, m->lm_bias, logits, m->vocab,
-                 p->rows - first, m->vocab, m->hidden);
+    product(isa, w.normed + first * m->hidden, m->hidden, m->lm_head, m->lm_q, m->lm_s, m->lm_bias, logits,
+            m->vocab, p->rows - first, m->vocab, m->hidden);
     return 0;
 }
 
@@ -413,7 +428,7 @@ int rowdecoder_choices(int isa, const Model *m, const int8_t *q, const float *sc
                        const float *qslack, const Pass *p, uint16_t *x, uint16_t *work, float *scores,
                        int64_t *choices, int64_t *kept) {
     Work w = carve(m, p->rows, work);
-    if (m->lm_bias || stack(isa, m, p, x, w)) return -1;
+    if (m->lm_bias || m->lm_q || stack(isa, m, p, x, w)) return -1;
     int64_t first = p->logits_from;
     return lmchoice_choose(isa, w.normed + first * m->hidden, m->hidden, p->rows - first, q, scale, slack, qslack,
                            m->lm_head, m->vocab, m->hidden, scores, choices, kept);

@@ -157,3 +157,53 @@ def test_choices_are_the_argmax_of_the_pass_logits(arch, monkeypatch):
     assert all(torch.equal(layer[0], kept) for layer, kept in zip(cache.keys, keys))
     monkeypatch.setenv("CODESPEC_LM_SCREEN", "off")
     assert decoder.new_decoder(model).screen is None
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_int8_speculative_output_equals_int8_plain_output(arch):
+    """--quantize int8: every product and lm_head in int8 (kernels/int8.py), still row-exact,
+    so speculation stays lossless against plain decoding with the same weights."""
+    model = bf16_model(arch, vocab=16, seed=3)
+    model.__dict__[decoder.QUANTIZE] = "int8"
+    engine = Engine(model, None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=8, eos_token_ids=[])
+    assert engine.verifier.decoder.quantize == "int8" and engine.verifier.decoder.screen is None
+    accepted = 0
+    for seed in range(6):
+        prompt = random_ids(3 + seed, 16, seed) * 3
+        plain = engine.generate(prompt, GenerationConfig(max_new_tokens=40, speculate=False))
+        spec = engine.generate(prompt, GenerationConfig(max_new_tokens=40))
+        assert spec.token_ids == plain.token_ids, f"prompt {prompt}"
+        accepted += spec.stats.accepted_draft_tokens
+    assert accepted > 20
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_int8_computes_the_int8_model(arch):
+    """The int8 row decoder's logits follow a float64 transformers model whose linear
+    weights are the int8 ones (scale * q), within the bf16 forward's own noise, and
+    closer than the bf16 row decoder follows it: it runs the model it claims to."""
+    from codespec.models.tiny import tiny_model
+
+    source = tiny_model(arch, vocab_size=256, seed=7, dtype=torch.bfloat16, **SHAPE)
+    reference = tiny_model(arch, vocab_size=256, seed=7, dtype=torch.float64, **SHAPE)
+    weights = {name: value.double() for name, value in source.state_dict().items()}
+    for name, value in weights.items():
+        if value.dim() == 2 and "embed" not in name:  # every linear layer and lm_head
+            step = value.float().abs().amax(1, keepdim=True) / 127
+            weights[name] = ((value.float() / step).round().clamp(-127, 127) * step).double()
+    reference.load_state_dict(weights)
+    prompt = random_ids(40, 256, 8)
+    with torch.inference_mode():
+        expected = reference(input_ids=torch.tensor([prompt])).logits[0, -8:].float()
+    errors = {}
+    for quantize in ("int8", "none"):
+        model = bf16_model(arch, seed=7)
+        model.__dict__[decoder.QUANTIZE] = quantize
+        cache = SlotCache(model.config, slots=1, slot_tokens=128, dtype=torch.bfloat16, chunk=16)
+        verifier = Verifier(model, cache)
+        slot, _ = cache.acquire(prompt)
+        verifier.prefill(slot, prompt[:-8])
+        rows, path = rowforward.plan_rows([(slot, cache.length(slot), VerifyTree.chain(prompt[-8], prompt[-7:]))])
+        ours = decoder.as_tensor(verifier.decoder.forward(prompt[-8:], rows, path, verifier._slots)).float()
+        errors[quantize] = ((ours - expected).abs().mean() / expected.abs().mean()).item()
+    assert errors["int8"] < 0.05 and errors["int8"] < 0.8 * errors["none"], errors

@@ -99,7 +99,7 @@ def _threads(settings: Any) -> int:
 def profile_key(path: str | Path, settings: Any) -> dict[str, str]:
     """The machine-profile key of the model at `path` on the direct path (calibration.py)."""
     return calibration.direct_profile_key(_config(_weights_dir(Path(path)), "config.json"), str(path),
-                                          _threads(settings))
+                                          _threads(settings), settings.quantize)
 
 
 class DirectVerifier:
@@ -199,7 +199,7 @@ class DirectModel:
         source = _weights_dir(path)
         config = _config(source, "config.json")
         packed = weights.load_weights(source, config)
-        decoder = rowforward.RowDecoder(lib, rowgemm.AVX512_BF16, config, packed)
+        decoder = rowforward.RowDecoder(lib, rowgemm.AVX512_BF16, config, packed, quantize=settings.quantize)
         return cls(name, path, config, _config(source, "generation_config.json"), decoder, DirectTokenizer(path),
                    threads)
 
@@ -214,4 +214,4 @@ class DirectModel:
         return DirectVerifier(self.decoder, cache)
 
     def profile_key(self) -> dict[str, str]:
-        return calibration.direct_profile_key(self.config, str(self.path), self.threads)
+        return calibration.direct_profile_key(self.config, str(self.path), self.threads, self.decoder.quantize)

@@ -145,8 +145,22 @@ def load_model(settings: Settings, *, progress: bool = True, direct: bool = Fals
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"cannot load model {settings.model!r} from {path}: {first_line}") from exc
     model.to(device).eval()
+    if settings.quantize != "none":
+        _quantize(model, settings.quantize)
     return LoadedModel(name=name, path=path, model=model, tokenizer=tokenizer, dtype=dtype, device=device,
                        weights=weights)
+
+
+def _quantize(model: Any, choice: str) -> None:
+    """Mark `model` for int8 products in the row decoder (rowforward.RowDecoder makes them);
+    a clear error where the row decoder does not run it."""
+    from codespec import decoder
+
+    if decoder.forward_kind(model) != "rowdecoder":
+        why = decoder.unsupported(model) or "CODESPEC_FORWARD=transformers"
+        raise ModelError(f"--quantize {choice} runs on the C row decoder (CPU with AVX-512 BF16, bf16 "
+                         f"Qwen2/Llama), which does not serve this model here: {why}")
+    model.__dict__[decoder.QUANTIZE] = choice
 
 
 def serving_copy(path: str, dtype: torch.dtype) -> str:
