@@ -150,25 +150,28 @@ def quantization(model: Any) -> str:
     return str(model.__dict__.get(QUANTIZE, "none"))
 
 
-def attach(model: Any) -> RowDecoder | None:
-    """The model's row decoder (made once per model), or None where it does not apply."""
+def attach(model: Any, quantize: str | None = None) -> RowDecoder | None:
+    """The model's row decoder (made once per model and quantization; `quantize` None: the
+    model's own, `quantization`), or None where it does not apply."""
     if not wanted() or unsupported(model) is not None or not native.has("rowdecoder_forward"):
         return None  # unsupported(): the linears on rowgemm included
-    if "_codespec_decoder" not in model.__dict__:
-        model.__dict__["_codespec_decoder"] = new_decoder(model)
-    return model.__dict__["_codespec_decoder"]
+    choice = quantization(model) if quantize is None else quantize
+    made = model.__dict__.setdefault("_codespec_decoders", {})
+    if choice not in made:
+        made[choice] = new_decoder(model, quantize=choice)
+    return made[choice]
 
 
-def new_decoder(model: Any, *, isa_cap: int = rowgemm.AVX512_BF16) -> RowDecoder:
+def new_decoder(model: Any, *, isa_cap: int = rowgemm.AVX512_BF16, quantize: str | None = None) -> RowDecoder:
     """A row decoder over `model`'s packed weights (`isa_cap=rowgemm.SCALAR`: the
-    portable path, for tests on any CPU)."""
+    portable path, for tests on any CPU; `quantize` None: the model's own)."""
     lib = rowgemm.library()
     assert lib is not None and unsupported(model) is None
     rotary = model.model.rotary_emb
     default = rowforward.rope_type(model.config) == "default" and getattr(rotary, "rope_type", "default") == "default"
     tables = None if default else _module_tables(rotary, model.get_input_embeddings().weight)
     return RowDecoder(lib, rowgemm.isa(isa_cap), model.config, model_weights(model), tables,
-                      quantize=quantization(model))
+                      quantize=quantization(model) if quantize is None else quantize)
 
 
 def as_tensor(logits: Any) -> torch.Tensor:

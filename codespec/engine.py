@@ -100,9 +100,13 @@ class Engine:
         slots: int = 2,
         exact_rows: bool = True,
         profile_dir: Path | str | None = None,
+        quantize: str | None = None,
     ) -> None:
         """`profile_dir`: the cache directory holding this machine's profile (probes and
-        verify-pass timings, calibration.py): read at start, written once measured."""
+        verify-pass timings, calibration.py): read at start, written once measured.
+        `quantize`: the row decoder's weights on transformers' path ("none": bf16 even for
+        a model loaded with --quantize int8, as the benchmark's reference; None: the
+        model's setting)."""
         if draft_policy not in controller.POLICIES:
             raise ValueError(f"draft_policy must be one of {controller.POLICIES}, got {draft_policy!r}")
         self.max_context = max_context(model.config)
@@ -125,7 +129,7 @@ class Engine:
         else:
             from codespec.verifier import Verifier
 
-            self.verifier = Verifier(model, cache, exact_rows=exact_rows)
+            self.verifier = Verifier(model, cache, exact_rows=exact_rows, quantize=quantize)
         self.tokenizer = tokenizer
         self.proposer = proposer if proposer is not None else PromptLookupProposer()
         self.max_draft_tokens = max_draft_tokens

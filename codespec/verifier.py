@@ -74,10 +74,11 @@ class Verifier:
     """Drives a Hugging Face causal LM over the KV slots: prefill and verify passes."""
 
     def __init__(self, model: Any, cache: SlotCache, *, exact_rows: bool = True, row_decoder: bool = True,
-                 choices: bool = True) -> None:
+                 choices: bool = True, quantize: str | None = None) -> None:
         """`row_decoder=False` keeps transformers' forward where the row decoder would apply;
         `choices=False` has the row decoder's greedy passes compute full logits rather
-        than the choices alone (rowforward.RowDecoder.choices): tests that read logits."""
+        than the choices alone (rowforward.RowDecoder.choices): tests that read logits;
+        `quantize`: the row decoder's weights ("none": bf16; None: the model's setting)."""
         if attention.uses_sliding_window(model.config):
             raise ModelError("models with sliding-window attention are not supported")
         self.model = model
@@ -91,7 +92,7 @@ class Verifier:
         # Decode steps and verify passes: one C call per pass where the model allows
         # (decoder.py; exact by construction), else transformers' forward made exact by
         # the probed row blocks and attention layouts below.
-        self.decoder = decoder.attach(model) if exact_rows and row_decoder else None
+        self.decoder = decoder.attach(model, quantize) if exact_rows and row_decoder else None
         _, kv_heads, head_dim = kv_dims(model.config)
         self.query_group = model.config.num_attention_heads // kv_heads
         if self.decoder is not None:

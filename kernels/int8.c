@@ -11,7 +11,7 @@
  * Rows: each row of x (bf16) is cut in blocks of QB inputs; a block's values become int16
  * r with the block's own step t = max |x| / 32767 (an outlier costs its block's precision,
  * not the row's). Everything here is a function of one row and one output column:
- *   T_b = sum over the block of r_k q_k, exact in int32 (|T_b| <= 2 x 32 x 32767 x 127);
+ *   T_b = sum over the block of r_k q_k, exact in int32 (|T_b| <= 128 x 32767 x 127 < 2^31);
  *   acc = 0; for each block in order: acc = acc + float(T_b) * t_b   (float, in that order);
  *   a = acc * scale (the screen), or bf16(acc * scale + bias) (a linear layer).
  * VPDPWSSD (AVX-512 VNNI) and the plain loop compute the same integers and then the same
@@ -27,7 +27,7 @@
 #define BLOCKS 4
 #define LANES 16
 #define TM 6
-#define QB 64        /* inputs per row block (32 pairs) */
+#define QB 128       /* inputs per row block (64 pairs) */
 #define R_MAX 32767  /* int16 row values in [-32767, 32767] */
 #define Q_MAX 127    /* int8 weights in [-127, 127] */
 

@@ -36,7 +36,7 @@
 #include "bf16.h"
 
 #define STRIPE 64
-#define QB 64                         /* int8.c's row block */
+#define QB 128                        /* int8.c's row block */
 #define ROUNDING_SLACK (1.0f / 64.0f) /* two bf16 steps, relative */
 #define ABSOLUTE_SLACK 1e-20f         /* subnormals flushed by VDPBF16PS, a few per sum at most */
 

@@ -35,7 +35,7 @@ from codespec import controller
 from codespec.bench import llamacpp
 from codespec.bench.peers import ArcticProposer, arctic_available, hf_prompt_lookup
 from codespec.bench.sessions import Workload
-from codespec.bench.systems import ALIASES, PLAIN, SYSTEM_NAMES, SYSTEMS, SystemSpec  # noqa: F401 (re-exported)
+from codespec.bench.systems import BF16_REFERENCE, ALIASES, PLAIN, SYSTEM_NAMES, SYSTEMS, SystemSpec  # noqa: F401 (re-exported)
 from codespec.engine import Engine, GenerationConfig
 from codespec.index import SuffixIndex
 from codespec.kvcache import SlotCache
@@ -81,6 +81,8 @@ class Result:
     ratio_vs_plain: float = 1.0
     # per request (step name): its output equals plain greedy's in every run
     identical: dict[str, bool] = field(default_factory=dict)
+    # tokens before the first difference from plain's output, over plain's tokens
+    token_agreement: float = 1.0
 
     @property
     def median(self) -> Run:
@@ -113,6 +115,7 @@ class Result:
             "latency_p95_s": round(_percentile(latencies, 0.95), 3),
             "identical_rate": round(self.identical_rate, 4),
             "identical_per_request": dict(self.identical),
+            "token_agreement": round(self.token_agreement, 4),
             "peak_rss_mb": None if run.peak_rss_mb is None else round(run.peak_rss_mb, 1),
             "cached_prompt_tokens": sum(r.cached_prompt_tokens for r in run.requests),
             "wall_s_runs": [round(r.wall_s, 3) for r in self.runs],
@@ -137,12 +140,14 @@ class Context:
         self.indexed: dict[str, tuple[Any, dict[str, list[int]]]] = {}
         self.eos_token_ids = self.engine("chain").eos_token_ids
 
-    def engine(self, policy: str) -> Engine:
-        if policy not in self.engines:
-            self.engines[policy] = Engine(self.loaded.model, self.loaded.tokenizer, PromptLookupProposer(),
-                                          max_draft_tokens=self.settings.max_draft_tokens, draft_policy=policy, cache=self.cache)
-            self.engines[policy].calibrate()  # start-up work, outside every timed request
-        return self.engines[policy]
+    def engine(self, policy: str, quantize: str | None = None) -> Engine:
+        key = policy if quantize is None else f"{policy}/{quantize}"
+        if key not in self.engines:
+            self.engines[key] = Engine(self.loaded.model, self.loaded.tokenizer, PromptLookupProposer(),
+                                       max_draft_tokens=self.settings.max_draft_tokens, draft_policy=policy,
+                                       cache=self.cache, quantize=quantize)
+            self.engines[key].calibrate()  # start-up work, outside every timed request
+        return self.engines[key]
 
     def repository(self, workload: Workload) -> tuple[Any, dict[str, list[int]]]:
         """(static index, tokenized files) of the workload's repository."""
@@ -202,7 +207,7 @@ def run_system(ctx: Context, spec: SystemSpec, workload: Workload) -> Run:
     if spec.kind == "llamacpp":
         return run_llamacpp(ctx, spec, workload)
     tokenizer = ctx.loaded.tokenizer
-    engine = None if spec.kind == "hf" else ctx.engine("chain" if spec.kind == PLAIN else spec.policy)
+    engine = None if spec.kind == "hf" else ctx.engine("chain" if spec.kind == PLAIN else spec.policy, spec.quantize)
     if engine is not None:
         engine.proposer = ctx.proposer(spec, workload) if spec.kind == "codespec" else PromptLookupProposer()
         engine.acceptance = controller.AcceptanceTable()
@@ -251,9 +256,21 @@ def run_suite(ctx: Context, workloads: Sequence[Workload], systems: Sequence[Sys
             result.identical_rate = sum(same) / len(same)
             for i, step in enumerate(workload.steps):
                 result.identical[step.name] = all(run.requests[i].token_ids == reference[i] for run in result.runs)
+            first = result.runs[0].requests
+            result.token_agreement = sum(_common_prefix(r.token_ids, ref) for r, ref in zip(first, reference)) / max(
+                1, sum(len(ref) for ref in reference))
             result.ratio_vs_plain = result.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else 0.0
         results.extend(by_system.values())
     return results
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens two outputs share before their first difference.
+
+    >>> _common_prefix([1, 2, 3], [1, 2, 4, 5])
+    2
+    """
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def format_table(results: Sequence[Result]) -> str:
@@ -272,6 +289,11 @@ def format_table(results: Sequence[Result]) -> str:
                  for r in results if not all(r.identical.values())]
     if differing:
         lines += ["requests whose output differs from plain greedy decoding:", *differing]
+    for r in results:
+        if r.system == BF16_REFERENCE.name:
+            same = sum(r.identical.values())
+            lines.append(f"  {r.workload}: int8 against bf16: {same} of {len(r.identical)} requests identical, "
+                         f"{r.token_agreement:.0%} of the tokens before the first difference")
     return "\n".join(lines)
 
 

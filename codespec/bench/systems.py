@@ -16,6 +16,7 @@ class SystemSpec:
     kind: str  # "plain", "hf", "codespec" or "llamacpp"
     drafter: str = ""  # codespec: "prompt", "index" or "arctic"
     policy: str = "chain"
+    quantize: str | None = None  # the row decoder's weights; None: the loaded model's (--quantize)
 
 
 SYSTEMS: tuple[SystemSpec, ...] = (
@@ -32,4 +33,8 @@ SYSTEMS: tuple[SystemSpec, ...] = (
     SystemSpec("llamacpp-map-k", "llama.cpp n-gram lookup: ngram-map-k", "llamacpp"),
 )
 SYSTEM_NAMES = tuple(s.name for s in SYSTEMS)
+# With --quantize int8, plain decoding on the bf16 weights runs too: the reference for how
+# far int8's output strays (requests identical, tokens before the first difference).
+BF16_REFERENCE = SystemSpec("plain-bf16", "bf16 weights, no speculation: what --quantize changes", "plain",
+                            quantize="none")
 ALIASES = {"llamacpp-lookup": llamacpp.LOOKUP_SYSTEMS}  # --systems shorthands

@@ -175,6 +175,10 @@ def run_workloads(args: argparse.Namespace) -> int:
     for w in workloads:
         print(f"workload {w.name}: {w.description}; {len(w.steps)} requests", file=sys.stderr)
     ctx = Context(loaded, settings, slot_tokens=4096)
+    if settings.quantize != "none":  # how far the quantized output strays from bf16's
+        from codespec.bench.systems import BF16_REFERENCE
+
+        chosen.insert(1, BF16_REFERENCE)
 
     def progress(run: Any) -> None:
         print(f"  {run.workload} {run.system}: {run.tokens} tokens in {run.wall_s:.1f} s "
@@ -183,7 +187,8 @@ def run_workloads(args: argparse.Namespace) -> int:
     results = run_suite(ctx, workloads, chosen, args.repeat, on_run=progress)
     checks = bar_checks(results)
     machine = _machine()
-    print(f"\nmodel {loaded.name} ({loaded.info()['dtype']}, {loaded.device}), {machine['cores']} cores "
+    weights = "" if settings.quantize == "none" else f", weights {settings.quantize}"
+    print(f"\nmodel {loaded.name} ({loaded.info()['dtype']}{weights}, {loaded.device}), {machine['cores']} cores "
           f"({machine['cpu']}), {machine['torch_threads']} threads, median of {args.repeat}")
     print(format_table(results))
     for name, ok in checks.items():
@@ -193,7 +198,8 @@ def run_workloads(args: argparse.Namespace) -> int:
         "model": loaded.name,
         "dtype": loaded.info()["dtype"],
         "machine": machine,
-        "settings": {"max_draft_tokens": settings.max_draft_tokens, "min_match_tokens": settings.min_match_tokens,
+        "settings": {"quantize": settings.quantize,
+                     "max_draft_tokens": settings.max_draft_tokens, "min_match_tokens": settings.min_match_tokens,
                      "prefill_chunk_tokens": settings.prefill_chunk_tokens},
         "workloads": {w.name: {"description": w.description, "requests": [s.name for s in w.steps],
                                "repository_files": len(w.files)} for w in workloads},
