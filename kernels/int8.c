@@ -22,6 +22,7 @@
 #include <stdlib.h>
 
 #include "bf16.h"
+#include "lanes.h"
 
 #define STRIPE 64
 #define BLOCKS 4
@@ -31,18 +32,9 @@
 #define R_MAX 32767  /* int16 row values in [-32767, 32767] */
 #define Q_MAX 127    /* int8 weights in [-127, 127] */
 
-typedef float v16f __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-#if defined(__x86_64__)
-#define CLONES __attribute__((target_clones("avx512f", "default")))
-#else
-#define CLONES
-#endif
 
 /* ---------------------------------------------------------------- packing */
 
-typedef uint32_t v16u __attribute__((vector_size(64)));
-typedef uint16_t v16h __attribute__((vector_size(32)));
 typedef int8_t v16b __attribute__((vector_size(16)));
 
 static inline v16f widen16(const uint16_t *p) { /* 16 bf16 -> fp32, exact */

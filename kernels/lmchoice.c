@@ -34,19 +34,13 @@
 #include <stdlib.h>
 
 #include "bf16.h"
+#include "lanes.h"
 
 #define STRIPE 64
 #define QB 128                        /* int8.c's row block */
 #define ROUNDING_SLACK (1.0f / 64.0f) /* two bf16 steps, relative */
 #define ABSOLUTE_SLACK 1e-20f         /* subnormals flushed by VDPBF16PS, a few per sum at most */
 
-typedef float v16f __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-#if defined(__x86_64__)
-#define CLONES __attribute__((target_clones("avx512f", "default")))
-#else
-#define CLONES
-#endif
 
 /* ---------------------------------------------------------------- the choice */
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 SOURCES = (HERE / "rowgemm.c", HERE / "int8.c", HERE / "lmchoice.c", HERE / "rowdecoder.c")
-HEADERS = (HERE / "bf16.h",)
+HEADERS = (HERE / "bf16.h", HERE / "lanes.h")
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off", "-Wno-psabi")
 LIBS = ("-lm",)
 

@@ -27,18 +27,9 @@
 #include <stdlib.h>
 
 #include "bf16.h"
-
-typedef float v16f __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-typedef uint32_t v16u __attribute__((vector_size(64)));
-typedef uint16_t v16h __attribute__((vector_size(32)));
+#include "lanes.h"
 
 #define W 16 /* lanes */
-#if defined(__x86_64__)
-#define CLONES __attribute__((target_clones("avx512f", "default")))
-#else
-#define CLONES
-#endif
 #define INLINE static inline __attribute__((always_inline))
 
 typedef struct {
