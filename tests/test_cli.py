@@ -63,3 +63,20 @@ def test_unknown_kernel_setting_is_one_clear_line(tmp_path, monkeypatch, capsys,
     monkeypatch.setenv(name, "fastest")
     code, err = run(capsys, "generate", "--model", str(tmp_path / "model"), "p")
     assert code == 2 and err.count("\n") == 0 and err.startswith(f"codespec: error: {name}='fastest'"), err
+
+
+def test_quantize_where_the_row_decoder_does_not_run_is_one_clear_line(monkeypatch):
+    """--quantize int8 needs the C row decoder: elsewhere the load stops with why."""
+    import torch
+
+    from codespec.errors import ModelError
+    from codespec.models.loading import _quantize
+    from codespec.models.tiny import tiny_model
+
+    model = tiny_model("qwen2", vocab_size=16, dtype=torch.float32, hidden_size=256, num_attention_heads=4,
+                       num_key_value_heads=2, intermediate_size=192)
+    with pytest.raises(ModelError, match="--quantize int8 runs on the C row decoder.*linear kernel 'torch'"):
+        _quantize(model, "int8")
+    monkeypatch.setenv("CODESPEC_FORWARD", "transformers")
+    with pytest.raises(ModelError, match="CODESPEC_FORWARD=transformers"):
+        _quantize(model, "int8")

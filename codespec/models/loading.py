@@ -157,7 +157,14 @@ def _quantize(model: Any, choice: str) -> None:
     from codespec import decoder
 
     if decoder.forward_kind(model) != "rowdecoder":
-        why = decoder.unsupported(model) or "CODESPEC_FORWARD=transformers"
+        from codespec import rowblocks
+
+        param = next(model.parameters())
+        why = ("CODESPEC_FORWARD=transformers" if not decoder.wanted() else decoder.unsupported_layers(model)
+               or (f"linear kernel {rowblocks.linear_kernel(param.dtype, param.device)!r}, not rowgemm (it needs "
+                   "a CPU with AVX-512 BF16 and bfloat16 weights)"
+                   if rowblocks.linear_kernel(param.dtype, param.device) != "rowgemm"
+                   else "the C forward is not built"))
         raise ModelError(f"--quantize {choice} runs on the C row decoder (CPU with AVX-512 BF16, bf16 "
                          f"Qwen2/Llama), which does not serve this model here: {why}")
     model.__dict__[decoder.QUANTIZE] = choice
