@@ -182,14 +182,14 @@ class RowDecoder:
             self._quantize(config)
         # lm_head's int8 screen for greedy choices (kernels/lmchoice.py): 136 MB more
         # memory for the default model, ~14% fewer bytes read per decode step
-        self.screen: lmchoice.Screen | None = None
+        self.screen: int8.Int8Matrix | None = None
         if (quantize == "none" and weights.lm_bias is None and hasattr(lib, "rowdecoder_choices")
                 and lmchoice.wanted()):
             lib.rowdecoder_choices.argtypes = [ctypes.c_int, ctypes.POINTER(_Model), _pointer, _pointer, _pointer,
                                                _pointer, ctypes.POINTER(_Pass), _pointer, _pointer, _pointer,
                                                _pointer, _pointer]
             lib.rowdecoder_choices.restype = ctypes.c_int
-            self.screen = lmchoice.build(lib, weights.lm_head, weights.vocab, config.hidden_size)
+            self.screen = int8.pack(lib, weights.lm_head, weights.vocab, config.hidden_size)
         self._scores = np.empty((0, self.vocab), dtype=np.float32)  # the screen's scratch
         self.kept = np.zeros(0, dtype=np.int64)  # tokens the screen kept per row of the last `choices` (a prefix)
 

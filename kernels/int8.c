@@ -32,28 +32,17 @@
 #define R_MAX 32767  /* int16 row values in [-32767, 32767] */
 #define Q_MAX 127    /* int8 weights in [-127, 127] */
 
-
 /* ---------------------------------------------------------------- packing */
 
 typedef int8_t v16b __attribute__((vector_size(16)));
-
-static inline v16f widen16(const uint16_t *p) { /* 16 bf16 -> fp32, exact */
-    v16h h;
-    memcpy(&h, p, sizeof h);
-    return (v16f)(__builtin_convertvector(h, v16u) << 16);
-}
-
-static inline v16f choose16(v16i mask, v16f yes, v16f no) { return (v16f)(((v16i)yes & mask) | ((v16i)no & ~mask)); }
-
-static inline v16f abs16(v16f v) { return (v16f)((v16i)v & 0x7fffffff); }
 
 /* The int8 form of a matrix packed by rowgemm_pack ([stripes][pairs][STRIPE][2] bf16, N
  * outputs, K padded even): q in the same layout, scale, and the error terms slack and
  * qslack per output (lmchoice.c's bound; the product's own roundings included).
  * Lanes are (column, half of the pair) and a column's two lanes are merged; 16 at a time
- * (~0.1 s for the default model's 136M weights on two threads). */
+ * (~40 ms for the default model's 136M weights on two threads, pages already touched). */
 CLONES void int8_pack(const uint16_t *packed, int64_t N, int64_t K, int8_t *q, float *scale, float *slack,
-                          float *qslack) {
+                      float *qslack) {
     enum { L = STRIPE * 2, V = L / 16 };
     int64_t stripes = (N + STRIPE - 1) / STRIPE, pairs = K / 2;
     double g = (double)K * 0x1p-24 / (1.0 - (double)K * 0x1p-24); /* v's fp32 sum of K terms */
@@ -68,28 +57,28 @@ CLONES void int8_pack(const uint16_t *packed, int64_t N, int64_t K, int8_t *q, f
         for (int i = 0; i < V; i++) most[i] = worst[i] = (v16f){0}, total[i] = (v16i){0};
         for (int64_t p = 0; p < pairs; p++)
             for (int i = 0; i < V; i++) {
-                v16f v = abs16(widen16(w + p * L + i * 16));
-                most[i] = choose16(v > most[i], v, most[i]);
+                v16f v = absolute(widen(w + p * L + i * 16));
+                most[i] = pick(v > most[i], v, most[i]);
             }
         for (int i = 0; i < V; i++) { /* a column's two lanes (2c, 2c + 1) share its maximum */
             v16f swapped = __builtin_shufflevector(most[i], most[i], 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12,
                                                    15, 14);
-            most[i] = choose16(swapped > most[i], swapped, most[i]);
+            most[i] = pick(swapped > most[i], swapped, most[i]);
             step[i] = most[i] / (float)Q_MAX;
-            inverse[i] = choose16(most[i] > 0.0f, (float)Q_MAX / most[i], (v16f){0});
+            inverse[i] = pick(most[i] > 0.0f, (float)Q_MAX / most[i], (v16f){0});
         }
         for (int64_t p = 0; p < pairs; p++)
             for (int i = 0; i < V; i++) {
-                v16f v = widen16(w + p * L + i * 16);
+                v16f v = widen(w + p * L + i * 16);
                 v16f r = (v * inverse[i] + 12582912.0f) - 12582912.0f; /* nearest integer (|.| < 2^22) */
-                r = choose16(r > (float)Q_MAX, (v16f){0} + Q_MAX, r);
-                r = choose16(r < -(float)Q_MAX, (v16f){0} - Q_MAX, r);
+                r = pick(r > (float)Q_MAX, splat(Q_MAX), r);
+                r = pick(r < -(float)Q_MAX, splat(-Q_MAX), r);
                 v16i n = __builtin_convertvector(r, v16i);
                 v16b b = __builtin_convertvector(n, v16b);
                 memcpy(out + p * L + i * 16, &b, sizeof b);
                 total[i] += (n ^ (n >> 31)) - (n >> 31); /* |q| */
-                v16f error = abs16(v - step[i] * r);
-                worst[i] = choose16(error > worst[i], error, worst[i]);
+                v16f error = absolute(v - step[i] * r);
+                worst[i] = pick(error > worst[i], error, worst[i]);
             }
         float m[L], u[L], e[L];
         int32_t t[L];

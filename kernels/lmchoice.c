@@ -41,7 +41,6 @@
 #define ROUNDING_SLACK (1.0f / 64.0f) /* two bf16 steps, relative */
 #define ABSOLUTE_SLACK 1e-20f         /* subnormals flushed by VDPBF16PS, a few per sum at most */
 
-
 /* ---------------------------------------------------------------- the choice */
 
 /* torch.argmax over bf16 logits: the first maximum, a NaN above everything */
@@ -58,31 +57,23 @@ static int64_t first_max(const uint16_t *logits, int64_t n) {
 }
 
 #define W 16
-#define SIGN 0x7fffffff
 
 /* B_j, 16 outputs at a time and one at a time (the same formula: lmchoice.c's top) */
 static inline v16f bounds16(v16f a, v16f slack, v16f qslack, float X, float D) {
-    return slack * X + qslack * D + (v16f)((v16i)a & SIGN) * 0x1p-20f + ABSOLUTE_SLACK;
+    return slack * X + qslack * D + absolute(a) * 0x1p-20f + ABSOLUTE_SLACK;
 }
 
 static inline float bound1(float a, float slack, float qslack, float X, float D) {
     return slack * X + qslack * D + fabsf(a) * 0x1p-20f + ABSOLUTE_SLACK;
 }
 
-static inline v16f load16(const float *p) {
-    v16f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
 /* max_j a_j - B_j (NaN-free: a row with a non-finite value never gets here) */
 CLONES static float best_lower(const float *a, const float *slack, const float *qslack, int64_t N, float X, float D) {
-    v16f top = (v16f){0} - INFINITY;
+    v16f top = splat(-INFINITY);
     int64_t j = 0;
     for (; j + W <= N; j += W) {
-        v16f v = load16(a + j), low = v - bounds16(v, load16(slack + j), load16(qslack + j), X, D);
-        v16i more = low > top;
-        top = (v16f)(((v16i)low & more) | ((v16i)top & ~more));
+        v16f v = load(a + j), low = v - bounds16(v, load(slack + j), load(qslack + j), X, D);
+        top = pick(low > top, low, top);
     }
     float best = -INFINITY, lanes[W];
     memcpy(lanes, &top, sizeof lanes);
@@ -100,8 +91,8 @@ CLONES static int64_t survivors(const float *a, const float *slack, const float 
                                 float threshold, int64_t *kept, int64_t room) {
     int64_t count = 0, j = 0;
     for (; j + W <= N; j += W) {
-        v16f v = load16(a + j);
-        v16i hit = v + bounds16(v, load16(slack + j), load16(qslack + j), X, D) >= threshold;
+        v16f v = load(a + j);
+        v16i hit = v + bounds16(v, load(slack + j), load(qslack + j), X, D) >= threshold;
         int32_t lanes[W];
         memcpy(lanes, &hit, sizeof lanes);
         int any = 0;
@@ -123,8 +114,8 @@ CLONES static int64_t survivors(const float *a, const float *slack, const float 
 
 /* The argmax of one row's exact logits from its screen a (N floats), or -1 when the
  * screen leaves too many candidates to be worth it (the caller computes the row in
- * full). x: the row (K bf16); X, D: its spread and int16 error (quantize_row). */
-static int64_t pick(int isa, const uint16_t *x, const float *a, const float *slack, const float *qslack,
+ * full). x: the row (K bf16); X, D: its spread and int16 error (int8_row). */
+static int64_t decide(int isa, const uint16_t *x, const float *a, const float *slack, const float *qslack,
                     const uint16_t *lm_head, int64_t N, int64_t K, float X, float D, int64_t *kept) {
     float lower = best_lower(a, slack, qslack, N, X, D);
     float threshold = lower - fabsf(lower) * ROUNDING_SLACK - ABSOLUTE_SLACK;
@@ -180,14 +171,10 @@ int lmchoice_choose(int isa, const uint16_t *x, int64_t ldx, int64_t M, const in
 #pragma omp parallel for schedule(dynamic) if (M > 1)
     for (int64_t m = 0; m < M; m++) {
         int64_t count = N, choice = -1;
-        if (D[m] >= 0) choice = pick(isa, x + m * ldx, scores + m * N, slack, qslack, lm_head, N, K, X[m], D[m], &count);
+        if (D[m] >= 0) choice = decide(isa, x + m * ldx, scores + m * N, slack, qslack, lm_head, N, K, X[m], D[m], &count);
         if (choice < 0) { /* the full row, into its own scores (2N bytes of its 4N) */
             uint16_t *logits = (uint16_t *)(scores + m * N);
-            for (int64_t s = 0; s * STRIPE < N; s++) {
-                int64_t columns = N - s * STRIPE < STRIPE ? N - s * STRIPE : STRIPE;
-                rowgemm_stripe_row(isa, x + m * ldx, lm_head + s * (K / 2) * STRIPE * 2, logits + s * STRIPE,
-                                   columns, K);
-            }
+            rowgemm_bf16(isa, x + m * ldx, K, lm_head, NULL, logits, N, 1, N, K);
             choice = first_max(logits, N);
             count = N;
         }

@@ -3,13 +3,13 @@ exact bf16 logits while reading about half of lm_head's bytes.
 
 A greedy decode step or verify row needs one number from lm_head, the argmax, but the
 full product reads every weight: 272 MB for the default model, 27% of a step. The screen
-(`build`) holds lm_head as int8 with a scale and an error bound per output; a row's
+(`int8.pack` of lm_head) holds it as int8 with a scale and error terms per output; a row's
 approximate logits then rule out all tokens but a few, whose exact logits come from
 the bf16 stripes, computed as the full product computes them. lmchoice.c derives the
 bound, so the choice is the full product's argmax by construction (`choices_ref` is
 that argmax, and the tests compare the two).
 
-    screen = build(lib, packed_lm_head_address, vocab, hidden)
+    screen = int8.pack(lib, packed_lm_head_address, vocab, hidden)
     picked = choices(lib, isa, x_bits, screen, packed_lm_head_address)   # int64 [rows]
 
 Torch-free (numpy and ctypes), like the direct path that uses it.
@@ -47,15 +47,7 @@ def declare(lib: Any) -> Any:
     return lib
 
 
-Screen = int8.Int8Matrix  # lm_head's int8 form [vocab, hidden]: the screen
-
-
-def build(lib: Any, lm_head: int, vocab: int, hidden: int) -> Screen:
-    """The screen of the packed bf16 lm_head at address `lm_head` ([vocab, hidden])."""
-    return int8.pack(lib, lm_head, vocab, hidden)
-
-
-def choices(lib: Any, isa: int, x: np.ndarray, screen: Screen, lm_head: int,
+def choices(lib: Any, isa: int, x: np.ndarray, screen: int8.Int8Matrix, lm_head: int,
             kept: np.ndarray | None = None) -> np.ndarray:
     """The argmax of each row's exact logits bf16(x @ lm_head.T) (x: uint16 bf16 bits
     [rows, hidden]), the first maximum as torch.argmax; `kept` (int64 [rows]) gets how many

@@ -71,13 +71,7 @@ typedef struct {
 
 /* ---------------------------------------------------------------- lanes */
 
-INLINE v16f splat(float x) { return (v16f){0} + x; }
-
-INLINE v16f widen(const uint16_t *p) {
-    v16h h;
-    memcpy(&h, p, sizeof h);
-    return (v16f)(__builtin_convertvector(h, v16u) << 16);
-}
+/* splat, load, widen, pick: lanes.h */
 
 INLINE v16h narrow(v16f f) { /* f32_to_bf16 on every lane */
     v16u u = (v16u)f;
@@ -95,8 +89,6 @@ INLINE v16f round_bf16(v16f f) { /* what a bf16 tensor holds */
     v16h h = narrow(f);
     return (v16f)(__builtin_convertvector(h, v16u) << 16);
 }
-
-INLINE v16f pick(v16i mask, v16f yes, v16f no) { return (v16f)(((v16i)yes & mask) | ((v16i)no & ~mask)); }
 
 INLINE float sum16(v16f v) { /* a fixed tree: lanes (i, i+8), (i, i+4), (i, i+2), (i, i+1) */
     float t[W];

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from codespec.errors import SettingError
-from codespec.kernels import lmchoice
+from codespec.kernels import int8, lmchoice
 from codespec.kernels import rowgemm as kernel
 from codespec.rowforward import bf16_bits, bf16_values
 
@@ -27,7 +27,7 @@ class Head:
         self.n, self.k = weight.shape
         self.packed = np.zeros(kernel.packed_elements((self.n, self.k)), dtype=np.uint16)
         self.lib.rowgemm_pack(self.weight.ctypes.data, self.n, self.k, self.k, self.packed.ctypes.data)
-        self.screen = lmchoice.build(self.lib, self.packed.ctypes.data, self.n, self.k)
+        self.screen = int8.pack(self.lib, self.packed.ctypes.data, self.n, self.k)
 
     def choices(self, isa: int, x: np.ndarray, kept: np.ndarray | None = None) -> np.ndarray:
         return lmchoice.choices(self.lib, kernel.isa(isa), x, self.screen, self.packed.ctypes.data, kept)
