@@ -270,7 +270,7 @@ class RowDecoder:
         logits = np.empty((len(ids) - logits_from, self.vocab), dtype=np.uint16)
         status = self._lib.rowdecoder_forward(self.isa, ctypes.byref(self.dims), ctypes.byref(spec), x.ctypes.data,
                                               work.ctypes.data, logits.ctypes.data)
-        assert status == 0, "a row without keys or a position past the rotary tables"
+        assert status == 0, "a row without keys, a position past the rotary tables, or no memory"
         return logits
 
     def choices(self, ids: Sequence[int], rows: np.ndarray, path: np.ndarray, slots: tuple[Any, Any, int],

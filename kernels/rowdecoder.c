@@ -322,21 +322,22 @@ static int64_t scratch_floats(const Model *m, int64_t keys) {
     return group * ((keys + W - 1) / W * W + m->head_dim);
 }
 
-/* out = x . w^T + bias through the bf16 stripes, or their int8 form where given */
-static void product(int isa, const uint16_t *x, int64_t ldx, const uint16_t *w, const int8_t *q, const float *s,
-                    const uint16_t *bias, uint16_t *out, int64_t ldo, int64_t M, int64_t N, int64_t K) {
-    if (q)
-        int8_linear(isa, x, ldx, q, s, bias, out, ldo, M, N, K);
-    else
-        rowgemm_bf16(isa, x, ldx, w, bias, out, ldo, M, N, K);
+/* out = x . w^T + bias through the bf16 stripes, or their int8 form where given;
+ * -1 when the int8 product found no memory for its int16 rows */
+static int product(int isa, const uint16_t *x, int64_t ldx, const uint16_t *w, const int8_t *q, const float *s,
+                   const uint16_t *bias, uint16_t *out, int64_t ldo, int64_t M, int64_t N, int64_t K) {
+    if (q) return int8_linear(isa, x, ldx, q, s, bias, out, ldo, M, N, K);
+    rowgemm_bf16(isa, x, ldx, w, bias, out, ldo, M, N, K);
+    return 0;
 }
 
-static void layer(int isa, const Model *m, int64_t index, const Pass *p, uint16_t *x, Work w, int64_t most_keys) {
+/* One layer over every row of the pass; -1 when a product failed (no memory) */
+static int layer(int isa, const Model *m, int64_t index, const Pass *p, uint16_t *x, Work w, int64_t most_keys) {
     const Layer *L = m->layer + index;
     int64_t rows = p->rows, H = m->hidden, D = m->head_dim, Q = m->heads * D, KV = m->kv_heads * D;
     int64_t NQKV = Q + 2 * KV, I = m->inter, group = m->heads / m->kv_heads;
     for (int64_t r = 0; r < rows; r++) rms_norm(x + r * H, L->norm_in, w.normed + r * H, H, m->eps);
-    product(isa, w.normed, H, L->qkv, L->qkv_q, L->qkv_s, L->qkv_bias, w.qkv, NQKV, rows, NQKV, H);
+    if (product(isa, w.normed, H, L->qkv, L->qkv_q, L->qkv_s, L->qkv_bias, w.qkv, NQKV, rows, NQKV, H)) return -1;
     uint16_t *keys = p->keys[index], *values = p->values[index];
     for (int64_t r = 0; r < rows; r++) {
         uint16_t *row = w.qkv + r * NQKV;
@@ -361,14 +362,16 @@ static void layer(int isa, const Model *m, int64_t index, const Pass *p, uint16_
         }
         free(scratch);
     }
-    product(isa, w.attended, Q, L->o, L->o_q, L->o_s, L->o_bias, w.normed, H, rows, H, Q);
+    if (product(isa, w.attended, Q, L->o, L->o_q, L->o_s, L->o_bias, w.normed, H, rows, H, Q)) return -1;
     for (int64_t r = 0; r < rows; r++) add_rows(x + r * H, w.normed + r * H, H);
     for (int64_t r = 0; r < rows; r++) rms_norm(x + r * H, L->norm_post, w.normed + r * H, H, m->eps);
-    product(isa, w.normed, H, L->gate_up, L->gate_up_q, L->gate_up_s, NULL, w.mlp, 2 * I, rows, 2 * I, H);
+    if (product(isa, w.normed, H, L->gate_up, L->gate_up_q, L->gate_up_s, NULL, w.mlp, 2 * I, rows, 2 * I, H))
+        return -1;
 #pragma omp parallel for schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) silu_mul(w.mlp + r * 2 * I, w.mlp + r * 2 * I + I, w.gated + r * I, I);
-    product(isa, w.gated, I, L->down, L->down_q, L->down_s, NULL, w.normed, H, rows, H, I);
+    if (product(isa, w.gated, I, L->down, L->down_q, L->down_s, NULL, w.normed, H, rows, H, I)) return -1;
     for (int64_t r = 0; r < rows; r++) add_rows(x + r * H, w.normed + r * H, H);
+    return 0;
 }
 
 /* The OpenMP threads of later calls. A process that loaded torch shares torch's pool
@@ -377,7 +380,7 @@ void rowdecoder_threads(int threads) { omp_set_num_threads(threads); }
 
 /* The layers and the final norm of rows [logits_from, rows) into w.normed; -1 for a
  * pass it cannot run (a row without keys, a position past the table, no row to give
- * logits for). */
+ * logits for, no memory). */
 static int stack(int isa, const Model *m, const Pass *p, uint16_t *x, Work w) {
     int64_t most_keys = 1, first = p->logits_from;
     if (first < 0 || first >= p->rows) return -1;
@@ -386,7 +389,8 @@ static int stack(int isa, const Model *m, const Pass *p, uint16_t *x, Work w) {
         if (keys < 1 || p->position[r] < 0 || p->position[r] >= m->positions) return -1;
         most_keys = keys > most_keys ? keys : most_keys;
     }
-    for (int64_t i = 0; i < m->layers; i++) layer(isa, m, i, p, x, w, most_keys);
+    for (int64_t i = 0; i < m->layers; i++)
+        if (layer(isa, m, i, p, x, w, most_keys)) return -1;
     for (int64_t r = first; r < p->rows; r++) rms_norm(x + r * m->hidden, m->norm_final, w.normed + r * m->hidden,
                                                        m->hidden, m->eps);
     return 0;
@@ -398,9 +402,8 @@ int rowdecoder_forward(int isa, const Model *m, const Pass *p, uint16_t *x, uint
     Work w = carve(m, p->rows, work);
     if (stack(isa, m, p, x, w)) return -1;
     int64_t first = p->logits_from;
-    product(isa, w.normed + first * m->hidden, m->hidden, m->lm_head, m->lm_q, m->lm_s, m->lm_bias, logits,
-            m->vocab, p->rows - first, m->vocab, m->hidden);
-    return 0;
+    return product(isa, w.normed + first * m->hidden, m->hidden, m->lm_head, m->lm_q, m->lm_s, m->lm_bias, logits,
+                   m->vocab, p->rows - first, m->vocab, m->hidden);
 }
 
 /* The greedy choice (argmax of the logits rowdecoder_forward would give) of rows
