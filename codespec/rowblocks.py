@@ -39,6 +39,7 @@ or `=torch` picks a fallback (the machine profile keys on the choice).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import warnings
 from collections import Counter
@@ -91,8 +92,22 @@ def linear_kernel(dtype: torch.dtype, device: torch.device | str) -> str:
 
         if rowgemm.isa() == rowgemm.AVX512_BF16:
             return "rowgemm"
-    packable = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-    return "onednn-packed" if packable else "torch"
+    return "onednn-packed" if _onednn_packs_bf16() else "torch"
+
+
+@functools.cache
+def _onednn_packs_bf16() -> bool:
+    """Whether oneDNN packs bf16 weights on this CPU: its bf16 reorder needs AVX-512
+    (bw, vl, dq) or AVX-NE-CONVERT, and on an AVX2-only CPU it raises at the first
+    model load (it did: `model prepare` crashed on an AVX2 EPYC VM). Tried once on a
+    tiny weight."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), PACK_ROWS_HINT)
+    except RuntimeError:
+        return False
+    return True
 
 
 def _linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
