@@ -5,10 +5,12 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
-from codespec.errors import RequestError
+from codespec.errors import CodespecError, RequestError
 
 FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"
 REPO_NAME, FILE_SEP = "<|repo_name|>", "<|file_sep|>"
@@ -82,3 +84,33 @@ def chat_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
         raise RequestError("this model has no chat template; use /v1/completions")
     text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
     return encode_prompt(tokenizer, text)
+
+
+MAX_PROMPT_BYTES = 8 << 20  # a prompt larger than this is a mistake, not a request
+
+
+def read_prompt(source: str) -> str:
+    """The prompt's text; binary, non-UTF-8 or oversized input is refused with a clear line."""
+    if source == "-":
+        if sys.stdin.isatty():
+            raise CodespecError("no prompt: give PROMPT_FILE or pipe the prompt into stdin")
+        data = sys.stdin.buffer.read(MAX_PROMPT_BYTES + 1)
+        name = "stdin"
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise CodespecError(f"prompt file {source}: no such file")
+        with open(path, "rb") as f:
+            data = f.read(MAX_PROMPT_BYTES + 1)
+        name = source
+    if len(data) > MAX_PROMPT_BYTES:
+        raise RequestError(f"prompt {name} is larger than {MAX_PROMPT_BYTES >> 20} MiB")
+    if b"\x00" in data:
+        raise RequestError(f"prompt {name} looks binary (it contains NUL bytes); give a text file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RequestError(f"prompt {name} is not UTF-8 text (bad byte at offset {exc.start})") from None
+    if not text:
+        raise RequestError(f"prompt {name} is empty")
+    return text

@@ -2,7 +2,7 @@
 
 This package knows nothing of requests, models or torch: it stores token ids and answers
 "what most often followed the longest suffix of this context?". Policy (how long a draft
-may be, when to draft at all) lives in `codespec.proposer`.
+may be, when to draft at all) lives in `codespec.policy.proposer`.
 
 * `ContextMatcher`: a request's own prompt and output (prompt lookup).
 * `SuffixIndex`: the repository snapshot (`StaticIndex`, a suffix array on disk) plus

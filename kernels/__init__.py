@@ -1,14 +1,15 @@
-"""Triton kernels for the verifier, each beside a plain-torch reference of the same op.
+"""Kernels, each beside a reference of the same op; no policy, no model loading.
 
-* `accept.tree_accept`: greedy acceptance over a batch of draft trees (argmax per row,
-  compare with each node's token, the longest accepted path, the bonus token);
+C, built by the system's gcc on first use (native.py) and driven through ctypes, no torch:
+* `rowgemm`: the row-exact bf16 product (every output one dot product in a fixed order);
+* `rowdecoder.c`: a Qwen2/Llama decoder stack for every row of a pass in one call;
+* `int8`: int8 weights and their row-exact products; `lmchoice`: the exact greedy choice
+  through lm_head's int8 screen.
+Triton, for CUDA tensors (`_triton.py`, imported only when a kernel runs; tests run it on
+CPU under `TRITON_INTERPRET=1`), each module a wrapper that checks shapes, dtypes and
+contiguity, and `<op>_ref` in plain torch that CPU tensors use:
 * `compact.compact_kv`: move each request's accepted path to be contiguous in its KV slot;
 * `tree_mask.tree_mask`: the ancestor-or-self mask of a batch of trees.
-
-Each module holds the wrapper (checks shapes, dtypes and contiguity, then dispatches),
-and `<op>_ref` in plain torch. CUDA tensors use the Triton kernels in `_triton.py`, CPU
-tensors the references; `_triton.py` imports triton, so it is only imported when a
-kernel runs (tests run it on CPU under `TRITON_INTERPRET=1`).
 """
 
 from __future__ import annotations

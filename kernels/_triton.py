@@ -1,4 +1,4 @@
-"""The Triton kernels behind `accept`, `compact` and `tree_mask` (imported only when one
+"""The Triton kernels behind `compact` and `tree_mask` (imported only when one
 runs: on CUDA tensors, or on CPU under `TRITON_INTERPRET=1` in the tests).
 
 Each launcher takes arguments its wrapper already checked."""
@@ -8,57 +8,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-BLOCK_V = 1024  # vocabulary tile of the streaming argmax
-
-
-@triton.jit
-def _row_argmax(logits_ptr, row, vocab, BLOCK: tl.constexpr):
-    """First index of the row's maximum, like torch.argmax (strict > across tiles)."""
-    best_val = tl.full((), float("-inf"), tl.float32)
-    best_idx = tl.full((), 0, tl.int64)
-    for v0 in range(0, vocab, BLOCK):
-        cols = v0 + tl.arange(0, BLOCK)
-        tile = tl.load(logits_ptr + row * vocab + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
-        tile_max = tl.max(tile, axis=0)
-        tile_idx = tl.argmax(tile, axis=0).to(tl.int64) + v0
-        better = tile_max > best_val
-        best_idx = tl.where(better, tile_idx, best_idx)
-        best_val = tl.where(better, tile_max, best_val)
-    return best_idx
-
-
-@triton.jit
-def _tree_accept_kernel(logits_ptr, offsets_ptr, sizes_ptr, tokens_ptr, parents_ptr,
-                        accepted_ptr, path_ptr, bonus_ptr, vocab, max_nodes, BLOCK: tl.constexpr):
-    b = tl.program_id(0)
-    offset = tl.load(offsets_ptr + b)
-    size = tl.load(sizes_ptr + b)
-    choice = _row_argmax(logits_ptr, offset, vocab, BLOCK)
-    last = tl.full((), 0, tl.int64)
-    n = tl.full((), 0, tl.int64)
-    for i in range(1, size):
-        parent = tl.load(parents_ptr + b * max_nodes + i)
-        token = tl.load(tokens_ptr + b * max_nodes + i)
-        if (parent == last) & (token == choice):
-            tl.store(path_ptr + b * (max_nodes - 1) + n, i)
-            n += 1
-            last = i
-            choice = _row_argmax(logits_ptr, offset + i, vocab, BLOCK)
-    tl.store(accepted_ptr + b, n)
-    tl.store(bonus_ptr + b, choice)
-
-
-def tree_accept(logits: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor, tokens: torch.Tensor,
-                parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    batch, max_nodes = tokens.shape
-    accepted = torch.zeros(batch, dtype=torch.int64, device=logits.device)
-    path = torch.full((batch, max(max_nodes - 1, 1)), -1, dtype=torch.int64, device=logits.device)
-    bonus = torch.zeros(batch, dtype=torch.int64, device=logits.device)
-    _tree_accept_kernel[(batch,)](logits, offsets, sizes, tokens, parents, accepted, path, bonus,
-                                  logits.shape[1], max_nodes, BLOCK=BLOCK_V)
-    return accepted, path[:, : max_nodes - 1], bonus
-
 
 @triton.jit
 def _compact_kernel(kv_ptr, slots_ptr, starts_ptr, src_ptr, n_keep_ptr, heads, max_keep,

@@ -12,7 +12,7 @@ that argmax, and the tests compare the two).
     screen = int8.pack(lib, packed_lm_head_address, vocab, hidden)
     picked = choices(lib, isa, x_bits, screen, packed_lm_head_address)   # int64 [rows]
 
-Torch-free (numpy and ctypes), like the direct path that uses it.
+Torch-free (numpy and ctypes), like the row decoder that uses it.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from codespec.kernels import check, native
 
-if TYPE_CHECKING:  # imported where a tensor is handled: the direct path (codespec/direct) has none
+if TYPE_CHECKING:  # imported where a tensor is handled: the torch-free load (forward/direct.py) has none
     import torch
 
 AVX512_BF16 = 2  # rowgemm_isa's answer for the fast path

@@ -3,7 +3,7 @@
     request = FimRequest(prefix, suffix, max_tokens=128, path="pkg/mod.py")
     text = await backend.complete(request, on_text=check)   # on_text(text) -> False stops
 
-Two implementations: `codespec.lsp_backend.InProcessBackend` (the engine in this
+Two implementations: `codespec.server.lsp_backend.InProcessBackend` (the engine in this
 process; imports torch, so only the CLI loads it) and `lsp.http_backend.HttpBackend`
 (a running `codespec serve`).
 """

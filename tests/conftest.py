@@ -8,7 +8,8 @@ import pytest
 
 @pytest.fixture(scope="session")
 def default_model():
-    from codespec.models.loading import load_model
+    from codespec import forward
     from codespec.settings import Settings
 
-    return load_model(Settings(), progress=False)
+    # transformers' model too: tests compare against it (its forward, HF generate)
+    return forward.load(Settings(), progress=False, transformers=True)

@@ -9,9 +9,10 @@ import pytest
 
 from codespec import calibration, controller, rowblocks, rowcalls
 from codespec.engine import Engine, GenerationConfig
-from codespec.kvcache import SlotCache
+from codespec.engine.kvcache import SlotCache
 from codespec.models.tiny import tiny_model
-from codespec.proposer import PromptLookupProposer
+from codespec.policy.proposer import PromptLookupProposer
+from codespec.forward import of_model
 from tests.test_engine_lossless import prompts
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6] * 4  # repeats: the prompt lookup drafts from the start
@@ -19,7 +20,7 @@ PROMPT = [3, 1, 4, 1, 5, 9, 2, 6] * 4  # repeats: the prompt lookup drafts from 
 
 def engine_on(model, cache_dir, policy="goodput"):
     cache = SlotCache(model.config, slots=2, slot_tokens=256, dtype=model.dtype, chunk=128)
-    return Engine(model, None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=8, draft_policy=policy,
+    return Engine(of_model(model), None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=8, draft_policy=policy,
                   eos_token_ids=[], cache=cache, profile_dir=cache_dir)
 
 
@@ -100,7 +101,7 @@ def test_a_corrupt_or_stale_profile_is_ignored_and_rebuilt(tmp_path, caplog):
     engine = engine_on(model, tmp_path)
     path = engine.profile_path
     path.write_text("{ not json")
-    with caplog.at_level("WARNING", logger="codespec.calibration"):
+    with caplog.at_level("WARNING", logger="codespec.forward.profile"):
         assert calibration.load(tmp_path, engine.profile_key) is None
     assert "ignoring the machine profile" in caplog.text
     rebuilt = engine_on(model, tmp_path)  # probes again (the model's own result) and stores it
@@ -130,7 +131,7 @@ def test_key_names_what_changes_kernels(tmp_path):
 def test_an_unwritable_cache_costs_nothing_but_the_profile(tmp_path, caplog):
     blocked = tmp_path / "file"
     blocked.write_text("not a directory")
-    with caplog.at_level("WARNING", logger="codespec.calibration"):
+    with caplog.at_level("WARNING", logger="codespec.forward.profile"):
         engine = engine_on(tiny_model("qwen2", vocab_size=16, seed=3), blocked)
     assert "could not store the machine profile" in caplog.text
     assert engine.generate(PROMPT, GenerationConfig(max_new_tokens=8)).stats.generated_tokens == 8

@@ -15,11 +15,12 @@ import torch
 from codespec import decoder, rowblocks, rowforward
 from codespec.engine import Engine, GenerationConfig
 from codespec.kernels import rowgemm
-from codespec.kvcache import SlotCache
+from codespec.engine.kvcache import SlotCache
 from codespec.models.tiny import tiny_model
-from codespec.proposer import PromptLookupProposer
-from codespec.tree import VerifyTree
-from codespec.verifier import Verifier
+from codespec.policy.proposer import PromptLookupProposer
+from codespec.policy.tree import VerifyTree
+from codespec.engine.verifier import Verifier
+from codespec.forward import of_model
 
 pytestmark = pytest.mark.skipif(rowgemm.library() is None, reason=f"no kernel build: {rowgemm.unavailable()}")
 
@@ -101,7 +102,7 @@ def test_speculative_output_equals_plain_output(arch, quantize):
     weights."""
     model = bf16_model(arch, vocab=16, seed=3)
     model.__dict__[decoder.QUANTIZE] = quantize
-    engine = Engine(model, None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=8, eos_token_ids=[])
+    engine = Engine(of_model(model), None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=8, eos_token_ids=[])
     assert engine.verifier.decoder is not None and engine.cost.min_rows == 1
     assert engine.verifier.decoder.quantize == quantize and (engine.verifier.decoder.screen is None) == (
         quantize == "int8")

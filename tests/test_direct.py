@@ -19,16 +19,17 @@ import pytest
 import torch
 
 from codespec import decoder, direct, rowblocks, rowforward
-from codespec.direct import weights
-from codespec.direct.tokenizer import DirectTokenizer
+from codespec.forward.direct import weights
+from codespec.forward.tokenizer import DirectTokenizer
 from codespec.engine import Engine, GenerationConfig
 from codespec.errors import ModelError
 from codespec.kernels import rowgemm
-from codespec.kvcache import SlotCache
+from codespec.engine.kvcache import SlotCache
 from codespec.models.tiny import tiny_model
-from codespec.proposer import PromptLookupProposer
-from codespec.tree import Item, VerifyTree
-from codespec.verifier import batch_greedy_accept
+from codespec.policy.proposer import PromptLookupProposer
+from codespec.policy.tree import Item, VerifyTree
+from codespec.engine.verifier import batch_greedy_accept
+from codespec.forward import of_model
 
 needs_kernels = pytest.mark.skipif(rowgemm.library() is None or not hasattr(rowgemm.library(), "rowdecoder_forward"),
                                    reason=f"no C forward: {rowgemm.unavailable()}")
@@ -79,7 +80,7 @@ def test_direct_logits_equal_transformers_path_bit_for_bit(tmp_path, monkeypatch
 def test_direct_speculative_output_equals_plain(tmp_path, arch):
     saved_tiny(tmp_path, arch, seed=3, vocab=16)
     model = direct_model(tmp_path)
-    engine = Engine(model, None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=8, eos_token_ids=[])
+    engine = Engine(of_model(model), None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=8, eos_token_ids=[])
     assert "torch" not in type(engine.verifier).__module__ and engine.cost.min_rows == 1
     accepted = 0
     for seed in range(5):
@@ -97,7 +98,7 @@ def test_a_winning_branch_is_moved_after_the_context(tmp_path):
     branch's, so decoding on from it equals plain decoding."""
     saved_tiny(tmp_path, "qwen2", seed=5, vocab=64)
     model = direct_model(tmp_path)
-    engine = Engine(model, None, PromptLookupProposer(), eos_token_ids=[])
+    engine = Engine(of_model(model), None, PromptLookupProposer(), eos_token_ids=[])
     prompt = random_ids(20, 64, 7)
     plain = engine.generate(prompt, GenerationConfig(max_new_tokens=12, speculate=False)).token_ids
     cache, verifier = engine.cache, engine.verifier
@@ -214,7 +215,7 @@ def test_generate_runs_without_torch_and_equals_transformers_path(default_model,
     tok = default_model.tokenizer
     ids = tok(tok.apply_chat_template([{"role": "user", "content": prompt.read_text()}], add_generation_prompt=True,
                                       tokenize=False), add_special_tokens=False)["input_ids"]
-    engine = Engine(default_model.model, tok, PromptLookupProposer(), max_draft_tokens=16)
+    engine = Engine(default_model.forward, tok, PromptLookupProposer(), max_draft_tokens=16)
     assert engine.generate(ids, GenerationConfig(max_new_tokens=40)).token_ids == out["token_ids"]
 
 

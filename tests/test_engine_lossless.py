@@ -13,7 +13,8 @@ import torch
 
 from codespec.engine import Engine, GenerationConfig
 from codespec.models.tiny import tiny_model
-from codespec.proposer import PromptLookupProposer
+from codespec.policy.proposer import PromptLookupProposer
+from codespec.forward import of_model
 
 
 def prompts(vocab: int, count: int, seed: int, repeat: bool) -> list[list[int]]:
@@ -34,7 +35,7 @@ def test_speculative_equals_plain(arch, max_draft_tokens):
     accepted = rejected = 0
     for vocab, repeat in ((16, True), (128, False)):
         model = tiny_model(arch, vocab_size=vocab, seed=3)
-        engine = Engine(model, None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=max_draft_tokens,
+        engine = Engine(of_model(model), None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=max_draft_tokens,
                         eos_token_ids=[])
         for prompt in prompts(vocab, 12, seed=vocab, repeat=repeat):
             config = GenerationConfig(max_new_tokens=48)
@@ -53,7 +54,7 @@ def test_plain_engine_equals_hf_greedy_generate(kv_heads):
     with lean attention calls (two query heads per KV head: the float64 probe fails) and
     with padded ones (four per KV head; rowcalls.py)."""
     model = tiny_model("qwen2", vocab_size=64, seed=5, num_key_value_heads=kv_heads)
-    engine = Engine(model, None, eos_token_ids=[])
+    engine = Engine(of_model(model), None, eos_token_ids=[])
     for prompt in prompts(64, 4, seed=1, repeat=False):
         ids = torch.tensor([prompt])
         hf = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, min_new_tokens=24,
@@ -66,7 +67,7 @@ def test_hf_generate_on_a_model_the_engine_installed_into_keeps_its_masks():
     prompt-lookup baseline of `codespec bench`) must still get correct causal masks,
     also for multi-token steps on top of a cache."""
     model = tiny_model("qwen2", vocab_size=16, seed=3)
-    engine = Engine(model, None, eos_token_ids=[])
+    engine = Engine(of_model(model), None, eos_token_ids=[])
     for prompt in prompts(16, 4, seed=16, repeat=True):
         ids = torch.tensor([prompt])
         hf = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, min_new_tokens=24,
@@ -76,11 +77,11 @@ def test_hf_generate_on_a_model_the_engine_installed_into_keeps_its_masks():
 
 def test_eos_and_limit_stop_at_the_same_token_with_and_without_speculation():
     model = tiny_model("qwen2", vocab_size=16, seed=3)
-    probe = Engine(model, None, PromptLookupProposer(min_match_tokens=1), eos_token_ids=[])
+    probe = Engine(of_model(model), None, PromptLookupProposer(min_match_tokens=1), eos_token_ids=[])
     prompt = [1, 2, 3, 4] * 3
     free = probe.generate(prompt, GenerationConfig(max_new_tokens=40, speculate=False)).token_ids
     eos = free[len(free) // 2]  # a token the output really produces, maybe inside a draft
-    engine = Engine(model, None, PromptLookupProposer(min_match_tokens=1), eos_token_ids=[eos])
+    engine = Engine(of_model(model), None, PromptLookupProposer(min_match_tokens=1), eos_token_ids=[eos])
     for limit in (1, 2, 7, 40):
         a = engine.generate(prompt, GenerationConfig(max_new_tokens=limit))
         b = engine.generate(prompt, GenerationConfig(max_new_tokens=limit, speculate=False))
@@ -90,7 +91,7 @@ def test_eos_and_limit_stop_at_the_same_token_with_and_without_speculation():
 
 def test_stats_add_up():
     model = tiny_model("qwen2", vocab_size=16, seed=3)
-    engine = Engine(model, None, PromptLookupProposer(min_match_tokens=1), eos_token_ids=[])
+    engine = Engine(of_model(model), None, PromptLookupProposer(min_match_tokens=1), eos_token_ids=[])
     out = engine.generate([1, 2, 3, 4] * 4, GenerationConfig(max_new_tokens=40))
     s = out.stats
     assert s.generated_tokens == len(out.token_ids) == 40
@@ -103,7 +104,7 @@ def test_stats_add_up():
 def test_bad_requests_fail_clearly():
     from codespec.errors import RequestError
 
-    engine = Engine(tiny_model("llama", vocab_size=16, max_position_embeddings=32), None, eos_token_ids=[])
+    engine = Engine(of_model(tiny_model("llama", vocab_size=16, max_position_embeddings=32)), None, eos_token_ids=[])
     with pytest.raises(RequestError, match="empty"):
         engine.generate([], GenerationConfig())
     with pytest.raises(RequestError, match="context holds 32"):
@@ -118,12 +119,12 @@ def test_index_drafts_are_lossless_and_used():
     The index holds this model's own earlier outputs (drafts get accepted) and another
     model's outputs for the same prompts (drafts get rejected)."""
     from codespec.index import SuffixIndex
-    from codespec.proposer import IndexedProposer
+    from codespec.policy.proposer import IndexedProposer
 
     model = tiny_model("qwen2", vocab_size=128, seed=3)
     other = tiny_model("qwen2", vocab_size=128, seed=4)
-    plain_engine = Engine(model, None, eos_token_ids=[])
-    other_engine = Engine(other, None, eos_token_ids=[])
+    plain_engine = Engine(of_model(model), None, eos_token_ids=[])
+    other_engine = Engine(of_model(other), None, eos_token_ids=[])
     cases = prompts(128, 8, seed=9, repeat=False)
     files = {}
     for i, prompt in enumerate(cases[:4]):
@@ -131,7 +132,7 @@ def test_index_drafts_are_lossless_and_used():
     for i, prompt in enumerate(cases):
         files[f"other{i}.py"] = prompt + other_engine.generate(prompt, GenerationConfig(40, speculate=False)).token_ids
     index = SuffixIndex.build(files)
-    engine = Engine(model, None, IndexedProposer(index, min_match_tokens=1), max_draft_tokens=8, eos_token_ids=[])
+    engine = Engine(of_model(model), None, IndexedProposer(index, min_match_tokens=1), max_draft_tokens=8, eos_token_ids=[])
     accepted = rejected = 0
     for prompt in cases:
         plain = plain_engine.generate(prompt, GenerationConfig(40, speculate=False))

@@ -20,8 +20,8 @@ from codespec.bench.heldout import heldout_requests
 from codespec.engine import Engine, GenerationConfig
 from codespec.index import SuffixIndex
 from codespec.prompts import encode_texts
-from codespec.proposer import IndexedProposer
-from codespec.scheduler import Scheduler
+from codespec.policy.proposer import IndexedProposer
+from codespec.engine.scheduler import Scheduler
 from codespec.settings import Settings
 
 pytestmark = pytest.mark.model

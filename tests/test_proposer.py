@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from codespec.index import SuffixIndex
-from codespec.proposer import PROPOSERS, IndexedProposer, NoProposer, PromptLookupProposer
+from codespec.policy.proposer import PROPOSERS, IndexedProposer, NoProposer, PromptLookupProposer
 
 
 def test_draft_length_follows_the_match():

@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 from codespec.engine import Engine, GenerationConfig
-from codespec.proposer import PromptLookupProposer
+from codespec.policy.proposer import PromptLookupProposer
 
 pytestmark = pytest.mark.model
 
@@ -33,7 +33,7 @@ PROMPTS = {
 
 @pytest.fixture(scope="module")
 def engine(default_model):
-    return Engine(default_model.model, default_model.tokenizer, PromptLookupProposer(), max_draft_tokens=16)
+    return Engine(default_model.forward, default_model.tokenizer, PromptLookupProposer(), max_draft_tokens=16)
 
 
 @pytest.mark.parametrize("name", list(PROMPTS))
@@ -115,9 +115,9 @@ def test_tree_and_batch_rows_equal_decode_steps_bit_for_bit(default_model, forwa
     prefix gives the same logits as a fresh prefill."""
     import torch
 
-    from codespec.kvcache import SlotCache
-    from codespec.tree import VerifyTree
-    from codespec.verifier import Verifier
+    from codespec.engine.kvcache import SlotCache
+    from codespec.policy.tree import VerifyTree
+    from codespec.engine.verifier import Verifier
 
     tok, model = default_model.tokenizer, default_model.model
     prompt = tok(PROMPTS["copy"], add_special_tokens=False)["input_ids"]
@@ -155,9 +155,9 @@ def test_passes_past_one_row_block_equal_decode_steps_bit_for_bit(default_model)
     multiplied in blocks must still give every row its decode step's logits."""
     import torch
 
-    from codespec.kvcache import SlotCache
-    from codespec.tree import VerifyTree
-    from codespec.verifier import Item, Verifier
+    from codespec.engine.kvcache import SlotCache
+    from codespec.policy.tree import VerifyTree
+    from codespec.engine.verifier import Item, Verifier
 
     tok, model = default_model.tokenizer, default_model.model
     prompt = tok(PROMPTS["copy"], add_special_tokens=False)["input_ids"]
@@ -204,11 +204,11 @@ def test_repository_index_drafts_a_fim_answer_found_elsewhere(default_model, tmp
     (several tokens per pass) where prompt-only lookup accepts about one; output equal."""
     from codespec.index import SuffixIndex
     from codespec.indexing import build_repository_index
-    from codespec.proposer import IndexedProposer
+    from codespec.policy.proposer import IndexedProposer
 
     tok = default_model.tokenizer
     ids, prefix, suffix = _fim_cut_json_decode(tok)
-    prompt_only = Engine(default_model.model, tok, PromptLookupProposer(), max_draft_tokens=16)
+    prompt_only = Engine(default_model.forward, tok, PromptLookupProposer(), max_draft_tokens=16)
     plain = prompt_only.generate(ids, GenerationConfig(max_new_tokens=64, speculate=False))
     lookup = prompt_only.generate(ids, GenerationConfig(max_new_tokens=64))
     repo = tmp_path / "repo"
@@ -218,7 +218,7 @@ def test_repository_index_drafts_a_fim_answer_found_elsewhere(default_model, tmp
     (repo / "other.py").write_text("import json\n\nprint(json.dumps({}))\n")
     build_repository_index(repo, tok, tmp_path / "repo.csidx", progress=False)
     index = SuffixIndex.load(tmp_path / "repo.csidx")
-    indexed = Engine(default_model.model, tok, IndexedProposer(index, record_generations=False), max_draft_tokens=16)
+    indexed = Engine(default_model.forward, tok, IndexedProposer(index, record_generations=False), max_draft_tokens=16)
     out = indexed.generate(ids, GenerationConfig(max_new_tokens=64))
     assert out.token_ids == plain.token_ids == lookup.token_ids
     assert lookup.stats.accepted_tokens_per_pass < 1.6, lookup.stats.to_json()
@@ -230,11 +230,11 @@ def test_past_generations_draft_a_repeated_request(default_model):
     """An agent resends a request: the first answer, now in the dynamic index, drafts
     the second."""
     from codespec.index import SuffixIndex
-    from codespec.proposer import IndexedProposer
+    from codespec.policy.proposer import IndexedProposer
 
     tok = default_model.tokenizer
     ids, _, _ = _fim_cut_json_decode(tok)
-    engine = Engine(default_model.model, tok, IndexedProposer(SuffixIndex()), max_draft_tokens=16)
+    engine = Engine(default_model.forward, tok, IndexedProposer(SuffixIndex()), max_draft_tokens=16)
     first = engine.generate(ids, GenerationConfig(max_new_tokens=48))
     second = engine.generate(ids, GenerationConfig(max_new_tokens=48))
     assert second.token_ids == first.token_ids
@@ -251,8 +251,8 @@ def test_long_context_rows_equal_decode_steps_bit_for_bit(default_model, forward
     import torch
 
     from codespec import rowcalls
-    from codespec.kvcache import SlotCache
-    from codespec.tree import VerifyTree
+    from codespec.engine.kvcache import SlotCache
+    from codespec.policy.tree import VerifyTree
 
     tok, model = default_model.tokenizer, default_model.model
     source = inspect.getsource(textwrap) + inspect.getsource(json.decoder)
@@ -296,8 +296,8 @@ def _pass_rows_and_decode_steps(model, cache, prompt, tree, other, side_draft, l
     """One verify pass over a side request (`other` drafting `side_draft`) and `tree`
     after `prompt`, and the reference: teacher-forced decode steps in a fresh slot along
     the paths to `leaves`. Returns (node, the pass's logits row, the decode step's)."""
-    from codespec.tree import VerifyTree
-    from codespec.verifier import Item, Verifier
+    from codespec.policy.tree import VerifyTree
+    from codespec.engine.verifier import Item, Verifier
 
     verifier = Verifier(model, cache, row_decoder=forward == "rowdecoder", choices=False)
     with captured_logits() as captured:

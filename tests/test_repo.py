@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from codespec.repo import WalkReport, walk_repository
+from codespec.indexing.walk import WalkReport, walk_repository
 
 
 def make_tree(root: Path) -> None:

@@ -8,7 +8,7 @@ import torch
 
 from codespec import rowcalls
 from codespec.index import Draft
-from codespec.tree import VerifyTree
+from codespec.policy.tree import VerifyTree
 
 GROUP = 4  # query heads per KV head
 

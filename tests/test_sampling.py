@@ -10,9 +10,10 @@ from scipy.stats import chi2_contingency, chisquare
 
 from codespec.engine import Engine, GenerationConfig
 from codespec.models.tiny import tiny_model
-from codespec.proposer import PromptLookupProposer
-from codespec.sampling import SamplingParams, sample_accept, target_probs
-from codespec.tree import VerifyTree
+from codespec.policy.proposer import PromptLookupProposer
+from codespec.engine.sampling import SamplingParams, sample_accept, target_probs
+from codespec.policy.tree import VerifyTree
+from codespec.forward import of_model
 
 P_VALUE = 1e-3  # a true distribution mismatch at these sample sizes gives p << 1e-6
 
@@ -72,7 +73,7 @@ def test_multi_draft_tree_keeps_the_target_at_two_levels():
 def test_engine_sampling_distribution_equals_plain_sampling():
     """Token 3 of each run, over 1,500 seeds, with speculation on and off."""
     model = tiny_model("qwen2", vocab_size=16, seed=3)
-    engine = Engine(model, None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=4, eos_token_ids=[])
+    engine = Engine(of_model(model), None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=4, eos_token_ids=[])
     prompt = [1, 2, 3, 4, 5] * 3
     counts = {True: Counter(), False: Counter()}
     drafted = accepted = 0
@@ -92,6 +93,6 @@ def test_engine_sampling_distribution_equals_plain_sampling():
 
 def test_seeded_runs_repeat_and_greedy_ignores_no_seed():
     model = tiny_model("llama", vocab_size=32, seed=1)
-    engine = Engine(model, None, PromptLookupProposer(min_match_tokens=1), eos_token_ids=[])
+    engine = Engine(of_model(model), None, PromptLookupProposer(min_match_tokens=1), eos_token_ids=[])
     config = GenerationConfig(max_new_tokens=12, temperature=0.9, top_p=0.95, seed=7)
     assert engine.generate([1, 2, 3, 1, 2], config).token_ids == engine.generate([1, 2, 3, 1, 2], config).token_ids

@@ -8,8 +8,9 @@ import pytest
 
 from codespec.engine import Engine, GenerationConfig
 from codespec.models.tiny import tiny_model
-from codespec.proposer import PromptLookupProposer
-from codespec.scheduler import Scheduler, SchedulerFull
+from codespec.policy.proposer import PromptLookupProposer
+from codespec.engine.scheduler import Scheduler, SchedulerFull
+from codespec.forward import of_model
 
 
 def run_all(scheduler, prompts, config):
@@ -29,7 +30,7 @@ def run_all(scheduler, prompts, config):
 
 
 def test_interleaved_equals_sequential_and_zero_waiting_still_serves():
-    engine = Engine(tiny_model("qwen2", vocab_size=16, seed=3), None, PromptLookupProposer(min_match_tokens=1),
+    engine = Engine(of_model(tiny_model("qwen2", vocab_size=16, seed=3)), None, PromptLookupProposer(min_match_tokens=1),
                     eos_token_ids=[], slots=3)
     prompts = [[1, 2, 3, 4] * 2, [5, 6, 7] * 3, [9, 1, 9, 2]]
     config = GenerationConfig(max_new_tokens=20)
@@ -42,7 +43,7 @@ def test_interleaved_equals_sequential_and_zero_waiting_still_serves():
 
 
 def test_full_queue_is_refused():
-    engine = Engine(tiny_model("qwen2", vocab_size=16, seed=3), None, eos_token_ids=[])
+    engine = Engine(of_model(tiny_model("qwen2", vocab_size=16, seed=3)), None, eos_token_ids=[])
     scheduler = Scheduler(engine, max_active=1, max_waiting=0)
     scheduler.close()  # a stopped worker admits nothing: the first ticket takes the free slot's place
     scheduler.submit([1, 2], GenerationConfig(4), lambda t: None, lambda o: None)
@@ -51,7 +52,7 @@ def test_full_queue_is_refused():
 
 
 def tiny_engine():
-    return Engine(tiny_model("qwen2", vocab_size=16, seed=3), None, PromptLookupProposer(min_match_tokens=1),
+    return Engine(of_model(tiny_model("qwen2", vocab_size=16, seed=3)), None, PromptLookupProposer(min_match_tokens=1),
                   eos_token_ids=[], slots=3)
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from codespec.errors import RequestError
-from codespec.stopping import StopCondition
+from codespec.engine.stopping import StopCondition
 
 # A toy tokenizer: token i decodes to the i-th letter, so text positions equal tokens.
 def decode(ids):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codespec.tree import VerifyTree
-from codespec.verifier import batch_greedy_accept, greedy_accept
+from codespec.policy.tree import VerifyTree
+from codespec.engine.verifier import batch_greedy_accept, greedy_accept
 
 
 def logits_for(argmaxes: list[int], vocab: int = 8) -> torch.Tensor:

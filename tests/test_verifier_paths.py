@@ -7,12 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codespec import verifier as verifier_module
 from codespec.engine import Engine, GenerationConfig
 from codespec.errors import CodespecError, RequestError
-from codespec.kvcache import SlotCache
+from codespec.engine.kvcache import SlotCache
+from codespec.forward import transformers as torch_forward
+from codespec.forward.transformers import TorchForward
 from codespec.models.tiny import tiny_model
-from codespec.proposer import PromptLookupProposer
+from codespec.policy.tree import VerifyTree
+from codespec.policy.proposer import PromptLookupProposer
 from tests.test_engine_lossless import prompts
 
 
@@ -21,8 +23,8 @@ class Spy:
 
     def __init__(self, monkeypatch):
         self.branching = self.compactions = 0
-        build = verifier_module.VerifyTree.build.__func__
-        compact = verifier_module.compact_kv
+        build = VerifyTree.build.__func__
+        compact = torch_forward.compact_kv
 
         def counting_build(cls, pending, draft):
             tree = build(cls, pending, draft)
@@ -33,14 +35,15 @@ class Spy:
             self.compactions += 1
             return compact(*args, **kwargs)
 
-        monkeypatch.setattr(verifier_module.VerifyTree, "build", classmethod(counting_build))
-        monkeypatch.setattr(verifier_module, "compact_kv", counting_compact)
+        monkeypatch.setattr(VerifyTree, "build", classmethod(counting_build))
+        monkeypatch.setattr(torch_forward, "compact_kv", counting_compact)
 
 
 def engine_for(model, policy="chain", exact_rows=True, slots=2, chunk=128, max_draft_tokens=8):
     cache = SlotCache(model.config, slots=slots, slot_tokens=256, dtype=model.dtype, chunk=chunk)
-    engine = Engine(model, None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=max_draft_tokens,
-                    draft_policy=policy, eos_token_ids=[], cache=cache, exact_rows=exact_rows)
+    forward = TorchForward(model, exact=exact_rows, padded=False if getattr(model, "lean", False) else None)
+    engine = Engine(forward, None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=max_draft_tokens,
+                    draft_policy=policy, eos_token_ids=[], cache=cache)
     engine.calibrate()  # as serve does at start-up: the goodput controller drafts from the first pass
     return engine
 
@@ -51,7 +54,7 @@ def rows_model(arch, rows, **kwargs):
     float64 here padded calls are row-exact for that layout (not for two per KV head)."""
     model = tiny_model(arch, num_key_value_heads=1, **kwargs)
     if rows == "lean":
-        model._codespec_padded_rows = False  # what the verifier does where the probe fails
+        model.lean = True  # engine_for: what the backend does where the probe fails
     return model
 
 
@@ -150,7 +153,7 @@ def test_kv_budget_and_slot_limits_fail_clearly():
     cache = SlotCache.within_budget(model.config, budget_mb=1, slot_tokens=64, dtype=torch.float64)
     # layers, K+V, kv heads, head dim, bytes, positions (64 padded to one rowcalls.KEY_BLOCK)
     assert cache.slots == (1 << 20) // (2 * 2 * 2 * 16 * 8 * 512)
-    engine = Engine(model, None, eos_token_ids=[], cache=cache)
+    engine = Engine(TorchForward(model), None, eos_token_ids=[], cache=cache)
     with pytest.raises(RequestError, match="KV slot: 64 tokens"):
         engine.generate(list(range(16)) * 4, GenerationConfig())
     out = engine.generate([1] * 60, GenerationConfig(max_new_tokens=20))
@@ -158,7 +161,7 @@ def test_kv_budget_and_slot_limits_fail_clearly():
 
 
 def test_controller_chooses_by_goodput():
-    from codespec.controller import CostModel, choose, node_probabilities
+    from codespec.policy.controller import CostModel, choose, node_probabilities
     from codespec.index import Draft
 
     def rate(value):
@@ -185,7 +188,7 @@ def test_controller_chooses_by_goodput():
 
 
 def test_cost_model_fits_a_line_and_follows_new_timings():
-    from codespec.controller import CostModel
+    from codespec.policy.controller import CostModel
 
     cost = CostModel.of({2: 0.1, 10: 0.3, 6: 0.2})
     assert cost.cost(6) == pytest.approx(0.2) and cost.cost(14) == pytest.approx(0.4)
@@ -197,7 +200,7 @@ def test_cost_model_fits_a_line_and_follows_new_timings():
 
 
 def test_cost_model_separates_row_cost_from_attended_keys():
-    from codespec.controller import CostModel, choose
+    from codespec.policy.controller import CostModel, choose
 
     def truth(rows: int, keys: int) -> float:
         return 0.05 + 0.002 * rows + 1e-6 * keys
@@ -226,7 +229,7 @@ def test_cost_model_separates_row_cost_from_attended_keys():
 
 
 def test_cost_model_prices_each_extra_row_block():
-    from codespec.controller import CostModel
+    from codespec.policy.controller import CostModel
 
     def truth(rows: int) -> float:
         return 0.08 + 0.0013 * rows + 0.02 * (-(-rows // 32) - 1)
@@ -238,7 +241,7 @@ def test_cost_model_prices_each_extra_row_block():
 
 
 def test_acceptance_learns_by_match_length():
-    from codespec.controller import Acceptance, AcceptanceTable
+    from codespec.policy.controller import Acceptance, AcceptanceTable
 
     shared = AcceptanceTable()
     first = Acceptance(shared)
@@ -254,7 +257,7 @@ def test_acceptance_learns_by_match_length():
 
 
 def test_acceptance_keeps_guesses_apart_from_matches():
-    from codespec.controller import Acceptance, prior_rate
+    from codespec.policy.controller import Acceptance, prior_rate
 
     record = Acceptance()
     assert record.rate(30) > record.rate(2) > record.rate(1)  # the prior trusts longer matches

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 from codespec.bench.request_sets import Workload
 from codespec.engine import Engine, Generation, GenerationConfig
-from codespec.scheduler import Scheduler
+from codespec.engine.scheduler import Scheduler
 
 FIXED_LENGTHS = (4, 8, 16)
 TREE_NODES = 16

@@ -7,12 +7,12 @@ benchmark or test uses) runs in its own process under each system, interleaved:
 
     plain              codespec generate --no-spec
     hf_prompt_lookup   this module's worker: the same model loaded the same way
-                       (load_model), transformers' generate with prompt lookup (10 tokens)
+                       (load_transformers), transformers' generate with prompt lookup (10 tokens)
     codespec           codespec generate with default settings; FIM requests also get
                        --index FILE, the index of their package (the target file excluded)
 
 Each process is timed from spawn to exit by this one; each child reports its model load
-(`load_model`) and its age at the first token. "Net" is wall minus model load: what
+(`load_transformers`) and its age at the first token. "Net" is wall minus model load: what
 speculation can change (issue 16's bar compares it). Cold start is spawn to first token.
 
     results = run_cold(settings, requests, systems, repeat=1, on_run=print)
@@ -207,7 +207,8 @@ def _worker(argv: Sequence[str]) -> int:
     Face prompt lookup in a fresh process, reporting as `codespec generate --json` does."""
     import argparse
 
-    from codespec.cli.generate import process_age, read_prompt, startup_report
+    from codespec.engine.stats import process_age, startup_report
+    from codespec.prompts import read_prompt
     from codespec.settings import Settings
 
     parser = argparse.ArgumentParser(prog="python -m codespec.bench.cold")
@@ -217,18 +218,18 @@ def _worker(argv: Sequence[str]) -> int:
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name)
     args = parser.parse_args(argv)
     from codespec.bench.peers import hf_prompt_lookup
-    from codespec.engine import _eos_ids
-    from codespec.models.loading import load_model
+    from codespec.forward.base import eos_ids
+    from codespec.models.loading import load_transformers, resolve_model_path
     from codespec.prompts import encode_prompt
 
     imported = process_age()
     settings = Settings(**{n: getattr(args, n) for n in SETTING_FLAGS if getattr(args, n) is not None})
     loading = process_age()
-    loaded = load_model(settings, progress=False)
+    model, tokenizer, _ = load_transformers(settings, *resolve_model_path(settings.model, settings, progress=False))
     loaded_at = process_age()
-    ids = encode_prompt(loaded.tokenizer, read_prompt(args.prompt))
+    ids = encode_prompt(tokenizer, read_prompt(args.prompt))
     started = process_age()
-    out = hf_prompt_lookup(loaded.model, ids, args.max_new_tokens, _eos_ids(loaded.model, loaded.tokenizer))
+    out = hf_prompt_lookup(model, ids, args.max_new_tokens, eos_ids(model.generation_config, tokenizer))
     print(json.dumps({"token_ids": out.token_ids, "stats": {"generated_tokens": len(out.token_ids),
                                                             "wall_s": round(out.wall_s, 4)},
                       "startup": startup_report(imported, loading, loaded_at, started, out.ttft_s or out.wall_s)}))

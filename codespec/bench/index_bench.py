@@ -24,7 +24,7 @@ import numpy as np
 from codespec.index import DynamicIndex, StaticIndex, SuffixIndex
 from codespec.indexing import tokenizer_fingerprint
 from codespec.prompts import encode_texts
-from codespec.repo import read_text, walk_repository
+from codespec.indexing.walk import read_text, walk_repository
 
 SIZES = (10_000, 100_000, 1_000_000, 10_000_000)
 HELD_OUT_EVERY = 40

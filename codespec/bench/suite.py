@@ -31,16 +31,16 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from codespec import controller
+from codespec.policy import controller
 from codespec.bench import llamacpp
 from codespec.bench.peers import ArcticProposer, arctic_available, hf_prompt_lookup
 from codespec.bench.sessions import Workload
 from codespec.bench.systems import BF16_REFERENCE, ALIASES, PLAIN, SYSTEM_NAMES, SYSTEMS, SystemSpec  # noqa: F401 (re-exported)
 from codespec.engine import Engine, GenerationConfig
 from codespec.index import SuffixIndex
-from codespec.kvcache import SlotCache
+from codespec.engine.kvcache import SlotCache
 from codespec.prompts import encode_texts
-from codespec.proposer import IndexedProposer, PromptLookupProposer, Proposer
+from codespec.policy.proposer import IndexedProposer, PromptLookupProposer, Proposer
 
 
 @dataclass(frozen=True)
@@ -134,8 +134,9 @@ class Context:
     def __init__(self, loaded: Any, settings: Any, slot_tokens: int) -> None:
         self.loaded = loaded
         self.settings = settings
-        self.cache = SlotCache(loaded.model.config, slots=2, slot_tokens=slot_tokens, dtype=loaded.dtype,
-                               device=loaded.device, chunk=settings.prefill_chunk_tokens)
+        forward = loaded.forward
+        self.cache = SlotCache(forward.config, slots=2, slot_tokens=slot_tokens, dtype=forward.kv_dtype,
+                               device=forward.device, chunk=settings.prefill_chunk_tokens)
         self.engines: dict[str, Engine] = {}
         self.indexed: dict[str, tuple[Any, dict[str, list[int]]]] = {}
         self.eos_token_ids = self.engine("chain").eos_token_ids
@@ -143,11 +144,20 @@ class Context:
     def engine(self, policy: str, quantize: str | None = None) -> Engine:
         key = policy if quantize is None else f"{policy}/{quantize}"
         if key not in self.engines:
-            self.engines[key] = Engine(self.loaded.model, self.loaded.tokenizer, PromptLookupProposer(),
+            self.engines[key] = Engine(self._forward(quantize), self.loaded.tokenizer, PromptLookupProposer(),
                                        max_draft_tokens=self.settings.max_draft_tokens, draft_policy=policy,
-                                       cache=self.cache, quantize=quantize)
+                                       cache=self.cache)
             self.engines[key].calibrate()  # start-up work, outside every timed request
         return self.engines[key]
+
+    def _forward(self, quantize: str | None) -> Any:
+        """The loaded backend, or the same model's with other weights (the bf16 reference of
+        --quantize int8: the row decoder over the same transformers model)."""
+        if quantize is None or quantize == self.settings.quantize:
+            return self.loaded.forward
+        from codespec.forward import of_model
+
+        return of_model(self.loaded.model, quantize=quantize)
 
     def repository(self, workload: Workload) -> tuple[Any, dict[str, list[int]]]:
         """(static index, tokenized files) of the workload's repository."""

@@ -153,8 +153,8 @@ def run_index(args: argparse.Namespace) -> int:
 
 def run_workloads(args: argparse.Namespace) -> int:
     from codespec.bench.sessions import WORKLOADS
+    from codespec import forward
     from codespec.bench.suite import Context, available_systems, bar_checks, format_table, run_suite
-    from codespec.models.loading import load_model
 
     workload_names = _pick(args.workloads, WORKLOADS, "workloads")
     chosen, skipped = available_systems(_pick(args.systems, (*SYSTEM_NAMES, *ALIASES), "systems"))
@@ -163,7 +163,7 @@ def run_workloads(args: argparse.Namespace) -> int:
         raise CodespecError(f"--repeat must be at least 1, got {args.repeat}")
     out_dir = _out_dir(args.out)
     settings = settings_from_args(args)
-    loaded = load_model(settings)
+    loaded = forward.load(settings, transformers=True)  # the peers run transformers' model
     workloads = [WORKLOADS[name](loaded.tokenizer) for name in workload_names]
     if args.max_new_tokens is not None:
         from dataclasses import replace
@@ -188,7 +188,7 @@ def run_workloads(args: argparse.Namespace) -> int:
     checks = bar_checks(results)
     machine = _machine()
     weights = "" if settings.quantize == "none" else f", weights {settings.quantize}"
-    print(f"\nmodel {loaded.name} ({loaded.info()['dtype']}{weights}, {loaded.device}), {machine['cores']} cores "
+    print(f"\nmodel {loaded.name} ({loaded.info()['dtype']}{weights}, {loaded.forward.device}), {machine['cores']} cores "
           f"({machine['cpu']}), {machine['torch_threads']} threads, median of {args.repeat}")
     print(format_table(results))
     for name, ok in checks.items():
@@ -251,12 +251,12 @@ def _write_json(path: Path, data: Any) -> None:
 def run_verify(args: argparse.Namespace) -> int:
     from codespec.bench.batch_bench import bar_checks, format_verify_table, run_verify_bench
     from codespec.bench.request_sets import edit_set, repo_fim_set
+    from codespec import forward
     from codespec.engine import Engine
+    from codespec.engine.kvcache import SlotCache
     from codespec.index import SuffixIndex
-    from codespec.kvcache import SlotCache
-    from codespec.models.loading import load_model
     from codespec.prompts import encode_texts
-    from codespec.proposer import IndexedProposer, PromptLookupProposer
+    from codespec.policy.proposer import IndexedProposer, PromptLookupProposer
 
     set_names = _pick(args.sets, ("edit", "fim-repo"), "sets")
     out_dir = _out_dir(args.out)
@@ -273,7 +273,7 @@ def run_verify(args: argparse.Namespace) -> int:
         raise CodespecError(f"--requests {args.requests} is fewer than the largest batch ({batches[-1]}): "
                             "raise --requests or lower --batches")
     settings = settings_from_args(args)
-    loaded = load_model(settings)
+    loaded = forward.load(settings)
     tok = loaded.tokenizer
     count = args.requests
     new_tokens = args.max_new_tokens or 96
@@ -291,14 +291,14 @@ def run_verify(args: argparse.Namespace) -> int:
         proposers["fim-repo"] = IndexedProposer(index, settings.min_match_tokens, settings.max_match_tokens,
                                                 record_generations=False)
     longest = max(len(w.prompt_ids) + w.max_new_tokens for ws in request_sets.values() for w in ws)
-    cache = SlotCache(loaded.model.config, slots=count + 1, slot_tokens=longest + 64, dtype=loaded.dtype,
-                      device=loaded.device, chunk=settings.prefill_chunk_tokens)
+    cache = SlotCache(loaded.forward.config, slots=count + 1, slot_tokens=longest + 64,
+                      dtype=loaded.forward.kv_dtype, device=loaded.forward.device, chunk=settings.prefill_chunk_tokens)
     engines: dict[tuple[str, str], Engine] = {}
 
     def engine_for(set_name: str, policy: Any) -> Engine:
         key = (set_name, policy.name)
         if key not in engines:
-            engines[key] = Engine(loaded.model, tok, proposers[set_name], max_draft_tokens=policy.max_draft_tokens,
+            engines[key] = Engine(loaded.forward, tok, proposers[set_name], max_draft_tokens=policy.max_draft_tokens,
                                   draft_policy=policy.draft_policy, cache=cache)
         return engines[key]
 
@@ -311,7 +311,7 @@ def run_verify(args: argparse.Namespace) -> int:
     checks = bar_checks(results)
     import torch
 
-    print(f"\nmodel {loaded.name} ({loaded.info()['dtype']}, {loaded.device}), {torch.get_num_threads()} threads, "
+    print(f"\nmodel {loaded.name} ({loaded.info()['dtype']}, {loaded.forward.device}), {torch.get_num_threads()} threads, "
           f"{platform.processor() or platform.machine()}; {count} requests per set, up to {new_tokens} new tokens each, "
           f"median of {args.repeat}")
     print(format_verify_table(results))

@@ -8,17 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import time
-from pathlib import Path
 from typing import Any
 
 from codespec.cli.options import MODEL_FIELDS, SPECULATION_FIELDS, add_settings_arguments, settings_from_args
-from codespec.errors import CodespecError, RequestError
-
-MAX_PROMPT_BYTES = 8 << 20  # a prompt larger than this is a mistake, not a request
-
+from codespec.engine.stats import process_age, startup_report
+from codespec.prompts import read_prompt
 
 def register(commands: Any) -> None:
     p = commands.add_parser("generate", help="complete a prompt (file or stdin) with the model")
@@ -39,59 +34,11 @@ def register(commands: Any) -> None:
     p.set_defaults(handler=run, fast_exit=True)  # nothing to tear down once the answer is out (main.run)
 
 
-def read_prompt(source: str) -> str:
-    """The prompt's text; binary, non-UTF-8 or oversized input is refused with a clear line."""
-    if source == "-":
-        if sys.stdin.isatty():
-            raise CodespecError("no prompt: give PROMPT_FILE or pipe the prompt into stdin")
-        data = sys.stdin.buffer.read(MAX_PROMPT_BYTES + 1)
-        name = "stdin"
-    else:
-        path = Path(source)
-        if not path.is_file():
-            raise CodespecError(f"prompt file {source}: no such file")
-        with open(path, "rb") as f:
-            data = f.read(MAX_PROMPT_BYTES + 1)
-        name = source
-    if len(data) > MAX_PROMPT_BYTES:
-        raise RequestError(f"prompt {name} is larger than {MAX_PROMPT_BYTES >> 20} MiB")
-    if b"\x00" in data:
-        raise RequestError(f"prompt {name} looks binary (it contains NUL bytes); give a text file")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RequestError(f"prompt {name} is not UTF-8 text (bad byte at offset {exc.start})") from None
-    if not text:
-        raise RequestError(f"prompt {name} is empty")
-    return text
-
-
-def process_age() -> float:
-    """Seconds since this process started (Linux: from /proc; elsewhere since codespec's
-    CLI was imported, which misses the interpreter's own start-up)."""
-    try:
-        with open("/proc/self/stat", encoding="ascii") as f:
-            started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime", encoding="ascii") as f:
-            uptime = float(f.read().split()[0])
-        return uptime - started_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return time.perf_counter() - _IMPORTED
-
-
-_IMPORTED = time.perf_counter()
-
-
-def startup_report(imported: float, loading: float, loaded_at: float, started: float, ttft: float) -> dict[str, float]:
-    """`generate --json`'s `startup` from process ages (`process_age`): after imports,
-    around the model load, at the request's start, and its time to first token."""
-    return {"imports_s": round(imported, 4), "model_load_s": round(loaded_at - loading, 4),
-            "engine_s": round(started - loaded_at, 4), "first_token_s": round(started + ttft, 4)}
 
 
 def run(args: argparse.Namespace) -> int:
+    from codespec import forward
     from codespec.engine import Engine, GenerationConfig
-    from codespec.models.loading import load_model
     from codespec.prompts import encode_prompt
 
     imported = process_age()
@@ -107,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
         index = SuffixIndex.load(args.index)
     loading = process_age()
-    loaded = load_model(settings, direct=True)  # no torch import where the direct path serves it
+    loaded = forward.load(settings)  # no torch import where the torch-free backend serves it
     loaded_at = process_age()
     tokenizer = loaded.tokenizer
     if args.chat:
@@ -119,14 +66,15 @@ def run(args: argparse.Namespace) -> int:
         from codespec.indexing import tokenizer_fingerprint
 
         index.check_tokenizer(tokenizer_fingerprint(tokenizer, settings.cache_dir))
-    engine = Engine.from_settings(loaded.model, tokenizer, settings, index=index)
+    engine = Engine.from_settings(loaded.forward, tokenizer, settings, index=index)
     started = process_age()
     result = engine.generate(prompt_ids, config)
     if args.json:
         out = result.to_json()
         # where a fresh process's time went before the request (bench cold start reads it)
         out["startup"] = startup_report(imported, loading, loaded_at, started, result.stats.ttft_s)
-        out["startup"]["path"] = "direct" if loaded.direct else "transformers"
+        out["startup"]["path"] = "direct" if loaded.torch_free else "transformers"
+        out["startup"]["backend"] = loaded.backend
         print(json.dumps(out))
         return 0
     sys.stdout.write(result.text)

@@ -36,54 +36,42 @@ def register(commands: Any) -> None:
 
 
 def run_prepare(args: argparse.Namespace) -> int:
+    from codespec import forward
     from codespec.engine import Engine
-    from codespec.models.loading import load_model, pick_device, pick_dtype, resolve_model_path, write_serving_copy
+    from codespec.models.loading import pick_device, pick_dtype, resolve_model_path, write_serving_copy
 
     settings = settings_from_args(args)
     name, path = resolve_model_path(settings.model, settings)
-    dtype = pick_dtype(settings.dtype, pick_device(settings.device))
     if settings.model in ("", "default"):  # only our own cache gets a copy (never a user's directory)
-        write_serving_copy(path, dtype)
-    loaded = load_model(settings)
+        write_serving_copy(path, pick_dtype(settings.dtype, pick_device(settings.device)))
+    loaded = forward.load(settings)
     began = time.perf_counter()
-    print(f"codespec: profiling {name} on this machine ({loaded.dtype}, {loaded.device}) ...", file=sys.stderr)
+    print(f"codespec: profiling {name} on this machine ({loaded.backend} backend, {loaded.info()['dtype']}, "
+          f"{loaded.forward.device}) ...", file=sys.stderr)
     goodput = settings.model_copy(update={"draft_policy": "goodput"})
-    engine = Engine.from_settings(loaded.model, loaded.tokenizer, goodput)
+    engine = Engine.from_settings(loaded.forward, loaded.tokenizer, goodput)
     engine.calibrate()
-    facts = {"name": name, "path": path, "profile": _profile_facts(engine)}
-    del engine, loaded
-    # `codespec generate` serves the model on the direct path where it can (codespec/direct:
-    # no torch import): the same C forward, profiled under its own key
-    direct = load_model(settings, direct=True)
-    if direct.direct:
-        engine = Engine.from_settings(direct.model, direct.tokenizer, goodput)
-        engine.calibrate()
-        facts["direct_profile"] = _profile_facts(engine)
-    facts["profile_s"] = round(time.perf_counter() - began, 2)
+    facts = {"name": name, "path": path, "forward": loaded.info()["forward"], "profile": _profile_facts(engine),
+             "profile_s": round(time.perf_counter() - began, 2)}
     if args.json:
         print(json.dumps(facts))
     else:
-        print(f"{name} is ready at {path}; machine profile: {facts['profile']['path']} "
+        print(f"{name} is ready at {path} ({loaded.backend} backend); machine profile: {facts['profile']['path']} "
               f"({facts['profile_s']:.1f} s)")
     return 0
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from codespec import calibration
-    from codespec.models.loading import load_model, read_manifest
+    from codespec import forward
+    from codespec.models.loading import read_manifest
 
     settings = settings_from_args(args)
-    loaded = load_model(settings)
+    loaded = forward.load(settings)
     info = loaded.info()
     manifest = read_manifest(loaded.path)
     if manifest:
         info["source_sha256"] = manifest["sha256"]
-    key = calibration.profile_key(loaded.model)
-    info["profile"] = _stored_profile_facts(settings.cache_dir, key)
-    from codespec import direct
-
-    if direct.unsupported(loaded.path, settings) is None:  # what `codespec generate` runs on (no torch)
-        info["direct_profile"] = _stored_profile_facts(settings.cache_dir, direct.profile_key(loaded.path, settings))
+    info["profile"] = _stored_profile_facts(settings.cache_dir, loaded.forward.profile_key())
     print_facts(info, args.json)
     return 0
 
@@ -96,9 +84,10 @@ def _profile_facts(engine: Any) -> dict[str, Any]:
 def _stored_profile_facts(cache_dir: Any, key: dict[str, str]) -> dict[str, Any]:
     """What `model info` shows of the machine profile: where, what the probes found and
     the cost model it starts from (`"stored": false` when this setting has none yet)."""
-    from codespec import calibration, controller
+    from codespec.forward import profile as profiles
+    from codespec.policy import controller
 
-    profile, path = calibration.load(cache_dir, key), str(calibration.profile_path(cache_dir, key))
+    profile, path = profiles.load(cache_dir, key), str(profiles.profile_path(cache_dir, key))
     if profile is None:
         return {"path": path, "stored": False}
     cost = controller.CostModel(block=profile.row_block, padded=profile.padded_rows)

@@ -33,7 +33,7 @@ import numpy as np
 
 from codespec.errors import CodespecError
 from codespec.index import SuffixIndex
-from codespec.proposer import IndexedProposer, PromptLookupProposer
+from codespec.policy.proposer import IndexedProposer, PromptLookupProposer
 
 INDEX_ENV = "CODESPEC_INDEX"  # a `codespec index` file built with the served model's tokenizer
 MIN_MATCH_DEFAULT = 2

@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,38 +24,6 @@ if TYPE_CHECKING:
 # "org/name" with Hugging Face's allowed characters; anything else is a local path.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 SERVING_COPY = "codespec-serving.json"  # marks a complete copy of the weights in a serving dtype
-
-
-@dataclass
-class LoadedModel:
-    """A causal LM ready for the engine, with the facts `model info` reports."""
-
-    name: str
-    path: str
-    model: Any  # transformers PreTrainedModel, in eval mode
-    tokenizer: Any  # transformers tokenizer (direct: direct/tokenizer.py's)
-    dtype: torch.dtype | str
-    device: torch.device | str
-    weights: str = ""  # the directory the weights came from (a serving-dtype copy, or path)
-    direct: bool = False  # served by the direct path (codespec/direct: no torch, no transformers)
-
-    @property
-    def parameters(self) -> int:
-        if self.direct:
-            return self.model.parameter_count
-        return sum(p.numel() for p in self.model.parameters())
-
-    def info(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "path": self.path,
-            "weights": self.weights or self.path,
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "device": str(self.device),
-            "parameters": self.parameters,
-            "vocab_size": int(self.model.config.vocab_size),
-            "max_context": int(getattr(self.model.config, "max_position_embeddings", 0) or 0),
-        }
 
 
 def resolve_model_path(spec: str, settings: Settings, *, progress: bool = True) -> tuple[str, str]:
@@ -118,22 +85,12 @@ def quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def load_model(settings: Settings, *, progress: bool = True, direct: bool = False) -> LoadedModel:
-    """Resolve, load and place the model that `settings.model` names. `direct`: on the
-    direct path (codespec/direct: no torch or transformers import) where it applies."""
-    from codespec.kernels import native
-
-    native.use_cache_dir(settings.cache_dir)  # where the C kernels are built, beside the models
-    name, path = resolve_model_path(settings.model, settings, progress=progress)
-    if direct and Path(path).is_dir():
-        from codespec import direct as direct_path
-
-        if direct_path.unsupported(path, settings) is None:
-            model = direct_path.DirectModel.load(name, path, settings)
-            return LoadedModel(name=name, path=path, model=model, tokenizer=model.tokenizer, dtype="bfloat16",
-                               device="cpu", weights=str(model.weights_dir), direct=True)
+def load_transformers(settings: Settings, name: str, path: str) -> tuple[Any, Any, str]:
+    """(model, tokenizer, weights directory): transformers' model that `path` holds, in
+    eval mode on the device and dtype `settings` pick (forward/select.py decides when)."""
     quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     device = pick_device(settings.device)
     dtype = pick_dtype(settings.dtype, device)
     set_threads(settings.threads)
@@ -145,29 +102,7 @@ def load_model(settings: Settings, *, progress: bool = True, direct: bool = Fals
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"cannot load model {settings.model!r} from {path}: {first_line}") from exc
     model.to(device).eval()
-    if settings.quantize != "none":
-        _quantize(model, settings.quantize)
-    return LoadedModel(name=name, path=path, model=model, tokenizer=tokenizer, dtype=dtype, device=device,
-                       weights=weights)
-
-
-def _quantize(model: Any, choice: str) -> None:
-    """Mark `model` for int8 products in the row decoder (rowforward.RowDecoder makes them);
-    a clear error where the row decoder does not run it."""
-    from codespec import decoder
-
-    if decoder.forward_kind(model) != "rowdecoder":
-        from codespec import rowblocks
-
-        param = next(model.parameters())
-        why = ("CODESPEC_FORWARD=transformers" if not decoder.wanted() else decoder.unsupported_layers(model)
-               or (f"linear kernel {rowblocks.linear_kernel(param.dtype, param.device)!r}, not rowgemm (it needs "
-                   "a CPU with AVX-512 BF16 and bfloat16 weights)"
-                   if rowblocks.linear_kernel(param.dtype, param.device) != "rowgemm"
-                   else "the C forward is not built"))
-        raise ModelError(f"--quantize {choice} runs on the C row decoder (CPU with AVX-512 BF16, bf16 "
-                         f"Qwen2/Llama), which does not serve this model here: {why}")
-    model.__dict__[decoder.QUANTIZE] = choice
+    return model, tokenizer, weights
 
 
 def serving_copy(path: str, dtype: torch.dtype) -> str:

@@ -26,9 +26,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from codespec import __version__
 from codespec.errors import CodespecError, RequestError
 from codespec.index import SuffixIndex
-from codespec.engine import Engine
-from codespec.scheduler import Scheduler, SchedulerFull
-from codespec.server.backend import Backend, GenerationFailed
+from codespec.engine.scheduler import Scheduler, SchedulerFull
+from codespec.server.backend import Backend, GenerationFailed, start_scheduler
 from codespec.server.routes import ModelNotFound, router
 from codespec.server.upstream_backend import UpstreamBackend
 from codespec.server.schemas import error_body
@@ -82,38 +81,33 @@ def load_backend(settings: Settings) -> Backend | UpstreamBackend:
                                 "(CODESPEC_INDEX for vLLM's codespec proposer, docs/scale.md)")
         tokenizer = load_tokenizer(settings, progress=False)
         return UpstreamBackend.connect(settings.upstream, tokenizer, settings, settings.upstream_api_key)
+    from codespec import forward
     from codespec.indexing import build_repository_index, default_index_path, tokenizer_fingerprint
-    from codespec.models.loading import load_model
 
-    built: dict[str, Any] = {}
+    index = SuffixIndex.load(settings.index) if settings.index else SuffixIndex()
 
-    def build() -> Engine:
-        loaded = load_model(settings)
+    def load() -> forward.Loaded:
+        loaded = forward.load(settings)
         fingerprint = tokenizer_fingerprint(loaded.tokenizer)
         if settings.index:
-            index = SuffixIndex.load(settings.index, tokenizer=fingerprint)
-        else:
-            index = SuffixIndex()
-            if settings.repo:
-                root = Path(settings.repo).resolve()
-                if not root.is_dir():
-                    raise CodespecError(f"--repo {settings.repo}: not a directory")
-                out = default_index_path(settings.cache_dir, root)
+            index.check_tokenizer(fingerprint)
+        elif settings.repo:
+            root = Path(settings.repo).resolve()
+            if not root.is_dir():
+                raise CodespecError(f"--repo {settings.repo}: not a directory")
+            out = default_index_path(settings.cache_dir, root)
 
-                def rebuild() -> Any:
-                    build_repository_index(root, loaded.tokenizer, out, progress=False)
-                    return SuffixIndex.load(out, tokenizer=fingerprint).static
+            def rebuild() -> Any:
+                build_repository_index(root, loaded.tokenizer, out, progress=False)
+                return SuffixIndex.load(out, tokenizer=fingerprint).static
 
-                print(f"codespec: indexing {root} in the background -> {out}", file=sys.stderr)
-                index.rebuild_in_background(rebuild)
-        built.update(name=loaded.name, index=index)
-        engine = Engine.from_settings(loaded.model, loaded.tokenizer, settings, index=index)
-        engine.calibrate()
-        return engine
+            print(f"codespec: indexing {root} in the background -> {out}", file=sys.stderr)
+            index.rebuild_in_background(rebuild)
+        log.info("forward backend: %s (%s)", loaded.backend, loaded.reason)
+        return loaded
 
-    scheduler = Scheduler(build, settings.max_active_requests, settings.max_waiting_requests)
-    engine = scheduler.engine
-    return Backend(built["name"], engine.tokenizer, engine, scheduler, built["index"], settings)
+    scheduler, loaded = start_scheduler(settings, index, load)
+    return Backend(loaded.name, loaded.tokenizer, scheduler.engine, scheduler, index, settings)
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -11,15 +11,16 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from codespec.engine import Engine, Generation, GenerationConfig
+from codespec.engine.scheduler import Scheduler
+from codespec.engine.textstream import TextStream
 from codespec.errors import CodespecError, RequestError
+from codespec.forward import Loaded
 from codespec.index import SuffixIndex
-from codespec.scheduler import Scheduler
 from codespec.server.metrics import Metrics
 from codespec.settings import Settings
-from codespec.textstream import TextStream
 
 Chunk = tuple[str, Generation | None]  # text to send now; the finished generation, last
 
@@ -39,14 +40,10 @@ class Backend:
     metrics: Metrics = field(default_factory=Metrics)
 
     @classmethod
-    def create(cls, name: str, model: Any, tokenizer: Any, settings: Settings, index: SuffixIndex) -> Backend:
-        def build() -> Engine:  # on the scheduler's thread, where every step runs
-            engine = Engine.from_settings(model, tokenizer, settings, index=index)
-            engine.calibrate()
-            return engine
-
-        scheduler = Scheduler(build, settings.max_active_requests, settings.max_waiting_requests)
-        return cls(name, tokenizer, scheduler.engine, scheduler, index, settings)
+    def create(cls, loaded: Loaded, settings: Settings, index: SuffixIndex) -> Backend:
+        """A backend over a model already loaded (tests share one across apps)."""
+        scheduler, _ = start_scheduler(settings, index, lambda: loaded)
+        return cls(loaded.name, loaded.tokenizer, scheduler.engine, scheduler, index, settings)
 
     def close(self) -> None:
         self.scheduler.close()
@@ -57,7 +54,7 @@ class Backend:
     def check_request(self, prompt_ids: Sequence[int], max_tokens: int) -> None:
         """Refuse what cannot be served before any header is sent."""
         check_limits(prompt_ids, max_tokens, self.settings)
-        vocab = self.engine.verifier.model.config.vocab_size
+        vocab = self.engine.forward.config.vocab_size
         if max(prompt_ids) >= vocab:
             raise RequestError(f"token id {max(prompt_ids)} is outside the model's vocabulary of {vocab}")
         if len(prompt_ids) >= self.engine.context_limit:
@@ -125,6 +122,27 @@ class Backend:
         finally:
             ticket.cancel()  # a no-op when finished; frees the slot when the client left
             self.metrics.queue_depth.set(self.scheduler.queue_depth)
+
+
+def start_scheduler(settings: Settings, index: SuffixIndex, load: Callable[[], Loaded] | None = None,
+                    ) -> tuple[Scheduler, Loaded]:
+    """The serving chain that `serve` and `lsp` share: load the model (`load`, else the
+    backend select.py picks for `settings`), build the engine over `index`, calibrate it
+    (a no-op with a stored profile) and start continuous batching. All of it runs on the
+    scheduler's thread, where every step runs (one thread pool for the model)."""
+    found: dict[str, Loaded] = {}
+
+    def build() -> Engine:
+        from codespec import forward
+
+        loaded = load() if load is not None else forward.load(settings, progress=False)
+        found["loaded"] = loaded
+        engine = Engine.from_settings(loaded.forward, loaded.tokenizer, settings, index=index)
+        engine.calibrate()
+        return engine
+
+    scheduler = Scheduler(build, settings.max_active_requests, settings.max_waiting_requests)
+    return scheduler, found["loaded"]
 
 
 def served_names(name: str) -> set[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from codespec.stats import GenerationStats
+from codespec.engine.stats import GenerationStats
 
 _PASS_BUCKETS = (1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 33)
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32)

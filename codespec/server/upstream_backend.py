@@ -22,11 +22,11 @@ from typing import Any, AsyncIterator, Sequence
 from codespec.engine import Generation, GenerationConfig
 from codespec.errors import RequestError
 from codespec.integrations.upstream import Delta, ServedModel, UpstreamClient, UpstreamError
-from codespec.scheduler import SchedulerFull
+from codespec.engine.scheduler import SchedulerFull
 from codespec.server.backend import Chunk, GenerationFailed, check_limits, served_names
 from codespec.server.metrics import Metrics
 from codespec.settings import Settings
-from codespec.stats import GenerationStats
+from codespec.engine.stats import GenerationStats
 
 
 @dataclass

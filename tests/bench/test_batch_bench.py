@@ -7,9 +7,10 @@ from __future__ import annotations
 from codespec.bench.batch_bench import bar_checks, policies, run_verify_bench
 from codespec.bench.request_sets import Workload
 from codespec.engine import Engine
-from codespec.kvcache import SlotCache
+from codespec.engine.kvcache import SlotCache
 from codespec.models.tiny import tiny_model
-from codespec.proposer import PromptLookupProposer
+from codespec.policy.proposer import PromptLookupProposer
+from codespec.forward import of_model
 from tests.test_engine_lossless import prompts
 
 
@@ -22,7 +23,7 @@ def test_every_policy_at_every_batch_size_matches_speculation_off():
 
     def engine_for(set_name, policy):
         if policy.name not in engines:
-            engine = Engine(model, None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=policy.max_draft_tokens,
+            engine = Engine(of_model(model), None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=policy.max_draft_tokens,
                             draft_policy=policy.draft_policy, eos_token_ids=[], cache=cache)
             step = engine.step
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from codespec.index.anchor import GUESS, MAX_DEVIATION, SOURCE
-from codespec.proposer import PromptLookupProposer
+from codespec.policy.proposer import PromptLookupProposer
 
 SOURCE_CODE = list(range(1, 14))  # the code the instruction quotes
 PROMPT = [90, 91, *SOURCE_CODE, 92, 93]

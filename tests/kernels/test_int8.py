@@ -8,7 +8,7 @@ import pytest
 
 from codespec.kernels import int8
 from codespec.kernels import rowgemm as kernel
-from codespec.rowforward import bf16_bits, bf16_values
+from codespec.forward.rowdecoder import bf16_bits, bf16_values
 
 pytestmark = pytest.mark.skipif(kernel.library() is None, reason=f"no kernel build: {kernel.unavailable()}")
 

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from codespec.tree import VerifyTree
-from codespec.verifier import VerifyResult
+from codespec.policy.tree import VerifyResult, VerifyTree
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from codespec.engine import Engine, Generation, GenerationConfig, Run
+from codespec.engine.engine import Engine, Generation, GenerationConfig, Run
 from codespec.errors import CodespecError
 
-log = logging.getLogger("codespec.scheduler")
+log = logging.getLogger("codespec.engine.scheduler")
 OnTokens = Callable[[list[int]], None]
 OnDone = Callable[["Generation | BaseException"], None]
 

@@ -1,6 +1,7 @@
 """The language server's in-process backend: the engine, the scheduler and the suffix
 index in the `codespec lsp` process (the default; `--server URL` uses a running
-`codespec serve` instead). This module imports torch; `lsp/` never does.
+`codespec serve` instead). Where the torch-free backend serves the model
+(forward/select.py) nothing here imports torch; `lsp/` never does.
 
 Completions are fill-in-the-middle prompts with the model's own FIM tokens: the last
 `prefix_tokens` of the file before the cursor and the first `suffix_tokens` after it.
@@ -22,7 +23,6 @@ from codespec.engine import GenerationConfig
 from codespec.index import SuffixIndex
 from codespec.lsp.backend import FimRequest, OnText, Progress
 from codespec.prompts import encode_texts, fim_ids
-from codespec.scheduler import Scheduler
 from codespec.settings import Settings
 
 log = logging.getLogger("codespec.lsp")
@@ -30,19 +30,12 @@ log = logging.getLogger("codespec.lsp")
 
 class InProcessBackend:
     def __init__(self, settings: Settings) -> None:
-        from codespec.engine import Engine
-        from codespec.models.loading import load_model
+        from codespec.server.backend import start_scheduler
 
         self.settings = settings
         self.index = SuffixIndex()
-
-        def build() -> Engine:  # on the scheduler's thread, where every step runs (scheduler.py)
-            loaded = load_model(settings, progress=False)
-            engine = Engine.from_settings(loaded.model, loaded.tokenizer, settings, index=self.index)
-            engine.calibrate()
-            return engine
-
-        self.scheduler = Scheduler(build, settings.max_active_requests, settings.max_waiting_requests)
+        self.scheduler, loaded = start_scheduler(settings, self.index)  # the backend select.py picks
+        log.info("forward backend: %s (%s)", loaded.backend, loaded.reason)
         self.engine = self.scheduler.engine
         self.tokenizer = self.engine.tokenizer
         self.acceptance: Counter[str] = Counter()

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from codespec.errors import ModelError
-from codespec.kvcache import kv_dims
+from codespec.forward.base import kv_dims
 from codespec.kernels import rowgemm
-from codespec.rowforward import Weights
+from codespec.forward.rowdecoder import Weights
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -65,7 +65,7 @@ def map_tensors(path: Path, maps: list[np.memmap] | None = None) -> dict[str, np
             maps.append(data)
         for name, entry in header.items():
             if entry["dtype"] != "BF16":
-                raise ModelError(f"{file}: tensor {name} is {entry['dtype']}, the direct path reads BF16")
+                raise ModelError(f"{file}: tensor {name} is {entry['dtype']}, the torch-free load reads BF16")
             begin, end = entry["data_offsets"]
             tensors[name] = data[start + begin : start + end].view(np.uint16).reshape(entry["shape"])
     return tensors

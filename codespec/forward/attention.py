@@ -45,7 +45,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from codespec import rowcalls
+from codespec.forward import rowcalls
 
 NAME = "codespec_slots"
 PLAN_KEY = "codespec_plan"

@@ -13,6 +13,8 @@ prefill and not from a verify pass, is not counted in it.
 
 from __future__ import annotations
 
+import os
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,3 +77,26 @@ class GenerationStats:
             "wall_s": round(self.wall_s, 4),
             "tokens_per_s": round(self.generated_tokens / self.wall_s, 3) if self.wall_s else 0.0,
         }
+
+
+def process_age() -> float:
+    """Seconds since this process started (Linux: from /proc; elsewhere since codespec's
+    CLI was imported, which misses the interpreter's own start-up)."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        return uptime - started_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - _IMPORTED
+
+
+_IMPORTED = time.perf_counter()
+
+
+def startup_report(imported: float, loading: float, loaded_at: float, started: float, ttft: float) -> dict[str, float]:
+    """`generate --json`'s `startup` from process ages (`process_age`): after imports,
+    around the model load, at the request's start, and its time to first token."""
+    return {"imports_s": round(imported, 4), "model_load_s": round(loaded_at - loading, 4),
+            "engine_s": round(started - loaded_at, 4), "first_token_s": round(started + ttft, 4)}

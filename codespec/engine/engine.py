@@ -6,7 +6,7 @@ cached prompt prefix when a slot holds one), and all the others share one verify
 it returns the tokens each run committed, so callers can stream them. The scheduler
 calls it with every active request; `Run.step()` and `Engine.generate` drive one run.
 
-    engine = Engine(model, tokenizer, PromptLookupProposer())
+    engine = Engine(loaded.forward, loaded.tokenizer, PromptLookupProposer())   # forward.load(settings)
     out = engine.generate(tokenizer.encode("def fib(n):"), GenerationConfig(max_new_tokens=64))
     out.text, out.stats.accepted_tokens_per_pass
 
@@ -22,15 +22,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from codespec import calibration, controller
+from codespec.engine.kvcache import DEFAULT_CHUNK, CacheFull, SlotCache
+from codespec.engine.stats import GenerationStats
+from codespec.engine.stopping import StopCondition
+from codespec.engine.verifier import Verifier
 from codespec.errors import RequestError
+from codespec.forward import profile
+from codespec.forward.base import Forward, eos_ids, max_context
 from codespec.index import Draft, SuffixIndex
-from codespec.kvcache import DEFAULT_CHUNK, CacheFull, SlotCache
-from codespec.proposer import IndexedProposer, NoProposer, PromptLookupProposer, Proposer
+from codespec.policy import controller
+from codespec.policy.proposer import IndexedProposer, NoProposer, PromptLookupProposer, Proposer
+from codespec.policy.tree import Accept, Item, VerifyTree
 from codespec.settings import Settings
-from codespec.stats import GenerationStats
-from codespec.stopping import StopCondition
-from codespec.tree import Accept, Item, VerifyTree
 
 COST_ROWS = (2, 4, 8, 16, 32, 48, 64)  # verify pass sizes timed when the controller starts,
 COST_CONTEXTS = (512, 2048)  # at these context lengths (two, to tell row cost from key cost)
@@ -70,26 +73,13 @@ class Generation:
         }
 
 
-def _direct(model: Any) -> bool:
-    """Whether `model` is the direct path's (codespec/direct: no torch), not transformers'."""
-    return getattr(model, "direct", False) is True
-
-
-def kv_storage(model: Any) -> tuple[Any, Any]:
-    """(dtype, device) of the model's KV slots."""
-    if _direct(model):
-        return model.kv_storage()
-    param = next(model.parameters())
-    return param.dtype, param.device
-
-
 class Engine:
-    """Greedy or sampled generation with speculation over a Hugging Face causal LM, or a
-    model of the direct path (codespec/direct)."""
+    """Greedy or sampled generation with speculation, over one forward backend
+    (forward/base.py) chosen at start-up."""
 
     def __init__(
         self,
-        model: Any,
+        forward: Forward,
         tokenizer: Any = None,
         proposer: Proposer | None = None,
         *,
@@ -98,66 +88,55 @@ class Engine:
         eos_token_ids: Iterable[int] | None = None,
         cache: SlotCache | None = None,
         slots: int = 2,
-        exact_rows: bool = True,
         profile_dir: Path | str | None = None,
-        quantize: str | None = None,
     ) -> None:
         """`profile_dir`: the cache directory holding this machine's profile (probes and
-        verify-pass timings, calibration.py): read at start, written once measured.
-        `quantize`: the row decoder's weights on transformers' path ("none": bf16 even for
-        a model loaded with --quantize int8, as the benchmark's reference; None: the
-        model's setting)."""
+        verify-pass timings, forward/profile.py): read at start, written once measured."""
         if draft_policy not in controller.POLICIES:
             raise ValueError(f"draft_policy must be one of {controller.POLICIES}, got {draft_policy!r}")
-        self.max_context = max_context(model.config)
-        dtype, device = kv_storage(model)
+        self.forward = forward
+        self.max_context = max_context(forward.config)
         if cache is None:
-            cache = SlotCache(model.config, slots=slots, slot_tokens=min(self.max_context, 4096), dtype=dtype,
-                              device=device, chunk=DEFAULT_CHUNK)
+            cache = SlotCache(forward.config, slots=slots, slot_tokens=min(self.max_context, 4096),
+                              dtype=forward.kv_dtype, device=forward.device, chunk=DEFAULT_CHUNK)
         self.cache = cache
         self.profile_dir = profile_dir
         self.profile_key: dict[str, str] | None = None
-        profile = None
+        stored = None
         if profile_dir is not None:
-            self.profile_key = model.profile_key() if _direct(model) else calibration.profile_key(model)
-            profile = calibration.load(profile_dir, self.profile_key)
-            if profile is not None and profile.row_block and not hasattr(model, "_codespec_row_block"):
-                # the probes' results on this very setting: the verifier skips probing
-                model._codespec_row_block, model._codespec_padded_rows = profile.row_block, profile.padded_rows
-        if _direct(model):
-            self.verifier: Any = model.new_verifier(cache)
-        else:
-            from codespec.verifier import Verifier
-
-            self.verifier = Verifier(model, cache, exact_rows=exact_rows, quantize=quantize)
+            self.profile_key = forward.profile_key()
+            stored = profile.load(profile_dir, self.profile_key)
+        # the probes' results on this very setting: the backend skips probing
+        probes = (stored.row_block, stored.padded_rows) if stored is not None and stored.row_block else None
+        self.verifier = Verifier(forward, cache, probes)
         self.tokenizer = tokenizer
         self.proposer = proposer if proposer is not None else PromptLookupProposer()
         self.max_draft_tokens = max_draft_tokens
         self.draft_policy = draft_policy
-        self.eos_token_ids = frozenset(eos_token_ids if eos_token_ids is not None else _eos_ids(model, tokenizer))
-        self.cost = controller.CostModel(block=self.verifier.row_block if exact_rows else 0,
-                                         padded=exact_rows and self.verifier.padded_rows,
-                                         min_rows=1 if self.verifier.decoder is not None else 2)
+        self.eos_token_ids = frozenset(eos_token_ids if eos_token_ids is not None
+                                       else eos_ids(forward.generation_config, tokenizer))
+        self.cost = controller.CostModel(block=self.verifier.row_block, padded=self.verifier.padded_rows,
+                                         min_rows=forward.min_rows)
         self.acceptance = controller.AcceptanceTable()  # every request's record, by match length
-        if profile is not None:
-            self.cost.calibrated_with(profile.timings)
+        if stored is not None:
+            self.cost.calibrated_with(stored.timings)
         elif profile_dir is not None:
             self._store_profile([])  # the probes just run: the next process skips them
 
     @classmethod
-    def from_settings(cls, model: Any, tokenizer: Any, settings: Settings, index: SuffixIndex | None = None) -> Engine:
+    def from_settings(cls, forward: Forward, tokenizer: Any, settings: Settings,
+                      index: SuffixIndex | None = None) -> Engine:
         """An engine whose proposer drafts from the request's context, and from `index`
         (repository, past generations) when one is given; its KV slots fill
         `settings.kv_cache_mb`."""
         match = dict(min_match_tokens=settings.min_match_tokens, max_match_tokens=settings.max_match_tokens)
         proposer: Proposer = PromptLookupProposer(**match) if index is None else IndexedProposer(index, **match)
-        dtype, device = kv_storage(model)
         cache = SlotCache.within_budget(
-            model.config, budget_mb=settings.kv_cache_mb,
-            slot_tokens=min(settings.kv_slot_tokens, max_context(model.config)),
-            dtype=dtype, device=device, chunk=settings.prefill_chunk_tokens,
+            forward.config, budget_mb=settings.kv_cache_mb,
+            slot_tokens=min(settings.kv_slot_tokens, max_context(forward.config)),
+            dtype=forward.kv_dtype, device=forward.device, chunk=settings.prefill_chunk_tokens,
         )
-        return cls(model, tokenizer, proposer, max_draft_tokens=settings.max_draft_tokens,
+        return cls(forward, tokenizer, proposer, max_draft_tokens=settings.max_draft_tokens,
                    draft_policy=settings.draft_policy, cache=cache, profile_dir=settings.cache_dir)
 
     @property
@@ -268,7 +247,7 @@ class Engine:
     def _store_profile(self, timings: list[tuple[int, int, float]]) -> None:
         if self.profile_dir is None or self.profile_key is None:
             return
-        calibration.save(self.profile_dir, calibration.Profile(
+        profile.save(self.profile_dir, profile.Profile(
             self.profile_key, self.verifier.row_block, self.verifier.padded_rows, timings))
 
     @property
@@ -276,7 +255,7 @@ class Engine:
         """Where this engine's machine profile is (or would be) stored."""
         if self.profile_dir is None or self.profile_key is None:
             return None
-        return calibration.profile_path(self.profile_dir, self.profile_key)
+        return profile.profile_path(self.profile_dir, self.profile_key)
 
 
 class Run:
@@ -355,8 +334,7 @@ class Run:
             self.slot, reused = engine.cache.acquire(self.prompt)
             self.stats.cached_prompt_tokens = reused
         logits = engine.verifier.prefill(self.slot, self.prompt, start=self.stats.cached_prompt_tokens)
-        first = (self.accept(logits, VerifyTree.chain(self.prompt[-1])).committed[0] if self.accept is not None
-                 else engine.verifier.first_token(logits))
+        first = engine.verifier.first_token(logits, self.accept)
         self.prefilled = True
         kept = self._commit([first])
         self.stats.ttft_s = time.perf_counter() - self._started
@@ -401,27 +379,10 @@ class Run:
 def _acceptance(config: GenerationConfig, device: Any) -> Accept | None:
     if config.temperature == 0:
         return None  # greedy: accepted for the whole batch at once
-    from codespec.sampling import SamplingParams, new_generator, sample_accept
+    from codespec.engine.sampling import SamplingParams, new_generator, sample_accept
 
     params = SamplingParams(config.temperature, config.top_p, config.top_k)
     return functools.partial(sample_accept, params=params, generator=new_generator(device, config.seed))
-
-
-def max_context(config: Any) -> int:
-    """The model's context length (unbounded when the config does not say)."""
-    return int(getattr(config, "max_position_embeddings", 0) or 1 << 30)
-
-
-def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
-    ids: set[int] = set()
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if isinstance(configured, int):
-        ids.add(configured)
-    elif configured:
-        ids.update(int(t) for t in configured)
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return ids
 
 
 __all__ = ["CacheFull", "Engine", "Generation", "GenerationConfig", "Run"]

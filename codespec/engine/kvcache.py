@@ -17,7 +17,7 @@ only full chunks a prefill computed are ever reused. A fresh prefill of the new 
 would compute those chunks bit for bit the same way.
 
     cache = SlotCache(model.config, slots=4, slot_tokens=4096, dtype=torch.bfloat16)
-    cache = SlotCache(config, slots=1, slot_tokens=4096, dtype=numpy.uint16)  # bf16 bits, no torch (codespec/direct)
+    cache = SlotCache(config, slots=1, slot_tokens=4096, dtype=numpy.uint16)  # bf16 bits, no torch (forward/rows.py)
     slot, reused = cache.acquire(prompt_ids)       # reused: tokens whose KV is kept
     ...
     cache.release(slot)                            # the KV stays for the next request
@@ -32,14 +32,15 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from codespec import rowplan
+from codespec.forward import rowplan
+from codespec.forward.base import kv_dims  # noqa: F401 (re-exported)
 from codespec.errors import CodespecError
 
 if TYPE_CHECKING:
     import torch
 
 # A KV dtype is a torch dtype (tensors), or a numpy dtype: numpy arrays, uint16 holding
-# bf16 bits (the torch-free path, codespec/direct).
+# bf16 bits (the row decoder, forward/rows.py).
 KVDtype = Any
 
 DEFAULT_CHUNK = 256  # prefill chunk: the fastest 1k-token prefill here, 128 costs +20% (decisions.md)
@@ -55,14 +56,6 @@ class _Slot:
     reusable: int = 0  # leading tokens whose KV a chunked prefill computed
     busy: bool = False
     last_used: int = 0
-
-
-def kv_dims(config: Any) -> tuple[int, int, int]:
-    """(layers, kv_heads, head_dim) of a transformers decoder config."""
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return config.num_hidden_layers, kv_heads, head_dim
 
 
 def _is_numpy(dtype: KVDtype) -> bool:
@@ -142,7 +135,7 @@ class SlotCache:
 
     def addresses(self) -> tuple[list[int], list[int], int]:
         """(per-layer key addresses, value addresses, positions per slot row) for the C
-        forward (rowforward.py), which reads and writes the storage in place."""
+        forward (forward/rowdecoder.py), which reads and writes the storage in place."""
         for layer in (*self.keys, *self.values):
             contiguous = layer.flags.c_contiguous if isinstance(layer, np.ndarray) else layer.is_contiguous()
             assert contiguous and _element_size(layer.dtype) == 2, "the C forward reads contiguous bf16 slots"

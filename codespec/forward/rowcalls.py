@@ -46,8 +46,8 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-# the torch-free layout arithmetic lives in rowplan.py (KEY_BLOCK and Q_SPLIT_LIMIT: read here by calibration.py)
-from codespec.rowplan import KEY_BLOCK, Q_BLOCK, Q_SPLIT_LIMIT, chains, head_slots, padded_length, tokens_per_element  # noqa: F401
+# the torch-free layout arithmetic lives in rowplan.py (KEY_BLOCK and Q_SPLIT_LIMIT: read here by profile.py)
+from codespec.forward.rowplan import KEY_BLOCK, Q_BLOCK, Q_SPLIT_LIMIT, chains, head_slots, padded_length, tokens_per_element  # noqa: F401
 
 
 @dataclass(frozen=True)

@@ -1,29 +1,12 @@
-"""Decode steps and verify passes in one C call (kernels/rowdecoder.c), row-exact by construction.
+"""The `rowdecoder` backend over a transformers model's weights (rows.py runs the passes).
 
-transformers' eager forward spends a decode step of the default model (2-core EPYC VM,
-bf16) as ~30 ms of products and ~30 ms of everything else: ~1,500 torch ops of
-dispatch (RMSNorm, rotary, SiLU, cat and copies, 24 layers of module calls) and 24
-padded flash-attention calls whose layout rowcalls.py had to keep every row's bits
-fixed. `RowDecoder` runs the same layer math (Qwen2 and Llama: RMSNorm, q/k/v with
-rotary, attention over the KV slots, o, SiLU-gated MLP, final norm, lm_head) for every
-row of a pass in one call: products through rowgemm, the rest in rowdecoder.c, where
-each row's bits depend on that row alone (its tokens, position and keys), so plain
-decoding and every verify pass agree without a probe.
-
-Each row attends to its own key sequence: the slot's first `context` keys, then a
-`path` of slot positions. A row on a request's main path (the chain from the pending
-token) sees a prefix of the slot; a tree row off it sees the context, then its
-ancestors and itself wherever the pass wrote them. Either is the sequence decoding
-would have had, in that order.
-
-Prefill chunks run on it too, as rows that see the slot up to themselves, so a prompt's
-KV is the same whichever way it reaches the slot, and the torch-free path of a fresh CLI
-process (codespec/direct), which runs this same forward over the same packed weights (its
-Python side is rowforward.py, numpy only), computes what this path computes.
-
-Used where the linear layers are rowgemm's (CPU, bfloat16, AVX-512 BF16: rowblocks.py)
-and the model is one whose layers this forward knows (`unsupported` says why not);
-`CODESPEC_FORWARD=transformers` turns it off.
+Where the torch-free load does not apply (direct.py: a scaled rotary embedding, weights
+stored in another dtype, `codespec bench`, which needs transformers' model for its
+peers) but the row decoder knows the model's layers, the model's linear layers are
+packed into rowgemm's stripes (rowblocks.install) and the C forward reads them, with
+the model's embeddings, norms and biases, in place: one copy of the weights, shared
+with transformers' forward. Rotary tables come from the model's own module for scaled
+rope types.
 """
 
 from __future__ import annotations
@@ -32,44 +15,39 @@ from typing import Any, Sequence
 
 import torch
 
-from codespec import rowforward
+from codespec.forward import profile, rowblocks, rowdecoder
+from codespec.forward.rowdecoder import RowDecoder
+from codespec.forward.rows import RowForward
 from codespec.kernels import native, rowgemm
-from codespec.rowforward import FORWARD_CHOICES, RowDecoder, wanted  # noqa: F401 (FORWARD_CHOICES: re-exported)
 
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # cos/sin depend on the position alone
 
 
 def unsupported(model: Any) -> str | None:
-    """Why `model` cannot run on the row decoder (None: it can)."""
+    """Why the row decoder cannot serve `model` here (None: it can)."""
     reason = unsupported_layers(model)
-    if reason is None:
-        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-        if not linears or not all("_codespec_rowgemm" in m.__dict__ for m in linears):
-            reason = "linear layers not on rowgemm (needs CPU, bfloat16 and AVX-512 BF16)"
-    return reason
+    if reason is not None:
+        return reason
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    embed = model.get_input_embeddings().weight  # never replaced by a packed copy (rowblocks.install)
+    kernel = "rowgemm" if linears and all("_codespec_rowgemm" in m.__dict__ for m in linears) else \
+        rowblocks.linear_kernel(embed.dtype, embed.device)
+    if kernel != "rowgemm":
+        return (f"linear kernel {kernel!r}, not rowgemm (it needs a CPU with AVX-512 BF16 and bfloat16 weights)")
+    if not native.has("rowdecoder_forward"):
+        return f"the C forward is not built ({native.unavailable() or 'no rowdecoder'})"
+    return None
 
 
 def unsupported_layers(model: Any) -> str | None:
     """Why the row decoder does not know `model`'s layers (None: it does)."""
-    reason = rowforward.config_unsupported(model.config)
+    reason = rowdecoder.config_unsupported(model.config)
     if reason is not None:
         return reason
     rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
     if rotary is None or getattr(rotary, "rope_type", "default") not in STATIC_ROPE:
         return f"rotary embedding {getattr(rotary, 'rope_type', None)!r}"
     return None
-
-
-def forward_kind(model: Any) -> str:
-    """Which forward decode steps and verify passes of `model` will run, before any
-    layer is installed: "rowdecoder" or "transformers" (the machine profile keys on it)."""
-    from codespec import rowblocks
-
-    param = next(model.parameters())
-    if (wanted() and unsupported_layers(model) is None and rowblocks.linear_kernel(param.dtype, param.device) == "rowgemm"
-            and native.has("rowdecoder_forward")):
-        return "rowdecoder"
-    return "transformers"
 
 
 def _fuse(modules: Sequence[torch.nn.Linear], arena: torch.Tensor | None) -> rowgemm.Packed:
@@ -103,7 +81,7 @@ def bits(tensor: torch.Tensor) -> Any:
     return tensor.detach().contiguous().view(torch.uint16).numpy()
 
 
-def model_weights(model: Any) -> rowforward.Weights:
+def model_weights(model: Any) -> rowdecoder.Weights:
     """The addresses of a transformers model's weights, once rowblocks packed its linears."""
     body, keep = model.model, []
     arena = model.__dict__.get("_codespec_arena")
@@ -126,9 +104,9 @@ def model_weights(model: Any) -> rowforward.Weights:
     head = model.get_output_embeddings()
     embed = bits(model.get_input_embeddings().weight)
     keep.extend([body.norm.weight, head._codespec_rowgemm.data, head.bias, embed])
-    _, _, head_dim = rowforward.kv_dims(model.config)
+    _, _, head_dim = rowdecoder.kv_dims(model.config)
     scale = float(getattr(body.layers[0].self_attn, "scaling", head_dim ** -0.5))
-    return rowforward.Weights(layers, body.norm.weight.data_ptr(), head._codespec_rowgemm.data.data_ptr(),
+    return rowdecoder.Weights(layers, body.norm.weight.data_ptr(), head._codespec_rowgemm.data.data_ptr(),
                               _ptr(head.bias), embed, head.out_features, scale, keep)
 
 
@@ -142,38 +120,30 @@ def _module_tables(rotary: Any, embed: torch.Tensor) -> Any:
     return tables
 
 
-QUANTIZE = "_codespec_quantize"  # the model's Settings.quantize, set at load (models/loading.py)
+def row_forward(model: Any, *, quantize: str = "none", screen: bool = True,
+                isa_cap: int = rowgemm.AVX512_BF16) -> RowForward:
+    """The `rowdecoder` backend over `model` (check `unsupported` first). Its linear layers
+    are packed for rowgemm once (rowblocks.install); one decoder is made per model and
+    quantization. `isa_cap=rowgemm.SCALAR`: the portable code (tests, on any CPU)."""
+    import torch
 
-
-def quantization(model: Any) -> str:
-    """How the row decoder holds `model`'s products: "none" (bf16) or "int8"."""
-    return str(model.__dict__.get(QUANTIZE, "none"))
-
-
-def attach(model: Any, quantize: str | None = None) -> RowDecoder | None:
-    """The model's row decoder (made once per model and quantization; `quantize` None: the
-    model's own, `quantization`), or None where it does not apply."""
-    if not wanted() or unsupported(model) is not None or not native.has("rowdecoder_forward"):
-        return None  # unsupported(): the linears on rowgemm included
-    choice = quantization(model) if quantize is None else quantize
+    rowblocks.install(model)
     made = model.__dict__.setdefault("_codespec_decoders", {})
-    if choice not in made:
-        made[choice] = new_decoder(model, quantize=choice)
-    return made[choice]
+    if (quantize, isa_cap) not in made:
+        made[quantize, isa_cap] = new_decoder(model, isa_cap=isa_cap, quantize=quantize)
+    source = str(getattr(model.config, "_name_or_path", "") or "")
+    if source.endswith("/bfloat16"):  # a serving-dtype copy (models/loading.py): named after its model
+        source = source.removesuffix("/bfloat16")
+    key = profile.rows_key(model.config, source, torch.get_num_threads(), quantize)
+    return RowForward(made[quantize, isa_cap], model.config, model.generation_config, key, screen=screen)
 
 
-def new_decoder(model: Any, *, isa_cap: int = rowgemm.AVX512_BF16, quantize: str | None = None) -> RowDecoder:
+def new_decoder(model: Any, *, isa_cap: int = rowgemm.AVX512_BF16, quantize: str = "none") -> RowDecoder:
     """A row decoder over `model`'s packed weights (`isa_cap=rowgemm.SCALAR`: the
-    portable path, for tests on any CPU; `quantize` None: the model's own)."""
+    portable path, for tests on any CPU)."""
     lib = rowgemm.library()
     assert lib is not None and unsupported(model) is None
     rotary = model.model.rotary_emb
-    default = rowforward.rope_type(model.config) == "default" and getattr(rotary, "rope_type", "default") == "default"
+    default = rowdecoder.rope_type(model.config) == "default" and getattr(rotary, "rope_type", "default") == "default"
     tables = None if default else _module_tables(rotary, model.get_input_embeddings().weight)
-    return RowDecoder(lib, rowgemm.isa(isa_cap), model.config, model_weights(model), tables,
-                      quantize=quantization(model) if quantize is None else quantize)
-
-
-def as_tensor(logits: Any) -> torch.Tensor:
-    """The row decoder's logits (bf16 bits) as a bf16 tensor (no copy)."""
-    return torch.from_numpy(logits).view(torch.bfloat16)
+    return RowDecoder(lib, rowgemm.isa(isa_cap), model.config, model_weights(model), tables, quantize=quantize)

@@ -1,7 +1,7 @@
 """The layout arithmetic of row-exact attention calls, without torch: key padding, query
 slots per token, and a verify tree's chains. rowcalls.py builds the calls from it; the
 cost model (controller.py), the KV cache and the row decoder's row plan use it too, in
-processes that never import torch (codespec/direct).
+processes that never import torch (the torch-free load, direct.py).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def chains(tree: Any) -> list[tuple[int, int]]:
     predecessor's child. Depth-first order makes every chain consecutive; the first is
     the main path, each other one starts at a node that is not its parent's first child.
 
-    >>> from codespec.tree import VerifyTree
+    >>> from codespec.policy.tree import VerifyTree
     >>> chains(VerifyTree((9, 1, 2, 3, 4, 5), (-1, 0, 1, 0, 3, 1), (0, 1, 2, 1, 2, 2), ()))
     [(0, 3), (3, 5), (5, 6)]
     """

@@ -7,6 +7,7 @@ Two things cost seconds to learn and come out the same on every start on one mac
   calls; 0.2 s);
 * the verify-pass timings the goodput controller's cost model starts from
   (`Engine.calibrate`: 43 passes, ~10 s).
+Each backend (base.py) builds its own key: `torch_key` or `rows_key`.
 
 Done inside a request, they made speculation slower than plain decoding in every
 fresh `codespec generate` process (issue 16). So they are stored per machine and
@@ -48,7 +49,7 @@ KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "
 SHAPE_FIELDS = ("architectures", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings", "max_position_embeddings")
 
-log = logging.getLogger("codespec.calibration")
+log = logging.getLogger("codespec.forward.profile")
 
 
 @dataclass
@@ -76,16 +77,17 @@ class Profile:
                    bool(data["padded_rows"]), timings, float(data["created"]))
 
 
-def profile_key(model: Any) -> dict[str, str]:
-    """Everything a stored profile must have been measured under to be reused: the
-    model's device and dtype, torch's thread count now, and the machine."""
+def torch_key(model: Any, backend: str) -> dict[str, str]:
+    """The key of transformers' forward (`backend`: "transformers" or "masked"): the model's
+    device and dtype, torch's thread count now, the kernel layout the probes depend on,
+    and the machine."""
     import torch
     import transformers
 
-    from codespec import decoder, rowblocks, rowcalls
+    from codespec.forward import rowblocks, rowcalls
 
-    param = next(model.parameters())
-    device, dtype, threads = param.device, param.dtype, torch.get_num_threads()
+    embed = model.get_input_embeddings().weight  # never a packed (meta) copy
+    device, dtype, threads = embed.device, embed.dtype, torch.get_num_threads()
     config = model.config
     dtype_name = str(dtype).removeprefix("torch.")
     source = Path(str(getattr(config, "_name_or_path", "") or getattr(model, "name_or_path", "")))
@@ -94,7 +96,7 @@ def profile_key(model: Any) -> dict[str, str]:
     key = _key(config, str(source), dtype_name, device, threads,
                f"key_block={rowcalls.KEY_BLOCK},q_block={rowcalls.Q_BLOCK},q_split={rowcalls.Q_SPLIT_LIMIT},"
                f"max_block={rowblocks.MAX_BLOCK},linear={rowblocks.linear_kernel(dtype, device)},"
-               f"forward={decoder.forward_kind(model)},lm={_lm_head()},quantize={decoder.quantization(model)}")
+               f"forward={backend}")
     key.update(torch=torch.__version__, torch_build=_digest(torch.__config__.show()),
                transformers=transformers.__version__)
     if str(device).startswith("cpu"):
@@ -102,12 +104,13 @@ def profile_key(model: Any) -> dict[str, str]:
     return key
 
 
-def direct_profile_key(config: Any, source: str, threads: int, quantize: str = "none") -> dict[str, str]:
-    """The key of the torch-free path (codespec/direct): the same C forward as
-    transformers' path with the row decoder, measured apart (no torch, its own threads)."""
-    from codespec import rowplan
+def rows_key(config: Any, source: str, threads: int, quantize: str = "none") -> dict[str, str]:
+    """The key of the C row decoder (rows.py): the same whichever way its weights were
+    loaded (safetensors or a transformers model: the same bits and the same kernels)."""
+    from codespec.forward import rowplan
 
-    return _key(config, source, "bfloat16", "cpu", threads, f"key_block={rowplan.KEY_BLOCK},forward=rowdecoder,path=direct,lm={_lm_head()},quantize={quantize}")
+    return _key(config, source, "bfloat16", "cpu", threads,
+                f"key_block={rowplan.KEY_BLOCK},forward=rowdecoder,lm={_lm_head()},quantize={quantize}")
 
 
 def _lm_head() -> str:

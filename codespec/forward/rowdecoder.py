@@ -2,13 +2,13 @@
 
 `RowDecoder` runs a Qwen2/Llama decoder stack (weights packed for rowgemm, given as
 pointers) over rows of tokens in one C call: prefill chunks, decode steps and verify
-passes alike, each row computed alone (decoder.py says why that makes speculation
-lossless by construction). It takes and returns numpy arrays (bf16 as uint16), so the
-same object serves transformers' model (decoder.py hands it the model's packed weights)
-and the torch-free path of a fresh CLI process (codespec/direct), and both compute the same
-bits: same weights, same rotary tables (`rotary_tables`), same C code.
+passes alike, each row computed alone, so a verify pass's rows equal the decode steps
+they stand for by construction (rows.py, the backend over it). It takes and returns
+numpy arrays (bf16 as uint16). Its weights come from the safetensors files (weights.py:
+no torch) or from a transformers model (hf_weights.py); either way the same packed
+stripes, rotary tables (`rotary_tables`) and C code give the same bits.
 
-    rows, path = plan_rows([(slot, length, tree)])       # a verify pass
+    rows, path = plan_rows([(slot, length, tree)])       # a verify pass (rows.py)
     logits = decoder.forward(tree.tokens, rows, path, slots)  # uint16 [rows, vocab]
     rows, path = prefill_rows(slot, 0, len(prompt))       # a prefill chunk
     last = decoder.forward(prompt, rows, path, slots, logits_from=len(prompt) - 1)
@@ -17,21 +17,16 @@ bits: same weights, same rotary tables (`rotary_tables`), same C code.
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
-from codespec import rowplan
-from codespec.errors import SettingError
 from codespec.kernels import int8, lmchoice
 from codespec.kernels.rowgemm import STRIPE
-from codespec.kvcache import kv_dims
+from codespec.forward.base import kv_dims
 
 FAMILIES = ("qwen2", "llama")
-FORWARD_CHOICES = ("rowdecoder", "transformers")  # CODESPEC_FORWARD
-LINEAR_CHOICES = ("rowgemm", "onednn", "torch")  # CODESPEC_LINEAR: force one (rowgemm only where it runs)
 LAYER_FIELDS = ("norm_in", "qkv", "qkv_bias", "o", "o_bias", "norm_post", "gate_up", "down")
 PRODUCTS = ("qkv", "o", "gate_up", "down")  # a layer's matrices: bf16 stripes, or their int8 form
 
@@ -55,22 +50,6 @@ class _Pass(ctypes.Structure):
                 *((name, _pointer) for name in ("slot", "write", "position", "context", "path_start", "path_len",
                                                 "path", "keys", "values")),
                 ("capacity", _size), ("logits_from", _size)]
-
-
-def wanted() -> bool:
-    """Whether CODESPEC_FORWARD allows the row decoder (a typo is an error, not a silent default)."""
-    choice = os.environ.get("CODESPEC_FORWARD", "")
-    if choice and choice not in FORWARD_CHOICES:
-        raise SettingError(f"CODESPEC_FORWARD={choice!r}: expected one of {', '.join(FORWARD_CHOICES)}")
-    return choice != "transformers"
-
-
-def linear_wanted() -> str:
-    """CODESPEC_LINEAR's choice ("" when unset; a typo is an error). rowblocks.py applies it."""
-    wanted = os.environ.get("CODESPEC_LINEAR", "")
-    if wanted and wanted not in LINEAR_CHOICES:
-        raise SettingError(f"CODESPEC_LINEAR={wanted!r}: expected one of {', '.join(LINEAR_CHOICES)}")
-    return wanted
 
 
 def _rope(config: Any) -> dict[str, Any]:
@@ -293,30 +272,6 @@ class RowDecoder:
                                               self._scores.ctypes.data, picked.ctypes.data, self.kept.ctypes.data)
         assert status == 0, "a row without keys, a position past the rotary tables, or no memory"
         return picked
-
-
-def plan_rows(requests: Sequence[tuple[int, int, Any]]) -> tuple[np.ndarray, np.ndarray]:
-    """(rows [6, n], path) for `RowDecoder.forward` from (slot, slot length, tree) per
-    request, in packing order: node i is written at length + i, rotated at length +
-    depth; main-path rows see the slot's prefix, the others the context and their path.
-
-    >>> from codespec.tree import VerifyTree
-    >>> rows, path = plan_rows([(3, 10, VerifyTree((9, 1, 2, 5), (-1, 0, 1, 0), (0, 1, 2, 1), ()))])
-    >>> rows.tolist(), path.tolist()
-    ([[3, 3, 3, 3], [10, 11, 12, 13], [10, 11, 12, 11], [11, 12, 13, 10], [0, 0, 0, 0], [0, 0, 0, 2]], [10, 13])
-    """
-    columns: list[list[int]] = [[] for _ in range(6)]
-    path: list[int] = []
-    for slot, start, tree in requests:
-        _, main = rowplan.chains(tree)[0]  # the main path: nodes [0, main)
-        for node in range(len(tree)):
-            on_main = node < main
-            nodes = [] if on_main else tree.path(node)
-            for column, value in zip(columns, (slot, start + node, start + tree.depths[node],
-                                               start + node + 1 if on_main else start, len(path), len(nodes))):
-                column.append(value)
-            path.extend(start + n for n in nodes)
-    return np.array(columns, dtype=np.int64).reshape(6, -1), np.array(path, dtype=np.int64)
 
 
 def prefill_rows(slot: int, begin: int, end: int) -> tuple[np.ndarray, np.ndarray]:

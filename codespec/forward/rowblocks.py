@@ -48,7 +48,7 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 
-from codespec import rowforward
+from codespec.forward.select import linear_wanted
 
 MAX_BLOCK = 64  # probed up to here: beyond it a pass is blocked anyway
 MIN_BLOCK = 3  # the smallest block that splits every pass without a lone row
@@ -84,7 +84,7 @@ def linear_kernel(dtype: torch.dtype, device: torch.device | str) -> str:
     "rowgemm" (CPU, bfloat16, AVX-512 BF16 and a C compiler: kernels/rowgemm.py, exact
     by construction), else "onednn-packed" (CPU, bfloat16, oneDNN present), else
     "torch" (`F.linear`). `CODESPEC_LINEAR=onednn` or `=torch` picks a fallback."""
-    wanted = rowforward.linear_wanted()
+    wanted = linear_wanted()
     if torch.device(device).type != "cpu" or dtype != torch.bfloat16 or wanted == "torch":
         return "torch"
     if wanted in ("", "rowgemm"):

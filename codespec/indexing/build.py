@@ -25,7 +25,7 @@ from tqdm import tqdm
 from codespec.index import IndexFileError, StaticIndex
 from codespec.index import store
 from codespec.prompts import encode_texts
-from codespec.repo import WalkReport, read_text, walk_repository
+from codespec.indexing.walk import WalkReport, read_text, walk_repository
 
 _BATCH_FILES = 64
 
@@ -61,7 +61,7 @@ def tokenizer_fingerprint(tokenizer: Any, cache_dir: Path | str | None = None) -
 
     Computing it takes ~0.7 s for a 150k vocabulary (sorting and serialising it), which a
     fresh `codespec generate --index` paid on every run. With `cache_dir`, a tokenizer
-    that names the files it was read from (`source_files`: the direct path's) has its
+    that names the files it was read from (`source_files`: the torch-free tokenizer's) has its
     fingerprint kept in `<cache_dir>/fingerprints/`, keyed by those files' paths, sizes
     and modification times, and read back in a millisecond."""
     files = getattr(tokenizer, "source_files", None)

@@ -36,9 +36,9 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
 
-from codespec import rowplan
+from codespec.forward import rowplan
 from codespec.index import Draft
-from codespec.tree import VerifyTree
+from codespec.policy.tree import VerifyTree
 
 DraftPolicy = Literal["chain", "tree", "goodput"]
 POLICIES: tuple[str, ...] = ("chain", "tree", "goodput")
@@ -146,7 +146,7 @@ class CostModel:
     two and cost what two cost (`min_rows`; the row decoder runs them as one).
 
     Until it is calibrated (`measure`, or timings stored by an earlier process:
-    calibration.py) or has seen enough passes to tell a fixed cost from a per-row one
+    forward/profile.py) or has seen enough passes to tell a fixed cost from a per-row one
     (`ready`), the engine does not ask it: drafts follow the chain policy's prior, k
     tokens for a k-token match."""
 

@@ -1,0 +1,92 @@
+"""The verifier: chunked prefill, and verify passes over many requests' draft trees at once.
+
+State between passes: a request's KV slot holds every committed token except the last
+one, the *pending* token, whose KV the next pass computes. A pass feeds each request's
+pending token (node 0) and its draft tree (nodes 1..) at positions L + depth, where L
+is the slot's length; logits row i is the model's distribution after node i, so the
+rows of a node's children check them:
+
+    chain    pending  d0   d1   d2          model's choices  a0 a1 a2 a3
+    accepted while d_i == a_i; the bonus is a_j at the first mismatch j (or a_k)
+
+With draft [d0, d1, d2] and choices [d0, d1, x, y] the pass accepts 2 draft tokens and
+commits [d0, d1, x]; x becomes the new pending token. The KV of pending, d0 and d1 is
+kept (for a tree, the accepted path is compacted to follow the context); the rest is
+left past the slot's length, to be overwritten.
+
+An empty draft makes the pass a plain decode step: speculation off runs the same code.
+The pass itself is the backend's (forward/base.py: every row equals the decode step it
+stands for), chosen once at start-up; this module is the same for all of them. Greedy
+acceptance is one rule for every backend: `accept_choices` over each row's first
+maximum, which the row decoder finds through lm_head's int8 screen.
+
+    verifier = Verifier(forward, cache)
+    logits = verifier.prefill(slot, prompt_ids)
+    results = verifier.verify([Item(slot, VerifyTree.chain(first, draft))])
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from codespec.engine.kvcache import SlotCache
+from codespec.forward.base import Forward
+from codespec.policy.tree import Accept, Item, VerifyResult, VerifyTree, accept_choices  # noqa: F401 (Accept: re-exported)
+
+
+class Verifier:
+    """Prefill and verify passes of one backend over the KV slots."""
+
+    def __init__(self, forward: Forward, cache: SlotCache, probes: tuple[int, bool] | None = None) -> None:
+        """`probes`: the stored (row block, padded attention) of this machine's profile; the
+        backend measures them when none is given and it needs them."""
+        self.forward, self.cache = forward, cache
+        self.device = forward.device
+        self.row_block, self.padded_rows = forward.probe(probes)
+
+    def prefill(self, slot: int, prompt_ids: Sequence[int], start: int = 0) -> Any:
+        """Compute the KV of prompt_ids[start:] in chunks on the absolute chunk grid;
+        returns the logits after the prompt's last token: [1, vocab]."""
+        prompt = list(prompt_ids)
+        assert 0 <= start < len(prompt) <= self.cache.slot_tokens
+        assert start % self.cache.chunk == 0, "a prefill resumes on the chunk grid"
+        logits = self.forward.prefill(self.cache, slot, prompt, start)
+        self.cache.prefilled(slot, prompt)
+        return logits
+
+    def first_token(self, logits: Any, accept: Accept | None = None) -> int:
+        """The token after a prefill (the last row of `logits`): the greedy choice, or the
+        one `accept` (a sampling rule) draws."""
+        if accept is None:
+            return self.forward.argmax(logits[-1:])[0]
+        return accept(self.forward.tensor(logits[-1:]), VerifyTree.chain(0)).committed[0]
+
+    def verify(self, items: Sequence[Item]) -> list[VerifyResult]:
+        """One pass over every item's tree; accepts, compacts and commits each."""
+        requests = []
+        for item in items:
+            start = self.cache.length(item.slot)
+            assert start + len(item.tree) < self.cache.slot_tokens, "the engine keeps room for a pass"
+            requests.append((item.slot, start, item.tree))
+        offsets = [0]
+        for item in items:
+            offsets.append(offsets[-1] + len(item.tree))
+        if all(item.accept is None for item in items):  # greedy needs the choices alone
+            picked = self.forward.choices(self.cache, requests)
+            results = [accept_choices(picked[first:end], item.tree)
+                       for item, first, end in zip(items, offsets, offsets[1:])]
+        else:
+            logits = self.forward.logits(self.cache, requests)
+            results = [accept_choices(self.forward.argmax(logits[first:end]), item.tree) if item.accept is None
+                       else item.accept(self.forward.tensor(logits[first:end]), item.tree)
+                       for item, first, end in zip(items, offsets, offsets[1:])]
+        self._commit(items, results)
+        return results
+
+    def _commit(self, items: Sequence[Item], results: Sequence[VerifyResult]) -> None:
+        moves = [(item.slot, self.cache.length(item.slot), result.path) for item, result in zip(items, results)
+                 if any(node != j + 1 for j, node in enumerate(result.path))]  # a branch won
+        if moves:
+            self.forward.keep(self.cache, moves)
+        for item, result in zip(items, results):
+            self.cache.committed(item.slot, [item.tree.tokens[0], *(item.tree.tokens[i] for i in result.path)])

@@ -1,0 +1,161 @@
+"""The one place that decides which backend (base.py) runs a model's passes.
+
+At start-up, once per process, from the machine, the model and two settings:
+
+1. `CODESPEC_FORWARD` ("": the fastest that applies; `rowdecoder`, `transformers` or
+   `masked`: that one) and `CODESPEC_LINEAR` (transformers' linear kernel: `rowgemm`,
+   `onednn` or `torch`; anything but rowgemm rules the row decoder out).
+2. The torch-free load (direct.py) where the C row decoder serves the model from its
+   files: CPU with AVX-512 BF16, bfloat16, Qwen2/Llama, default rotary embedding,
+   weights stored in bfloat16. No torch or transformers import: a fast start and one
+   copy of the weights. `CODESPEC_FORWARD=rowdecoder` also takes it on a CPU without
+   AVX-512 BF16, with the C forward's portable code (exact, slow: for checks).
+3. Else transformers loads the model, and the row decoder runs over its weights where
+   it knows the layers and the linear layers are rowgemm's (hf_weights.py).
+4. Else transformers' own forward, row-exact (transformers.py), or `masked` when asked.
+
+The choice and its reason (why each faster backend did not apply) travel with the
+loaded model: `codespec model info --json` shows them, `generate --json` names the
+backend.
+
+    loaded = load(settings)                # Loaded: forward, tokenizer, backend, reason
+    forward = of_model(hf_model)           # a transformers model already in hand (tests, bench)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from codespec.errors import ModelError, SettingError
+from codespec.forward import direct
+from codespec.forward.base import Forward
+from codespec.settings import Settings
+
+FORWARD_CHOICES = ("rowdecoder", "transformers", "masked")  # CODESPEC_FORWARD
+LINEAR_CHOICES = ("rowgemm", "onednn", "torch")  # CODESPEC_LINEAR: force one (rowgemm only where it runs)
+FASTEST = "the fastest backend that applies"
+
+
+def forward_wanted() -> str:
+    """CODESPEC_FORWARD's choice ("" when unset; a typo is an error, not a silent default)."""
+    choice = os.environ.get("CODESPEC_FORWARD", "")
+    if choice and choice not in FORWARD_CHOICES:
+        raise SettingError(f"CODESPEC_FORWARD={choice!r}: expected one of {', '.join(FORWARD_CHOICES)}")
+    return choice
+
+
+def linear_wanted() -> str:
+    """CODESPEC_LINEAR's choice ("" when unset; a typo is an error). rowblocks.py applies it."""
+    choice = os.environ.get("CODESPEC_LINEAR", "")
+    if choice and choice not in LINEAR_CHOICES:
+        raise SettingError(f"CODESPEC_LINEAR={choice!r}: expected one of {', '.join(LINEAR_CHOICES)}")
+    return choice
+
+
+@dataclass
+class Loaded:
+    """A model ready for the engine: its backend, tokenizer, and the facts `model info` reports."""
+
+    name: str
+    path: str
+    forward: Forward
+    tokenizer: Any  # transformers' tokenizer, or forward/tokenizer.py's (torch-free)
+    weights: str  # the directory the weights came from (a serving-dtype copy, or path)
+    reason: str  # why this backend: what ruled out each faster one
+    model: Any = None  # transformers' model, where one was loaded (None: torch-free)
+    parameters: int = 0
+
+    @property
+    def backend(self) -> str:
+        return self.forward.name
+
+    @property
+    def torch_free(self) -> bool:
+        return self.model is None
+
+    def info(self) -> dict[str, Any]:
+        config = self.forward.config
+        return {
+            "name": self.name,
+            "path": self.path,
+            "weights": self.weights or self.path,
+            "dtype": str(self.forward.kv_dtype).removeprefix("torch.") if not self.torch_free else "bfloat16",
+            "device": str(self.forward.device),
+            "parameters": self.parameters,
+            "vocab_size": int(config.vocab_size),
+            "max_context": int(getattr(config, "max_position_embeddings", 0) or 0),
+            "forward": {"backend": self.backend, "torch_free": self.torch_free, "exact": self.forward.exact,
+                        "reason": self.reason},
+        }
+
+
+def load(settings: Settings, *, progress: bool = True, transformers: bool = False) -> Loaded:
+    """Resolve and load the model `settings.model` names on the backend this machine runs
+    best (module docstring). `transformers=True`: load transformers' model even where the
+    torch-free load applies (the benchmark's peers run on it); the row decoder still runs
+    the passes over its weights."""
+    from codespec.kernels import native
+    from codespec.models.loading import resolve_model_path
+
+    native.use_cache_dir(settings.cache_dir)  # where the C kernels are built, beside the models
+    wanted, linear = forward_wanted(), linear_wanted()
+    name, path = resolve_model_path(settings.model, settings, progress=progress)
+    refused = _torch_free_refused(path, settings, wanted, linear)
+    if refused is None and not transformers:
+        forward, tokenizer, weights = direct.load(path, settings, portable=wanted == "rowdecoder")
+        return Loaded(name, path, forward, tokenizer, str(weights), FASTEST + " (torch-free)",
+                      parameters=forward.decoder.weights.parameters)
+    from codespec.models.loading import load_transformers
+
+    model, tokenizer, weights = load_transformers(settings, name, path)
+    forward, why_not_rows = _for_model(model, wanted, settings.quantize)
+    if forward.name == "rowdecoder":
+        reason = f"{FASTEST} with transformers' weights: {refused or 'transformers was asked for (bench)'}"
+    elif wanted:
+        reason = f"CODESPEC_FORWARD={wanted}"
+    elif linear not in ("", "rowgemm"):
+        reason = f"CODESPEC_LINEAR={linear}"
+    else:
+        reason = f"the row decoder does not serve it here: {why_not_rows}"
+    parameters = sum(p.numel() for p in model.parameters())
+    return Loaded(name, path, forward, tokenizer, weights, reason, model=model, parameters=parameters)
+
+
+def _torch_free_refused(path: str, settings: Settings, wanted: str, linear: str) -> str | None:
+    """Why the torch-free load cannot serve the model (None: it can)."""
+    if wanted in ("transformers", "masked"):
+        return f"CODESPEC_FORWARD={wanted}"
+    if linear not in ("", "rowgemm"):
+        return f"CODESPEC_LINEAR={linear}"
+    if not Path(path).is_dir():
+        return "a hub id: transformers resolves it"
+    return direct.unsupported(path, settings, portable=wanted == "rowdecoder")
+
+
+def _for_model(model: Any, wanted: str, quantize: str) -> tuple[Forward, str | None]:
+    """The backend for a transformers model, and why the row decoder does not serve it."""
+    from codespec.forward import hf_weights
+
+    why = "CODESPEC_FORWARD=" + wanted if wanted in ("transformers", "masked") else hf_weights.unsupported(model)
+    if quantize != "none" and why is not None:
+        raise ModelError(f"--quantize {quantize} runs on the C row decoder (CPU with AVX-512 BF16, bf16 "
+                         f"Qwen2/Llama), which does not serve this model here: {why}")
+    if wanted == "rowdecoder" and why is not None:
+        raise ModelError(f"CODESPEC_FORWARD=rowdecoder: the row decoder does not serve this model here: {why}")
+    return of_model(model, backend=wanted, quantize=quantize), why
+
+
+def of_model(model: Any, *, backend: str = "", quantize: str = "none", screen: bool = True) -> Forward:
+    """The backend for a transformers model already loaded: `backend` "" is the row decoder
+    where it serves the model (hf_weights.unsupported), else transformers' row-exact
+    forward; "rowdecoder", "transformers" or "masked" pick one. `screen=False`: greedy
+    passes on the row decoder compute full logits (tests that compare the two)."""
+    from codespec.forward import hf_weights
+    from codespec.forward.transformers import TorchForward
+
+    if backend == "rowdecoder" or (backend == "" and hf_weights.unsupported(model) is None):
+        return hf_weights.row_forward(model, quantize=quantize, screen=screen)
+    return TorchForward(model, exact=backend != "masked")

@@ -1,0 +1,174 @@
+"""The `transformers` and `masked` backends: transformers' own forward over the KV slots.
+
+Every model transformers loads runs here, on every device: CPUs without AVX-512 BF16,
+models the row decoder does not know, CUDA. The model's attention layers read and write
+the slots through attention.py (a `Plan` per pass says where each row's KV goes and
+which keys it attends to).
+
+`transformers` keeps the exactness contract (base.py) by layout: each row attends in a
+call whose kernel shapes do not depend on the rest of the pass (rowcalls.py), and the
+linear layers multiply in row blocks within one kernel regime (rowblocks.py). Both are
+probed per machine (`probe`); the probes' results live in the machine profile. A lone
+row would take bf16's GEMV kernel (another summation order), so a one-row pass is
+padded to two rows (`min_rows`).
+
+`masked` (CODESPEC_FORWARD=masked) runs each request's rows in one attention call with
+an additive tree mask (kernels/tree_mask.py): fewer, larger calls, but a row's bits may
+differ from its decode step's in the last place, so greedy output may differ at a
+near-tie. It is there for devices whose kernels are not batch-invariant anyway.
+
+    forward = TorchForward(model, exact=True)
+    forward.probe(None)                       # -> (row block, padded attention), measured
+    logits = forward.prefill(cache, slot, prompt, 0)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from codespec.errors import ModelError
+from codespec.forward import attention, profile, rowblocks, rowcalls
+from codespec.forward.base import Moves, Requests, kv_dims
+from codespec.kernels.compact import compact_kv
+from codespec.kernels.tree_mask import tree_mask
+
+
+class TorchForward:
+    """transformers' forward behind the Forward protocol (module docstring)."""
+
+    min_rows = 2
+
+    def __init__(self, model: Any, *, exact: bool = True, padded: bool | None = None) -> None:
+        """`padded=False`: one lean attention call per row whatever the probe finds (the
+        fallback where padded calls are not row-exact; tests run both)."""
+        if attention.uses_sliding_window(model.config):
+            raise ModelError("models with sliding-window attention are not supported")
+        self.model, self.exact = model, exact
+        self.name = "transformers" if exact else "masked"
+        self.config, self.generation_config = model.config, getattr(model, "generation_config", None)
+        embed = model.get_input_embeddings().weight
+        self.device, self.kv_dtype = embed.device, embed.dtype
+        attention.install(model)
+        rowblocks.install(model)
+        _, kv_heads, self.head_dim = kv_dims(model.config)
+        self.kv_heads = kv_heads
+        self.query_group = model.config.num_attention_heads // kv_heads
+        self.row_block, self.padded_rows = 0, False
+        self._padded = padded
+        # A 4D mask makes transformers skip building one; slot_attention ignores it.
+        self._no_mask = torch.zeros(1, 1, 1, 1, dtype=self.kv_dtype, device=self.device)
+
+    def probe(self, stored: tuple[int, bool] | None) -> tuple[int, bool]:
+        if not self.exact:
+            return 0, False
+        if stored is not None and stored[0]:
+            self.row_block, self.padded_rows = stored
+        else:  # ~6 s on the default model: rowblocks multiplies lm_head 126 times
+            self.row_block = rowblocks.probe(self.model)
+            self.padded_rows = rowcalls.probe(self.kv_dtype, self.device, self.kv_heads, self.query_group,
+                                              self.head_dim)
+        if self._padded is not None:
+            self.padded_rows = self.padded_rows and self._padded
+        return self.row_block, self.padded_rows
+
+    def profile_key(self) -> dict[str, str]:
+        return profile.torch_key(self.model, self.name)
+
+    def _forward(self, cache: Any, ids: list[int], positions: list[int], plan: attention.Plan,
+                 **kwargs: Any) -> torch.Tensor:
+        cache.plan = plan
+        try:
+            out = self.model(
+                input_ids=torch.tensor([ids], device=self.device),
+                position_ids=torch.tensor([positions], device=self.device),
+                attention_mask=self._no_mask,
+                past_key_values=cache,
+                use_cache=True,
+                **{attention.PLAN_KEY: plan},
+                **kwargs,
+            )
+        finally:
+            cache.plan = None
+        return out.logits[0]
+
+    @torch.inference_mode()
+    def prefill(self, cache: Any, slot: int, prompt: Sequence[int], start: int) -> torch.Tensor:
+        logits = None
+        for begin in range(start, len(prompt), cache.chunk):
+            end = min(begin + cache.chunk, len(prompt))
+            rows = torch.arange(begin, end, device=self.device)
+            causal = torch.arange(end, device=self.device)[None, :] <= rows[:, None]  # [rows, end]
+            plan = attention.Plan(cache, write_slots=torch.full((end - begin,), slot, device=self.device),
+                                  write_positions=rows, prefill=(slot, begin, end - begin), prefill_mask=causal)
+            # logits_to_keep=1: a chunk's full [rows, vocab] logits would be ~40 MB we never read
+            logits = self._forward(cache, list(prompt[begin:end]), rows.tolist(), plan, logits_to_keep=1)
+        assert logits is not None, "nothing to prefill"
+        return logits[-1:]
+
+    @torch.inference_mode()
+    def logits(self, cache: Any, requests: Requests) -> torch.Tensor:
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        writes: list[int] = []
+        for slot, start, tree in requests:
+            ids.extend(tree.tokens)
+            positions.extend(start + d for d in tree.depths)
+            slots.extend([slot] * len(tree))
+            writes.extend(start + i for i in range(len(tree)))
+        real = len(ids)
+        if real == 1:
+            # A lone row would take bf16's GEMV kernel (another summation order than the
+            # GEMM every other pass uses): pad with a copy whose output is discarded.
+            ids, slots = ids * 2, slots * 2
+            positions, writes = [positions[0], positions[0] + 1], [writes[0], writes[0] + 1]
+        write_slots = torch.tensor(slots, device=self.device)
+        write_positions = torch.tensor(writes, device=self.device)
+        if not self.exact:
+            plan = attention.Plan(cache, write_slots, write_positions, groups=self._groups(requests))
+            return self._forward(cache, ids, positions, plan)[:real]
+        calls = rowcalls.plan_calls(requests, padded=self.padded_rows, group=self.query_group, dtype=self.kv_dtype,
+                                    device=self.device)
+        plan = attention.Plan(cache, write_slots, write_positions, calls=calls)
+        with rowblocks.blocked(self.row_block):  # multiply like a decode step (rowblocks.py)
+            return self._forward(cache, ids, positions, plan)[:real]
+
+    def _groups(self, requests: Requests) -> tuple[attention.Group, ...]:
+        """One masked attention call per request: its context, then its tree's ancestors."""
+        device = self.device
+        width = max(len(tree) for _, _, tree in requests)
+        parents = torch.tensor([list(tree.parents) + [-1] * (width - len(tree)) for _, _, tree in requests],
+                               device=device)
+        allow = tree_mask(parents, torch.tensor([len(tree) for _, _, tree in requests], device=device))
+        groups, first = [], 0
+        blocked = torch.finfo(self.kv_dtype).min
+        for (slot, start, tree), tree_allow in zip(requests, allow):
+            n = len(tree)
+            mask = torch.zeros(n, start + n, dtype=self.kv_dtype, device=device)
+            mask[:, start:] = mask.new_zeros(n, n).masked_fill(~tree_allow[:n, :n], blocked)
+            groups.append(attention.Group(slot, start, first, n, mask))
+            first += n
+        return tuple(groups)
+
+    def choices(self, cache: Any, requests: Requests) -> list[int]:
+        return self.argmax(self.logits(cache, requests))
+
+    def argmax(self, logits: torch.Tensor) -> list[int]:
+        # max().indices is torch.argmax's first-maximum rule at a third of its CPU cost
+        return logits.max(dim=-1).indices.tolist()
+
+    def tensor(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits
+
+    def keep(self, cache: Any, moves: Moves) -> None:
+        device = self.device
+        width = 1 + max(len(path) for _, _, path in moves)
+        src = torch.tensor([[0, *path] + [-1] * (width - 1 - len(path)) for _, _, path in moves], device=device)
+        slots = torch.tensor([slot for slot, _, _ in moves], device=device)
+        starts = torch.tensor([start for _, start, _ in moves], device=device)
+        keep = torch.tensor([1 + len(path) for _, _, path in moves], device=device)
+        for layer_keys, layer_values in zip(cache.keys, cache.values):
+            compact_kv(layer_keys, slots, starts, src, keep)
+            compact_kv(layer_values, slots, starts, src, keep)

@@ -1,0 +1,6 @@
+"""Draft policy: what to propose and how much of it to verify.
+
+    proposer.py    drafts from the request's context, the suffix index and copy anchors
+    controller.py  the goodput controller: each request's draft budget and source
+    tree.py        a request's rows in one verify pass (VerifyTree) and greedy acceptance
+"""
