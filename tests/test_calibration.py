@@ -1,4 +1,4 @@
-"""The machine profile (calibration.py): stored once per machine and setting, read by
+"""The machine profile (forward/profile.py): stored once per machine and setting, read by
 every later engine; a request never waits for probes or calibration passes."""
 
 from __future__ import annotations
@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from codespec import calibration, controller, rowblocks, rowcalls
+from codespec.forward import profile as calibration
+from codespec.forward import rowblocks, rowcalls
+from codespec.policy import controller
 from codespec.engine import Engine, GenerationConfig
 from codespec.engine.kvcache import SlotCache
 from codespec.models.tiny import tiny_model

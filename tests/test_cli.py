@@ -70,13 +70,12 @@ def test_quantize_where_the_row_decoder_does_not_run_is_one_clear_line(monkeypat
     import torch
 
     from codespec.errors import ModelError
-    from codespec.models.loading import _quantize
+    from codespec.forward.select import _for_model
     from codespec.models.tiny import tiny_model
 
     model = tiny_model("qwen2", vocab_size=16, dtype=torch.float32, hidden_size=256, num_attention_heads=4,
                        num_key_value_heads=2, intermediate_size=192)
     with pytest.raises(ModelError, match="--quantize int8 runs on the C row decoder.*linear kernel 'torch'"):
-        _quantize(model, "int8")
-    monkeypatch.setenv("CODESPEC_FORWARD", "transformers")
+        _for_model(model, "", "int8")
     with pytest.raises(ModelError, match="CODESPEC_FORWARD=transformers"):
-        _quantize(model, "int8")
+        _for_model(model, "transformers", "int8")

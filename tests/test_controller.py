@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from codespec import controller
+from codespec.policy import controller
 from codespec.index import Draft
 
 COST = controller.CostModel.of({2: 0.024, 40: 0.1})  # 20 ms + 2 ms per row

@@ -1,4 +1,4 @@
-"""The row decoder (decoder.py, kernels/rowdecoder.c): every row of a pass gets the bits
+"""The rowdecoder backend (forward/rows.py, kernels/rowdecoder.c): every row of a pass gets the bits
 of the decode step it stands for, and the layers compute what transformers' do.
 
 Tiny bf16 models run wherever the kernels build: their linear layers are put on
@@ -12,8 +12,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from codespec import decoder, rowblocks, rowforward
+from codespec.forward import hf_weights, rowblocks, select
+from codespec.forward.rows import plan_rows
 from codespec.engine import Engine, GenerationConfig
+from codespec.errors import ModelError
 from codespec.kernels import rowgemm
 from codespec.engine.kvcache import SlotCache
 from codespec.models.tiny import tiny_model
@@ -21,6 +23,11 @@ from codespec.policy.proposer import PromptLookupProposer
 from codespec.policy.tree import VerifyTree
 from codespec.engine.verifier import Verifier
 from codespec.forward import of_model
+
+def as_tensor(logits):
+    """The row decoder's logits (bf16 bits) as a bf16 tensor."""
+    return torch.from_numpy(logits).view(torch.bfloat16)
+
 
 pytestmark = pytest.mark.skipif(rowgemm.library() is None, reason=f"no kernel build: {rowgemm.unavailable()}")
 
@@ -47,9 +54,9 @@ def random_ids(count: int, vocab: int, seed: int) -> list[int]:
 def test_every_row_of_a_batched_tree_pass_equals_its_decode_step(arch):
     model = bf16_model(arch)
     cache = SlotCache(model.config, slots=4, slot_tokens=1100, dtype=torch.bfloat16, chunk=16)
-    verifier = Verifier(model, cache)
-    assert verifier.decoder is not None and verifier.row_block == 0
-    rowdecoder = verifier.decoder
+    verifier = Verifier(of_model(model), cache)
+    assert verifier.forward.decoder is not None and verifier.row_block == 0
+    rowdecoder = verifier.forward.decoder
     prompt, other = random_ids(1030, 256, 1), random_ids(40, 256, 2)  # past the first 1024 rotary positions
     tokens = (5, 6, 7, 8, 9, 10, 11, 12)  # main path 0-4, a branch off node 1 (5, 6), one off node 3 (7)
     tree = VerifyTree(tokens, (-1, 0, 1, 2, 3, 1, 5, 3), (0, 1, 2, 3, 4, 2, 3, 4), tuple(range(7)))
@@ -59,16 +66,16 @@ def test_every_row_of_a_batched_tree_pass_equals_its_decode_step(arch):
     verifier.prefill(main_slot, prompt[:-1])
     verifier.prefill(side_slot, other[:-1])
     requests = [(side_slot, cache.length(side_slot), side), (main_slot, cache.length(main_slot), tree)]
-    rows, path = rowforward.plan_rows(requests)
-    logits = decoder.as_tensor(rowdecoder.forward([*side.tokens, *tree.tokens], rows, path, verifier._slots))[len(side):]
+    rows, path = plan_rows(requests)
+    logits = as_tensor(rowdecoder.forward([*side.tokens, *tree.tokens], rows, path, verifier.forward._slots(cache)))[len(side):]
     assert rowdecoder.positions > 1030
     for leaf in (4, 6, 7):
         slot, _ = cache.acquire([-1])
         verifier.prefill(slot, prompt[:-1])
         for node in tree.path(leaf):
             start = cache.length(slot)
-            step_rows, step_path = rowforward.plan_rows([(slot, start, VerifyTree.chain(tree.tokens[node]))])
-            step = decoder.as_tensor(rowdecoder.forward([tree.tokens[node]], step_rows, step_path, verifier._slots))
+            step_rows, step_path = plan_rows([(slot, start, VerifyTree.chain(tree.tokens[node]))])
+            step = as_tensor(rowdecoder.forward([tree.tokens[node]], step_rows, step_path, verifier.forward._slots(cache)))
             assert torch.equal(logits[node], step[0]), f"{arch}: node {node} differs from its decode step"
             cache.committed(slot, [tree.tokens[node]])
         cache.release(slot)
@@ -80,13 +87,13 @@ def test_the_layers_compute_what_transformers_computes(arch):
     function: bf16 logits within bf16 noise of transformers' forward."""
     model = bf16_model(arch, seed=4)
     cache = SlotCache(model.config, slots=1, slot_tokens=256, dtype=torch.bfloat16)
-    verifier = Verifier(model, cache)
+    verifier = Verifier(of_model(model), cache)
     prompt = random_ids(60, 256, 3)
     slot, _ = cache.acquire(prompt)
     verifier.prefill(slot, prompt[:-1])
     draft = random_ids(6, 256, 4)
-    rows, path = rowforward.plan_rows([(slot, cache.length(slot), VerifyTree.chain(prompt[-1], draft))])
-    ours = decoder.as_tensor(verifier.decoder.forward([prompt[-1], *draft], rows, path, verifier._slots)).float()
+    rows, path = plan_rows([(slot, cache.length(slot), VerifyTree.chain(prompt[-1], draft))])
+    ours = as_tensor(verifier.forward.decoder.forward([prompt[-1], *draft], rows, path, verifier.forward._slots(cache))).float()
     with torch.inference_mode():
         reference = model(input_ids=torch.tensor([prompt + draft])).logits[0, -len(draft) - 1 :].float()
     scale = reference.abs().max()
@@ -101,10 +108,9 @@ def test_speculative_output_equals_plain_output(arch, quantize):
     still row-exact, so speculation stays lossless against plain decoding with the same
     weights."""
     model = bf16_model(arch, vocab=16, seed=3)
-    model.__dict__[decoder.QUANTIZE] = quantize
-    engine = Engine(of_model(model), None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=8, eos_token_ids=[])
-    assert engine.verifier.decoder is not None and engine.cost.min_rows == 1
-    assert engine.verifier.decoder.quantize == quantize and (engine.verifier.decoder.screen is None) == (
+    engine = Engine(of_model(model, quantize=quantize), None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=8, eos_token_ids=[])
+    assert engine.verifier.forward.decoder is not None and engine.cost.min_rows == 1
+    assert engine.verifier.forward.decoder.quantize == quantize and (engine.verifier.forward.decoder.screen is None) == (
         quantize == "int8")
     accepted = 0
     for seed in range(6):
@@ -119,24 +125,26 @@ def test_speculative_output_equals_plain_output(arch, quantize):
 
 def test_models_it_does_not_know_keep_transformers_forward(monkeypatch):
     narrow = bf16_model("qwen2", intermediate_size=200)  # the MLP's columns end mid-stripe
-    assert "stripes" in decoder.unsupported(narrow)
-    assert Verifier(narrow, SlotCache(narrow.config, slots=1, slot_tokens=64, dtype=torch.bfloat16)).decoder is None
-    assert "model type 'gpt2'" in decoder.unsupported_layers(SimpleNamespace(config=SimpleNamespace(model_type="gpt2")))
+    assert "stripes" in hf_weights.unsupported(narrow)
+    assert of_model(narrow).name == "transformers"
+    gpt2 = SimpleNamespace(config=SimpleNamespace(model_type="gpt2"))
+    assert "model type 'gpt2'" in hf_weights.unsupported_layers(gpt2)
     wide = bf16_model("qwen2")
-    assert decoder.forward_kind(wide) == "rowdecoder"
-    monkeypatch.setenv("CODESPEC_FORWARD", "transformers")
-    assert decoder.forward_kind(wide) == "transformers"
-    assert decoder.attach(wide) is None
+    assert of_model(wide).name == "rowdecoder"
+    forward, why = select._for_model(wide, "transformers", "none")  # CODESPEC_FORWARD=transformers
+    assert forward.name == "transformers" and why == "CODESPEC_FORWARD=transformers"
+    with pytest.raises(ModelError, match="--quantize int8 runs on the C row decoder"):
+        select._for_model(narrow, "", "int8")
     monkeypatch.setenv("CODESPEC_FORWARD", "fast")
     with pytest.raises(ValueError, match="CODESPEC_FORWARD"):
-        decoder.wanted()
+        select.forward_wanted()
 
 
 def test_float_models_keep_transformers_forward(monkeypatch):
     monkeypatch.undo()  # the real linear-kernel choice: float64 stays on F.linear
     model = tiny_model("qwen2", vocab_size=16, **SHAPE)
-    assert decoder.forward_kind(model) == "transformers"
-    assert Verifier(model, SlotCache(model.config, slots=1, slot_tokens=64, dtype=torch.float64)).decoder is None
+    assert "linear kernel 'torch'" in hf_weights.unsupported(model)
+    assert of_model(model).name == "transformers"
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
@@ -148,23 +156,23 @@ def test_choices_are_the_argmax_of_the_pass_logits(arch, monkeypatch):
 
     model = bf16_model(arch, vocab=1000, seed=5)
     cache = SlotCache(model.config, slots=2, slot_tokens=256, dtype=torch.bfloat16, chunk=16)
-    verifier = Verifier(model, cache)
-    rowdecoder = verifier.decoder
+    verifier = Verifier(of_model(model), cache)
+    rowdecoder = verifier.forward.decoder
     assert rowdecoder.screen is not None
     prompt = random_ids(50, 1000, 6)
     tree = VerifyTree((5, 6, 7, 8, 9, 10), (-1, 0, 1, 2, 1, 4), (0, 1, 2, 3, 2, 3), ())
     for slot in (cache.acquire(prompt)[0], cache.acquire(prompt + [1])[0]):
         verifier.prefill(slot, prompt)
-    rows, path = rowforward.plan_rows([(0, cache.length(0), tree)])
-    logits = rowdecoder.forward(list(tree.tokens), rows, path, verifier._slots)
+    rows, path = plan_rows([(0, cache.length(0), tree)])
+    logits = rowdecoder.forward(list(tree.tokens), rows, path, verifier.forward._slots(cache))
     keys = [layer[0].clone() for layer in cache.keys]
-    rows, path = rowforward.plan_rows([(1, cache.length(1), tree), (0, cache.length(0), tree)])
-    picked = rowdecoder.choices([*tree.tokens, *tree.tokens], rows, path, verifier._slots)
+    rows, path = plan_rows([(1, cache.length(1), tree), (0, cache.length(0), tree)])
+    picked = rowdecoder.choices([*tree.tokens, *tree.tokens], rows, path, verifier.forward._slots(cache))
     expected = lmchoice.first_max(logits).tolist()
     assert picked.tolist() == expected * 2
     assert all(torch.equal(layer[0], kept) for layer, kept in zip(cache.keys, keys))
     monkeypatch.setenv("CODESPEC_LM_SCREEN", "off")
-    assert decoder.new_decoder(model).screen is None
+    assert hf_weights.new_decoder(model).screen is None
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
@@ -188,12 +196,11 @@ def test_int8_computes_the_int8_model(arch):
     errors = {}
     for quantize in ("int8", "none"):
         model = bf16_model(arch, seed=7)
-        model.__dict__[decoder.QUANTIZE] = quantize
         cache = SlotCache(model.config, slots=1, slot_tokens=128, dtype=torch.bfloat16, chunk=16)
-        verifier = Verifier(model, cache)
+        verifier = Verifier(of_model(model, quantize=quantize), cache)
         slot, _ = cache.acquire(prompt)
         verifier.prefill(slot, prompt[:-8])
-        rows, path = rowforward.plan_rows([(slot, cache.length(slot), VerifyTree.chain(prompt[-8], prompt[-7:]))])
-        ours = decoder.as_tensor(verifier.decoder.forward(prompt[-8:], rows, path, verifier._slots)).float()
+        rows, path = plan_rows([(slot, cache.length(slot), VerifyTree.chain(prompt[-8], prompt[-7:]))])
+        ours = as_tensor(verifier.forward.decoder.forward(prompt[-8:], rows, path, verifier.forward._slots(cache))).float()
         errors[quantize] = ((ours - expected).abs().mean() / expected.abs().mean()).item()
     assert errors["int8"] < 0.05 and errors["int8"] < 0.8 * errors["none"], errors

@@ -1,9 +1,9 @@
-"""The direct path (codespec/direct): no torch, no transformers, the same bits.
+"""The torch-free load (forward/direct.py): no torch, no transformers, the same bits.
 
-Tiny bf16 models, saved as safetensors and read back by the direct loader, run on
-rowgemm's portable path, so these run on any CPU with a C compiler: the direct path's
-logits equal transformers' path with the row decoder bit for bit, and its speculative
-output equals its plain output. The default model's tokenizer and a fresh
+Tiny bf16 models, saved as safetensors and read back by the torch-free loader, run on
+rowgemm's portable path, so these run on any CPU with a C compiler: their logits equal
+the row decoder's over transformers' weights bit for bit, and their speculative output
+equals their plain output. The default model's tokenizer and a fresh
 `codespec generate` process are checked against transformers where it is prepared.
 """
 
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from codespec import decoder, direct, rowblocks, rowforward
-from codespec.forward.direct import weights
+from codespec.forward import direct, hf_weights, rowblocks, rowdecoder, select, weights
+from codespec.forward.rows import RowForward, plan_rows
 from codespec.forward.tokenizer import DirectTokenizer
 from codespec.engine import Engine, GenerationConfig
 from codespec.errors import ModelError
@@ -28,8 +28,7 @@ from codespec.engine.kvcache import SlotCache
 from codespec.models.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from codespec.policy.tree import Item, VerifyTree
-from codespec.engine.verifier import batch_greedy_accept
-from codespec.forward import of_model
+from codespec.policy.tree import accept_choices
 
 needs_kernels = pytest.mark.skipif(rowgemm.library() is None or not hasattr(rowgemm.library(), "rowdecoder_forward"),
                                    reason=f"no C forward: {rowgemm.unavailable()}")
@@ -42,12 +41,10 @@ def saved_tiny(tmp_path, arch: str, seed: int = 0, vocab: int = 256, dtype=torch
     return model
 
 
-def direct_model(path, isa=rowgemm.SCALAR) -> direct.DirectModel:
+def direct_forward(path, isa=rowgemm.SCALAR) -> RowForward:
     config = SimpleNamespace(**json.loads((path / "config.json").read_text()))
-    lib = rowgemm.library()
-    packed = weights.load_weights(path, config)
-    return direct.DirectModel("tiny", path, config, SimpleNamespace(eos_token_id=None),
-                              rowforward.RowDecoder(lib, isa, config, packed), None, threads=1)
+    decoder = rowdecoder.RowDecoder(rowgemm.library(), isa, config, weights.load_weights(path, config))
+    return RowForward(decoder, config, SimpleNamespace(eos_token_id=None), {})
 
 
 def random_ids(count: int, vocab: int, seed: int) -> list[int]:
@@ -60,17 +57,17 @@ def test_direct_logits_equal_transformers_path_bit_for_bit(tmp_path, monkeypatch
     monkeypatch.setattr(rowblocks, "linear_kernel", lambda dtype, device: "rowgemm")
     model = saved_tiny(tmp_path, arch)
     rowblocks.install(model)
-    ours = direct_model(tmp_path).decoder
-    theirs = decoder.new_decoder(model, isa_cap=rowgemm.SCALAR)
+    ours = direct_forward(tmp_path).decoder
+    theirs = hf_weights.new_decoder(model, isa_cap=rowgemm.SCALAR)
     prompt = random_ids(300, 256, 1)
     tree = VerifyTree((5, 6, 7, 8, 9), (-1, 0, 1, 0, 3), (0, 1, 2, 1, 2), tuple(range(4)))
     results = []
     for forward, kv_dtype in ((ours, np.uint16), (theirs, torch.bfloat16)):
         cache = SlotCache(SimpleNamespace(**model.config.to_dict()), slots=1, slot_tokens=512, dtype=kv_dtype)
         slots = forward.slots(cache)
-        rows, path = rowforward.prefill_rows(0, 0, len(prompt))
+        rows, path = rowdecoder.prefill_rows(0, 0, len(prompt))
         last = forward.forward(prompt, rows, path, slots, logits_from=len(prompt) - 1)
-        rows, path = rowforward.plan_rows([(0, len(prompt), tree)])
+        rows, path = plan_rows([(0, len(prompt), tree)])
         results.append((last, forward.forward(list(tree.tokens), rows, path, slots)))
     assert np.array_equal(results[0][0], results[1][0]) and np.array_equal(results[0][1], results[1][1])
 
@@ -79,9 +76,9 @@ def test_direct_logits_equal_transformers_path_bit_for_bit(tmp_path, monkeypatch
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_direct_speculative_output_equals_plain(tmp_path, arch):
     saved_tiny(tmp_path, arch, seed=3, vocab=16)
-    model = direct_model(tmp_path)
-    engine = Engine(of_model(model), None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=8, eos_token_ids=[])
-    assert "torch" not in type(engine.verifier).__module__ and engine.cost.min_rows == 1
+    engine = Engine(direct_forward(tmp_path), None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=8,
+                    eos_token_ids=[])
+    assert isinstance(engine.cache.keys[0], np.ndarray) and engine.cost.min_rows == 1
     accepted = 0
     for seed in range(5):
         prompt = random_ids(3 + seed, 16, seed) * 3
@@ -97,8 +94,7 @@ def test_a_winning_branch_is_moved_after_the_context(tmp_path):
     """A tree whose model-chosen path leaves the main path: the kept KV must be the
     branch's, so decoding on from it equals plain decoding."""
     saved_tiny(tmp_path, "qwen2", seed=5, vocab=64)
-    model = direct_model(tmp_path)
-    engine = Engine(of_model(model), None, PromptLookupProposer(), eos_token_ids=[])
+    engine = Engine(direct_forward(tmp_path), None, PromptLookupProposer(), eos_token_ids=[])
     prompt = random_ids(20, 64, 7)
     plain = engine.generate(prompt, GenerationConfig(max_new_tokens=12, speculate=False)).token_ids
     cache, verifier = engine.cache, engine.verifier
@@ -115,8 +111,10 @@ def test_a_winning_branch_is_moved_after_the_context(tmp_path):
     assert out == plain
 
 
-def test_greedy_acceptance_matches_the_torch_rule_with_ties():
-    """bf16 logits tie often at the top: both paths must take the first maximum."""
+def test_greedy_choices_match_the_torch_rule_with_ties():
+    """bf16 logits tie often at the top: both backends must take the first maximum."""
+    from codespec.forward.transformers import TorchForward
+
     rng = np.random.default_rng(0)
     for trial in range(200):
         nodes = int(rng.integers(1, 8))
@@ -126,9 +124,11 @@ def test_greedy_acceptance_matches_the_torch_rule_with_ties():
             depths.append(depths[p] + 1)
         tokens = [int(t) for t in rng.integers(0, 6, nodes)]
         tree = VerifyTree(tuple(tokens), tuple(parents), tuple(depths), tuple(range(nodes - 1)))
-        logits = rowforward.bf16_bits(rng.integers(-2, 3, (nodes, 6)).astype(np.float32))  # many ties
-        expected = batch_greedy_accept(decoder.as_tensor(logits), [0], [tree])[0]
-        assert direct.greedy_tree_accept(logits, tree) == expected, trial
+        logits = rowdecoder.bf16_bits(rng.integers(-2, 3, (nodes, 6)).astype(np.float32))  # many ties
+        as_torch = torch.from_numpy(logits).view(torch.bfloat16)
+        expected = accept_choices(as_torch.argmax(-1).tolist(), tree)
+        assert accept_choices(RowForward.argmax(None, logits), tree) == expected, trial
+        assert accept_choices(TorchForward.argmax(None, as_torch), tree) == expected, trial
 
 
 def test_rotary_tables_follow_the_config_forms():
@@ -136,9 +136,9 @@ def test_rotary_tables_follow_the_config_forms():
                           hidden_size=128, num_hidden_layers=1)
     old = SimpleNamespace(rope_theta=1e6, rope_scaling=None, num_attention_heads=2, hidden_size=128,
                           num_hidden_layers=1)
-    assert rowforward.rope_theta(new) == rowforward.rope_theta(old) == 1e6
-    assert rowforward.rope_type(new) == rowforward.rope_type(old) == "default"
-    assert all(np.array_equal(a, b) for a, b in zip(rowforward.rotary_tables(new, 64), rowforward.rotary_tables(old, 64)))
+    assert rowdecoder.rope_theta(new) == rowdecoder.rope_theta(old) == 1e6
+    assert rowdecoder.rope_type(new) == rowdecoder.rope_type(old) == "default"
+    assert all(np.array_equal(a, b) for a, b in zip(rowdecoder.rotary_tables(new, 64), rowdecoder.rotary_tables(old, 64)))
 
 
 def test_unsupported_says_why(tmp_path, monkeypatch):
@@ -148,7 +148,8 @@ def test_unsupported_says_why(tmp_path, monkeypatch):
     assert direct.unsupported(tmp_path, settings) == "weights not stored in bfloat16"
     assert "CUDA" in direct.unsupported(tmp_path, SimpleNamespace(device="cuda", dtype="auto"))
     monkeypatch.setenv("CODESPEC_FORWARD", "transformers")
-    assert "CODESPEC_FORWARD" in direct.unsupported(tmp_path, settings)
+    assert select._torch_free_refused(str(tmp_path), settings, select.forward_wanted(), "") == \
+        "CODESPEC_FORWARD=transformers"
     (tmp_path / "model.safetensors").write_bytes(b"\xff" * 16)
     with pytest.raises(ModelError, match="not a readable safetensors file"):
         weights.dtypes(tmp_path)
@@ -227,19 +228,19 @@ def test_the_real_models_choices_are_its_logits_argmax(default_model):
 
     from codespec.kernels import lmchoice
 
-    rowdecoder = decoder.attach(default_model.model)
-    if rowdecoder is None or rowdecoder.screen is None:
+    if default_model.backend != "rowdecoder" or default_model.forward.decoder.screen is None:
         pytest.skip("no row decoder with a screen on this CPU")
+    decoder = default_model.forward.decoder
     tok = default_model.tokenizer
     ids = tok(inspect.getsource(json.decoder), add_special_tokens=False)["input_ids"]
     prompt, chain = ids[:400], ids[400:480]
-    cache = SlotCache(default_model.model.config, slots=1, slot_tokens=1024, dtype=torch.bfloat16, chunk=64)
-    slots = rowdecoder.slots(cache)
+    cache = SlotCache(default_model.forward.config, slots=1, slot_tokens=1024, dtype=torch.bfloat16, chunk=64)
+    slots = decoder.slots(cache)
     slot, _ = cache.acquire(prompt)
-    rowdecoder.prefill(prompt, slot, 0, 64, slots)
+    decoder.prefill(prompt, slot, 0, 64, slots)
     cache.prefilled(slot, prompt)
-    rows, path = rowforward.plan_rows([(slot, len(prompt), VerifyTree.chain(chain[0], chain[1:]))])
-    logits = rowdecoder.forward(chain, rows, path, slots)
-    picked = rowdecoder.choices(chain, rows, path, slots)
+    rows, path = plan_rows([(slot, len(prompt), VerifyTree.chain(chain[0], chain[1:]))])
+    logits = decoder.forward(chain, rows, path, slots)
+    picked = decoder.choices(chain, rows, path, slots)
     assert picked.tolist() == lmchoice.first_max(logits).tolist()
-    assert np.median(rowdecoder.kept[: len(chain)]) < 50  # the screen leaves few tokens to compute exactly
+    assert np.median(decoder.kept[: len(chain)]) < 50  # the screen leaves few tokens to compute exactly

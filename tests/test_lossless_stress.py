@@ -43,7 +43,7 @@ def engine(default_model):
     """An engine as `codespec generate` builds it (settings' defaults: goodput, 32-token
     drafts), whose proposer each test points at the request's repository index."""
     settings = Settings(kv_slot_tokens=SLOT_TOKENS)
-    engine = Engine.from_settings(default_model.model, default_model.tokenizer, settings, SuffixIndex())
+    engine = Engine.from_settings(default_model.forward, default_model.tokenizer, settings, SuffixIndex())
     engine.calibrate()  # stored by `model prepare` (or timed here once): the controller drafts from the start
     return engine
 

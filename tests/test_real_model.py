@@ -15,6 +15,7 @@ import textwrap
 import pytest
 
 from codespec.engine import Engine, GenerationConfig
+from codespec.forward import of_model
 from codespec.policy.proposer import PromptLookupProposer
 
 pytestmark = pytest.mark.model
@@ -132,7 +133,7 @@ def test_tree_and_batch_rows_equal_decode_steps_bit_for_bit(default_model, forwa
     for node, row, step in _pass_rows_and_decode_steps(model, cache, prompt, tree, other, other[:3], (9, 11, 12),
                                                        forward):
         assert torch.equal(row, step), f"node {node} differs from its decode step"
-    verifier = Verifier(model, cache)
+    verifier = Verifier(of_model(model), cache)
     long_prompt = tok(inspect.getsource(textwrap.wrap) * 3, add_special_tokens=False)["input_ids"][:100]
     fresh, _ = cache.acquire([-2])
     expected = verifier.prefill(fresh, long_prompt)
@@ -163,11 +164,12 @@ def test_passes_past_one_row_block_equal_decode_steps_bit_for_bit(default_model)
     prompt = tok(PROMPTS["copy"], add_special_tokens=False)["input_ids"]
     chain = tok(inspect.getsource(textwrap.wrap) * 2, add_special_tokens=False)["input_ids"][:40]
     cache = SlotCache(model.config, slots=1, slot_tokens=512, dtype=model.dtype, chunk=16)
-    verifier = Verifier(model, cache, row_decoder=False)
+    forward = of_model(model, backend="transformers")
+    verifier = Verifier(forward, cache)
     # any block up to the probed one is exact; 16 makes the pass span three (14 + 13 + 13)
-    verifier.row_block = min(verifier.row_block, 16)
-    assert 3 <= verifier.row_block < len(chain) / 2
-    with captured_logits() as captured:
+    forward.row_block = min(forward.row_block, 16)
+    assert 3 <= forward.row_block < len(chain) / 2
+    with captured_logits(forward) as captured:
         slot, _ = cache.acquire(prompt)
         verifier.prefill(slot, prompt)
         verifier.verify([Item(slot, VerifyTree.chain(chain[0], chain[1:]))])
@@ -250,7 +252,7 @@ def test_long_context_rows_equal_decode_steps_bit_for_bit(default_model, forward
     branch and a second request beside it, must give every row its decode step's bits."""
     import torch
 
-    from codespec import rowcalls
+    from codespec.forward import rowcalls
     from codespec.engine.kvcache import SlotCache
     from codespec.policy.tree import VerifyTree
 
@@ -273,23 +275,22 @@ def test_long_context_rows_equal_decode_steps_bit_for_bit(default_model, forward
 
 
 @contextlib.contextmanager
-def captured_logits():
+def captured_logits(forward):
     """Every verify pass's logits rows (the pass's real rows, in packing order), whichever
-    forward computed them."""
-    from codespec import verifier
-
+    backend computed them (its greedy choices come from these logits: screen=False)."""
     captured: list = []
-    accept = verifier.batch_greedy_accept
+    compute = forward.logits
 
-    def spy(logits, offsets, trees):
-        captured.append(logits.float().clone())
-        return accept(logits, offsets, trees)
+    def spy(cache, requests):
+        logits = compute(cache, requests)
+        captured.append(forward.tensor(logits).float().clone())
+        return logits
 
-    verifier.batch_greedy_accept = spy
+    forward.logits = spy
     try:
         yield captured
     finally:
-        verifier.batch_greedy_accept = accept
+        del forward.logits
 
 
 def _pass_rows_and_decode_steps(model, cache, prompt, tree, other, side_draft, leaves, forward):
@@ -299,8 +300,9 @@ def _pass_rows_and_decode_steps(model, cache, prompt, tree, other, side_draft, l
     from codespec.policy.tree import VerifyTree
     from codespec.engine.verifier import Item, Verifier
 
-    verifier = Verifier(model, cache, row_decoder=forward == "rowdecoder", choices=False)
-    with captured_logits() as captured:
+    backend = of_model(model, backend="" if forward == "rowdecoder" else "transformers", screen=False)
+    verifier = Verifier(backend, cache)
+    with captured_logits(backend) as captured:
         batch_slot, _ = cache.acquire(prompt)
         side_slot, _ = cache.acquire(other)
         verifier.prefill(batch_slot, prompt)

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from codespec import rowblocks
+from codespec.forward import rowblocks
 
 
 row_by_row = types.SimpleNamespace(  # every row count multiplies alike

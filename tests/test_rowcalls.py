@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codespec import rowcalls
+from codespec.forward import rowcalls
 from codespec.index import Draft
 from codespec.policy.tree import VerifyTree
 

@@ -1,12 +1,46 @@
-"""Greedy acceptance on hand-built logits."""
+"""Greedy acceptance on hand-built logits: the one rule (`accept_choices` over each row's
+first maximum) and the verifier's slicing of a batched pass."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from codespec.policy.tree import VerifyTree
-from codespec.engine.verifier import batch_greedy_accept, greedy_accept
+from codespec.engine.kvcache import SlotCache
+from codespec.engine.verifier import Item, Verifier
+from codespec.forward.transformers import TorchForward
+from codespec.policy.tree import VerifyTree, accept_choices
+
+
+def greedy_accept(logits: torch.Tensor, tree: VerifyTree):
+    return accept_choices(TorchForward.argmax(None, logits), tree)  # the backends' first-maximum rule
+
+
+class HandBuilt:
+    """A backend whose passes return the logits it is given (the Forward protocol's surface
+    the verifier uses)."""
+
+    name, exact, min_rows, device, kv_dtype = "hand-built", True, 1, "cpu", torch.float32
+    argmax, tensor = TorchForward.argmax, TorchForward.tensor
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.rows = logits
+        self.config = SimpleNamespace(num_attention_heads=1, num_hidden_layers=1, hidden_size=4)
+
+    def probe(self, stored):
+        return 0, False
+
+    def logits(self, cache, requests):
+        assert sum(len(tree) for _, _, tree in requests) == len(self.rows)
+        return self.rows
+
+    def choices(self, cache, requests):
+        return self.argmax(self.logits(cache, requests))
+
+    def keep(self, cache, moves):
+        self.moved = list(moves)
 
 
 def logits_for(argmaxes: list[int], vocab: int = 8) -> torch.Tensor:
@@ -58,7 +92,47 @@ def test_tree_accept_follows_the_models_choices(argmaxes, path, committed):
 
 
 def test_batched_acceptance_equals_one_request_at_a_time():
-    first, second = logits_for([1, 6, 9, 7, 8], vocab=10), logits_for([3, 4, 5], vocab=10)
+    first, second = logits_for([2, 6, 9, 7, 8], vocab=10), logits_for([3, 4, 5], vocab=10)
     chain = VerifyTree.chain(0, [3, 4])
-    batched = batch_greedy_accept(torch.cat([first, second]), [0, 5], [TREE, chain])
+    forward = HandBuilt(torch.cat([first, second]))
+    cache = SlotCache(forward.config, slots=2, slot_tokens=64, dtype=torch.float32)
+    verifier = Verifier(forward, cache)
+    for slot in (0, 1):
+        cache.acquire([slot])
+    batched = verifier.verify([Item(0, TREE), Item(1, chain)])
     assert batched == [greedy_accept(first, TREE), greedy_accept(second, chain)]
+    assert forward.moved == [(0, 0, (2, 4))]  # the second branch won: its KV follows the context
+    assert cache.length(0) == 3 and cache.length(1) == 3  # pending + accepted, each
+
+
+def test_greedy_acceptance_is_the_longest_path_of_choices():
+    """`accept_choices` (the one greedy rule of every backend) against a walk down the tree:
+    from the root, step to the first child whose token is the choice after the current node
+    (siblings of a trie differ; with repeats the first wins), then the choice after it."""
+    import random
+
+    from codespec.policy.tree import VerifyTree, accept_choices
+
+    rng = random.Random(0)
+    deep = 0
+    for _ in range(300):
+        nodes = rng.randint(1, 9)
+        parents = [-1] + [rng.randrange(i) for i in range(1, nodes)]
+        depths = [0]
+        for p in parents[1:]:
+            depths.append(depths[p] + 1)
+        choices = [rng.randrange(4) for _ in range(nodes)]
+        tokens = [0] + [choices[p] if rng.random() < 0.7 else rng.randrange(4) for p in parents[1:]]
+        tree = VerifyTree(tuple(tokens), tuple(parents), tuple(depths), tuple(range(nodes - 1)))
+        best: list[int] = []
+        at = 0
+        while True:
+            step = [c for c in tree.children(at) if tokens[c] == choices[at]]
+            if not step:
+                break
+            at = step[0]
+            best.append(at)
+        result = accept_choices(choices, tree)
+        assert list(result.path) == best and result.committed[-1] == choices[best[-1] if best else 0]
+        deep += len(best) > 1
+    assert deep > 20

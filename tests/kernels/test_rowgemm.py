@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from codespec import rowblocks
+from codespec.forward import rowblocks
 from codespec.kernels import native
 from codespec.kernels import rowgemm as kernel
 

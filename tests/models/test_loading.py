@@ -26,11 +26,11 @@ def test_local_directory_and_hub_id(tmp_path):
     assert resolve_model_path("Qwen/Qwen2.5-Coder-0.5B", Settings()) == ("Qwen/Qwen2.5-Coder-0.5B",) * 2
 
 
-def test_tiny_model_saved_and_loaded_through_load_model(tmp_path):
+def test_tiny_model_saved_and_loaded_through_load(tmp_path):
     """A local HF directory goes through the same loader as the default model."""
-    from codespec.models.loading import load_model
+    from codespec.forward import load
     from codespec.models.tiny import tiny_model
 
     tiny_model("llama", vocab_size=32).save_pretrained(tmp_path / "tiny")
     with pytest.raises(ModelError, match="cannot load model"):
-        load_model(Settings(model=str(tmp_path / "tiny"), dtype="float64"), progress=False)  # no tokenizer saved
+        load(Settings(model=str(tmp_path / "tiny"), dtype="float64"), progress=False)  # no tokenizer saved

@@ -16,7 +16,7 @@ from codespec.settings import Settings
 
 def make_backend(default_model, **settings) -> Backend:
     s = Settings(**{"max_tokens_limit": 512, "max_request_bytes": 64 * 1024, **settings})
-    return Backend.create(default_model.name, default_model.model, default_model.tokenizer, s, SuffixIndex())
+    return Backend.create(default_model, s, SuffixIndex())
 
 
 @pytest.fixture(scope="module")
