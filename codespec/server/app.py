@@ -107,7 +107,8 @@ def load_backend(settings: Settings) -> Backend | UpstreamBackend:
         return loaded
 
     scheduler, loaded = start_scheduler(settings, index, load)
-    return Backend(loaded.name, loaded.tokenizer, scheduler.engine, scheduler, index, settings)
+    return Backend(loaded.name, loaded.tokenizer, scheduler.engine, scheduler, index, settings,
+                   forward=loaded.info()["forward"])
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -9,6 +9,7 @@ committed tokens to the loop with `call_soon_threadsafe`. A route that stops lis
 from __future__ import annotations
 
 import asyncio
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Sequence
@@ -38,12 +39,14 @@ class Backend:
     index: SuffixIndex
     settings: Settings
     metrics: Metrics = field(default_factory=Metrics)
+    forward: dict[str, Any] = field(default_factory=dict)  # the backend select.py chose, and why
 
     @classmethod
     def create(cls, loaded: Loaded, settings: Settings, index: SuffixIndex) -> Backend:
         """A backend over a model already loaded (tests share one across apps)."""
         scheduler, _ = start_scheduler(settings, index, lambda: loaded)
-        return cls(loaded.name, loaded.tokenizer, scheduler.engine, scheduler, index, settings)
+        return cls(loaded.name, loaded.tokenizer, scheduler.engine, scheduler, index, settings,
+                   forward=loaded.info()["forward"])
 
     def close(self) -> None:
         self.scheduler.close()
@@ -87,7 +90,9 @@ class Backend:
         return {"status": "ok", "model": self.name, "active": self.scheduler.active,
                 "waiting": self.scheduler.queue_depth, "draft_policy": self.engine.draft_policy,
                 "kv_cache": {"slots": cache.slots, "free_slots": cache.free_slots, "slot_tokens": cache.slot_tokens},
-                "index": index_summary(self.index)}
+                "index": index_summary(self.index),
+                # which backend runs the passes, why, and whether this process ever imported torch
+                "forward": {**self.forward, "torch_imported": "torch" in sys.modules}}
 
     def refresh_gauges(self) -> None:
         summary = index_summary(self.index)
