@@ -84,6 +84,12 @@ def test_model_info_json_path_loads_with_transformers():
     assert AutoConfig.from_pretrained(info["path"]).model_type == "qwen2"
     assert info["weights"] == info["path"] + "/bfloat16"  # the serving copy written by preparation
     assert info["profile"]["path"].endswith(".json") and isinstance(info["profile"]["stored"], bool)
+    from codespec.kernels import rowgemm
+
+    # the backend select.py chose, and why: torch-free where the C forward serves the model
+    c_forward = rowgemm.library() is not None and rowgemm.isa() == rowgemm.AVX512_BF16
+    assert info["forward"]["backend"] == ("rowdecoder" if c_forward else "transformers"), info["forward"]
+    assert info["forward"]["torch_free"] == c_forward and info["forward"]["exact"] and info["forward"]["reason"]
 
 
 def test_serving_copy_holds_exactly_the_weights_a_float32_load_casts_to(default_model):

@@ -63,3 +63,28 @@ def test_blocked_passes_equal_one_block_at_a_time():
         out = layer(x)
     parts = [F.linear(p, layer.weight, layer.bias) for p in x.split(rowblocks.sizes(11, 4))]
     assert torch.equal(out, torch.cat(parts))
+
+
+def test_prefill_products_run_in_float32_only_where_bf16_has_no_gemm(monkeypatch):
+    """Inside `prefill_products`, a bf16 product of 32+ rows on a CPU without AVX-512 is the
+    float32 product rounded once; outside it (decode steps, verify passes), and below 32
+    rows, the bf16 product as before. The choice depends on the machine and the row count
+    alone, so a prefill stays deterministic on its chunk grid."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 48, dtype=torch.bfloat16)
+    rowblocks.install(layer)
+    x = torch.randn(1, 40, 64, dtype=torch.bfloat16)
+    wide = torch.nn.functional.linear(x.float(), layer.weight.float(), layer.bias.float()).to(torch.bfloat16)
+    seen = []
+    linear = torch.nn.functional.linear
+    monkeypatch.setattr(rowblocks.F, "linear", lambda a, w, b=None: seen.append(a.dtype) or linear(a, w, b))
+    for without_gemm in (True, False):
+        monkeypatch.setattr(rowblocks, "_bf16_without_gemm", lambda: without_gemm)
+        seen.clear()
+        layer(x)
+        with rowblocks.prefill_products():
+            out = layer(x)
+            layer(x[:, :31])
+        assert seen == [torch.bfloat16, torch.float32 if without_gemm else torch.bfloat16, torch.bfloat16]
+        if without_gemm:
+            assert torch.equal(out, wide)

@@ -82,7 +82,7 @@ class Loaded:
             "name": self.name,
             "path": self.path,
             "weights": self.weights or self.path,
-            "dtype": str(self.forward.kv_dtype).removeprefix("torch.") if not self.torch_free else "bfloat16",
+            "dtype": "bfloat16" if self.backend == "rowdecoder" else str(self.forward.kv_dtype).removeprefix("torch."),
             "device": str(self.forward.device),
             "parameters": self.parameters,
             "vocab_size": int(config.vocab_size),

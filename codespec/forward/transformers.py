@@ -103,7 +103,8 @@ class TorchForward:
             plan = attention.Plan(cache, write_slots=torch.full((end - begin,), slot, device=self.device),
                                   write_positions=rows, prefill=(slot, begin, end - begin), prefill_mask=causal)
             # logits_to_keep=1: a chunk's full [rows, vocab] logits would be ~40 MB we never read
-            logits = self._forward(cache, list(prompt[begin:end]), rows.tolist(), plan, logits_to_keep=1)
+            with rowblocks.prefill_products():  # float32 products where bf16 has no fast GEMM
+                logits = self._forward(cache, list(prompt[begin:end]), rows.tolist(), plan, logits_to_keep=1)
         assert logits is not None, "nothing to prefill"
         return logits[-1:]
 
