@@ -148,7 +148,7 @@ def test_unsupported_says_why(tmp_path, monkeypatch):
     assert direct.unsupported(tmp_path, settings) == "weights not stored in bfloat16"
     assert "CUDA" in direct.unsupported(tmp_path, SimpleNamespace(device="cuda", dtype="auto"))
     monkeypatch.setenv("CODESPEC_FORWARD", "transformers")
-    assert select._torch_free_refused(str(tmp_path), settings, select.forward_wanted(), "") == \
+    assert select._asked_elsewhere(select.forward_wanted(), "") == \
         "CODESPEC_FORWARD=transformers"
     (tmp_path / "model.safetensors").write_bytes(b"\xff" * 16)
     with pytest.raises(ModelError, match="not a readable safetensors file"):

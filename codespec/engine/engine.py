@@ -283,7 +283,7 @@ class Run:
         )
         proposer = engine.proposer if config.speculate else NoProposer()
         self.session = proposer.start(prompt)
-        self.accept: Accept | None = _acceptance(config, engine.verifier.device)
+        self.accept: Accept | None = _acceptance(config, engine.forward.device)
         self.acceptance = controller.Acceptance(engine.acceptance)
         self.slot: int | None = None
         self.generated: list[int] = []

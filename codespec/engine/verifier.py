@@ -41,7 +41,6 @@ class Verifier:
         """`probes`: the stored (row block, padded attention) of this machine's profile; the
         backend measures them when none is given and it needs them."""
         self.forward, self.cache = forward, cache
-        self.device = forward.device
         self.row_block, self.padded_rows = forward.probe(probes)
 
     def prefill(self, slot: int, prompt_ids: Sequence[int], start: int = 0) -> Any:

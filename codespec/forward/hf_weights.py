@@ -131,10 +131,7 @@ def row_forward(model: Any, *, quantize: str = "none", screen: bool = True,
     made = model.__dict__.setdefault("_codespec_decoders", {})
     if (quantize, isa_cap) not in made:
         made[quantize, isa_cap] = new_decoder(model, isa_cap=isa_cap, quantize=quantize)
-    source = str(getattr(model.config, "_name_or_path", "") or "")
-    if source.endswith("/bfloat16"):  # a serving-dtype copy (models/loading.py): named after its model
-        source = source.removesuffix("/bfloat16")
-    key = profile.rows_key(model.config, source, torch.get_num_threads(), quantize)
+    key = profile.rows_key(model.config, profile.model_source(model, "bfloat16"), torch.get_num_threads(), quantize)
     return RowForward(made[quantize, isa_cap], model.config, model.generation_config, key, screen=screen)
 
 

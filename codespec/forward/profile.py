@@ -90,10 +90,7 @@ def torch_key(model: Any, backend: str) -> dict[str, str]:
     device, dtype, threads = embed.device, embed.dtype, torch.get_num_threads()
     config = model.config
     dtype_name = str(dtype).removeprefix("torch.")
-    source = Path(str(getattr(config, "_name_or_path", "") or getattr(model, "name_or_path", "")))
-    if source.name == dtype_name:  # a serving-dtype copy (models/loading.py): named after its model
-        source = source.parent
-    key = _key(config, str(source), dtype_name, device, threads,
+    key = _key(config, model_source(model, dtype_name), dtype_name, device, threads,
                f"key_block={rowcalls.KEY_BLOCK},q_block={rowcalls.Q_BLOCK},q_split={rowcalls.Q_SPLIT_LIMIT},"
                f"max_block={rowblocks.MAX_BLOCK},linear={rowblocks.linear_kernel(dtype, device)},"
                f"forward={backend}")
@@ -102,6 +99,13 @@ def torch_key(model: Any, backend: str) -> dict[str, str]:
     if str(device).startswith("cpu"):
         key["cpu_capability"] = str(torch.backends.cpu.get_cpu_capability())
     return key
+
+
+def model_source(model: Any, dtype_name: str) -> str:
+    """The model directory a transformers model was loaded from: a serving-dtype copy
+    (models/loading.py, `<model>/<dtype>`) names its model, so both share one key."""
+    source = Path(str(getattr(model.config, "_name_or_path", "") or getattr(model, "name_or_path", "")))
+    return str(source.parent if source.name == dtype_name else source)
 
 
 def rows_key(config: Any, source: str, threads: int, quantize: str = "none") -> dict[str, str]:

@@ -103,7 +103,8 @@ def load(settings: Settings, *, progress: bool = True, transformers: bool = Fals
     native.use_cache_dir(settings.cache_dir)  # where the C kernels are built, beside the models
     wanted, linear = forward_wanted(), linear_wanted()
     name, path = resolve_model_path(settings.model, settings, progress=progress)
-    refused = _torch_free_refused(path, settings, wanted, linear)
+    asked = _asked_elsewhere(wanted, linear)
+    refused = asked or _torch_free_refused(path, settings, portable=wanted == "rowdecoder")
     if refused is None and not transformers:
         forward, tokenizer, weights = direct.load(path, settings, portable=wanted == "rowdecoder")
         return Loaded(name, path, forward, tokenizer, str(weights), FASTEST + " (torch-free)",
@@ -114,38 +115,40 @@ def load(settings: Settings, *, progress: bool = True, transformers: bool = Fals
     forward, why_not_rows = _for_model(model, wanted, settings.quantize)
     if forward.name == "rowdecoder":
         reason = f"{FASTEST} with transformers' weights: {refused or 'transformers was asked for (bench)'}"
-    elif wanted:
-        reason = f"CODESPEC_FORWARD={wanted}"
-    elif linear not in ("", "rowgemm"):
-        reason = f"CODESPEC_LINEAR={linear}"
     else:
-        reason = f"the row decoder does not serve it here: {why_not_rows}"
+        reason = asked or f"the row decoder does not serve it here: {why_not_rows}"
     parameters = sum(p.numel() for p in model.parameters())
     return Loaded(name, path, forward, tokenizer, weights, reason, model=model, parameters=parameters)
 
 
-def _torch_free_refused(path: str, settings: Settings, wanted: str, linear: str) -> str | None:
-    """Why the torch-free load cannot serve the model (None: it can)."""
+def _asked_elsewhere(wanted: str, linear: str) -> str | None:
+    """The setting that rules the row decoder out (None: none does)."""
     if wanted in ("transformers", "masked"):
         return f"CODESPEC_FORWARD={wanted}"
     if linear not in ("", "rowgemm"):
         return f"CODESPEC_LINEAR={linear}"
+    return None
+
+
+def _torch_free_refused(path: str, settings: Settings, *, portable: bool = False) -> str | None:
+    """Why the torch-free load cannot serve the model at `path` (None: it can)."""
     if not Path(path).is_dir():
         return "a hub id: transformers resolves it"
-    return direct.unsupported(path, settings, portable=wanted == "rowdecoder")
+    return direct.unsupported(path, settings, portable=portable)
 
 
 def _for_model(model: Any, wanted: str, quantize: str) -> tuple[Forward, str | None]:
     """The backend for a transformers model, and why the row decoder does not serve it."""
     from codespec.forward import hf_weights
 
-    why = "CODESPEC_FORWARD=" + wanted if wanted in ("transformers", "masked") else hf_weights.unsupported(model)
+    why = _asked_elsewhere(wanted, "") or hf_weights.unsupported(model)
     if quantize != "none" and why is not None:
         raise ModelError(f"--quantize {quantize} runs on the C row decoder (CPU with AVX-512 BF16, bf16 "
                          f"Qwen2/Llama), which does not serve this model here: {why}")
     if wanted == "rowdecoder" and why is not None:
         raise ModelError(f"CODESPEC_FORWARD=rowdecoder: the row decoder does not serve this model here: {why}")
-    return of_model(model, backend=wanted, quantize=quantize), why
+    backend = wanted or ("rowdecoder" if why is None else "transformers")  # decided: of_model checks nothing again
+    return of_model(model, backend=backend, quantize=quantize), why
 
 
 def of_model(model: Any, *, backend: str = "", quantize: str = "none", screen: bool = True) -> Forward:

@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from codespec import __version__
 from codespec.errors import CodespecError, RequestError
 from codespec.index import SuffixIndex
-from codespec.engine.scheduler import Scheduler, SchedulerFull
+from codespec.engine.scheduler import SchedulerFull
 from codespec.server.backend import Backend, GenerationFailed, start_scheduler
 from codespec.server.routes import ModelNotFound, router
 from codespec.server.upstream_backend import UpstreamBackend
@@ -103,7 +103,6 @@ def load_backend(settings: Settings) -> Backend | UpstreamBackend:
 
             print(f"codespec: indexing {root} in the background -> {out}", file=sys.stderr)
             index.rebuild_in_background(rebuild)
-        log.info("forward backend: %s (%s)", loaded.backend, loaded.reason)
         return loaded
 
     scheduler, loaded = start_scheduler(settings, index, load)

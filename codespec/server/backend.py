@@ -9,6 +9,7 @@ committed tokens to the loop with `call_soon_threadsafe`. A route that stops lis
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,8 @@ from codespec.forward import Loaded
 from codespec.index import SuffixIndex
 from codespec.server.metrics import Metrics
 from codespec.settings import Settings
+
+log = logging.getLogger("codespec.server")
 
 Chunk = tuple[str, Generation | None]  # text to send now; the finished generation, last
 
@@ -142,6 +145,7 @@ def start_scheduler(settings: Settings, index: SuffixIndex, load: Callable[[], L
 
         loaded = load() if load is not None else forward.load(settings, progress=False)
         found["loaded"] = loaded
+        log.info("forward backend: %s (%s)", loaded.backend, loaded.reason)
         engine = Engine.from_settings(loaded.forward, loaded.tokenizer, settings, index=index)
         engine.calibrate()
         return engine

@@ -34,8 +34,7 @@ class InProcessBackend:
 
         self.settings = settings
         self.index = SuffixIndex()
-        self.scheduler, loaded = start_scheduler(settings, self.index)  # the backend select.py picks
-        log.info("forward backend: %s (%s)", loaded.backend, loaded.reason)
+        self.scheduler, _ = start_scheduler(settings, self.index)  # the backend select.py picks
         self.engine = self.scheduler.engine
         self.tokenizer = self.engine.tokenizer
         self.acceptance: Counter[str] = Counter()
