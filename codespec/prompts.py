@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -24,10 +25,19 @@ class ExtraFile:
     text: str
 
 
+# Every call into a tokenizer holds this lock. Why: transformers' fast tokenizer keeps one
+# shared flag for splitting special tokens and sets it on each call (a mutable borrow of
+# the Rust object), so two threads at once (a request's prompt, an open buffer for the
+# index, the scheduler decoding) either raise "Already borrowed" or tokenize a FIM prompt
+# with its markers split (issues 29, 32). Calls are short; a 5 MB file takes ~1 s.
+TOKENIZER_LOCK = threading.RLock()
+
+
 def encode_texts(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     """Texts (source files, user code) as tokens; special-token strings in them stay
     plain text, so a file that mentions `<|endoftext|>` cannot end a prompt."""
-    return tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    with TOKENIZER_LOCK:
+        return tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
@@ -37,11 +47,18 @@ def encode(tokenizer: Any, text: str) -> list[int]:
 def encode_prompt(tokenizer: Any, text: str) -> list[int]:
     """A prompt tokenized verbatim: special tokens written in it (`<|fim_prefix|>`) are
     recognised, as `codespec generate` and /v1/completions promise."""
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    with TOKENIZER_LOCK:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def decode(tokenizer: Any, token_ids: Sequence[int]) -> str:
+    with TOKENIZER_LOCK:
+        return tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
 
 def special_id(tokenizer: Any, token: str) -> int | None:
-    ids = tokenizer(token, add_special_tokens=False)["input_ids"]
+    with TOKENIZER_LOCK:
+        ids = tokenizer(token, add_special_tokens=False)["input_ids"]
     return ids[0] if len(ids) == 1 and ids[0] != tokenizer.unk_token_id else None
 
 
@@ -57,8 +74,9 @@ def fim_ids(
 ) -> list[int]:
     """A fill-in-the-middle prompt; with `extra`, the repository-level layout
     (<|repo_name|>, then <|file_sep|>name + text per file) when the tokenizer has it.
-    `prefix_tokens` / `suffix_tokens` keep only the prefix's last and the suffix's first
-    tokens (an editor's budget around the cursor)."""
+    `prefix_tokens` / `suffix_tokens` keep at most the prefix's last and the suffix's first
+    tokens (an editor's budget around the cursor); the prefix is cut on `grid_start`'s
+    grid, so that it starts at the same token while the person types."""
     fim = [special_id(tokenizer, t) for t in (FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE)]
     if any(t is None for t in fim):
         raise RequestError("this model's tokenizer has no fill-in-the-middle tokens; use a prompt without a suffix")
@@ -72,7 +90,7 @@ def fim_ids(
         prefix = "".join(f"# {c.filename}\n{c.text}\n" for c in extra) + prefix
     before, after = encode(tokenizer, prefix), encode(tokenizer, suffix)
     if prefix_tokens is not None:
-        before = before[len(before) - min(prefix_tokens, len(before)) :]
+        before = before[grid_start(len(before), prefix_tokens) :]
     if suffix_tokens is not None:
         after = after[:suffix_tokens]
     ids += [fim[0], *before, fim[1], *after, fim[2]]
@@ -82,8 +100,27 @@ def fim_ids(
 def chat_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
     if getattr(tokenizer, "chat_template", None) is None:
         raise RequestError("this model has no chat template; use /v1/completions")
-    text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    with TOKENIZER_LOCK:
+        text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
     return encode_prompt(tokenizer, text)
+
+
+GRID_PARTS = 4  # a window's start moves in steps of budget / GRID_PARTS
+
+
+def grid_start(length: int, budget: int) -> int:
+    """Where a window of at most `budget` units over `length` units starts: 0 while all
+    fits, else the first multiple of budget // GRID_PARTS that leaves at most `budget`.
+    While the text grows at its end (a person typing), the start stays put for a quarter
+    of the budget, so consecutive prompts share their leading tokens (the KV cache).
+
+    >>> [grid_start(n, 100) for n in (80, 100, 101, 124, 125, 126, 150)]
+    [0, 0, 25, 25, 25, 50, 50]
+    """
+    if length <= budget:
+        return 0
+    step = max(budget // GRID_PARTS, 1)
+    return -(-(length - budget) // step) * step
 
 
 MAX_PROMPT_BYTES = 8 << 20  # a prompt larger than this is a mistake, not a request

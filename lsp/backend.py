@@ -25,6 +25,10 @@ class FimRequest:
     path: str = ""  # the file's path in the workspace, for repository context
     prefix_tokens: int = 1024
     suffix_tokens: int = 256
+    # the typed part of the cursor's line, after the FIM middle token (llama.cpp's /infill
+    # `prompt`): typing along a line then changes only the prompt's last tokens, and the
+    # prefix before the line and the suffix stay cached
+    middle: str = ""
 
 
 class CompletionBackend(Protocol):

@@ -26,8 +26,8 @@ class EngineBackend:
         self.acceptance: Counter[str] = Counter()
 
     def prompt_ids(self, request: FimRequest) -> list[int]:
-        return fim_ids(self.tokenizer, request.prefix, request.suffix, prefix_tokens=request.prefix_tokens,
-                       suffix_tokens=request.suffix_tokens)
+        return fim_ids(self.tokenizer, request.prefix, request.suffix, request.middle,
+                       prefix_tokens=request.prefix_tokens, suffix_tokens=request.suffix_tokens)
 
     async def complete(self, request: FimRequest, on_text: OnText) -> str:
         body = {"model": self.served.name, "prompt": self.prompt_ids(request), "max_tokens": request.max_tokens,
@@ -44,7 +44,7 @@ class EngineBackend:
 
     def record_acceptance(self, accepted: bool) -> None:
         self.acceptance["accepted" if accepted else "shown"] += 1
-        log.info("completions: %d accepted of %d shown", self.acceptance["accepted"],
+        log.debug("completions: %d accepted of %d shown", self.acceptance["accepted"],
                  self.acceptance["accepted"] + self.acceptance["shown"])
 
     def close(self) -> None:

@@ -51,7 +51,8 @@ class HttpBackend:
         return self.client.open(path, body, method)
 
     async def complete(self, request: FimRequest, on_text: OnText) -> str:
-        body = {"input_prefix": request.prefix, "input_suffix": request.suffix, "n_predict": request.max_tokens,
+        body = {"input_prefix": request.prefix, "input_suffix": request.suffix, "prompt": request.middle,
+                "n_predict": request.max_tokens,
                 "stream": True}
 
         def pieces(stop: threading.Event) -> Iterator[str]:

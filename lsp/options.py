@@ -23,6 +23,10 @@ class LspOptions(BaseModel):
     max_tokens: int = Field(128, ge=1, le=1024, description="Most tokens one completion may generate.")
     prefix_tokens: int = Field(1024, ge=16, le=16384, description="Tokens of the file before the cursor.")
     suffix_tokens: int = Field(256, ge=0, le=8192, description="Tokens of the file after the cursor.")
+    latency_budget_ms: int = Field(250, ge=0, le=60000,
+                                   description="Answer with the whole lines ready once this has passed since the "
+                                   "request (the rest is generated on, for the next request); 0: always wait for "
+                                   "the whole completion.")
     debounce_ms: int = Field(40, ge=0, le=2000, description="Wait before computing a completion the cache misses.")
     multiline: bool = Field(True, description="Allow multi-line completions (to the end of the block).")
     index_workspace: bool = Field(True, description="Index the workspace folders on start-up.")

@@ -20,7 +20,10 @@ command `codespec.accepted` counts accepted completions.
 from __future__ import annotations
 
 import asyncio
+import collections
+import itertools
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,17 +31,23 @@ from typing import Any, Callable
 from urllib.parse import unquote, urlparse
 
 from lsprotocol import types
+from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
+from pygls.protocol import LanguageServerProtocol
 
 from codespec.lsp.backend import CompletionBackend, FimRequest
 from codespec.lsp.options import LspOptions, parse_options
+from codespec.lsp.window import HeldSpace, prefix_window, suffix_window
 from codespec.lsp.syntax import BlockEnd, Mode, block_indent, classify, repeats_following
 
 log = logging.getLogger("codespec.lsp")
 NAME, VERSION = "codespec", "0.1.0"
 ACCEPT_COMMAND = "codespec.accepted"
 STATUS = "codespec/status"
+STATS = "codespec/stats"
 CHARS_PER_TOKEN = 4  # budget cut before tokenizing: generous, the backend trims by tokens
+PROGRESS_CREATE_TIMEOUT_S = 5.0
+OFFERED_KEEP = 64  # accept-command keys remembered (the items of the last few requests)
 
 
 @dataclass
@@ -49,21 +58,46 @@ class Shown:
     text: str
 
 
+class CodespecProtocol(LanguageServerProtocol):
+    """pygls' protocol, except that a request whose params do not deserialize (a negative
+    position, params that are not an object) is answered with `InvalidParams` and its id:
+    pygls drops it unanswered, and an editor waits for it forever."""
+
+    def structure_message(self, data: dict[str, Any]) -> Any:
+        try:
+            return super().structure_message(data)
+        except JsonRpcException:
+            if isinstance(data, dict) and "id" in data and isinstance(data.get("method"), str):
+                error = JsonRpcInvalidParams(f"invalid params for {data['method']}")
+                self._send_response(data["id"], error=error.to_response_error())
+            raise
+
+
 class CodespecServer(LanguageServer):
     def __init__(self, make_backend: Callable[[], CompletionBackend]) -> None:
-        super().__init__(NAME, VERSION)
+        super().__init__(NAME, VERSION, protocol_cls=CodespecProtocol)
         self.make_backend = make_backend
         self.backend: CompletionBackend | None = None
         self.options = LspOptions()
         self.in_flight: dict[str, asyncio.Task[Any]] = {}  # uri -> the generation running for it
+        # uri -> a generation whose request was answered early, going on into the forwarding cache
+        self.background: dict[str, asyncio.Future[str]] = {}
         self.shown: dict[str, Shown] = {}
         # uri -> (the text before the cursor once the accepted item is in, the completion computed there)
         self.ahead: dict[str, tuple[str, asyncio.Future[None]]] = {}
         self.roots: list[Path] = []
+        # accept-command key -> (uri, the text before the cursor once that item is in): items
+        # carry the key, never a copy of the document (megabytes per keystroke in big files)
+        self.offered: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()
 
     # -- helpers ---------------------------------------------------------------------
     def status(self, state: str, message: str = "") -> None:
         self.protocol.notify(STATUS, {"state": state, "message": message})
+
+    def report_server_error(self, error: Exception, source: Any) -> None:
+        """Faults are logged (with their traceback at debug level), never shown to the user
+        as pygls' "Error in server" pop-ups: a malformed frame is the client's problem."""
+        log.warning("%s: %s", getattr(source, "__name__", source), error, exc_info=log.isEnabledFor(logging.DEBUG))
 
     def warn(self, message: str) -> None:
         self.window_show_message(types.ShowMessageParams(type=types.MessageType.Warning, message=message))
@@ -122,7 +156,12 @@ def build_server(make_backend: Callable[[], CompletionBackend]) -> CodespecServe
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: CodespecServer, params: types.DidCloseTextDocumentParams) -> None:
-        ls.shown.pop(params.text_document.uri, None)
+        uri = params.text_document.uri
+        ls.shown.pop(uri, None)
+        for task in (ls.in_flight.pop(uri, None), ls.background.pop(uri, None),
+                     (ls.ahead.pop(uri, None) or (None, None))[1]):
+            if task is not None:
+                task.cancel()
 
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
     def did_change_configuration(ls: CodespecServer, params: types.DidChangeConfigurationParams) -> None:
@@ -135,12 +174,20 @@ def build_server(make_backend: Callable[[], CompletionBackend]) -> CodespecServe
         if ls.backend is not None:
             ls.backend.record_acceptance(True)
         arguments = args[0] if len(args) == 1 and isinstance(args[0], (list, tuple)) else args
-        if len(arguments) == 2 and all(isinstance(a, str) for a in arguments):
-            uri, accepted_prefix = arguments
+        key = arguments[0] if len(arguments) == 1 and isinstance(arguments[0], str) else None
+        if key in ls.offered:
+            uri, accepted_prefix = ls.offered.pop(key)
             previous = ls.ahead.pop(uri, None)
             if previous is not None:
                 previous[1].cancel()
             ls.ahead[uri] = (accepted_prefix, asyncio.ensure_future(complete_ahead(ls, uri, accepted_prefix)))
+
+    @server.feature(STATS)
+    def stats(ls: CodespecServer, params: Any) -> dict[str, Any]:
+        """`codespec/stats`: the prompt cache's hit rate, acceptance counts (benchmarks, debugging)."""
+        report = getattr(ls.backend, "stats", None)
+        return {"backend": report() if callable(report) else None, "open_documents": len(ls.workspace.text_documents),
+                "in_flight": len(ls.in_flight)}
 
     @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
     async def inline_completion(ls: CodespecServer,
@@ -150,40 +197,76 @@ def build_server(make_backend: Callable[[], CompletionBackend]) -> CodespecServe
     return server
 
 
+def open_document(ls: CodespecServer, uri: str) -> Any:
+    """A document the editor opened; anything else (a path never opened, a file the
+    server would have to read from disk) is refused with `InvalidParams`."""
+    doc = ls.workspace.text_documents.get(unquote(uri))
+    if doc is None:
+        raise JsonRpcInvalidParams(f"{uri} is not open: send textDocument/didOpen first")
+    return doc
+
+
 def feed(ls: CodespecServer, uri: str, saved: bool = False) -> None:
-    if ls.backend is None:
+    if ls.backend is None or unquote(uri) not in ls.workspace.text_documents:
         return
     doc = ls.workspace.get_text_document(uri)
     ls.backend.update_document(ls.relative_path(uri), doc.source.replace("\r\n", "\n"), saved)
 
 
 async def index_workspace(ls: CodespecServer, backend: CompletionBackend) -> None:
-    token = str(uuid.uuid4())
+    """Index the workspace, with `window/workDoneProgress` reports where the client
+    takes them: a client that lacks the capability, or refuses the token, gets none (the
+    LSP spec lets a server work without them) and the `codespec/status` notices only."""
     ls.status("indexing")
-    try:
-        await ls.work_done_progress.create_async(token)
-        ls.work_done_progress.begin(token, types.WorkDoneProgressBegin(title="codespec: indexing", percentage=0))
+    token = await _progress_token(ls)
+    loop = asyncio.get_running_loop()
 
-        def report(message: str, percent: int) -> None:
+    def report(message: str, percent: int) -> None:
+        if token is not None:
             ls.work_done_progress.report(token, types.WorkDoneProgressReport(message=message, percentage=percent))
 
-        loop = asyncio.get_running_loop()
+    try:
         summary = await backend.index_workspace([str(r) for r in ls.roots],
                                                 lambda m, p: loop.call_soon_threadsafe(report, m, p))
-        ls.work_done_progress.end(token, types.WorkDoneProgressEnd(message=summary))
-        ls.status("ready", summary)
     except Exception as exc:
-        log.exception("indexing failed")
+        log.warning("indexing failed: %s", exc, exc_info=log.isEnabledFor(logging.DEBUG))
+        if token is not None:
+            ls.work_done_progress.end(token, types.WorkDoneProgressEnd(message=f"failed: {exc}"))
         ls.status("error", f"indexing failed: {exc}")
+        return
+    if token is not None:
+        ls.work_done_progress.end(token, types.WorkDoneProgressEnd(message=summary))
+    ls.status("ready", summary)
+
+
+async def _progress_token(ls: CodespecServer) -> str | None:
+    window = ls.client_capabilities.window
+    if window is None or not window.work_done_progress:
+        return None
+    token = str(uuid.uuid4())
+    try:
+        await asyncio.wait_for(ls.work_done_progress.create_async(token), PROGRESS_CREATE_TIMEOUT_S)
+    except Exception as exc:  # Method Not Found, a refusal, no answer: index without reports
+        log.info("indexing without progress reports: the client did not create a token (%s)",
+                 str(exc) or type(exc).__name__)
+        return None
+    ls.work_done_progress.begin(token, types.WorkDoneProgressBegin(title="codespec: indexing", percentage=0))
+    return token
 
 
 async def complete(ls: CodespecServer, params: types.InlineCompletionParams) -> types.InlineCompletionList | None:
     uri = params.text_document.uri
+    asked_at = asyncio.get_running_loop().time()
     if not ls.options.enable or ls.backend is None:
         return None
-    doc = ls.workspace.get_text_document(uri)
+    doc = open_document(ls, uri)
     text = doc.source.replace("\r\n", "\n")
+    lines = doc.lines
+    if params.position.line > len(lines) or params.position.character > 1 << 20:  # len(lines): after a final \n
+        raise JsonRpcInvalidParams(f"position {params.position.line}:{params.position.character} is outside "
+                                   f"the document ({len(lines)} lines)")
     # pygls converts the client's position (UTF-16 unless negotiated otherwise) to an index
+    # (a character past the line's end counts as its end)
     offset = doc.offset_at_position(params.position)
     if "\r\n" in doc.source:
         offset -= doc.source[:offset].count("\r\n")
@@ -193,18 +276,39 @@ async def complete(ls: CodespecServer, params: types.InlineCompletionParams) -> 
             await asyncio.shield(ahead[1])  # computed since the accept: finish it rather than start over
         else:
             ahead[1].cancel()  # the user went elsewhere: it must not cancel this request later
-    cached = forward(ls.shown.get(uri), text[:offset])
+    cached = await typed_along(ls, uri, text[:offset])
     if cached is not None:
-        return _items(params.position, cached, uri, text[:offset])
-    completion = await generate(ls, uri, text, offset, doc.language_id or "")
-    return None if completion is None else _items(params.position, completion, uri, text[:offset])
+        return _items(ls, params.position, cached, uri, text[:offset])
+    completion = await generate(ls, uri, text, offset, doc.language_id or "", asked_at)
+    return None if completion is None else _items(ls, params.position, completion, uri, text[:offset])
+
+
+async def typed_along(ls: CodespecServer, uri: str, prefix: str) -> str | None:
+    """The forwarding cache's answer: the rest of the completion shown last, when the
+    person typed (or accepted) along it. While a generation answered early is still going
+    on for that completion, wait for its next whole line rather than start over."""
+    while True:
+        cached = forward(ls.shown.get(uri), prefix)
+        running = ls.background.get(uri)
+        if running is None or running.done():
+            return cached
+        shown = ls.shown.get(uri)
+        along = shown is not None and prefix.startswith(shown.prefix) and \
+            shown.text.startswith(prefix[len(shown.prefix):])
+        if not along:
+            return cached
+        if cached is not None and "\n" in cached.lstrip("\n"):
+            return cached  # a whole line beyond what was typed is ready
+        await asyncio.sleep(0.01)
 
 
 async def complete_ahead(ls: CodespecServer, uri: str, prefix: str) -> None:
     """After an accept, compute the next completion at the end of the accepted text, so
     that the editor's next request finds it in the cache."""
     for _ in range(50):  # the accepted text reaches the server as a didChange soon after
-        doc = ls.workspace.get_text_document(uri)
+        doc = ls.workspace.text_documents.get(unquote(uri))
+        if doc is None:  # closed meanwhile
+            return
         text = doc.source.replace("\r\n", "\n")
         if text.startswith(prefix):
             break
@@ -217,10 +321,18 @@ async def complete_ahead(ls: CodespecServer, uri: str, prefix: str) -> None:
         log.debug("completion ahead dropped", exc_info=True)
 
 
-async def generate(ls: CodespecServer, uri: str, text: str, offset: int, language_id: str) -> str | None:
+async def generate(ls: CodespecServer, uri: str, text: str, offset: int, language_id: str,
+                   asked_at: float | None = None) -> str | None:
     """Generate a completion at `offset` (cancelling the document's older one), cut at
-    the block end; cached in `ls.shown` for the forwarding cache."""
+    the block end; cached in `ls.shown` for the forwarding cache.
+
+    Latency first: once `latencyBudgetMs` has passed since the request came (`asked_at`)
+    and whole lines are ready, the request is answered with them, and the generation goes
+    on in the background to the block end, into the forwarding cache: the editor's next
+    request, after the person accepted or typed along those lines, finds the rest there."""
     assert ls.backend is not None
+    loop = asyncio.get_running_loop()
+    asked_at = loop.time() if asked_at is None else asked_at
     mode = classify(text, offset, language_id)
     if mode is Mode.MULTI and not ls.options.multiline:
         mode = Mode.SINGLE
@@ -228,9 +340,9 @@ async def generate(ls: CodespecServer, uri: str, text: str, offset: int, languag
         return None
     prefix, suffix = text[:offset], text[offset:]
     failure = ""
-    previous = ls.in_flight.pop(uri, None)
-    if previous is not None:
-        previous.cancel()  # the latest request per document wins
+    for previous in (ls.in_flight.pop(uri, None), ls.background.pop(uri, None)):
+        if previous is not None:
+            previous.cancel()  # the latest request per document wins
     task = asyncio.current_task()
     assert task is not None
     ls.in_flight[uri] = task
@@ -239,26 +351,90 @@ async def generate(ls: CodespecServer, uri: str, text: str, offset: int, languag
         ls.status("busy")
         block = BlockEnd(mode, block_indent(text, offset), language_id)
         opts = ls.options
+        line_start = prefix.rfind("\n") + 1  # the prefix ends before the cursor's line (see FimRequest.middle)
+        middle, held = HeldSpace.split(prefix[line_start:])
         request = FimRequest(
-            prefix[-opts.prefix_tokens * CHARS_PER_TOKEN :], suffix[: opts.suffix_tokens * CHARS_PER_TOKEN],
-            opts.max_tokens, ls.relative_path(uri), opts.prefix_tokens, opts.suffix_tokens,
+            prefix_window(prefix[:line_start], opts.prefix_tokens * CHARS_PER_TOKEN),
+            suffix_window(suffix, opts.suffix_tokens * CHARS_PER_TOKEN),
+            opts.max_tokens, ls.relative_path(uri), opts.prefix_tokens, opts.suffix_tokens, middle,
         )
+
+        def finish(raw: str) -> str:
+            healed = held.heal(raw)
+            return "" if healed is None else block.finish(healed)
+
+        early: asyncio.Future[str] = loop.create_future()
+        budget_s = opts.latency_budget_ms / 1000
+
+        def on_text(so_far: str) -> bool:  # any thread (the scheduler's, an HTTP reader's)
+            healed = held.heal(so_far)
+            if healed is None:
+                return False  # the model disagrees with the cursor's indentation
+            kept, finished = block.cut(healed)
+            if not finished and opts.latency_budget_ms and time.monotonic() - started >= budget_s:
+                lines = kept[: kept.rfind("\n")] if "\n" in kept else ""
+                if lines.strip():
+                    loop.call_soon_threadsafe(_settle, early, lines)
+                    loop.call_soon_threadsafe(_grow, ls, uri, prefix, lines)
+            return not finished
+
+        started = time.monotonic() - (loop.time() - asked_at)
+        full = asyncio.ensure_future(ls.backend.complete(request, on_text=on_text))
         try:
-            raw = await ls.backend.complete(request, on_text=lambda so_far: not block.cut(so_far)[1])
-        except Exception as exc:  # the backend failed (server gone, prompt refused): say so, serve on
-            log.warning("completion failed: %s", exc)
-            failure = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            return None
-        completion = block.finish(raw)
+            await asyncio.wait({full, early}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            full.cancel()
+            raise
+        if not full.done():  # answer with the lines ready; the rest goes on into the cache
+            ls.background[uri] = full
+            full.add_done_callback(lambda f: _store_rest(ls, uri, prefix, text, offset, finish, f))
+            completion = early.result()
+        else:
+            try:
+                raw = full.result()
+            except Exception as exc:  # the backend failed (server gone, prompt refused): say so, serve on
+                log.warning("completion failed: %s", exc)
+                failure = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                return None
+            completion = finish(raw)
     finally:
         if ls.in_flight.get(uri) is task:
             del ls.in_flight[uri]
-        ls.status("error" if failure else "ready", failure)
+        if uri not in ls.background:
+            ls.status("error" if failure else "ready", failure)
     if not completion.strip() or repeats_following(completion, text, offset):
         return None
     ls.shown[uri] = Shown(prefix, completion)
     ls.backend.record_acceptance(False)
     return completion
+
+
+def _settle(future: asyncio.Future[str], value: str) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _grow(ls: CodespecServer, uri: str, prefix: str, lines: str) -> None:
+    """Whole lines of a generation answered early, into the forwarding cache as they come."""
+    shown = ls.shown.get(uri)
+    if uri in ls.background and shown is not None and shown.prefix == prefix and lines.startswith(shown.text):
+        ls.shown[uri] = Shown(prefix, lines)
+
+
+def _store_rest(ls: CodespecServer, uri: str, prefix: str, text: str, offset: int, finish: Callable[[str], str],
+                full: asyncio.Future[str]) -> None:
+    """A generation that went on after its request was answered: its whole block replaces
+    the lines shown, in the forwarding cache."""
+    if ls.background.get(uri) is full:
+        del ls.background[uri]
+        ls.status("ready")
+    if full.cancelled() or full.exception() is not None:
+        return
+    completion = finish(full.result())
+    if completion.strip() and not repeats_following(completion, text, offset):
+        shown = ls.shown.get(uri)
+        if shown is None or shown.prefix == prefix:  # nothing newer was shown meanwhile
+            ls.shown[uri] = Shown(prefix, completion)
 
 
 def forward(shown: Shown | None, prefix: str) -> str | None:
@@ -275,11 +451,20 @@ def forward(shown: Shown | None, prefix: str) -> str | None:
     return shown.text[len(typed) :]
 
 
-def _items(position: types.Position, text: str, uri: str, prefix: str) -> types.InlineCompletionList:
-    # the command tells the server what the document starts with once the item is accepted
+_keys = itertools.count(1)
+
+
+def _items(ls: CodespecServer, position: types.Position, text: str, uri: str,
+           prefix: str) -> types.InlineCompletionList:
+    # the command's one argument is a key: the server keeps what the document starts with
+    # once the item is accepted
+    key = f"c{next(_keys)}"
+    ls.offered[key] = (uri, prefix + text)
+    while len(ls.offered) > OFFERED_KEEP:
+        ls.offered.popitem(last=False)
     item = types.InlineCompletionItem(
         insert_text=text,
         range=types.Range(start=position, end=position),
-        command=types.Command(title="codespec: accepted", command=ACCEPT_COMMAND, arguments=[uri, prefix + text]),
+        command=types.Command(title="codespec: accepted", command=ACCEPT_COMMAND, arguments=[key]),
     )
     return types.InlineCompletionList(items=[item])

@@ -80,8 +80,9 @@ class LlamaOutcome:
 class LlamaServer:
     """One llama-server process for one system; `with LlamaServer(...) as server:`."""
 
-    def __init__(self, system: str, threads: int, context: int = 8192) -> None:
+    def __init__(self, system: str, threads: int, context: int = 8192, extra: Sequence[str] = ()) -> None:
         self.system = system
+        self.extra = list(extra)  # more llama-server flags (the editor bench: llama.vim's)
         self.threads = threads
         self.context = context
         self.process: subprocess.Popen[bytes] | None = None
@@ -93,7 +94,7 @@ class LlamaServer:
         binary = server_binary()
         args = [str(binary), "-m", str(gguf_path()), "--host", "127.0.0.1", "--port", str(port),
                 "-t", str(self.threads), "-tb", str(self.threads), "-c", str(self.context), "-np", "1",
-                *SPEC_ARGS[self.system]]
+                *SPEC_ARGS[self.system], *self.extra]
         env = {**os.environ, "LD_LIBRARY_PATH": f"{binary.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
         self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.url = f"http://127.0.0.1:{port}"

@@ -26,16 +26,19 @@ from codespec.errors import CodespecError
 def register(commands: Any) -> None:
     p = commands.add_parser("bench", help="measure workloads side by side (default), draft policies (`bench "
                             "verify`) or the suffix index (`bench index`)")
-    p.add_argument("suite", nargs="?", choices=("workloads", "index", "verify", "cold"), default="workloads",
+    p.add_argument("suite", nargs="?", choices=("workloads", "index", "verify", "cold", "editor"), default="workloads",
                    help="workloads: repo completion, edit, agent loop, editor session x plain, HF prompt lookup, "
                    "codespec variants, arctic-inference; verify: draft policies (none, chain-4/8/16, tree, goodput) "
                    "at batch 1 and 8; index: the index at 10k..10M tokens; cold: held-out requests, a fresh "
-                   "process each (codespec generate, --no-spec, HF prompt lookup): start-up included")
+                   "process each (codespec generate, --no-spec, HF prompt lookup): start-up included; editor: a "
+                   "typing replay against codespec lsp, codespec serve's /infill and llama-server (llama.vim's "
+                   "requests)")
     p.add_argument("--sets", default="edit,fim-repo", help="verify suite: request sets (edit, fim-repo)")
     p.add_argument("--batches", default="1,8", help="verify suite: concurrent requests per run (default 1,8)")
     p.add_argument("--requests", type=int, default=8, metavar="N",
                    help="verify suite: requests per set, run at each batch size; cold suite: held-out requests, "
-                   "half FIM, half edit, spread over the set (default 8)")
+                   "half FIM, half edit, spread over the set (default 8); editor suite: the replay's first N "
+                   "completion requests (0: all 99)")
     p.add_argument("--sizes", default="10k,100k,1M,10M", help="index suite: corpus sizes (default 10k,100k,1M,10M)")
     p.add_argument("--workloads", default="repo,edit,agent,editor",
                    help="comma-separated: repo, edit, agent, editor (default all)")
@@ -62,7 +65,40 @@ def _pick(value: str, known: Any, what: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"index": run_index, "verify": run_verify, "cold": run_cold}.get(args.suite, run_workloads)(args)
+    return {"index": run_index, "verify": run_verify, "cold": run_cold,
+            "editor": run_editor}.get(args.suite, run_workloads)(args)
+
+
+def run_editor(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from codespec.bench import editor
+    from codespec.bench.typing import typing_replay, write_workspace
+
+    systems = _pick(args.systems, editor.EDITOR_SYSTEMS, "systems") if args.systems != ",".join(SYSTEM_NAMES) \
+        else list(editor.EDITOR_SYSTEMS)
+    replay = typing_replay(limit=None if args.requests == 0 else args.requests)
+    out_dir = _out_dir(args.out)
+    print(f"editor suite: {len(replay.asks)} completion requests while typing {len(replay.events)} events x "
+          f"{', '.join(systems)}", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="codespec-editor-") as tmp:
+        root = write_workspace(Path(tmp) / "workspace", replay)
+        results = editor.run_editor_bench(replay, systems, root, lambda m: print("  " + m, file=sys.stderr,
+                                                                              flush=True))
+    machine = _machine()
+    print(f"\ntyping replay: {len(replay.asks)} requests, {machine['cores']} cores ({machine['cpu']}); latency "
+          "from request to answer on the client's side; first = first request after a file opened")
+    editor.print_table(results, sys.stdout)
+    record = {"suite": "editor", "machine": machine, "requests": len(replay.asks),
+              "results": [r.to_json() for r in results]}
+    print(json.dumps(record))
+    if out_dir is not None:
+        (out_dir / "editor.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    unanswered = [r.system for r in results if any(s.latency_s is None for s in r.samples)]
+    if unanswered:
+        print(f"unanswered requests: {', '.join(unanswered)}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def run_cold(args: argparse.Namespace) -> int:

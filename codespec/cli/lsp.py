@@ -30,6 +30,9 @@ def register(commands: Any) -> None:
                    help="use a running `codespec serve`, or a vLLM / SGLang server (FIM prompts built with "
                         "--model's tokenizer), instead of loading a model")
     p.add_argument("--tcp", metavar="HOST:PORT", help="listen on a TCP socket instead of stdio")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
+                   help="stderr log level (default info: start-up, indexing and failures, never document "
+                        "text; debug adds every protocol message)")
     add_settings_arguments(p, ("api_key", "max_active_requests") + MODEL_FIELDS + SPECULATION_FIELDS + CACHE_FIELDS)
     p.set_defaults(handler=run)
 
@@ -53,7 +56,11 @@ def run(args: argparse.Namespace) -> int:
             return InProcessBackend(settings)
 
     # stdout carries the protocol: logs go to stderr
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="codespec-lsp %(levelname)s %(message)s")
+    level = getattr(logging, args.log_level.upper())
+    logging.basicConfig(stream=sys.stderr, level=level, format="codespec-lsp %(levelname)s %(message)s")
+    # pygls logs every message it sends at info, whole documents included (megabytes per
+    # keystroke in a big file): only from --log-level debug
+    logging.getLogger("pygls").setLevel(level if level == logging.DEBUG else max(level, logging.WARNING))
     server = build_server(make_backend)
     if args.tcp:
         host, _, port = args.tcp.rpartition(":")

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from codespec import prompts
 from codespec.engine.kvcache import DEFAULT_CHUNK, CacheFull, SlotCache
 from codespec.engine.stats import GenerationStats
 from codespec.engine.stopping import StopCondition
@@ -147,7 +148,7 @@ class Engine:
     def decode(self, token_ids: Sequence[int]) -> str:
         if self.tokenizer is None:
             return ""
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        return prompts.decode(self.tokenizer, token_ids)
 
     def start(self, prompt_ids: Sequence[int], config: GenerationConfig) -> Run:
         return Run(self, prompt_ids, config)

@@ -41,6 +41,7 @@ class Ticket:
     on_tokens: OnTokens
     on_done: OnDone
     cancelled: threading.Event = field(default_factory=threading.Event)
+    run: Run | None = None  # once admitted: its stats (prompt tokens, cached ones) are readable
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -139,7 +140,20 @@ class Scheduler:
                 if self._stopping:
                     return
                 self._admit_waiting()
-            self._step()
+            try:
+                self._step()
+            except Exception as exc:  # a defect outside any one run: end the active requests, keep serving
+                log.error("a scheduler step failed; its requests end with the error", exc_info=True)
+                self._fail_active(exc)
+
+    def _fail_active(self, exc: BaseException) -> None:
+        for ticket, run in self._active:
+            try:
+                run.close()
+            except Exception:
+                log.debug("closing a failed run", exc_info=True)
+            _notify(ticket, ticket.on_done, exc)
+        self._active.clear()
 
     def _admit_waiting(self) -> None:
         while self._waiting and len(self._active) < self.max_active:
@@ -153,6 +167,7 @@ class Scheduler:
         except Exception as exc:  # a bad request fails alone
             _notify(ticket, ticket.on_done, exc)
             return
+        ticket.run = run
         self._active.append((ticket, run))
 
     def _step(self) -> None:
@@ -177,10 +192,18 @@ class Scheduler:
 
 
 def _notify(ticket: Ticket, callback: Callable[[Any], None], value: Any) -> None:
-    """A front end that can no longer listen (its event loop closed) loses its request;
+    """A front end whose listener fails loses its request; it is told once, through
+    `on_done`, so that nobody waits for an answer that will never come (a listener that
+    failed on tokens and never heard again left the language server's request hanging);
     the worker keeps serving everyone else."""
     try:
         callback(value)
-    except Exception:
+    except Exception as exc:
         log.warning("dropping a request whose listener failed", exc_info=True)
-        ticket.cancel()
+        if not ticket.cancelled.is_set():
+            ticket.cancel()
+            if callback is not ticket.on_done:
+                try:
+                    ticket.on_done(exc)
+                except Exception:
+                    log.debug("the failed listener's on_done failed too", exc_info=True)

@@ -159,7 +159,7 @@ async def infill(req: InfillRequest, b: AnyBackend = Depends(backend)) -> Any:
             s = done.stats
             stop_type = "limit" if done.finish_reason == "length" else ("word" if req.stop else "eos")
             out |= {"model": b.name, "tokens_predicted": s.generated_tokens, "tokens_evaluated": s.prompt_tokens,
-                    "tokens_cached": 0, "truncated": False, "stop_type": stop_type,
+                    "tokens_cached": s.cached_prompt_tokens, "truncated": False, "stop_type": stop_type,
                     "timings": {"prompt_n": s.prompt_tokens, "prompt_ms": s.ttft_s * 1000,
                                 "predicted_n": s.generated_tokens, "predicted_ms": (s.wall_s - s.ttft_s) * 1000,
                                 "predicted_per_second": s.generated_tokens / s.wall_s if s.wall_s else 0.0},

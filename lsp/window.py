@@ -1,0 +1,71 @@
+"""The prompt's window around the cursor, laid out so that typing invalidates as little
+of the server's cached KV as possible (issue 29).
+
+The KV prefix cache reuses a prompt's leading tokens only while they stay the same. A
+window that keeps "the last N characters before the cursor" starts one character later
+at every keystroke, so in any file longer than N nothing is ever reused and every
+request prefills the whole prompt again. Here the window's start snaps to a grid that
+moves in steps of a quarter of the budget, at a line start: while the person types, the
+start stays put and consecutive requests share everything before the edit point. The
+window holds between three quarters and all of its budget.
+
+    >>> text = "".join(f"line {i}\\n" for i in range(100))
+    >>> window = prefix_window(text, 200)
+    >>> window == prefix_window(text + "x = 1", 200)[: len(window)]   # typing keeps the start
+    True
+    >>> 150 <= len(window) <= 200 and window.startswith("line ")
+    True
+"""
+
+from __future__ import annotations
+
+from codespec.prompts import grid_start
+
+
+def prefix_window(before: str, budget_chars: int) -> str:
+    """The text before the cursor that the prompt keeps: from a grid-snapped line start."""
+    start = grid_start(len(before), budget_chars)
+    if start == 0:
+        return before
+    line = before.find("\n", start - 1)  # the first line that starts at or after the grid point
+    if line == -1 or line + 1 >= len(before):  # one huge line: the grid point itself
+        return before[start:]
+    return before[line + 1 :]
+
+
+def suffix_window(after: str, budget_chars: int) -> str:
+    """The text after the cursor that the prompt keeps: typing at the cursor does not
+    change it (its end is budget characters past the cursor, in text that moves along)."""
+    return after[:budget_chars]
+
+
+class HeldSpace:
+    """Whitespace typed at the end of the middle, held back from the prompt.
+
+    A prompt that ends in spaces makes the model start a token boundary where its
+    tokenizer never has one (indentation and the word after it are one token), and it
+    answers with one space too many (` maxc = ...` after an indent). So the prompt's
+    middle ends before that whitespace, the model writes it itself, and the completion
+    shown starts after it. A model that writes other whitespace there disagrees with
+    where the cursor is: no completion.
+
+    >>> held = HeldSpace("    ")
+    >>> held.heal("  "), held.heal("    return x"), held.heal("return x"), held.heal("\\n")
+    ('', 'return x', None, None)
+    """
+
+    def __init__(self, typed: str) -> None:
+        self.text = typed[len(typed.rstrip(" \t")) :]
+
+    @staticmethod
+    def split(middle: str) -> tuple[str, HeldSpace]:
+        """(the middle to send, what it holds back)."""
+        held = HeldSpace(middle)
+        return middle[: len(middle) - len(held.text)], held
+
+    def heal(self, raw: str) -> str | None:
+        """The completion after the cursor; "" while the model is still writing the
+        held whitespace, None when it wrote something else."""
+        if raw.startswith(self.text):
+            return raw[len(self.text) :]
+        return "" if self.text.startswith(raw) else None
