@@ -37,7 +37,7 @@ from pygls.protocol import LanguageServerProtocol
 
 from codespec.lsp.backend import CompletionBackend, FimRequest
 from codespec.lsp.options import LspOptions, parse_options
-from codespec.lsp.window import HeldSpace, prefix_window, suffix_window
+from codespec.lsp.window import fim_request, whole_lines
 from codespec.lsp.syntax import BlockEnd, Mode, block_indent, classify, repeats_following
 
 log = logging.getLogger("codespec.lsp")
@@ -45,7 +45,6 @@ NAME, VERSION = "codespec", "0.1.0"
 ACCEPT_COMMAND = "codespec.accepted"
 STATUS = "codespec/status"
 STATS = "codespec/stats"
-CHARS_PER_TOKEN = 4  # budget cut before tokenizing: generous, the backend trims by tokens
 PROGRESS_CREATE_TIMEOUT_S = 5.0
 OFFERED_KEEP = 64  # accept-command keys remembered (the items of the last few requests)
 
@@ -338,7 +337,7 @@ async def generate(ls: CodespecServer, uri: str, text: str, offset: int, languag
         mode = Mode.SINGLE
     if mode is Mode.NONE:
         return None
-    prefix, suffix = text[:offset], text[offset:]
+    prefix = text[:offset]
     failure = ""
     for previous in (ls.in_flight.pop(uri, None), ls.background.pop(uri, None)):
         if previous is not None:
@@ -351,13 +350,7 @@ async def generate(ls: CodespecServer, uri: str, text: str, offset: int, languag
         ls.status("busy")
         block = BlockEnd(mode, block_indent(text, offset), language_id)
         opts = ls.options
-        line_start = prefix.rfind("\n") + 1  # the prefix ends before the cursor's line (see FimRequest.middle)
-        middle, held = HeldSpace.split(prefix[line_start:])
-        request = FimRequest(
-            prefix_window(prefix[:line_start], opts.prefix_tokens * CHARS_PER_TOKEN),
-            suffix_window(suffix, opts.suffix_tokens * CHARS_PER_TOKEN),
-            opts.max_tokens, ls.relative_path(uri), opts.prefix_tokens, opts.suffix_tokens, middle,
-        )
+        request, held = fim_request(text, offset, opts, ls.relative_path(uri))
 
         def finish(raw: str) -> str:
             healed = held.heal(raw)
@@ -372,7 +365,7 @@ async def generate(ls: CodespecServer, uri: str, text: str, offset: int, languag
                 return False  # the model disagrees with the cursor's indentation
             kept, finished = block.cut(healed)
             if not finished and opts.latency_budget_ms and time.monotonic() - started >= budget_s:
-                lines = kept[: kept.rfind("\n")] if "\n" in kept else ""
+                lines = whole_lines(kept)
                 if lines.strip():
                     loop.call_soon_threadsafe(_settle, early, lines)
                     loop.call_soon_threadsafe(_grow, ls, uri, prefix, lines)

@@ -19,7 +19,27 @@ window holds between three quarters and all of its budget.
 
 from __future__ import annotations
 
+from typing import Any
+
+from codespec.lsp.backend import FimRequest
 from codespec.prompts import grid_start
+
+CHARS_PER_TOKEN = 4  # budget cut before tokenizing: generous, the backend trims by tokens (on a grid too)
+
+
+def fim_request(text: str, offset: int, options: Any, path: str = "") -> tuple[FimRequest, HeldSpace]:
+    """The completion request for a cursor at `offset` of `text` (`options`: LspOptions):
+    the window before the cursor's line, the typed part of the line as the FIM middle
+    (see FimRequest.middle) less its trailing whitespace, the window after the cursor."""
+    prefix = text[:offset]
+    line_start = prefix.rfind("\n") + 1
+    middle, held = HeldSpace.split(prefix[line_start:])
+    request = FimRequest(
+        prefix_window(prefix[:line_start], options.prefix_tokens * CHARS_PER_TOKEN),
+        suffix_window(text[offset:], options.suffix_tokens * CHARS_PER_TOKEN),
+        options.max_tokens, path, options.prefix_tokens, options.suffix_tokens, middle,
+    )
+    return request, held
 
 
 def prefix_window(before: str, budget_chars: int) -> str:
@@ -69,3 +89,25 @@ class HeldSpace:
         if raw.startswith(self.text):
             return raw[len(self.text) :]
         return "" if self.text.startswith(raw) else None
+
+
+def whole_lines(text: str) -> str:
+    """The longest run of complete lines of `text` that closes every bracket it opens:
+    what a completion answered before its generation ends may show (issue 31: never a
+    suggestion cut inside an unclosed `return (`).
+
+    >>> whole_lines("x = f(1,\\n      2)\\ny = [\\n")
+    'x = f(1,\\n      2)'
+    >>> whole_lines("return (")
+    ''
+    """
+    kept, depth, at = "", 0, 0
+    while True:
+        end = text.find("\n", at)
+        if end < 0:
+            return kept
+        line = text[at:end]
+        depth += sum(line.count(c) for c in "([{") - sum(line.count(c) for c in ")]}")
+        if depth <= 0 and not line.rstrip().endswith("\\"):
+            kept = text[:end]
+        at = end + 1

@@ -88,3 +88,48 @@ def test_without_a_thread_drain_runs_every_request_on_the_callers_thread():
     scheduler.drain()
     assert threads == {threading.current_thread().name}
     assert [outs[i].token_ids for i in range(2)] == [engine.generate(p, config).token_ids for p in prompts]
+
+
+def test_a_listener_that_fails_on_tokens_still_hears_the_end():
+    """A front end whose on_tokens raised used to be dropped without a word: the language
+    server then waited for that completion forever (issue 29's hang)."""
+    scheduler = Scheduler(tiny_engine(), max_active=2)
+    ended = threading.Event()
+    outcome = []
+
+    def on_tokens(tokens):
+        raise RuntimeError("Already borrowed")  # what a tokenizer used from two threads raised
+
+    def on_done(result):
+        outcome.append(result)
+        ended.set()
+
+    try:
+        scheduler.submit([1, 2, 3], GenerationConfig(max_new_tokens=8), on_tokens, on_done)
+        assert ended.wait(60), "the failed listener never heard the end of its request"
+        assert isinstance(outcome[0], RuntimeError)
+        # and the worker serves on
+        assert run_all(scheduler, [[4, 5, 6]], GenerationConfig(max_new_tokens=4))[0].token_ids
+    finally:
+        scheduler.close()
+
+
+def test_a_step_that_fails_ends_its_requests_and_the_worker_serves_on():
+    engine = tiny_engine()
+    scheduler = Scheduler(engine, max_active=2)
+    real_step, calls = engine.step, []
+
+    def failing_once(runs):
+        calls.append(len(runs))
+        if len(calls) == 1:
+            raise MemoryError("a defect outside any one run")
+        return real_step(runs)
+
+    engine.step = failing_once
+    try:
+        first = run_all(scheduler, [[1, 2, 3]], GenerationConfig(max_new_tokens=8))[0]
+        assert isinstance(first, MemoryError)
+        later = run_all(scheduler, [[1, 2, 3]], GenerationConfig(max_new_tokens=8))[0]
+        assert later.token_ids == engine.generate([1, 2, 3], GenerationConfig(max_new_tokens=8)).token_ids
+    finally:
+        scheduler.close()

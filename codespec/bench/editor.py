@@ -89,7 +89,8 @@ def _sample(ask: Ask, latency: float | None, text: str | None, prompt: int | Non
 
 
 # -- codespec lsp ------------------------------------------------------------------------------
-async def run_lsp(replay: Replay, root: Path, env: dict[str, str], log: Callable[[str], None]) -> SystemResult:
+async def run_lsp(replay: Replay, root: Path, env: dict[str, str], log: Callable[[str], None],
+                  command: list[str] | None = None) -> SystemResult:
     from lsprotocol import types
     from pygls.lsp.client import LanguageClient
 
@@ -103,7 +104,8 @@ async def run_lsp(replay: Replay, root: Path, env: dict[str, str], log: Callable
         if state in ("ready", "error"):
             ready.set()
 
-    await client.start_io(sys.executable, "-m", "codespec", "lsp", "--log-level", "warning", env=env)
+    command = command or [sys.executable, "-m", "codespec", "lsp", "--log-level", "warning"]
+    await client.start_io(command[0], *command[1:], env=env)
     try:
         await client.initialize_async(types.InitializeParams(
             capabilities=types.ClientCapabilities(),
@@ -249,14 +251,15 @@ class ServeProcess:
         self.log.close()
 
 
-def run_editor_bench(replay: Replay, systems: list[str], root: Path, log: Callable[[str], None]) -> list[SystemResult]:
+def run_editor_bench(replay: Replay, systems: list[str], root: Path, log: Callable[[str], None],
+                     lsp_command: list[str] | None = None) -> list[SystemResult]:
     from codespec.bench import llamacpp
 
     env = {**os.environ}
     results = []
     for system in systems:
         if system == "lsp":
-            results.append(asyncio.run(run_lsp(replay, root, env, log)))
+            results.append(asyncio.run(run_lsp(replay, root, env, log, lsp_command)))
         elif system == "infill":
             with ServeProcess(root, env) as serve:
                 results.append(run_infill(system, replay, serve.url, log))

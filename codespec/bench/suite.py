@@ -111,6 +111,9 @@ class Result:
             # rows a pass verified beyond each request's pending token: what drafting cost
             "draft_tokens_per_pass": round(sum(r.draft_tokens for r in run.requests) / passes, 3) if passes else None,
             "ttft_p50_s": round(statistics.median(ttfts), 4) if ttfts else None,
+            # prompt tokens read (not taken from a cache) per second of time to first token:
+            # prefill speed as each system delivers it (issue 28)
+            "prefill_tokens_per_s": _prefill_rate(run.requests),
             "latency_p50_s": round(statistics.median(latencies), 3),
             "latency_p95_s": round(_percentile(latencies, 0.95), 3),
             "identical_rate": round(self.identical_rate, 4),
@@ -283,17 +286,29 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+def _prefill_rate(requests: Sequence[Request]) -> float | None:
+    """Median over requests of prompt tokens read per second of time to first token.
+
+    >>> _prefill_rate([Request("a", 300, (), 1.0, 0.5, cached_prompt_tokens=100), Request("b", 10, (), 1.0, None)])
+    400.0
+    """
+    rates = [(r.prompt_tokens - r.cached_prompt_tokens) / r.ttft_s for r in requests
+             if r.ttft_s and r.prompt_tokens > r.cached_prompt_tokens]
+    return round(statistics.median(rates), 1) if rates else None
+
+
 def format_table(results: Sequence[Result]) -> str:
     header = (f"{'workload':<9}{'system':<18}{'tokens':>7}{'tok/s':>8}{'vs plain':>9}{'acc/pass':>9}"
-              f"{'ttft p50':>9}{'p50 s':>7}{'p95 s':>7}{'same':>6}{'peak MB':>9}")
+              f"{'ttft p50':>9}{'prefill/s':>10}{'p50 s':>7}{'p95 s':>7}{'same':>6}{'peak MB':>9}")
     lines = [header, "-" * len(header)]
     for r in results:
         j = r.to_json()
         atp = "-" if j["accepted_tokens_per_pass"] is None else f"{j['accepted_tokens_per_pass']:.2f}"
         ttft = "-" if j["ttft_p50_s"] is None else f"{j['ttft_p50_s']:.2f}"
+        prefill = "-" if j["prefill_tokens_per_s"] is None else f"{j['prefill_tokens_per_s']:.0f}"
         peak = "-" if j["peak_rss_mb"] is None else f"{j['peak_rss_mb']:.0f}"
         lines.append(f"{r.workload:<9}{r.system:<18}{j['tokens']:>7}{j['tokens_per_s']:>8.1f}"
-                     f"{j['ratio_vs_plain']:>8.2f}x{atp:>9}{ttft:>9}{j['latency_p50_s']:>7.2f}"
+                     f"{j['ratio_vs_plain']:>8.2f}x{atp:>9}{ttft:>9}{prefill:>10}{j['latency_p50_s']:>7.2f}"
                      f"{j['latency_p95_s']:>7.2f}{j['identical_rate']:>6.0%}{peak:>9}")
     differing = [f"  {r.workload}/{r.system}: {', '.join(step for step, same in r.identical.items() if not same)}"
                  for r in results if not all(r.identical.values())]

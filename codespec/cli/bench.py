@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,9 @@ def register(commands: Any) -> None:
     p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
                    help="override every request's token limit (workloads: repo 128, edit/agent 320, editor 48; "
                    "verify: 96)")
+    p.add_argument("--lsp-command", default=None, metavar="CMD",
+                   help="editor suite: the language server to run as `lsp` (default: this codespec's `codespec lsp`; "
+                   "e.g. another checkout's, to compare)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="also write the results as JSON and PNG plots into DIR")
     add_settings_arguments(p, MODEL_FIELDS + SPECULATION_FIELDS)
@@ -83,8 +87,9 @@ def run_editor(args: argparse.Namespace) -> int:
           f"{', '.join(systems)}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="codespec-editor-") as tmp:
         root = write_workspace(Path(tmp) / "workspace", replay)
-        results = editor.run_editor_bench(replay, systems, root, lambda m: print("  " + m, file=sys.stderr,
-                                                                              flush=True))
+        results = editor.run_editor_bench(replay, systems, root,
+                                          lambda m: print("  " + m, file=sys.stderr, flush=True),
+                                          shlex.split(args.lsp_command) if args.lsp_command else None)
     machine = _machine()
     print(f"\ntyping replay: {len(replay.asks)} requests, {machine['cores']} cores ({machine['cpu']}); latency "
           "from request to answer on the client's side; first = first request after a file opened")

@@ -56,11 +56,7 @@ def run(args: argparse.Namespace) -> int:
             return InProcessBackend(settings)
 
     # stdout carries the protocol: logs go to stderr
-    level = getattr(logging, args.log_level.upper())
-    logging.basicConfig(stream=sys.stderr, level=level, format="codespec-lsp %(levelname)s %(message)s")
-    # pygls logs every message it sends at info, whole documents included (megabytes per
-    # keystroke in a big file): only from --log-level debug
-    logging.getLogger("pygls").setLevel(level if level == logging.DEBUG else max(level, logging.WARNING))
+    configure_logging(args.log_level)
     server = build_server(make_backend)
     if args.tcp:
         host, _, port = args.tcp.rpartition(":")
@@ -70,6 +66,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         server.start_io()
     return 0
+
+
+def configure_logging(name: str) -> None:
+    """stderr logging at `name`. pygls logs every message it sends at info, whole documents
+    included (megabytes per keystroke in a big file): it speaks only from debug."""
+    level = getattr(logging, name.upper())
+    logging.basicConfig(stream=sys.stderr, level=level, format="codespec-lsp %(levelname)s %(message)s")
+    logging.getLogger("pygls").setLevel(level if level == logging.DEBUG else max(level, logging.WARNING))
 
 
 def remote_backend(url: str, settings: Any) -> Any:

@@ -46,6 +46,9 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
     speculate: bool = True
     time_limit_s: float | None = None  # stop ("length") once generation took this long
+    # llama.cpp's t_max_predict_ms: the limit counts from the first token, and stops only
+    # once a newline was generated (so llama.vim's 250 ms still gets a whole first line)
+    time_limit_llama: bool = False
     temperature: float = 0.0  # 0: greedy; > 0: lossless speculative sampling
     top_p: float = 1.0
     top_k: int = 0
@@ -353,8 +356,11 @@ class Run:
 
     def _check_time(self) -> None:
         limit = self.config.time_limit_s
-        if not self.done and limit is not None and time.perf_counter() - self._started > limit:
-            self.finish_reason = "length"
+        if not self.done and limit is not None:
+            since = self._started + (self.stats.ttft_s if self.config.time_limit_llama else 0.0)
+            if time.perf_counter() - since > limit and (not self.config.time_limit_llama
+                                                        or "\n" in self.engine.decode(self.generated)):
+                self.finish_reason = "length"
         if self.done:
             self.stats.wall_s = time.perf_counter() - self._started
             self.session.finish(self.generated)

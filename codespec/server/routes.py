@@ -150,7 +150,7 @@ async def infill(req: InfillRequest, b: AnyBackend = Depends(backend)) -> Any:
     limit = b.settings.max_tokens_limit if req.n_predict < 0 else max(req.n_predict, 1)
     b.check_request(ids, limit)
     seconds = req.t_max_predict_ms / 1000 if req.t_max_predict_ms else None
-    config = GenerationConfig(max_new_tokens=limit, stop=tuple(req.stop), time_limit_s=seconds,
+    config = GenerationConfig(max_new_tokens=limit, stop=tuple(req.stop), time_limit_s=seconds, time_limit_llama=True,
                               temperature=req.temperature or 0.0, top_p=req.top_p, top_k=req.top_k, seed=req.seed)
 
     def chunk(text: str, done: Generation | None) -> dict[str, Any]:
@@ -160,16 +160,43 @@ async def infill(req: InfillRequest, b: AnyBackend = Depends(backend)) -> Any:
             stop_type = "limit" if done.finish_reason == "length" else ("word" if req.stop else "eos")
             out |= {"model": b.name, "tokens_predicted": s.generated_tokens, "tokens_evaluated": s.prompt_tokens,
                     "tokens_cached": s.cached_prompt_tokens, "truncated": False, "stop_type": stop_type,
-                    "timings": {"prompt_n": s.prompt_tokens, "prompt_ms": s.ttft_s * 1000,
-                                "predicted_n": s.generated_tokens, "predicted_ms": (s.wall_s - s.ttft_s) * 1000,
-                                "predicted_per_second": s.generated_tokens / s.wall_s if s.wall_s else 0.0},
-                    "codespec": s.to_json()}
-        return out
+                    "timings": _timings(s), "codespec": s.to_json()}
+        return _fields(out, req.response_fields)
 
     if req.stream:
         return _streaming(_stream(b, ids, config, chunk, done_marker=False))
     g = await b.complete(ids, config)
     return chunk(g.text, g)
+
+
+def _timings(s: Any) -> dict[str, float]:
+    """llama.cpp's `timings`: prompt_n counts the prompt tokens evaluated (not cached)."""
+    prompt_n = s.prompt_tokens - s.cached_prompt_tokens
+    prompt_ms, predicted_ms = s.ttft_s * 1000, max(s.wall_s - s.ttft_s, 0.0) * 1000
+    return {"prompt_n": prompt_n, "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": 1000 * prompt_n / prompt_ms if prompt_ms else 0.0,
+            "predicted_n": s.generated_tokens, "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / s.generated_tokens if s.generated_tokens else 0.0,
+            "predicted_per_second": 1000 * s.generated_tokens / predicted_ms if predicted_ms else 0.0}
+
+
+def _fields(out: dict[str, Any], fields: list[str] | None) -> dict[str, Any]:
+    """llama.cpp's `response_fields`: only those fields, a nested one (`timings/prompt_n`)
+    moved to the top under its path; a missing one is left out."""
+    if not fields:
+        return out
+    picked: dict[str, Any] = {}
+    for name in fields:
+        value: Any = out
+        for key in name.split("/"):
+            value = value.get(key, _MISSING) if isinstance(value, dict) else _MISSING
+        if value is not _MISSING:
+            picked[name] = value
+    return picked
+
+
+_MISSING = object()
 
 
 @router.get("/v1/models")

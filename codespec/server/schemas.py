@@ -115,6 +115,8 @@ class InfillRequest(_Stops):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = None
     stream: bool = False
+    response_fields: list[str] | None = None  # llama.cpp's: only these (nested ones as "timings/prompt_n")
+    n_indent: int = Field(0, ge=0)  # accepted (llama.vim sends it); the block rules stop at a dedent anyway
 
 
 class AcceptanceRequest(_Request):
