@@ -15,6 +15,7 @@ import threading
 from typing import Any, Callable, Iterator
 
 from codespec.integrations.upstream import UpstreamClient, UpstreamError, sse_data
+from codespec.lsp.window import HTTP_CHARS_PER_TOKEN, prefix_window, suffix_window
 from codespec.lsp.backend import FimRequest, OnText, Progress
 
 TIMEOUT_S = 120
@@ -51,7 +52,10 @@ class HttpBackend:
         return self.client.open(path, body, method)
 
     async def complete(self, request: FimRequest, on_text: OnText) -> str:
-        body = {"input_prefix": request.prefix, "input_suffix": request.suffix, "prompt": request.middle,
+        # /infill does not cut by tokens: the windows are cut here, by characters, on their grids
+        prefix = prefix_window(request.prefix, request.prefix_tokens * HTTP_CHARS_PER_TOKEN)
+        suffix = suffix_window(request.suffix, request.suffix_tokens * HTTP_CHARS_PER_TOKEN)
+        body = {"input_prefix": prefix, "input_suffix": suffix, "prompt": request.middle,
                 "n_predict": request.max_tokens,
                 "stream": True}
 

@@ -24,7 +24,13 @@ from typing import Any
 from codespec.lsp.backend import FimRequest
 from codespec.prompts import grid_start
 
-CHARS_PER_TOKEN = 4  # budget cut before tokenizing: generous, the backend trims by tokens (on a grid too)
+# The character cut before tokenizing: generous (code runs ~3.5 characters a token), so
+# that the backend's token cut, on its own grid (prompts.grid_start), does the real work
+# and the character window's start (which moves every quarter window) rarely moves:
+# each move of either start is a prompt the KV cache cannot reuse. A backend that does
+# not cut by tokens (`codespec serve`'s /infill) gets the tighter HTTP_CHARS_PER_TOKEN.
+CHARS_PER_TOKEN = 16
+HTTP_CHARS_PER_TOKEN = 4
 
 
 def fim_request(text: str, offset: int, options: Any, path: str = "") -> tuple[FimRequest, HeldSpace]:

@@ -133,3 +133,13 @@ def test_a_step_that_fails_ends_its_requests_and_the_worker_serves_on():
         assert later.token_ids == engine.generate([1, 2, 3], GenerationConfig(max_new_tokens=8)).token_ids
     finally:
         scheduler.close()
+
+
+def test_llama_time_limit_waits_for_a_newline():
+    """llama.cpp's t_max_predict_ms stops only once a newline was generated (and counts
+    from the first token): a limit of zero still lets the first line through."""
+    engine = tiny_engine()  # no tokenizer: its text has no newline, ever
+    plain = engine.generate([1, 2, 3], GenerationConfig(max_new_tokens=12, time_limit_s=0.0))
+    llama = engine.generate([1, 2, 3], GenerationConfig(max_new_tokens=12, time_limit_s=0.0, time_limit_llama=True))
+    assert plain.finish_reason == "length" and len(plain.token_ids) < 12
+    assert len(llama.token_ids) == 12

@@ -73,6 +73,7 @@ def configure_logging(name: str) -> None:
     included (megabytes per keystroke in a big file): it speaks only from debug."""
     level = getattr(logging, name.upper())
     logging.basicConfig(stream=sys.stderr, level=level, format="codespec-lsp %(levelname)s %(message)s")
+    logging.getLogger().setLevel(level)  # also where a handler was already installed
     logging.getLogger("pygls").setLevel(level if level == logging.DEBUG else max(level, logging.WARNING))
 
 

@@ -40,14 +40,16 @@ def shared(a, b):
 
 
 def test_typing_keeps_the_prompt_start_in_a_long_file(tokenizer):
-    options = LspOptions(prefix_tokens=512, suffix_tokens=64)
+    # a byte-level tokenizer: one token a character, so the token window holds 2k characters
+    options = LspOptions(prefix_tokens=2048, suffix_tokens=64)
     asks = [a for a in typing_replay().asks if a.path == "statistics.py"]  # ~47k characters: longer than the window
-    assert asks and len(asks[0].text) > 4 * options.prefix_tokens * 4
+    assert len(asks) >= 16 and len(asks[0].text) > 4 * options.prefix_tokens
     prompts = [prompt(tokenizer, a, options) for a in asks]
-    kept = [shared(p, q) / len(q) for p, q in zip(prompts, prompts[1:])]
+    kept = [round(shared(p, q) / len(q), 2) for p, q in zip(prompts, prompts[1:])]
     # the person types a line (or half of one) between requests: the prompts share their
-    # windows up to the edited line; a grid step (every quarter window) may move the start once
-    assert sum(k > 0.6 for k in kept) >= len(kept) - 1, kept
+    # windows up to the edited line; a grid step (every quarter window, ~12 lines here) may
+    # move the start (here twice in ~20 lines), and the second function is 120 lines further
+    assert sum(k > 0.6 for k in kept) >= len(kept) - 3, kept
     assert all(len(p) <= options.prefix_tokens + options.suffix_tokens + 64 for p in prompts)
 
 
@@ -56,7 +58,7 @@ def test_typing_along_a_line_changes_only_the_middle(tokenizer):
     head, tail = "def f(x):\n    return x\n\n\ndef g(y):\n", "\n    return total\n"
     empty, typed = head + "    " + tail, head + "    total = y" + tail
     before = prompt(tokenizer, SimpleNamespace(text=empty, offset=len(head) + 4), options)
-    after = prompt(tokenizer, SimpleNamespace(text=typed, offset=len(head) + 15), options)
+    after = prompt(tokenizer, SimpleNamespace(text=typed, offset=len(head) + len("    total = y")), options)
     assert before == after[: len(before)]  # the typed text went after the FIM middle token: nothing before moved
 
 

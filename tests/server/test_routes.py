@@ -65,8 +65,16 @@ async def test_infill_as_llama_vim_sends_it(http):
     r = await http.post("/infill", json=body)
     assert r.status_code == 200, r.text
     out = r.json()
-    assert out["content"] and out["stop"] is True and out["tokens_predicted"] <= 24
-    assert {"prompt_n", "predicted_n", "predicted_ms"} <= out["timings"].keys()
+    # response_fields: exactly those, the nested one moved to the top under its path
+    assert out.keys() == {"content", "timings/prompt_n", "tokens_cached"} and out["content"], out
+    assert out["timings/prompt_n"] > 0
+    again = (await http.post("/infill", json={**body, "response_fields": None})).json()
+    assert again["content"] == out["content"] and again["stop"] is True and again["tokens_predicted"] <= 24
+    assert {"prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_n", "predicted_ms",
+            "predicted_per_token_ms", "predicted_per_second"} <= again["timings"].keys()
+    # the same prompt again: its KV came from the cache, and the response says so
+    assert again["tokens_cached"] > 0 and again["tokens_cached"] + again["timings"]["prompt_n"] == \
+        again["tokens_evaluated"]
 
 
 async def test_concurrent_requests_equal_their_sequential_outputs(client, backend):
