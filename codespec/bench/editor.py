@@ -183,6 +183,8 @@ def infill_body(ask: Ask, first: bool) -> dict[str, Any]:
     suffix = line[col:] + "\n" + "".join(f"{x}\n" for x in lines[row + 1:row + 1 + LLAMA_VIM["n_suffix_lines"]])
     middle = line[:col]
     indent = len(middle) - len(middle.lstrip(" "))
+    if not middle.strip():  # llama.vim empties a whitespace-only middle and sends the indent as n_indent
+        middle = ""
     return {"input_prefix": prefix, "input_suffix": suffix, "input_extra": [], "prompt": middle,
             "n_predict": LLAMA_VIM["n_predict"], "n_indent": indent, "top_k": 40, "top_p": 0.90,
             "samplers": ["top_k", "top_p", "infill"], "temperature": 0, "stream": False, "cache_prompt": True,
@@ -207,10 +209,19 @@ def run_infill(system: str, replay: Replay, url: str, log: Callable[[str], None]
         prompt = answer.get("timings/prompt_n", _get(answer.get("timings"), "prompt_n"))
         cached = answer.get("tokens_cached")
         evaluated = None if prompt is None else int(prompt) + int(cached or 0)  # prompt_n counts new tokens
-        result.samples.append(_sample(ask, latency, answer.get("content"), evaluated, cached))
+        result.samples.append(_sample(ask, latency, _shown(answer.get("content"), ask), evaluated, cached))
         log(f"{system} {i + 1}/{len(replay.asks)}: {_ms(latency)} cached {cached}/{evaluated} "
             f"{(answer.get('content') or '')[:48]!r} (typed next: {ask.truth[:24]!r})")
     return result
+
+
+def _shown(content: str | None, ask: Ask) -> str | None:
+    """What llama.vim shows at the cursor: with an emptied middle the model writes the
+    line's indentation too, which the cursor already has."""
+    typed = ask.text[ask.offset - ask.character: ask.offset]
+    if content and not typed.strip() and content.startswith(typed):
+        return content[len(typed):]
+    return content
 
 
 class ServeProcess:
