@@ -57,7 +57,9 @@ async def test_infill_as_llama_vim_sends_it(http):
     body = {  # the fields llama.vim's llama#fim sends
         "id_slot": 0, "input_prefix": "import os\n\ndef list_python_files(path):\n    ",
         "input_suffix": "\n\nif __name__ == '__main__':\n    print(list_python_files('.'))\n",
-        "input_extra": [{"filename": "util.py", "text": "def is_python(name):\n    return name.endswith('.py')\n"}],
+        "input_extra": [{"filename": "util.py", "text": "def is_python(name):\n    return name.endswith('.py')\n"},
+                        {"filename": "numbers.py",  # a prompt past one prefill chunk (256 tokens): reusable
+                         "text": "".join(f"def add_{i}(x):\n    return x + {i}\n\n" for i in range(30))}],
         "prompt": "", "n_predict": 24, "n_indent": 4, "top_k": 40, "top_p": 0.90, "stream": False,
         "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True, "t_max_prompt_ms": 500,
         "t_max_predict_ms": 10000, "response_fields": ["content", "timings/prompt_n", "tokens_cached"],
