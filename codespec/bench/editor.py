@@ -156,11 +156,18 @@ async def run_lsp(replay: Replay, root: Path, env: dict[str, str], log: Callable
         await client.shutdown_async(None)
         client.exit(None)
     finally:
-        if client._server is not None and client._server.returncode is None:
-            with contextlib.suppress(ProcessLookupError):  # stop() waits for an exit a failure never asked for
-                client._server.terminate()
-        await client.stop()
+        await stop_client(client)
     return result
+
+
+async def stop_client(client: Any) -> None:
+    """Stop a pygls client and its server process: `stop()` alone waits for the server's
+    exit, which a failed session (no `shutdown`/`exit`) never asked for."""
+    server = client._server
+    if server is not None and server.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            server.terminate()
+    await client.stop()
 
 
 def _get(value: Any, key: str) -> Any:

@@ -10,7 +10,6 @@ ones. Every request must get its answer."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import sys
@@ -22,6 +21,7 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 from pygls.lsp.client import LanguageClient
 
+from codespec.bench.editor import stop_client
 from tests.lsp.tiny_fim import tiny_fim_model
 
 ANSWER_S = 60  # a generous bound: an unanswered request used to wait forever
@@ -149,7 +149,4 @@ async def _session(tmp_path: Path) -> None:
         await client.shutdown_async(None)
         client.exit(None)
     finally:
-        if client._server is not None and client._server.returncode is None:
-            with contextlib.suppress(ProcessLookupError):  # stop() waits for an exit a failure never asked for
-                client._server.terminate()
-        await client.stop()
+        await stop_client(client)
