@@ -10,8 +10,9 @@ process; imports torch, so only the CLI loads it) and `lsp.http_backend.HttpBack
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 
 OnText = Callable[[str], bool]  # the completion so far; return False to stop generating
 Progress = Callable[[str, int], None]  # message, percentage
@@ -47,3 +48,10 @@ class CompletionBackend(Protocol):
 
     def close(self) -> Awaitable[None] | None:
         """Release the model or the connection."""
+
+
+def settle(future: asyncio.Future[Any], value: Any) -> None:
+    """Resolve `future` with `value` unless it already is (or was cancelled): for results
+    that race, handed to the event loop with `call_soon_threadsafe`."""
+    if not future.done():
+        future.set_result(value)

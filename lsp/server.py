@@ -35,7 +35,7 @@ from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
 
-from codespec.lsp.backend import CompletionBackend, FimRequest
+from codespec.lsp.backend import CompletionBackend, FimRequest, settle
 from codespec.lsp.options import LspOptions, parse_options
 from codespec.lsp.window import fim_request, whole_lines
 from codespec.lsp.syntax import BlockEnd, Mode, block_indent, classify, repeats_following
@@ -196,19 +196,25 @@ def build_server(make_backend: Callable[[], CompletionBackend]) -> CodespecServe
     return server
 
 
+def opened(ls: CodespecServer, uri: str) -> Any:
+    """The document if the editor opened it, else None. Never `get_text_document`: it
+    reads a document it does not hold from disk (any path a client names)."""
+    return ls.workspace.text_documents.get(unquote(uri))
+
+
 def open_document(ls: CodespecServer, uri: str) -> Any:
     """A document the editor opened; anything else (a path never opened, a file the
     server would have to read from disk) is refused with `InvalidParams`."""
-    doc = ls.workspace.text_documents.get(unquote(uri))
+    doc = opened(ls, uri)
     if doc is None:
         raise JsonRpcInvalidParams(f"{uri} is not open: send textDocument/didOpen first")
     return doc
 
 
 def feed(ls: CodespecServer, uri: str, saved: bool = False) -> None:
-    if ls.backend is None or unquote(uri) not in ls.workspace.text_documents:
+    doc = opened(ls, uri)
+    if ls.backend is None or doc is None:
         return
-    doc = ls.workspace.get_text_document(uri)
     ls.backend.update_document(ls.relative_path(uri), doc.source.replace("\r\n", "\n"), saved)
 
 
@@ -255,7 +261,7 @@ async def _progress_token(ls: CodespecServer) -> str | None:
 
 async def complete(ls: CodespecServer, params: types.InlineCompletionParams) -> types.InlineCompletionList | None:
     uri = params.text_document.uri
-    asked_at = asyncio.get_running_loop().time()
+    asked_at = time.monotonic()
     if not ls.options.enable or ls.backend is None:
         return None
     doc = open_document(ls, uri)
@@ -305,7 +311,7 @@ async def complete_ahead(ls: CodespecServer, uri: str, prefix: str) -> None:
     """After an accept, compute the next completion at the end of the accepted text, so
     that the editor's next request finds it in the cache."""
     for _ in range(50):  # the accepted text reaches the server as a didChange soon after
-        doc = ls.workspace.text_documents.get(unquote(uri))
+        doc = opened(ls, uri)
         if doc is None:  # closed meanwhile
             return
         text = doc.source.replace("\r\n", "\n")
@@ -325,13 +331,14 @@ async def generate(ls: CodespecServer, uri: str, text: str, offset: int, languag
     """Generate a completion at `offset` (cancelling the document's older one), cut at
     the block end; cached in `ls.shown` for the forwarding cache.
 
-    Latency first: once `latencyBudgetMs` has passed since the request came (`asked_at`)
+    Latency first: once `latencyBudgetMs` has passed since the request came (`asked_at`,
+    `time.monotonic()`)
     and whole lines are ready, the request is answered with them, and the generation goes
     on in the background to the block end, into the forwarding cache: the editor's next
     request, after the person accepted or typed along those lines, finds the rest there."""
     assert ls.backend is not None
     loop = asyncio.get_running_loop()
-    asked_at = loop.time() if asked_at is None else asked_at
+    asked_at = time.monotonic() if asked_at is None else asked_at
     mode = classify(text, offset, language_id)
     if mode is Mode.MULTI and not ls.options.multiline:
         mode = Mode.SINGLE
@@ -364,14 +371,13 @@ async def generate(ls: CodespecServer, uri: str, text: str, offset: int, languag
             if healed is None:
                 return False  # the model disagrees with the cursor's indentation
             kept, finished = block.cut(healed)
-            if not finished and opts.latency_budget_ms and time.monotonic() - started >= budget_s:
+            if not finished and opts.latency_budget_ms and time.monotonic() - asked_at >= budget_s:
                 lines = whole_lines(kept)
                 if lines.strip():
-                    loop.call_soon_threadsafe(_settle, early, lines)
+                    loop.call_soon_threadsafe(settle, early, lines)
                     loop.call_soon_threadsafe(_grow, ls, uri, prefix, lines)
             return not finished
 
-        started = time.monotonic() - (loop.time() - asked_at)
         full = asyncio.ensure_future(ls.backend.complete(request, on_text=on_text))
         try:
             await asyncio.wait({full, early}, return_when=asyncio.FIRST_COMPLETED)
@@ -400,11 +406,6 @@ async def generate(ls: CodespecServer, uri: str, text: str, offset: int, languag
     ls.shown[uri] = Shown(prefix, completion)
     ls.backend.record_acceptance(False)
     return completion
-
-
-def _settle(future: asyncio.Future[str], value: str) -> None:
-    if not future.done():
-        future.set_result(value)
 
 
 def _grow(ls: CodespecServer, uri: str, prefix: str, lines: str) -> None:

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from codespec.engine import GenerationConfig
 from codespec.index import SuffixIndex
-from codespec.lsp.backend import FimRequest, OnText, Progress
+from codespec.lsp.backend import FimRequest, OnText, Progress, settle
 from codespec.prompts import encode_texts, fim_ids
 from codespec.settings import Settings
 
@@ -61,7 +61,7 @@ class InProcessBackend:
             state["text"] = self.engine.decode(tokens)
             if not on_text(state["text"]):
                 ticket.cancel()
-                loop.call_soon_threadsafe(_resolve, done, state["text"])
+                loop.call_soon_threadsafe(settle, done, state["text"])
 
         def on_done(outcome: Any) -> None:
             if isinstance(outcome, BaseException):
@@ -69,7 +69,7 @@ class InProcessBackend:
             else:
                 if not tokens:  # finished without a token: counted here
                     self.prompts.add(outcome.stats.prompt_tokens, outcome.stats.cached_prompt_tokens)
-                loop.call_soon_threadsafe(_resolve, done, outcome.text)
+                loop.call_soon_threadsafe(settle, done, outcome.text)
 
         config = GenerationConfig(max_new_tokens=request.max_tokens)
         ticket = self.scheduler.submit(self.prompt_ids(request), config, on_tokens=on_tokens, on_done=on_done)
@@ -178,16 +178,6 @@ class BufferFeed:
     def pending(self) -> int:
         return len(self._pending)
 
-    def flush(self, timeout: float = 30.0) -> bool:
-        """Wait until every buffer handed in so far is indexed (tests, shutdown)."""
-        deadline = time.monotonic() + timeout
-        with self._wake:
-            while (self._pending or self._busy) and time.monotonic() < deadline:
-                self._wake.wait(0.05)
-            return not self._pending and not self._busy
-
-    _busy = False
-
     def _run(self) -> None:
         while True:
             with self._wake:
@@ -201,25 +191,15 @@ class BufferFeed:
                     self._wake.wait(wait)  # a newer keystroke restarts this file's wait
                     continue
                 del self._pending[path]
-                self._busy = True
             try:
                 self.apply(path, text)
             except Exception:
                 log.warning("indexing the open buffer %s failed", path, exc_info=True)
-            finally:
-                with self._wake:
-                    self._busy = False
-                    self._wake.notify_all()
 
     def close(self) -> None:
         with self._wake:
             self._closed = True
             self._wake.notify_all()
-
-
-def _resolve(future: asyncio.Future[str], value: str) -> None:
-    if not future.done():
-        future.set_result(value)
 
 
 def _fail(future: asyncio.Future[str], error: BaseException) -> None:
