@@ -5,8 +5,10 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -36,8 +38,19 @@ TOKENIZER_LOCK = threading.RLock()
 def encode_texts(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     """Texts (source files, user code) as tokens; special-token strings in them stay
     plain text, so a file that mentions `<|endoftext|>` cannot end a prompt."""
+    for text in texts:
+        check_unicode(text)
     with TOKENIZER_LOCK:
         return tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+
+def check_unicode(text: str) -> None:
+    """Refuse a lone surrogate (JSON can carry `\\ud800`; no tokenizer can encode it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RequestError(f"the text holds a lone surrogate (U+{ord(text[exc.start]):04X} at character "
+                           f"{exc.start}); send valid Unicode") from None
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
@@ -47,6 +60,7 @@ def encode(tokenizer: Any, text: str) -> list[int]:
 def encode_prompt(tokenizer: Any, text: str) -> list[int]:
     """A prompt tokenized verbatim: special tokens written in it (`<|fim_prefix|>`) are
     recognised, as `codespec generate` and /v1/completions promise."""
+    check_unicode(text)
     with TOKENIZER_LOCK:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
@@ -98,11 +112,49 @@ def fim_ids(
 
 
 def chat_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
+    """A chat prompt in which only the template's own markers are control tokens.
+
+    Message text is content: `<|im_end|>` or `<|file_sep|>` written by a user or returned
+    by a tool stays plain text, so it cannot close its turn and open a system one (issue
+    32). The template is rendered around placeholders; the text between two of its
+    special tokens (its own words and the contents within) is tokenized with special
+    tokens split. A fast tokenizer splits at special tokens before anything else, so for
+    content without marker strings the ids equal `apply_chat_template(tokenize=True)`'s.
+    A `developer` message (OpenAI's newer name for system instructions) is a system one.
+    """
     if getattr(tokenizer, "chat_template", None) is None:
         raise RequestError("this model has no chat template; use /v1/completions")
+    nonce = uuid.uuid4().hex
+    contents = [m.get("content") or "" for m in messages]
+    shown = [{**m, "role": "system" if m.get("role") == "developer" else m.get("role"),
+              "content": f"\x1f{nonce}:{i}\x1f" if text else ""} for i, (m, text) in enumerate(zip(messages, contents))]
     with TOKENIZER_LOCK:
-        text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
-    return encode_prompt(tokenizer, text)
+        rendered = tokenizer.apply_chat_template(shown, add_generation_prompt=True, tokenize=False)
+    placeholder = re.compile(f"\x1f{nonce}:(\\d+)\x1f")
+    missing = [m.get("role") for i, m in enumerate(messages) if contents[i] and f"{nonce}:{i}\x1f" not in rendered]
+    if missing:
+        raise RequestError(f"this model's chat template drops {missing[0]} messages; send them as user or system")
+    ids: list[int] = []
+    for part in _split_specials(tokenizer, rendered):
+        if isinstance(part, int):
+            ids.append(part)
+        elif part:
+            ids += encode(tokenizer, placeholder.sub(lambda found: contents[int(found.group(1))], part))
+    return ids
+
+
+def _split_specials(tokenizer: Any, text: str) -> list[str | int]:
+    """`text` cut at the tokenizer's special tokens: text, id, text, ... (markers as ids)."""
+    specials = {t.content: i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    if not specials:
+        return [text]
+    pattern = re.compile("|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)))
+    parts: list[str | int] = []
+    start = 0
+    for marker in pattern.finditer(text):
+        parts += [text[start:marker.start()], specials[marker.group()]]
+        start = marker.end()
+    return parts + [text[start:]]
 
 
 GRID_PARTS = 4  # a window's start moves in steps of budget / GRID_PARTS

@@ -117,5 +117,10 @@ class Settings(BaseSettings):
     upstream_api_key: str = Field("", description="Bearer token the --upstream engine wants, if any.")
     max_tokens_limit: int = Field(4096, ge=1, description="Largest max_tokens / n_predict a request may ask for.")
     max_request_bytes: int = Field(8 << 20, ge=1024, description="Largest request body accepted, in bytes.")
+    max_header_bytes: int = Field(64 * 1024, ge=1024, description="Largest request header block accepted, in "
+                                  "bytes; more gets HTTP 431.")
+    header_timeout_s: float = Field(10.0, gt=0, description="Seconds a connection has to send a request's "
+                                    "headers (from connect, or from the last response); then HTTP 408 and close.")
+    idle_timeout_s: float = Field(5.0, gt=0, description="Seconds an idle kept-alive connection stays open.")
     max_active_requests: int = Field(4, ge=1, le=256, description="Requests generating at once; more wait.")
     max_waiting_requests: int = Field(64, ge=0, description="Requests allowed to wait; more get HTTP 429.")

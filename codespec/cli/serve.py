@@ -23,7 +23,7 @@ from codespec.cli.options import (
 from codespec.errors import CodespecError
 
 SERVE_FIELDS = ("host", "port", "api_key", "index", "repo", "upstream", "upstream_api_key", "max_tokens_limit",
-                "max_request_bytes", "max_active_requests", "max_waiting_requests")
+                "max_request_bytes", "max_header_bytes", "header_timeout_s", "idle_timeout_s", "max_active_requests", "max_waiting_requests")
 
 
 def register(commands: Any) -> None:
@@ -44,9 +44,8 @@ def is_loopback(host: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from codespec.server.app import create_app, load_backend
+    from codespec.server.http import serve
 
     if args.config:
         if not os.path.isfile(args.config):
@@ -58,8 +57,7 @@ def run(args: argparse.Namespace) -> int:
                             "(CODESPEC_API_KEY or --api-key) or bind to 127.0.0.1")
     backend = load_backend(settings)  # before binding: a bad model or index fails here, in one line
     try:
-        uvicorn.run(create_app(settings, backend=backend), host=settings.host, port=settings.port,
-                    log_level="info", timeout_graceful_shutdown=5)
+        serve(create_app(settings, backend=backend), settings, on_shutdown=backend.drain, log_level="info")
     finally:
         backend.close()
     return 0

@@ -27,7 +27,7 @@ from codespec import __version__
 from codespec.errors import CodespecError, RequestError
 from codespec.index import SuffixIndex
 from codespec.engine.scheduler import SchedulerFull
-from codespec.server.backend import Backend, GenerationFailed, start_scheduler
+from codespec.server.backend import Backend, GenerationFailed, ShuttingDown, start_scheduler
 from codespec.server.routes import ModelNotFound, router
 from codespec.server.upstream_backend import UpstreamBackend
 from codespec.server.schemas import error_body
@@ -143,6 +143,10 @@ def _install_error_handlers(app: FastAPI) -> None:
         log.error("%s", exc, exc_info=exc.__cause__)
         return reply(500, str(exc), kind="server_error")
 
+    @app.exception_handler(ShuttingDown)
+    async def stopping(request: Request, exc: ShuttingDown) -> JSONResponse:
+        return reply(503, str(exc), kind="server_error", code="server_shutting_down")
+
     @app.exception_handler(SchedulerFull)
     async def busy(request: Request, exc: SchedulerFull) -> JSONResponse:
         return reply(429, str(exc), kind="rate_limit_error")
@@ -172,7 +176,9 @@ class _BearerAuth:
 
 
 class _BodyLimit:
-    """Refuse bodies over `limit` bytes with 413, by Content-Length or while reading."""
+    """Refuse bodies over `limit` bytes with 413, by Content-Length or while reading a
+    chunked body. The body is read here, whole, and replayed to the app: an error raised
+    inside the framework's own body reading would come back as its 400."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app, self.limit = app, limit
@@ -185,21 +191,23 @@ class _BodyLimit:
                                             code="request_too_large"), 413)
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             return await too_large(scope, receive, send)
-        seen = 0
-
-        async def counted() -> Message:
-            nonlocal seen
+        parts, seen, more = [], 0, True
+        while more:
             message = await receive()
-            seen += len(message.get("body", b""))
+            if message["type"] != "http.request":  # the client left while sending
+                return
+            parts.append(message.get("body", b""))
+            seen += len(parts[-1])
             if seen > self.limit:
-                raise _TooLarge
-            return message
+                return await too_large(scope, receive, send)
+            more = message.get("more_body", False)
+        replayed = False
 
-        try:
-            await self.app(scope, counted, send)
-        except _TooLarge:
-            await too_large(scope, receive, send)
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(parts), "more_body": False}
+            return await receive()  # after the body: the disconnect, when it comes
 
-
-class _TooLarge(Exception):
-    pass
+        await self.app(scope, replay, send)

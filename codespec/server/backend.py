@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 
 from codespec.engine import Engine, Generation, GenerationConfig
 from codespec.engine.scheduler import Scheduler
@@ -33,6 +34,35 @@ class GenerationFailed(CodespecError):
     """The engine failed on this request (the server answers 500 and keeps serving)."""
 
 
+class ShuttingDown(CodespecError):
+    """The server is stopping: an open request ends with this error (503, or an error
+    event in a stream) instead of being cut, and a new one is refused."""
+
+
+class Draining:
+    """The open requests' queues, so that a stopping server can end each one cleanly."""
+
+    def __init__(self) -> None:
+        self.closing = False
+        self.queues: set[asyncio.Queue[Any]] = set()
+
+    @contextmanager
+    def track(self, queue: asyncio.Queue[Any]) -> Iterator[None]:
+        if self.closing:
+            raise ShuttingDown("the server is shutting down; send the request again once it is back")
+        self.queues.add(queue)
+        try:
+            yield
+        finally:
+            self.queues.discard(queue)
+
+    def drain(self) -> None:
+        """On the event loop's thread: every open request ends with ShuttingDown."""
+        self.closing = True
+        for queue in list(self.queues):
+            queue.put_nowait(ShuttingDown("the server is shutting down; this request was stopped before its end"))
+
+
 @dataclass
 class Backend:
     name: str  # the served model's name, as /v1/models lists it
@@ -43,6 +73,7 @@ class Backend:
     settings: Settings
     metrics: Metrics = field(default_factory=Metrics)
     forward: dict[str, Any] = field(default_factory=dict)  # the backend select.py chose, and why
+    draining: Draining = field(default_factory=Draining)
 
     @classmethod
     def create(cls, loaded: Loaded, settings: Settings, index: SuffixIndex) -> Backend:
@@ -53,6 +84,9 @@ class Backend:
 
     def close(self) -> None:
         self.scheduler.close()
+
+    def drain(self) -> None:
+        self.draining.drain()
 
     def model_names(self) -> set[str]:
         return served_names(self.name)
@@ -110,26 +144,27 @@ class Backend:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[list[int] | Generation | BaseException] = asyncio.Queue()
         put = queue.put_nowait
-        ticket = self.scheduler.submit(
-            prompt_ids, config,
-            on_tokens=lambda tokens: loop.call_soon_threadsafe(put, tokens),
-            on_done=lambda outcome: loop.call_soon_threadsafe(put, outcome),
-        )
-        self.metrics.queue_depth.set(self.scheduler.queue_depth)
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, CodespecError):
-                    raise item
-                if isinstance(item, BaseException):
-                    raise GenerationFailed(f"generation failed: {type(item).__name__}: {item}") from item
-                yield item
-                if isinstance(item, Generation):
-                    self.metrics.observe(item.stats)
-                    return
-        finally:
-            ticket.cancel()  # a no-op when finished; frees the slot when the client left
+        with self.draining.track(queue):
+            ticket = self.scheduler.submit(
+                prompt_ids, config,
+                on_tokens=lambda tokens: loop.call_soon_threadsafe(put, tokens),
+                on_done=lambda outcome: loop.call_soon_threadsafe(put, outcome),
+            )
             self.metrics.queue_depth.set(self.scheduler.queue_depth)
+            try:
+                while True:
+                    item = await queue.get()
+                    if isinstance(item, CodespecError):
+                        raise item
+                    if isinstance(item, BaseException):
+                        raise GenerationFailed(f"generation failed: {type(item).__name__}: {item}") from item
+                    yield item
+                    if isinstance(item, Generation):
+                        self.metrics.observe(item.stats)
+                        return
+            finally:
+                ticket.cancel()  # a no-op when finished; frees the slot when the client left
+                self.metrics.queue_depth.set(self.scheduler.queue_depth)
 
 
 def start_scheduler(settings: Settings, index: SuffixIndex, load: Callable[[], Loaded] | None = None,

@@ -9,20 +9,22 @@ Streaming responses are server-sent events ending with `data: [DONE]`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
 
 from codespec import prompts
 from codespec.engine import Generation, GenerationConfig
 from codespec.errors import RequestError
 from codespec.index import SuffixIndex
-from codespec.server.backend import Backend, GenerationFailed
+from codespec.server.backend import Backend, GenerationFailed, ShuttingDown
 from codespec.server.upstream_backend import UpstreamBackend
 from codespec.server.schemas import (
     AcceptanceRequest,
@@ -88,8 +90,41 @@ async def _stream(b: AnyBackend, prompt_ids: list[int], config: GenerationConfig
         yield _sse(error_body(str(exc)))
     except GenerationFailed as exc:  # an engine failure ends this stream only
         yield _sse(error_body(str(exc), kind="server_error"))
+    except ShuttingDown as exc:  # the server stops: the stream ends with a reason, not a cut
+        yield _sse(error_body(str(exc), kind="server_error", code="server_shutting_down"))
     if done_marker:
         yield _sse("[DONE]")
+
+
+CLIENT_LEFT = 499  # nginx's "client closed request": counted in /metrics, sent to no one
+
+
+async def _unless_client_leaves(request: Request, work: Awaitable[Any]) -> Any:
+    """A non-streaming answer that stops when its client disconnects: the request is
+    cancelled (its slot freed at the next step), not generated to its end for no one."""
+    task = asyncio.ensure_future(work)
+
+    async def client_left() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(client_left())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)  # the request's own clean-up (ticket.cancel) runs
+        return Response(status_code=CLIENT_LEFT)
+    finally:
+        task.cancel()
+        watcher.cancel()
+
+
+async def _tokenized(call: Callable[..., list[int]], *args: Any, **kwargs: Any) -> list[int]:
+    """Tokenize on a worker thread: a megabyte prompt takes ~0.2 s per MB, and the event
+    loop keeps answering /health and the streams meanwhile."""
+    return await run_in_threadpool(call, *args, **kwargs)
 
 
 def _streaming(body: AsyncIterator[str]) -> StreamingResponse:
@@ -98,16 +133,16 @@ def _streaming(body: AsyncIterator[str]) -> StreamingResponse:
 
 
 @router.post("/v1/completions")
-async def completions(req: CompletionRequest, b: AnyBackend = Depends(backend)) -> Any:
+async def completions(req: CompletionRequest, request: Request, b: AnyBackend = Depends(backend)) -> Any:
     _check_model(b, req.model)
     if req.prompt_ids is not None:  # the model's own tokens, as sent
         if req.suffix is not None:
             raise RequestError("suffix needs a text prompt; send token ids without a suffix")
         ids = req.prompt_ids
     elif req.suffix is not None:
-        ids = prompts.fim_ids(b.tokenizer, req.prompt_text, req.suffix)
+        ids = await _tokenized(prompts.fim_ids, b.tokenizer, req.prompt_text, req.suffix)
     else:  # verbatim, like `codespec generate`: special tokens written in it are recognised
-        ids = prompts.encode_prompt(b.tokenizer, req.prompt_text)
+        ids = await _tokenized(prompts.encode_prompt, b.tokenizer, req.prompt_text)
     b.check_request(ids, req.max_tokens)
     config = GenerationConfig(max_new_tokens=req.max_tokens, stop=tuple(req.stop), temperature=req.temperature,
                               top_p=req.top_p, seed=req.seed)
@@ -118,14 +153,15 @@ async def completions(req: CompletionRequest, b: AnyBackend = Depends(backend)) 
 
     if req.stream:
         return _streaming(_stream(b, ids, config, chunk))
-    g = await b.complete(ids, config)
-    return chunk(g.text, g)
+    g = await _unless_client_leaves(request, b.complete(ids, config))
+    return chunk(g.text, g) if isinstance(g, Generation) else g
 
 
 @router.post("/v1/chat/completions")
-async def chat_completions(req: ChatCompletionRequest, b: AnyBackend = Depends(backend)) -> Any:
+async def chat_completions(req: ChatCompletionRequest, request: Request, b: AnyBackend = Depends(backend)) -> Any:
     _check_model(b, req.model)
-    ids = prompts.chat_ids(b.tokenizer, [{"role": m.role, "content": m.text()} for m in req.messages])
+    ids = await _tokenized(prompts.chat_ids, b.tokenizer,
+                           [{"role": m.role, "content": m.text()} for m in req.messages])
     b.check_request(ids, req.limit)
     config = GenerationConfig(max_new_tokens=req.limit, stop=tuple(req.stop), temperature=req.temperature,
                               top_p=req.top_p, seed=req.seed)
@@ -136,17 +172,19 @@ async def chat_completions(req: ChatCompletionRequest, b: AnyBackend = Depends(b
 
     if req.stream:
         return _streaming(_stream(b, ids, config, chunk))
-    g = await b.complete(ids, config)
+    g = await _unless_client_leaves(request, b.complete(ids, config))
+    if not isinstance(g, Generation):
+        return g
     return envelope("chat.completion", {"message": {"role": "assistant", "content": g.text}}, g)
 
 
 @router.post("/infill")
-async def infill(req: InfillRequest, b: AnyBackend = Depends(backend)) -> Any:
+async def infill(req: InfillRequest, request: Request, b: AnyBackend = Depends(backend)) -> Any:
     """llama.cpp's /infill: FIM with the tokenizer's FIM and repository tokens. Greedy
     unless the request sets a temperature (then top_k / top_p apply); cache options are
     accepted and ignored (KV reuse comes with the verifier issue)."""
     extra = [prompts.ExtraFile(c.filename, c.text) for c in req.input_extra]
-    ids = prompts.fim_ids(b.tokenizer, req.input_prefix, req.input_suffix, req.prompt, extra)
+    ids = await _tokenized(prompts.fim_ids, b.tokenizer, req.input_prefix, req.input_suffix, req.prompt, extra)
     limit = b.settings.max_tokens_limit if req.n_predict < 0 else max(req.n_predict, 1)
     b.check_request(ids, limit)
     seconds = req.t_max_predict_ms / 1000 if req.t_max_predict_ms else None
@@ -165,8 +203,8 @@ async def infill(req: InfillRequest, b: AnyBackend = Depends(backend)) -> Any:
 
     if req.stream:
         return _streaming(_stream(b, ids, config, chunk, done_marker=False))
-    g = await b.complete(ids, config)
-    return chunk(g.text, g)
+    g = await _unless_client_leaves(request, b.complete(ids, config))
+    return chunk(g.text, g) if isinstance(g, Generation) else g
 
 
 def _timings(s: Any) -> dict[str, float]:
@@ -234,8 +272,8 @@ async def add_document(req: DocumentRequest, b: AnyBackend = Depends(backend)) -
     """Add or replace a document (an open buffer, a file the client edited) in the
     dynamic index; later drafts can copy from it."""
     index = _index(b)
-    ids = prompts.encode(b.tokenizer, req.text)
-    index.add_document(req.key, ids)
+    ids = await _tokenized(prompts.encode, b.tokenizer, req.text)
+    await run_in_threadpool(index.add_document, req.key, ids)
     return {"key": req.key, "tokens": len(ids)}
 
 

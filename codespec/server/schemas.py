@@ -6,11 +6,13 @@ options codespec does not use (logit_bias, user, samplers, ...) keep working.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 Stop = str | list[str] | None
+# torch's generators take a signed 64-bit seed; OpenAI's `seed` is an integer
+Seed = Annotated[int, Field(ge=-(2**63), lt=2**63, description="A signed 64-bit integer.")]
 
 
 class _Request(BaseModel):
@@ -33,7 +35,22 @@ class _Stops(_Request):
         return stops
 
 
-class CompletionRequest(_Stops):
+class _NoLogprobs(_Request):
+    """`logprobs` / `top_logprobs`: refused with a clear 400 rather than silently ignored
+    (an agent that reads them would otherwise get nulls)."""
+
+    logprobs: StrictBool | int | None = None
+    top_logprobs: int | None = None
+
+    @model_validator(mode="after")
+    def _refuse(self) -> _NoLogprobs:
+        if self.logprobs not in (None, False) or self.top_logprobs not in (None, 0):
+            raise ValueError("logprobs are not served by codespec yet; send the request without logprobs "
+                             "and top_logprobs")
+        return self
+
+
+class CompletionRequest(_Stops, _NoLogprobs):
     model: str | None = None
     prompt: str | list[str] | list[int] = Field(
         description="The prompt: a string, a list of exactly one string (n=1), or token ids (as OpenAI "
@@ -42,8 +59,8 @@ class CompletionRequest(_Stops):
     max_tokens: int = Field(16, ge=1)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
-    stream: bool = False
+    seed: Seed | None = None
+    stream: StrictBool = False
     n: int = Field(1, ge=1, le=1, description="Only n=1 is served.")
 
     @field_validator("prompt")
@@ -79,15 +96,15 @@ class ChatMessage(_Request):
         return "".join(part.get("text", "") for part in self.content if part.get("type") == "text")
 
 
-class ChatCompletionRequest(_Stops):
+class ChatCompletionRequest(_Stops, _NoLogprobs):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
-    stream: bool = False
+    seed: Seed | None = None
+    stream: StrictBool = False
     n: int = Field(1, ge=1, le=1)
 
     @property
@@ -109,18 +126,18 @@ class InfillRequest(_Stops):
     prompt: str = ""  # the already-typed text after the FIM middle token
     n_predict: int = Field(128, ge=-1)
     t_max_predict_ms: int | None = Field(None, ge=0)
-    cache_prompt: bool = True
+    cache_prompt: StrictBool = True
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_k: int = Field(0, ge=0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
-    stream: bool = False
+    seed: Seed | None = None
+    stream: StrictBool = False
     response_fields: list[str] | None = None  # llama.cpp's: only these (nested ones as "timings/prompt_n")
     n_indent: int = Field(0, ge=0)  # accepted (llama.vim sends it); the block rules stop at a dedent anyway
 
 
 class AcceptanceRequest(_Request):
-    accepted: bool
+    accepted: StrictBool
 
 
 class DocumentRequest(_Request):

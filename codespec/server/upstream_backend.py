@@ -23,7 +23,7 @@ from codespec.engine import Generation, GenerationConfig
 from codespec.errors import RequestError
 from codespec.integrations.upstream import Delta, ServedModel, UpstreamClient, UpstreamError
 from codespec.engine.scheduler import SchedulerFull
-from codespec.server.backend import Chunk, GenerationFailed, check_limits, served_names
+from codespec.server.backend import Chunk, Draining, GenerationFailed, ShuttingDown, check_limits, served_names
 from codespec.server.metrics import Metrics
 from codespec.settings import Settings
 from codespec.engine.stats import GenerationStats
@@ -39,6 +39,7 @@ class UpstreamBackend:
     metrics: Metrics = field(default_factory=Metrics)
     index: None = None  # drafts come from the engine's own index
     active: int = 0
+    draining: Draining = field(default_factory=Draining)
 
     @classmethod
     def connect(cls, url: str, tokenizer: Any, settings: Settings, api_key: str = "") -> UpstreamBackend:
@@ -50,6 +51,9 @@ class UpstreamBackend:
 
     def close(self) -> None:
         return None
+
+    def drain(self) -> None:
+        self.draining.drain()
 
     def model_names(self) -> set[str]:
         return served_names(self.name)
@@ -96,18 +100,21 @@ class UpstreamBackend:
         self.metrics.active.set(self.active)
         threading.Thread(target=run, daemon=True, name="codespec-upstream").start()
         try:
-            while (item := await queue.get()) is not None:
-                if isinstance(item, BaseException):
-                    raise _request_error(item)
-                if item.text and not text:
-                    stats.ttft_s = time.perf_counter() - started
-                text += item.text
-                finish = item.finish_reason or finish
-                if item.usage:
-                    stats.prompt_tokens = item.usage.get("prompt_tokens", stats.prompt_tokens)
-                    stats.generated_tokens = item.usage.get("completion_tokens", 0)
-                if item.text:
-                    yield item.text, None
+            with self.draining.track(queue):
+                while (item := await queue.get()) is not None:
+                    if isinstance(item, ShuttingDown):
+                        raise item
+                    if isinstance(item, BaseException):
+                        raise _request_error(item)
+                    if item.text and not text:
+                        stats.ttft_s = time.perf_counter() - started
+                    text += item.text
+                    finish = item.finish_reason or finish
+                    if item.usage:
+                        stats.prompt_tokens = item.usage.get("prompt_tokens", stats.prompt_tokens)
+                        stats.generated_tokens = item.usage.get("completion_tokens", 0)
+                    if item.text:
+                        yield item.text, None
         finally:
             stop.set()  # a client that left stops the read: the engine sees the disconnect
             self.active -= 1

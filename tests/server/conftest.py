@@ -11,6 +11,7 @@ import pytest
 from codespec.index import SuffixIndex
 from codespec.server.app import create_app
 from codespec.server.backend import Backend
+from codespec.server.http import server as http_server
 from codespec.settings import Settings
 
 
@@ -59,12 +60,10 @@ def anyio_backend():
 @pytest.fixture(scope="module")
 def live_server(app):
     """The same app under a real uvicorn on 127.0.0.1 (a free port), for socket-level tests."""
-    import uvicorn
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = http_server(app, app.state.settings.model_copy(update={"port": port}), log_level="warning")
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     for _ in range(200):

@@ -1,0 +1,124 @@
+"""uvicorn around the app, with the guards a long-running endpoint needs (issue 32).
+
+    serve(app, settings, on_shutdown=backend.drain)   # blocks until SIGINT / SIGTERM
+
+uvicorn's h11 protocol has no deadline for a request's headers (a connection that
+sends nothing, or a byte now and then, stays open for ever) and answers an oversized
+header block with a 400 and a close that resets the client before it reads the answer.
+`GuardedH11` adds both: a header deadline from connect (and again after each response
+on a kept-alive connection), and a 431 for headers over `max_header_bytes`, read to the
+end of what the client sends (a lingering close) so the client sees it. On shutdown,
+`on_shutdown` runs first, so open streams end with an error event instead of a cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, Callable
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from codespec.server.schemas import error_body
+from codespec.settings import Settings
+
+log = logging.getLogger("codespec.server")
+
+LINGER_S = 2.0  # how long a refused connection's remaining bytes are read and dropped
+
+
+class GuardedH11(H11Protocol):
+    header_timeout_s = 10.0
+    max_header_bytes = 64 * 1024
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._armed_for: Any = None
+        self._refused = False
+        self._arm()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._armed_for = self.cycle  # disarmed once a request after this cycle has its headers
+        self._deadline = self.loop.call_later(self.header_timeout_s, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        if self.cycle is self._armed_for and not self.transport.is_closing():
+            self._refuse(408, f"no complete request headers within {self.header_timeout_s:g} s")
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # lingering: the client's remaining bytes are dropped
+        waiting_headers = self.conn.their_state in (h11.IDLE, h11.DONE) or self.cycle is self._armed_for
+        if waiting_headers and len(self.conn.trailing_data[0]) + len(data) > self.max_header_bytes:
+            self._refuse(431, f"the request headers are over {self.max_header_bytes} bytes")
+            return
+        super().data_received(data)
+        if self._deadline is not None and self.cycle is not self._armed_for:
+            self._disarm()  # headers are in; the app's own time starts
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm()  # the next request's headers get the same deadline
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _refuse(self, status: int, message: str) -> None:
+        """An OpenAI-style error, then a lingering close (a close with unread bytes would
+        reset the connection before the client reads the answer)."""
+        self._refused = True
+        self._disarm()
+        self._unset_keepalive_if_required()
+        body = json.dumps(error_body(message, code="request_header_fields_too_large" if status == 431 else
+                                     "request_timeout")).encode()
+        reason = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}[status]
+        self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+                             b"connection: close\r\n\r\n%s" % (status, reason, len(body), body))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
+
+
+def guarded_protocol(settings: Settings) -> type[GuardedH11]:
+    return type("GuardedH11", (GuardedH11,), {"header_timeout_s": settings.header_timeout_s,
+                                              "max_header_bytes": settings.max_header_bytes})
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], None] | None) -> None:
+        super().__init__(config)
+        self.on_shutdown = on_shutdown
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        if self.on_shutdown is not None:
+            self.on_shutdown()  # open streams end with an error event; new requests get 503
+        await super().shutdown(sockets)
+
+
+def server_config(app: Any, settings: Settings, **options: Any) -> uvicorn.Config:
+    return uvicorn.Config(app, host=settings.host, port=settings.port, http=guarded_protocol(settings),
+                          timeout_keep_alive=settings.idle_timeout_s, timeout_graceful_shutdown=5,
+                          h11_max_incomplete_event_size=settings.max_header_bytes, **options)
+
+
+def serve(app: Any, settings: Settings, on_shutdown: Callable[[], None] | None = None, **options: Any) -> None:
+    _Server(server_config(app, settings, **options), on_shutdown).run()
+
+
+def server(app: Any, settings: Settings, on_shutdown: Callable[[], None] | None = None,
+           **options: Any) -> uvicorn.Server:
+    """The server unstarted (tests run it on a thread)."""
+    return _Server(server_config(app, settings, **options), on_shutdown)
