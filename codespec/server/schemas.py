@@ -44,7 +44,8 @@ class _NoLogprobs(_Request):
 
     @model_validator(mode="after")
     def _refuse(self) -> _NoLogprobs:
-        if self.logprobs not in (None, False) or self.top_logprobs not in (None, 0):
+        asked = self.logprobs is not None and self.logprobs is not False  # 0 asks for the chosen token's
+        if asked or self.top_logprobs not in (None, 0):
             raise ValueError("logprobs are not served by codespec yet; send the request without logprobs "
                              "and top_logprobs")
         return self
