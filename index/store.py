@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-import tempfile
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from codespec.errors import CodespecError
+from codespec.tempfiles import temp_beside
 
 MAGIC = b"CSPECIDX"
 FORMAT_VERSION = 1
@@ -73,7 +73,7 @@ def save(path: Path, index: StoredIndex) -> int:
     blob = json.dumps(header, separators=(",", ":")).encode()
     data_start = _aligned(_PREAMBLE.size + len(blob))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = temp_beside(path)  # and removes what a killed build left
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(_PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(blob)))
@@ -110,8 +110,10 @@ def load(path: Path, *, tokenizer: str | None = None, verify: bool = True) -> St
         header = json.loads(raw.decode())
         n = int(header["tokens"])
         files = [FileEntry(**entry) for entry in header["files"]]
-        crcs = header["crc32"]
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        crcs = {"corpus": int(header["crc32"]["corpus"]), "sa": int(header["crc32"]["sa"])}
+        if not isinstance(header["tokenizer"], str) or not isinstance(header.get("meta", {}), dict) or n < 0:
+            raise TypeError("a field of the wrong type")
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError) as exc:
         raise IndexFileError(f"index {path}: corrupt header ({exc.__class__.__name__}); rebuild it") from None
     data_start = _aligned(_PREAMBLE.size + header_len)
     if size != data_start + 8 * n:

@@ -3,7 +3,11 @@
 Build: `gcc -O3 -shared -fPIC -fopenmp -ffp-contract=off rowgemm.c int8.c lmchoice.c rowdecoder.c -lm`
 (a couple of seconds) into `<cache>/kernels/codespec-<hash>.so`, the hash covering the
 sources, the flags and the compiler's version; written to a temporary name and renamed,
-so concurrent first uses and interrupted builds leave no broken library.
+so concurrent first uses and interrupted builds leave no broken library. Each build
+records the library's size and sha256 beside it (`codespec-<hash>.json`); a library
+that does not match its record (truncated, overwritten, or from before records) is
+rebuilt once before it is mapped: mapping a truncated library crashed the process
+with a bus error on every run (issue 32).
 `-ffp-contract=off` keeps the compiler from fusing a multiply and an add into one
 rounding in some builds and not others: the kernels' sums are spelled out, and the
 bits must not depend on the CPU the code was compiled for. `-fopenmp` links
@@ -18,13 +22,18 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import json
+import logging
 import os
 import platform
 import shutil
 import subprocess
-import tempfile
 import warnings
 from pathlib import Path
+
+from codespec.tempfiles import temp_beside
+
+log = logging.getLogger("codespec.kernels")
 
 HERE = Path(__file__).parent
 SOURCES = (HERE / "rowgemm.c", HERE / "int8.c", HERE / "lmchoice.c", HERE / "rowdecoder.c")
@@ -55,8 +64,8 @@ def _compiler() -> str | None:
 
 
 def _build(compiler: str, target: Path, sources: tuple[Path, ...] = SOURCES) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=target.name, suffix=".tmp", dir=target.parent)
+    """Compile into a temporary, record its size and sha256, then rename into place."""
+    fd, tmp = temp_beside(target)
     os.close(fd)
     try:
         done = subprocess.run([compiler, *FLAGS, *map(str, sources), "-o", tmp, *LIBS], capture_output=True,
@@ -64,10 +73,58 @@ def _build(compiler: str, target: Path, sources: tuple[Path, ...] = SOURCES) -> 
         if done.returncode != 0:
             names = ", ".join(s.name for s in sources)
             raise RuntimeError(f"{compiler} failed on {names}: {done.stderr.strip().splitlines()[-1:]}")
+        record = json.dumps(_fingerprint(Path(tmp)))
+        fd, tmp_record = temp_beside(_record_path(target))
+        with os.fdopen(fd, "w") as f:
+            f.write(record)
+        os.replace(tmp_record, _record_path(target))
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _record_path(target: Path) -> Path:
+    return target.with_suffix(".json")
+
+
+def _fingerprint(path: Path) -> dict[str, object]:
+    return {"size": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def damage(target: Path) -> str | None:
+    """Why the library at `target` must not be mapped (None: it matches its build record)."""
+    if not target.exists():
+        return "not built"
+    try:
+        record = json.loads(_record_path(target).read_text())
+        size, sha = int(record["size"]), str(record["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "no build record beside it"
+    found = _fingerprint(target)
+    if found["size"] != size:
+        return f"{found['size']} bytes where the build wrote {size} (truncated or overwritten)"
+    if found["sha256"] != sha:
+        return "its sha256 differs from the build's (overwritten)"
+    return None
+
+
+def _load(compiler: str, target: Path, sources: tuple[Path, ...]) -> ctypes.CDLL:
+    """Map the library, building it first where it is missing or damaged; a library that
+    matches its record but will not load is rebuilt once more."""
+    problem = damage(target)
+    if problem is not None:
+        if problem != "not built":
+            log.warning("codespec's C kernels in %s: %s; rebuilding them", target, problem)
+        _build(compiler, target, sources)
+    try:
+        return ctypes.CDLL(str(target))
+    except OSError as err:
+        if problem is not None:
+            raise
+        log.warning("codespec's C kernels in %s do not load (%s); rebuilding them", target, err)
+        _build(compiler, target, sources)
+        return ctypes.CDLL(str(target))
 
 
 _failure: list[str] = []  # why library() returned None (once per process)
@@ -94,12 +151,11 @@ def library() -> ctypes.CDLL | None:
             digest = hashlib.sha256(text + " ".join(FLAGS + LIBS).encode() + version.encode()
                                     + platform.machine().encode()).hexdigest()[:16]
             target = _cache_dir() / f"codespec-{digest}.so"
-            if not target.exists():
-                _build(compiler, target, sources)
+            lib = _load(compiler, target, sources)
             if errors:
                 warnings.warn(f"codespec's C forward is unavailable ({errors[0]}): decode steps run transformers' "
                               "forward", RuntimeWarning, stacklevel=2)
-            return ctypes.CDLL(str(target))
+            return lib
         except (OSError, RuntimeError, subprocess.SubprocessError) as err:
             errors.append(f"{type(err).__name__}: {err}")
     _failure.append(errors[-1])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = [
-    {"codespec.errors", "codespec.settings", "codespec.prompts"},
+    {"codespec.errors", "codespec.settings", "codespec.prompts", "codespec.tempfiles"},
     {"codespec.kernels", "codespec.index", "codespec.models"},
     {"codespec.forward"},
     {"codespec.policy"},
@@ -20,7 +20,7 @@ LAYERS = [
     {"codespec.cli", "codespec.server", "codespec.bench", "codespec.integrations", "codespec.indexing",
      "codespec.lsp", "codespec.__main__"},
 ]
-ROOT_MODULES = {"__init__.py", "__main__.py", "errors.py", "settings.py", "prompts.py"}
+ROOT_MODULES = {"__init__.py", "__main__.py", "errors.py", "settings.py", "prompts.py", "tempfiles.py"}
 
 
 def unit(module: str) -> str | None:

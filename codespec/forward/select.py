@@ -76,6 +76,15 @@ class Loaded:
     def torch_free(self) -> bool:
         return self.model is None
 
+    @property
+    def degraded(self) -> str | None:
+        """Why codespec's C kernels, which this machine should run, could not be built or
+        loaded (the passes then take a slower route; said loudly, not only in `reason`)."""
+        from codespec.kernels import native
+
+        problem = native.unavailable()
+        return f"codespec's C kernels are unavailable: {problem}" if problem else None
+
     def info(self) -> dict[str, Any]:
         config = self.forward.config
         return {
@@ -88,7 +97,7 @@ class Loaded:
             "vocab_size": int(config.vocab_size),
             "max_context": int(getattr(config, "max_position_embeddings", 0) or 0),
             "forward": {"backend": self.backend, "torch_free": self.torch_free, "exact": self.forward.exact,
-                        "reason": self.reason},
+                        "reason": self.reason, "degraded": self.degraded},
         }
 
 

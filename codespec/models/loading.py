@@ -30,6 +30,7 @@ def resolve_model_path(spec: str, settings: Settings, *, progress: bool = True) 
     """Return `(name, path_or_hub_id)` for a `--model` value, preparing the default if needed."""
     if spec in ("", "default"):
         path = default.prepare(settings.cache_dir, progress=progress)
+        check_model_dir(path, "the default model")
         return default.DEFAULT_MODEL.name, str(path)
     local = Path(os.path.expanduser(spec))
     if local.exists():
@@ -40,6 +41,7 @@ def resolve_model_path(spec: str, settings: Settings, *, progress: bool = True) 
                 f"--model {spec}: no config.json there; pass a Hugging Face model directory "
                 "(one that transformers' from_pretrained loads)"
             )
+        check_model_dir(local, f"--model {spec}")
         return local.resolve().name, str(local.resolve())
     if _HUB_ID.match(spec):
         return spec, spec  # transformers resolves it, from its local cache or a reachable hub
@@ -83,6 +85,46 @@ def quiet_transformers() -> None:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+
+
+def check_model_dir(path: Path | str, what: str) -> None:
+    """One clear line for a model directory that cannot load: a config.json that is not
+    a JSON object, a safetensors file whose header is garbage or whose data is cut short
+    (a copy that stopped early). Reads headers only, not the weights."""
+    path = Path(path)
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ModelError(f"{what}: {path / 'config.json'} is not readable JSON ({exc}); restore it") from None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type", ""), str):
+        raise ModelError(f"{what}: {path / 'config.json'} is not a model configuration (a JSON object with "
+                         "model_type); restore it")
+    for weights in sorted(path.glob("*.safetensors")):
+        problem = safetensors_damage(weights)
+        if problem:
+            raise ModelError(f"{what}: {weights} {problem}; copy or prepare the model again")
+
+
+def safetensors_damage(path: Path) -> str | None:
+    """What is wrong with a safetensors file's framing (None: its header parses and its
+    size covers every tensor it lists)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            return f"is truncated ({size} bytes)"
+        length = int.from_bytes(prefix, "little")
+        if length > min(size - 8, 100 << 20):
+            return f"has a broken header (it claims {length} bytes)"
+        try:
+            header = json.loads(f.read(length))
+            ends = [int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"]
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+            return "has a broken header"
+    needed = 8 + length + max(ends, default=0)
+    if size < needed:
+        return f"is truncated ({size} bytes, its tensors need {needed})"
+    return None
 
 
 def load_transformers(settings: Settings, name: str, path: str) -> tuple[Any, Any, str]:

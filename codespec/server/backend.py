@@ -132,6 +132,7 @@ class Backend:
                 "forward": {**self.forward, "torch_imported": "torch" in sys.modules}}
 
     def refresh_gauges(self) -> None:
+        self.metrics.degraded.set(1 if self.forward.get("degraded") else 0)
         summary = index_summary(self.index)
         self.metrics.index_tokens.labels("static").set(summary["static_tokens"])
         self.metrics.index_tokens.labels("dynamic").set(summary["dynamic_tokens"])
@@ -181,6 +182,8 @@ def start_scheduler(settings: Settings, index: SuffixIndex, load: Callable[[], L
         loaded = load() if load is not None else forward.load(settings, progress=False)
         found["loaded"] = loaded
         log.info("forward backend: %s (%s)", loaded.backend, loaded.reason)
+        if loaded.degraded:
+            log.warning("%s: passes run on %s, slower than this machine allows", loaded.degraded, loaded.backend)
         engine = Engine.from_settings(loaded.forward, loaded.tokenizer, settings, index=index)
         engine.calibrate()
         return engine

@@ -31,6 +31,8 @@ class Metrics:
                                      buckets=_LATENCY_BUCKETS, registry=r)
         self.queue_depth = Gauge("codespec_queue_depth", "Requests waiting for a generation slot", registry=r)
         self.active = Gauge("codespec_active_requests", "Requests generating", registry=r)
+        self.degraded = Gauge("codespec_forward_degraded", "1 when codespec's C kernels could not be built or "
+                              "loaded and the passes run a slower route (/health says why)", registry=r)
         self.draft_budget = Histogram("codespec_draft_budget_tokens",
                                       "Draft tokens the policy (goodput controller) gave each verify pass",
                                       buckets=(0, 1, 2, 4, 8, 12, 16, 32, 64), registry=r)

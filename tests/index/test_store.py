@@ -67,3 +67,37 @@ def test_failed_write_keeps_the_old_file(saved, monkeypatch):
         idx.save(saved)
     assert saved.read_bytes() == before
     assert [p.name for p in saved.parent.iterdir()] == [saved.name]  # no temporary left
+
+
+def _with_header(path, change) -> None:
+    """Rewrite the file with its JSON header changed (the data kept, re-aligned)."""
+    import json
+
+    from codespec.index import store
+
+    raw = path.read_bytes()
+    magic, version, length = store._PREAMBLE.unpack(raw[: store._PREAMBLE.size])
+    header = json.loads(raw[store._PREAMBLE.size : store._PREAMBLE.size + length])
+    data = raw[store._aligned(store._PREAMBLE.size + length):]
+    blob = json.dumps(change(header)).encode()
+    start = store._aligned(store._PREAMBLE.size + len(blob))
+    path.write_bytes(store._PREAMBLE.pack(magic, version, len(blob)) + blob
+                     + b"\0" * (start - store._PREAMBLE.size - len(blob)) + data)
+
+
+@pytest.mark.parametrize("change", [
+    lambda h: {k: v for k, v in h.items() if k != "crc32"},
+    lambda h: {**h, "crc32": "not an object"},
+    lambda h: {**h, "crc32": {"corpus": 1}},
+    lambda h: {**h, "crc32": ["corpus", "sa"]},
+    lambda h: {**h, "tokenizer": None},
+    lambda h: {k: v for k, v in h.items() if k != "tokenizer"},
+    lambda h: {**h, "meta": [1, 2]},
+    lambda h: {**h, "files": [{"nonsense": 1}]},
+    lambda h: {**h, "tokens": "many"},
+    lambda h: [h],
+])
+def test_a_header_with_missing_or_wrong_fields_is_one_clear_error(saved, change):
+    _with_header(saved, change)
+    with pytest.raises(IndexFileError, match="corrupt header"):
+        SuffixIndex.load(saved, tokenizer="tok-A")

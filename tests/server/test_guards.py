@@ -204,3 +204,14 @@ async def test_a_big_document_does_not_block_health(live_server):
 
         await asyncio.gather(add(), health())
     assert order == ["health 200", "document 200"]
+
+
+async def test_a_slower_route_is_loud_in_health_and_metrics(http, backend):
+    assert (await http.get("/health")).json()["forward"]["degraded"] is None
+    assert "codespec_forward_degraded 0.0" in (await http.get("/metrics")).text
+    backend.forward["degraded"] = "codespec's C kernels are unavailable: RuntimeError: no gcc"
+    try:
+        assert "no gcc" in (await http.get("/health")).json()["forward"]["degraded"]
+        assert "codespec_forward_degraded 1.0" in (await http.get("/metrics")).text
+    finally:
+        backend.forward["degraded"] = None

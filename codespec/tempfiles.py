@@ -1,0 +1,55 @@
+"""Temporary files for write-then-rename, named so a later run can clean up after a
+killed one (issue 32: each killed index build left a `.tmp` of up to 14 MB for ever).
+
+    fd, tmp = temp_beside(path)      # `.<name>.<pid>.<random>.tmp` in path's folder
+    ...write, fsync...
+    os.replace(tmp, path)
+
+`temp_beside` first removes the temporaries of `path` whose writer process is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+
+def temp_beside(path: Path) -> tuple[int, str]:
+    """An open file descriptor and the name of a fresh temporary beside `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_orphans(path)
+    return tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
+
+
+def remove_orphans(path: Path) -> list[Path]:
+    """Remove the temporaries of `path` left by processes that no longer run."""
+    pattern = re.compile(re.escape(f".{path.name}.") + r"(\d+)\.[^.]+\.tmp")
+    removed = []
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return removed
+    for name in names:
+        found = pattern.fullmatch(name)
+        if found and not _alive(int(found.group(1))):
+            try:
+                (path.parent / name).unlink()
+                removed.append(path.parent / name)
+            except OSError:
+                pass  # another run removed it, or it is not ours to remove
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
