@@ -65,11 +65,24 @@ class CodespecProtocol(LanguageServerProtocol):
     def structure_message(self, data: dict[str, Any]) -> Any:
         try:
             return super().structure_message(data)
-        except JsonRpcException:
-            if isinstance(data, dict) and "id" in data and isinstance(data.get("method"), str):
+        except JsonRpcException as exc:
+            if not (isinstance(data, dict) and isinstance(data.get("method"), str)):
+                raise
+            # One line, not pygls' traceback per frame: a client that sends many (or never
+            # reads our stderr) must not fill the pipe and stall the server.
+            log.warning("invalid params for %s%s: %s", data["method"],
+                        f" (request {data['id']!r})" if "id" in data else "", str(exc).splitlines()[0][:200])
+            if "id" in data:
                 error = JsonRpcInvalidParams(f"invalid params for {data['method']}")
                 self._send_response(data["id"], error=error.to_response_error())
-            raise
+            return _HANDLED
+
+    def handle_message(self, message: Any) -> None:
+        if message is not _HANDLED:
+            super().handle_message(message)
+
+
+_HANDLED = object()  # a frame answered (or dropped) while it was parsed
 
 
 class CodespecServer(LanguageServer):

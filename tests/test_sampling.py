@@ -96,3 +96,14 @@ def test_seeded_runs_repeat_and_greedy_ignores_no_seed():
     engine = Engine(of_model(model), None, PromptLookupProposer(min_match_tokens=1), eos_token_ids=[])
     config = GenerationConfig(max_new_tokens=12, temperature=0.9, top_p=0.95, seed=7)
     assert engine.generate([1, 2, 3, 1, 2], config).token_ids == engine.generate([1, 2, 3, 1, 2], config).token_ids
+
+
+def test_a_vanishing_temperature_is_the_argmax_not_nan():
+    """Found by the HTTP fuzz: `temperature: 5e-324` is a valid request, and logit / T
+    overflowed into NaN probabilities (a 500)."""
+    from codespec.engine.sampling import SamplingParams, target_probs
+
+    logits = torch.tensor([[1.0, 3.0, 2.0, 3.0], [0.5, -1.0, 4.0, 2.0]])
+    for temperature in (5e-324, 1e-40, 1e-6):
+        probs = target_probs(logits, SamplingParams(temperature))
+        assert probs.tolist() == [[0.0, 0.5, 0.0, 0.5], [0.0, 0.0, 1.0, 0.0]]

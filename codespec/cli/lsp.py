@@ -75,6 +75,20 @@ def configure_logging(name: str) -> None:
     logging.basicConfig(stream=sys.stderr, level=level, format="codespec-lsp %(levelname)s %(message)s")
     logging.getLogger().setLevel(level)  # also where a handler was already installed
     logging.getLogger("pygls").setLevel(level if level == logging.DEBUG else max(level, logging.WARNING))
+    if level != logging.DEBUG:  # a malformed frame is one line, its traceback only at debug
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_one_line)
+
+
+def _one_line(record: logging.LogRecord) -> bool:
+    """No tracebacks: neither attached (`exc_info`) nor written into pygls' own messages
+    ("Unable to deserialize message" carries one). A client that sends many malformed
+    frames must not fill the editor's log, or a pipe nobody reads, with them."""
+    record.exc_info, record.exc_text = None, None
+    if record.name.startswith("pygls"):
+        first = record.getMessage().splitlines()
+        record.msg, record.args = (first[0] if first else ""), None
+    return True
 
 
 def remote_backend(url: str, settings: Any) -> Any:

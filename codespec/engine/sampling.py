@@ -36,7 +36,11 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """[rows, vocab] logits -> [rows, vocab] float32 probabilities after temperature,
     top-k and top-p (the smallest set of tokens whose mass reaches top_p; the most
     likely token always stays)."""
-    scaled = logits.float() / params.temperature
+    # Shifted so each row's largest logit is 0 before the division: a temperature so small
+    # that logit / T overflows (5e-324 is a valid request) then gives the argmax's point
+    # mass, its limit, instead of inf - inf = NaN (0 / 0 for the largest: 0 again).
+    logits = logits.float()
+    scaled = ((logits - logits.amax(dim=-1, keepdim=True)) / params.temperature).nan_to_num(nan=0.0)
     if params.top_k and params.top_k < scaled.shape[-1]:
         kth = scaled.topk(params.top_k, dim=-1).values[..., -1:]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
