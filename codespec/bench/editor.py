@@ -234,8 +234,8 @@ def _shown(content: str | None, ask: Ask) -> str | None:
 class ServeProcess:
     """`codespec serve` on a free port, indexing the workspace; `with ServeProcess(...)`."""
 
-    def __init__(self, root: Path, env: dict[str, str]) -> None:
-        self.root, self.env = root, env
+    def __init__(self, root: Path, env: dict[str, str], extra: tuple[str, ...] = ()) -> None:
+        self.root, self.env, self.extra = root, env, extra
         self.log = tempfile.NamedTemporaryFile(prefix="codespec-bench-serve-", suffix=".log", delete=False)
         self.process: subprocess.Popen[bytes] | None = None
         self.url = ""
@@ -245,7 +245,7 @@ class ServeProcess:
 
         port = _free_port()
         self.process = subprocess.Popen([sys.executable, "-m", "codespec", "serve", "--port", str(port),
-                                         "--repo", str(self.root)], env=self.env, stdout=self.log,
+                                         "--repo", str(self.root), *self.extra], env=self.env, stdout=self.log,
                                         stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + READY_TIMEOUT_S

@@ -27,19 +27,21 @@ from codespec.errors import CodespecError
 def register(commands: Any) -> None:
     p = commands.add_parser("bench", help="measure workloads side by side (default), draft policies (`bench "
                             "verify`) or the suffix index (`bench index`)")
-    p.add_argument("suite", nargs="?", choices=("workloads", "index", "verify", "cold", "editor"), default="workloads",
+    p.add_argument("suite", nargs="?", choices=("workloads", "index", "verify", "cold", "editor", "load"),
+                   default="workloads",
                    help="workloads: repo completion, edit, agent loop, editor session x plain, HF prompt lookup, "
                    "codespec variants, arctic-inference; verify: draft policies (none, chain-4/8/16, tree, goodput) "
                    "at batch 1 and 8; index: the index at 10k..10M tokens; cold: held-out requests, a fresh "
                    "process each (codespec generate, --no-spec, HF prompt lookup): start-up included; editor: a "
                    "typing replay against codespec lsp, codespec serve's /infill and llama-server (llama.vim's "
-                   "requests)")
+                   "requests); load: codespec serve under short mixed requests at concurrency 1, 4 and 8")
     p.add_argument("--sets", default="edit,fim-repo", help="verify suite: request sets (edit, fim-repo)")
     p.add_argument("--batches", default="1,8", help="verify suite: concurrent requests per run (default 1,8)")
     p.add_argument("--requests", type=int, default=8, metavar="N",
                    help="verify suite: requests per set, run at each batch size; cold suite: held-out requests, "
                    "half FIM, half edit, spread over the set (default 8); editor suite: the replay's first N "
-                   "completion requests (0: all 99)")
+                   "completion requests (0: all 99); load suite: requests per concurrency level (0: 24)")
+    p.add_argument("--concurrency", default="1,4,8", help="load suite: concurrency levels (default 1,4,8)")
     p.add_argument("--sizes", default="10k,100k,1M,10M", help="index suite: corpus sizes (default 10k,100k,1M,10M)")
     p.add_argument("--workloads", default="repo,edit,agent,editor",
                    help="comma-separated: repo, edit, agent, editor (default all)")
@@ -69,8 +71,41 @@ def _pick(value: str, known: Any, what: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"index": run_index, "verify": run_verify, "cold": run_cold,
-            "editor": run_editor}.get(args.suite, run_workloads)(args)
+    return {"index": run_index, "verify": run_verify, "cold": run_cold, "editor": run_editor,
+            "load": run_load}.get(args.suite, run_workloads)(args)
+
+
+def run_load(args: argparse.Namespace) -> int:
+    from codespec.bench import load
+
+    try:
+        levels = tuple(int(c) for c in args.concurrency.split(","))
+    except ValueError:
+        raise CodespecError(f"--concurrency {args.concurrency!r}: give comma-separated counts, e.g. 1,4,8") from None
+    if not levels or min(levels) < 1 or levels[0] != 1:
+        raise CodespecError("--concurrency: counts of at least 1, starting with 1 (the baseline)")
+    count = 24 if args.requests in (0, 8) else args.requests  # 8 is the shared flag's default
+    if count < 1:
+        raise CodespecError("--requests: at least 1")
+    new_tokens = args.max_new_tokens or load.NEW_TOKENS
+    reqs = load.requests(count, new_tokens)
+    print(f"load suite: {len(reqs)} requests (FIM, completion, chat; {new_tokens} new tokens) at concurrency "
+          f"{', '.join(map(str, levels))}, a fresh codespec serve each", file=sys.stderr)
+    results = load.run_load(reqs, levels, lambda m: print("  " + m, file=sys.stderr, flush=True))
+    machine = _machine()
+    print(f"\nload: {len(reqs)} short mixed requests per level, {machine['cores']} cores ({machine['cpu']}); "
+          "latency per request on the client's side")
+    load.print_table(results, sys.stdout)
+    record = {"suite": "load", "machine": machine,
+              "levels": [lv.to_json(results[0] if lv is not results[0] else None) for lv in results]}
+    print(json.dumps(record))
+    out_dir = _out_dir(args.out)
+    if out_dir is not None:
+        (out_dir / "load.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    failed = [f for lv in results for f in lv.failures]
+    for failure in failed[:5]:
+        print(f"failed: {failure}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def run_editor(args: argparse.Namespace) -> int:
