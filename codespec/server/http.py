@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from typing import Any, Callable
 
 import h11
@@ -28,6 +29,7 @@ from codespec.settings import Settings
 log = logging.getLogger("codespec.server")
 
 LINGER_S = 2.0  # how long a refused connection's remaining bytes are read and dropped
+_HEADERS_END = re.compile(rb"\n\r?\n")
 
 
 class GuardedH11(H11Protocol):
@@ -59,13 +61,21 @@ class GuardedH11(H11Protocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return  # lingering: the client's remaining bytes are dropped
-        waiting_headers = self.conn.their_state in (h11.IDLE, h11.DONE) or self.cycle is self._armed_for
-        if waiting_headers and len(self.conn.trailing_data[0]) + len(data) > self.max_header_bytes:
+        if self.conn.their_state is h11.IDLE and self._headers_too_long(data):
             self._refuse(431, f"the request headers are over {self.max_header_bytes} bytes")
             return
         super().data_received(data)
         if self._deadline is not None and self.cycle is not self._armed_for:
             self._disarm()  # headers are in; the app's own time starts
+
+    def _headers_too_long(self, data: bytes) -> bool:
+        """Whether the request line and headers run past `max_header_bytes` (a body sent
+        in the same packets as its headers does not count)."""
+        buffered = self.conn.trailing_data[0]
+        if len(buffered) + len(data) <= self.max_header_bytes:
+            return False
+        head = (buffered[: self.max_header_bytes + 4] + data[: self.max_header_bytes + 4])[: self.max_header_bytes + 4]
+        return _HEADERS_END.search(head) is None
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

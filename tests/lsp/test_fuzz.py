@@ -22,7 +22,7 @@ from pygls.lsp.client import LanguageClient
 
 import codespec
 from codespec.bench.editor import stop_client
-from tests.lsp.test_replay import ask
+from tests.lsp.test_replay import ready_event, ask
 from tests.lsp.tiny_fim import tiny_fim_model
 
 SERVER_CODE = str(Path(codespec.__file__).resolve().parent)
@@ -88,13 +88,7 @@ def session(tmp_path_factory):
     doc.write_text(TEXT)
     loop = asyncio.new_event_loop()
     client = LanguageClient("fuzz", "1")
-    ready = asyncio.Event()
-
-    @client.feature("codespec/status")
-    def on_status(params) -> None:
-        state = params.get("state") if isinstance(params, dict) else getattr(params, "state", "")
-        if state in ("ready", "error"):
-            ready.set()
+    ready = ready_event(client)
 
     async def start() -> None:
         await client.start_io(sys.executable, "-m", "codespec", "lsp", "--model", str(model),

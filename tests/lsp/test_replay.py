@@ -43,6 +43,19 @@ async def answered(awaitable):
         return exc
 
 
+def ready_event(client: LanguageClient) -> asyncio.Event:
+    """Set when the server reports `codespec/status` ready (or error)."""
+    ready = asyncio.Event()
+
+    @client.feature("codespec/status")
+    def on_status(params) -> None:
+        state = params.get("state") if isinstance(params, dict) else getattr(params, "state", "")
+        if state in ("ready", "error"):
+            ready.set()
+
+    return ready
+
+
 def ask(client: LanguageClient, uri: str, line: int, character: int):
     return client.text_document_inline_completion_async(types.InlineCompletionParams(
         text_document=types.TextDocumentIdentifier(uri), position=types.Position(line=line, character=character),

@@ -15,7 +15,7 @@ from lsprotocol import types
 from pygls.lsp.client import LanguageClient
 
 from codespec.bench.editor import stop_client
-from tests.lsp.test_replay import answered, ask, threads
+from tests.lsp.test_replay import ready_event, answered, ask, threads
 
 pytestmark = [pytest.mark.slow, pytest.mark.model,
               pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")]
@@ -42,13 +42,7 @@ async def _storm(tmp_path: Path) -> None:
     doc = root / "big.py"
     doc.write_text(text)
     client = LanguageClient("storm", "1")
-    ready = asyncio.Event()
-
-    @client.feature("codespec/status")
-    def on_status(params) -> None:
-        state = params.get("state") if isinstance(params, dict) else getattr(params, "state", "")
-        if state in ("ready", "error"):
-            ready.set()
+    ready = ready_event(client)
 
     await client.start_io(sys.executable, "-m", "codespec", "lsp")
     try:

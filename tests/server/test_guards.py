@@ -88,6 +88,11 @@ def test_huge_headers_get_431_not_a_reset(live_server):
     assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
     assert b"request_header_fields_too_large" in answer
     assert b'"status":"ok"' in _raw(live_server, b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    # a large body in the same packets as short headers is a body, not oversized headers
+    body = json.dumps({"key": "one-packet.py", "text": "x = 1\n" * 40_000}).encode()
+    answer = _raw(live_server, b"POST /v1/index/documents HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
 
 
 @pytest.fixture
