@@ -109,7 +109,7 @@ def session(tmp_path_factory):
             log.append(line)
 
     reader = loop.create_task(drain())
-    yield loop, client, doc.as_uri(), str(tmp), log
+    yield loop, client, doc.as_uri(), log
     reader.cancel()
 
     async def stop() -> None:
@@ -140,7 +140,7 @@ FUZZ_URI = ["file:///placeholder/main.py"]  # set from the session before the fu
 
 
 def test_every_request_is_answered_and_the_server_lives(session):
-    loop, client, uri, tmp, log = session
+    loop, client, uri, log = session
     FUZZ_URI[0] = uri
 
     @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
