@@ -260,12 +260,9 @@ class ServeProcess:
                            f"{Path(self.log.name).read_text(errors='replace')[-1500:]}")
 
     def __exit__(self, *exc: Any) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+        from codespec.bench.llamacpp import stop_process
+
+        stop_process(self.process, timeout_s=30)
         self.log.close()
 
 

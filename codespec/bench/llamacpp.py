@@ -114,12 +114,7 @@ class LlamaServer:
         raise RuntimeError(f"llama-server ({self.system}) did not start; its log ends:\n{tail}")
 
     def __exit__(self, *exc: Any) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+        stop_process(self.process, timeout_s=20)
         self.log.close()
 
     def complete(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_ids: Iterable[int]) -> LlamaOutcome:
@@ -139,6 +134,16 @@ class LlamaServer:
         prompt_ms = timings.get("prompt_ms")
         return LlamaOutcome(tokens, wall, None if prompt_ms is None else prompt_ms / 1000,
                             int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0)))
+
+
+def stop_process(process: subprocess.Popen[bytes] | None, timeout_s: float) -> None:
+    """Terminate a server the bench started, and kill it if it has not left in `timeout_s`."""
+    if process is not None and process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
 def _free_port() -> int:

@@ -68,6 +68,11 @@ class Level:
         return out
 
 
+def summaries(levels: list[Level]) -> list[dict[str, Any]]:
+    """Each level's figures, the later ones against the first (concurrency 1)."""
+    return [level.to_json(None if level is levels[0] else levels[0]) for level in levels]
+
+
 def _p95(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
@@ -151,7 +156,7 @@ def run_load(reqs: list[LoadRequest], concurrencies: tuple[int, ...], log: Calla
                 _check_idle(server.url)
                 level = _level(server.url, reqs, concurrency)
             levels.append(level)
-            j = level.to_json(levels[0] if levels[0] is not level else None)
+            j = summaries(levels)[-1]
             log(f"concurrency {concurrency}: {j['tokens_per_s']} tok/s, p50 {j['p50_s']} s, p95 {j['p95_s']} s"
                 + (f", {len(level.failures)} failed" if level.failures else ""))
     return levels
@@ -168,8 +173,7 @@ def _check_idle(url: str) -> None:
 def print_table(levels: list[Level], out: Any) -> None:
     print(f"{'concurrency':>11}{'requests':>9}{'wall s':>8}{'tok/s':>8}{'req/s':>7}{'p50 s':>7}{'p95 s':>7}"
           f"{'vs 1':>6}{'same output':>12}{'prompt tok':>11}{'prefill share':>14}", file=out)
-    for level in levels:
-        j = level.to_json(levels[0] if level is not levels[0] else None)
+    for j in summaries(levels):
         same = "-" if "outputs_equal_to_1" not in j else ("yes" if j["outputs_equal_to_1"] else "NO")
         ratio = f"{j['throughput_vs_1']:.2f}x" if "throughput_vs_1" in j else "1.00x"
         print(f"{j['concurrency']:>11}{j['requests']:>9}{j['wall_s']:>8.1f}{j['tokens_per_s']:>8.2f}"

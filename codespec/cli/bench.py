@@ -97,7 +97,7 @@ def run_load(args: argparse.Namespace) -> int:
           "latency per request on the client's side")
     load.print_table(results, sys.stdout)
     record = {"suite": "load", "machine": machine,
-              "levels": [lv.to_json(results[0] if lv is not results[0] else None) for lv in results]}
+              "levels": load.summaries(results)}
     print(json.dumps(record))
     out_dir = _out_dir(args.out)
     if out_dir is not None:

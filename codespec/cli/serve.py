@@ -23,7 +23,8 @@ from codespec.cli.options import (
 from codespec.errors import CodespecError
 
 SERVE_FIELDS = ("host", "port", "api_key", "index", "repo", "upstream", "upstream_api_key", "max_tokens_limit",
-                "max_request_bytes", "max_header_bytes", "header_timeout_s", "idle_timeout_s", "max_active_requests", "max_waiting_requests")
+                "max_request_bytes", "max_header_bytes", "header_timeout_s", "idle_timeout_s", "max_active_requests",
+                "max_waiting_requests")
 
 
 def register(commands: Any) -> None:

@@ -183,7 +183,7 @@ def start_scheduler(settings: Settings, index: SuffixIndex, load: Callable[[], L
         found["loaded"] = loaded
         log.info("forward backend: %s (%s)", loaded.backend, loaded.reason)
         if loaded.degraded:
-            log.warning("%s: passes run on %s, slower than this machine allows", loaded.degraded, loaded.backend)
+            log.warning("%s; the passes run on %s", loaded.degraded, loaded.backend)
         engine = Engine.from_settings(loaded.forward, loaded.tokenizer, settings, index=index)
         engine.calibrate()
         return engine

@@ -124,11 +124,11 @@ def server_config(app: Any, settings: Settings, **options: Any) -> uvicorn.Confi
                           h11_max_incomplete_event_size=settings.max_header_bytes, **options)
 
 
-def serve(app: Any, settings: Settings, on_shutdown: Callable[[], None] | None = None, **options: Any) -> None:
-    _Server(server_config(app, settings, **options), on_shutdown).run()
-
-
 def server(app: Any, settings: Settings, on_shutdown: Callable[[], None] | None = None,
            **options: Any) -> uvicorn.Server:
     """The server unstarted (tests run it on a thread)."""
     return _Server(server_config(app, settings, **options), on_shutdown)
+
+
+def serve(app: Any, settings: Settings, on_shutdown: Callable[[], None] | None = None, **options: Any) -> None:
+    server(app, settings, on_shutdown, **options).run()

@@ -1,5 +1,9 @@
 """Routes: typed adapters that parse, call the backend, and convert.
 
+Tokenizing (and adding to the index) runs on a worker thread (`run_in_threadpool`): a
+megabyte of text takes ~0.2 s, and the event loop keeps answering /health and the
+streams meanwhile.
+
 OpenAI: POST /v1/completions (`suffix` makes it FIM), POST /v1/chat/completions, GET
 /v1/models; llama.cpp: POST /infill; operations: GET /health, GET /metrics; the index:
 POST /v1/index/documents, DELETE /v1/index/documents/{key}, GET /v1/index/stats; the
@@ -121,12 +125,6 @@ async def _unless_client_leaves(request: Request, work: Awaitable[Any]) -> Any:
         watcher.cancel()
 
 
-async def _tokenized(call: Callable[..., list[int]], *args: Any, **kwargs: Any) -> list[int]:
-    """Tokenize on a worker thread: a megabyte prompt takes ~0.2 s per MB, and the event
-    loop keeps answering /health and the streams meanwhile."""
-    return await run_in_threadpool(call, *args, **kwargs)
-
-
 def _streaming(body: AsyncIterator[str]) -> StreamingResponse:
     return StreamingResponse(body, media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -140,9 +138,9 @@ async def completions(req: CompletionRequest, request: Request, b: AnyBackend = 
             raise RequestError("suffix needs a text prompt; send token ids without a suffix")
         ids = req.prompt_ids
     elif req.suffix is not None:
-        ids = await _tokenized(prompts.fim_ids, b.tokenizer, req.prompt_text, req.suffix)
+        ids = await run_in_threadpool(prompts.fim_ids, b.tokenizer, req.prompt_text, req.suffix)
     else:  # verbatim, like `codespec generate`: special tokens written in it are recognised
-        ids = await _tokenized(prompts.encode_prompt, b.tokenizer, req.prompt_text)
+        ids = await run_in_threadpool(prompts.encode_prompt, b.tokenizer, req.prompt_text)
     b.check_request(ids, req.max_tokens)
     config = GenerationConfig(max_new_tokens=req.max_tokens, stop=tuple(req.stop), temperature=req.temperature,
                               top_p=req.top_p, seed=req.seed)
@@ -160,7 +158,7 @@ async def completions(req: CompletionRequest, request: Request, b: AnyBackend = 
 @router.post("/v1/chat/completions")
 async def chat_completions(req: ChatCompletionRequest, request: Request, b: AnyBackend = Depends(backend)) -> Any:
     _check_model(b, req.model)
-    ids = await _tokenized(prompts.chat_ids, b.tokenizer,
+    ids = await run_in_threadpool(prompts.chat_ids, b.tokenizer,
                            [{"role": m.role, "content": m.text()} for m in req.messages])
     b.check_request(ids, req.limit)
     config = GenerationConfig(max_new_tokens=req.limit, stop=tuple(req.stop), temperature=req.temperature,
@@ -184,7 +182,7 @@ async def infill(req: InfillRequest, request: Request, b: AnyBackend = Depends(b
     unless the request sets a temperature (then top_k / top_p apply); cache options are
     accepted and ignored (KV reuse comes with the verifier issue)."""
     extra = [prompts.ExtraFile(c.filename, c.text) for c in req.input_extra]
-    ids = await _tokenized(prompts.fim_ids, b.tokenizer, req.input_prefix, req.input_suffix, req.prompt, extra)
+    ids = await run_in_threadpool(prompts.fim_ids, b.tokenizer, req.input_prefix, req.input_suffix, req.prompt, extra)
     limit = b.settings.max_tokens_limit if req.n_predict < 0 else max(req.n_predict, 1)
     b.check_request(ids, limit)
     seconds = req.t_max_predict_ms / 1000 if req.t_max_predict_ms else None
@@ -272,7 +270,7 @@ async def add_document(req: DocumentRequest, b: AnyBackend = Depends(backend)) -
     """Add or replace a document (an open buffer, a file the client edited) in the
     dynamic index; later drafts can copy from it."""
     index = _index(b)
-    ids = await _tokenized(prompts.encode, b.tokenizer, req.text)
+    ids = await run_in_threadpool(prompts.encode, b.tokenizer, req.text)
     await run_in_threadpool(index.add_document, req.key, ids)
     return {"key": req.key, "tokens": len(ids)}
 
