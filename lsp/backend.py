@@ -11,8 +11,11 @@ process; imports torch, so only the CLI loads it) and `lsp.http_backend.HttpBack
 from __future__ import annotations
 
 import asyncio
+import threading
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
+
+T = TypeVar("T")
 
 OnText = Callable[[str], bool]  # the completion so far; return False to stop generating
 Progress = Callable[[str, int], None]  # message, percentage
@@ -55,3 +58,29 @@ def settle(future: asyncio.Future[Any], value: Any) -> None:
     that race, handed to the event loop with `call_soon_threadsafe`."""
     if not future.done():
         future.set_result(value)
+
+
+async def detached(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)` on a daemon thread of its own. Not `asyncio.to_thread`: the
+    event loop's executor threads are joined when the loop ends, so a model load or an
+    index build in one kept the language server alive for minutes after the editor closed
+    its pipe (issue 31)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def run() -> None:
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+            loop.call_soon_threadsafe(fail, future, exc)
+        else:
+            loop.call_soon_threadsafe(settle, future, result)
+
+    threading.Thread(target=run, name=f"codespec-{getattr(fn, '__name__', 'work')}", daemon=True).start()
+    return await future
+
+
+def fail(future: asyncio.Future[Any], exc: BaseException) -> None:
+    """Fail `future` with `exc` unless it is already done (see `settle`)."""
+    if not future.done():
+        future.set_exception(exc)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 from codespec.integrations.upstream import UpstreamClient, UpstreamError, sse_data
 from codespec.lsp.window import HTTP_CHARS_PER_TOKEN, prefix_window, suffix_window
-from codespec.lsp.backend import FimRequest, OnText, Progress
+from codespec.lsp.backend import FimRequest, OnText, Progress, detached
 
 TIMEOUT_S = 120
 BackendError = UpstreamError  # the server could not be reached or refused the request (one line)
@@ -38,7 +38,7 @@ async def follow(pieces: Callable[[threading.Event], Iterator[str]], on_text: On
         return text
 
     try:
-        return await asyncio.to_thread(run)
+        return await detached(run)
     finally:
         stop.set()
 

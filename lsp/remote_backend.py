@@ -12,7 +12,7 @@ import asyncio
 import threading
 from typing import Any, Callable
 
-from codespec.lsp.backend import CompletionBackend, FimRequest, OnText, Progress
+from codespec.lsp.backend import CompletionBackend, FimRequest, OnText, Progress, detached
 
 
 class RemoteBackend:
@@ -28,11 +28,11 @@ class RemoteBackend:
             return self._backend
 
     async def complete(self, request: FimRequest, on_text: OnText) -> str:
-        backend = await asyncio.to_thread(self.resolved)
+        backend = await detached(self.resolved)
         return await backend.complete(request, on_text)
 
     async def index_workspace(self, folders: list[str], progress: Progress) -> str:
-        backend = await asyncio.to_thread(self.resolved)
+        backend = await detached(self.resolved)
         return await backend.index_workspace(folders, progress)
 
     def update_document(self, path: str, text: str, saved: bool = False) -> None:

@@ -23,6 +23,8 @@ import asyncio
 import collections
 import itertools
 import logging
+import os
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -35,10 +37,11 @@ from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
 
-from codespec.lsp.backend import CompletionBackend, FimRequest, settle
+from codespec.lsp.backend import CompletionBackend, detached, settle
+from codespec.lsp.fit import closed, fit_indent, replaced_after, rest_of_line
 from codespec.lsp.options import LspOptions, parse_options
-from codespec.lsp.window import fim_request, whole_lines
 from codespec.lsp.syntax import BlockEnd, Mode, block_indent, classify, repeats_following
+from codespec.lsp.window import fim_request, whole_lines
 
 log = logging.getLogger("codespec.lsp")
 NAME, VERSION = "codespec", "0.1.0"
@@ -90,8 +93,12 @@ class CodespecServer(LanguageServer):
         super().__init__(NAME, VERSION, protocol_cls=CodespecProtocol)
         self.make_backend = make_backend
         self.backend: CompletionBackend | None = None
+        # the model loading (set on `initialized`): a request that comes meanwhile waits for it
+        # rather than being answered null, which no editor asks again (issue 31)
+        self.loading: asyncio.Future[CompletionBackend | None] | None = None
         self.options = LspOptions()
         self.in_flight: dict[str, asyncio.Task[Any]] = {}  # uri -> the generation running for it
+        self.asking: dict[str, str] = {}  # uri -> the text before the cursor of that generation
         # uri -> a generation whose request was answered early, going on into the forwarding cache
         self.background: dict[str, asyncio.Future[str]] = {}
         self.shown: dict[str, Shown] = {}
@@ -135,6 +142,8 @@ def build_server(make_backend: Callable[[], CompletionBackend]) -> CodespecServe
         ls.options, problems = parse_options(params.initialization_options)
         for problem in problems:
             ls.warn(f"codespec: {problem}")
+        if params.process_id:
+            watch_parent(params.process_id)
         folders = params.workspace_folders or []
         ls.roots = [Path(unquote(urlparse(f.uri).path)) for f in folders]
         if not ls.roots and params.root_uri:
@@ -142,13 +151,17 @@ def build_server(make_backend: Callable[[], CompletionBackend]) -> CodespecServe
 
     @server.feature(types.INITIALIZED)
     async def initialized(ls: CodespecServer, params: types.InitializedParams) -> None:
+        ls.status("busy", "loading the model")
+        ls.loading = asyncio.get_running_loop().create_future()
         try:
-            backend = await asyncio.to_thread(ls.ensure_backend)
+            backend = await detached(ls.ensure_backend)
         except Exception as exc:  # a wrong model path: say it once, keep the connection
+            settle(ls.loading, None)
             ls.status("error", str(exc))
             ls.window_show_message(types.ShowMessageParams(type=types.MessageType.Error,
                                                            message=f"codespec: {exc}"))
             return
+        settle(ls.loading, backend)
         if ls.options.index_workspace and ls.roots:
             await index_workspace(ls, backend)
         else:
@@ -170,6 +183,7 @@ def build_server(make_backend: Callable[[], CompletionBackend]) -> CodespecServe
     def did_close(ls: CodespecServer, params: types.DidCloseTextDocumentParams) -> None:
         uri = params.text_document.uri
         ls.shown.pop(uri, None)
+        ls.asking.pop(uri, None)
         for task in (ls.in_flight.pop(uri, None), ls.background.pop(uri, None),
                      (ls.ahead.pop(uri, None) or (None, None))[1]):
             if task is not None:
@@ -189,6 +203,8 @@ def build_server(make_backend: Callable[[], CompletionBackend]) -> CodespecServe
         key = arguments[0] if len(arguments) == 1 and isinstance(arguments[0], str) else None
         if key in ls.offered:
             uri, accepted_prefix = ls.offered.pop(key)
+            if _covered(ls, uri, accepted_prefix):
+                return  # the editor asked there already (or the early answer's rest is on its way)
             previous = ls.ahead.pop(uri, None)
             if previous is not None:
                 previous[1].cancel()
@@ -207,6 +223,25 @@ def build_server(make_backend: Callable[[], CompletionBackend]) -> CodespecServe
         return await complete(ls, params)
 
     return server
+
+
+def watch_parent(pid: int, every_s: float = 2.0) -> None:
+    """End this process when the editor that started it (`processId`) is gone, as the LSP
+    spec asks: an editor killed without `shutdown` (a closed browser tab of code-server)
+    left a 2.5 GB server running for minutes (issue 31)."""
+    def watch() -> None:
+        while True:
+            time.sleep(every_s)
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                log.info("the editor (process %d) is gone: exiting", pid)
+                logging.shutdown()
+                os._exit(0)
+            except PermissionError:  # alive, another user's
+                pass
+
+    threading.Thread(target=watch, name="codespec-parent-watch", daemon=True).start()
 
 
 def opened(ls: CodespecServer, uri: str) -> Any:
@@ -275,6 +310,8 @@ async def _progress_token(ls: CodespecServer) -> str | None:
 async def complete(ls: CodespecServer, params: types.InlineCompletionParams) -> types.InlineCompletionList | None:
     uri = params.text_document.uri
     asked_at = time.monotonic()
+    if ls.backend is None and ls.loading is not None:
+        await asyncio.shield(ls.loading)  # cancelled with the request (a keystroke, `$/cancelRequest`)
     if not ls.options.enable or ls.backend is None:
         return None
     doc = open_document(ls, uri)
@@ -296,9 +333,29 @@ async def complete(ls: CodespecServer, params: types.InlineCompletionParams) -> 
             ahead[1].cancel()  # the user went elsewhere: it must not cancel this request later
     cached = await typed_along(ls, uri, text[:offset])
     if cached is not None:
-        return _items(ls, params.position, cached, uri, text[:offset])
+        return _items(ls, params.position, cached, uri, text, offset)
     completion = await generate(ls, uri, text, offset, doc.language_id or "", asked_at)
-    return None if completion is None else _items(ls, params.position, completion, uri, text[:offset])
+    if completion is None:
+        if params.context.trigger_kind == types.InlineCompletionTriggerKind.Invoked:
+            # asked for explicitly: say so rather than spin and show nothing
+            ls.status("ready", NOTHING_HERE)
+        return None
+    return _items(ls, params.position, completion, uri, text, offset)
+
+
+NOTHING_HERE = "no suggestion here: the model ended the block at once, or only repeated the lines below"
+
+
+def _covered(ls: CodespecServer, uri: str, prefix: str) -> bool:
+    """A generation already running serves a request at `prefix`: one the editor asked
+    there (VS Code asks again right after an accept, before it runs the item's command),
+    or one answered early whose rest continues the accepted text. A second generation
+    would cancel it, and the editor's request would be answered null."""
+    if ls.asking.get(uri) == prefix and uri in ls.in_flight:
+        return True
+    running, shown = ls.background.get(uri), ls.shown.get(uri)
+    return (running is not None and not running.done() and shown is not None and prefix.startswith(shown.prefix)
+            and shown.text.startswith(prefix[len(shown.prefix):]))
 
 
 async def typed_along(ls: CodespecServer, uri: str, prefix: str) -> str | None:
@@ -364,7 +421,7 @@ async def generate(ls: CodespecServer, uri: str, text: str, offset: int, languag
             previous.cancel()  # the latest request per document wins
     task = asyncio.current_task()
     assert task is not None
-    ls.in_flight[uri] = task
+    ls.in_flight[uri], ls.asking[uri] = task, prefix
     try:
         await asyncio.sleep(ls.options.debounce_ms / 1000)  # a keystroke storm cancels here
         ls.status("busy")
@@ -374,7 +431,7 @@ async def generate(ls: CodespecServer, uri: str, text: str, offset: int, languag
 
         def finish(raw: str) -> str:
             healed = held.heal(raw)
-            return "" if healed is None else block.finish(healed)
+            return "" if healed is None else fit_indent(closed(block.finish(healed)), text, offset, language_id)
 
         early: asyncio.Future[str] = loop.create_future()
         budget_s = opts.latency_budget_ms / 1000
@@ -385,7 +442,7 @@ async def generate(ls: CodespecServer, uri: str, text: str, offset: int, languag
                 return False  # the model disagrees with the cursor's indentation
             kept, finished = block.cut(healed)
             if not finished and opts.latency_budget_ms and time.monotonic() - asked_at >= budget_s:
-                lines = whole_lines(kept)
+                lines = whole_lines(fit_indent(kept, text, offset, language_id))
                 if lines.strip():
                     loop.call_soon_threadsafe(settle, early, lines)
                     loop.call_soon_threadsafe(_grow, ls, uri, prefix, lines)
@@ -411,7 +468,7 @@ async def generate(ls: CodespecServer, uri: str, text: str, offset: int, languag
             completion = finish(raw)
     finally:
         if ls.in_flight.get(uri) is task:
-            del ls.in_flight[uri]
+            del ls.in_flight[uri], ls.asking[uri]
         if uri not in ls.background:
             ls.status("error" if failure else "ready", failure)
     if not completion.strip() or repeats_following(completion, text, offset):
@@ -461,17 +518,21 @@ def forward(shown: Shown | None, prefix: str) -> str | None:
 _keys = itertools.count(1)
 
 
-def _items(ls: CodespecServer, position: types.Position, text: str, uri: str,
-           prefix: str) -> types.InlineCompletionList:
+def _items(ls: CodespecServer, position: types.Position, completion: str, uri: str, text: str,
+           offset: int) -> types.InlineCompletionList:
     # the command's one argument is a key: the server keeps what the document starts with
     # once the item is accepted
     key = f"c{next(_keys)}"
-    ls.offered[key] = (uri, prefix + text)
+    ls.offered[key] = (uri, text[:offset] + completion)
     while len(ls.offered) > OFFERED_KEEP:
         ls.offered.popitem(last=False)
+    # closers the editor put after the cursor (an auto-closed bracket) that the completion
+    # writes itself are replaced, not doubled; they are ASCII, so characters are UTF-16 units
+    replaced = replaced_after(completion, rest_of_line(text, offset))
+    end = types.Position(line=position.line, character=position.character + replaced)
     item = types.InlineCompletionItem(
-        insert_text=text,
-        range=types.Range(start=position, end=position),
+        insert_text=completion,
+        range=types.Range(start=position, end=end),
         command=types.Command(title="codespec: accepted", command=ACCEPT_COMMAND, arguments=[key]),
     )
     return types.InlineCompletionList(items=[item])

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from codespec.cli.options import (
     CACHE_FIELDS,
@@ -55,17 +56,26 @@ def run(args: argparse.Namespace) -> int:
 
             return InProcessBackend(settings)
 
-    # stdout carries the protocol: logs go to stderr
-    configure_logging(args.log_level)
-    server = build_server(make_backend)
     if args.tcp:
         host, _, port = args.tcp.rpartition(":")
         if not host or not port.isdigit():
             raise CodespecError(f"--tcp {args.tcp}: give HOST:PORT such as 127.0.0.1:2087")
+    # stdout carries the protocol: logs go to stderr
+    configure_logging(args.log_level)
+    serve(build_server(make_backend), args.tcp)
+
+
+def serve(server: Any, tcp: str | None = None) -> NoReturn:
+    """Serve until the editor closes our stdin (or the socket) or sends `exit`, then end
+    the process at once: a thread still loading the model or indexing would otherwise
+    keep it, and its gigabytes, alive for minutes after the editor went (issue 31)."""
+    if tcp:
+        host, _, port = tcp.rpartition(":")
         server.start_tcp(host, int(port))
     else:
         server.start_io()
-    return 0
+    logging.shutdown()
+    os._exit(0)
 
 
 def configure_logging(name: str) -> None:

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from codespec.engine import GenerationConfig
 from codespec.index import SuffixIndex
-from codespec.lsp.backend import FimRequest, OnText, Progress, settle
+from codespec.lsp.backend import FimRequest, OnText, Progress, detached, fail, settle
 from codespec.prompts import encode_texts, fim_ids
 from codespec.settings import Settings
 
@@ -65,7 +65,7 @@ class InProcessBackend:
 
         def on_done(outcome: Any) -> None:
             if isinstance(outcome, BaseException):
-                loop.call_soon_threadsafe(_fail, done, outcome)
+                loop.call_soon_threadsafe(fail, done, outcome)
             else:
                 if not tokens:  # finished without a token: counted here
                     self.prompts.add(outcome.stats.prompt_tokens, outcome.stats.cached_prompt_tokens)
@@ -90,7 +90,7 @@ class InProcessBackend:
             def on_file(done: int, total: int, name: str = root.name) -> None:
                 progress(f"{name}: {done}/{total} files", int(100 * done / max(total, 1)))
 
-            report = await asyncio.to_thread(build_repository_index, root, self.tokenizer, out, progress=False,
+            report = await detached(build_repository_index, root, self.tokenizer, out, progress=False,
                                              on_file=on_file)
             self.index.static = SuffixIndex.load(out, tokenizer=fingerprint).static
             self.root = root
@@ -200,8 +200,3 @@ class BufferFeed:
         with self._wake:
             self._closed = True
             self._wake.notify_all()
-
-
-def _fail(future: asyncio.Future[str], error: BaseException) -> None:
-    if not future.done():
-        future.set_exception(error)

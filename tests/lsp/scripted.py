@@ -1,0 +1,70 @@
+"""`codespec lsp` with a scripted backend, for the editor-facing behaviour that a model's
+own choices would make flaky: the server, its protocol and every step after the model
+are the real ones; only the text comes from the document.
+
+The backend answers with the JSON string after the last `#> ` in the text before the
+cursor (`#> "include) == names"`), streamed a character at a time (`--char-s` apart),
+after a model load of `--load-s`. Run: `python -m tests.lsp.scripted --load-s 2`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+from codespec.cli.lsp import serve
+from codespec.lsp.backend import FimRequest, OnText, Progress
+from codespec.lsp.server import build_server
+
+MARK = "#> "
+
+
+class ScriptedBackend:
+    def __init__(self, char_s: float) -> None:
+        self.char_s = char_s
+        self.requests: list[FimRequest] = []
+
+    async def complete(self, request: FimRequest, on_text: OnText) -> str:
+        self.requests.append(request)
+        before = request.prefix + request.middle
+        at = before.rfind(MARK)
+        script = json.loads(before[at + len(MARK):].split("\n", 1)[0]) if at >= 0 else ""
+        text = ""
+        for ch in script:
+            await asyncio.sleep(self.char_s)
+            text += ch
+            if not on_text(text):
+                break
+        return text
+
+    async def index_workspace(self, folders: list[str], progress: Progress) -> str:
+        progress("scripted", 100)
+        return "0 files (scripted)"
+
+    def update_document(self, path: str, text: str, saved: bool = False) -> None:
+        pass
+
+    def record_acceptance(self, accepted: bool) -> None:
+        pass
+
+    def close(self) -> None:
+        return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--load-s", type=float, default=0.0)
+    parser.add_argument("--char-s", type=float, default=0.001)
+    args = parser.parse_args()
+
+    def make_backend() -> ScriptedBackend:
+        time.sleep(args.load_s)  # the model load, on the server's loader thread
+        return ScriptedBackend(args.char_s)
+
+    serve(build_server(make_backend))  # as `codespec lsp` serves
+
+
+if __name__ == "__main__":
+    main()
