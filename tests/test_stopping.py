@@ -39,3 +39,38 @@ def test_stop_string_spanning_two_commits():
 def test_bad_conditions_are_refused(kwargs):
     with pytest.raises(RequestError):
         StopCondition(eos_ids=set(), **kwargs)
+
+
+def chars(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+def decode_chars(ids) -> str:
+    return "".join(map(chr, ids))
+
+
+def test_n_indent_ends_at_the_first_line_indented_less():
+    # llama.cpp's n_indent: the first line is free; later, a non-blank line indented less
+    # than 4 ends it, cut before its first character (its indentation stays)
+    stop = StopCondition(eos_ids=set(), max_new_tokens=100, decode=decode_chars, min_indent=4)
+    text = "x = 1\n    y = 2\n\n  z = 3\n"
+    assert stop.admit([], chars(text[:8])) == (chars(text[:8]), None)  # "x = 1\n  ": not known yet
+    kept, reason = stop.admit(chars(text[:8]), chars(text[8:]))
+    assert reason == "stop" and decode_chars(chars(text[:8]) + kept) == "x = 1\n    y = 2\n\n  z"
+    assert stop.text_end == len("x = 1\n    y = 2\n\n  ")
+
+
+def test_n_indent_zero_and_a_first_line_never_stop():
+    assert StopCondition(eos_ids=set(), max_new_tokens=100, decode=decode_chars).admit(
+        [], chars("a\nb\n")) == (chars("a\nb\n"), None)
+    stop = StopCondition(eos_ids=set(), max_new_tokens=100, decode=decode_chars, min_indent=8)
+    assert stop.admit([], chars("return x")) == (chars("return x"), None)
+
+
+def test_a_stream_never_shows_the_line_that_n_indent_cuts():
+    from codespec.engine.textstream import TextStream
+
+    stream = TextStream(decode_chars, min_indent=4)
+    assert stream.push(chars("a = 1\n    b")) == "a = 1\n    b"
+    assert stream.push(chars("\n  c = 2")) == "\n  "  # the run ends at "c": never shown
+    assert stream.finish("a = 1\n    b\n  ") == ""

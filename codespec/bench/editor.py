@@ -197,7 +197,21 @@ def infill_body(ask: Ask, first: bool) -> dict[str, Any]:
             "samplers": ["top_k", "top_p", "infill"], "temperature": 0, "stream": False, "cache_prompt": True,
             "t_max_prompt_ms": 500,
             "t_max_predict_ms": LLAMA_VIM["first_ms"] if first else LLAMA_VIM["later_ms"],
-            "response_fields": ["content", "timings/prompt_n", "timings/predicted_n", "tokens_cached"]}
+            "response_fields": list(LLAMA_VIM_FIELDS)}
+
+
+# what llama.vim asks the server to return (`response_fields`), each of which it reads
+LLAMA_VIM_FIELDS = ("content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms",
+                    "timings/prompt_per_second", "timings/predicted_n", "timings/predicted_ms",
+                    "timings/predicted_per_token_ms", "timings/predicted_per_second", "truncated", "tokens_cached")
+
+
+def warmup_body(extra: list[dict[str, str]]) -> dict[str, Any]:
+    """llama.vim's ring-buffer update: the extra context alone, `n_predict` 0, so that the
+    server has its KV ready for the next completion (`s:ring_update`)."""
+    return {"id_slot": 0, "input_prefix": "", "input_suffix": "", "input_extra": extra, "prompt": "",
+            "n_predict": 0, "temperature": 0.0, "samplers": [], "stream": False, "cache_prompt": True,
+            "t_max_prompt_ms": 1, "t_max_predict_ms": 1, "response_fields": [""]}
 
 
 def run_infill(system: str, replay: Replay, url: str, log: Callable[[str], None]) -> SystemResult:

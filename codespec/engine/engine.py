@@ -49,6 +49,9 @@ class GenerationConfig:
     # llama.cpp's t_max_predict_ms: the limit counts from the first token, and stops only
     # once a newline was generated (so llama.vim's 250 ms still gets a whole first line)
     time_limit_llama: bool = False
+    # llama.cpp's n_indent: after the first line, a line indented less than this (and not
+    # blank) ends the generation, cut before its first character
+    min_indent: int = 0
     temperature: float = 0.0  # 0: greedy; > 0: lossless speculative sampling
     top_p: float = 1.0
     top_k: int = 0
@@ -284,6 +287,7 @@ class Run:
             min(config.max_new_tokens, room),
             config.stop,
             engine.decode if engine.tokenizer is not None else None,
+            config.min_indent,
         )
         proposer = engine.proposer if config.speculate else NoProposer()
         self.session = proposer.start(prompt)

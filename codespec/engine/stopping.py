@@ -1,4 +1,5 @@
-"""When a generation ends: EOS, the token limit, or a stop string.
+"""When a generation ends: EOS, the token limit, a stop string, or a dedent (llama.cpp's
+`n_indent`: after the first line, a non-blank line indented less than `min_indent`).
 
 A verify pass may commit several tokens at once; they are checked one by one, in order,
 so that speculative and plain decoding stop at exactly the same token.
@@ -28,19 +29,21 @@ class StopCondition:
         max_new_tokens: int,
         stop: Sequence[str] = (),
         decode: Decode | None = None,
+        min_indent: int = 0,
     ) -> None:
         if max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         if any(not s for s in stop):
             raise RequestError("stop strings must not be empty")
-        if stop and decode is None:
-            raise RequestError("stop strings need a tokenizer to decode the output")
+        if (stop or min_indent) and decode is None:
+            raise RequestError("stop strings and n_indent need a tokenizer to decode the output")
         self.eos_ids = frozenset(eos_ids)
         self.max_new_tokens = max_new_tokens
         self.stop = tuple(stop)
         self.decode = decode
         self._longest_stop = max((len(s) for s in stop), default=0)
-        self.text_end: int | None = None  # where the output text ends, when a stop string hit
+        self.min_indent = min_indent
+        self.text_end: int | None = None  # where the output text ends, when a stop string or dedent hit
 
     def admit(self, generated: Sequence[int], new: Sequence[int]) -> tuple[list[int], str | None]:
         """The prefix of `new` to commit after `generated`, and the finish reason if done."""
@@ -54,27 +57,52 @@ class StopCondition:
             if len(generated) + len(kept) >= self.max_new_tokens:
                 reason = "length"
                 break
-        if self.stop and kept:
-            cut = self._stop_string_cut(generated, kept)
-            if cut is not None:
-                return kept[:cut], "stop"
+        if (self.stop or self.min_indent) and kept:
+            assert self.decode is not None
+            before = self.decode(generated)
+            text = self.decode([*generated, *kept])
+            cuts = [cut for cut in (self._stop_string_cut(before, text), self._dedent_cut(before, text))
+                    if cut is not None]
+            if cuts:
+                self.text_end, reach = min(cuts)
+                return kept[: self._tokens_reaching(generated, kept, reach)], "stop"
         return kept, reason
 
-    def _stop_string_cut(self, generated: Sequence[int], kept: list[int]) -> int | None:
-        """How many of `kept` to keep when a stop string appears in the new text: the
-        fewest that complete it. Sets `text_end` to where the string starts."""
-        assert self.decode is not None
-        before = self.decode(generated)
-        text = self.decode([*generated, *kept])
+    def _stop_string_cut(self, before: str, text: str) -> tuple[int, int] | None:
+        """When a stop string appears in the new text: (where the output ends, its start;
+        how far the tokens kept must reach, its end)."""
+        if not self.stop:
+            return None
         search_from = max(0, len(before) - self._longest_stop + 1)
         hits = [(i, s) for s in self.stop if (i := text.find(s, search_from)) >= 0]
         if not hits:
             return None
         start, stop = min(hits)
-        end = start + len(stop)
+        return start, start + len(stop)
+
+    def _dedent_cut(self, before: str, text: str) -> tuple[int, int] | None:
+        """When a line after the first is indented less than `min_indent`: (where the
+        output ends, that line's first character, its indentation kept as llama.cpp
+        keeps it; how far the tokens kept must reach, past that character). Only lines
+        that reach into the new text are looked at."""
+        if not self.min_indent:
+            return None
+        newline = before.rfind("\n")
+        if newline < 0:
+            newline = text.find("\n")
+        while newline >= 0:
+            start = at = newline + 1
+            while at < len(text) and text[at] in " \t":
+                at += 1
+            if at < len(text) and text[at] != "\n" and at - start < self.min_indent:
+                return at, at + 1
+            newline = text.find("\n", start)
+        return None
+
+    def _tokens_reaching(self, generated: Sequence[int], kept: list[int], reach: int) -> int:
+        """The fewest of `kept` whose text is at least `reach` characters long."""
+        assert self.decode is not None
         for n in range(1, len(kept) + 1):
-            if len(self.decode([*generated, *kept[:n]])) >= end:
-                self.text_end = start
+            if len(self.decode([*generated, *kept[:n]])) >= reach:
                 return n
-        self.text_end = start
         return len(kept)

@@ -3,7 +3,9 @@
 Two things are held back until they are certain: an incomplete UTF-8 character at the
 end (byte-level BPE splits characters across tokens; the decoder shows U+FFFD until the
 rest arrives) and the last `len(longest stop string) - 1` characters, which may be the
-start of a stop string that the final text will not contain.
+start of a stop string that the final text will not contain. With `min_indent` (llama.cpp's
+`n_indent`), a last line indented less than that is held from its first character: the
+run ends there.
 
 >>> ts = TextStream(decode=lambda ids: "".join(map(chr, ids)), stop=("END",))
 >>> ts.push([104, 105, 32, 69])     # "hi E": "E" may start "END"; 2 chars held back
@@ -20,9 +22,11 @@ REPLACEMENT = "\ufffd"
 
 
 class TextStream:
-    def __init__(self, decode: Callable[[Sequence[int]], str], stop: Sequence[str] = ()) -> None:
+    def __init__(self, decode: Callable[[Sequence[int]], str], stop: Sequence[str] = (),
+                 min_indent: int = 0) -> None:
         self.decode = decode
         self.holdback = max((len(s) for s in stop), default=1) - 1
+        self.min_indent = min_indent
         self.tokens: list[int] = []
         self.sent = 0  # characters already emitted
 
@@ -30,6 +34,12 @@ class TextStream:
         self.tokens.extend(tokens)
         text = self.decode(self.tokens)
         end = len(text) - self.holdback
+        newline = text.rfind("\n") if self.min_indent else -1
+        if newline >= 0:
+            body = text[newline + 1 :].lstrip(" \t")
+            indent = len(text) - newline - 1 - len(body)
+            if body and indent < self.min_indent:
+                end = min(end, newline + 1 + indent)
         while end > self.sent and text[end - 1] == REPLACEMENT:
             end -= 1
         if end <= self.sent:

@@ -105,7 +105,7 @@ class Backend:
     async def stream_text(self, prompt_ids: Sequence[int], config: GenerationConfig) -> AsyncIterator[Chunk]:
         """Text as it becomes safe to show (whole characters, no partial stop string),
         then the rest with the finished Generation."""
-        text = TextStream(self.engine.decode, config.stop)
+        text = TextStream(self.engine.decode, config.stop, config.min_indent)
         async for item in self.generate(prompt_ids, config):
             if isinstance(item, Generation):
                 yield text.finish(item.text), item

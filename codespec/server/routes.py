@@ -28,6 +28,7 @@ from codespec import prompts
 from codespec.engine import Generation, GenerationConfig
 from codespec.errors import RequestError
 from codespec.index import SuffixIndex
+from codespec.lsp.window import HeldSpace
 from codespec.server.backend import Backend, GenerationFailed, ShuttingDown
 from codespec.server.upstream_backend import UpstreamBackend
 from codespec.server.schemas import (
@@ -179,18 +180,29 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, b: AnyB
 @router.post("/infill")
 async def infill(req: InfillRequest, request: Request, b: AnyBackend = Depends(backend)) -> Any:
     """llama.cpp's /infill: FIM with the tokenizer's FIM and repository tokens. Greedy
-    unless the request sets a temperature (then top_k / top_p apply); cache options are
-    accepted and ignored (KV reuse comes with the verifier issue)."""
+    unless the request sets a temperature (then top_k / top_p apply). The prompt's
+    KV is reused by the prefix cache (`tokens_cached`).
+
+    Spaces or tabs that end `prompt` (the typed part of the line) are held back from the
+    model and the content starts after them: a prompt ending in a space puts a token
+    boundary where the tokenizer never has one, and the model answers with one space
+    too many (issue 31)."""
     extra = [prompts.ExtraFile(c.filename, c.text) for c in req.input_extra]
-    ids = await run_in_threadpool(prompts.fim_ids, b.tokenizer, req.input_prefix, req.input_suffix, req.prompt, extra)
+    middle, held = HeldSpace.split(req.prompt)
+    ids = await run_in_threadpool(prompts.fim_ids, b.tokenizer, req.input_prefix, req.input_suffix, middle, extra)
     limit = b.settings.max_tokens_limit if req.n_predict < 0 else max(req.n_predict, 1)
     b.check_request(ids, limit)
     seconds = req.t_max_predict_ms / 1000 if req.t_max_predict_ms else None
     config = GenerationConfig(max_new_tokens=limit, stop=tuple(req.stop), time_limit_s=seconds, time_limit_llama=True,
-                              temperature=req.temperature or 0.0, top_p=req.top_p, top_k=req.top_k, seed=req.seed)
+                              temperature=req.temperature or 0.0, top_p=req.top_p, top_k=req.top_k, seed=req.seed,
+                              min_indent=req.n_indent)
+    healed = Healed(held)
 
     def chunk(text: str, done: Generation | None) -> dict[str, Any]:
-        out: dict[str, Any] = {"content": text, "stop": done is not None}
+        # n_predict 0 (llama.vim's ring-buffer warm-up) only fills the KV cache: one token is
+        # generated, as the engine always does, and not returned
+        content = healed(text) if req.n_predict else ""
+        out: dict[str, Any] = {"content": content, "stop": done is not None}
         if done:
             s = done.stats
             stop_type = "limit" if done.finish_reason == "length" else ("word" if req.stop else "eos")
@@ -203,6 +215,22 @@ async def infill(req: InfillRequest, request: Request, b: AnyBackend = Depends(b
         return _streaming(_stream(b, ids, config, chunk, done_marker=False))
     g = await _unless_client_leaves(request, b.complete(ids, config))
     return chunk(g.text, g) if isinstance(g, Generation) else g
+
+
+class Healed:
+    """A stream's text after the whitespace held back from its prompt (`HeldSpace`),
+    piece by piece: nothing while the model writes that whitespace, nothing at all if it
+    writes something else there (it disagrees with where the cursor is)."""
+
+    def __init__(self, held: HeldSpace) -> None:
+        self.held, self.raw, self.sent = held, "", 0
+
+    def __call__(self, piece: str) -> str:
+        self.raw += piece
+        text = self.held.heal(self.raw) or ""
+        out = text[self.sent :]
+        self.sent += len(out)
+        return out
 
 
 def _timings(s: Any) -> dict[str, float]:

@@ -134,7 +134,7 @@ class InfillRequest(_Stops):
     seed: Seed | None = None
     stream: StrictBool = False
     response_fields: list[str] | None = None  # llama.cpp's: only these (nested ones as "timings/prompt_n")
-    n_indent: int = Field(0, ge=0)  # accepted (llama.vim sends it); the block rules stop at a dedent anyway
+    n_indent: int = Field(0, ge=0)  # after the first line, a line indented less ends the completion
 
 
 class AcceptanceRequest(_Request):
