@@ -92,6 +92,7 @@ class CodespecServer(LanguageServer):
     def __init__(self, make_backend: Callable[[], CompletionBackend]) -> None:
         super().__init__(NAME, VERSION, protocol_cls=CodespecProtocol)
         self.make_backend = make_backend
+        self.editor_log: Any = None  # lsp.logs.EditorLog, set by the CLI over stdio
         self.backend: CompletionBackend | None = None
         # the model loading (set on `initialized`): a request that comes meanwhile waits for it
         # rather than being answered null, which no editor asks again (issue 31)
@@ -139,6 +140,8 @@ def build_server(make_backend: Callable[[], CompletionBackend]) -> CodespecServe
 
     @server.feature(types.INITIALIZE)
     def initialize(ls: CodespecServer, params: types.InitializeParams) -> None:
+        if ls.editor_log is not None:  # the log goes to the editor from now on (lsp/logs.py)
+            ls.editor_log.attach(asyncio.get_running_loop())
         ls.options, problems = parse_options(params.initialization_options)
         for problem in problems:
             ls.warn(f"codespec: {problem}")

@@ -68,7 +68,22 @@ def run(args: argparse.Namespace) -> int:
 def serve(server: Any, tcp: str | None = None) -> NoReturn:
     """Serve until the editor closes our stdin (or the socket) or sends `exit`, then end
     the process at once: a thread still loading the model or indexing would otherwise
-    keep it, and its gigabytes, alive for minutes after the editor went (issue 31)."""
+    keep it, and its gigabytes, alive for minutes after the editor went (issue 31).
+
+    Over stdio the log goes to the editor as `window/logMessage`, each line at its level
+    (lsp/logs.py); stderr keeps only what comes before the connection and fatal errors."""
+    from codespec.lsp.logs import EditorLog
+
+    if not tcp:
+        root = logging.getLogger()
+        editor_log = EditorLog(server)
+        editor_log.setFormatter(logging.Formatter("%(message)s"))
+        editor_log.filters = [_one_line] if root.level > logging.DEBUG else []
+        root.addHandler(editor_log)
+        server.editor_log = editor_log
+        for handler in root.handlers:
+            if handler is not editor_log and not log_to_stderr_too(root.level):
+                handler.setLevel(logging.CRITICAL)
     if tcp:
         host, _, port = tcp.rpartition(":")
         server.start_tcp(host, int(port))
@@ -88,6 +103,11 @@ def configure_logging(name: str) -> None:
     if level != logging.DEBUG:  # a malformed frame is one line, its traceback only at debug
         for handler in logging.getLogger().handlers:
             handler.addFilter(_one_line)
+
+
+def log_to_stderr_too(level: int) -> bool:
+    """At debug level (protocol messages, tracebacks) stderr keeps everything as well."""
+    return level <= logging.DEBUG
 
 
 def _one_line(record: logging.LogRecord) -> bool:

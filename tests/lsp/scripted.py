@@ -14,7 +14,7 @@ import asyncio
 import json
 import time
 
-from codespec.cli.lsp import serve
+from codespec.cli.lsp import configure_logging, serve
 from codespec.lsp.backend import FimRequest, OnText, Progress
 from codespec.lsp.server import build_server
 
@@ -63,6 +63,7 @@ def main() -> None:
         time.sleep(args.load_s)  # the model load, on the server's loader thread
         return ScriptedBackend(args.char_s)
 
+    configure_logging("info")
     serve(build_server(make_backend))  # as `codespec lsp` serves
 
 

@@ -10,7 +10,9 @@ back from it included (`lsp.window.HeldSpace`).
 - a completion cut by the token limit keeps its complete lines only;
 - the request VS Code sends right after an accept (before the accept command) is answered;
 - an explicit request that yields nothing says so in the status;
-- the server ends when the editor goes, even in the middle of the model's load.
+- the server ends when the editor goes, even in the middle of the model's load;
+- the log reaches the editor as `window/logMessage` at each line's level (VS Code marks
+  every stderr line `[error]`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from lsprotocol import types
 from pygls.lsp.client import LanguageClient
 
@@ -65,6 +68,11 @@ async def editor(tmp_path: Path, *args: str, ready: bool = True) -> tuple[Langua
     client = LanguageClient("scripted-editor", "1")
     statuses: list[tuple[str, str]] = []
     loaded = asyncio.Event()
+    client.logs = []
+
+    @client.feature(types.WINDOW_LOG_MESSAGE)
+    def on_log(params: types.LogMessageParams) -> None:
+        client.logs.append((params.type, params.message))
 
     @client.feature("codespec/status")
     def on_status(params) -> None:
@@ -229,3 +237,21 @@ def test_the_server_ends_when_the_editor_process_is_gone():
     editor_process.kill()
     editor_process.wait()
     assert exits_within(server, 10), "the server outlived the editor that started it"
+
+
+def test_the_log_reaches_the_editor_at_its_level(tmp_path):
+    async def case(ed: Editor) -> None:
+        future = asyncio.get_running_loop().create_future()
+        ed.client.protocol._request_futures["bad-1"] = future
+        ed.client.protocol._send_data({"jsonrpc": "2.0", "id": "bad-1", "method": types.TEXT_DOCUMENT_INLINE_COMPLETION,
+                                       "params": {"textDocument": {"uri": "file:///x.py"},
+                                                  "position": {"line": -1, "character": 0}}})
+        with pytest.raises(Exception):
+            await asyncio.wait_for(future, ANSWER_S)
+        for _ in range(100):
+            if any(kind == types.MessageType.Warning and "invalid params" in text for kind, text in ed.client.logs):
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError(ed.client.logs)
+
+    run(case, tmp_path)

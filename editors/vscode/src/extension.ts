@@ -1,20 +1,27 @@
-// codespec for VS Code: starts `codespec lsp` (or connects it to a running `codespec serve`)
-// and lets vscode-languageclient turn the server's textDocument/inlineCompletion into
-// ghost text. The status bar shows what the server reports through `codespec/status`.
+// codespec for VS Code: starts `codespec lsp` (alone, or in front of a running `codespec
+// serve`) and lets vscode-languageclient turn the server's textDocument/inlineCompletion
+// into ghost text. With only `codespec.serverUrl` set and no codespec executable on this
+// machine, it asks that server's /infill itself (src/infill.ts). The status bar shows what
+// the server reports through `codespec/status`.
 import * as vscode from "vscode";
 import { LanguageClient, LanguageClientOptions, ServerOptions, State } from "vscode-languageclient/node";
+import { InfillProvider } from "./infill";
+import { findExecutable } from "./executable";
 
 const SECTION = "codespec";
+const NOTHING_HERE = "no suggestion here";
 let client: LanguageClient | undefined;
+let infill: vscode.Disposable | undefined;
 let statusItem: vscode.StatusBarItem;
 let output: vscode.LogOutputChannel;
+let lastState: Status["state"] | undefined;
 
 interface Status {
   state: "busy" | "indexing" | "ready" | "error";
   message?: string;
 }
 
-function serverOptions(config: vscode.WorkspaceConfiguration): ServerOptions {
+function serverOptions(config: vscode.WorkspaceConfiguration, command: string): ServerOptions {
   const args = ["lsp"];
   const url = config.get<string>("serverUrl", "").trim();
   if (url) {
@@ -22,7 +29,6 @@ function serverOptions(config: vscode.WorkspaceConfiguration): ServerOptions {
   } else {
     args.push("--model", config.get<string>("model", "default"));
   }
-  const command = config.get<string>("command", "codespec");
   return { run: { command, args }, debug: { command, args } };
 }
 
@@ -43,40 +49,96 @@ function showStatus(status: Status): void {
     ready: "$(check)",
     error: "$(error)",
   };
-  statusItem.text = `${icons[status.state] ?? ""} codespec`;
+  const nothing = status.state === "ready" && status.message?.startsWith(NOTHING_HERE);
+  statusItem.text = `${nothing ? "$(circle-slash)" : icons[status.state] ?? ""} codespec`;
   statusItem.tooltip = status.message ? `codespec: ${status.state}: ${status.message}` : `codespec: ${status.state}`;
   statusItem.show();
+  // The model finished loading: ask again where the cursor is, since a request VS Code
+  // gave up on meanwhile is never repeated by it.
+  if (status.state === "ready" && lastState !== "ready" && !nothing) {
+    void vscode.commands.executeCommand("editor.action.inlineSuggest.trigger");
+  }
+  lastState = status.state;
+}
+
+async function stopClient(): Promise<void> {
+  // A client that never started (a wrong command) cannot be stopped: stop() throws
+  // "Client is not running and can't be stopped" and the restart never happened.
+  const current = client;
+  client = undefined;
+  infill?.dispose();
+  infill = undefined;
+  if (!current) {
+    return;
+  }
+  try {
+    if (current.state === State.Running || current.state === State.Starting) {
+      await current.stop(2000);
+    } else {
+      await current.dispose(2000);
+    }
+  } catch (error) {
+    output.warn(`stopping the language server: ${error}`);
+  }
+}
+
+async function failed(message: string): Promise<void> {
+  showStatus({ state: "error", message });
+  output.error(message);
+  const choice = await vscode.window.showErrorMessage(`codespec: ${message}`, "Open settings", "Show log");
+  if (choice === "Open settings") {
+    void vscode.commands.executeCommand("workbench.action.openSettings", "codespec.command");
+  } else if (choice === "Show log") {
+    output.show();
+  }
 }
 
 async function start(context: vscode.ExtensionContext): Promise<void> {
+  await stopClient();
   const config = vscode.workspace.getConfiguration(SECTION);
+  const url = config.get<string>("serverUrl", "").trim();
+  const configured = config.get<string>("command", "codespec");
+  const command = await findExecutable(configured);
+  if (!command) {
+    if (url) {
+      // No codespec here, but a server to ask: its /infill, straight from the editor.
+      infill = vscode.languages.registerInlineCompletionItemProvider(
+        { pattern: "**" }, new InfillProvider(url, config, output, showStatus));
+      output.info(`\`${configured}\` not found: completions come from ${url}/infill`);
+      showStatus({ state: "ready", message: `${url}/infill` });
+      return;
+    }
+    await failed(`\`${configured}\` was not found. Set codespec.command to the codespec executable `
+      + "(e.g. /path/to/.venv/bin/codespec), or codespec.serverUrl to a running `codespec serve`.");
+    return;
+  }
   const clientOptions: LanguageClientOptions = {
     documentSelector: [{ scheme: "file" }, { scheme: "untitled" }],
     initializationOptions: initializationOptions(config),
     synchronize: { configurationSection: SECTION },
     outputChannel: output,
   };
-  client = new LanguageClient("codespec", "codespec", serverOptions(config), clientOptions);
+  const started = new LanguageClient("codespec", "codespec", serverOptions(config, command), clientOptions);
+  client = started;
   context.subscriptions.push(
-    client.onNotification("codespec/status", (status: Status) => showStatus(status)),
-    client.onDidChangeState((event) => {
-      if (event.newState === State.Stopped) {
+    started.onNotification("codespec/status", (status: Status) => showStatus(status)),
+    started.onDidChangeState((event) => {
+      if (event.newState === State.Stopped && client === started) {
         showStatus({ state: "error", message: "the language server stopped" });
       }
     }),
   );
-  showStatus({ state: "indexing", message: "starting" });
+  showStatus({ state: "busy", message: "starting" });
   try {
-    await client.start();
+    await started.start();
   } catch (error) {
-    showStatus({ state: "error", message: String(error) });
-    void vscode.window.showErrorMessage(
-      `codespec: could not start \`${config.get("command")} lsp\` (${error}). Set codespec.command to the codespec executable.`,
-    );
+    await failed(`could not start \`${command} lsp\`: ${error}`);
   }
 }
 
 export async function activate(context: vscode.ExtensionContext): Promise<void> {
+  // The server sends its log as window/logMessage, each line at its level; the language
+  // client writes whatever reaches stderr here marked [error], so the server keeps stderr quiet.
   output = vscode.window.createOutputChannel("codespec", { log: true });
   statusItem = vscode.window.createStatusBarItem(vscode.StatusBarAlignment.Right, 100);
   statusItem.command = "codespec.showOutput";
@@ -84,15 +146,12 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     output,
     statusItem,
     vscode.commands.registerCommand("codespec.showOutput", () => output.show()),
-    vscode.commands.registerCommand("codespec.restart", async () => {
-      await client?.stop();
-      await start(context);
-    }),
+    vscode.commands.registerCommand("codespec.restart", () => start(context)),
     vscode.workspace.onDidChangeConfiguration(async (event) => {
-      // the server command or URL changed: a new server; other settings reach it through didChangeConfiguration
-      if (event.affectsConfiguration(`${SECTION}.command`) || event.affectsConfiguration(`${SECTION}.serverUrl`)
-          || event.affectsConfiguration(`${SECTION}.model`)) {
-        await client?.stop();
+      // the server command, URL or model changed: a new server; other settings reach a
+      // running one through didChangeConfiguration
+      if (["command", "serverUrl", "model"].some((key) => event.affectsConfiguration(`${SECTION}.${key}`))
+          || (!client && event.affectsConfiguration(SECTION))) {
         await start(context);
       }
     }),
@@ -101,5 +160,5 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
 }
 
 export async function deactivate(): Promise<void> {
-  await client?.stop();
+  await stopClient();
 }
