@@ -27,20 +27,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-SOURCE = '''import os
+from codespec.bench.editor import SAMPLE_FILE
 
-
-def list_python_files(path):
-    """Every .py file under path, sorted."""
-    found = []
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            if name.endswith(".py"):
-                found.append(os.path.join(root, name))
-    return sorted(found)
-
-
-'''
 TYPED = ['def count_lines(path):', '    """The number of lines of the file at path."""',
          '    with open(path, encoding="utf-8") as f:', '        ']
 GHOST_S = 30
@@ -102,12 +90,12 @@ def main() -> int:
         wait_ready(url, 600)
         work = Path(tempfile.mkdtemp(prefix="try-llama-vim-"))
         path = work / "files.py"
-        path.write_text(SOURCE)
+        path.write_text(SAMPLE_FILE)
         vim = pynvim.attach("child", argv=[nvim, "--embed", "--headless", "--clean", "-n"])
         vim.command(f"let g:llama_config = {{'endpoint_fim': '{url}/infill', 'show_info': 0}}")
         vim.command("set expandtab shiftwidth=4 softtabstop=4")
         vim.command(f"set runtimepath^={args.plugin}")
-        vim.command(f"runtime plugin/llama.vim")
+        vim.command("runtime plugin/llama.vim")
         vim.command(f"edit {path}")
         vim.input("GA")
         report, shown = [], ""

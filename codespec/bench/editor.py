@@ -206,6 +206,23 @@ LLAMA_VIM_FIELDS = ("content", "timings/prompt_n", "timings/prompt_ms", "timings
                     "timings/predicted_per_token_ms", "timings/predicted_per_second", "truncated", "tokens_cached")
 
 
+# a small file for llama.vim's checks (tests/server/test_llama_vim.py, scripts/try-llama-vim.py)
+SAMPLE_FILE = '''import os
+
+
+def list_python_files(path):
+    """Every .py file under path, sorted."""
+    found = []
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            if name.endswith(".py"):
+                found.append(os.path.join(root, name))
+    return sorted(found)
+
+
+'''
+
+
 def warmup_body(extra: list[dict[str, str]]) -> dict[str, Any]:
     """llama.vim's ring-buffer update: the extra context alone, `n_predict` 0, so that the
     server has its KV ready for the next completion (`s:ring_update`)."""

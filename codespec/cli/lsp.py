@@ -99,6 +99,7 @@ def configure_logging(name: str) -> None:
     level = getattr(logging, name.upper())
     logging.basicConfig(stream=sys.stderr, level=level, format="codespec-lsp %(levelname)s %(message)s")
     logging.getLogger().setLevel(level)  # also where a handler was already installed
+    logging.captureWarnings(True)  # library deprecation warnings: log lines at their level, not raw stderr
     logging.getLogger("pygls").setLevel(level if level == logging.DEBUG else max(level, logging.WARNING))
     if level != logging.DEBUG:  # a malformed frame is one line, its traceback only at debug
         for handler in logging.getLogger().handlers:

@@ -246,7 +246,9 @@ def test_the_log_reaches_the_editor_at_its_level(tmp_path):
         ed.client.protocol._send_data({"jsonrpc": "2.0", "id": "bad-1", "method": types.TEXT_DOCUMENT_INLINE_COMPLETION,
                                        "params": {"textDocument": {"uri": "file:///x.py"},
                                                   "position": {"line": -1, "character": 0}}})
-        with pytest.raises(Exception):
+        from pygls.exceptions import JsonRpcException
+
+        with pytest.raises(JsonRpcException):  # answered with InvalidParams
             await asyncio.wait_for(future, ANSWER_S)
         for _ in range(100):
             if any(kind == types.MessageType.Warning and "invalid params" in text for kind, text in ed.client.logs):

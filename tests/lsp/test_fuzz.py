@@ -89,6 +89,11 @@ def session(tmp_path_factory):
     loop = asyncio.new_event_loop()
     client = LanguageClient("fuzz", "1")
     ready = ready_event(client)
+    editor_log: list[str] = []  # the server's log arrives as window/logMessage (lsp/logs.py)
+
+    @client.feature(types.WINDOW_LOG_MESSAGE)
+    def on_log(params: types.LogMessageParams) -> None:
+        editor_log.append(params.message)
 
     async def start() -> None:
         await client.start_io(sys.executable, "-m", "codespec", "lsp", "--model", str(model),
@@ -103,6 +108,7 @@ def session(tmp_path_factory):
 
     loop.run_until_complete(start())
     log: list[bytes] = []
+    client.editor_log = editor_log
 
     async def drain() -> None:  # as an editor does (its Output panel); an undrained pipe stalls any server
         while line := await client._server.stderr.readline():
@@ -172,4 +178,6 @@ def test_every_request_is_answered_and_the_server_lives(session):
     assert not isinstance(loop.run_until_complete(still_serving()), Exception)
     stderr = b"".join(log).decode(errors="replace")
     assert "Traceback" not in stderr, stderr[-3000:]  # one line per malformed frame, at the default level
-    assert "invalid params for" in stderr
+    logged = "\n".join(client.editor_log)
+    assert "Traceback" not in logged, logged[-3000:]
+    assert "invalid params for" in logged, logged[-3000:]

@@ -77,7 +77,9 @@ async def vscode(lsp_client: LanguageClient, tmp_path_factory):
 @pytest.mark.asyncio(loop_scope="module")
 async def test_indexing_reports_progress_and_status(vscode):
     client, statuses = vscode, vscode.ctx.statuses
-    assert statuses[0]["state"] == "indexing" and statuses[-1]["state"] == "ready", statuses
+    # the model's load is announced (an editor shows a spinner, not "off"), then the indexing
+    assert statuses[0] == {"state": "busy", "message": "loading the model"}, statuses
+    assert statuses[1]["state"] == "indexing" and statuses[-1]["state"] == "ready", statuses
     assert "files" in statuses[-1]["message"]
     reports = [r for token_reports in client.progress_reports.values() for r in token_reports]
     kinds = [r.kind for r in reports]

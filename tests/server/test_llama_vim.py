@@ -11,26 +11,18 @@ import json
 import pytest
 
 from codespec import prompts
-from codespec.bench.editor import LLAMA_VIM_FIELDS, infill_body, warmup_body
+from codespec.bench.editor import (
+    LLAMA_VIM_FIELDS,
+    SAMPLE_FILE,
+    infill_body,
+    warmup_body,
+)
 from codespec.bench.typing import Ask
 from codespec.engine import GenerationConfig
 
 pytestmark = [pytest.mark.model, pytest.mark.anyio]
 
-SOURCE = '''import os
-
-
-def list_python_files(path):
-    """Every .py file under path, sorted."""
-    found = []
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            if name.endswith(".py"):
-                found.append(os.path.join(root, name))
-    return sorted(found)
-
-
-def count_lines(path):
+SOURCE = SAMPLE_FILE + '''def count_lines(path):
     """The number of lines of the file at path."""
     with open(path, encoding="utf-8") as f:
         
