@@ -25,7 +25,7 @@ Three things editors do around the cursor that a completion must respect:
 
 from __future__ import annotations
 
-from codespec.lsp.syntax import BLOCK_OPENERS, CLOSERS, INDENTED, indentation
+from codespec.lsp.syntax import BLOCK_OPENERS, CLOSERS, INDENTED, bracket_depth, indentation
 from codespec.lsp.window import whole_lines
 
 OPEN, CLOSE = "([{", ")]}"
@@ -95,12 +95,6 @@ def fit_indent(completion: str, text: str, offset: int, language_id: str) -> str
 def closed(completion: str) -> str:
     """`completion` without a last, unfinished statement: all of it when the brackets it
     opens are closed, else its complete lines that close theirs."""
-    depth = 0
-    for ch in completion:
-        if ch in OPEN:
-            depth += 1
-        elif ch in CLOSE:
-            depth -= 1
-    if depth <= 0 and not completion.rstrip().endswith("\\"):
+    if bracket_depth(completion) <= 0 and not completion.rstrip().endswith("\\"):
         return completion
     return whole_lines(completion)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Sequence
 
 from lsprotocol import types
 
@@ -30,15 +30,19 @@ def message_type(level: int) -> types.MessageType:
 
 
 class EditorLog(logging.Handler):
-    """Sends records to the editor once the server's event loop runs (`attach`)."""
+    """Sends records to the editor once the server's event loop runs (`attach`); from
+    then on the `quiet` handlers (stderr) pass fatal errors only."""
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: Any, quiet: Sequence[logging.Handler] = ()) -> None:
         super().__init__()
         self.server = server
+        self.quiet = list(quiet)
         self.loop: asyncio.AbstractEventLoop | None = None
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
+        for handler in self.quiet:
+            handler.setLevel(logging.CRITICAL)
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.loop is None or self.loop.is_closed() or record.name.startswith("pygls"):

@@ -29,7 +29,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 from urllib.parse import unquote, urlparse
 
 from lsprotocol import types
@@ -92,14 +92,14 @@ class CodespecServer(LanguageServer):
     def __init__(self, make_backend: Callable[[], CompletionBackend]) -> None:
         super().__init__(NAME, VERSION, protocol_cls=CodespecProtocol)
         self.make_backend = make_backend
-        self.editor_log: Any = None  # lsp.logs.EditorLog, set by the CLI over stdio
+        self.editor_log: Any = None  # lsp.logs.EditorLog, set by the CLI over stdio (only)
         self.backend: CompletionBackend | None = None
         # the model loading (set on `initialized`): a request that comes meanwhile waits for it
         # rather than being answered null, which no editor asks again (issue 31)
         self.loading: asyncio.Future[CompletionBackend | None] | None = None
         self.options = LspOptions()
-        self.in_flight: dict[str, asyncio.Task[Any]] = {}  # uri -> the generation running for it
-        self.asking: dict[str, str] = {}  # uri -> the text before the cursor of that generation
+        # uri -> (the generation running for it, the text before its cursor)
+        self.in_flight: dict[str, tuple[asyncio.Task[Any], str]] = {}
         # uri -> a generation whose request was answered early, going on into the forwarding cache
         self.background: dict[str, asyncio.Future[str]] = {}
         self.shown: dict[str, Shown] = {}
@@ -145,7 +145,9 @@ def build_server(make_backend: Callable[[], CompletionBackend]) -> CodespecServe
         ls.options, problems = parse_options(params.initialization_options)
         for problem in problems:
             ls.warn(f"codespec: {problem}")
-        if params.process_id:
+        if params.process_id and ls.editor_log is not None:
+            # over stdio only: the editor that started us is on this machine (over --tcp it
+            # may be anywhere, and its pid means nothing here)
             watch_parent(params.process_id)
         folders = params.workspace_folders or []
         ls.roots = [Path(unquote(urlparse(f.uri).path)) for f in folders]
@@ -186,8 +188,7 @@ def build_server(make_backend: Callable[[], CompletionBackend]) -> CodespecServe
     def did_close(ls: CodespecServer, params: types.DidCloseTextDocumentParams) -> None:
         uri = params.text_document.uri
         ls.shown.pop(uri, None)
-        ls.asking.pop(uri, None)
-        for task in (ls.in_flight.pop(uri, None), ls.background.pop(uri, None),
+        for task in (ls.in_flight.pop(uri, (None, ""))[0], ls.background.pop(uri, None),
                      (ls.ahead.pop(uri, None) or (None, None))[1]):
             if task is not None:
                 task.cancel()
@@ -239,12 +240,18 @@ def watch_parent(pid: int, every_s: float = 2.0) -> None:
                 os.kill(pid, 0)
             except ProcessLookupError:
                 log.info("the editor (process %d) is gone: exiting", pid)
-                logging.shutdown()
-                os._exit(0)
+                exit_now()
             except PermissionError:  # alive, another user's
                 pass
 
     threading.Thread(target=watch, name="codespec-parent-watch", daemon=True).start()
+
+
+def exit_now() -> NoReturn:
+    """End the process now, its log flushed: threads loading a model or building an index
+    must not keep it alive (`asyncio.run` and the interpreter would join them)."""
+    logging.shutdown()
+    os._exit(0)
 
 
 def opened(ls: CodespecServer, uri: str) -> Any:
@@ -354,11 +361,10 @@ def _covered(ls: CodespecServer, uri: str, prefix: str) -> bool:
     there (VS Code asks again right after an accept, before it runs the item's command),
     or one answered early whose rest continues the accepted text. A second generation
     would cancel it, and the editor's request would be answered null."""
-    if ls.asking.get(uri) == prefix and uri in ls.in_flight:
+    if uri in ls.in_flight and ls.in_flight[uri][1] == prefix:
         return True
-    running, shown = ls.background.get(uri), ls.shown.get(uri)
-    return (running is not None and not running.done() and shown is not None and prefix.startswith(shown.prefix)
-            and shown.text.startswith(prefix[len(shown.prefix):]))
+    running = ls.background.get(uri)
+    return running is not None and not running.done() and along(ls.shown.get(uri), prefix)
 
 
 async def typed_along(ls: CodespecServer, uri: str, prefix: str) -> str | None:
@@ -368,12 +374,7 @@ async def typed_along(ls: CodespecServer, uri: str, prefix: str) -> str | None:
     while True:
         cached = forward(ls.shown.get(uri), prefix)
         running = ls.background.get(uri)
-        if running is None or running.done():
-            return cached
-        shown = ls.shown.get(uri)
-        along = shown is not None and prefix.startswith(shown.prefix) and \
-            shown.text.startswith(prefix[len(shown.prefix):])
-        if not along:
+        if running is None or running.done() or not along(ls.shown.get(uri), prefix):
             return cached
         if cached is not None and "\n" in cached.lstrip("\n"):
             return cached  # a whole line beyond what was typed is ready
@@ -419,12 +420,12 @@ async def generate(ls: CodespecServer, uri: str, text: str, offset: int, languag
         return None
     prefix = text[:offset]
     failure = ""
-    for previous in (ls.in_flight.pop(uri, None), ls.background.pop(uri, None)):
+    for previous in (ls.in_flight.pop(uri, (None, ""))[0], ls.background.pop(uri, None)):
         if previous is not None:
             previous.cancel()  # the latest request per document wins
     task = asyncio.current_task()
     assert task is not None
-    ls.in_flight[uri], ls.asking[uri] = task, prefix
+    ls.in_flight[uri] = (task, prefix)
     try:
         await asyncio.sleep(ls.options.debounce_ms / 1000)  # a keystroke storm cancels here
         ls.status("busy")
@@ -470,8 +471,8 @@ async def generate(ls: CodespecServer, uri: str, text: str, offset: int, languag
                 return None
             completion = finish(raw)
     finally:
-        if ls.in_flight.get(uri) is task:
-            del ls.in_flight[uri], ls.asking[uri]
+        if ls.in_flight.get(uri, (None, ""))[0] is task:
+            del ls.in_flight[uri]
         if uri not in ls.background:
             ls.status("error" if failure else "ready", failure)
     if not completion.strip() or repeats_following(completion, text, offset):
@@ -504,16 +505,24 @@ def _store_rest(ls: CodespecServer, uri: str, prefix: str, text: str, offset: in
             ls.shown[uri] = Shown(prefix, completion)
 
 
+def along(shown: Shown | None, prefix: str) -> bool:
+    """The text before the cursor is where `shown` was computed plus a start of its text:
+    the person typed (or accepted) along it."""
+    return shown is not None and prefix.startswith(shown.prefix) and \
+        shown.text.startswith(prefix[len(shown.prefix) :])
+
+
 def forward(shown: Shown | None, prefix: str) -> str | None:
     """The rest of the completion shown last, if the user typed along it.
 
     >>> forward(Shown("def f():\\n    ", "return 1\\n"), "def f():\\n    ret")
     'urn 1\\n'
     """
-    if shown is None or not prefix.startswith(shown.prefix):
+    if not along(shown, prefix):
         return None
+    assert shown is not None
     typed = prefix[len(shown.prefix) :]
-    if not shown.text.startswith(typed) or len(typed) >= len(shown.text.rstrip()):
+    if len(typed) >= len(shown.text.rstrip()):
         return None
     return shown.text[len(typed) :]
 

@@ -95,6 +95,15 @@ def classify(text: str, offset: int, language_id: str) -> Mode:
     return Mode.MULTI if before.rstrip().endswith(BLOCK_OPENERS) else Mode.SINGLE
 
 
+def bracket_depth(text: str) -> int:
+    """Brackets `text` opens less those it closes.
+
+    >>> bracket_depth("f(a, [1, 2]"), bracket_depth("x)")
+    (1, -1)
+    """
+    return sum(text.count(c) for c in "([{") - sum(text.count(c) for c in ")]}")
+
+
 def indentation(line: str) -> int:
     return len(line.replace("\t", "    ")) - len(line.replace("\t", "    ").lstrip(" "))
 
@@ -130,7 +139,7 @@ class BlockEnd:
             if i > 0 and line.strip() and indentation(line) < self.indent:  # known at its first character
                 return _joined(lines[:i]), True
             if self.brackets and complete:
-                depth += sum(line.count(c) for c in "([{") - sum(line.count(c) for c in ")]}")
+                depth += bracket_depth(line)
                 if depth < 0:  # closes the enclosing block: the file already has that line
                     return _joined(lines[:i]), True
             if i >= MAX_LINES:

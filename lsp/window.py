@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from codespec.lsp.backend import FimRequest
+from codespec.lsp.syntax import bracket_depth
 from codespec.prompts import grid_start
 
 # The character cut before tokenizing: generous (code runs ~3.5 characters a token), so
@@ -113,7 +114,7 @@ def whole_lines(text: str) -> str:
         if end < 0:
             return kept
         line = text[at:end]
-        depth += sum(line.count(c) for c in "([{") - sum(line.count(c) for c in ")]}")
+        depth += bracket_depth(line)
         if depth <= 0 and not line.rstrip().endswith("\\"):
             kept = text[:end]
         at = end + 1

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from typing import Any, NoReturn
 
@@ -56,41 +55,41 @@ def run(args: argparse.Namespace) -> int:
 
             return InProcessBackend(settings)
 
+    address = None
     if args.tcp:
         host, _, port = args.tcp.rpartition(":")
         if not host or not port.isdigit():
             raise CodespecError(f"--tcp {args.tcp}: give HOST:PORT such as 127.0.0.1:2087")
+        address = (host, int(port))
     # stdout carries the protocol: logs go to stderr
     configure_logging(args.log_level)
-    serve(build_server(make_backend), args.tcp)
+    serve(build_server(make_backend), address)
 
 
-def serve(server: Any, tcp: str | None = None) -> NoReturn:
+def serve(server: Any, address: tuple[str, int] | None = None) -> NoReturn:
     """Serve until the editor closes our stdin (or the socket) or sends `exit`, then end
     the process at once: a thread still loading the model or indexing would otherwise
     keep it, and its gigabytes, alive for minutes after the editor went (issue 31).
 
     Over stdio the log goes to the editor as `window/logMessage`, each line at its level
-    (lsp/logs.py); stderr keeps only what comes before the connection and fatal errors."""
+    (lsp/logs.py), from the `initialize` request on; stderr keeps what comes before it and,
+    after it, fatal errors only (everything at debug level)."""
     from codespec.lsp.logs import EditorLog
+    from codespec.lsp.server import exit_now
 
-    if not tcp:
+    if address is None:
         root = logging.getLogger()
-        editor_log = EditorLog(server)
+        debug = root.level <= logging.DEBUG
+        editor_log = EditorLog(server, quiet=[] if debug else list(root.handlers))
         editor_log.setFormatter(logging.Formatter("%(message)s"))
-        editor_log.filters = [_one_line] if root.level > logging.DEBUG else []
+        if not debug:
+            editor_log.addFilter(_one_line)
         root.addHandler(editor_log)
         server.editor_log = editor_log
-        for handler in root.handlers:
-            if handler is not editor_log and not log_to_stderr_too(root.level):
-                handler.setLevel(logging.CRITICAL)
-    if tcp:
-        host, _, port = tcp.rpartition(":")
-        server.start_tcp(host, int(port))
-    else:
         server.start_io()
-    logging.shutdown()
-    os._exit(0)
+    else:
+        server.start_tcp(*address)
+    exit_now()
 
 
 def configure_logging(name: str) -> None:
@@ -104,11 +103,6 @@ def configure_logging(name: str) -> None:
     if level != logging.DEBUG:  # a malformed frame is one line, its traceback only at debug
         for handler in logging.getLogger().handlers:
             handler.addFilter(_one_line)
-
-
-def log_to_stderr_too(level: int) -> bool:
-    """At debug level (protocol messages, tracebacks) stderr keeps everything as well."""
-    return level <= logging.DEBUG
 
 
 def _one_line(record: logging.LogRecord) -> bool:
