@@ -72,12 +72,16 @@ async def test_a_prompt_ending_in_a_space_gets_no_extra_space(http, backend):
     assert "".join(json.loads(p[len("data: "):])["content"] for p in pieces) == content
 
 
-async def test_n_indent_stops_a_stream_and_a_response_at_the_same_place(http):
+async def test_n_indent_stops_a_stream_and_a_response_at_the_same_place(http, backend):
     body = {"input_prefix": "class Box:\n    def __init__(self, w):\n", "input_suffix": "",
             "prompt": "        self.w = w", "n_predict": 64, "n_indent": 8}
     whole = (await http.post("/infill", json=body)).json()
     lines = whole["content"].split("\n")
     assert all(not x.strip() or len(x) - len(x.lstrip()) >= 8 for x in lines[1:]), whole["content"]
+    # speculation does not move the cut: plain decoding with the same rule ends at the same place
+    ids = prompts.fim_ids(backend.tokenizer, body["input_prefix"], "", body["prompt"])
+    plain = backend.engine.generate(ids, GenerationConfig(max_new_tokens=64, speculate=False, min_indent=8))
+    assert whole["content"] == plain.text
     stream = await http.post("/infill", json={**body, "stream": True})
     pieces = [json.loads(x[len("data: "):]) for x in stream.text.splitlines() if x.startswith("data: ")]
     assert "".join(p["content"] for p in pieces) == whole["content"]
