@@ -2,8 +2,8 @@
 
 At start-up, once per process, from the machine, the model and two settings:
 
-1. `CODESPEC_FORWARD` ("": the fastest that applies; `rowdecoder`, `transformers` or
-   `masked`: that one) and `CODESPEC_LINEAR` (transformers' linear kernel: `rowgemm`,
+1. `CODESPEC_FORWARD` ("": the fastest that applies; `rowdecoder`, `cuda`, `transformers`
+   or `masked`: that one) and `CODESPEC_LINEAR` (transformers' linear kernel: `rowgemm`,
    `onednn` or `torch`; anything but rowgemm rules the row decoder out).
 2. The torch-free load (direct.py) where the C row decoder serves the model from its
    files: CPU with AVX-512 BF16, bfloat16, Qwen2/Llama, default rotary embedding,
@@ -12,7 +12,9 @@ At start-up, once per process, from the machine, the model and two settings:
    AVX-512 BF16, with the C forward's portable code (exact, slow: for checks).
 3. Else transformers loads the model, and the row decoder runs over its weights where
    it knows the layers and the linear layers are rowgemm's (hf_weights.py).
-4. Else transformers' own forward, row-exact (transformers.py), or `masked` when asked.
+4. On CUDA, Qwen2/Llama: the `cuda` backend (cuda.py: one fixed pass shape, our row-exact
+   attention kernel, CUDA graphs).
+5. Else transformers' own forward, row-exact (transformers.py), or `masked` when asked.
 
 The choice and its reason (why each faster backend did not apply) travel with the
 loaded model: `codespec model info --json` shows them, `generate --json` names the
@@ -34,7 +36,7 @@ from codespec.forward import direct
 from codespec.forward.base import Forward
 from codespec.settings import Settings
 
-FORWARD_CHOICES = ("rowdecoder", "transformers", "masked")  # CODESPEC_FORWARD
+FORWARD_CHOICES = ("rowdecoder", "cuda", "transformers", "masked")  # CODESPEC_FORWARD
 LINEAR_CHOICES = ("rowgemm", "onednn", "torch")  # CODESPEC_LINEAR: force one (rowgemm only where it runs)
 FASTEST = "the fastest backend that applies"
 
@@ -124,6 +126,8 @@ def load(settings: Settings, *, progress: bool = True, transformers: bool = Fals
     forward, why_not_rows = _for_model(model, wanted, settings.quantize)
     if forward.name == "rowdecoder":
         reason = f"{FASTEST} with transformers' weights: {refused or 'transformers was asked for (bench)'}"
+    elif forward.name == "cuda" and not asked:
+        reason = f"{FASTEST} on CUDA: fixed-shape row-exact passes in CUDA graphs"
     else:
         reason = asked or f"the row decoder does not serve it here: {why_not_rows}"
     parameters = sum(p.numel() for p in model.parameters())
@@ -132,7 +136,7 @@ def load(settings: Settings, *, progress: bool = True, transformers: bool = Fals
 
 def _asked_elsewhere(wanted: str, linear: str) -> str | None:
     """The setting that rules the row decoder out (None: none does)."""
-    if wanted in ("transformers", "masked"):
+    if wanted in ("cuda", "transformers", "masked"):
         return f"CODESPEC_FORWARD={wanted}"
     if linear not in ("", "rowgemm"):
         return f"CODESPEC_LINEAR={linear}"
@@ -156,18 +160,34 @@ def _for_model(model: Any, wanted: str, quantize: str) -> tuple[Forward, str | N
                          f"Qwen2/Llama), which does not serve this model here: {why}")
     if wanted == "rowdecoder" and why is not None:
         raise ModelError(f"CODESPEC_FORWARD=rowdecoder: the row decoder does not serve this model here: {why}")
+    if wanted == "cuda" or (not wanted and why is not None and _on_cuda(model)):
+        from codespec.forward import cuda
+
+        refused = cuda.unsupported(model) or (None if _on_cuda(model) else "the model is not on a CUDA device")
+        if refused is None:
+            return of_model(model, backend="cuda"), why
+        if wanted == "cuda":
+            raise ModelError(f"CODESPEC_FORWARD=cuda: the cuda backend does not serve this model here: {refused}")
+        why = f"{why}; the cuda backend: {refused}"
     backend = wanted or ("rowdecoder" if why is None else "transformers")  # decided: of_model checks nothing again
     return of_model(model, backend=backend, quantize=quantize), why
+
+
+def _on_cuda(model: Any) -> bool:
+    return model.get_input_embeddings().weight.device.type == "cuda"
 
 
 def of_model(model: Any, *, backend: str = "", quantize: str = "none", screen: bool = True) -> Forward:
     """The backend for a transformers model already loaded: `backend` "" is the row decoder
     where it serves the model (hf_weights.unsupported), else transformers' row-exact
-    forward; "rowdecoder", "transformers" or "masked" pick one. `screen=False`: greedy
+    forward (the `cuda` backend for Qwen2/Llama on CUDA); "rowdecoder", "cuda", "transformers"
+    or "masked" pick one. `screen=False`: greedy
     passes on the row decoder compute full logits (tests that compare the two)."""
-    from codespec.forward import hf_weights
+    from codespec.forward import cuda, hf_weights
     from codespec.forward.transformers import TorchForward
 
     if backend == "rowdecoder" or (backend == "" and hf_weights.unsupported(model) is None):
         return hf_weights.row_forward(model, quantize=quantize, screen=screen)
+    if backend == "cuda" or (backend == "" and _on_cuda(model) and cuda.unsupported(model) is None):
+        return cuda.CudaForward(model)
     return TorchForward(model, exact=backend != "masked")

@@ -1,0 +1,306 @@
+"""The `cuda` backend: Qwen2/Llama passes at one fixed shape, row-exact by construction,
+replayed as CUDA graphs.
+
+Why. On a GPU, cuBLAS and attention kernels pick tiles and splits by shape, so a verify
+pass of 17 rows and the one-row decode steps it stands for may round differently, and a
+near-tie then changes greedy output. Here every decode step and every verify pass runs
+the same program over exactly `rows` rows (the bucket, 64 by default):
+
+* the linear layers, norms, rotary embedding and lm_head see a [rows, ...] input
+  whatever the pass holds. In a GEMM of fixed shape every output row is computed by the
+  same tile program over its own input row, so a row's bits depend on that row alone;
+  a pass of more rows than the bucket runs as several replays, in order (a tree's nodes
+  come after their ancestors, so later replays see the KV earlier ones wrote);
+* attention goes through kernels/row_attention.py: one program per (row, KV head)
+  reducing over the row's own logical keys in fixed blocks;
+* padding rows repeat the first row's token, position and KV write (same values to the
+  same place) and attend to nothing.
+
+On a GPU a padded row is nearly free: a step reads every weight once either way (the
+default model: ~1 GB per pass, ~0.3 ms at H100 bandwidth; 64 rows add ~64 GFLOP, ~0.1 ms
+at its bf16 rate). The bucket is also the controller's row block: a pass costs the same
+up to `rows` rows and one more replay per bucket after that (CostModel.block).
+
+Fast: the bucket's pass is captured once per KV cache as a CUDA graph (static metadata
+buffers, KV written in place in the SlotCache's preallocated slots, no host sync inside),
+so a step is one small host-to-device copy, one replay and, for greedy passes, one copy
+of the rows' choices back. Prefill chunks run eagerly (causal SDPA over the slot); they
+only need to be deterministic on the absolute chunk grid (kvcache.py).
+
+On a CPU the same code runs eagerly with the attention's torch reference: that is how
+the tests check the layout (float64 tiny models; TRITON_INTERPRET=1 for the kernel).
+
+    forward = CudaForward(model)              # a transformers Qwen2/Llama model on CUDA
+    logits = forward.prefill(cache, slot, prompt, 0)
+    choices = forward.choices(cache, [(slot, start, tree)])
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from codespec.errors import SettingError
+from codespec.forward import profile
+from codespec.forward.base import Moves, Requests, kv_dims
+from codespec.kernels.compact import compact_kv
+from codespec.kernels.row_attention import row_attention
+
+DEFAULT_ROWS = 64  # the bucket: a 32-token draft plus its pending token fits, and 1-row steps stay ~free
+FAMILIES = ("qwen2", "llama")
+META_FIELDS = 8  # ids, positions, write slot, write position, KV source row, slot, context, path length
+
+
+def bucket_rows() -> int:
+    """CODESPEC_CUDA_ROWS, or the default bucket (a bad value is a clear error)."""
+    raw = os.environ.get("CODESPEC_CUDA_ROWS", "")
+    if not raw:
+        return DEFAULT_ROWS
+    if not raw.isdigit() or not 1 <= int(raw) <= 1024:
+        raise SettingError(f"CODESPEC_CUDA_ROWS={raw!r}: expected a whole number of rows from 1 to 1024")
+    return int(raw)
+
+
+def unsupported(model: Any) -> str | None:
+    """Why this backend cannot run `model` (None: it can)."""
+    config = model.config
+    if getattr(config, "model_type", None) not in FAMILIES:
+        return f"model type {getattr(config, 'model_type', None)!r} (the cuda backend knows {', '.join(FAMILIES)})"
+    if getattr(config, "hidden_act", None) != "silu" or getattr(config, "mlp_bias", False):
+        return "an MLP other than SiLU-gated without bias"
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()) or (
+            getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None)):
+        return "layers with sliding-window attention"
+    return None
+
+
+@dataclass
+class _Bucket:
+    """One KV cache's static buffers and graph: what a replay reads and writes."""
+
+    flat: torch.Tensor  # [META_FIELDS * rows + rows * rows] int64 on the device: meta, then path
+    meta: torch.Tensor  # [META_FIELDS, rows] view of flat
+    path: torch.Tensor  # [rows, rows] view of flat: positions after each row's context
+    staging: torch.Tensor  # flat's host copy (pinned on CUDA)
+    copied: Any = None  # torch.cuda.Event after the last staging copy (staging is reused)
+    logits: torch.Tensor | None = None  # [rows, vocab]: the replay's outputs (graph memory)
+    choices: torch.Tensor | None = None  # [rows] int64
+    graph: Any = None  # torch.cuda.CUDAGraph, captured on the first pass
+
+
+class CudaForward:
+    """The fixed-shape backend behind the Forward protocol (module docstring)."""
+
+    name = "cuda"
+    exact = True
+    min_rows = 1  # every pass runs the bucket: one row costs what the bucket costs
+
+    def __init__(self, model: Any, *, rows: int | None = None, graphs: bool | None = None) -> None:
+        why = unsupported(model)
+        assert why is None, why  # select.py checks first
+        self.model = model
+        self.config, self.generation_config = model.config, getattr(model, "generation_config", None)
+        embed = model.get_input_embeddings().weight
+        self.device, self.kv_dtype = embed.device, embed.dtype
+        self.rows = rows or bucket_rows()
+        self.graphs = self.device.type == "cuda" if graphs is None else graphs
+        _, self.kv_heads, self.head_dim = kv_dims(model.config)
+        self.heads = model.config.num_attention_heads
+        # each KV cache's buffers and graph (a graph holds the cache's addresses: it goes with it)
+        self._buckets: weakref.WeakKeyDictionary[Any, _Bucket] = weakref.WeakKeyDictionary()
+
+    # -- the Forward protocol --------------------------------------------------------------
+    def probe(self, stored: tuple[int, bool] | None) -> tuple[int, bool]:
+        return self.rows, False  # nothing to measure: exact by layout; the bucket is the row block
+
+    def profile_key(self) -> dict[str, str]:
+        key = profile.torch_key(self.model, self.name)
+        key["layout"] += f",rows={self.rows},graphs={self.graphs}"
+        return key
+
+    @torch.inference_mode()
+    def prefill(self, cache: Any, slot: int, prompt: Sequence[int], start: int) -> torch.Tensor:
+        hidden = None
+        for begin in range(start, len(prompt), cache.chunk):
+            end = min(begin + cache.chunk, len(prompt))
+            hidden = self._prefill_chunk(cache, slot, prompt[begin:end], begin)
+        assert hidden is not None, "nothing to prefill"
+        return self.model.lm_head(self.model.model.norm(hidden[-1:]))
+
+    @torch.inference_mode()
+    def logits(self, cache: Any, requests: Requests) -> torch.Tensor:
+        outputs = [bucket.logits[:n].clone() for bucket, n in self._passes(cache, requests)]
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+
+    @torch.inference_mode()
+    def choices(self, cache: Any, requests: Requests) -> list[int]:
+        picked = [bucket.choices[:n].clone() for bucket, n in self._passes(cache, requests)]
+        return (picked[0] if len(picked) == 1 else torch.cat(picked)).tolist()  # the pass's one sync
+
+    def argmax(self, logits: torch.Tensor) -> list[int]:
+        return torch.argmax(logits, dim=-1).tolist()  # the first maximum, as the replay's choices
+
+    def tensor(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits
+
+    def keep(self, cache: Any, moves: Moves) -> None:
+        device = self.device
+        width = 1 + max(len(path) for _, _, path in moves)
+        src = torch.tensor([[0, *path] + [-1] * (width - 1 - len(path)) for _, _, path in moves], device=device)
+        slots = torch.tensor([slot for slot, _, _ in moves], device=device)
+        starts = torch.tensor([start for _, start, _ in moves], device=device)
+        keep = torch.tensor([1 + len(path) for _, _, path in moves], device=device)
+        for layer_keys, layer_values in zip(cache.keys, cache.values):
+            compact_kv(layer_keys, slots, starts, src, keep)
+            compact_kv(layer_values, slots, starts, src, keep)
+
+    # -- verify passes and decode steps: the bucket ----------------------------------------
+    def _passes(self, cache: Any, requests: Requests):
+        """Run the pass as replays of `rows` rows each; yields (bucket, real rows) after each
+        replay (its outputs are overwritten by the next one)."""
+        bucket = self._bucket(cache)
+        rows = list(pass_rows(requests))
+        for first in range(0, len(rows), self.rows):
+            part = rows[first:first + self.rows]
+            if bucket.copied is not None:
+                bucket.copied.synchronize()  # the last copy out of staging is done
+            fill_staging(bucket.staging.numpy(), part, self.rows)
+            bucket.flat.copy_(bucket.staging, non_blocking=True)
+            if self.device.type == "cuda":
+                bucket.copied = torch.cuda.Event()
+                bucket.copied.record()
+            self._replay(cache, bucket)
+            yield bucket, len(part)
+
+    def _bucket(self, cache: Any) -> _Bucket:
+        bucket = self._buckets.get(cache)
+        if bucket is None:
+            rows = self.rows
+            size = META_FIELDS * rows + rows * rows
+            flat = torch.zeros(size, dtype=torch.int64, device=self.device)
+            staging = torch.zeros(size, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+            bucket = _Bucket(flat, flat[: META_FIELDS * rows].view(META_FIELDS, rows),
+                             flat[META_FIELDS * rows:].view(rows, rows), staging)
+            self._buckets[cache] = bucket
+        return bucket
+
+    def _replay(self, cache: Any, bucket: _Bucket) -> None:
+        if not self.graphs:
+            bucket.logits, bucket.choices = self._rows_forward(cache, bucket)
+            return
+        if bucket.graph is None:
+            # Warm up on a side stream (Triton compiles, cuBLAS picks its kernels), then
+            # capture. Both runs use this very pass's metadata: they write the same KV to
+            # the same places as the replay that follows.
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._rows_forward(cache, bucket)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                bucket.logits, bucket.choices = self._rows_forward(cache, bucket)
+            bucket.graph = graph
+        bucket.graph.replay()
+
+    def _rows_forward(self, cache: Any, bucket: _Bucket) -> tuple[torch.Tensor, torch.Tensor]:
+        """The bucket's pass over the static metadata: logits [rows, vocab], choices [rows]."""
+        ids, positions, write_slots, write_positions, source, slots, context, path_len = bucket.meta
+        model = self.model.model
+        hidden = model.embed_tokens(ids)  # [rows, hidden]
+        rotary = model.rotary_emb(hidden, positions[None])  # cos, sin: [1, rows, head_dim]
+        for index, layer in enumerate(model.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(hidden)
+            q, k, v = _projections(attn, x, rotary, self.heads, self.kv_heads, self.head_dim)
+            # padding rows store their source row's KV (the same values, the same place)
+            cache.keys[index][write_slots, :, write_positions] = k.index_select(0, source)
+            cache.values[index][write_slots, :, write_positions] = v.index_select(0, source)
+            attended = row_attention(q, cache.keys[index], cache.values[index], slots=slots, context=context,
+                                     path=bucket.path, path_len=path_len, scale=attn.scaling)
+            hidden = hidden + attn.o_proj(attended.view(hidden.shape[0], -1))
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        logits = self.model.lm_head(model.norm(hidden))
+        return logits, torch.argmax(logits, dim=-1)
+
+    # -- prefill ------------------------------------------------------------------------------
+    def _prefill_chunk(self, cache: Any, slot: int, ids: Sequence[int], begin: int) -> torch.Tensor:
+        """Write one chunk's KV at positions begin.. of the slot; its last hidden states."""
+        model, n, end = self.model.model, len(ids), begin + len(ids)
+        positions = torch.arange(begin, end, device=self.device)
+        causal = torch.arange(end, device=self.device)[None, :] <= positions[:, None]  # [n, end]
+        hidden = model.embed_tokens(torch.tensor(list(ids), device=self.device))
+        rotary = model.rotary_emb(hidden, positions[None])
+        for index, layer in enumerate(model.layers):
+            attn = layer.self_attn
+            q, k, v = _projections(attn, layer.input_layernorm(hidden), rotary, self.heads, self.kv_heads,
+                                   self.head_dim)
+            cache.keys[index][slot, :, begin:end] = k.transpose(0, 1)
+            cache.values[index][slot, :, begin:end] = v.transpose(0, 1)
+            attended = F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None], cache.keys[index][slot:slot + 1, :, :end],
+                cache.values[index][slot:slot + 1, :, :end], attn_mask=causal, scale=attn.scaling, enable_gqa=True)
+            hidden = hidden + attn.o_proj(attended[0].transpose(0, 1).reshape(n, -1))
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return hidden
+
+
+def _projections(attn: Any, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], heads: int, kv_heads: int,
+                 head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [rows, heads, dim], k and v [rows, kv_heads, dim], rotary applied as transformers does."""
+    rows = x.shape[0]
+    q = attn.q_proj(x).view(rows, heads, head_dim)
+    k = attn.k_proj(x).view(rows, kv_heads, head_dim)
+    v = attn.v_proj(x).view(rows, kv_heads, head_dim)
+    cos, sin = (t[0, :, None, :] for t in rotary)  # [rows, 1, dim]
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def pass_rows(requests: Requests):
+    """Each row of a pass, in packing order: (token, position, slot, write position,
+    context, path), where the row attends to its slot's first `context` positions and
+    then to `path` (its ancestors off the contiguous main chain, and itself).
+
+    >>> from types import SimpleNamespace as Tree
+    >>> tree = Tree(tokens=(7, 8, 9), parents=(-1, 0, 0), depths=(0, 1, 1))
+    >>> [row[4:] for row in pass_rows([(0, 10, tree)])]   # node 2's parent is node 0, not node 1
+    [(11, []), (12, []), (11, [12])]
+    """
+    for slot, start, tree in requests:
+        lineage: list[list[int]] = []  # ancestors-or-self of each node, root first
+        for node, parent in enumerate(tree.parents):
+            lineage.append((lineage[parent] if parent >= 0 else []) + [node])
+        for node, chain in enumerate(lineage):
+            contiguous = 0
+            while contiguous < len(chain) and chain[contiguous] == contiguous:
+                contiguous += 1
+            yield (tree.tokens[node], start + tree.depths[node], slot, start + node, start + contiguous,
+                   [start + j for j in chain[contiguous:]])
+
+
+def fill_staging(staging: np.ndarray, rows: list[tuple], bucket: int) -> None:
+    """Lay `rows` (pass_rows' tuples) out as the bucket's metadata [META_FIELDS * bucket]
+    then path [bucket, bucket]; padding rows repeat row 0 and attend to nothing."""
+    n = len(rows)
+    meta = staging[: META_FIELDS * bucket].reshape(META_FIELDS, bucket)
+    path = staging[META_FIELDS * bucket:].reshape(bucket, bucket)
+    token, position, slot, write, _, _ = rows[0]
+    meta[:, n:] = np.array([[token], [position], [slot], [write], [0], [slot], [0], [0]])
+    meta[:, :n] = np.array([(token, position, slot, write, r, slot, context, len(tail))
+                            for r, (token, position, slot, write, context, tail) in enumerate(rows)]).T
+    path[:] = 0
+    for r, (*_, tail) in enumerate(rows):
+        if tail:
+            assert len(tail) <= bucket, f"a tree deeper than the bucket ({bucket} rows)"
+            path[r, : len(tail)] = tail

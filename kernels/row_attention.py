@@ -1,0 +1,89 @@
+"""Row-exact attention: each row attends to its own list of keys, in an order that
+depends on those keys alone (the CUDA backend's verify passes and decode steps,
+forward/cuda.py).
+
+A row's keys are its *logical key sequence*: the first `context[r]` positions of its
+slot (contiguous), then the positions `path[r, :path_len[r]]` (tree ancestors that are
+not contiguous in the slot, ending with the row itself). The kernel reduces over that
+sequence in fixed blocks of `KEY_BLOCK` logical keys with an online softmax in float32,
+one program per (row, KV head). So a verify row and the decode step it stands for, which
+see the same keys in the same logical order (wherever they sit in the slot), get the
+same bits, whatever else the pass holds: the number of rows, the batch and the tree
+never enter a row's arithmetic. A row with no keys (context 0, path 0: padding) writes
+zeros at almost no cost.
+
+>>> keys = torch.randn(1, 1, 6, 4); values = torch.randn(1, 1, 6, 4); q = torch.randn(2, 1, 4)
+>>> rows = dict(slots=torch.tensor([0, 0]), context=torch.tensor([3, 2]),
+...             path=torch.tensor([[0, 0], [4, 5]]), path_len=torch.tensor([0, 2]))
+>>> out = row_attention(q, keys, values, **rows, scale=0.5)   # row 1 sees positions 0, 1, 4, 5
+>>> out.shape
+torch.Size([2, 1, 4])
+"""
+
+from __future__ import annotations
+
+import torch
+
+from codespec.kernels import check, use_triton
+
+KEY_BLOCK = 64  # logical keys per reduction step: part of every row's summation order
+
+
+def row_attention(
+    query: torch.Tensor,  # [rows, heads, dim]
+    keys: torch.Tensor,  # [slots, kv_heads, positions, dim] (one layer of the SlotCache)
+    values: torch.Tensor,  # [slots, kv_heads, positions, dim]
+    *,
+    slots: torch.Tensor,  # [rows] int, each row's slot
+    context: torch.Tensor,  # [rows] int, contiguous keys from position 0
+    path: torch.Tensor,  # [rows, max_path] int, positions after the context, in order
+    path_len: torch.Tensor,  # [rows] int
+    scale: float,
+    out: torch.Tensor | None = None,  # [rows, heads, dim], written in place when given
+    force_triton: bool | None = None,
+) -> torch.Tensor:
+    """Returns [rows, heads, dim] in the query's dtype (module docstring)."""
+    rows, heads, dim = query.shape
+    check(keys.dim() == 4 and keys.shape == values.shape and keys.stride() == values.stride(),
+          "keys and values must be [slots, kv_heads, positions, dim] tensors of one layout")
+    check(keys.shape[3] == dim and heads % keys.shape[1] == 0, "query heads must be a multiple of kv_heads, same dim")
+    check(query.stride(2) == 1 and keys.stride(3) == 1, "the last dimension must be contiguous")
+    check(path.dim() == 2 and path.shape[0] == rows and path.is_contiguous(), "path must be contiguous [rows, max_path]")
+    for t in (slots, context, path_len):
+        check(t.shape == (rows,) and t.device == query.device, "slots, context, path_len must be [rows] on the device")
+    if out is None:
+        out = torch.empty_like(query)
+    check(out.shape == query.shape and out.stride(2) == 1, "out must be [rows, heads, dim]")
+    if use_triton(query, force_triton):
+        from codespec.kernels import _triton
+
+        _triton.row_attention(query, keys, values, slots, context, path, path_len, scale, out, KEY_BLOCK)
+    else:
+        out.copy_(row_attention_ref(query, keys, values, slots, context, path, path_len, scale))
+    return out
+
+
+def logical_positions(context: int, path: list[int]) -> list[int]:
+    """A row's key positions in its slot, in the order it reduces over them."""
+    return list(range(context)) + path
+
+
+def row_attention_ref(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
+                      context: torch.Tensor, path: torch.Tensor, path_len: torch.Tensor, scale: float) -> torch.Tensor:
+    """Each row alone over its gathered keys (float32, or float64 for float64 inputs).
+    Row-exact too: a row's computation has the shapes of its own key count alone."""
+    rows, heads, dim = query.shape
+    group = heads // keys.shape[1]
+    work = torch.float64 if query.dtype == torch.float64 else torch.float32
+    out = torch.zeros(rows, heads, dim, dtype=query.dtype, device=query.device)
+    for r, (slot, n, tail, m) in enumerate(zip(slots.tolist(), context.tolist(), path.tolist(), path_len.tolist())):
+        positions = logical_positions(n, tail[:m])
+        if not positions:
+            continue  # padding: zeros
+        index = torch.tensor(positions, device=query.device)
+        k = keys[slot].index_select(1, index).to(work).repeat_interleave(group, dim=0)  # [heads, keys, dim]
+        v = values[slot].index_select(1, index).to(work).repeat_interleave(group, dim=0)
+        q = query[r].to(work).unsqueeze(1)  # [heads, 1, dim]
+        weights = torch.softmax((q @ k.transpose(1, 2)) * scale, dim=-1)  # [heads, 1, keys]
+        out[r] = (weights @ v).squeeze(1).to(query.dtype)
+    return out

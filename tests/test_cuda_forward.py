@@ -1,0 +1,116 @@
+"""The `cuda` backend's layout (forward/cuda.py), checked on CPU where it runs eagerly
+with the attention's torch reference: float64 tiny models, so a failure means the layout
+is wrong, not rounding. Its CUDA run (graphs, the Triton kernel, bf16) is
+scripts/gpu-check.sh's.
+
+Buckets of 8 rows here, so that 16-token drafts and batched trees run as several replays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from codespec.engine import Engine, GenerationConfig
+from codespec.engine.scheduler import Scheduler
+from codespec.errors import SettingError
+from codespec.forward import cuda
+from codespec.forward.cuda import CudaForward, fill_staging, pass_rows
+from codespec.models.tiny import tiny_model
+from codespec.policy.proposer import PromptLookupProposer
+from codespec.policy.tree import VerifyTree
+from tests.test_engine_lossless import prompts
+from tests.test_scheduler import run_all
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("policy", ["chain", "tree"])
+def test_speculative_equals_plain_across_replays(arch, policy):
+    accepted = rejected = 0
+    for vocab, repeat in ((16, True), (128, False)):
+        model = tiny_model(arch, vocab_size=vocab, seed=3)
+        engine = Engine(CudaForward(model, rows=8), None, PromptLookupProposer(min_match_tokens=1),
+                        max_draft_tokens=16, eos_token_ids=[], draft_policy=policy)
+        for prompt in prompts(vocab, 6, seed=vocab, repeat=repeat):
+            plain = engine.generate(prompt, GenerationConfig(max_new_tokens=40, speculate=False))
+            spec = engine.generate(prompt, GenerationConfig(max_new_tokens=40))
+            assert spec.token_ids == plain.token_ids, f"prompt {prompt}"
+            accepted += spec.stats.accepted_draft_tokens
+            rejected += spec.stats.draft_tokens - spec.stats.accepted_draft_tokens
+    assert accepted > 20 and rejected > 20, (accepted, rejected)
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_plain_decoding_equals_transformers_generate(kv_heads):
+    """The backend is the model: its own forward (prefill chunks, then one-row steps in
+    the bucket) gives transformers' greedy output."""
+    model = tiny_model("qwen2", vocab_size=64, seed=5, num_key_value_heads=kv_heads)
+    engine = Engine(CudaForward(model, rows=4), None, eos_token_ids=[])
+    for prompt in prompts(64, 3, seed=1, repeat=False):
+        ids = torch.tensor([prompt])
+        hf = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, min_new_tokens=24,
+                            do_sample=False, pad_token_id=0)[0, len(prompt):].tolist()
+        assert engine.generate(prompt, GenerationConfig(max_new_tokens=24, speculate=False)).token_ids == hf
+
+
+def test_batched_requests_equal_each_alone():
+    model = tiny_model("qwen2", vocab_size=16, seed=3)
+    engine = Engine(CudaForward(model, rows=8), None, PromptLookupProposer(min_match_tokens=1), eos_token_ids=[],
+                    slots=4, max_draft_tokens=8)
+    batch = [[1, 2, 3, 4] * 2, [5, 6, 7] * 3, [9, 1, 9, 2], [3, 3, 4] * 3]
+    config = GenerationConfig(max_new_tokens=24)
+    scheduler = Scheduler(engine, max_active=4, max_waiting=4)
+    try:
+        together = run_all(scheduler, batch, config)
+    finally:
+        scheduler.close()
+    alone = [engine.generate(p, GenerationConfig(max_new_tokens=24, speculate=False)).token_ids for p in batch]
+    assert [o.token_ids for o in together] == alone
+
+
+def test_a_row_equals_its_decode_step_bit_for_bit_wherever_its_keys_sit():
+    """A tree row off the main chain (its ancestors scattered in the slot) gets the same
+    logits as the decode step that sees the same keys laid out contiguously."""
+    model = tiny_model("qwen2", vocab_size=32, seed=7, dtype=torch.float32)
+    forward = CudaForward(model, rows=8)
+    engine = Engine(forward, None, eos_token_ids=[], slots=2)
+    cache = engine.cache
+    prompt = list(range(1, 20))
+    for slot in (0, 1):
+        cache.acquire(prompt)
+        forward.prefill(cache, slot, prompt, 0)
+    start = len(prompt)
+    # slot 0: a tree 0 -> {1, 2}, 2 -> 3; node 3 sees nodes 0, 2, 3 (positions start, +2, +3)
+    tree = VerifyTree(tokens=(5, 6, 7, 8), parents=(-1, 0, 0, 2), depths=(0, 1, 1, 2), draft_nodes=(0, 1, 2))
+    tree_logits = forward.logits(cache, [(0, start, tree)])
+    # slot 1: the same tokens one by one, as plain decoding writes them: 5, 7, 8
+    steps = [forward.logits(cache, [(1, start + i, VerifyTree.chain(token))]) for i, token in enumerate((5, 7, 8))]
+    assert torch.equal(tree_logits[0], steps[0][0])
+    assert torch.equal(tree_logits[2], steps[1][0])
+    assert torch.equal(tree_logits[3], steps[2][0])
+    assert not torch.equal(tree_logits[1], steps[1][0])  # node 1 (token 6) is another row
+
+
+def test_rows_and_padding_layout():
+    tree = VerifyTree(tokens=(7, 8, 9), parents=(-1, 0, 0), depths=(0, 1, 1), draft_nodes=(0, 1))
+    rows = list(pass_rows([(2, 10, tree)]))
+    assert rows == [(7, 10, 2, 10, 11, []), (8, 11, 2, 11, 12, []), (9, 11, 2, 12, 11, [12])]
+    staging = np.full(cuda.META_FIELDS * 4 + 16, -1, dtype=np.int64)
+    fill_staging(staging, rows, 4)
+    meta = staging[: cuda.META_FIELDS * 4].reshape(cuda.META_FIELDS, 4)
+    assert meta[:, 3].tolist() == [7, 10, 2, 10, 0, 2, 0, 0]  # padding: row 0's write, no keys
+    assert meta[4].tolist() == [0, 1, 2, 0] and meta[6].tolist() == [11, 12, 11, 0]
+    assert staging[cuda.META_FIELDS * 4:].reshape(4, 4).tolist() == [[0] * 4, [0] * 4, [12, 0, 0, 0], [0] * 4]
+
+
+def test_bucket_setting_is_checked(monkeypatch):
+    monkeypatch.setenv("CODESPEC_CUDA_ROWS", "lots")
+    with pytest.raises(SettingError, match="CODESPEC_CUDA_ROWS"):
+        cuda.bucket_rows()
+    monkeypatch.setenv("CODESPEC_CUDA_ROWS", "32")
+    assert cuda.bucket_rows() == 32
+
+
+def test_unsupported_models_are_named():
+    assert cuda.unsupported(tiny_model("qwen2", vocab_size=16)) is None
+    assert "sliding" in cuda.unsupported(tiny_model("qwen2", vocab_size=16, use_sliding_window=True, sliding_window=8))
