@@ -228,6 +228,41 @@ def _wall_ms(run: Callable[[], Any], repeat: int = 30) -> float:
     return round(statistics.median(times), 4)
 
 
+def profile_step(loaded: Any) -> dict[str, Any]:
+    """Where a one-row step's GPU time goes: kernels per step and the costliest kinds
+    (torch.profiler over 20 replays), then the same step with the whole pass compiled as
+    one program (a variant to compare, not the backend's default)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from codespec.policy.tree import VerifyTree
+
+    forward = loaded.forward
+    engine = _engine(loaded, slots=1)
+    cache = engine.cache
+    prompt = [(7 * i) % forward.config.vocab_size for i in range(512)]
+    cache.acquire(prompt)
+    forward.prefill(cache, 0, prompt, 0)
+    step = lambda: forward.choices(cache, [(0, 512, VerifyTree.chain(11))])  # noqa: E731
+    base = _wall_ms(step)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            step()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    per_step = sum(e.count for e in kernels) / 20
+    gpu_ms = sum(e.device_time_total for e in kernels) / 20 / 1e3
+    top = sorted(kernels, key=lambda e: -e.device_time_total)[:15]
+    result = {"wall_ms": base, "kernels_per_step": per_step, "gpu_busy_ms_per_step": round(gpu_ms, 4),
+              "top": [(e.key[:90], e.count // 20, round(e.device_time_total / 20 / 1e3, 4)) for e in top]}
+    try:  # the whole pass as one compiled program: a fresh graph for this cache
+        forward._rows_forward = torch.compile(forward._rows_forward, dynamic=False)
+        forward._buckets.clear()
+        result["whole_pass_compiled_wall_ms"] = _wall_ms(step)
+    except Exception as error:
+        result["whole_pass_compiled_error"] = f"{type(error).__name__}: {str(error)[:500]}"
+    return result
+
+
 def subprocess_stage(command: list[str], env: dict[str, str], timeout: int, keep: Path | None = None) -> dict[str, Any]:
     began = time.perf_counter()
     done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
@@ -268,6 +303,8 @@ def main() -> None:
         stage(results, "rows", lambda: row_checks(loaded))
     if "costs" in wanted:
         stage(results, "costs", lambda: cost_curve(loaded))
+    if "profile" in wanted:
+        stage(results, "profile", lambda: profile_step(loaded))
     del loaded
     torch.cuda.empty_cache()
     env = {**os.environ, "CODESPEC_MODEL": str(model_dir), "CODESPEC_DEVICE": "cuda", "CODESPEC_DTYPE": "bfloat16",
