@@ -233,11 +233,14 @@ class CudaForward:
         model = self.model.model
         hidden = model.embed_tokens(ids)  # [rows, hidden]
         cos, sin = (t[0, :, None, :] for t in model.rotary_emb(hidden, positions[None]))  # [rows, 1, head_dim]
+        # where each row's KV goes in a layer's storage seen as [slots * kv_heads * positions, dim]
+        slot_heads = write_slots[:, None] * self.kv_heads + torch.arange(self.kv_heads, device=ids.device)
+        stored = (slot_heads * keys[0].shape[2] + write_positions[:, None]).view(-1)  # [rows * kv_heads]
         for index, (layer, weights) in enumerate(zip(model.layers, self._layers)):
             # padding rows store their source row's KV (the same values, the same place)
             q, k, v = self._before(hidden, cos, sin, source, *weights.before)
-            keys[index][write_slots, :, write_positions] = k
-            values[index][write_slots, :, write_positions] = v
+            keys[index].view(-1, self.head_dim).index_copy_(0, stored, k.reshape(-1, self.head_dim))
+            values[index].view(-1, self.head_dim).index_copy_(0, stored, v.reshape(-1, self.head_dim))
             attended = row_attention(q, keys[index], values[index], slots=slots, context=context,
                                      path=path, path_len=path_len, scale=layer.self_attn.scaling)
             hidden = self._after(hidden, attended.view(rows, -1), *weights.after)
