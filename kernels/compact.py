@@ -52,3 +52,17 @@ def compact_kv_ref(kv: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, 
         dst = torch.tensor([start + j for j, _ in moved], device=kv.device)
         source = torch.tensor([start + s for _, s in moved], device=kv.device)
         kv[slot].index_copy_(1, dst, kv[slot].index_select(1, source))
+
+
+def keep_paths(keys: list[torch.Tensor], values: list[torch.Tensor], moves) -> None:
+    """The Forward protocol's `keep` over per-layer key and value tensors: each move
+    (slot, start, accepted nodes) keeps node 0 at start and path[j] at start + 1 + j."""
+    device = keys[0].device
+    width = 1 + max(len(path) for _, _, path in moves)
+    src = torch.tensor([[0, *path] + [-1] * (width - 1 - len(path)) for _, _, path in moves], device=device)
+    slots = torch.tensor([slot for slot, _, _ in moves], device=device)
+    starts = torch.tensor([start for _, start, _ in moves], device=device)
+    keep = torch.tensor([1 + len(path) for _, _, path in moves], device=device)
+    for layer_keys, layer_values in zip(keys, values):
+        compact_kv(layer_keys, slots, starts, src, keep)
+        compact_kv(layer_values, slots, starts, src, keep)

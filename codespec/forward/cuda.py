@@ -50,12 +50,11 @@ import torch.nn.functional as F
 from codespec.errors import SettingError
 from codespec.forward import profile
 from codespec.forward.base import Moves, Requests, kv_dims
-from codespec.kernels.compact import compact_kv
+from codespec.kernels.compact import keep_paths
 from codespec.kernels.row_attention import row_attention
 
 _log = logging.getLogger(__name__)
 DEFAULT_ROWS = 64  # the bucket: a 32-token draft plus its pending token fits, and 1-row steps stay ~free
-FAMILIES = ("qwen2", "llama")
 META_FIELDS = 8  # ids, positions, write slot, write position, KV source row, slot, context, path length
 
 
@@ -70,16 +69,10 @@ def bucket_rows() -> int:
 
 
 def unsupported(model: Any) -> str | None:
-    """Why this backend cannot run `model` (None: it can)."""
-    config = model.config
-    if getattr(config, "model_type", None) not in FAMILIES:
-        return f"model type {getattr(config, 'model_type', None)!r} (the cuda backend knows {', '.join(FAMILIES)})"
-    if getattr(config, "hidden_act", None) != "silu" or getattr(config, "mlp_bias", False):
-        return "an MLP other than SiLU-gated without bias"
-    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()) or (
-            getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None)):
-        return "layers with sliding-window attention"
-    return None
+    """Why this backend cannot run `model` (None: it can): the Qwen2/Llama layers it computes."""
+    from codespec.forward.rowdecoder import family_unsupported
+
+    return family_unsupported(model.config, "the cuda backend")
 
 
 @dataclass
@@ -160,15 +153,7 @@ class CudaForward:
         return logits
 
     def keep(self, cache: Any, moves: Moves) -> None:
-        device = self.device
-        width = 1 + max(len(path) for _, _, path in moves)
-        src = torch.tensor([[0, *path] + [-1] * (width - 1 - len(path)) for _, _, path in moves], device=device)
-        slots = torch.tensor([slot for slot, _, _ in moves], device=device)
-        starts = torch.tensor([start for _, start, _ in moves], device=device)
-        keep = torch.tensor([1 + len(path) for _, _, path in moves], device=device)
-        for layer_keys, layer_values in zip(cache.keys, cache.values):
-            compact_kv(layer_keys, slots, starts, src, keep)
-            compact_kv(layer_values, slots, starts, src, keep)
+        keep_paths(cache.keys, cache.values, moves)
 
     # -- verify passes and decode steps: the bucket ----------------------------------------
     def _passes(self, cache: Any, requests: Requests):

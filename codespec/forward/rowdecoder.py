@@ -68,15 +68,24 @@ def rope_theta(config: Any) -> float:
     return float(_rope(config).get("rope_theta") or getattr(config, "rope_theta", None) or 10000.0)
 
 
-def config_unsupported(config: Any) -> str | None:
-    """Why the row decoder does not know the layers `config` describes (None: it does)."""
+def family_unsupported(config: Any, backend: str = "the row decoder") -> str | None:
+    """Why `config`'s layers are not Qwen2/Llama ones as our own forwards compute them
+    (this one and forward/cuda.py): None when they are."""
     if getattr(config, "model_type", None) not in FAMILIES:
-        return f"model type {getattr(config, 'model_type', None)!r} (the row decoder knows {', '.join(FAMILIES)})"
+        return f"model type {getattr(config, 'model_type', None)!r} ({backend} knows {', '.join(FAMILIES)})"
     if getattr(config, "hidden_act", None) != "silu" or getattr(config, "mlp_bias", False):
         return "an MLP other than SiLU-gated without bias"
     if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()) or (
             getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None)):
         return "layers with sliding-window attention"
+    return None
+
+
+def config_unsupported(config: Any) -> str | None:
+    """Why the row decoder does not know the layers `config` describes (None: it does)."""
+    family = family_unsupported(config)
+    if family is not None:
+        return family
     heads, (_, kv_heads, dim) = config.num_attention_heads, kv_dims(config)
     if dim not in (64, 128) or heads % kv_heads or heads // kv_heads > 16:
         return f"head layout {heads}x{dim} over {kv_heads} KV heads"

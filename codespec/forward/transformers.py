@@ -31,7 +31,7 @@ import torch
 from codespec.errors import ModelError
 from codespec.forward import attention, profile, rowblocks, rowcalls
 from codespec.forward.base import Moves, Requests, kv_dims
-from codespec.kernels.compact import compact_kv
+from codespec.kernels.compact import keep_paths
 from codespec.kernels.tree_mask import tree_mask
 
 
@@ -164,12 +164,4 @@ class TorchForward:
         return logits
 
     def keep(self, cache: Any, moves: Moves) -> None:
-        device = self.device
-        width = 1 + max(len(path) for _, _, path in moves)
-        src = torch.tensor([[0, *path] + [-1] * (width - 1 - len(path)) for _, _, path in moves], device=device)
-        slots = torch.tensor([slot for slot, _, _ in moves], device=device)
-        starts = torch.tensor([start for _, start, _ in moves], device=device)
-        keep = torch.tensor([1 + len(path) for _, _, path in moves], device=device)
-        for layer_keys, layer_values in zip(cache.keys, cache.values):
-            compact_kv(layer_keys, slots, starts, src, keep)
-            compact_kv(layer_values, slots, starts, src, keep)
+        keep_paths(cache.keys, cache.values, moves)
