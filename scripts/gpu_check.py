@@ -86,17 +86,7 @@ def hbm_copy_gbs() -> float:
     """Device-to-device copy bandwidth, bytes read plus written."""
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return 2 * src.numel() / statistics.median(times) / 1e9
+    return 2 * src.numel() / (_time(lambda: dst.copy_(src), repeat=10) / 1e3) / 1e9
 
 
 def kernel_checks() -> dict[str, Any]:

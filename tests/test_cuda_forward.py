@@ -19,7 +19,7 @@ from codespec.forward.cuda import CudaForward, fill_staging, pass_rows
 from codespec.models.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from codespec.policy.tree import VerifyTree
-from tests.test_engine_lossless import prompts
+from tests.test_engine_lossless import hf_greedy, prompts, speculation_checked
 from tests.test_scheduler import run_all
 
 
@@ -31,12 +31,8 @@ def test_speculative_equals_plain_across_replays(arch, policy):
         model = tiny_model(arch, vocab_size=vocab, seed=3)
         engine = Engine(CudaForward(model, rows=8), None, PromptLookupProposer(min_match_tokens=1),
                         max_draft_tokens=16, eos_token_ids=[], draft_policy=policy)
-        for prompt in prompts(vocab, 6, seed=vocab, repeat=repeat):
-            plain = engine.generate(prompt, GenerationConfig(max_new_tokens=40, speculate=False))
-            spec = engine.generate(prompt, GenerationConfig(max_new_tokens=40))
-            assert spec.token_ids == plain.token_ids, f"prompt {prompt}"
-            accepted += spec.stats.accepted_draft_tokens
-            rejected += spec.stats.draft_tokens - spec.stats.accepted_draft_tokens
+        more_accepted, more_rejected = speculation_checked(engine, prompts(vocab, 6, seed=vocab, repeat=repeat), 40)
+        accepted, rejected = accepted + more_accepted, rejected + more_rejected
     assert accepted > 20 and rejected > 20, (accepted, rejected)
 
 
@@ -47,9 +43,7 @@ def test_plain_decoding_equals_transformers_generate(kv_heads):
     model = tiny_model("qwen2", vocab_size=64, seed=5, num_key_value_heads=kv_heads)
     engine = Engine(CudaForward(model, rows=4), None, eos_token_ids=[])
     for prompt in prompts(64, 3, seed=1, repeat=False):
-        ids = torch.tensor([prompt])
-        hf = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, min_new_tokens=24,
-                            do_sample=False, pad_token_id=0)[0, len(prompt):].tolist()
+        hf = hf_greedy(model, prompt, 24)
         assert engine.generate(prompt, GenerationConfig(max_new_tokens=24, speculate=False)).token_ids == hf
 
 

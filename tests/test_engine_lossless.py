@@ -29,6 +29,28 @@ def prompts(vocab: int, count: int, seed: int, repeat: bool) -> list[list[int]]:
     return out
 
 
+def speculation_checked(engine, prompt_list, max_new_tokens: int) -> tuple[int, int]:
+    """Asserts that each prompt's speculative output equals its plain output; returns the
+    draft tokens (accepted, rejected), so a caller can assert that both happened."""
+    accepted = rejected = 0
+    for prompt in prompt_list:
+        plain = engine.generate(prompt, GenerationConfig(max_new_tokens=max_new_tokens, speculate=False))
+        spec = engine.generate(prompt, GenerationConfig(max_new_tokens=max_new_tokens))
+        assert spec.token_ids == plain.token_ids, f"prompt {prompt}"
+        assert plain.stats.draft_tokens == 0 and plain.stats.accepted_tokens_per_pass == 1.0
+        accepted += spec.stats.accepted_draft_tokens
+        rejected += spec.stats.draft_tokens - spec.stats.accepted_draft_tokens
+    return accepted, rejected
+
+
+def hf_greedy(model, prompt: list[int], new_tokens: int, **generate: object) -> list[int]:
+    """transformers' greedy generate: exactly `new_tokens` tokens after `prompt`."""
+    ids = torch.tensor([prompt])
+    return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                          min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                          **generate)[0, len(prompt):].tolist()
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 @pytest.mark.parametrize("max_draft_tokens", [1, 4, 16])
 def test_speculative_equals_plain(arch, max_draft_tokens):
@@ -37,14 +59,8 @@ def test_speculative_equals_plain(arch, max_draft_tokens):
         model = tiny_model(arch, vocab_size=vocab, seed=3)
         engine = Engine(of_model(model), None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=max_draft_tokens,
                         eos_token_ids=[])
-        for prompt in prompts(vocab, 12, seed=vocab, repeat=repeat):
-            config = GenerationConfig(max_new_tokens=48)
-            plain = engine.generate(prompt, GenerationConfig(max_new_tokens=48, speculate=False))
-            spec = engine.generate(prompt, config)
-            assert spec.token_ids == plain.token_ids, f"prompt {prompt}"
-            assert plain.stats.draft_tokens == 0 and plain.stats.accepted_tokens_per_pass == 1.0
-            accepted += spec.stats.accepted_draft_tokens
-            rejected += spec.stats.draft_tokens - spec.stats.accepted_draft_tokens
+        more_accepted, more_rejected = speculation_checked(engine, prompts(vocab, 12, seed=vocab, repeat=repeat), 48)
+        accepted, rejected = accepted + more_accepted, rejected + more_rejected
     assert accepted > 20 and rejected > 20, (accepted, rejected)
 
 
@@ -56,9 +72,7 @@ def test_plain_engine_equals_hf_greedy_generate(kv_heads):
     model = tiny_model("qwen2", vocab_size=64, seed=5, num_key_value_heads=kv_heads)
     engine = Engine(of_model(model), None, eos_token_ids=[])
     for prompt in prompts(64, 4, seed=1, repeat=False):
-        ids = torch.tensor([prompt])
-        hf = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, min_new_tokens=24,
-                            do_sample=False, pad_token_id=0)[0, len(prompt):].tolist()
+        hf = hf_greedy(model, prompt, 24)
         assert engine.generate(prompt, GenerationConfig(max_new_tokens=24, speculate=False)).token_ids == hf
 
 
@@ -69,9 +83,7 @@ def test_hf_generate_on_a_model_the_engine_installed_into_keeps_its_masks():
     model = tiny_model("qwen2", vocab_size=16, seed=3)
     engine = Engine(of_model(model), None, eos_token_ids=[])
     for prompt in prompts(16, 4, seed=16, repeat=True):
-        ids = torch.tensor([prompt])
-        hf = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, min_new_tokens=24,
-                            do_sample=False, pad_token_id=0, prompt_lookup_num_tokens=4)[0, len(prompt):].tolist()
+        hf = hf_greedy(model, prompt, 24, prompt_lookup_num_tokens=4)
         assert engine.generate(prompt, GenerationConfig(max_new_tokens=24, speculate=False)).token_ids == hf
 
 

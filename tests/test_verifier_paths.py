@@ -10,12 +10,12 @@ import torch
 from codespec.engine import Engine, GenerationConfig
 from codespec.errors import CodespecError, RequestError
 from codespec.engine.kvcache import SlotCache
-from codespec.forward import transformers as torch_forward
 from codespec.forward.transformers import TorchForward
+from codespec.kernels import compact as compact_module
 from codespec.models.tiny import tiny_model
 from codespec.policy.tree import VerifyTree
 from codespec.policy.proposer import PromptLookupProposer
-from tests.test_engine_lossless import prompts
+from tests.test_engine_lossless import prompts, speculation_checked
 
 
 class Spy:
@@ -24,7 +24,7 @@ class Spy:
     def __init__(self, monkeypatch):
         self.branching = self.compactions = 0
         build = VerifyTree.build.__func__
-        compact = torch_forward.compact_kv
+        compact = compact_module.compact_kv  # what keep_paths calls, per layer
 
         def counting_build(cls, pending, draft):
             tree = build(cls, pending, draft)
@@ -36,7 +36,7 @@ class Spy:
             return compact(*args, **kwargs)
 
         monkeypatch.setattr(VerifyTree, "build", classmethod(counting_build))
-        monkeypatch.setattr(torch_forward, "compact_kv", counting_compact)
+        monkeypatch.setattr(compact_module, "compact_kv", counting_compact)
 
 
 def engine_for(model, policy="chain", exact_rows=True, slots=2, chunk=128, max_draft_tokens=8):
@@ -72,13 +72,7 @@ def test_policies_and_attention_paths_equal_plain(monkeypatch, arch, policy, row
     model = rows_model(arch, rows, vocab_size=16, seed=3)
     engine = engine_for(model, policy, exact_rows=rows != "masked")
     check_rows(engine, rows)
-    accepted = rejected = 0
-    for prompt in prompts(16, 10, seed=16, repeat=True):
-        plain = engine.generate(prompt, GenerationConfig(max_new_tokens=40, speculate=False))
-        spec = engine.generate(prompt, GenerationConfig(max_new_tokens=40))
-        assert spec.token_ids == plain.token_ids, f"prompt {prompt}"
-        accepted += spec.stats.accepted_draft_tokens
-        rejected += spec.stats.draft_tokens - spec.stats.accepted_draft_tokens
+    accepted, rejected = speculation_checked(engine, prompts(16, 10, seed=16, repeat=True), 40)
     assert accepted > 40 and rejected > 10, (accepted, rejected)
     if policy == "tree":  # (goodput's pruning follows measured timings: not asserted on)
         assert spy.branching > 20 and spy.compactions > 20, (spy.branching, spy.compactions)

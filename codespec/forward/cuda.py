@@ -80,8 +80,6 @@ class _Bucket:
     """One KV cache's static buffers and graph: what a replay reads and writes."""
 
     flat: torch.Tensor  # [META_FIELDS * rows + rows * rows] int64 on the device: meta, then path
-    meta: torch.Tensor  # [META_FIELDS, rows] view of flat
-    path: torch.Tensor  # [rows, rows] view of flat: positions after each row's context
     staging: torch.Tensor  # flat's host copy (pinned on CUDA)
     copied: Any = None  # torch.cuda.Event after the last staging copy (staging is reused)
     logits: torch.Tensor | None = None  # [rows, vocab]: the replay's outputs (graph memory)
@@ -180,8 +178,7 @@ class CudaForward:
             size = META_FIELDS * rows + rows * rows
             flat = torch.zeros(size, dtype=torch.int64, device=self.device)
             staging = torch.zeros(size, dtype=torch.int64, pin_memory=self.device.type == "cuda")
-            bucket = _Bucket(flat, flat[: META_FIELDS * rows].view(META_FIELDS, rows),
-                             flat[META_FIELDS * rows:].view(rows, rows), staging)
+            bucket = _Bucket(flat, staging)
             self._buckets[cache] = bucket
         return bucket
 
@@ -217,7 +214,7 @@ class CudaForward:
         path = flat[META_FIELDS * rows:].view(rows, rows)
         model = self.model.model
         hidden = model.embed_tokens(ids)  # [rows, hidden]
-        cos, sin = (t[0, :, None, :] for t in model.rotary_emb(hidden, positions[None]))  # [rows, 1, head_dim]
+        cos, sin = _rotary(model, hidden, positions)
         # where each row's KV goes in a layer's storage seen as [slots * kv_heads * positions, dim]
         slot_heads = write_slots[:, None] * self.kv_heads + torch.arange(self.kv_heads, device=ids.device)
         stored = (slot_heads * keys[0].shape[2] + write_positions[:, None]).view(-1)  # [rows * kv_heads]
@@ -239,8 +236,7 @@ class CudaForward:
         positions = torch.arange(begin, end, device=self.device)
         causal = torch.arange(end, device=self.device)[None, :] <= positions[:, None]  # [n, end]
         hidden = model.embed_tokens(torch.tensor(list(ids), device=self.device))
-        rotary = model.rotary_emb(hidden, positions[None])
-        cos, sin = (t[0, :, None, :] for t in rotary)
+        cos, sin = _rotary(model, hidden, positions)
         for index, (layer, weights) in enumerate(zip(model.layers, self._layers)):
             attn = layer.self_attn
             q, k, v = _before_attention(hidden, cos, sin, None, *weights.before)
@@ -272,6 +268,12 @@ class _LayerWeights:
                     head_dim),
                    (attn.o_proj.weight, attn.o_proj.bias, layer.post_attention_layernorm.weight,
                     _eps(layer.post_attention_layernorm), gate_up, mlp.down_proj.weight))
+
+
+def _rotary(model: Any, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [rows, 1, head_dim] at `positions` [rows], from the model's own rotary module."""
+    cos, sin = model.rotary_emb(hidden, positions[None])  # [1, rows, head_dim] each
+    return cos[0, :, None, :], sin[0, :, None, :]
 
 
 def _eps(norm: Any) -> float:
