@@ -1,0 +1,285 @@
+"""VS Code as its users run it (issue 31): code-server in headless Chromium, the extension
+installed from the .vsix the README's commands build, keys typed through the browser by
+selenium. The extension starts `codespec lsp` over the scripted backend
+(tests/lsp/scripted.py): the server, the protocol and VS Code are the real ones, and
+the text to expect is exact. Each check ends in the file VS Code saves to disk.
+
+Needs code-server, Chromium and chromedriver: `scripts/install-code-server.sh` (~2 min);
+skipped without them. ~1 min. A failed wait keeps a screenshot (its path is in the
+assertion message; CODESPEC_E2E_SHOTS picks the folder)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.editors.vsix import package_extension
+
+webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
+
+pytestmark = pytest.mark.vscode
+ROOT = Path(__file__).parents[2]
+WAIT_S = 30
+STATUS = "[id='codespec.codespec'] a"  # the extension's status bar item
+GHOST = ".ghost-text-decoration, .ghost-text-decoration-preview"
+
+
+def tool(env: str, *names: str) -> str | None:
+    if os.environ.get(env):
+        return os.environ[env]
+    local = ROOT / ".e2e" / "code-server" / "node_modules" / ".bin" / names[0]
+    if local.exists():
+        return str(local)
+    return next(filter(None, map(shutil.which, names)), None)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def executable(path: Path, body: str) -> str:
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+class VSCode:
+    """One browser window on code-server, and the few things a person does in it."""
+
+    def __init__(self, driver, workspace: Path, settings: Path, shots: Path) -> None:
+        self.driver, self.workspace, self.settings_file, self.shots = driver, workspace, settings, shots
+
+    def wait(self, check, what: str, seconds: float = WAIT_S):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                value = check()
+            except Exception:  # an element replaced while it was read: look again
+                value = None
+            if value:
+                return value
+            time.sleep(0.1)
+        shot = self.shots / f"{what.replace(' ', '-')}-{int(time.time())}.png"
+        self.driver.save_screenshot(str(shot))
+        raise AssertionError(f"timed out waiting for {what} (screenshot: {shot}; status: {self.status()!r})")
+
+    def displayed(self, css: str) -> list:
+        return [e for e in self.driver.find_elements(By.CSS_SELECTOR, css) if e.is_displayed()]
+
+    def click(self, css: str, what: str) -> None:
+        def clicked() -> bool:  # inside wait: an element re-rendered meanwhile is looked up again
+            self.displayed(css)[0].click()
+            return True
+        self.wait(clicked, what)
+
+    def keys(self, *keys: str) -> None:
+        ActionChains(self.driver).send_keys(*keys).perform()
+
+    def chord(self, key: str) -> None:
+        ActionChains(self.driver).key_down(Keys.CONTROL).send_keys(key).key_up(Keys.CONTROL).perform()
+
+    def setting(self, key: str, value: str) -> None:
+        """Change a text setting in the Settings editor, as a person does (a settings.json
+        written behind code-server's back is not picked up)."""
+        self.command("Preferences: Open User Settings")
+        self.click(".settings-editor .suggest-input-container", "the settings search")
+        self.chord("a")
+        self.keys(key)
+        self.wait(lambda: self.driver.find_element(By.CSS_SELECTOR, ".settings-count-widget").text == "1 Setting Found",
+                  f"the search for {key}")
+        self.click(".setting-item-control input", f"the {key} field")
+        self.chord("a")
+        self.keys(value)
+        self.wait(lambda: json.loads(self.settings_file.read_text()).get(key) == value, f"{key} saved")
+
+    def command(self, title: str) -> None:
+        self.keys(Keys.F1)
+        self.wait(lambda: self.displayed(".quick-input-box input"), "the palette")
+        self.keys(title)
+        self.wait(lambda: title in self.driver.find_element(By.CSS_SELECTOR, ".quick-input-list").text,
+                  f"the command {title}")
+        self.keys(Keys.ENTER)
+
+    def open(self, name: str, text: str) -> Path:
+        path = self.workspace / name
+        path.write_text(text)
+        # a click in the Explorer, which shows a new file at once (Quick Open's file search
+        # can take seconds to see it)
+        self.wait(lambda: self.driver.execute_script("""
+            const row = Array.from(document.querySelectorAll('.explorer-folders-view .monaco-list-row'))
+                .find(r => r.textContent.trim() === arguments[0]);
+            if (row) { row.click(); }
+            return Boolean(row);""", name), f"{name} in the Explorer")
+        self.wait(lambda: self.driver.find_element(By.CSS_SELECTOR, ".tab.active").text.startswith(name),
+                  f"{name} open")
+        # the click left the focus in the Explorer: into the text, as a person clicks there
+        self.click(".editor-instance .monaco-editor .view-lines", f"the text of {name}")
+        self.wait(lambda: self.driver.find_elements(By.CSS_SELECTOR, ".monaco-editor.focused"), f"{name} focused")
+        return path
+
+    def texts(self, css: str) -> list[str]:
+        """The text of every element `css` selects, read in one script: the workbench
+        re-renders all the time, and an element held across two calls goes stale."""
+        return self.driver.execute_script(
+            "return Array.from(document.querySelectorAll(arguments[0]), e => e.textContent)", css)
+
+    def status(self) -> str:
+        return "".join(self.driver.execute_script(
+            "return Array.from(document.querySelectorAll(arguments[0]), e => e.getAttribute('aria-label'))", STATUS))
+
+    def ghost(self) -> str:
+        return "".join(self.texts(GHOST)).replace("\xa0", " ")  # Monaco renders spaces as nbsp
+
+    def toasts(self) -> list[str]:
+        return self.texts(".notification-toast")
+
+    def toast_buttons(self) -> list[str]:
+        return self.texts(".notification-toast .monaco-button")
+
+    def dialogs(self) -> list[str]:
+        return self.texts(".monaco-dialog-box")
+
+    def clear_toasts(self) -> None:
+        self.command("Notifications: Clear All Notifications")
+        self.wait(lambda: not self.toasts(), "the toasts to go")
+
+    def save(self, path: Path, before: str) -> str:
+        self.chord("s")
+        return self.wait(lambda: path.read_text() != before and path.read_text(), f"{path.name} saved")
+
+
+@pytest.fixture(scope="module")
+def vscode(tmp_path_factory):
+    code_server = tool("CODESPEC_CODE_SERVER", "code-server")
+    chromium = tool("CODESPEC_CHROMIUM", "chromium", "chromium-browser", "google-chrome")
+    driver_bin = tool("CODESPEC_CHROMEDRIVER", "chromedriver")
+    if not (code_server and chromium and driver_bin):
+        pytest.skip("code-server, Chromium and chromedriver are needed (scripts/install-code-server.sh)")
+    home = tmp_path_factory.mktemp("vscode")
+    vsix = package_extension(home / "extension")
+    workspace, data, extensions = home / "ws", home / "data", home / "extensions"
+    (data / "User").mkdir(parents=True)
+    workspace.mkdir()
+    # the extension runs `<command> lsp --model default`: this one is codespec's language
+    # server over the scripted backend, with a 1 s model load
+    scripted = executable(home / "codespec-scripted",
+                          f"cd {ROOT} && exec {sys.executable} -m tests.lsp.scripted --load-s 1")
+    settings = data / "User" / "settings.json"
+    settings.write_text(json.dumps({
+        "codespec.command": scripted, "codespec.indexWorkspace": False,
+        "workbench.startupEditor": "none", "security.workspace.trust.enabled": False,
+        "telemetry.telemetryLevel": "off", "workbench.tips.enabled": False,
+        "files.insertFinalNewline": False, "files.trimTrailingWhitespace": False,
+    }))
+    base = [code_server, "--user-data-dir", str(data), "--extensions-dir", str(extensions)]
+    subprocess.run([*base, "--install-extension", str(vsix)], check=True, capture_output=True, timeout=120)
+    port = free_port()
+    log = (home / "code-server.log").open("w")
+    server = subprocess.Popen([*base, "--auth", "none", "--bind-addr", f"127.0.0.1:{port}",
+                               "--disable-telemetry", "--disable-update-check", "--disable-workspace-trust",
+                               str(workspace)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,900"):
+        options.add_argument(arg)
+    driver = None
+    try:
+        deadline = time.monotonic() + 60
+        while "HTTP server listening" not in (home / "code-server.log").read_text():
+            assert server.poll() is None and time.monotonic() < deadline, (home / "code-server.log").read_text()
+            time.sleep(0.2)
+        driver = webdriver.Chrome(options=options, service=Service(driver_bin))
+        driver.get(f"http://127.0.0.1:{port}/?folder={workspace}")
+        shots = Path(os.environ.get("CODESPEC_E2E_SHOTS") or tempfile.mkdtemp(prefix="codespec-vscode-shots-"))
+        shots.mkdir(parents=True, exist_ok=True)
+        editor = VSCode(driver, workspace, settings, shots)
+        editor.extra = {"scripted": scripted, "home": home}
+        editor.wait(lambda: "ready" in editor.status(), "the server ready", 90)
+        yield editor
+    finally:
+        if driver is not None:
+            driver.quit()
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+        log.close()
+
+
+def type_and_accept(vscode: VSCode, name: str, text: str, keys: list[str], ghost: str) -> str:
+    """Open `name`, go to its end, type `keys`, see `ghost`, Tab, save: the file's text."""
+    path = vscode.open(name, text)
+    vscode.chord(Keys.END)
+    vscode.keys(*keys)
+    assert vscode.wait(lambda: vscode.ghost().strip() and vscode.ghost(), f"ghost text in {name}") == ghost
+    vscode.keys(Keys.TAB)
+    return vscode.save(path, path.read_text())
+
+
+def test_ghost_text_appears_and_tab_inserts_it(vscode):
+    # VS Code indents the new line itself after the Enter
+    saved = type_and_accept(vscode, "double.py", 'def f(a):\n    #> "    return a * 2"',
+                            [Keys.ENTER], "return a * 2")
+    assert saved == 'def f(a):\n    #> "    return a * 2"\n    return a * 2'
+
+
+def test_an_auto_closed_bracket_is_not_doubled(vscode):
+    # VS Code closes the `(` as it is typed; the completion writes `)` itself, so the
+    # ghost text runs around the editor's `)` (a doubled one would show before it)
+    saved = type_and_accept(vscode, "brackets.py", '#> "include) == names"\n',
+                            ["assert callable("], "include == names")
+    assert saved.splitlines()[1] == "assert callable(include) == names"
+
+
+def test_a_completion_indented_too_deep_lands_at_the_cursor(vscode):
+    body = json.dumps("        total = a + b\n        return total")  # 4 held back + 4 too many
+    path = vscode.open("indent.py", f"def add(a, b):\n    #> {body}")
+    before = path.read_text()
+    vscode.chord(Keys.END)
+    vscode.keys(Keys.ENTER)  # VS Code puts the cursor at 4 spaces
+    vscode.wait(lambda: vscode.ghost().startswith("total = a + b"), "ghost text in indent.py")
+    vscode.keys(Keys.TAB)
+    saved = vscode.save(path, before)
+    assert saved == f"def add(a, b):\n    #> {body}\n    total = a + b\n    return total"
+    compile(saved, "indent.py", "exec")  # no IndentationError
+
+
+def test_a_failed_start_recovers_without_a_reload(vscode):
+    home = vscode.extra["home"]
+    # a command that is not there: one message, with a way to the setting
+    vscode.setting("codespec.command", str(home / "missing" / "codespec"))
+    toast = vscode.wait(lambda: [t for t in vscode.toasts() if "was not found" in t], "the missing-command message")
+    assert {"Open settings", "Show log"} <= set(vscode.toast_buttons()), (toast, vscode.toast_buttons())
+    assert "error" in vscode.status()
+    vscode.clear_toasts()
+    # Restart after the failed start: the same message again, no "Client is not running" modal
+    vscode.command("codespec: Restart the language server")
+    vscode.wait(lambda: [t for t in vscode.toasts() if "was not found" in t], "the message after Restart")
+    assert not vscode.dialogs() and not any("not running" in t for t in vscode.toasts()), vscode.toasts()
+    vscode.clear_toasts()
+    # a server that starts and dies at once: the client fails to start
+    vscode.setting("codespec.command", executable(home / "codespec-broken", "echo 'broken on purpose' >&2; exit 3"))
+    vscode.wait(lambda: "error" in vscode.status(), "the error status")
+    vscode.command("codespec: Restart the language server")
+    vscode.wait(lambda: "error" in vscode.status(), "the error status after Restart")
+    assert not vscode.dialogs() and not any("not running" in t for t in vscode.toasts()), vscode.toasts()
+    # the right command again: the server starts and completes, with no window reload
+    vscode.setting("codespec.command", vscode.extra["scripted"])
+    vscode.wait(lambda: "ready" in vscode.status(), "the server ready again")
+    saved = type_and_accept(vscode, "recovered.py", 'def g(b):\n    #> "    return b - 1"',
+                            [Keys.ENTER], "return b - 1")
+    assert saved.endswith("\n    return b - 1")
