@@ -22,12 +22,16 @@ MARK = "#> "
 
 
 class ScriptedBackend:
-    def __init__(self, char_s: float) -> None:
+    def __init__(self, char_s: float, journal: str | None = None) -> None:
         self.char_s = char_s
+        self.journal = journal
         self.requests: list[FimRequest] = []
 
     async def complete(self, request: FimRequest, on_text: OnText) -> str:
         self.requests.append(request)
+        if self.journal:  # for a test in another process: one line per request
+            with open(self.journal, "a") as out:
+                out.write(json.dumps({"path": request.path, "prefix": request.prefix}) + "\n")
         before = request.prefix + request.middle
         at = before.rfind(MARK)
         script = json.loads(before[at + len(MARK):].split("\n", 1)[0]) if at >= 0 else ""
@@ -57,11 +61,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--load-s", type=float, default=0.0)
     parser.add_argument("--char-s", type=float, default=0.001)
+    parser.add_argument("--journal", help="append each request to this file, a JSON line each")
     args = parser.parse_args()
 
     def make_backend() -> ScriptedBackend:
         time.sleep(args.load_s)  # the model load, on the server's loader thread
-        return ScriptedBackend(args.char_s)
+        return ScriptedBackend(args.char_s, args.journal)
 
     configure_logging("info")
     serve(build_server(make_backend))  # as `codespec lsp` serves

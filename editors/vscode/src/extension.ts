@@ -14,7 +14,8 @@ let client: LanguageClient | undefined;
 let infill: vscode.Disposable | undefined;
 let statusItem: vscode.StatusBarItem;
 let output: vscode.LogOutputChannel;
-let lastState: Status["state"] | undefined;
+// set while the server starts or loads its model; the first "ready" after it re-asks
+let awaitingModel = false;
 
 interface Status {
   state: "busy" | "indexing" | "ready" | "error";
@@ -54,11 +55,19 @@ function showStatus(status: Status): void {
   statusItem.tooltip = status.message ? `codespec: ${status.state}: ${status.message}` : `codespec: ${status.state}`;
   statusItem.show();
   // The model finished loading: ask again where the cursor is, since a request VS Code
-  // gave up on meanwhile is never repeated by it.
-  if (status.state === "ready" && lastState !== "ready" && !nothing) {
-    void vscode.commands.executeCommand("editor.action.inlineSuggest.trigger");
+  // gave up on meanwhile is never repeated by it. Only then: every completion turns the
+  // status busy and back, and re-asking after each would send a second request per
+  // suggestion.
+  if (status.state === "busy" && (status.message === "starting" || status.message === "loading the model")) {
+    awaitingModel = true;
+  } else if (status.state === "error") {
+    awaitingModel = false;
+  } else if (status.state === "ready" && awaitingModel) {
+    awaitingModel = false;
+    if (!nothing) {
+      void vscode.commands.executeCommand("editor.action.inlineSuggest.trigger");
+    }
   }
-  lastState = status.state;
 }
 
 async function stopClient(): Promise<void> {
