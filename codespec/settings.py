@@ -124,3 +124,6 @@ class Settings(BaseSettings):
     idle_timeout_s: float = Field(5.0, gt=0, description="Seconds an idle kept-alive connection stays open.")
     max_active_requests: int = Field(4, ge=1, le=256, description="Requests generating at once; more wait.")
     max_waiting_requests: int = Field(64, ge=0, description="Requests allowed to wait; more get HTTP 429.")
+    index_workspaces: bool = Field(False, description="Let clients have a local folder indexed as the "
+                                   "repository (POST /v1/index/workspace); on in the shared server of "
+                                   "`codespec lsp --shared`, whose API key only its user can read.")

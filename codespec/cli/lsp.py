@@ -3,6 +3,7 @@
     codespec lsp                          # the embedded default model in this process
     codespec lsp --server http://127.0.0.1:8000   # share a running `codespec serve`,
                                                   # or a vLLM / SGLang OpenAI-compatible server
+    codespec lsp --shared                 # one `codespec serve` per model for all editor windows
     codespec lsp --tcp 127.0.0.1:2087     # listen on a socket (debugging)
 """
 
@@ -29,6 +30,9 @@ def register(commands: Any) -> None:
     p.add_argument("--server", metavar="URL",
                    help="use a running `codespec serve`, or a vLLM / SGLang server (FIM prompts built with "
                         "--model's tokenizer), instead of loading a model")
+    p.add_argument("--shared", action="store_true",
+                   help="share one local `codespec serve` per model among all editor windows (started on "
+                        "first use, it exits a minute after its last editor); the VS Code extension's default")
     p.add_argument("--tcp", metavar="HOST:PORT", help="listen on a TCP socket instead of stdio")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
                    help="stderr log level (default info: start-up, indexing and failures, never document "
@@ -41,7 +45,14 @@ def run(args: argparse.Namespace) -> int:
     from codespec.lsp.server import build_server
 
     settings = settings_from_args(args)
-    if args.server:
+    if args.server and args.shared:
+        raise CodespecError("--server and --shared: give one (--shared starts or finds a local server itself)")
+    if args.shared:
+        def make_backend() -> Any:
+            from codespec.lsp.shared import SharedBackend
+
+            return SharedBackend(settings)
+    elif args.server:
         if not args.server.startswith(("http://", "https://")):
             raise CodespecError(f"--server {args.server}: give a URL such as http://127.0.0.1:8000")
 

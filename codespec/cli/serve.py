@@ -32,6 +32,9 @@ def register(commands: Any) -> None:
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", metavar="FILE", help="a TOML file of settings (flags and env override it)")
     add_settings_arguments(p, SERVE_FIELDS + MODEL_FIELDS + SPECULATION_FIELDS + CACHE_FIELDS)
+    p.add_argument("--exit-when-unused", metavar="DIR",
+                   help="exit once no process named in DIR (a file per pid) has been alive for "
+                        "CODESPEC_SHARED_GRACE_S (60 s); `codespec lsp --shared` starts its shared server so")
     p.set_defaults(handler=run)
 
 
@@ -56,6 +59,12 @@ def run(args: argparse.Namespace) -> int:
     if not is_loopback(settings.host) and not settings.api_key:
         raise CodespecError(f"--host {settings.host} is reachable from other machines: set an API key "
                             "(CODESPEC_API_KEY or --api-key) or bind to 127.0.0.1")
+    if args.exit_when_unused:
+        from pathlib import Path
+
+        from codespec.lsp.shared import exit_when_unused
+
+        exit_when_unused(Path(args.exit_when_unused))  # watching from the start: editors gone mid-load too
     backend = load_backend(settings)  # before binding: a bad model or index fails here, in one line
     try:
         serve(create_app(settings, backend=backend), settings, on_shutdown=backend.drain, log_level="info")

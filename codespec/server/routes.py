@@ -17,6 +17,7 @@ import asyncio
 import json
 import time
 import uuid
+from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from fastapi import APIRouter, Depends, Request
@@ -37,6 +38,7 @@ from codespec.server.schemas import (
     CompletionRequest,
     DocumentRequest,
     InfillRequest,
+    WorkspaceRequest,
     error_body,
 )
 
@@ -301,6 +303,32 @@ async def add_document(req: DocumentRequest, b: AnyBackend = Depends(backend)) -
     ids = await run_in_threadpool(prompts.encode, b.tokenizer, req.text)
     await run_in_threadpool(index.add_document, req.key, ids)
     return {"key": req.key, "tokens": len(ids)}
+
+
+_workspace_lock = asyncio.Lock()
+
+
+@router.post("/v1/index/workspace")
+async def index_workspace(req: WorkspaceRequest, b: AnyBackend = Depends(backend)) -> Any:
+    """Index a local folder (as `--repo` does at start-up) and make it the static index:
+    the language servers sharing one server send their workspace. Off unless the server
+    runs with `index_workspaces` (`codespec lsp --shared` starts it so): a server that
+    reads any folder a client names must be one only its user can reach."""
+    from codespec.indexing import build_repository_index, default_index_path, tokenizer_fingerprint
+
+    if not b.settings.index_workspaces:
+        return JSONResponse(error_body("this server does not index folders for clients (index_workspaces is off)",
+                                       code="forbidden"), status_code=403)
+    index = _index(b)
+    root = Path(req.root)
+    if not root.is_absolute() or not root.is_dir():
+        raise RequestError(f"root {req.root!r}: give the absolute path of a local folder")
+    out = default_index_path(b.settings.cache_dir, root)
+    async with _workspace_lock:  # one build at a time; a second window waits for the first
+        report = await run_in_threadpool(build_repository_index, root, b.tokenizer, out, progress=False)
+        loaded = await run_in_threadpool(SuffixIndex.load, out, tokenizer=tokenizer_fingerprint(b.tokenizer))
+        index.static = loaded.static
+    return {"root": str(root), "files": report.files, "tokens": report.tokens}
 
 
 @router.delete("/v1/index/documents/{key:path}")

@@ -146,6 +146,10 @@ class DocumentRequest(_Request):
     text: str
 
 
+class WorkspaceRequest(_Request):
+    root: str = Field(min_length=1, max_length=4096, description="An absolute path of a local folder.")
+
+
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
     """OpenAI's error shape: {"error": {"message", "type", "param", "code"}}."""

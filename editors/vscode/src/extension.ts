@@ -29,6 +29,9 @@ function serverOptions(config: vscode.WorkspaceConfiguration, command: string): 
     args.push("--server", url);
   } else {
     args.push("--model", config.get<string>("model", "default"));
+    if (config.get<boolean>("sharedServer", true)) {
+      args.push("--shared"); // one model for all windows, not ~2.5 GB each
+    }
   }
   return { run: { command, args }, debug: { command, args } };
 }
@@ -159,7 +162,7 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     vscode.workspace.onDidChangeConfiguration(async (event) => {
       // the server command, URL or model changed: a new server; other settings reach a
       // running one through didChangeConfiguration
-      if (["command", "serverUrl", "model"].some((key) => event.affectsConfiguration(`${SECTION}.${key}`))
+      if (["command", "serverUrl", "model", "sharedServer"].some((key) => event.affectsConfiguration(`${SECTION}.${key}`))
           || (!client && event.affectsConfiguration(SECTION))) {
         await start(context);
       }

@@ -1,0 +1,166 @@
+"""One model server for every editor window (issue 31, item 8): two `codespec lsp
+--shared` processes, as two VS Code windows start them, load one model between them in
+one `codespec serve`, both complete through it, and it exits once both have gone. Over
+the tiny FIM model, so it runs in the default suite."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import httpx2
+import pytest
+from lsprotocol import types
+from pygls.lsp.client import LanguageClient
+
+from codespec.bench.editor import stop_client
+from codespec.lsp.shared import alive
+from codespec.server.app import create_app
+from codespec.server.backend import Backend
+from codespec.settings import Settings
+from codespec.index import SuffixIndex
+from tests.lsp.test_replay import answered, ask
+from tests.lsp.tiny_fim import tiny_fim_model
+
+SOURCE = "def area(r):\n    return 3.14 * r * r\n\n\ndef scale(xs, k):\n    \n"
+
+
+async def editor(root: Path, model: Path, env: dict[str, str], *extra: str) -> tuple[LanguageClient, list]:
+    client = LanguageClient("window", "1")
+    statuses: list[tuple[str, str]] = []
+
+    @client.feature("codespec/status")
+    def on_status(params) -> None:
+        get = (lambda k: params.get(k, "")) if isinstance(params, dict) else (lambda k: getattr(params, k, ""))
+        statuses.append((get("state"), get("message")))
+
+    await client.start_io(sys.executable, "-m", "codespec", "lsp", "--shared", "--model", str(model), *extra, env=env)
+    await client.initialize_async(types.InitializeParams(
+        capabilities=types.ClientCapabilities(),
+        workspace_folders=[types.WorkspaceFolder(uri=root.as_uri(), name=root.name)],
+        initialization_options={"maxTokens": 8, "latencyBudgetMs": 0}))
+    client.initialized(types.InitializedParams())
+    return client, statuses
+
+
+async def settled(statuses: list, seconds: float = 300) -> tuple[str, str]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if statuses and statuses[-1][0] in ("ready", "error") and statuses[-1][1] != "loading the model":
+            return statuses[-1]
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no ready or error status: {statuses}")
+
+
+def test_two_windows_share_one_server_that_ends_after_them(tmp_path):
+    asyncio.run(_two_windows(tmp_path))
+
+
+async def _two_windows(tmp_path: Path) -> None:
+    model = tiny_fim_model(tmp_path / "model")
+    env = {**os.environ, "CODESPEC_CACHE_DIR": str(tmp_path / "cache"), "CODESPEC_SHARED_GRACE_S": "2"}
+    roots = []
+    for name in ("one", "two"):
+        root = tmp_path / name
+        root.mkdir()
+        (root / "geometry.py").write_text(SOURCE)
+        roots.append(root)
+    # the two windows open at once: one server is started, not two
+    (a, a_status), (b, b_status) = await asyncio.gather(editor(roots[0], model, env), editor(roots[1], model, env))
+    try:
+        for statuses in (a_status, b_status):
+            state, message = await settled(statuses)
+            assert state == "ready" and "(shared server)" in message, statuses  # its workspace indexed there
+        shared = tmp_path / "cache" / "shared"
+        states = list(shared.glob("*.json"))
+        assert len(states) == 1, states
+        server = json.loads(states[0].read_text())
+        assert oct(states[0].stat().st_mode & 0o777) == "0o600"  # its API key is this user's alone
+        clients = {p.name for p in shared.glob("*.clients/*")}
+        assert clients == {str(a._server.pid), str(b._server.pid)}, clients
+        for client, root in ((a, roots[0]), (b, roots[1])):
+            uri = (root / "geometry.py").as_uri()
+            client.text_document_did_open(types.DidOpenTextDocumentParams(
+                types.TextDocumentItem(uri=uri, language_id="python", version=1, text=SOURCE)))
+            result = await answered(ask(client, uri, 5, 4))
+            assert not isinstance(result, Exception), result  # completed through the shared server
+        # a request straight to it needs the key from the state file
+        async with httpx2.AsyncClient(base_url=server["url"], timeout=30) as http:
+            assert (await http.get("/v1/models")).status_code == 401
+            assert (await http.get("/v1/models", headers={"Authorization": f"Bearer {server['api_key']}"})).is_success
+        # killed: the next request starts another and is answered
+        os.kill(server["pid"], signal.SIGKILL)
+        while alive(server["pid"]):
+            await asyncio.sleep(0.05)
+        uri = (roots[0] / "geometry.py").as_uri()
+        result = await answered(ask(a, uri, 5, 4))
+        assert not isinstance(result, Exception), result
+        killed, server = server, json.loads(states[0].read_text())
+        assert server["pid"] != killed["pid"] and alive(server["pid"])
+    finally:
+        for client in (a, b):
+            await stop_client(client)
+    deadline = time.monotonic() + 30
+    while alive(server["pid"]) and time.monotonic() < deadline:  # the grace is 2 s here
+        await asyncio.sleep(0.2)
+    assert not alive(server["pid"]), "the shared server outlived its editors"
+
+
+def test_a_shared_server_that_cannot_start_is_one_error_line(tmp_path):
+    asyncio.run(_cannot_start(tmp_path))
+
+
+async def _cannot_start(tmp_path: Path) -> None:
+    env = {**os.environ, "CODESPEC_CACHE_DIR": str(tmp_path / "cache")}
+    root = tmp_path / "ws"
+    root.mkdir()
+    client, statuses = await editor(root, tmp_path / "no-such-model", env)
+    try:
+        state, message = await settled(statuses, 120)
+        assert state == "error" and "the shared codespec server exited" in message, statuses
+        assert "no-such-model" in message and "\n" not in message, message
+    finally:
+        await stop_client(client)
+
+
+def test_the_workspace_route_is_off_unless_enabled(tmp_path):
+    from codespec import forward
+
+    model = tiny_fim_model(tmp_path / "model")
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    (folder / "a.py").write_text(SOURCE)
+    for enabled in (False, True):
+        settings = Settings(model=str(model), cache_dir=tmp_path / "cache", index_workspaces=enabled)
+        backend = Backend.create(forward.load(settings, progress=False), settings, SuffixIndex())
+        try:
+            status, answer = asyncio.run(_post(create_app(settings, backend=backend), {"root": str(folder)}))
+            if not enabled:  # a server that would read any folder a client names is opt-in
+                assert status == 403 and "index_workspaces" in answer["error"]["message"], answer
+                continue
+            assert status == 200 and answer["files"] == 1 and answer["tokens"] > 0, answer
+            assert backend.index.stats()["static"]["files"] == 1
+            status, answer = asyncio.run(_post(create_app(settings, backend=backend), {"root": "relative/dir"}))
+            assert status == 400 and "absolute path" in answer["error"]["message"], answer
+        finally:
+            backend.close()
+
+
+async def _post(app, body) -> tuple[int, dict]:
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://test", timeout=60) as http:
+        r = await http.post("/v1/index/workspace", json=body)
+        return r.status_code, r.json()
+
+
+@pytest.mark.parametrize("flags", [["--server", "http://127.0.0.1:9"]])
+def test_shared_and_server_are_one_or_the_other(flags, tmp_path):
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "codespec", "lsp", "--shared", *flags],
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode != 0 and "give one" in done.stderr, done.stderr
