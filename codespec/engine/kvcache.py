@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import mmap
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -76,19 +77,23 @@ def address(array: Any) -> int:
 
 
 def _zeros(shape: tuple[int, ...], dtype: KVDtype, device: Any) -> Any:
-    """A zero tensor whose CPU pages are only touched when written: numpy's zeros come
-    from calloc, which maps the OS's zero pages, where torch.zeros writes every byte (a
-    1 GiB cache took 1.3 s to start, though a CLI request fills one slot of ten).
+    """A zero tensor whose CPU pages are only touched when written: an anonymous mmap
+    maps the OS's zero pages, where torch.zeros writes every byte (a 1 GiB cache took
+    1.3 s to start, though a CLI request fills one slot of ten). Not calloc (numpy's
+    zeros): glibc's calloc clears every byte itself when the block comes from a
+    thread's arena, below its mmap threshold, as each layer's ~20 MiB did when
+    `codespec serve` loaded on its scheduler thread: 1 GiB resident before any request.
     Unused positions must still read as zeros, not garbage: padded attention calls
     multiply them (masked) and a NaN there would poison the row."""
+    nbytes = max(math.prod(shape) * _element_size(dtype), 1)
     if _is_numpy(dtype):
-        return np.zeros(shape, dtype=dtype)
+        return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype, count=math.prod(shape)).reshape(shape)
     import torch
 
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    nbytes = math.prod(shape) * _element_size(dtype)
-    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
+    zeros = np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)  # keeps the map alive
+    return torch.from_numpy(zeros).view(dtype).view(shape)
 
 
 def bytes_per_token(config: Any, dtype: KVDtype) -> int:
