@@ -90,6 +90,8 @@ def test_tab_inserts_the_suggestion_and_a_closer_is_not_doubled(nvim):
     seen = wait_for(lambda: status(nvim) != "codespec:off" and status(nvim), "the client's status")
     assert seen in ("codespec:starting", "codespec:loading", "codespec:ready"), seen  # never "off" while it loads
     wait_for(lambda: status(nvim) == "codespec:ready", "the model load")
+    # one model server for every editor by default (`codespec lsp --shared`)
+    assert nvim.exec_lua("return vim.lsp.get_clients({ name = 'codespec' })[1].config.cmd")[-1] == "--shared"
     nvim.input("3GA")  # the end of the blank, indented line, in insert mode
     nvim.input("x<BS>")
     assert wait_for(lambda: ghost(nvim), "ghost text") == "return a * 2"

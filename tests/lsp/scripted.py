@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--load-s", type=float, default=0.0)
     parser.add_argument("--char-s", type=float, default=0.001)
     parser.add_argument("--journal", help="append each request to this file, a JSON line each")
-    args = parser.parse_args()
+    args, _ = parser.parse_known_args()  # it stands in for `codespec lsp ...`: that command's flags are ignored
 
     def make_backend() -> ScriptedBackend:
         time.sleep(args.load_s)  # the model load, on the server's loader thread

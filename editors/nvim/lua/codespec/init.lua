@@ -10,6 +10,7 @@ local M = {}
 M.defaults = {
   cmd = { "codespec", "lsp" }, -- e.g. { "/path/to/.venv/bin/codespec", "lsp" }
   server_url = nil, -- a running `codespec serve`: adds --server URL
+  shared = true, -- without server_url: one model server for every editor (adds --shared)
   filetypes = nil, -- nil: every buffer with a file
   root_markers = { ".git", "pyproject.toml", "package.json" },
   init_options = { maxTokens = 128, debounceMs = 40, multiline = true, indexWorkspace = true },
@@ -29,6 +30,8 @@ local function command(config)
   local cmd = vim.deepcopy(config.cmd)
   if config.server_url then
     vim.list_extend(cmd, { "--server", config.server_url })
+  elseif config.shared then
+    table.insert(cmd, "--shared")
   end
   return cmd
 end
