@@ -257,9 +257,10 @@ def test_a_suggestion_shown_is_asked_for_once(vscode):
     vscode.wait(lambda: vscode.ghost() == "return c", "ghost text in idle.py")
     time.sleep(3)  # no keys: nothing should ask again
 
-    def asked() -> list[str]:
+    def asked() -> list[str]:  # generations on the new line (its prefix ends with the line above)
         lines = vscode.extra["journal"].read_text().splitlines()
-        return [r["prefix"] for r in map(json.loads, lines) if r["path"].endswith("idle.py")]
+        return [r["prefix"] for r in map(json.loads, lines)
+                if r["path"].endswith("idle.py") and r["prefix"].endswith('return c"\n')]
     assert 1 <= len(asked()) <= 2, asked()  # VS Code's own request (and at most one repeat)
 
 
