@@ -165,6 +165,18 @@ def _previous_tokens(out: Path, fingerprint: str) -> dict[str, tuple[str, np.nda
     return {f.path: (f.sha256, np.array(old.corpus[f.start : f.end])) for f in old.files}
 
 
+def build_static_index(root: Path, tokenizer: Any, cache_dir: Path, *,
+                       on_file: Callable[[int, int], None] | None = None) -> tuple[IndexReport, StaticIndex]:
+    """Index `root` into its file under `cache_dir` (quietly, incrementally) and load the
+    result, checked against `tokenizer`: what a server or language server swaps in as its
+    static index."""
+    from codespec.index import SuffixIndex
+
+    out = default_index_path(cache_dir, root)
+    report = build_repository_index(root, tokenizer, out, progress=False, on_file=on_file)
+    return report, SuffixIndex.load(out, tokenizer=tokenizer_fingerprint(tokenizer)).static
+
+
 def default_index_path(cache_dir: Path, root: Path) -> Path:
     """`<cache>/indexes/<folder name>-<hash of its absolute path>.csidx`."""
     root = Path(root).resolve()

@@ -82,25 +82,23 @@ def load_backend(settings: Settings) -> Backend | UpstreamBackend:
         tokenizer = load_tokenizer(settings, progress=False)
         return UpstreamBackend.connect(settings.upstream, tokenizer, settings, settings.upstream_api_key)
     from codespec import forward
-    from codespec.indexing import build_repository_index, default_index_path, tokenizer_fingerprint
+    from codespec.indexing import build_static_index, default_index_path, tokenizer_fingerprint
 
     index = SuffixIndex.load(settings.index) if settings.index else SuffixIndex()
 
     def load() -> forward.Loaded:
         loaded = forward.load(settings)
-        fingerprint = tokenizer_fingerprint(loaded.tokenizer)
         if settings.index:
-            index.check_tokenizer(fingerprint)
+            index.check_tokenizer(tokenizer_fingerprint(loaded.tokenizer))
         elif settings.repo:
             root = Path(settings.repo).resolve()
             if not root.is_dir():
                 raise CodespecError(f"--repo {settings.repo}: not a directory")
-            out = default_index_path(settings.cache_dir, root)
 
             def rebuild() -> Any:
-                build_repository_index(root, loaded.tokenizer, out, progress=False)
-                return SuffixIndex.load(out, tokenizer=fingerprint).static
+                return build_static_index(root, loaded.tokenizer, settings.cache_dir)[1]
 
+            out = default_index_path(settings.cache_dir, root)
             print(f"codespec: indexing {root} in the background -> {out}", file=sys.stderr)
             index.rebuild_in_background(rebuild)
         return loaded

@@ -79,20 +79,17 @@ class InProcessBackend:
             ticket.cancel()  # superseded or cancelled: the scheduler drops it at the next step
 
     async def index_workspace(self, folders: list[str], progress: Progress) -> str:
-        from codespec.indexing import build_repository_index, default_index_path, tokenizer_fingerprint
+        from codespec.indexing import build_static_index
 
-        fingerprint = tokenizer_fingerprint(self.tokenizer)
         summaries = []
         for folder in folders:
             root = Path(folder)
-            out = default_index_path(self.settings.cache_dir, root)
 
             def on_file(done: int, total: int, name: str = root.name) -> None:
                 progress(f"{name}: {done}/{total} files", int(100 * done / max(total, 1)))
 
-            report = await detached(build_repository_index, root, self.tokenizer, out, progress=False,
-                                             on_file=on_file)
-            self.index.static = SuffixIndex.load(out, tokenizer=fingerprint).static
+            report, self.index.static = await detached(build_static_index, root, self.tokenizer,
+                                                       self.settings.cache_dir, on_file=on_file)
             self.root = root
             summaries.append(f"{root.name}: {report.files} files, {report.tokens} tokens")
             break  # one static index: the first folder (others still get open-buffer drafts)
@@ -107,13 +104,10 @@ class InProcessBackend:
             self._rebuild(self.root)
 
     def _rebuild(self, root: Path) -> None:
-        from codespec.indexing import build_repository_index, default_index_path, tokenizer_fingerprint
-
-        out = default_index_path(self.settings.cache_dir, root)
+        from codespec.indexing import build_static_index
 
         def build() -> Any:
-            build_repository_index(root, self.tokenizer, out, progress=False)
-            return SuffixIndex.load(out, tokenizer=tokenizer_fingerprint(self.tokenizer)).static
+            return build_static_index(root, self.tokenizer, self.settings.cache_dir)[1]
 
         try:
             self.index.rebuild_in_background(build)

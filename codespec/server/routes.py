@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -305,7 +306,9 @@ async def add_document(req: DocumentRequest, b: AnyBackend = Depends(backend)) -
     return {"key": req.key, "tokens": len(ids)}
 
 
-_workspace_lock = asyncio.Lock()
+# one build at a time, a second window waiting for the first; a thread lock, since the
+# build runs on the thread pool and an app may outlive one event loop (tests)
+_workspace_lock = threading.Lock()
 
 
 @router.post("/v1/index/workspace")
@@ -314,7 +317,7 @@ async def index_workspace(req: WorkspaceRequest, b: AnyBackend = Depends(backend
     the language servers sharing one server send their workspace. Off unless the server
     runs with `index_workspaces` (`codespec lsp --shared` starts it so): a server that
     reads any folder a client names must be one only its user can reach."""
-    from codespec.indexing import build_repository_index, default_index_path, tokenizer_fingerprint
+    from codespec.indexing import build_static_index
 
     if not b.settings.index_workspaces:
         return JSONResponse(error_body("this server does not index folders for clients (index_workspaces is off)",
@@ -323,11 +326,13 @@ async def index_workspace(req: WorkspaceRequest, b: AnyBackend = Depends(backend
     root = Path(req.root)
     if not root.is_absolute() or not root.is_dir():
         raise RequestError(f"root {req.root!r}: give the absolute path of a local folder")
-    out = default_index_path(b.settings.cache_dir, root)
-    async with _workspace_lock:  # one build at a time; a second window waits for the first
-        report = await run_in_threadpool(build_repository_index, root, b.tokenizer, out, progress=False)
-        loaded = await run_in_threadpool(SuffixIndex.load, out, tokenizer=tokenizer_fingerprint(b.tokenizer))
-        index.static = loaded.static
+
+    def build() -> Any:
+        with _workspace_lock:  # the swap too: the last folder asked for is the one served
+            report, index.static = build_static_index(root, b.tokenizer, b.settings.cache_dir)
+            return report
+
+    report = await run_in_threadpool(build)
     return {"root": str(root), "files": report.files, "tokens": report.tokens}
 
 
