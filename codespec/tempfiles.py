@@ -15,6 +15,8 @@ import re
 import tempfile
 from pathlib import Path
 
+from codespec.processes import alive
+
 
 def temp_beside(path: Path) -> tuple[int, str]:
     """An open file descriptor and the name of a fresh temporary beside `path`."""
@@ -34,22 +36,10 @@ def remove_orphans(path: Path) -> list[Path]:
         return removed
     for name in names:
         found = pattern.fullmatch(name)
-        if found and not _alive(int(found.group(1))):
+        if found and not alive(int(found.group(1))):
             try:
                 (path.parent / name).unlink()
                 removed.append(path.parent / name)
             except OSError:
                 pass  # another run removed it, or it is not ours to remove
     return removed
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True

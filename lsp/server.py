@@ -42,6 +42,7 @@ from codespec.lsp.fit import closed, fit_indent, replaced_after, rest_of_line
 from codespec.lsp.options import LspOptions, parse_options
 from codespec.lsp.syntax import BlockEnd, Mode, block_indent, classify, repeats_following
 from codespec.lsp.window import fim_request, whole_lines
+from codespec.processes import alive
 
 log = logging.getLogger("codespec.lsp")
 NAME, VERSION = "codespec", "0.1.0"
@@ -236,13 +237,9 @@ def watch_parent(pid: int, every_s: float = 2.0) -> None:
     def watch() -> None:
         while True:
             time.sleep(every_s)
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
+            if not alive(pid):
                 log.info("the editor (process %d) is gone: exiting", pid)
                 exit_now()
-            except PermissionError:  # alive, another user's
-                pass
 
     threading.Thread(target=watch, name="codespec-parent-watch", daemon=True).start()
 

@@ -31,7 +31,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -40,14 +39,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from codespec.cli.options import CACHE_FIELDS, MODEL_FIELDS, SPECULATION_FIELDS
 from codespec.errors import CodespecError
+from codespec.processes import alive, free_port
+from codespec.tempfiles import temp_beside
 
 log = logging.getLogger("codespec.lsp")
 
-# the settings a shared server is started with: the ones that change what it computes
-PASSED_FIELDS = ("model", "dtype", "device", "quantize", "cache_dir", "threads", "draft_policy",
-                 "max_draft_tokens", "min_match_tokens", "max_match_tokens", "kv_cache_mb",
-                 "kv_slot_tokens", "prefill_chunk_tokens", "max_active_requests")
+# the settings a shared server is started with: the ones `codespec lsp` takes that change
+# what the model server computes (its own API key is made here)
+PASSED_FIELDS = MODEL_FIELDS + SPECULATION_FIELDS + CACHE_FIELDS + ("max_active_requests",)
 START_TIMEOUT_S = 1800.0  # the first start may prepare the default model (minutes)
 POLL_S = 0.25
 
@@ -71,26 +72,6 @@ def passed_settings(settings: Any) -> dict[str, str]:
 def server_key(settings: Any) -> str:
     """Windows with the same model settings share a server; different ones do not."""
     return hashlib.sha256(json.dumps(passed_settings(settings), sort_keys=True).encode()).hexdigest()[:16]
-
-
-def alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie, a child that exited and was not reaped, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process: alive, and not ours to use
-    stat = Path(f"/proc/{pid}/stat")
-    with contextlib.suppress(OSError):
-        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    return True
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def attach(settings: Any, on_wait: Callable[[str], None] = lambda message: None) -> SharedServer:
@@ -140,8 +121,7 @@ def start(settings: Any, root: Path, key: str, clients: Path) -> SharedServer:
             start_new_session=True)  # not in the editor's process group: it outlives one window
     server = SharedServer(f"http://127.0.0.1:{port}", process.pid, api_key, log_path)
     state = root / f"{key}.json"
-    partial = state.with_suffix(".json.tmp")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd, partial = temp_beside(state)  # mode 0600: the API key is this user's alone
     with os.fdopen(fd, "w") as out:
         json.dump({"url": server.url, "pid": server.pid, "api_key": api_key, "log": str(log_path)}, out)
     os.replace(partial, state)

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from codespec.processes import free_port
 from tests.editors.vsix import package_extension
 
 webdriver = pytest.importorskip("selenium.webdriver")
@@ -39,18 +39,8 @@ GHOST = ".ghost-text-decoration, .ghost-text-decoration-preview"
 
 
 def tool(env: str, *names: str) -> str | None:
-    if os.environ.get(env):
-        return os.environ[env]
-    local = ROOT / ".e2e" / "code-server" / "node_modules" / ".bin" / names[0]
-    if local.exists():
-        return str(local)
-    return next(filter(None, map(shutil.which, names)), None)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """$env, else the first of `names` (a path or a command on PATH) that is there."""
+    return os.environ.get(env) or next(filter(None, map(shutil.which, names)), None)
 
 
 def executable(path: Path, body: str) -> str:
@@ -177,7 +167,7 @@ class VSCode:
 
 @pytest.fixture(scope="module")
 def vscode(tmp_path_factory):
-    code_server = tool("CODESPEC_CODE_SERVER", "code-server")
+    code_server = tool("CODESPEC_CODE_SERVER", str(ROOT / ".e2e/code-server/node_modules/.bin/code-server"), "code-server")
     chromium = tool("CODESPEC_CHROMIUM", "chromium", "chromium-browser", "google-chrome")
     driver_bin = tool("CODESPEC_CHROMEDRIVER", "chromedriver")
     if not (code_server and chromium and driver_bin):

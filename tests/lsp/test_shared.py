@@ -19,7 +19,7 @@ from pygls.lsp.client import LanguageClient
 
 from codespec.bench.editor import stop_client
 from codespec.index import SuffixIndex
-from codespec.lsp.shared import alive
+from codespec.processes import alive
 from codespec.server.app import create_app
 from codespec.server.backend import Backend
 from codespec.settings import Settings
