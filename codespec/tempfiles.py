@@ -10,12 +10,12 @@ killed one (issue 32: each killed index build left a `.tmp` of up to 14 MB for e
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tempfile
 from pathlib import Path
 
-from codespec.processes import alive
 
 
 def temp_beside(path: Path) -> tuple[int, str]:
@@ -43,3 +43,18 @@ def remove_orphans(path: Path) -> list[Path]:
             except OSError:
                 pass  # another run removed it, or it is not ours to remove
     return removed
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs: here, a temporary's writer; also the editor that started a
+    language server and a shared server's clients (lsp/). Another user's process counts
+    as running; a zombie (a child that exited and was not reaped yet) does not."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError, IndexError):  # no /proc (macOS): signal 0 is the answer
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return True

@@ -42,7 +42,7 @@ from codespec.lsp.fit import closed, fit_indent, replaced_after, rest_of_line
 from codespec.lsp.options import LspOptions, parse_options
 from codespec.lsp.syntax import BlockEnd, Mode, block_indent, classify, repeats_following
 from codespec.lsp.window import fim_request, whole_lines
-from codespec.processes import alive
+from codespec.tempfiles import alive
 
 log = logging.getLogger("codespec.lsp")
 NAME, VERSION = "codespec", "0.1.0"

@@ -31,6 +31,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -39,16 +40,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from codespec.cli.options import CACHE_FIELDS, MODEL_FIELDS, SPECULATION_FIELDS
 from codespec.errors import CodespecError
-from codespec.processes import alive, free_port
-from codespec.tempfiles import temp_beside
+from codespec.tempfiles import alive, temp_beside
 
 log = logging.getLogger("codespec.lsp")
 
 # the settings a shared server is started with: the ones `codespec lsp` takes that change
-# what the model server computes (its own API key is made here)
-PASSED_FIELDS = MODEL_FIELDS + SPECULATION_FIELDS + CACHE_FIELDS + ("max_active_requests",)
+# what the model server computes (its own API key is made here). cli/options.py's
+# MODEL_FIELDS, SPECULATION_FIELDS and CACHE_FIELDS, and max_active_requests, spelled
+# out: cli imports lsp, so lsp cannot import cli.
+PASSED_FIELDS = ("model", "dtype", "device", "quantize", "cache_dir", "threads", "draft_policy",
+                 "max_draft_tokens", "min_match_tokens", "max_match_tokens", "kv_cache_mb",
+                 "kv_slot_tokens", "prefill_chunk_tokens", "max_active_requests")
 START_TIMEOUT_S = 1800.0  # the first start may prepare the default model (minutes)
 POLL_S = 0.25
 
@@ -72,6 +75,12 @@ def passed_settings(settings: Any) -> dict[str, str]:
 def server_key(settings: Any) -> str:
     """Windows with the same model settings share a server; different ones do not."""
     return hashlib.sha256(json.dumps(passed_settings(settings), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def attach(settings: Any, on_wait: Callable[[str], None] = lambda message: None) -> SharedServer:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -27,11 +28,16 @@ import urllib.request
 from pathlib import Path
 
 from codespec.bench.editor import SAMPLE_FILE
-from codespec.processes import free_port
 
 TYPED = ['def count_lines(path):', '    """The number of lines of the file at path."""',
          '    with open(path, encoding="utf-8") as f:', '        ']
 GHOST_S = 30
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wait_ready(url: str, seconds: float) -> None:

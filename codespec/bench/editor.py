@@ -272,9 +272,9 @@ class ServeProcess:
         self.url = ""
 
     def __enter__(self) -> ServeProcess:
-        from codespec.processes import free_port
+        from codespec.bench.llamacpp import _free_port
 
-        port = free_port()
+        port = _free_port()
         self.process = subprocess.Popen([sys.executable, "-m", "codespec", "serve", "--port", str(port),
                                          "--repo", str(self.root), *self.extra], env=self.env, stdout=self.log,
                                         stderr=subprocess.STDOUT)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import tempfile
 import time
@@ -29,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from codespec.processes import free_port
 from codespec.settings import default_cache_dir
 
 GGUF_BF16 = "qwen2.5-coder-0.5b-instruct-bf16.gguf"
@@ -90,7 +90,7 @@ class LlamaServer:
         self.url = ""
 
     def __enter__(self) -> LlamaServer:
-        port = free_port()
+        port = _free_port()
         binary = server_binary()
         args = [str(binary), "-m", str(gguf_path()), "--host", "127.0.0.1", "--port", str(port),
                 "-t", str(self.threads), "-tb", str(self.threads), "-c", str(self.context), "-np", "1",
@@ -144,3 +144,9 @@ def stop_process(process: subprocess.Popen[bytes] | None, timeout_s: float) -> N
             process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

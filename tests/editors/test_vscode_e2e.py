@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from codespec.processes import free_port
+from codespec.lsp.shared import free_port
 from tests.editors.vsix import package_extension
 
 webdriver = pytest.importorskip("selenium.webdriver")

@@ -104,6 +104,14 @@ def test_greedy_output_is_vllms_own_and_drafts_are_accepted(tmp_path):
 SERVE_TIMEOUT_S = 600
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory):
     """`vllm serve` on the default model with codespec's proposer drafting from an index
@@ -123,9 +131,7 @@ def vllm_server(tmp_path_factory):
     root, text, body_line = make_repo(tmp_path_factory.mktemp("workspace"))
     index = tmp_path_factory.mktemp("index") / "workspace.csidx"
     build_repository_index(root, AutoTokenizer.from_pretrained(model), index, progress=False)
-    from codespec.processes import free_port
-
-    port = free_port()
+    port = _free_port()
     spec = {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": 16}
     log = open(tmp_path_factory.mktemp("log") / "vllm.log", "w")
     process = subprocess.Popen(

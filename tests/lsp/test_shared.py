@@ -19,7 +19,7 @@ from pygls.lsp.client import LanguageClient
 
 from codespec.bench.editor import stop_client
 from codespec.index import SuffixIndex
-from codespec.processes import alive
+from codespec.tempfiles import alive
 from codespec.server.app import create_app
 from codespec.server.backend import Backend
 from codespec.settings import Settings
@@ -169,3 +169,11 @@ def test_shared_and_server_are_one_or_the_other():
     done = subprocess.run([sys.executable, "-m", "codespec", "lsp", "--shared", "--server", "http://127.0.0.1:9"],
                           check=False, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert done.returncode != 0 and "give one" in done.stderr, done.stderr
+
+
+def test_the_shared_server_gets_every_model_setting_the_language_server_takes():
+    from codespec.cli.options import CACHE_FIELDS, MODEL_FIELDS, SPECULATION_FIELDS
+    from codespec.lsp.shared import PASSED_FIELDS
+
+    # spelled out in lsp/shared.py (lsp cannot import cli): a field added to a group must reach it
+    assert PASSED_FIELDS == MODEL_FIELDS + SPECULATION_FIELDS + CACHE_FIELDS + ("max_active_requests",)

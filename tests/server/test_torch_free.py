@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -19,7 +20,6 @@ import torch
 
 from codespec.kernels import rowgemm
 from codespec.models.tiny import tiny_model
-from codespec.processes import free_port
 
 pytestmark = pytest.mark.skipif(rowgemm.library() is None or not hasattr(rowgemm.library(), "rowdecoder_forward"),
                                 reason=f"no C forward: {rowgemm.unavailable()}")
@@ -40,6 +40,12 @@ def tiny_model_dir(path):
     tokenizer.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>", "unk_token": "<unk>"}))
     return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def get(url: str, body: dict | None = None) -> dict:
