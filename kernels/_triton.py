@@ -59,13 +59,16 @@ def tree_mask(parents: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _row_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr, scale,
-                          s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_out_row, s_out_head, s_path,
-                          GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, DIM: tl.constexpr,
-                          KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr):
-    # One program per (row, KV head): the GROUP query heads that share the KV head, padded
-    # to GROUP_PAD (tl.dot needs 16). The loop runs over the row's logical keys in blocks
-    # of KEY_BLOCK: the same order for a row wherever it sits and whatever the pass holds.
+def _row_attention_block_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr,
+                                scale, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path,
+                                s_part_row, s_part_head, s_part_block,
+                                GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, DIM: tl.constexpr,
+                                KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr):
+    # One program per (row, KV head, program of the block axis): the GROUP query heads that
+    # share the KV head, padded to GROUP_PAD (tl.dot needs 16). It takes the row's key
+    # blocks b = program, program + programs, ... and writes each block's softmax partial
+    # (max score, sum of weights, weighted sum of values) apart: a block is KEY_BLOCK
+    # *logical* keys, so what it holds and how it is summed depend on the row's keys alone.
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     slot = tl.load(slots_ptr + row)
@@ -80,11 +83,9 @@ def _row_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, slots_ptr, context_ptr, 
     q = tl.load(q_ptr + row * s_q_row + head[:, None] * s_q_head + d[None, :], mask=real[:, None],
                 other=0.0).to(tl.float32)
     base = slot * s_kv_slot + kv_head * s_kv_head
-    best = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    total_weight = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, DIM], tl.float32)
-    for begin in range(0, total, KEY_BLOCK):
-        t = begin + tl.arange(0, KEY_BLOCK)
+    part = part_ptr + row * s_part_row + head * s_part_head  # [GROUP_PAD] pointers: max, sum, then DIM values
+    for block in range(tl.program_id(2), tl.cdiv(total, KEY_BLOCK), tl.num_programs(2)):
+        t = block * KEY_BLOCK + tl.arange(0, KEY_BLOCK)
         inside = t < total
         on_path = t >= context
         step = tl.load(path_ptr + row * s_path + (t - context), mask=inside & on_path, other=0)
@@ -94,26 +95,61 @@ def _row_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, slots_ptr, context_ptr, 
         v = tl.load(v_ptr + offsets, mask=inside[:, None], other=0.0).to(tl.float32)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         scores = tl.where(inside[None, :], scores, float("-inf"))
-        new_best = tl.maximum(best, tl.max(scores, axis=1))
-        rescale = tl.exp(best - new_best)
-        weights = tl.exp(scores - new_best[:, None])
-        total_weight = total_weight * rescale + tl.sum(weights, axis=1)
-        acc = acc * rescale[:, None] + tl.dot(weights, v, input_precision=PRECISION)
-        best = new_best
-    result = acc / tl.where(total_weight > 0, total_weight, 1.0)[:, None]  # no keys (padding): zeros
-    tl.store(out_ptr + row * s_out_row + head[:, None] * s_out_head + d[None, :],
-             result.to(out_ptr.dtype.element_ty), mask=real[:, None])
+        best = tl.max(scores, axis=1)  # finite: the block holds at least one key
+        weights = tl.exp(scores - best[:, None])
+        values = tl.dot(weights, v, input_precision=PRECISION)
+        at = part + block * s_part_block
+        tl.store(at, best, mask=real)
+        tl.store(at + 1, tl.sum(weights, axis=1), mask=real)
+        tl.store(at[:, None] + 2 + d[None, :], values, mask=real[:, None])
+
+
+@triton.jit
+def _row_attention_combine_kernel(out_ptr, part_ptr, context_ptr, path_len_ptr, s_out_row, s_out_head,
+                                  s_part_row, s_part_head, s_part_block,
+                                  DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+    # One program per (row, query head): the row's block partials in block order, CHUNK at
+    # a time (a fixed tree within a chunk, chunks in order): the row's keys fix the order.
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    blocks = tl.cdiv(tl.load(context_ptr + row) + tl.load(path_len_ptr + row), KEY_BLOCK)
+    part = part_ptr + row * s_part_row + head * s_part_head
+    c = tl.arange(0, CHUNK)
+    d = tl.arange(0, DIM)
+    best = tl.full([CHUNK], float("-inf"), tl.float32)
+    for first in range(0, blocks, CHUNK):
+        best = tl.maximum(best, tl.load(part + (first + c) * s_part_block, mask=first + c < blocks,
+                                        other=float("-inf")))
+    top = tl.max(best, axis=0)  # a maximum is the same in any order
+    total_weight = tl.zeros([CHUNK], tl.float32)
+    acc = tl.zeros([DIM], tl.float32)
+    for first in range(0, blocks, CHUNK):
+        inside = first + c < blocks
+        at = part + (first + c) * s_part_block
+        rescale = tl.where(inside, tl.exp(tl.load(at, mask=inside, other=0.0) - top), 0.0)
+        total_weight += rescale * tl.load(at + 1, mask=inside, other=0.0)
+        values = tl.load(at[:, None] + 2 + d[None, :], mask=inside[:, None], other=0.0)
+        acc += tl.sum(rescale[:, None] * values, axis=0)
+    weight = tl.sum(total_weight, axis=0)
+    result = acc / tl.where(weight > 0, weight, 1.0)  # no keys (padding): zeros
+    tl.store(out_ptr + row * s_out_row + head * s_out_head + d, result.to(out_ptr.dtype.element_ty))
 
 
 def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
                   context: torch.Tensor, path: torch.Tensor, path_len: torch.Tensor, scale: float,
-                  out: torch.Tensor, key_block: int) -> None:
+                  out: torch.Tensor, key_block: int, block_programs: int) -> None:
     rows, heads, dim = query.shape
     kv_heads = keys.shape[1]
     group = heads // kv_heads
-    _row_attention_kernel[(rows, kv_heads)](
-        query, keys, values, out, slots, context, path, path_len, float(scale),
-        query.stride(0), query.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
-        out.stride(0), out.stride(1), path.stride(0),
+    blocks = triton.cdiv(keys.shape[2], key_block)  # the most a row can have: its keys lie in its slot
+    # [rows, heads, blocks, 2 + dim]: each block's max score, sum of weights, weighted values
+    part = torch.empty(rows, heads, blocks, 2 + dim, dtype=torch.float32, device=query.device)
+    _row_attention_block_kernel[(rows, kv_heads, min(blocks, block_programs))](
+        query, keys, values, part, slots, context, path, path_len, float(scale),
+        query.stride(0), query.stride(1), keys.stride(0), keys.stride(1), keys.stride(2), path.stride(0),
+        part.stride(0), part.stride(1), part.stride(2),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), DIM=dim, KEY_BLOCK=key_block,
         PRECISION="ieee" if query.dtype == torch.float32 else "tf32")
+    _row_attention_combine_kernel[(rows, heads)](
+        out, part, context, path_len, out.stride(0), out.stride(1), part.stride(0), part.stride(1), part.stride(2),
+        DIM=dim, KEY_BLOCK=key_block, CHUNK=16)

@@ -4,13 +4,16 @@ forward/cuda.py).
 
 A row's keys are its *logical key sequence*: the first `context[r]` positions of its
 slot (contiguous), then the positions `path[r, :path_len[r]]` (tree ancestors that are
-not contiguous in the slot, ending with the row itself). The kernel reduces over that
-sequence in fixed blocks of `KEY_BLOCK` logical keys with an online softmax in float32,
-one program per (row, KV head). So a verify row and the decode step it stands for, which
-see the same keys in the same logical order (wherever they sit in the slot), get the
-same bits, whatever else the pass holds: the number of rows, the batch and the tree
-never enter a row's arithmetic. A row with no keys (context 0, path 0: padding) writes
-zeros at almost no cost.
+not contiguous in the slot, ending with the row itself). The sequence is cut into blocks
+of `KEY_BLOCK` logical keys. The Triton version runs in two kernels: the first computes
+each block's softmax partial in float32 (max score, sum of weights, weighted values) in
+its own program, many blocks of a row at once (a one-row decode step over 2,000 keys is
+16 programs, not one program walking 16 blocks in turn); the second combines a row's
+partials in block order. So a verify row and the decode step it stands for, which see
+the same keys in the same logical order (wherever they sit in the slot), get the same
+bits, whatever else the pass holds: the number of rows, the batch and the tree never
+enter a row's arithmetic. A row with no keys (context 0, path 0: padding) writes zeros at
+almost no cost.
 
 >>> keys = torch.randn(1, 1, 6, 4); values = torch.randn(1, 1, 6, 4); q = torch.randn(2, 1, 4)
 >>> rows = dict(slots=torch.tensor([0, 0]), context=torch.tensor([3, 2]),
@@ -26,8 +29,10 @@ import torch
 
 from codespec.kernels import check, use_triton
 
-KEY_BLOCK = 128  # logical keys per reduction step: part of every row's summation order (H100: 64 took
-# 15 us a layer for one row over 512 keys, latency-bound on the serial loop)
+KEY_BLOCK = 128  # logical keys per block: part of every row's summation order
+BLOCK_PROGRAMS = 16  # programs per (row, KV head) along the block axis: rows of up to 16 blocks
+# run all their blocks at once; more programs would be idle ones for most rows (the grid is
+# fixed for a CUDA graph, sized by the slot's length). A launch detail: not in the bits.
 
 
 def row_attention(
@@ -58,7 +63,8 @@ def row_attention(
     if use_triton(query, force_triton):
         from codespec.kernels import _triton
 
-        _triton.row_attention(query, keys, values, slots, context, path, path_len, scale, out, KEY_BLOCK)
+        _triton.row_attention(query, keys, values, slots, context, path, path_len, scale, out, KEY_BLOCK,
+                              BLOCK_PROGRAMS)
     else:
         out.copy_(row_attention_ref(query, keys, values, slots, context, path, path_len, scale))
     return out

@@ -108,12 +108,14 @@ class CudaForward:
         # each KV cache's buffers and graph (a graph holds the cache's addresses: it goes with it)
         self._buckets: weakref.WeakKeyDictionary[Any, _Bucket] = weakref.WeakKeyDictionary()
         self._layers = [_LayerWeights.of(layer, self.heads, self.kv_heads, self.head_dim) for layer in model.model.layers]
-        # Each layer's work around attention as two pure functions of tensors, fused by
+        # Each layer's work around attention as two functions of tensors, fused by
         # torch.compile on CUDA (one compilation serves every layer): as written, a step of
         # the default model ran ~800 small kernels, 14x the time its weights take to read.
-        # The compiled code has the bucket's fixed shapes too, so rows stay exact.
+        # The first also stores the rows' K and V in the cache (the rotary kernel writes
+        # them: two index_copy_ launches a layer cost 9% of a step on the H100). The
+        # compiled code has the bucket's fixed shapes too, so rows stay exact.
         compile = self.graphs and os.environ.get("CODESPEC_CUDA_COMPILE", "1") != "0"
-        self._before = torch.compile(_before_attention, dynamic=False) if compile else _before_attention
+        self._before = torch.compile(_before_step, dynamic=False) if compile else _before_step
         self._after = torch.compile(_after_attention, dynamic=False) if compile else _after_attention
 
     # -- the Forward protocol --------------------------------------------------------------
@@ -220,9 +222,7 @@ class CudaForward:
         stored = (slot_heads * keys[0].shape[2] + write_positions[:, None]).view(-1)  # [rows * kv_heads]
         for index, (layer, weights) in enumerate(zip(model.layers, self._layers)):
             # padding rows store their source row's KV (the same values, the same place)
-            q, k, v = self._before(hidden, cos, sin, source, *weights.before)
-            keys[index].view(-1, self.head_dim).index_copy_(0, stored, k.reshape(-1, self.head_dim))
-            values[index].view(-1, self.head_dim).index_copy_(0, stored, v.reshape(-1, self.head_dim))
+            q = self._before(hidden, cos, sin, source, keys[index], values[index], stored, *weights.before)
             attended = row_attention(q, keys[index], values[index], slots=slots, context=context,
                                      path=path, path_len=path_len, scale=layer.self_attn.scaling)
             hidden = self._after(hidden, attended.view(rows, -1), *weights.after)
@@ -239,7 +239,7 @@ class CudaForward:
         cos, sin = _rotary(model, hidden, positions)
         for index, (layer, weights) in enumerate(zip(model.layers, self._layers)):
             attn = layer.self_attn
-            q, k, v = _before_attention(hidden, cos, sin, None, *weights.before)
+            q, k, v = _before_attention(hidden, cos, sin, *weights.before)
             cache.keys[index][slot, :, begin:end] = k.transpose(0, 1)
             cache.values[index][slot, :, begin:end] = v.transpose(0, 1)
             attended = F.scaled_dot_product_attention(
@@ -286,19 +286,28 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def _before_attention(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, source: torch.Tensor | None,
-                      norm: torch.Tensor, eps: float, qkv: torch.Tensor, qkv_bias: torch.Tensor | None,
-                      heads: int, kv_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q [rows, heads, dim], and k, v [rows, kv_heads, dim] (taken from row `source[r]` when
-    given): the layer's norm, one product for q, k and v, rotary as transformers applies it."""
+def _before_attention(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm: torch.Tensor, eps: float,
+                      qkv: torch.Tensor, qkv_bias: torch.Tensor | None, heads: int, kv_heads: int,
+                      head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [rows, heads, dim], and k, v [rows, kv_heads, dim]: the layer's norm, one product
+    for q, k and v, rotary as transformers applies it."""
     rows = hidden.shape[0]
     q, k, v = F.linear(_rms_norm(hidden, norm, eps), qkv, qkv_bias).split(
         [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
     q, k, v = q.view(rows, heads, head_dim), k.view(rows, kv_heads, head_dim), v.view(rows, kv_heads, head_dim)
-    q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-    if source is not None:
-        k, v = k.index_select(0, source), v.index_select(0, source)
-    return q, k, v
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+
+def _before_step(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, source: torch.Tensor,
+                 keys: torch.Tensor, values: torch.Tensor, stored: torch.Tensor, *before: Any) -> torch.Tensor:
+    """A pass's q; row r's K and V are stored at `stored[r * kv_heads:][:kv_heads]` of the
+    layer's cache seen as [slots * kv_heads * positions, dim], taken from row `source[r]`
+    (padding rows store their source row's KV: the same values, the same place)."""
+    q, k, v = _before_attention(hidden, cos, sin, *before)
+    dim = k.shape[-1]
+    keys.view(-1, dim).index_copy_(0, stored, k.index_select(0, source).reshape(-1, dim))
+    values.view(-1, dim).index_copy_(0, stored, v.index_select(0, source).reshape(-1, dim))
+    return q
 
 
 def _after_attention(hidden: torch.Tensor, attended: torch.Tensor, o: torch.Tensor, o_bias: torch.Tensor | None,

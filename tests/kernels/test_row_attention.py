@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from codespec.kernels import row_attention as module
 from codespec.kernels.row_attention import KEY_BLOCK, row_attention, row_attention_ref
 
 pytest.importorskip("triton", reason="triton is a test dependency (pip install -e '.[test]')")
@@ -65,6 +66,24 @@ def test_a_rows_bits_depend_on_its_keys_alone():
     alone = run([0], [0], [context], [tail])[0]
     decoded = run([0], [1], [context + len(tail)], [[]])[0]  # the decode step after the path was kept
     assert torch.equal(in_a_pass, alone) and torch.equal(alone, decoded)
+
+
+def test_long_rows_split_into_blocks_any_launch_gives_the_same_bits(monkeypatch):
+    """Rows of more blocks than programs per row (each program takes several) and more
+    than one combine chunk: equal to the reference, and the bits do not depend on how
+    many programs share a row's blocks (a launch detail, not part of the arithmetic)."""
+    torch.manual_seed(4)
+    positions = KEY_BLOCK * 18 + 40
+    keys, values = (torch.randn(1, KV_HEADS, positions, DIM, dtype=torch.bfloat16) for _ in range(2))
+    query = torch.randn(3, HEADS, DIM, dtype=torch.bfloat16)
+    meta = dict(slots=torch.tensor([0, 0, 0]), context=torch.tensor([positions - 3, KEY_BLOCK * 17, 5]),
+                path=torch.tensor([[positions - 2, positions - 1], [positions - 9, 0], [0, 0]]),
+                path_len=torch.tensor([2, 1, 0]))
+    wide = row_attention(query, keys, values, **meta, scale=0.125, force_triton=True)
+    expected = row_attention_ref(query, keys, values, *meta.values(), 0.125)
+    assert torch.allclose(wide.float(), expected.float(), atol=1e-2, rtol=1e-2)
+    monkeypatch.setattr(module, "BLOCK_PROGRAMS", 3)
+    assert torch.equal(row_attention(query, keys, values, **meta, scale=0.125, force_triton=True), wide)
 
 
 def test_bad_arguments_are_refused():
