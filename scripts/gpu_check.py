@@ -20,6 +20,10 @@ and its real tokenizer (carried). Stages, each timed and each allowed to fail al
    holds the first answer (a random model copies nothing from its prompt: acceptance
    comes from past generations, as the issue asks).
 
+Probes (in the default stages, after costs): `profile` (kernels and GPU time of a step),
+`gemm` (the layer's products: cuBLAS at 1..64 rows against kernels/row_linear.py's
+tiles) and `buckets` (the step and a 32-row pass with 16- and 32-row buckets).
+
 Writes <out>/gpu-check.json and prints a summary table last.
 
     python scripts/gpu_check.py --assets .gpu --out $OUT
@@ -249,6 +253,86 @@ def profile_step(loaded: Any) -> dict[str, Any]:
     return result
 
 
+def gemm_probe(loaded: Any, budget_s: float = 80.0) -> dict[str, Any]:
+    """The layer's products at the bucket's shape: cuBLAS (F.linear) at 1, 16, 32 and 64
+    rows against kernels/row_linear.py's tiles at 64 rows (us per call, CUDA events), and
+    the best tile's row exactness on the device. Stops trying tiles after `budget_s`."""
+    import torch.nn.functional as F
+
+    from codespec.kernels.row_linear import Config, row_linear
+
+    layer = loaded.model.model.layers[0]
+    attn, mlp = layer.self_attn, layer.mlp
+    shapes = {"qkv": (torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
+                      torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])),
+              "o": (attn.o_proj.weight, None), "gate_up": (torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), None),
+              "down": (mlp.down_proj.weight, None), "lm_head": (loaded.model.lm_head.weight, None)}
+    began = time.perf_counter()
+    result: dict[str, Any] = {}
+    for name, (weight, bias) in shapes.items():
+        n_size, k_size = weight.shape
+        x = torch.randn(64, k_size, device="cuda", dtype=weight.dtype)
+        entry: dict[str, Any] = {"n": n_size, "k": k_size, "weight_mb": round(weight.numel() * 2 / 2**20, 2),
+                                 "cublas_us": {rows: round(_time(lambda r=rows: F.linear(x[:r], weight, bias)) * 1e3, 2)
+                                               for rows in (1, 16, 32, 64)}}
+        tiles = {}
+        for block_n in (32, 16, 64):
+            for block_k in (128, 256, 64):
+                if k_size % block_k or n_size % block_n or (name == "lm_head" and block_n == 16):
+                    continue
+                steps, programs = k_size // block_k, n_size // block_n
+                for splits in sorted({1, min(steps, max(1, -(-264 // programs)))}):
+                    if time.perf_counter() - began > budget_s:
+                        break
+                    config = Config(block_m=64, block_n=block_n, block_k=block_k, splits=splits)
+                    out = torch.empty(64, n_size, device="cuda", dtype=weight.dtype)
+                    try:
+                        ms = _time(lambda c=config: row_linear(x, weight, bias, config=c, out=out))
+                    except Exception as error:  # a tile the device cannot run: say so, go on
+                        tiles[f"{block_n}x{block_k}/{splits}"] = f"{type(error).__name__}: {str(error)[:120]}"
+                        continue
+                    tiles[f"{block_n}x{block_k}/{splits}"] = round(ms * 1e3, 2)
+        entry["row_linear_us"] = tiles
+        timed = {k: v for k, v in tiles.items() if isinstance(v, float)}
+        if timed:
+            best = min(timed, key=timed.get)
+            block_n, rest = best.split("x")
+            block_k, splits = rest.split("/")
+            config = Config(block_m=64, block_n=int(block_n), block_k=int(block_k), splits=int(splits))
+            full = row_linear(x, weight, bias, config=config)
+            others = torch.randn_like(x)
+            others[3] = x[3]
+            moved = torch.roll(others, 17, dims=0)
+            reference = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+            entry.update(best=best, best_row_exact=bool(torch.equal(row_linear(moved, weight, bias, config=config)[20],
+                                                                    full[3])),
+                         best_relative_error=float((full.float() - reference).norm() / reference.norm()))
+        result[name] = entry
+    return result
+
+
+def bucket_probe(loaded: Any) -> dict[str, Any]:
+    """The one-row step and a 32-row pass with buckets of 16, 32 and 64 rows (host wall
+    ms, 512 keys): whether cuBLAS's choices for fewer rows make a cheaper step."""
+    from codespec.forward.cuda import CudaForward
+    from codespec.policy.tree import VerifyTree
+
+    result = {}
+    for rows in (16, 32):
+        forward = CudaForward(loaded.model, rows=rows)
+        engine = _engine(loaded, slots=1)
+        cache = engine.cache
+        prompt = [(7 * i) % forward.config.vocab_size for i in range(512)]
+        cache.acquire(prompt)
+        forward.prefill(cache, 0, prompt, 0)
+        cache.release(0)
+        result[rows] = {n: _wall_ms(lambda n=n: forward.choices(cache, [(0, 512, VerifyTree.chain(11, [13] * (n - 1)))]))
+                        for n in (1, 16, 32, 64)}
+        del engine, cache, forward
+        torch.cuda.empty_cache()
+    return result
+
+
 def subprocess_stage(command: list[str], env: dict[str, str], timeout: int, keep: Path | None = None) -> dict[str, Any]:
     began = time.perf_counter()
     done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
@@ -266,7 +350,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--assets", default=str(ROOT / ".gpu"), help="the default model's config and tokenizer files")
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu-out"))
-    parser.add_argument("--stages", default="kernel,rows,costs,stress,verify,edit")
+    parser.add_argument("--stages", default="kernel,rows,costs,profile,gemm,buckets,stress,verify,edit")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -291,6 +375,10 @@ def main() -> None:
         stage(results, "costs", lambda: cost_curve(loaded), out)
     if "profile" in wanted:
         stage(results, "profile", lambda: profile_step(loaded), out)
+    if "gemm" in wanted:
+        stage(results, "gemm", lambda: gemm_probe(loaded), out)
+    if "buckets" in wanted:
+        stage(results, "buckets", lambda: bucket_probe(loaded), out)
     del loaded
     torch.cuda.empty_cache()
     env = {**os.environ, "CODESPEC_MODEL": str(model_dir), "CODESPEC_DEVICE": "cuda", "CODESPEC_DTYPE": "bfloat16",

@@ -138,12 +138,15 @@ class CudaForward:
 
     @torch.inference_mode()
     def logits(self, cache: Any, requests: Requests) -> torch.Tensor:
-        outputs = [bucket.logits[:n].clone() for bucket, n in self._passes(cache, requests)]
+        outputs = [bucket.logits[:n].clone() for bucket, n, _ in self._passes(cache, requests)]
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
     @torch.inference_mode()
     def choices(self, cache: Any, requests: Requests) -> list[int]:
-        picked = [bucket.choices[:n].clone() for bucket, n in self._passes(cache, requests)]
+        picked: list[torch.Tensor] = []
+        for bucket, n, last in self._passes(cache, requests):
+            # the next replay overwrites the outputs: keep a copy unless this one is the last
+            picked.append(bucket.choices[:n] if last else bucket.choices[:n].clone())
         return (picked[0] if len(picked) == 1 else torch.cat(picked)).tolist()  # the pass's one sync
 
     def argmax(self, logits: torch.Tensor) -> list[int]:
@@ -157,8 +160,8 @@ class CudaForward:
 
     # -- verify passes and decode steps: the bucket ----------------------------------------
     def _passes(self, cache: Any, requests: Requests):
-        """Run the pass as replays of `rows` rows each; yields (bucket, real rows) after each
-        replay (its outputs are overwritten by the next one)."""
+        """Run the pass as replays of `rows` rows each; yields (bucket, real rows, whether
+        it is the last) after each replay (its outputs are overwritten by the next one)."""
         bucket = self._bucket(cache)
         rows = list(pass_rows(requests))
         for first in range(0, len(rows), self.rows):
@@ -171,7 +174,7 @@ class CudaForward:
                 bucket.copied = torch.cuda.Event()
                 bucket.copied.record()
             self._replay(cache, bucket)
-            yield bucket, len(part)
+            yield bucket, len(part), first + self.rows >= len(rows)
 
     def _bucket(self, cache: Any) -> _Bucket:
         bucket = self._buckets.get(cache)
