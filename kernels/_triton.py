@@ -221,3 +221,46 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         _row_linear_reduce_kernel[(triton.cdiv(n_size, block), rows)](
             part, bias if bias is not None else x, out, n_size, part.stride(0), part.stride(1), out.stride(0),
             SPLITS=splits, HAS_BIAS=bias is not None, BLOCK=block)
+
+
+@triton.jit
+def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, source_ptr, write_slot_ptr, write_position_ptr, q_ptr, k_ptr, v_ptr,
+                       s_qkv, s_rope, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos,
+                       HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr):
+    # One program per (row, head of q, k or v). Rotary as transformers applies it in the
+    # model's dtype: x * cos and rotate_half(x) * sin each rounded, then their sum rounded,
+    # so a K stored here has the bits the eager prefill stores for the same input.
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    d = tl.arange(0, DIM)
+    half = DIM // 2
+    src = tl.where(head < HEADS, row, tl.load(source_ptr + row))  # padding rows store their source row's K, V
+    base = qkv_ptr + src * s_qkv + head * DIM
+    x = tl.load(base + d)
+    if head < HEADS + KV_HEADS:
+        partner = tl.load(base + (d + half) % DIM)
+        rotated = tl.where(d < half, -partner.to(tl.float32), partner.to(tl.float32)).to(x.dtype)
+        cos = tl.load(cos_ptr + src * s_rope + d)
+        sin = tl.load(sin_ptr + src * s_rope + d)
+        first = (x.to(tl.float32) * cos.to(tl.float32)).to(x.dtype)
+        second = (rotated.to(tl.float32) * sin.to(tl.float32)).to(x.dtype)
+        x = (first.to(tl.float32) + second.to(tl.float32)).to(x.dtype)
+    if head < HEADS:
+        tl.store(q_ptr + row * s_q_row + head * s_q_head + d, x)
+    else:
+        kv_head = (head - HEADS) % KV_HEADS
+        at = tl.load(write_slot_ptr + row) * s_kv_slot + kv_head * s_kv_head + tl.load(write_position_ptr + row) * s_kv_pos
+        if head < HEADS + KV_HEADS:
+            tl.store(k_ptr + at + d, x)
+        else:
+            tl.store(v_ptr + at + d, x)
+
+
+def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, source: torch.Tensor,
+               write_slots: torch.Tensor, write_positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               q: torch.Tensor, heads: int, kv_heads: int) -> None:
+    rows, dim = q.shape[0], q.shape[2]
+    _rope_store_kernel[(rows, heads + 2 * kv_heads)](
+        qkv, cos, sin, source, write_slots, write_positions, q, keys, values,
+        qkv.stride(0), cos.stride(0), q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
+        HEADS=heads, KV_HEADS=kv_heads, DIM=dim)

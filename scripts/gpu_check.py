@@ -21,8 +21,9 @@ and its real tokenizer (carried). Stages, each timed and each allowed to fail al
    comes from past generations, as the issue asks).
 
 Probes (in the default stages, after costs): `profile` (kernels and GPU time of a step),
-`gemm` (the layer's products: cuBLAS at 1..64 rows against kernels/row_linear.py's
-tiles) and `buckets` (the step and a 32-row pass with 16- and 32-row buckets).
+`gemm` (the layer's products in CUDA graphs: cuBLAS against kernels/row_linear.py's
+tiles) and `tiles` (the backend with the tiles that beat cuBLAS: its step, and its rows
+against its decode steps).
 
 Writes <out>/gpu-check.json and prints a summary table last.
 
@@ -125,7 +126,29 @@ def kernel_checks() -> dict[str, Any]:
     times = _time(lambda: row_attention(query, keys, values, **meta, scale=0.125))
     return {"relative_error_vs_reference": relative, "row_alone_equal": alone_equal,
             "scattered_equals_contiguous": bool(torch.equal(got[r], contiguous[0])),
-            "ms_64_rows_one_layer": times}
+            "ms_64_rows_one_layer": times, **rope_store_checks()}
+
+
+def rope_store_checks() -> dict[str, bool]:
+    """kernels/rope_store.py on CUDA: q, K and V with the bits of transformers' eager
+    arithmetic (the interpreter cannot check bf16 bits: it rounds toward zero)."""
+    from codespec.kernels.rope_store import rope_store
+
+    torch.manual_seed(5)
+    rows, heads, kv_heads, dim = 64, 14, 2, 64
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, device="cuda", dtype=torch.bfloat16)
+    angle = torch.randn(rows, dim, device="cuda")
+    cos, sin = angle.cos().to(torch.bfloat16), angle.sin().to(torch.bfloat16)
+    source = torch.where(torch.arange(rows, device="cuda") < 40, torch.arange(rows, device="cuda"), 0)
+    slots = torch.randint(0, 2, (rows,), device="cuda")
+    slots[40:] = slots[0]
+    where = torch.randperm(300, device="cuda")[:rows]
+    where[40:] = where[0]
+    stores = [torch.zeros(2, kv_heads, 300, dim, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    results = [rope_store(qkv, cos, sin, source, slots, where, stores[2 * i], stores[2 * i + 1], heads=heads,
+                          kv_heads=kv_heads, force_triton=triton) for i, triton in enumerate((True, False))]
+    return {"rope_store_q_equal": bool(torch.equal(*results)),
+            "rope_store_kv_equal": bool(torch.equal(stores[0], stores[2]) and torch.equal(stores[1], stores[3]))}
 
 
 def _time(run: Callable[[], Any], repeat: int = 30) -> float:
@@ -253,84 +276,117 @@ def profile_step(loaded: Any) -> dict[str, Any]:
     return result
 
 
-def gemm_probe(loaded: Any, budget_s: float = 80.0) -> dict[str, Any]:
-    """The layer's products at the bucket's shape: cuBLAS (F.linear) at 1, 16, 32 and 64
-    rows against kernels/row_linear.py's tiles at 64 rows (us per call, CUDA events), and
-    the best tile's row exactness on the device. Stops trying tiles after `budget_s`."""
+def _graph_us(run: Callable[[], Any], calls: int = 20) -> float:
+    """Device time per call of `run`, `calls` of them captured in one CUDA graph: no host
+    launch cost in the figure, as inside the backend's own graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            run()
+    us = _time(graph.replay, repeat=10) * 1e3 / calls
+    del graph
+    return round(us, 2)
+
+
+def _products(model: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+    from codespec.forward.cuda import _LayerWeights
+
+    w = _LayerWeights.of(model.model.layers[0])
+    return {"qkv": (w.qkv, w.qkv_bias), "o": (w.o, w.o_bias), "down": (w.down, None), "gate_up": (w.gate_up, None),
+            "lm_head": (model.lm_head.weight.detach(), None)}
+
+
+@torch.inference_mode()
+def gemm_probe(loaded: Any, budget_s: float = 75.0) -> dict[str, Any]:
+    """The layer's products at the bucket's shape (64 rows), in CUDA graphs: cuBLAS
+    (F.linear) against kernels/row_linear.py's tiles, and the fastest tile's row
+    exactness and error on the device. Each product gets a share of `budget_s` for tiles."""
     import torch.nn.functional as F
 
     from codespec.kernels.row_linear import Config, row_linear
 
-    layer = loaded.model.model.layers[0]
-    attn, mlp = layer.self_attn, layer.mlp
-    shapes = {"qkv": (torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
-                      torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])),
-              "o": (attn.o_proj.weight, None), "gate_up": (torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), None),
-              "down": (mlp.down_proj.weight, None), "lm_head": (loaded.model.lm_head.weight, None)}
-    began = time.perf_counter()
     result: dict[str, Any] = {}
-    for name, (weight, bias) in shapes.items():
+    products = _products(loaded.model)
+    for name, (weight, bias) in products.items():
+        began = time.perf_counter()
         n_size, k_size = weight.shape
         x = torch.randn(64, k_size, device="cuda", dtype=weight.dtype)
         entry: dict[str, Any] = {"n": n_size, "k": k_size, "weight_mb": round(weight.numel() * 2 / 2**20, 2),
-                                 "cublas_us": {rows: round(_time(lambda r=rows: F.linear(x[:r], weight, bias)) * 1e3, 2)
-                                               for rows in (1, 16, 32, 64)}}
-        tiles = {}
-        for block_n in (32, 16, 64):
-            for block_k in (128, 256, 64):
-                if k_size % block_k or n_size % block_n or (name == "lm_head" and block_n == 16):
-                    continue
+                                 "floor_us": round(weight.numel() * 2 / 2.98e12 * 1e6, 2),
+                                 "cublas_us": _graph_us(lambda: F.linear(x, weight, bias))}
+        tiles: dict[str, Any] = {}
+        widths = (64, 128, 256) if name == "lm_head" else (16, 32, 64, 128)
+        for block_n in widths:
+            for block_k in (128, 64, 256):
                 steps, programs = k_size // block_k, n_size // block_n
-                for splits in sorted({1, min(steps, max(1, -(-264 // programs)))}):
-                    if time.perf_counter() - began > budget_s:
-                        break
-                    config = Config(block_m=64, block_n=block_n, block_k=block_k, splits=splits)
-                    out = torch.empty(64, n_size, device="cuda", dtype=weight.dtype)
-                    try:
-                        ms = _time(lambda c=config: row_linear(x, weight, bias, config=c, out=out))
-                    except Exception as error:  # a tile the device cannot run: say so, go on
-                        tiles[f"{block_n}x{block_k}/{splits}"] = f"{type(error).__name__}: {str(error)[:120]}"
+                if k_size % block_k or n_size % block_n:
+                    continue
+                for splits in (1, 2, 4, 8):
+                    if splits > steps or (splits > 1 and programs * splits > 4 * 132) or (
+                            splits > 1 and programs >= 264):
                         continue
-                    tiles[f"{block_n}x{block_k}/{splits}"] = round(ms * 1e3, 2)
+                    if time.perf_counter() - began > budget_s / len(products):
+                        break
+                    config = Config(block_m=64, block_n=block_n, block_k=block_k, splits=splits,
+                                    num_stages=3 if block_k * block_n >= 256 * 64 else 4)
+                    key = f"{block_n}x{block_k}/{splits}"
+                    try:
+                        tiles[key] = _graph_us(lambda c=config: row_linear(x, weight, bias, config=c))
+                    except Exception as error:  # a tile the device cannot run: say so, go on
+                        tiles[key] = f"{type(error).__name__}: {str(error)[:100]}"
         entry["row_linear_us"] = tiles
         timed = {k: v for k, v in tiles.items() if isinstance(v, float)}
         if timed:
             best = min(timed, key=timed.get)
             block_n, rest = best.split("x")
             block_k, splits = rest.split("/")
-            config = Config(block_m=64, block_n=int(block_n), block_k=int(block_k), splits=int(splits))
+            config = Config(block_m=64, block_n=int(block_n), block_k=int(block_k), splits=int(splits),
+                            num_stages=3 if int(block_k) * int(block_n) >= 256 * 64 else 4)
             full = row_linear(x, weight, bias, config=config)
             others = torch.randn_like(x)
             others[3] = x[3]
             moved = torch.roll(others, 17, dims=0)
             reference = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
-            entry.update(best=best, best_row_exact=bool(torch.equal(row_linear(moved, weight, bias, config=config)[20],
-                                                                    full[3])),
+            entry.update(best=best, best_config=config.__dict__, best_over_cublas=round(timed[best] / entry["cublas_us"], 3),
+                         best_row_exact=bool(torch.equal(row_linear(moved, weight, bias, config=config)[20], full[3])),
                          best_relative_error=float((full.float() - reference).norm() / reference.norm()))
         result[name] = entry
     return result
 
 
-def bucket_probe(loaded: Any) -> dict[str, Any]:
-    """The one-row step and a 32-row pass with buckets of 16, 32 and 64 rows (host wall
-    ms, 512 keys): whether cuBLAS's choices for fewer rows make a cheaper step."""
+def tiles_probe(loaded: Any, gemm: dict[str, Any]) -> dict[str, Any]:
+    """The whole backend with row_linear's fastest tiles where they beat cuBLAS by 5%:
+    the step and passes at 512 keys (host wall ms) and its rows against its decode steps."""
     from codespec.forward.cuda import CudaForward
+    from codespec.kernels.row_linear import Config
     from codespec.policy.tree import VerifyTree
 
-    result = {}
-    for rows in (16, 32):
-        forward = CudaForward(loaded.model, rows=rows)
-        engine = _engine(loaded, slots=1)
-        cache = engine.cache
-        prompt = [(7 * i) % forward.config.vocab_size for i in range(512)]
-        cache.acquire(prompt)
-        forward.prefill(cache, 0, prompt, 0)
-        cache.release(0)
-        result[rows] = {n: _wall_ms(lambda n=n: forward.choices(cache, [(0, 512, VerifyTree.chain(11, [13] * (n - 1)))]))
-                        for n in (1, 16, 32, 64)}
-        del engine, cache, forward
-        torch.cuda.empty_cache()
-    return result
+    chosen = {name: Config(**entry["best_config"]) for name, entry in gemm.items()
+              if isinstance(entry, dict) and entry.get("best_over_cublas", 9) < 0.95 and entry.get("best_row_exact")}
+    if not chosen:
+        return {"chosen": {}, "note": "no tile beat cuBLAS by 5%"}
+    forward = CudaForward(loaded.model, tiles=chosen)
+    engine = _engine(loaded, slots=1)
+    cache = engine.cache
+    prompt = [(7 * i) % forward.config.vocab_size for i in range(512)]
+    cache.acquire(prompt)
+    forward.prefill(cache, 0, prompt, 0)
+    cache.release(0)
+    ms = {n: _wall_ms(lambda n=n: forward.choices(cache, [(0, 512, VerifyTree.chain(11, [13] * (n - 1)))]))
+          for n in (1, 2, 32, 64)}
+    swapped = loaded.forward
+    loaded.forward = forward
+    try:
+        rows = row_checks(loaded)
+    finally:
+        loaded.forward = swapped
+    return {"chosen": {k: v.__dict__ for k, v in chosen.items()}, "ms_per_pass_512": ms, **rows}
 
 
 def subprocess_stage(command: list[str], env: dict[str, str], timeout: int, keep: Path | None = None) -> dict[str, Any]:
@@ -350,7 +406,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--assets", default=str(ROOT / ".gpu"), help="the default model's config and tokenizer files")
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu-out"))
-    parser.add_argument("--stages", default="kernel,rows,costs,profile,gemm,buckets,stress,verify,edit")
+    parser.add_argument("--stages", default="kernel,rows,costs,profile,gemm,tiles,stress,verify,edit")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -377,8 +433,8 @@ def main() -> None:
         stage(results, "profile", lambda: profile_step(loaded), out)
     if "gemm" in wanted:
         stage(results, "gemm", lambda: gemm_probe(loaded), out)
-    if "buckets" in wanted:
-        stage(results, "buckets", lambda: bucket_probe(loaded), out)
+    if "tiles" in wanted and results.get("gemm", {}).get("ok"):
+        stage(results, "tiles", lambda: tiles_probe(loaded, results["gemm"]), out)
     del loaded
     torch.cuda.empty_cache()
     env = {**os.environ, "CODESPEC_MODEL": str(model_dir), "CODESPEC_DEVICE": "cuda", "CODESPEC_DTYPE": "bfloat16",

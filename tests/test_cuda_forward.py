@@ -108,3 +108,27 @@ def test_bucket_setting_is_checked(monkeypatch):
 def test_unsupported_models_are_named():
     assert cuda.unsupported(tiny_model("qwen2", vocab_size=16)) is None
     assert "sliding" in cuda.unsupported(tiny_model("qwen2", vocab_size=16, use_sliding_window=True, sliding_window=8))
+
+
+def test_row_linear_tiles_serve_the_products_they_fit(monkeypatch):
+    """Products named in `tiles` go through kernels/row_linear.py (its reference on CPU),
+    the others through F.linear, and speculation stays lossless either way."""
+    from codespec.kernels import row_linear as module
+    from codespec.kernels.row_linear import Config
+
+    served = []
+    real = module.row_linear
+
+    def counting(x, weight, bias=None, **kw):
+        served.append(tuple(weight.shape))
+        return real(x, weight, bias, **kw)
+
+    monkeypatch.setattr(cuda, "row_linear", counting)
+    model = tiny_model("qwen2", vocab_size=16, seed=3)
+    tiles = {"qkv": Config(block_m=8, block_n=16, block_k=16), "down": Config(block_m=8, block_n=16, block_k=32),
+             "o": Config(block_m=8, block_n=48, block_k=16)}  # o: 48 does not divide 64 outputs, F.linear
+    engine = Engine(CudaForward(model, rows=8, tiles=tiles), None, PromptLookupProposer(min_match_tokens=1),
+                    max_draft_tokens=16, eos_token_ids=[])
+    accepted, rejected = speculation_checked(engine, prompts(16, 4, seed=16, repeat=True), 32)
+    assert accepted > 0 and rejected > 0
+    assert set(served) == {(model.config.hidden_size + 2 * 2 * 16, 64), (64, 128)}, set(served)

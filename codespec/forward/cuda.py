@@ -51,7 +51,9 @@ from codespec.errors import SettingError
 from codespec.forward import profile
 from codespec.forward.base import Moves, Requests, kv_dims
 from codespec.kernels.compact import keep_paths
+from codespec.kernels.rope_store import rope_store, rope_store_ref
 from codespec.kernels.row_attention import row_attention
+from codespec.kernels.row_linear import Config, row_linear
 
 _log = logging.getLogger(__name__)
 DEFAULT_ROWS = 64  # the bucket: a 32-token draft plus its pending token fits, and 1-row steps stay ~free
@@ -94,7 +96,8 @@ class CudaForward:
     exact = True
     min_rows = 1  # every pass runs the bucket: one row costs what the bucket costs
 
-    def __init__(self, model: Any, *, rows: int | None = None, graphs: bool | None = None) -> None:
+    def __init__(self, model: Any, *, rows: int | None = None, graphs: bool | None = None,
+                 tiles: dict[str, Config] | None = None) -> None:
         why = unsupported(model)
         assert why is None, why  # select.py checks first
         self.model = model
@@ -107,16 +110,19 @@ class CudaForward:
         self.heads = model.config.num_attention_heads
         # each KV cache's buffers and graph (a graph holds the cache's addresses: it goes with it)
         self._buckets: weakref.WeakKeyDictionary[Any, _Bucket] = weakref.WeakKeyDictionary()
-        self._layers = [_LayerWeights.of(layer, self.heads, self.kv_heads, self.head_dim) for layer in model.model.layers]
-        # Each layer's work around attention as two functions of tensors, fused by
-        # torch.compile on CUDA (one compilation serves every layer): as written, a step of
-        # the default model ran ~800 small kernels, 14x the time its weights take to read.
-        # The first also stores the rows' K and V in the cache (the rotary kernel writes
-        # them: two index_copy_ launches a layer cost 9% of a step on the H100). The
-        # compiled code has the bucket's fixed shapes too, so rows stay exact.
+        self._layers = [_LayerWeights.of(layer) for layer in model.model.layers]
+        # The products run as they are (cuBLAS, or row_linear's tiles where `tiles` names
+        # one) and the work between them as small functions fused by torch.compile on
+        # CUDA (one compilation serves every layer): as first written, a step of the
+        # default model ran ~800 small kernels, 14x the time its weights take to read.
+        # Each residual add is fused with the norm after it: left beside a product,
+        # inductor folded it into cuBLAS's epilogue, which copied the residual first (two
+        # extra kernels a layer). kernels/rope_store.py rotates q and k and stores K and V
+        # in one launch. Everything has the bucket's fixed shapes, so rows stay exact.
+        self.tiles = dict(tiles or {})
         compile = self.graphs and os.environ.get("CODESPEC_CUDA_COMPILE", "1") != "0"
-        self._before = torch.compile(_before_step, dynamic=False) if compile else _before_step
-        self._after = torch.compile(_after_attention, dynamic=False) if compile else _after_attention
+        self._add_norm = torch.compile(_add_norm, dynamic=False) if compile else _add_norm
+        self._gated = torch.compile(_gated, dynamic=False) if compile else _gated
 
     # -- the Forward protocol --------------------------------------------------------------
     def probe(self, stored: tuple[int, bool] | None) -> tuple[int, bool]:
@@ -220,17 +226,28 @@ class CudaForward:
         model = self.model.model
         hidden = model.embed_tokens(ids)  # [rows, hidden]
         cos, sin = _rotary(model, hidden, positions)
-        # where each row's KV goes in a layer's storage seen as [slots * kv_heads * positions, dim]
-        slot_heads = write_slots[:, None] * self.kv_heads + torch.arange(self.kv_heads, device=ids.device)
-        stored = (slot_heads * keys[0].shape[2] + write_positions[:, None]).view(-1)  # [rows * kv_heads]
-        for index, (layer, weights) in enumerate(zip(model.layers, self._layers)):
-            # padding rows store their source row's KV (the same values, the same place)
-            q = self._before(hidden, cos, sin, source, keys[index], values[index], stored, *weights.before)
+        delta = torch.zeros_like(hidden)  # what the last layer adds to the residual stream
+        for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
+            hidden, x = self._add_norm(hidden, delta, w.input_norm, w.input_eps)
+            q = rope_store(self._product("qkv", x, w.qkv, w.qkv_bias), cos, sin, source, write_slots,
+                           write_positions, keys[index], values[index], heads=self.heads, kv_heads=self.kv_heads)
             attended = row_attention(q, keys[index], values[index], slots=slots, context=context,
                                      path=path, path_len=path_len, scale=layer.self_attn.scaling)
-            hidden = self._after(hidden, attended.view(rows, -1), *weights.after)
-        logits = self.model.lm_head(model.norm(hidden))
+            hidden, x = self._add_norm(hidden, self._product("o", attended.view(rows, -1), w.o, w.o_bias),
+                                       w.post_norm, w.post_eps)
+            delta = self._product("down", self._gated(self._product("gate_up", x, w.gate_up)), w.down)
+        _, x = self._add_norm(hidden, delta, model.norm.weight, _eps(model.norm))
+        logits = self._product("lm_head", x, self.model.lm_head.weight, self.model.lm_head.bias)
         return logits, torch.argmax(logits, dim=-1)
+
+    def _product(self, name: str, x: torch.Tensor, weight: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x @ weight.T (+ bias): row_linear's tiles where `tiles` names some for this
+        product and they fit its shape, else F.linear (cuBLAS on CUDA)."""
+        tiles = self.tiles.get(name)
+        if tiles is not None and tiles.fits(x.shape[0], weight.shape[0], x.shape[1]):
+            return row_linear(x, weight, bias, config=tiles)
+        return F.linear(x, weight, bias)
 
     # -- prefill ------------------------------------------------------------------------------
     def _prefill_chunk(self, cache: Any, slot: int, ids: Sequence[int], begin: int) -> torch.Tensor:
@@ -240,43 +257,54 @@ class CudaForward:
         causal = torch.arange(end, device=self.device)[None, :] <= positions[:, None]  # [n, end]
         hidden = model.embed_tokens(torch.tensor(list(ids), device=self.device))
         cos, sin = _rotary(model, hidden, positions)
-        for index, (layer, weights) in enumerate(zip(model.layers, self._layers)):
-            attn = layer.self_attn
-            q, k, v = _before_attention(hidden, cos, sin, *weights.before)
+        for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
+            x = _rms_norm(hidden, w.input_norm, w.input_eps)
+            q, k, v = rope_store_ref(F.linear(x, w.qkv, w.qkv_bias), cos, sin, self.heads, self.kv_heads,
+                                     self.head_dim)
             cache.keys[index][slot, :, begin:end] = k.transpose(0, 1)
             cache.values[index][slot, :, begin:end] = v.transpose(0, 1)
             attended = F.scaled_dot_product_attention(
                 q.transpose(0, 1)[None], cache.keys[index][slot:slot + 1, :, :end],
-                cache.values[index][slot:slot + 1, :, :end], attn_mask=causal, scale=attn.scaling, enable_gqa=True)
-            hidden = _after_attention(hidden, attended[0].transpose(0, 1).reshape(n, -1), *weights.after)
+                cache.values[index][slot:slot + 1, :, :end], attn_mask=causal, scale=layer.self_attn.scaling,
+                enable_gqa=True)
+            hidden, x = _add_norm(hidden, F.linear(attended[0].transpose(0, 1).reshape(n, -1), w.o, w.o_bias),
+                                  w.post_norm, w.post_eps)
+            hidden = hidden + F.linear(_gated(F.linear(x, w.gate_up)), w.down)
         return hidden
 
 
 @dataclass
 class _LayerWeights:
-    """One decoder layer's tensors for the two pure functions (q, k, v and gate, up fused)."""
+    """One decoder layer's tensors (q, k, v fused into one product, gate and up into one)."""
 
-    before: tuple  # norm weight, eps, qkv weight, qkv bias, heads, kv_heads, head_dim
-    after: tuple  # o weight, o bias, norm weight, eps, gate-up weight, down weight
+    input_norm: torch.Tensor
+    input_eps: float
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    post_eps: float
+    gate_up: torch.Tensor
+    down: torch.Tensor
 
     @classmethod
-    def of(cls, layer: Any, heads: int, kv_heads: int, head_dim: int) -> _LayerWeights:
+    def of(cls, layer: Any) -> _LayerWeights:
         attn, mlp = layer.self_attn, layer.mlp
         projections = (attn.q_proj, attn.k_proj, attn.v_proj)
         qkv = torch.cat([p.weight for p in projections]).detach()
         biases = [p.bias for p in projections]
         qkv_bias = None if any(b is None for b in biases) else torch.cat(biases).detach()
         gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()
-        return cls((layer.input_layernorm.weight, _eps(layer.input_layernorm), qkv, qkv_bias, heads, kv_heads,
-                    head_dim),
-                   (attn.o_proj.weight, attn.o_proj.bias, layer.post_attention_layernorm.weight,
-                    _eps(layer.post_attention_layernorm), gate_up, mlp.down_proj.weight))
+        return cls(layer.input_layernorm.weight, _eps(layer.input_layernorm), qkv, qkv_bias, attn.o_proj.weight,
+                   attn.o_proj.bias, layer.post_attention_layernorm.weight, _eps(layer.post_attention_layernorm),
+                   gate_up, mlp.down_proj.weight)
 
 
 def _rotary(model: Any, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [rows, 1, head_dim] at `positions` [rows], from the model's own rotary module."""
+    """cos, sin [rows, head_dim] at `positions` [rows], from the model's own rotary module."""
     cos, sin = model.rotary_emb(hidden, positions[None])  # [1, rows, head_dim] each
-    return cos[0, :, None, :], sin[0, :, None, :]
+    return cos[0], sin[0]
 
 
 def _eps(norm: Any) -> float:
@@ -289,41 +317,17 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def _before_attention(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm: torch.Tensor, eps: float,
-                      qkv: torch.Tensor, qkv_bias: torch.Tensor | None, heads: int, kv_heads: int,
-                      head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q [rows, heads, dim], and k, v [rows, kv_heads, dim]: the layer's norm, one product
-    for q, k and v, rotary as transformers applies it."""
-    rows = hidden.shape[0]
-    q, k, v = F.linear(_rms_norm(hidden, norm, eps), qkv, qkv_bias).split(
-        [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
-    q, k, v = q.view(rows, heads, head_dim), k.view(rows, kv_heads, head_dim), v.view(rows, kv_heads, head_dim)
-    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+def _add_norm(hidden: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+              eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual stream plus a sublayer's output, and its norm (one fused kernel)."""
+    hidden = hidden + delta
+    return hidden, _rms_norm(hidden, weight, eps)
 
 
-def _before_step(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, source: torch.Tensor,
-                 keys: torch.Tensor, values: torch.Tensor, stored: torch.Tensor, *before: Any) -> torch.Tensor:
-    """A pass's q; row r's K and V are stored at `stored[r * kv_heads:][:kv_heads]` of the
-    layer's cache seen as [slots * kv_heads * positions, dim], taken from row `source[r]`
-    (padding rows store their source row's KV: the same values, the same place)."""
-    q, k, v = _before_attention(hidden, cos, sin, *before)
-    dim = k.shape[-1]
-    keys.view(-1, dim).index_copy_(0, stored, k.index_select(0, source).reshape(-1, dim))
-    values.view(-1, dim).index_copy_(0, stored, v.index_select(0, source).reshape(-1, dim))
-    return q
-
-
-def _after_attention(hidden: torch.Tensor, attended: torch.Tensor, o: torch.Tensor, o_bias: torch.Tensor | None,
-                     norm: torch.Tensor, eps: float, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """The residual stream after the layer: + o_proj(attention), + the SiLU-gated MLP."""
-    hidden = hidden + F.linear(attended, o, o_bias)
-    gate, up = F.linear(_rms_norm(hidden, norm, eps), gate_up).chunk(2, dim=-1)
-    return hidden + F.linear(F.silu(gate) * up, down)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _gated(gate_up: torch.Tensor) -> torch.Tensor:
+    """The MLP's SiLU gate on the fused gate/up product."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 def pass_rows(requests: Requests):

@@ -1,0 +1,72 @@
+"""The CUDA backend's step between the q/k/v product and attention, in one launch:
+rotary on q and k, and each row's K and V stored in its KV slot (forward/cuda.py).
+
+As a torch.compile'd function with `index_copy_` this took five kernels a layer on the
+H100 (the rotary, the stores, and copies functionalization added); as two index_copy_
+launches beside inductor's rotary, four. Rotary rounds as transformers does in the
+model's dtype (each product, then the sum), so the K a pass stores has the bits the
+eager prefill stores for the same input.
+
+Padding rows store their `source` row's K and V (the same values to the same place).
+
+>>> rows, heads, kv_heads, dim = 2, 2, 1, 4
+>>> qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim)
+>>> cos, sin = torch.ones(rows, dim), torch.zeros(rows, dim)      # position 0: no rotation
+>>> keys, values = torch.zeros(1, kv_heads, 8, dim), torch.zeros(1, kv_heads, 8, dim)
+>>> q = rope_store(qkv, cos, sin, torch.tensor([0, 1]), torch.tensor([0, 0]), torch.tensor([3, 4]),
+...                keys, values, heads=heads, kv_heads=kv_heads)
+>>> torch.equal(q.reshape(rows, -1), qkv[:, :heads * dim]) and torch.equal(values[0, 0, 4], qkv[1, -dim:])
+True
+"""
+
+from __future__ import annotations
+
+import torch
+
+from codespec.kernels import check, use_triton
+
+
+def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, source: torch.Tensor,
+               write_slots: torch.Tensor, write_positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *,
+               heads: int, kv_heads: int, out: torch.Tensor | None = None,
+               force_triton: bool | None = None) -> torch.Tensor:
+    """q [rows, heads, dim] after rotary; row r's K and V go to
+    keys/values[write_slots[r], :, write_positions[r]] (taken from row source[r])."""
+    rows = qkv.shape[0]
+    dim = keys.shape[3]
+    check(qkv.dim() == 2 and qkv.shape[1] == (heads + 2 * kv_heads) * dim and qkv.stride(1) == 1,
+          "qkv must be [rows, (heads + 2 * kv_heads) * dim], contiguous in its last dimension")
+    check(cos.shape == (rows, dim) and sin.shape == cos.shape and cos.stride() == sin.stride() and cos.stride(1) == 1,
+          "cos and sin must be [rows, dim] of one layout")
+    check(keys.shape == values.shape and keys.stride() == values.stride() and keys.shape[1] == kv_heads
+          and keys.stride(3) == 1, "keys and values must be [slots, kv_heads, positions, dim] of one layout")
+    for t in (source, write_slots, write_positions):
+        check(t.shape == (rows,) and t.device == qkv.device, "source, write_slots, write_positions must be [rows]")
+    if out is None:
+        out = torch.empty(rows, heads, dim, dtype=qkv.dtype, device=qkv.device)
+    check(out.shape == (rows, heads, dim) and out.stride(2) == 1, "out must be [rows, heads, dim]")
+    if use_triton(qkv, force_triton):
+        from codespec.kernels import _triton
+
+        _triton.rope_store(qkv, cos, sin, source, write_slots, write_positions, keys, values, out, heads, kv_heads)
+    else:
+        q, k, v = rope_store_ref(qkv, cos, sin, heads, kv_heads, dim)
+        out.copy_(q)
+        keys[write_slots, :, write_positions] = k.index_select(0, source)
+        values[write_slots, :, write_positions] = v.index_select(0, source)
+    return out
+
+
+def rope_store_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int,
+                   dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k [rows, heads or kv_heads, dim] after rotary, and v: transformers' arithmetic."""
+    rows = qkv.shape[0]
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    q, k, v = q.reshape(rows, heads, dim), k.reshape(rows, kv_heads, dim), v.reshape(rows, kv_heads, dim)
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
