@@ -228,8 +228,7 @@ def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, source_ptr, write_slot_ptr, wr
                        s_qkv, s_rope, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos,
                        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr):
     # One program per (row, head of q, k or v). Rotary as transformers applies it in the
-    # model's dtype: x * cos and rotate_half(x) * sin each rounded, then their sum rounded,
-    # so a K stored here has the bits the eager prefill stores for the same input.
+    # model's dtype: x * cos and rotate_half(x) * sin each rounded, then their sum rounded.
     row = tl.program_id(0)
     head = tl.program_id(1)
     d = tl.arange(0, DIM)

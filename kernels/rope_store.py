@@ -3,9 +3,11 @@ rotary on q and k, and each row's K and V stored in its KV slot (forward/cuda.py
 
 As a torch.compile'd function with `index_copy_` this took five kernels a layer on the
 H100 (the rotary, the stores, and copies functionalization added); as two index_copy_
-launches beside inductor's rotary, four. Rotary rounds as transformers does in the
-model's dtype (each product, then the sum), so the K a pass stores has the bits the
-eager prefill stores for the same input.
+launches beside inductor's rotary, four. Rotary rounds in the model's dtype after each
+product and after the sum, as transformers' eager code does. Exactness does not rest on
+matching the eager prefill's bits (every pass and step stores its K here); whether it
+matches on a device is scripts/gpu_check.py's `rope_store_*_differing` (the H100 run of
+2026-11-26: not the same bits; docs/benchmarks.md has the counts).
 
 Padding rows store their `source` row's K and V (the same values to the same place).
 

@@ -126,7 +126,7 @@ def kernel_checks() -> dict[str, Any]:
     times = _time(lambda: row_attention(query, keys, values, **meta, scale=0.125))
     return {"relative_error_vs_reference": relative, "row_alone_equal": alone_equal,
             "scattered_equals_contiguous": bool(torch.equal(got[r], contiguous[0])),
-            "ms_64_rows_one_layer": times, **rope_store_checks()}
+            "ms_64_rows_one_layer": times, **rope_store_checks(), "attention_us_by_key_block": key_block_probe()}
 
 
 def rope_store_checks() -> dict[str, bool]:
@@ -147,8 +147,35 @@ def rope_store_checks() -> dict[str, bool]:
     stores = [torch.zeros(2, kv_heads, 300, dim, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
     results = [rope_store(qkv, cos, sin, source, slots, where, stores[2 * i], stores[2 * i + 1], heads=heads,
                           kv_heads=kv_heads, force_triton=triton) for i, triton in enumerate((True, False))]
-    return {"rope_store_q_equal": bool(torch.equal(*results)),
-            "rope_store_kv_equal": bool(torch.equal(stores[0], stores[2]) and torch.equal(stores[1], stores[3]))}
+    differ = lambda a, b: int((a != b).sum())  # noqa: E731
+    return {"rope_store_q_differing": differ(*results), "rope_store_q_elements": results[0].numel(),
+            "rope_store_k_differing": differ(stores[0], stores[2]), "rope_store_v_differing": differ(stores[1], stores[3]),
+            "rope_store_q_max_difference": float((results[0].float() - results[1].float()).abs().max())}
+
+
+def key_block_probe() -> dict[str, Any]:
+    """Device us per call of row_attention for one real row among 64 (a decode step), in
+    CUDA graphs, by KEY_BLOCK: whether smaller blocks (more programs at once) pay."""
+    from codespec.kernels import row_attention as module
+
+    torch.manual_seed(6)
+    keys, values = (torch.randn(1, 2, 4096, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    query = torch.randn(64, 14, 64, device="cuda", dtype=torch.bfloat16)
+    zeros = torch.zeros(64, dtype=torch.int64, device="cuda")
+    path = torch.zeros(64, 64, dtype=torch.int64, device="cuda")
+    result: dict[str, Any] = {}
+    default = module.KEY_BLOCK
+    try:
+        for block in (64, 128):
+            module.KEY_BLOCK = block
+            for keys_in_row in (512, 2048):
+                context = zeros.clone()
+                context[0] = keys_in_row
+                result[f"{block}/{keys_in_row}"] = _graph_us(lambda c=context: module.row_attention(
+                    query, keys, values, slots=zeros, context=c, path=path, path_len=zeros, scale=0.125))
+    finally:
+        module.KEY_BLOCK = default
+    return result
 
 
 def _time(run: Callable[[], Any], repeat: int = 30) -> float:
