@@ -132,3 +132,21 @@ def test_row_linear_tiles_serve_the_products_they_fit(monkeypatch):
     accepted, rejected = speculation_checked(engine, prompts(16, 4, seed=16, repeat=True), 32)
     assert accepted > 0 and rejected > 0
     assert set(served) == {(model.config.hidden_size + 2 * 2 * 16, 64), (64, 128)}, set(served)
+
+
+def test_start_up_runs_one_step_and_leaves_no_reusable_prefix(monkeypatch):
+    """A backend with `warm_up_pass` gets one decode step at engine start-up (on CUDA:
+    compilation and the cache's graph capture, outside the first request); the slot it
+    used holds nothing a prompt could reuse, so output is unchanged."""
+    model = tiny_model("qwen2", vocab_size=64, seed=5)
+    forward = CudaForward(model, rows=4)
+    calls = []
+    real = forward.choices
+    monkeypatch.setattr(forward, "choices", lambda cache, requests: calls.append(requests) or real(cache, requests))
+    forward.warm_up_pass = True
+    engine = Engine(forward, None, eos_token_ids=[])
+    assert len(calls) == 1 and engine.cache.free_slots == engine.cache.slots
+    prompt = [0, 5, 9, 3]  # starts with the warm-up's token 0: nothing may be reused from that slot
+    out = engine.generate(prompt, GenerationConfig(max_new_tokens=12, speculate=False))
+    assert out.stats.cached_prompt_tokens == 0
+    assert out.token_ids == hf_greedy(model, prompt, 12)

@@ -38,6 +38,7 @@ from codespec.bench.sessions import Workload
 from codespec.bench.systems import BF16_REFERENCE, ALIASES, PLAIN, SYSTEM_NAMES, SYSTEMS, SystemSpec  # noqa: F401 (re-exported)
 from codespec.engine import Engine, GenerationConfig
 from codespec.index import SuffixIndex
+from codespec.index.warm import warm_up
 from codespec.engine.kvcache import SlotCache
 from codespec.prompts import encode_texts
 from codespec.policy.proposer import IndexedProposer, PromptLookupProposer, Proposer
@@ -151,6 +152,7 @@ class Context:
                                        max_draft_tokens=self.settings.max_draft_tokens, draft_policy=policy,
                                        cache=self.cache)
             self.engines[key].calibrate()  # start-up work, outside every timed request
+            warm_up()  # as Engine.from_settings does for serve, lsp and generate
         return self.engines[key]
 
     def _forward(self, quantize: str | None) -> Any:

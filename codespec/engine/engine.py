@@ -31,6 +31,7 @@ from codespec.errors import RequestError
 from codespec.forward import profile
 from codespec.forward.base import Forward, eos_ids, max_context
 from codespec.index import Draft, SuffixIndex
+from codespec.index.warm import warm_up
 from codespec.policy import controller
 from codespec.policy.proposer import IndexedProposer, NoProposer, PromptLookupProposer, Proposer
 from codespec.policy.tree import Accept, Item, VerifyTree
@@ -129,6 +130,21 @@ class Engine:
             self.cost.calibrated_with(stored.timings)
         elif profile_dir is not None:
             self._store_profile([])  # the probes just run: the next process skips them
+        if getattr(forward, "warm_up_pass", False):
+            self._warm_up_pass()
+
+    def _warm_up_pass(self) -> None:
+        """One decode step on a free slot at start-up, for backends whose first pass over a
+        KV cache costs seconds (the cuda backend compiles its functions and captures the
+        cache's graph): that cost belongs to start-up, not to the first request."""
+        if not self.cache.free_slots:
+            return
+        slot, _ = self.cache.acquire([0])
+        try:
+            self.forward.choices(self.cache, [(slot, 0, VerifyTree.chain(0))])
+        finally:
+            self.cache.prefilled(slot, [])  # position 0 was written: the slot holds nothing reusable
+            self.cache.release(slot)
 
     @classmethod
     def from_settings(cls, forward: Forward, tokenizer: Any, settings: Settings,
@@ -138,6 +154,7 @@ class Engine:
         `settings.kv_cache_mb`."""
         match = dict(min_match_tokens=settings.min_match_tokens, max_match_tokens=settings.max_match_tokens)
         proposer: Proposer = PromptLookupProposer(**match) if index is None else IndexedProposer(index, **match)
+        warm_up()  # the index kernels' first-use load, here rather than in the first request
         cache = SlotCache.within_budget(
             forward.config, budget_mb=settings.kv_cache_mb,
             slot_tokens=min(settings.kv_slot_tokens, max_context(forward.config)),

@@ -106,6 +106,7 @@ class CudaForward:
         self.device, self.kv_dtype = embed.device, embed.dtype
         self.rows = rows or bucket_rows()
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
+        self.warm_up_pass = self.graphs  # the engine runs a step at start-up: compilation, the graph's capture
         _, self.kv_heads, self.head_dim = kv_dims(model.config)
         self.heads = model.config.num_attention_heads
         # each KV cache's buffers and graph (a graph holds the cache's addresses: it goes with it)
