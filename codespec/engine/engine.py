@@ -24,6 +24,7 @@ from typing import Any, Iterable, Sequence
 
 from codespec import prompts
 from codespec.engine.kvcache import DEFAULT_CHUNK, CacheFull, SlotCache
+from codespec.engine.logprobs import MAX_TOP, Committed, TokenLogprob, with_logprobs
 from codespec.engine.stats import GenerationStats
 from codespec.engine.stopping import StopCondition
 from codespec.engine.verifier import Verifier
@@ -57,12 +58,16 @@ class GenerationConfig:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    # None: no logprobs; k: each committed token's logprob and the k most likely at its place
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
             raise RequestError("temperature must be >= 0, top_p in (0, 1] and top_k >= 0")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP:
+            raise RequestError(f"logprobs takes 0 to {MAX_TOP} alternatives, got {self.logprobs}")
 
 
 @dataclass
@@ -71,6 +76,7 @@ class Generation:
     text: str
     finish_reason: str  # "stop" (EOS or a stop string) or "length"
     stats: GenerationStats = field(repr=False)
+    logprobs: list[TokenLogprob] | None = field(default=None, repr=False)  # one per token id, when asked
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -309,6 +315,9 @@ class Run:
         proposer = engine.proposer if config.speculate else NoProposer()
         self.session = proposer.start(prompt)
         self.accept: Accept | None = _acceptance(config, engine.forward.device)
+        self.logprobs: list[TokenLogprob] | None = None  # one per generated token, when asked
+        if config.logprobs is not None:
+            self.accept, self.logprobs = with_logprobs(self.accept, config.logprobs), []
         self.acceptance = controller.Acceptance(engine.acceptance)
         self.slot: int | None = None
         self.generated: list[int] = []
@@ -359,15 +368,15 @@ class Run:
             self.slot, reused = engine.cache.acquire(self.prompt)
             self.stats.cached_prompt_tokens = reused
         logits = engine.verifier.prefill(self.slot, self.prompt, start=self.stats.cached_prompt_tokens)
-        first = engine.verifier.first_token(logits, self.accept)
+        first = engine.verifier.first(logits, self.accept)
         self.prefilled = True
-        kept = self._commit([first])
+        kept = self._commit(first.committed[:1], first.logprobs)
         self.stats.ttft_s = time.perf_counter() - self._started
         self._check_time()
         return kept
 
     def _after_pass(self, draft: Draft, tree: VerifyTree, result: Any) -> list[int]:
-        kept = self._commit(result.committed)
+        kept = self._commit(result.committed, result.logprobs)
         self.stats.record_pass(len(draft), len(kept), min(result.accepted, len(kept)), draft.source)
         for depth, node in enumerate((0, *result.path)):  # where an acceptance could happen
             if tree.children(node):
@@ -387,21 +396,45 @@ class Run:
             self.session.finish(self.generated)
             self.close()
 
-    def _commit(self, new: Sequence[int]) -> list[int]:
+    def _commit(self, new: Sequence[int], logprobs: Sequence[TokenLogprob] | None = None) -> list[int]:
         kept, reason = self.stop.admit(self.generated, new)
         self.generated.extend(kept)
         self.session.extend(kept)
         self.stats.generated_tokens = len(self.generated)
         if reason is not None or not kept:
             self.finish_reason = reason or "stop"
-        return kept
+        if self.logprobs is None:
+            return kept
+        assert logprobs is not None, "a run that asked for logprobs accepts through with_logprobs"
+        self.logprobs.extend(logprobs[: len(kept)])
+        return Committed.of(kept, logprobs[: len(kept)])
 
     def result(self) -> Generation:
         assert self.done, "result() before the run finished"
         text = self.engine.decode(self.generated)
+        logprobs = self.logprobs
         if self.stop.text_end is not None:
             text = text[: self.stop.text_end]
-        return Generation(list(self.generated), text, self.finish_reason or "stop", self.stats)
+            if logprobs is not None:  # the tokens a stop string cut from the text have none
+                logprobs = logprobs[: tokens_in_text(self.engine.decode, self.generated, len(text))]
+        return Generation(list(self.generated), text, self.finish_reason or "stop", self.stats, logprobs)
+
+
+def tokens_in_text(decode: Any, token_ids: Sequence[int], length: int) -> int:
+    """How many of `token_ids` it takes to write the first `length` characters of their
+    text: the tokens that start before a stop string cut it.
+
+    >>> tokens_in_text(lambda ids: "".join(map(chr, ids)), [104, 105, 33, 33], 3)
+    3
+    """
+    low, high = 0, len(token_ids)
+    while low < high:
+        middle = (low + high) // 2
+        if len(decode(token_ids[:middle])) >= length:
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 def _acceptance(config: GenerationConfig, device: Any) -> Accept | None:

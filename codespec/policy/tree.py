@@ -17,7 +17,7 @@ them as one slice of the KV slot instead of gathering them (see attention.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from codespec.index import Draft
@@ -79,6 +79,7 @@ class VerifyResult:
     accepted: int  # draft tokens accepted
     committed: tuple[int, ...]  # accepted draft tokens + the bonus token
     path: tuple[int, ...] = ()  # the accepted nodes of the tree, in order (node 0 excluded)
+    logprobs: tuple[Any, ...] | None = field(default=None, repr=False)  # per committed token, when asked
 
 
 def accept_choices(choices: Sequence[int], tree: VerifyTree) -> VerifyResult:
