@@ -97,3 +97,16 @@ def test_steps_hand_streams_their_logprobs():
 def test_out_of_range_alternatives_are_refused():
     with pytest.raises(RequestError, match="logprobs"):
         GenerationConfig(logprobs=21)
+
+
+def test_a_tie_lists_the_token_greedy_chose_first():
+    import torch
+
+    from codespec.engine.logprobs import with_logprobs
+    from codespec.policy.tree import VerifyTree
+
+    logits = torch.zeros(1, 8)
+    logits[0, 6] = logits[0, 2] = 1.0  # tokens 2 and 6 tie; the first maximum is 2
+    result = with_logprobs(None, top=2)(logits, VerifyTree.chain(0))
+    assert result.committed == (2,)
+    assert [token for token, _ in result.logprobs[0].top] == [2, 6]

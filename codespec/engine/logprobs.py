@@ -50,7 +50,10 @@ def logprobs_of(logits: torch.Tensor, rows: Sequence[int], tokens: Sequence[int]
     log_probs = torch.log_softmax(logits[list(rows)].float(), dim=-1)
     chosen = log_probs.gather(1, torch.tensor(list(tokens), device=log_probs.device)[:, None])[:, 0].tolist()
     if top:
-        values, ids = log_probs.topk(top, dim=-1)
+        # a stable sort: equal values keep token order, so the first of a tie is the token
+        # the greedy choice (the first maximum) took; topk orders ties arbitrarily
+        values, ids = torch.sort(log_probs, dim=-1, descending=True, stable=True)
+        values, ids = values[:, :top], ids[:, :top]
         tops = [tuple(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
     else:
         tops = [()] * len(tokens)

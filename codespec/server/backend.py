@@ -17,17 +17,21 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 
 from codespec.engine import Engine, Generation, GenerationConfig
+from codespec.engine.logprobs import TokenLogprob
 from codespec.engine.scheduler import Scheduler
 from codespec.engine.textstream import TextStream
 from codespec.errors import CodespecError, RequestError
 from codespec.forward import Loaded
 from codespec.index import SuffixIndex
+from codespec.server.logprobs import Release, TokenText
 from codespec.server.metrics import Metrics
 from codespec.settings import Settings
 
 log = logging.getLogger("codespec.server")
 
-Chunk = tuple[str, Generation | None]  # text to send now; the finished generation, last
+# text to send now; the finished generation, last; the logprobs of the tokens behind the
+# text (None unless the request asked for them)
+Chunk = tuple[str, Generation | None, list[TokenLogprob] | None]
 
 
 class GenerationFailed(CodespecError):
@@ -74,6 +78,10 @@ class Backend:
     metrics: Metrics = field(default_factory=Metrics)
     forward: dict[str, Any] = field(default_factory=dict)  # the backend select.py chose, and why
     draining: Draining = field(default_factory=Draining)
+    token_text: TokenText = field(init=False)  # token ids as logprobs show them
+
+    def __post_init__(self) -> None:
+        self.token_text = TokenText(self.tokenizer)
 
     @classmethod
     def create(cls, loaded: Loaded, settings: Settings, index: SuffixIndex) -> Backend:
@@ -106,13 +114,15 @@ class Backend:
         """Text as it becomes safe to show (whole characters, no partial stop string),
         then the rest with the finished Generation."""
         text = TextStream(self.engine.decode, config.stop, config.min_indent)
+        release = Release(self.engine.decode) if config.logprobs is not None else None
         async for item in self.generate(prompt_ids, config):
             if isinstance(item, Generation):
-                yield text.finish(item.text), item
+                yield text.finish(item.text), item, release.finish(item.logprobs) if release else None
             else:
                 piece = text.push(item)
-                if piece:
-                    yield piece, None
+                entries = release.push(getattr(item, "logprobs", None) or (), text.sent) if release else None
+                if piece or entries:
+                    yield piece, None, entries
 
     async def complete(self, prompt_ids: Sequence[int], config: GenerationConfig) -> Generation:
         result = None

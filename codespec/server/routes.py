@@ -32,6 +32,7 @@ from codespec.errors import RequestError
 from codespec.index import SuffixIndex
 from codespec.lsp.window import HeldSpace
 from codespec.server.backend import Backend, GenerationFailed, ShuttingDown
+from codespec.server.logprobs import CompletionLogprobs, chat_logprobs
 from codespec.server.upstream_backend import UpstreamBackend
 from codespec.server.schemas import (
     AcceptanceRequest,
@@ -62,6 +63,13 @@ def _check_model(b: AnyBackend, model: str | None) -> None:
         raise ModelNotFound(f"the model {model!r} does not exist here; GET /v1/models lists {b.name!r}")
 
 
+def _alternatives(b: AnyBackend, asked: int | None) -> int | None:
+    """The request's logprobs setting; an engine behind `--upstream` is not asked for them."""
+    if asked is not None and isinstance(b, UpstreamBackend):
+        raise RequestError("logprobs are not served through --upstream; ask the engine behind it directly")
+    return asked
+
+
 def _usage(g: Generation) -> dict[str, Any]:
     s = g.stats
     return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.generated_tokens,
@@ -90,10 +98,11 @@ def _sse(payload: dict[str, Any] | str) -> str:
 
 
 async def _stream(b: AnyBackend, prompt_ids: list[int], config: GenerationConfig,
-                  chunk: Callable[[str, Generation | None], dict[str, Any]], done_marker: bool = True) -> AsyncIterator[str]:
+                  chunk: Callable[[str, Generation | None, Any], dict[str, Any]],
+                  done_marker: bool = True) -> AsyncIterator[str]:
     try:
-        async for piece, done in b.stream_text(prompt_ids, config):
-            yield _sse(chunk(piece, done))
+        async for piece, done, logprobs in b.stream_text(prompt_ids, config):
+            yield _sse(chunk(piece, done, logprobs))
     except RequestError as exc:  # the request failed after the headers: say so in the stream
         yield _sse(error_body(str(exc)))
     except GenerationFailed as exc:  # an engine failure ends this stream only
@@ -147,16 +156,17 @@ async def completions(req: CompletionRequest, request: Request, b: AnyBackend = 
         ids = await run_in_threadpool(prompts.encode_prompt, b.tokenizer, req.prompt_text)
     b.check_request(ids, req.max_tokens)
     config = GenerationConfig(max_new_tokens=req.max_tokens, stop=tuple(req.stop), temperature=req.temperature,
-                              top_p=req.top_p, seed=req.seed)
+                              top_p=req.top_p, seed=req.seed, logprobs=_alternatives(b, req.alternatives))
     envelope = _Envelope(f"cmpl-{uuid.uuid4().hex}", b.name)
+    shown = CompletionLogprobs(b.token_text) if config.logprobs is not None else None
 
-    def chunk(text: str, done: Generation | None) -> dict[str, Any]:
-        return envelope("text_completion", {"text": text, "logprobs": None}, done)
+    def chunk(text: str, done: Generation | None, logprobs: Any) -> dict[str, Any]:
+        return envelope("text_completion", {"text": text, "logprobs": shown(logprobs) if shown else None}, done)
 
     if req.stream:
         return _streaming(_stream(b, ids, config, chunk))
     g = await _unless_client_leaves(request, b.complete(ids, config))
-    return chunk(g.text, g) if isinstance(g, Generation) else g
+    return chunk(g.text, g, g.logprobs) if isinstance(g, Generation) else g
 
 
 @router.post("/v1/chat/completions")
@@ -166,18 +176,22 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, b: AnyB
                            [{"role": m.role, "content": m.text()} for m in req.messages])
     b.check_request(ids, req.limit)
     config = GenerationConfig(max_new_tokens=req.limit, stop=tuple(req.stop), temperature=req.temperature,
-                              top_p=req.top_p, seed=req.seed)
+                              top_p=req.top_p, seed=req.seed, logprobs=_alternatives(b, req.alternatives))
     envelope = _Envelope(f"chatcmpl-{uuid.uuid4().hex}", b.name)
 
-    def chunk(text: str, done: Generation | None) -> dict[str, Any]:
-        return envelope("chat.completion.chunk", {"delta": {"role": "assistant", "content": text}}, done)
+    def shown(logprobs: Any) -> dict[str, Any]:
+        return {"logprobs": chat_logprobs(logprobs, b.token_text)} if config.logprobs is not None else {}
+
+    def chunk(text: str, done: Generation | None, logprobs: Any) -> dict[str, Any]:
+        return envelope("chat.completion.chunk", {"delta": {"role": "assistant", "content": text}, **shown(logprobs)},
+                        done)
 
     if req.stream:
         return _streaming(_stream(b, ids, config, chunk))
     g = await _unless_client_leaves(request, b.complete(ids, config))
     if not isinstance(g, Generation):
         return g
-    return envelope("chat.completion", {"message": {"role": "assistant", "content": g.text}}, g)
+    return envelope("chat.completion", {"message": {"role": "assistant", "content": g.text}, **shown(g.logprobs)}, g)
 
 
 @router.post("/infill")
@@ -201,7 +215,7 @@ async def infill(req: InfillRequest, request: Request, b: AnyBackend = Depends(b
                               min_indent=req.n_indent)
     healed = Healed(held)
 
-    def chunk(text: str, done: Generation | None) -> dict[str, Any]:
+    def chunk(text: str, done: Generation | None, _logprobs: Any = None) -> dict[str, Any]:
         # n_predict 0 (llama.vim's ring-buffer warm-up) only fills the KV cache: one token is
         # generated, as the engine always does, and not returned
         content = healed(text) if req.n_predict else ""

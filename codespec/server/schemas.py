@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
 Stop = str | list[str] | None
 # torch's generators take a signed 64-bit seed; OpenAI's `seed` is an integer
@@ -35,23 +35,37 @@ class _Stops(_Request):
         return stops
 
 
-class _NoLogprobs(_Request):
-    """`logprobs` / `top_logprobs`: refused with a clear 400 rather than silently ignored
-    (an agent that reads them would otherwise get nulls)."""
+LOGPROB_LIMIT = 20  # alternatives per token (OpenAI: 20 for chat, 5 for completions)
 
-    logprobs: StrictBool | int | None = None
-    top_logprobs: int | None = None
+
+class _CompletionLogprobs(_Request):
+    """`logprobs: k` (legacy completions): each token's logprob and the k most likely."""
+
+    logprobs: StrictInt | None = Field(None, ge=0, le=LOGPROB_LIMIT)
+
+    @property
+    def alternatives(self) -> int | None:
+        return self.logprobs
+
+
+class _ChatLogprobs(_Request):
+    """`logprobs: true` and `top_logprobs: k` (chat)."""
+
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=LOGPROB_LIMIT)
 
     @model_validator(mode="after")
-    def _refuse(self) -> _NoLogprobs:
-        asked = self.logprobs is not None and self.logprobs is not False  # 0 asks for the chosen token's
-        if asked or self.top_logprobs not in (None, 0):
-            raise ValueError("logprobs are not served by codespec yet; send the request without logprobs "
-                             "and top_logprobs")
+    def _top_needs_logprobs(self) -> _ChatLogprobs:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
         return self
 
+    @property
+    def alternatives(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
-class CompletionRequest(_Stops, _NoLogprobs):
+
+class CompletionRequest(_Stops, _CompletionLogprobs):
     model: str | None = None
     prompt: str | list[str] | list[int] = Field(
         description="The prompt: a string, a list of exactly one string (n=1), or token ids (as OpenAI "
@@ -97,7 +111,7 @@ class ChatMessage(_Request):
         return "".join(part.get("text", "") for part in self.content if part.get("type") == "text")
 
 
-class ChatCompletionRequest(_Stops, _NoLogprobs):
+class ChatCompletionRequest(_Stops, _ChatLogprobs):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)

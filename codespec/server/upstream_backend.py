@@ -114,18 +114,18 @@ class UpstreamBackend:
                         stats.prompt_tokens = item.usage.get("prompt_tokens", stats.prompt_tokens)
                         stats.generated_tokens = item.usage.get("completion_tokens", 0)
                     if item.text:
-                        yield item.text, None
+                        yield item.text, None, None
         finally:
             stop.set()  # a client that left stops the read: the engine sees the disconnect
             self.active -= 1
             self.metrics.active.set(self.active)
         stats.wall_s = time.perf_counter() - started
         self.metrics.observe(stats)
-        yield "", Generation([], text, "length" if finish == "length" else "stop", stats)
+        yield "", Generation([], text, "length" if finish == "length" else "stop", stats), None
 
     async def complete(self, prompt_ids: Sequence[int], config: GenerationConfig) -> Generation:
         result = None
-        async for _, done in self.stream_text(prompt_ids, config):
+        async for _, done, _ in self.stream_text(prompt_ids, config):
             result = done or result
         assert result is not None
         return result

@@ -29,8 +29,8 @@ BAD = [
     ({"prompt": "x", "suffix": "\udfff", "max_tokens": 2}, "lone surrogate"),
     ({"prompt": "x", "stream": "yes"}, "stream"),
     ({"prompt": "x", "stream": 1}, "stream"),
-    ({"prompt": "x", "logprobs": 2}, "logprobs"),
-    ({"prompt": "x", "logprobs": 0}, "logprobs"),
+    ({"prompt": "x", "logprobs": 21}, "logprobs"),
+    ({"prompt": "x", "logprobs": "2"}, "logprobs"),
 ]
 
 
@@ -43,7 +43,7 @@ async def test_malformed_completion_fields_are_400(http, body, message):
 
 async def test_malformed_chat_and_infill_fields_are_400(http):
     chat = {"messages": [{"role": "user", "content": "hi"}]}
-    for body, message in [({**chat, "logprobs": True}, "logprobs"), ({**chat, "top_logprobs": 2}, "logprobs"),
+    for body, message in [({**chat, "logprobs": "true"}, "logprobs"), ({**chat, "top_logprobs": 2}, "logprobs"),
                           ({**chat, "seed": 2**64}, "seed"), ({**chat, "stream": "true"}, "stream"),
                           ({"messages": [{"role": "user", "content": "\ud800"}]}, "lone surrogate")]:
         r = await http.post("/v1/chat/completions", content=json.dumps(body),

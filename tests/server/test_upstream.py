@@ -78,6 +78,8 @@ async def test_the_engine_refusing_a_request_is_the_clients_error(front_http):
     outside = await front_http.post("/v1/completions", json={"prompt": [151_999], "max_tokens": 4})
     assert outside.status_code == 400 and "the engine refused" in outside.json()["error"]["message"]
     assert "outside the model's vocabulary" in outside.json()["error"]["message"]
+    logprobs = await front_http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "logprobs": 1})
+    assert logprobs.status_code == 400 and "not served through --upstream" in logprobs.json()["error"]["message"]
 
 
 def test_lsp_against_an_engine_builds_fim_with_its_tokens(live_server, default_model, backend):
