@@ -1,17 +1,15 @@
-"""The Triton kernels behind `compact` and `tree_mask` (imported only when one
-runs: on CUDA tensors, or on CPU under `TRITON_INTERPRET=1` in the tests).
+"""The Triton kernels behind `compact`, `tree_mask`, `row_attention` and `rope_store`
+(imported only when one runs: on CUDA tensors, or on CPU under `TRITON_INTERPRET=1` in
+the tests; `row_linear`'s are in _triton_linear.py).
 
 Each launcher takes arguments its wrapper already checked."""
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 @triton.jit
 def _compact_kernel(kv_ptr, slots_ptr, starts_ptr, src_ptr, n_keep_ptr, heads, max_keep,
@@ -157,70 +155,6 @@ def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     _row_attention_combine_kernel[(rows, heads)](
         out, part, context, path_len, out.stride(0), out.stride(1), part.stride(0), part.stride(1), part.stride(2),
         DIM=dim, KEY_BLOCK=key_block, CHUNK=16)
-
-
-@triton.jit
-def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, k_size, s_x, s_w, s_out, s_part_split, s_part,
-                       STEPS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
-    # One program per (BLOCK_N outputs, split of K, BLOCK_M rows): its K range is fixed by
-    # the split's index alone, walked in BLOCK_K steps; an output row depends on its own
-    # input row (a tensor-core product never mixes rows).
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    split = tl.program_id(1)
-    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    first = split * STEPS_PER_SPLIT * BLOCK_K
-    last = tl.minimum(first + STEPS_PER_SPLIT * BLOCK_K, k_size)
-    for begin in range(first, last, BLOCK_K):
-        k = begin + tl.arange(0, BLOCK_K)
-        a = tl.load(x_ptr + m[:, None] * s_x + k[None, :])
-        w = tl.load(w_ptr + n[:, None] * s_w + k[None, :])
-        if UPCAST:  # the interpreter's bf16 tl.dot returns garbage (triton 3.9): the tests' path
-            a, w = a.to(tl.float32), w.to(tl.float32)
-        acc += tl.dot(a, tl.trans(w))
-    if SPLITS == 1:
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + n).to(tl.float32)[None, :]
-        tl.store(out_ptr + m[:, None] * s_out + n[None, :], acc.to(out_ptr.dtype.element_ty))
-    else:
-        tl.store(part_ptr + split * s_part_split + m[:, None] * s_part + n[None, :], acc)
-
-
-@triton.jit
-def _row_linear_reduce_kernel(part_ptr, bias_ptr, out_ptr, n_size, s_part_split, s_part, s_out,
-                              SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
-    # One program per row and BLOCK outputs: the splits' partial sums added in split order.
-    row = tl.program_id(1)
-    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    inside = n < n_size
-    acc = tl.load(part_ptr + row * s_part + n, mask=inside, other=0.0)
-    for split in range(1, SPLITS):
-        acc += tl.load(part_ptr + split * s_part_split + row * s_part + n, mask=inside, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + n, mask=inside, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * s_out + n, acc.to(out_ptr.dtype.element_ty), mask=inside)
-
-
-def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
-               block_m: int, block_n: int, block_k: int, splits: int, num_warps: int, num_stages: int) -> None:
-    rows, k_size = x.shape
-    n_size = weight.shape[0]
-    steps = k_size // block_k
-    per_split = triton.cdiv(steps, splits)
-    splits = triton.cdiv(steps, per_split)  # no empty split
-    part = torch.empty(splits, rows, n_size, dtype=torch.float32, device=x.device) if splits > 1 else out
-    _row_linear_kernel[(n_size // block_n, splits, rows // block_m)](
-        x, weight, bias if bias is not None else x, out, part, k_size, x.stride(0), weight.stride(0), out.stride(0),
-        part.stride(0) if splits > 1 else 0, part.stride(1) if splits > 1 else 0,
-        STEPS_PER_SPLIT=per_split, SPLITS=splits, HAS_BIAS=bias is not None,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=_INTERPRETED and x.dtype != torch.float32,
-        num_warps=num_warps, num_stages=num_stages)
-    if splits > 1:
-        block = 1024
-        _row_linear_reduce_kernel[(triton.cdiv(n_size, block), rows)](
-            part, bias if bias is not None else x, out, n_size, part.stride(0), part.stride(1), out.stride(0),
-            SPLITS=splits, HAS_BIAS=bias is not None, BLOCK=block)
 
 
 @triton.jit

@@ -20,10 +20,10 @@ and its real tokenizer (carried). Stages, each timed and each allowed to fail al
    holds the first answer (a random model copies nothing from its prompt: acceptance
    comes from past generations, as the issue asks).
 
-Probes (in the default stages, after costs): `profile` (kernels and GPU time of a step),
+Probes: `profile` (kernels and GPU time of a step) and `fused` (the backend with fused
+layers, CODESPEC_CUDA_FUSED: its rows, costs and profile), both in the default stages;
 `gemm` (the layer's products in CUDA graphs: cuBLAS against kernels/row_linear.py's
-tiles) and `tiles` (the backend with the tiles that beat cuBLAS: its step, and its rows
-against its decode steps).
+tiles) and `tiles` (the backend with the tiles that beat cuBLAS), on request.
 
 Writes <out>/gpu-check.json and prints a summary table last.
 
@@ -416,6 +416,22 @@ def tiles_probe(loaded: Any, gemm: dict[str, Any]) -> dict[str, Any]:
     return {"chosen": {k: v.__dict__ for k, v in chosen.items()}, "ms_per_pass_512": ms, **rows}
 
 
+def fused_probe(loaded: Any) -> dict[str, Any]:
+    """The backend with fused layers (CODESPEC_CUDA_FUSED: every product through
+    row_linear with the norm, SiLU and residual inside): its rows against its decode
+    steps, the pass-cost curve and the step's kernels, beside the default backend's."""
+    from codespec.forward.cuda import CudaForward
+
+    forward = CudaForward(loaded.model, fused=True)
+    default = loaded.forward
+    loaded.forward = forward
+    try:
+        return {"tiles": {name: tile.__dict__ for name, tile in forward.tiles.items()}, **row_checks(loaded),
+                **cost_curve(loaded), "profile": profile_step(loaded)}
+    finally:
+        loaded.forward = default
+
+
 def subprocess_stage(command: list[str], env: dict[str, str], timeout: int, keep: Path | None = None) -> dict[str, Any]:
     began = time.perf_counter()
     done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
@@ -433,7 +449,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--assets", default=str(ROOT / ".gpu"), help="the default model's config and tokenizer files")
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu-out"))
-    parser.add_argument("--stages", default="kernel,rows,costs,profile,gemm,tiles,stress,verify,edit")
+    parser.add_argument("--stages", default="kernel,rows,costs,profile,fused,stress,verify,edit")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -460,6 +476,8 @@ def main() -> None:
         stage(results, "profile", lambda: profile_step(loaded), out)
     if "gemm" in wanted:
         stage(results, "gemm", lambda: gemm_probe(loaded), out)
+    if "fused" in wanted:
+        stage(results, "fused", lambda: fused_probe(loaded), out)
     if "tiles" in wanted and results.get("gemm", {}).get("ok"):
         stage(results, "tiles", lambda: tiles_probe(loaded, results["gemm"]), out)
     del loaded

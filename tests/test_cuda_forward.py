@@ -150,3 +150,29 @@ def test_start_up_runs_one_step_and_leaves_no_reusable_prefix(monkeypatch):
     out = engine.generate(prompt, GenerationConfig(max_new_tokens=12, speculate=False))
     assert out.stats.cached_prompt_tokens == 0
     assert out.token_ids == hf_greedy(model, prompt, 12)
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_fused_layers_are_the_model_and_stay_lossless(kv_heads):
+    """`fused`: every product through row_linear with the norm, SiLU and residual inside
+    (their torch reference on CPU): transformers' greedy output, speculation lossless."""
+    model = tiny_model("qwen2", vocab_size=64, seed=5, num_key_value_heads=kv_heads)
+    forward = CudaForward(model, rows=16, fused=True)
+    assert forward.fused and forward.tiles["qkv"].block_m == 16
+    engine = Engine(forward, None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=24, eos_token_ids=[])
+    for prompt in prompts(64, 3, seed=1, repeat=False):
+        assert engine.generate(prompt, GenerationConfig(max_new_tokens=16, speculate=False)).token_ids == \
+            hf_greedy(model, prompt, 16)
+    small = tiny_model("qwen2", vocab_size=16, seed=3)
+    engine = Engine(CudaForward(small, rows=16, fused=True), None, PromptLookupProposer(min_match_tokens=1),
+                    max_draft_tokens=24, eos_token_ids=[])
+    accepted, rejected = speculation_checked(engine, prompts(16, 4, seed=16, repeat=True), 40)
+    assert accepted > 10 and rejected > 0
+
+
+def test_fused_layers_need_tiles_that_fit(monkeypatch):
+    model = tiny_model("qwen2", vocab_size=16, seed=3)
+    with pytest.raises(SettingError, match="no row_linear tile fits"):
+        CudaForward(model, rows=8, fused=True)  # 8 rows: no tile of 16 rows or more
+    monkeypatch.setenv("CODESPEC_CUDA_FUSED", "1")
+    assert CudaForward(model, rows=16).fused

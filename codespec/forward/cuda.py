@@ -27,6 +27,10 @@ so a step is one small host-to-device copy, one replay and, for greedy passes, o
 of the rows' choices back. Prefill chunks run eagerly (causal SDPA over the slot); they
 only need to be deterministic on the absolute chunk grid (kvcache.py).
 
+With `fused` (CODESPEC_CUDA_FUSED=1) the products carry the work around them
+(kernels/row_linear.py: the norm before q/k/v and gate/up, SiLU before down, the
+residual add after o and down) and nothing is compiled: about 7 launches a layer.
+
 On a CPU the same code runs eagerly with the attention's torch reference: that is how
 the tests check the layout (float64 tiny models; TRITON_INTERPRET=1 for the kernel).
 
@@ -56,6 +60,10 @@ from codespec.kernels.row_attention import row_attention
 from codespec.kernels.row_linear import Config, row_linear
 
 _log = logging.getLogger(__name__)
+# The fused layers' tiles: the fastest of each product alone in the session-20 H100 probe
+# (docs/benchmarks.md), before fusion; a product's prologue may favour others.
+FUSED_TILES = {"qkv": Config(64, 16, 64), "o": Config(64, 16, 128), "gate_up": Config(64, 128, 128, num_stages=3),
+               "down": Config(64, 32, 64, splits=4), "lm_head": Config(64, 64, 64)}
 DEFAULT_ROWS = 64  # the bucket: a 32-token draft plus its pending token fits, and 1-row steps stay ~free
 META_FIELDS = 8  # ids, positions, write slot, write position, KV source row, slot, context, path length
 
@@ -97,7 +105,7 @@ class CudaForward:
     min_rows = 1  # every pass runs the bucket: one row costs what the bucket costs
 
     def __init__(self, model: Any, *, rows: int | None = None, graphs: bool | None = None,
-                 tiles: dict[str, Config] | None = None) -> None:
+                 tiles: dict[str, Config] | None = None, fused: bool | None = None) -> None:
         why = unsupported(model)
         assert why is None, why  # select.py checks first
         self.model = model
@@ -121,7 +129,12 @@ class CudaForward:
         # extra kernels a layer). kernels/rope_store.py rotates q and k and stores K and V
         # in one launch. Everything has the bucket's fixed shapes, so rows stay exact.
         self.tiles = dict(tiles or {})
-        compile = self.graphs and os.environ.get("CODESPEC_CUDA_COMPILE", "1") != "0"
+        # `fused` (CODESPEC_CUDA_FUSED=1): every product through row_linear with the norm,
+        # SiLU and residual add inside it, no compiled code: ~7 launches a layer, not 11.
+        self.fused = os.environ.get("CODESPEC_CUDA_FUSED", "0") == "1" if fused is None else fused
+        if self.fused:
+            self.tiles = self._fused_tiles(self.tiles)
+        compile = self.graphs and not self.fused and os.environ.get("CODESPEC_CUDA_COMPILE", "1") != "0"
         self._add_norm = torch.compile(_add_norm, dynamic=False) if compile else _add_norm
         self._gated = torch.compile(_gated, dynamic=False) if compile else _gated
 
@@ -227,6 +240,8 @@ class CudaForward:
         model = self.model.model
         hidden = model.embed_tokens(ids)  # [rows, hidden]
         cos, sin = _rotary(model, hidden, positions)
+        if self.fused:
+            return self._fused_layers(hidden, cos, sin, flat, keys, values)
         delta = torch.zeros_like(hidden)  # what the last layer adds to the residual stream
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
             hidden, x = self._add_norm(hidden, delta, w.input_norm, w.input_eps)
@@ -240,6 +255,45 @@ class CudaForward:
         _, x = self._add_norm(hidden, delta, model.norm.weight, _eps(model.norm))
         logits = self._product("lm_head", x, self.model.lm_head.weight, self.model.lm_head.bias)
         return logits, torch.argmax(logits, dim=-1)
+
+    def _fused_layers(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, flat: torch.Tensor,
+                      keys: list[torch.Tensor], values: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same layers with each product carrying its neighbours: the norm before
+        q/k/v and gate/up, SiLU before down, the residual add after o and down (the same
+        roundings, kernels/row_linear.py)."""
+        rows, model, tiles = self.rows, self.model.model, self.tiles
+        _, _, write_slots, write_positions, source, slots, context, path_len = \
+            flat[: META_FIELDS * rows].view(META_FIELDS, rows)
+        path = flat[META_FIELDS * rows:].view(rows, rows)
+        for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
+            qkv = row_linear(hidden, w.qkv, w.qkv_bias, norm=(w.input_norm, w.input_eps), config=tiles["qkv"])
+            q = rope_store(qkv, cos, sin, source, write_slots, write_positions, keys[index], values[index],
+                           heads=self.heads, kv_heads=self.kv_heads)
+            attended = row_attention(q, keys[index], values[index], slots=slots, context=context, path=path,
+                                     path_len=path_len, scale=layer.self_attn.scaling)
+            hidden = row_linear(attended.view(rows, -1), w.o, w.o_bias, residual=hidden, config=tiles["o"])
+            gate_up = row_linear(hidden, w.gate_up, norm=(w.post_norm, w.post_eps), config=tiles["gate_up"])
+            hidden = row_linear(gate_up, w.down, gated=True, residual=hidden, config=tiles["down"])
+        head = self.model.lm_head
+        logits = row_linear(hidden, head.weight, head.bias, norm=(model.norm.weight, _eps(model.norm)),
+                            config=tiles["lm_head"])
+        return logits, torch.argmax(logits, dim=-1)
+
+    def _fused_tiles(self, given: dict[str, Config]) -> dict[str, Config]:
+        """Each product's tiles for the fused layers: `given`, else FUSED_TILES, fitted to
+        the model's shapes (a clear error where no tile of 16 fits)."""
+        w = self._layers[0]
+        head = self.model.lm_head.weight
+        shapes = {"qkv": w.qkv.shape, "o": w.o.shape, "gate_up": w.gate_up.shape, "down": w.down.shape,
+                  "lm_head": head.shape}
+        tiles = {}
+        for name, (n_size, k_size) in shapes.items():
+            fitted = given.get(name, FUSED_TILES[name]).fitted(self.rows, n_size, k_size)
+            if fitted is None:
+                raise SettingError(f"CODESPEC_CUDA_FUSED: no row_linear tile fits {name} ({n_size}x{k_size}) with "
+                                   f"{self.rows} rows (every size must be a multiple of 16); unset it")
+            tiles[name] = fitted
+        return tiles
 
     def _product(self, name: str, x: torch.Tensor, weight: torch.Tensor,
                  bias: torch.Tensor | None = None) -> torch.Tensor:

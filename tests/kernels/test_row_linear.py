@@ -41,3 +41,54 @@ def test_a_rows_bits_depend_on_its_own_row_alone(config):
 def test_shapes_the_tiles_do_not_fit_are_refused():
     with pytest.raises(ValueError, match="does not tile"):
         row_linear(torch.randn(10, 96), torch.randn(64, 96), config=Config(block_m=16, block_n=16, block_k=32))
+
+
+FUSED = [dict(norm=True), dict(gated=True), dict(residual=True), dict(norm=True, residual=True),
+         dict(gated=True, residual=True, bias=True)]
+
+
+def fused_inputs(dtype, norm=False, gated=False, residual=False, bias=False):
+    torch.manual_seed(3)
+    k_size = 64
+    x = torch.randn(32, 2 * k_size if gated else k_size).to(dtype)
+    weight = (torch.randn(48, k_size) / 8).to(dtype)
+    kwargs = dict(bias=torch.randn(48).to(dtype) if bias else None,
+                  norm=(torch.rand(k_size).to(dtype) + 0.5, 1e-6) if norm else None, gated=gated,
+                  residual=torch.randn(32, 48).to(dtype) if residual else None)
+    return x, weight, kwargs
+
+
+@pytest.mark.parametrize("config", [Config(block_m=16, block_n=16, block_k=32),
+                                    Config(block_m=16, block_n=16, block_k=16, splits=3)])
+@pytest.mark.parametrize("fused", FUSED)
+def test_fused_prologues_and_epilogue_match_the_reference(config, fused):
+    """float32: the reference's arithmetic up to summation order; bf16 under the
+    interpreter (which rounds toward zero) within a few roundings."""
+    for dtype, tolerance in ((torch.float32, 1e-4), (torch.bfloat16, 0.1)):
+        x, weight, kwargs = fused_inputs(dtype, **fused)
+        got = row_linear(x, weight, kwargs.pop("bias"), **kwargs, config=config, force_triton=True)
+        x, weight, kwargs = fused_inputs(dtype, **fused)
+        expected = row_linear_ref(x, weight, kwargs.pop("bias"), kwargs["norm"], kwargs["gated"], kwargs["residual"])
+        assert torch.allclose(got.float(), expected.float(), atol=tolerance, rtol=tolerance), (dtype, fused)
+
+
+@pytest.mark.parametrize("fused", FUSED)
+def test_fused_rows_depend_on_their_own_row_alone(fused):
+    config = Config(block_m=16, block_n=16, block_k=16, splits=2)
+    x, weight, kwargs = fused_inputs(torch.bfloat16, **fused)
+    bias = kwargs.pop("bias")
+    full = row_linear(x, weight, bias, **kwargs, config=config, force_triton=True)
+    others = torch.randn_like(x)
+    others[5] = x[5]
+    moved = torch.roll(others, 9, dims=0)
+    if kwargs["residual"] is not None:
+        residual = torch.randn_like(kwargs["residual"])
+        residual[14] = kwargs["residual"][5]
+        kwargs["residual"] = residual
+    assert torch.equal(row_linear(moved, weight, bias, **kwargs, config=config, force_triton=True)[14], full[5])
+
+
+def test_configs_fit_shapes_by_halving_blocks():
+    assert Config(block_m=64, block_n=128, block_k=256).fitted(64, 896, 4864) == Config(64, 128, 256)
+    assert Config(block_m=64, block_n=128, block_k=128).fitted(16, 48, 96) == Config(16, 16, 32)
+    assert Config().fitted(64, 100, 64) is None  # 100 outputs: no tile of 16 or more
