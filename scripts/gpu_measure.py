@@ -1,0 +1,161 @@
+"""Measurements shared by scripts/gpu_check.py and scripts/gpu_probes.py (CUDA only):
+device and host timings, rows against their decode steps, the pass-cost curve, a step's
+kernels."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+
+def _time(run: Callable[[], Any], repeat: int = 30) -> float:
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return round(statistics.median(times), 4)
+
+
+def _graph_us(run: Callable[[], Any], calls: int = 20) -> float:
+    """Device time per call of `run`, `calls` of them captured in one CUDA graph: no host
+    launch cost in the figure, as inside the backend's own graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            run()
+    us = _time(graph.replay, repeat=10) * 1e3 / calls
+    del graph
+    return round(us, 2)
+
+
+def _wall_ms(run: Callable[[], Any], repeat: int = 30) -> float:
+    """Host wall time per call (a pass ends with its choices on the host)."""
+    for _ in range(3):
+        run()
+    times = []
+    for _ in range(repeat):
+        began = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - began) * 1e3)
+    return round(statistics.median(times), 4)
+
+
+def _engine(loaded: Any, slots: int = 2):
+    from codespec.engine import Engine
+
+    return Engine(loaded.forward, loaded.tokenizer, eos_token_ids=[], slots=slots)
+
+
+def hbm_copy_gbs() -> float:
+    """Device-to-device copy bandwidth, bytes read plus written."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / (_time(lambda: dst.copy_(src), repeat=10) / 1e3) / 1e9
+
+
+def row_checks(loaded: Any) -> dict[str, Any]:
+    """Rows of tree passes against one-row decode steps, logits bit for bit."""
+    from codespec.policy.tree import VerifyTree
+
+    forward = loaded.forward
+    engine = _engine(loaded)
+    cache = engine.cache
+    generator = torch.Generator().manual_seed(3)
+    vocab = forward.config.vocab_size
+    checked = differing = 0
+    for context in (100, 700, 1900):
+        prompt = torch.randint(0, vocab, (context,), generator=generator).tolist()
+        for slot in (0, 1):
+            cache.acquire(prompt)
+            forward.prefill(cache, slot, prompt, 0)
+            cache.release(slot)
+        # a random tree of 64 nodes (parents before children)
+        parents = [-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, 64)]
+        depths = [0]
+        for parent in parents[1:]:
+            depths.append(depths[parent] + 1)
+        tokens = torch.randint(0, vocab, (64,), generator=generator).tolist()
+        tree = VerifyTree(tuple(tokens), tuple(parents), tuple(depths), tuple(range(63)))
+        tree_logits = forward.logits(cache, [(0, context, tree)])
+        for node in range(0, 64, 5):  # node's path, decoded token by token in slot 1
+            path = tree.path(node)
+            for step, at in enumerate(path):
+                logits = forward.logits(cache, [(1, context + step, VerifyTree.chain(tokens[at]))])
+            checked += 1
+            differing += int(not torch.equal(tree_logits[node], logits[0]))
+    return {"rows_checked": checked, "rows_differing": differing}
+
+
+def cost_curve(loaded: Any) -> dict[str, Any]:
+    """Median ms per verify pass by rows (chains), and the plain step against bandwidth."""
+    from codespec.policy.tree import VerifyTree
+
+    forward = loaded.forward
+    engine = _engine(loaded, slots=1)
+    cache = engine.cache
+    curve: dict[str, dict[int, float]] = {}
+    for context in (512, 2048):
+        prompt = [(7 * i) % forward.config.vocab_size for i in range(context)]
+        cache.acquire(prompt)
+        forward.prefill(cache, 0, prompt, 0)
+        cache.release(0)
+        points = {}
+        for rows in (1, 2, 4, 8, 16, 32, 48, 64, 65, 96, 128, 192):
+            tree = VerifyTree.chain(11, [13] * (rows - 1))
+            points[rows] = _wall_ms(lambda: forward.choices(cache, [(0, context, tree)]))
+        curve[str(context)] = points
+    weights = sum(p.numel() * p.element_size() for p in {id(p): p for p in loaded.model.parameters()}.values())
+    embed = loaded.model.get_input_embeddings().weight
+    read = weights - embed.numel() * embed.element_size()  # a step gathers a row of the embeddings, reads the rest
+    bandwidth = hbm_copy_gbs()
+    floor_ms = read / (bandwidth * 1e9) * 1e3
+    step = curve["512"][1]
+    return {"ms_per_pass": curve, "ratio_32_rows_to_1": round(curve["512"][32] / step, 3),
+            "ratio_32_rows_to_1_at_2048": round(curve["2048"][32] / curve["2048"][1], 3),
+            "weights_read_per_step_mb": round(read / 2**20, 1), "hbm_copy_gbs": round(bandwidth, 1),
+            "floor_ms": round(floor_ms, 4), "step_over_floor": round(step / floor_ms, 2)}
+
+
+def profile_step(loaded: Any) -> dict[str, Any]:
+    """Where a one-row step's GPU time goes: kernels per step and the costliest kinds
+    (torch.profiler over 20 replays). Compiling the whole pass as one program failed on
+    the H100 (inductor could not build the attention kernel's tl.dot with input_precision)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from codespec.policy.tree import VerifyTree
+
+    forward = loaded.forward
+    engine = _engine(loaded, slots=1)
+    cache = engine.cache
+    prompt = [(7 * i) % forward.config.vocab_size for i in range(512)]
+    cache.acquire(prompt)
+    forward.prefill(cache, 0, prompt, 0)
+    step = lambda: forward.choices(cache, [(0, 512, VerifyTree.chain(11))])  # noqa: E731
+    base = _wall_ms(step)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            step()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    per_step = sum(e.count for e in kernels) / 20
+    gpu_ms = sum(e.device_time_total for e in kernels) / 20 / 1e3
+    top = sorted(kernels, key=lambda e: -e.device_time_total)[:15]
+    result = {"wall_ms": base, "kernels_per_step": per_step, "gpu_busy_ms_per_step": round(gpu_ms, 4),
+              "top": [(e.key[:90], e.count // 20, round(e.device_time_total / 20 / 1e3, 4)) for e in top]}
+    return result

@@ -1,0 +1,148 @@
+"""Probes beside the GPU check (scripts/gpu_check.py --stages ...): attention by key
+block, the layer's products (cuBLAS against kernels/row_linear.py's tiles), the backend
+with the tiles that win, and the backend with fused layers."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from gpu_measure import _engine, _graph_us, _wall_ms, cost_curve, profile_step, row_checks
+
+
+def key_block_probe() -> dict[str, Any]:
+    """Device us per call of row_attention for one real row among 64 (a decode step), in
+    CUDA graphs, by KEY_BLOCK: whether smaller blocks (more programs at once) pay."""
+    from codespec.kernels import row_attention as module
+
+    torch.manual_seed(6)
+    keys, values = (torch.randn(1, 2, 4096, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    query = torch.randn(64, 14, 64, device="cuda", dtype=torch.bfloat16)
+    zeros = torch.zeros(64, dtype=torch.int64, device="cuda")
+    path = torch.zeros(64, 64, dtype=torch.int64, device="cuda")
+    result: dict[str, Any] = {}
+    default = module.KEY_BLOCK
+    try:
+        for block in (64, 128):
+            module.KEY_BLOCK = block
+            for keys_in_row in (512, 2048):
+                context = zeros.clone()
+                context[0] = keys_in_row
+                result[f"{block}/{keys_in_row}"] = _graph_us(lambda c=context: module.row_attention(
+                    query, keys, values, slots=zeros, context=c, path=path, path_len=zeros, scale=0.125))
+    finally:
+        module.KEY_BLOCK = default
+    return result
+
+
+def _products(model: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+    from codespec.forward.cuda import _LayerWeights
+
+    w = _LayerWeights.of(model.model.layers[0])
+    return {"qkv": (w.qkv, w.qkv_bias), "o": (w.o, w.o_bias), "down": (w.down, None), "gate_up": (w.gate_up, None),
+            "lm_head": (model.lm_head.weight.detach(), None)}
+
+
+@torch.inference_mode()
+def gemm_probe(loaded: Any, budget_s: float = 75.0) -> dict[str, Any]:
+    """The layer's products at the bucket's shape (64 rows), in CUDA graphs: cuBLAS
+    (F.linear) against kernels/row_linear.py's tiles, and the fastest tile's row
+    exactness and error on the device. Each product gets a share of `budget_s` for tiles."""
+    import torch.nn.functional as F
+
+    from codespec.kernels.row_linear import Config, row_linear
+
+    result: dict[str, Any] = {}
+    products = _products(loaded.model)
+    for name, (weight, bias) in products.items():
+        began = time.perf_counter()
+        n_size, k_size = weight.shape
+        x = torch.randn(64, k_size, device="cuda", dtype=weight.dtype)
+        entry: dict[str, Any] = {"n": n_size, "k": k_size, "weight_mb": round(weight.numel() * 2 / 2**20, 2),
+                                 "floor_us": round(weight.numel() * 2 / 2.98e12 * 1e6, 2),
+                                 "cublas_us": _graph_us(lambda: F.linear(x, weight, bias))}
+        tiles: dict[str, Any] = {}
+        widths = (64, 128, 256) if name == "lm_head" else (16, 32, 64, 128)
+        for block_n in widths:
+            for block_k in (128, 64, 256):
+                steps, programs = k_size // block_k, n_size // block_n
+                if k_size % block_k or n_size % block_n:
+                    continue
+                for splits in (1, 2, 4, 8):
+                    if splits > steps or (splits > 1 and programs * splits > 4 * 132) or (
+                            splits > 1 and programs >= 264):
+                        continue
+                    if time.perf_counter() - began > budget_s / len(products):
+                        break
+                    config = Config(block_m=64, block_n=block_n, block_k=block_k, splits=splits,
+                                    num_stages=3 if block_k * block_n >= 256 * 64 else 4)
+                    key = f"{block_n}x{block_k}/{splits}"
+                    try:
+                        tiles[key] = _graph_us(lambda c=config: row_linear(x, weight, bias, config=c))
+                    except Exception as error:  # a tile the device cannot run: say so, go on
+                        tiles[key] = f"{type(error).__name__}: {str(error)[:100]}"
+        entry["row_linear_us"] = tiles
+        timed = {k: v for k, v in tiles.items() if isinstance(v, float)}
+        if timed:
+            best = min(timed, key=timed.get)
+            block_n, rest = best.split("x")
+            block_k, splits = rest.split("/")
+            config = Config(block_m=64, block_n=int(block_n), block_k=int(block_k), splits=int(splits),
+                            num_stages=3 if int(block_k) * int(block_n) >= 256 * 64 else 4)
+            full = row_linear(x, weight, bias, config=config)
+            others = torch.randn_like(x)
+            others[3] = x[3]
+            moved = torch.roll(others, 17, dims=0)
+            reference = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+            entry.update(best=best, best_config=config.__dict__, best_over_cublas=round(timed[best] / entry["cublas_us"], 3),
+                         best_row_exact=bool(torch.equal(row_linear(moved, weight, bias, config=config)[20], full[3])),
+                         best_relative_error=float((full.float() - reference).norm() / reference.norm()))
+        result[name] = entry
+    return result
+
+
+def tiles_probe(loaded: Any, gemm: dict[str, Any]) -> dict[str, Any]:
+    """The whole backend with row_linear's fastest tiles where they beat cuBLAS by 5%:
+    the step and passes at 512 keys (host wall ms) and its rows against its decode steps."""
+    from codespec.forward.cuda import CudaForward
+    from codespec.kernels.row_linear import Config
+    from codespec.policy.tree import VerifyTree
+
+    chosen = {name: Config(**entry["best_config"]) for name, entry in gemm.items()
+              if isinstance(entry, dict) and entry.get("best_over_cublas", 9) < 0.95 and entry.get("best_row_exact")}
+    if not chosen:
+        return {"chosen": {}, "note": "no tile beat cuBLAS by 5%"}
+    forward = CudaForward(loaded.model, tiles=chosen)
+    engine = _engine(loaded, slots=1)
+    cache = engine.cache
+    prompt = [(7 * i) % forward.config.vocab_size for i in range(512)]
+    cache.acquire(prompt)
+    forward.prefill(cache, 0, prompt, 0)
+    cache.release(0)
+    ms = {n: _wall_ms(lambda n=n: forward.choices(cache, [(0, 512, VerifyTree.chain(11, [13] * (n - 1)))]))
+          for n in (1, 2, 32, 64)}
+    swapped = loaded.forward
+    loaded.forward = forward
+    try:
+        rows = row_checks(loaded)
+    finally:
+        loaded.forward = swapped
+    return {"chosen": {k: v.__dict__ for k, v in chosen.items()}, "ms_per_pass_512": ms, **rows}
+
+
+def fused_probe(loaded: Any) -> dict[str, Any]:
+    """The backend with fused layers (CODESPEC_CUDA_FUSED: every product through
+    row_linear with the norm, SiLU and residual inside): its rows against its decode
+    steps, the pass-cost curve and the step's kernels, beside the default backend's."""
+    from codespec.forward.cuda import CudaForward
+
+    forward = CudaForward(loaded.model, fused=True)
+    default = loaded.forward
+    loaded.forward = forward
+    try:
+        return {"tiles": {name: tile.__dict__ for name, tile in forward.tiles.items()}, **row_checks(loaded),
+                **cost_curve(loaded), "profile": profile_step(loaded)}
+    finally:
+        loaded.forward = default
