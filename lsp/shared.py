@@ -223,14 +223,14 @@ class SharedBackend:
 
     async def complete(self, request: Any, on_text: Any) -> str:
         from codespec.lsp.backend import detached
-        from codespec.lsp.http_backend import BackendError
 
         http = self.http
         try:
             return await http.complete(request, on_text)
-        except BackendError:
+        except Exception:
             if alive(self.server.pid):
-                raise  # the server answered with an error: say so
+                raise  # the server is there and answered with an error: say so
+            # gone: whatever the transport said (refused, reset, cut mid-stream), start another
         await detached(self._reattach, http)
         return await self.http.complete(request, on_text)
 

@@ -177,3 +177,44 @@ def test_the_shared_server_gets_every_model_setting_the_language_server_takes():
 
     # spelled out in lsp/shared.py (lsp cannot import cli): a field added to a group must reach it
     assert PASSED_FIELDS == MODEL_FIELDS + SPECULATION_FIELDS + CACHE_FIELDS + ("max_active_requests",)
+
+
+def test_a_gone_server_is_replaced_whatever_the_transport_said(tmp_path):
+    """Connection refused is not the only way a killed server fails a request (a reset,
+    a stream cut midway): any failure while its process is gone starts another; while it
+    is alive, its error is the answer."""
+    import subprocess
+    import threading
+
+    from codespec.lsp.shared import SharedBackend, SharedServer
+
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()  # a pid that is gone
+
+    class Failing:
+        async def complete(self, request, on_text):
+            raise ConnectionResetError("reset by peer")
+
+    class Answering:
+        async def complete(self, request, on_text):
+            return "def area"
+
+    backend = SharedBackend.__new__(SharedBackend)
+    backend.settings, backend._lock = None, threading.Lock()
+    backend.server, backend.http = SharedServer("http://127.0.0.1:9", done.pid, "key", tmp_path / "log"), Failing()
+    started = []
+
+    def attach() -> None:
+        started.append(True)
+        backend.server = SharedServer("http://127.0.0.1:10", os.getpid(), "key", tmp_path / "log")
+        backend.http = Answering()
+
+    backend._attach = attach
+    assert asyncio.run(backend.complete(None, None)) == "def area" and started == [True]
+    backend.http = Failing()  # the new server (this process: alive) fails: that is the answer
+    try:
+        asyncio.run(backend.complete(None, None))
+        raise AssertionError("a living server's error must reach the editor")
+    except ConnectionResetError:
+        pass
+    assert started == [True]
