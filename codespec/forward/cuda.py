@@ -57,7 +57,7 @@ from codespec.forward.base import Moves, Requests, kv_dims
 from codespec.kernels.compact import keep_paths
 from codespec.kernels.rope_store import rope_store, rope_store_ref
 from codespec.kernels.row_attention import row_attention
-from codespec.kernels.row_linear import Config, row_linear
+from codespec.kernels.row_linear import Config, rms_norm, row_linear
 
 _log = logging.getLogger(__name__)
 # The fused layers' tiles: the fastest of each product alone in the session-20 H100 probe
@@ -313,7 +313,7 @@ class CudaForward:
         hidden = model.embed_tokens(torch.tensor(list(ids), device=self.device))
         cos, sin = _rotary(model, hidden, positions)
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
-            x = _rms_norm(hidden, w.input_norm, w.input_eps)
+            x = rms_norm(hidden, w.input_norm, w.input_eps)
             q, k, v = rope_store_ref(F.linear(x, w.qkv, w.qkv_bias), cos, sin, self.heads, self.kv_heads,
                                      self.head_dim)
             cache.keys[index][slot, :, begin:end] = k.transpose(0, 1)
@@ -366,17 +366,11 @@ def _eps(norm: Any) -> float:
     return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' Qwen2/Llama RMSNorm: in float32, scaled in the input's dtype."""
-    x32 = x.to(torch.float32)
-    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
 def _add_norm(hidden: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
               eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual stream plus a sublayer's output, and its norm (one fused kernel)."""
     hidden = hidden + delta
-    return hidden, _rms_norm(hidden, weight, eps)
+    return hidden, rms_norm(hidden, weight, eps)
 
 
 def _gated(gate_up: torch.Tensor) -> torch.Tensor:
