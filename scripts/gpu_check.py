@@ -45,7 +45,7 @@ from typing import Any, Callable
 
 import torch
 
-from gpu_measure import _engine, _time, cost_curve, hbm_copy_gbs, profile_step, row_checks  # noqa: F401
+from gpu_measure import _time, cost_curve, profile_step, row_checks
 from gpu_probes import fused_probe, gemm_probe, key_block_probe, tiles_probe
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -53,13 +53,10 @@ class Verifier:
         self.cache.prefilled(slot, prompt)
         return logits
 
-    def first_token(self, logits: Any, accept: Accept | None = None) -> int:
-        """The token after a prefill (the last row of `logits`): the greedy choice, or the
-        one `accept` (a sampling rule) draws."""
-        return self.first(logits, accept).committed[0]
-
     def first(self, logits: Any, accept: Accept | None = None) -> VerifyResult:
-        """`first_token` as a one-token result (with its logprobs when `accept` adds them)."""
+        """The token after a prefill (the last row of `logits`) as a one-token result: the
+        greedy choice, or the one `accept` (a sampling rule) draws, with its logprobs when
+        `accept` adds them."""
         if accept is None:
             return VerifyResult(0, (self.forward.argmax(logits[-1:])[0],))
         return accept(self.forward.tensor(logits[-1:]), VerifyTree.chain(0))

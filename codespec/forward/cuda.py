@@ -240,38 +240,34 @@ class CudaForward:
         model = self.model.model
         hidden = model.embed_tokens(ids)  # [rows, hidden]
         cos, sin = _rotary(model, hidden, positions)
+
+        def attend(index: int, layer: Any, qkv: torch.Tensor) -> torch.Tensor:
+            """Rotary, the rows' K and V stored, and each row over its own keys: [rows, hidden]."""
+            q = rope_store(qkv, cos, sin, source, write_slots, write_positions, keys[index], values[index],
+                           heads=self.heads, kv_heads=self.kv_heads)
+            return row_attention(q, keys[index], values[index], slots=slots, context=context, path=path,
+                                 path_len=path_len, scale=layer.self_attn.scaling).view(rows, -1)
+
         if self.fused:
-            return self._fused_layers(hidden, cos, sin, flat, keys, values)
+            return self._fused_layers(hidden, attend)
         delta = torch.zeros_like(hidden)  # what the last layer adds to the residual stream
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
             hidden, x = self._add_norm(hidden, delta, w.input_norm, w.input_eps)
-            q = rope_store(self._product("qkv", x, w.qkv, w.qkv_bias), cos, sin, source, write_slots,
-                           write_positions, keys[index], values[index], heads=self.heads, kv_heads=self.kv_heads)
-            attended = row_attention(q, keys[index], values[index], slots=slots, context=context,
-                                     path=path, path_len=path_len, scale=layer.self_attn.scaling)
-            hidden, x = self._add_norm(hidden, self._product("o", attended.view(rows, -1), w.o, w.o_bias),
-                                       w.post_norm, w.post_eps)
+            attended = attend(index, layer, self._product("qkv", x, w.qkv, w.qkv_bias))
+            hidden, x = self._add_norm(hidden, self._product("o", attended, w.o, w.o_bias), w.post_norm, w.post_eps)
             delta = self._product("down", self._gated(self._product("gate_up", x, w.gate_up)), w.down)
         _, x = self._add_norm(hidden, delta, model.norm.weight, _eps(model.norm))
         logits = self._product("lm_head", x, self.model.lm_head.weight, self.model.lm_head.bias)
         return logits, torch.argmax(logits, dim=-1)
 
-    def _fused_layers(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, flat: torch.Tensor,
-                      keys: list[torch.Tensor], values: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _fused_layers(self, hidden: torch.Tensor, attend: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """The same layers with each product carrying its neighbours: the norm before
         q/k/v and gate/up, SiLU before down, the residual add after o and down (the same
         roundings, kernels/row_linear.py)."""
-        rows, model, tiles = self.rows, self.model.model, self.tiles
-        _, _, write_slots, write_positions, source, slots, context, path_len = \
-            flat[: META_FIELDS * rows].view(META_FIELDS, rows)
-        path = flat[META_FIELDS * rows:].view(rows, rows)
+        model, tiles = self.model.model, self.tiles
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
             qkv = row_linear(hidden, w.qkv, w.qkv_bias, norm=(w.input_norm, w.input_eps), config=tiles["qkv"])
-            q = rope_store(qkv, cos, sin, source, write_slots, write_positions, keys[index], values[index],
-                           heads=self.heads, kv_heads=self.kv_heads)
-            attended = row_attention(q, keys[index], values[index], slots=slots, context=context, path=path,
-                                     path_len=path_len, scale=layer.self_attn.scaling)
-            hidden = row_linear(attended.view(rows, -1), w.o, w.o_bias, residual=hidden, config=tiles["o"])
+            hidden = row_linear(attend(index, layer, qkv), w.o, w.o_bias, residual=hidden, config=tiles["o"])
             gate_up = row_linear(hidden, w.gate_up, norm=(w.post_norm, w.post_eps), config=tiles["gate_up"])
             hidden = row_linear(gate_up, w.down, gated=True, residual=hidden, config=tiles["down"])
         head = self.model.lm_head

@@ -51,8 +51,7 @@ def chat_logprobs(entries: Sequence[TokenLogprob] | None, names: TokenText) -> d
         return None
 
     def one(token: int, logprob: float) -> dict[str, Any]:
-        raw = names.bytes(token)
-        return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
+        return {"token": names.text(token), "logprob": logprob, "bytes": list(names.bytes(token))}
 
     return {"content": [{**one(e.token, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]}
                         for e in entries]}
