@@ -10,6 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
+from codespec.engine.logprobs import MAX_TOP  # alternatives per token (OpenAI: 20 for chat, 5 for completions)
+
 Stop = str | list[str] | None
 # torch's generators take a signed 64-bit seed; OpenAI's `seed` is an integer
 Seed = Annotated[int, Field(ge=-(2**63), lt=2**63, description="A signed 64-bit integer.")]
@@ -35,13 +37,10 @@ class _Stops(_Request):
         return stops
 
 
-LOGPROB_LIMIT = 20  # alternatives per token (OpenAI: 20 for chat, 5 for completions)
-
-
 class _CompletionLogprobs(_Request):
     """`logprobs: k` (legacy completions): each token's logprob and the k most likely."""
 
-    logprobs: StrictInt | None = Field(None, ge=0, le=LOGPROB_LIMIT)
+    logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TOP)
 
     @property
     def alternatives(self) -> int | None:
@@ -52,7 +51,7 @@ class _ChatLogprobs(_Request):
     """`logprobs: true` and `top_logprobs: k` (chat)."""
 
     logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = Field(None, ge=0, le=LOGPROB_LIMIT)
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TOP)
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self) -> _ChatLogprobs:
