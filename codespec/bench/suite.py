@@ -152,7 +152,7 @@ class Context:
                                        max_draft_tokens=self.settings.max_draft_tokens, draft_policy=policy,
                                        cache=self.cache)
             self.engines[key].calibrate()  # start-up work, outside every timed request
-            warm_up()  # as Engine.from_settings does for serve, lsp and generate
+            warm_up()  # as serve and lsp do at start-up (server/backend.start_scheduler)
         return self.engines[key]
 
     def _forward(self, quantize: str | None) -> Any:

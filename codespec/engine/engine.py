@@ -32,7 +32,6 @@ from codespec.errors import RequestError
 from codespec.forward import profile
 from codespec.forward.base import Forward, eos_ids, max_context
 from codespec.index import Draft, SuffixIndex
-from codespec.index.warm import warm_up
 from codespec.policy import controller
 from codespec.policy.proposer import IndexedProposer, NoProposer, PromptLookupProposer, Proposer
 from codespec.policy.tree import Accept, Item, VerifyTree
@@ -160,7 +159,6 @@ class Engine:
         `settings.kv_cache_mb`."""
         match = dict(min_match_tokens=settings.min_match_tokens, max_match_tokens=settings.max_match_tokens)
         proposer: Proposer = PromptLookupProposer(**match) if index is None else IndexedProposer(index, **match)
-        warm_up()  # the index kernels' first-use load, here rather than in the first request
         cache = SlotCache.within_budget(
             forward.config, budget_mb=settings.kv_cache_mb,
             slot_tokens=min(settings.kv_slot_tokens, max_context(forward.config)),
