@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -143,3 +144,38 @@ def test_llama_time_limit_waits_for_a_newline():
     llama = engine.generate([1, 2, 3], GenerationConfig(max_new_tokens=12, time_limit_s=0.0, time_limit_llama=True))
     assert plain.finish_reason == "length" and len(plain.token_ids) < 12
     assert len(llama.token_ids) == 12
+
+
+def test_idle_time_prefills_ahead_and_a_request_preempts_it():
+    """The worker prefills prompts handed in ahead while nothing else runs; the request
+    then reuses those chunks; a request that comes during such work pre-empts it."""
+    engine = Engine(of_model(tiny_model("qwen2", vocab_size=16, seed=3)), None, eos_token_ids=[], slots=2)
+    prompt = [1, 2, 3, 4, 5, 6, 7] * 60  # 420 tokens: one whole 256-token chunk
+    config = GenerationConfig(max_new_tokens=6)
+    scheduler = Scheduler(engine, max_active=2)
+    try:
+        scheduler.prefill_ahead("a.py", prompt)
+        for _ in range(600):
+            if scheduler.ahead_tokens == 256 and not scheduler._ahead:
+                break
+            time.sleep(0.05)
+        assert scheduler.ahead_tokens == 256 and not scheduler._ahead, "the idle worker never prefilled ahead"
+        out = run_all(scheduler, [prompt], config)[0]
+        assert out.stats.cached_prompt_tokens == 256
+
+        started = threading.Event()
+
+        def stubborn(prompt_ids, preempted):  # a chunk that lasts until a request comes
+            started.set()
+            while not preempted():
+                time.sleep(0.005)
+            return 0
+
+        engine.prefill_ahead = stubborn
+        scheduler.prefill_ahead("b.py", [9] * 300)
+        assert started.wait(30)
+        assert [o.token_ids for o in run_all(scheduler, [[1, 2, 3]], config)] == \
+            [engine.generate([1, 2, 3], config).token_ids]
+        assert scheduler.ahead_preempted >= 1
+    finally:
+        scheduler.close()

@@ -260,3 +260,46 @@ def test_acceptance_keeps_guesses_apart_from_matches():
         record.observe(1, False, "anchor-guess")  # guesses that keep failing (a FIM completion)
         record.observe(1, True, "context")  # while 1-token matches hold
     assert record.rate(1, "anchor-guess") < 0.1 < 0.9 < record.rate(1, "context")
+
+
+def test_prefill_ahead_computes_the_chunks_a_request_then_reuses_losslessly():
+    """Background prefill (Engine.prefill_ahead, issue 29): one whole chunk per call, into
+    the slot a request then reuses; the request's output equals a fresh engine's."""
+    model = rows_model("qwen2", "padded", vocab_size=64, seed=2)
+    prompt = prompts(64, 1, seed=5, repeat=False)[0] * 3
+    prompt = prompt[:45]
+    config = GenerationConfig(max_new_tokens=12)
+    fresh = engine_for(model, slots=1, chunk=8).generate(prompt, config)
+    engine = engine_for(model, slots=2, chunk=8)
+    done = []
+    while (computed := engine.prefill_ahead(prompt)) is not None:
+        done.append(computed)
+    assert done == [8] * 5  # 40 tokens: whole chunks short of the prompt's last token
+    out = engine.generate(prompt, config)
+    assert out.stats.cached_prompt_tokens == 40 and out.token_ids == fresh.token_ids
+    longer = prompt + [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
+    assert engine.prefill_ahead(longer) == 8 and engine.prefill_ahead(longer) is None
+    again = engine.generate(longer, config)
+    assert again.stats.cached_prompt_tokens == 48
+    assert again.token_ids == engine_for(model, slots=1, chunk=8).generate(longer, config).token_ids
+
+
+def test_a_preempted_chunk_is_dropped_and_changes_no_output():
+    """A request that comes while a chunk is computed ahead ends that chunk between two
+    layers: the slot keeps only the chunks finished before, and outputs are unchanged."""
+    model = rows_model("qwen2", "padded", vocab_size=64, seed=2)
+    prompt = (prompts(64, 1, seed=6, repeat=False)[0] * 3)[:30]
+    config = GenerationConfig(max_new_tokens=12)
+    engine = engine_for(model, slots=1, chunk=8)
+    assert engine.prefill_ahead(prompt) == 8
+    asked = []
+
+    def on_second_layer():  # layer 0 writes its KV, then the request comes
+        asked.append(1)
+        return len(asked) >= 2
+
+    assert engine.prefill_ahead(prompt, preempted=on_second_layer) == 0 and len(asked) == 2
+    assert engine.cache.preempted is None and engine.cache.free_slots == 1
+    out = engine.generate(prompt, config)
+    assert out.stats.cached_prompt_tokens == 8
+    assert out.token_ids == engine_for(model, slots=1, chunk=8).generate(prompt, config).token_ids

@@ -20,10 +20,10 @@ import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from codespec import prompts
-from codespec.engine.kvcache import DEFAULT_CHUNK, CacheFull, SlotCache
+from codespec.engine.kvcache import DEFAULT_CHUNK, CacheFull, Preempted, SlotCache
 from codespec.engine.logprobs import MAX_TOP, Committed, TokenLogprob, with_logprobs
 from codespec.engine.stats import GenerationStats
 from codespec.engine.stopping import StopCondition
@@ -179,6 +179,35 @@ class Engine:
 
     def start(self, prompt_ids: Sequence[int], config: GenerationConfig) -> Run:
         return Run(self, prompt_ids, config)
+
+    def prefill_ahead(self, prompt_ids: Sequence[int], preempted: Callable[[], bool] | None = None) -> int | None:
+        """Background work (issue 29): the KV of the next full chunk of a prompt a request
+        is likely to send soon, into the free slot that shares most of it. Returns the
+        tokens computed (0: pre-empted), None when nothing is left to do (its full chunks
+        are cached, or no slot is free). Only whole chunks on the absolute grid, as a
+        request's own prefill computes them, so a request that reuses them gets exactly
+        the bits a fresh prefill would (kvcache.py): no output depends on this.
+        `preempted` is asked between layers (backends that run transformers' layers) and
+        ends the chunk early, dropped, when it says True: a request came."""
+        chunk = self.cache.chunk
+        prompt = [int(t) for t in prompt_ids][: self.context_limit]
+        target = (len(prompt) - 1) // chunk * chunk  # a request reuses whole chunks short of its last token
+        if target <= 0 or not self.cache.free_slots:
+            return None
+        slot, cached = self.cache.acquire(prompt)
+        try:
+            if cached >= target:
+                return None
+            self.cache.preempted = preempted
+            try:
+                self.verifier.prefill(slot, prompt[: cached + chunk], start=cached)
+            except Preempted:
+                return 0  # the slot's length never moved: the chunk's KV is garbage past it
+            finally:
+                self.cache.preempted = None
+            return chunk
+        finally:
+            self.cache.release(slot)
 
     def generate(self, prompt_ids: Sequence[int], config: GenerationConfig = GenerationConfig()) -> Generation:
         run = self.start(prompt_ids, config)

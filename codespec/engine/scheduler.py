@@ -12,6 +12,12 @@ KV slots the engine has; the rest wait.
 
     ticket = scheduler.submit(prompt_ids, config, on_tokens=print, on_done=print)
     ticket.cancel()
+    scheduler.prefill_ahead("file.py", likely_prompt_ids)   # idle time: its chunks, for later
+
+Idle time is not wasted: `prefill_ahead` hands in prompts a front end expects soon (the
+language server: the document just opened or edited, at its cursor); while no request
+is waiting or active, the worker computes their KV a chunk at a time, newest first, and
+a request that comes meanwhile pre-empts the chunk in progress (Engine.prefill_ahead).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from codespec.engine.engine import Engine, Generation, GenerationConfig, Run
 from codespec.errors import CodespecError
 
 log = logging.getLogger("codespec.engine.scheduler")
+AHEAD_KEEP = 4  # prompts kept for prefilling ahead (one per document); the oldest go first
 OnTokens = Callable[[list[int]], None]
 OnDone = Callable[["Generation | BaseException"], None]
 
@@ -63,6 +70,8 @@ class Scheduler:
         self._max_active = max_active
         self._waiting: collections.deque[Ticket] = collections.deque()
         self._active: list[tuple[Ticket, Run]] = []
+        self._ahead: collections.OrderedDict[str, list[int]] = collections.OrderedDict()  # key -> prompt, newest last
+        self.ahead_tokens = self.ahead_preempted = 0  # prompt tokens computed ahead; chunks pre-empted
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -104,6 +113,17 @@ class Scheduler:
             self._wake.notify()
         return ticket
 
+    def prefill_ahead(self, key: str, prompt_ids: Sequence[int] | None) -> None:
+        """Prefill `prompt_ids` in idle time (replacing what `key` asked before; None
+        forgets it): low priority, every request comes first (module docstring)."""
+        with self._wake:
+            self._ahead.pop(key, None)
+            if prompt_ids:
+                self._ahead[key] = [int(t) for t in prompt_ids]
+                while len(self._ahead) > AHEAD_KEEP:
+                    self._ahead.popitem(last=False)
+                self._wake.notify()
+
     @property
     def queue_depth(self) -> int:
         return len(self._waiting)
@@ -135,16 +155,37 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._wake:
-                while not self._stopping and not self._waiting and not self._active:
+                while not self._stopping and not self._waiting and not self._active and not self._ahead:
                     self._wake.wait()
                 if self._stopping:
                     return
                 self._admit_waiting()
+                ahead = next(reversed(self._ahead.items())) if self._ahead and not self._active else None
+            if ahead is not None:
+                self._prefill_ahead(*ahead)
+                continue
             try:
                 self._step()
             except Exception as exc:  # a defect outside any one run: end the active requests, keep serving
                 log.error("a scheduler step failed; its requests end with the error", exc_info=True)
                 self._fail_active(exc)
+
+    def _prefill_ahead(self, key: str, prompt: list[int]) -> None:
+        """One chunk of the newest prompt asked ahead; it is forgotten once all its chunks
+        are cached (or cannot be: no free slot, a failure)."""
+        try:
+            computed = self.engine.prefill_ahead(prompt, preempted=lambda: bool(self._waiting) or self._stopping)
+        except Exception:
+            log.warning("prefilling ahead failed; dropped", exc_info=True)
+            computed = None
+        if computed is None:
+            with self._wake:
+                if self._ahead.get(key) is prompt:
+                    del self._ahead[key]
+        elif computed:
+            self.ahead_tokens += computed
+        else:
+            self.ahead_preempted += 1
 
     def _fail_active(self, exc: BaseException) -> None:
         for ticket, run in self._active:
