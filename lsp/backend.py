@@ -49,6 +49,9 @@ class CompletionBackend(Protocol):
     def record_acceptance(self, accepted: bool) -> None:
         """Telemetry: a completion was shown (False) or accepted (True)."""
 
+    # Optional: `prefill_ahead(key, request | None)`, the prompt of a request likely to
+    # come soon, to prefill in idle time (lsp/ahead.py; the in-process backend has it).
+
     def close(self) -> Awaitable[None] | None:
         """Release the model or the connection."""
 

@@ -37,6 +37,7 @@ from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
 
+from codespec.lsp.ahead import Ahead
 from codespec.lsp.backend import CompletionBackend, detached, settle
 from codespec.lsp.fit import closed, fit_indent, replaced_after, rest_of_line
 from codespec.lsp.options import LspOptions, parse_options
@@ -110,6 +111,7 @@ class CodespecServer(LanguageServer):
         # accept-command key -> (uri, the text before the cursor once that item is in): items
         # carry the key, never a copy of the document (megabytes per keystroke in big files)
         self.offered: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()
+        self.ahead_prefill = Ahead(self._prefill_ahead, self._document, lambda: self.options)
 
     # -- helpers ---------------------------------------------------------------------
     def status(self, state: str, message: str = "") -> None:
@@ -129,6 +131,15 @@ class CodespecServer(LanguageServer):
             if path.is_relative_to(root):
                 return str(path.relative_to(root))
         return path.name
+
+    def _prefill_ahead(self, uri: str, request: Any) -> None:
+        prefill = getattr(self.backend, "prefill_ahead", None)  # a backend that cannot ignores it
+        if callable(prefill):
+            prefill(uri, request)
+
+    def _document(self, uri: str) -> tuple[str, str] | None:
+        doc = opened(self, uri)
+        return None if doc is None else (doc.source.replace("\r\n", "\n"), self.relative_path(uri))
 
     def ensure_backend(self) -> CompletionBackend:
         if self.backend is None:
@@ -176,10 +187,12 @@ def build_server(make_backend: Callable[[], CompletionBackend]) -> CodespecServe
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def did_open(ls: CodespecServer, params: types.DidOpenTextDocumentParams) -> None:
         feed(ls, params.text_document.uri)
+        ls.ahead_prefill.changed(params.text_document.uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: CodespecServer, params: types.DidChangeTextDocumentParams) -> None:
         feed(ls, params.text_document.uri)
+        ls.ahead_prefill.changed(params.text_document.uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
     def did_save(ls: CodespecServer, params: types.DidSaveTextDocumentParams) -> None:
@@ -189,6 +202,7 @@ def build_server(make_backend: Callable[[], CompletionBackend]) -> CodespecServe
     def did_close(ls: CodespecServer, params: types.DidCloseTextDocumentParams) -> None:
         uri = params.text_document.uri
         ls.shown.pop(uri, None)
+        ls.ahead_prefill.closed(uri)
         for task in (ls.in_flight.pop(uri, (None, ""))[0], ls.background.pop(uri, None),
                      (ls.ahead.pop(uri, None) or (None, None))[1]):
             if task is not None:
@@ -332,6 +346,7 @@ async def complete(ls: CodespecServer, params: types.InlineCompletionParams) -> 
     offset = doc.offset_at_position(params.position)
     if "\r\n" in doc.source:
         offset -= doc.source[:offset].count("\r\n")
+    ls.ahead_prefill.asked(uri, text, offset)
     ahead = ls.ahead.pop(uri, None)
     if ahead is not None:
         if ahead[0] == text[:offset]:

@@ -43,10 +43,21 @@ class InProcessBackend:
         self.root: Path | None = None  # the indexed workspace folder
         self.buffers = BufferFeed(lambda path, text: self.index.update_file(path, encode_texts(self.tokenizer,
                                                                                                 [text])[0]))
+        # prompts to prefill in idle time (lsp/ahead.py), tokenized off the event loop: a
+        # tokenizer call can wait on the lock behind a 5 MB buffer's (~1 s)
+        self.ahead = BufferFeed(self._hand_ahead, settle_s=0.0)
 
     def prompt_ids(self, request: FimRequest) -> list[int]:
         return fim_ids(self.tokenizer, request.prefix, request.suffix, request.middle,
                        prefix_tokens=request.prefix_tokens, suffix_tokens=request.suffix_tokens)
+
+    def prefill_ahead(self, key: str, request: FimRequest | None) -> None:
+        """The prompt of a request likely to come soon (None: forget `key`'s): the
+        scheduler prefills its whole chunks while no request runs."""
+        self.ahead.put(key, request)
+
+    def _hand_ahead(self, key: str, request: FimRequest | None) -> None:
+        self.scheduler.prefill_ahead(key, None if request is None else self.prompt_ids(request))
 
     async def complete(self, request: FimRequest, on_text: OnText) -> str:
         loop = asyncio.get_running_loop()
@@ -121,10 +132,12 @@ class InProcessBackend:
 
     def stats(self) -> dict[str, Any]:
         return {"prompt_cache": self.prompts.to_json(), "acceptance": dict(self.acceptance),
-                "buffers_pending": self.buffers.pending}
+                "buffers_pending": self.buffers.pending,
+                "prefilled_ahead": {"tokens": self.scheduler.ahead_tokens, "preempted": self.scheduler.ahead_preempted}}
 
     def close(self) -> None:
         self.buffers.close()
+        self.ahead.close()
         self.scheduler.close()
 
 
@@ -149,21 +162,21 @@ class PromptCacheStats:
 
 
 class BufferFeed:
-    """Open buffers into the index on one worker thread. A `didChange` storm costs one
-    tokenization per settle, not a thread and a copy per change: each file keeps only its
-    latest text until the worker takes it, and the worker waits `settle_s` after a change
-    so that a burst of keystrokes coalesces (issue 32: a thread per change took a 5 MB
-    document's server from 2.8 to 11.8 GB)."""
+    """Open buffers into the index (or prompts to prefill ahead) on one worker thread. A
+    `didChange` storm costs one tokenization per settle, not a thread and a copy per
+    change: each file keeps only its latest value until the worker takes it, and the
+    worker waits `settle_s` after a change so that a burst of keystrokes coalesces (issue
+    32: a thread per change took a 5 MB document's server from 2.8 to 11.8 GB)."""
 
-    def __init__(self, apply: Callable[[str, str], None], settle_s: float = 0.3) -> None:
+    def __init__(self, apply: Callable[[str, Any], None], settle_s: float = 0.3) -> None:
         self.apply, self.settle_s = apply, settle_s
-        self._pending: dict[str, tuple[str, float]] = {}  # path -> (latest text, when it came)
+        self._pending: dict[str, tuple[Any, float]] = {}  # path -> (latest value, when it came)
         self._wake = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="codespec-buffers", daemon=True)
         self._thread.start()
 
-    def put(self, path: str, text: str) -> None:
+    def put(self, path: str, text: Any) -> None:
         with self._wake:
             self._pending[path] = (text, time.monotonic())
             self._wake.notify()
@@ -188,7 +201,7 @@ class BufferFeed:
             try:
                 self.apply(path, text)
             except Exception:
-                log.warning("indexing the open buffer %s failed", path, exc_info=True)
+                log.warning("handling the open buffer %s failed", path, exc_info=True)
 
     def close(self) -> None:
         with self._wake:

@@ -1,0 +1,98 @@
+"""Prefilling ahead (issue 29 item 2): once the person pauses, the language server hands
+the backend the prompt of the request most likely to come, and the request then finds
+its chunks in the KV cache."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from lsprotocol import types
+from pygls.lsp.client import LanguageClient
+
+from codespec.bench.editor import stop_client
+from codespec.lsp import ahead as ahead_module
+from codespec.lsp.ahead import Ahead
+from codespec.lsp.options import LspOptions
+from tests.lsp.test_replay import answered, ask, ready_event
+from tests.lsp.tiny_fim import tiny_fim_model
+
+
+def test_the_prompt_sent_ahead_is_at_the_last_edit_after_a_pause(monkeypatch):
+    monkeypatch.setattr(ahead_module, "IDLE_S", 0.05)
+    docs = {"u": ("def f():\n    return 1\n", "f.py")}
+    sent = []
+    ahead = Ahead(lambda uri, request: sent.append((uri, request)), docs.get, LspOptions)
+
+    async def scenario():
+        ahead.changed("u")  # opened, never asked about: the cursor is taken at the end
+        await asyncio.sleep(0.2)
+        assert sent[-1][0] == "u" and sent[-1][1].prefix == "def f():\n    return 1\n"
+        docs["u"] = ("def f():\n    x = 2\n    return 1\n", "f.py")
+        ahead.changed("u")
+        ahead.changed("u")  # a burst of changes: one prompt, after the pause
+        await asyncio.sleep(0.2)
+        assert len(sent) == 2
+        request = sent[-1][1]  # the edit ends before "return": the cursor is there
+        assert request.prefix == "def f():\n    x = 2\n" and request.suffix == "return 1\n"
+        ahead.changed("u")
+        ahead.asked("u", docs["u"][0], 9)  # a request came: its own prefill does the work
+        await asyncio.sleep(0.2)
+        assert len(sent) == 2
+        ahead.closed("u")
+        assert sent[-1] == ("u", None)
+        ahead.changed("u")  # reopened: where the last request was
+        await asyncio.sleep(0.2)
+        assert sent[-1][1].prefix == "def f():\n" and sent[-1][1].middle == ""
+
+    asyncio.run(scenario())
+
+
+def test_a_request_after_a_pause_finds_its_prompt_prefilled(tmp_path):
+    asyncio.run(_session(tmp_path))
+
+
+async def _stats(client: LanguageClient) -> dict:
+    return await client.protocol.send_request_async("codespec/stats", {})
+
+
+def _get(value, *keys):
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else getattr(value, key)
+    return value
+
+
+async def _session(tmp_path: Path) -> None:
+    model = tiny_fim_model(tmp_path / "model")
+    env = {**os.environ, "CODESPEC_CACHE_DIR": str(tmp_path / "cache")}
+    client = LanguageClient("ahead", "1")
+    ready = ready_event(client)
+    await client.start_io(sys.executable, "-m", "codespec", "lsp", "--model", str(model), env=env)
+    try:
+        await client.initialize_async(types.InitializeParams(
+            capabilities=types.ClientCapabilities(),
+            initialization_options={"maxTokens": 8, "latencyBudgetMs": 0, "indexWorkspace": False}))
+        client.initialized(types.InitializedParams())
+        await asyncio.wait_for(ready.wait(), 300)
+        uri = (tmp_path / "long.py").as_uri()
+        text = "".join(f"def f{i}(x):\n    return x * {i}\n\n" for i in range(40))  # ~1.2k byte tokens: a 947-token prompt
+        client.text_document_did_open(types.DidOpenTextDocumentParams(
+            types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
+        for _ in range(600):  # the idle server prefills the opened file's prompt (cursor: its end)
+            stats = await _stats(client)
+            if _get(stats, "backend", "prefilled_ahead", "tokens") >= 768:
+                break
+            await asyncio.sleep(0.1)
+        assert _get(stats, "backend", "prefilled_ahead", "tokens") >= 768, stats
+        lines = text.count("\n")
+        result = await answered(ask(client, uri, lines, 0))
+        assert not isinstance(result, Exception), result
+        last = _get(await _stats(client), "backend", "prompt_cache", "last")
+        prompt, cached = _get(last, "prompt_tokens"), _get(last, "cached_tokens")
+        assert cached == (prompt - 1) // 256 * 256 == 768, (prompt, cached)  # every whole chunk, computed ahead
+        await client.shutdown_async(None)
+        client.exit(None)
+    finally:
+        await stop_client(client)
