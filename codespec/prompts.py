@@ -76,6 +76,9 @@ def special_id(tokenizer: Any, token: str) -> int | None:
     return ids[0] if len(ids) == 1 and ids[0] != tokenizer.unk_token_id else None
 
 
+FIM_LAYOUTS = ("psm", "spm")
+
+
 def fim_ids(
     tokenizer: Any,
     prefix: str,
@@ -85,12 +88,22 @@ def fim_ids(
     repo_name: str = "",
     prefix_tokens: int | None = None,
     suffix_tokens: int | None = None,
+    layout: str = "psm",
+    path: str = "",
 ) -> list[int]:
     """A fill-in-the-middle prompt; with `extra`, the repository-level layout
-    (<|repo_name|>, then <|file_sep|>name + text per file) when the tokenizer has it.
+    (<|repo_name|>, then <|file_sep|>name + text per file, then <|file_sep|>`path` for the
+    file being written when a path is given) when the tokenizer has it.
     `prefix_tokens` / `suffix_tokens` keep at most the prefix's last and the suffix's first
     tokens (an editor's budget around the cursor); the prefix is cut on `grid_start`'s
-    grid, so that it starts at the same token while the person types."""
+    grid, so that it starts at the same token while the person types.
+
+    `layout`: "psm" (<|fim_prefix|>P<|fim_suffix|>S<|fim_middle|>m, the order the model's
+    card documents) or "spm" (<|fim_suffix|>S<|fim_prefix|>P<|fim_middle|>m, llama.cpp's
+    `--spm-infill`): the text after the cursor first, so that a person writing new lines
+    above it changes only the prompt's end, and the KV cache keeps the rest (lsp/window.py)."""
+    if layout not in FIM_LAYOUTS:
+        raise RequestError(f"unknown fill-in-the-middle layout {layout!r}; use one of {', '.join(FIM_LAYOUTS)}")
     fim = [special_id(tokenizer, t) for t in (FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE)]
     if any(t is None for t in fim):
         raise RequestError("this model's tokenizer has no fill-in-the-middle tokens; use a prompt without a suffix")
@@ -100,6 +113,8 @@ def fim_ids(
         ids += [repo, *encode(tokenizer, f"{repo_name or 'repository'}\n")]
         for chunk in extra:
             ids += [sep, *encode(tokenizer, f"{chunk.filename}\n{chunk.text}")]
+        if path:
+            ids += [sep, *encode(tokenizer, f"{path}\n")]
     elif extra:  # no repository tokens: the extra files become a commented preamble
         prefix = "".join(f"# {c.filename}\n{c.text}\n" for c in extra) + prefix
     before, after = encode(tokenizer, prefix), encode(tokenizer, suffix)
@@ -107,7 +122,10 @@ def fim_ids(
         before = before[grid_start(len(before), prefix_tokens) :]
     if suffix_tokens is not None:
         after = after[:suffix_tokens]
-    ids += [fim[0], *before, fim[1], *after, fim[2]]
+    if layout == "spm":
+        ids += [fim[1], *after, fim[0], *before, fim[2]]
+    else:
+        ids += [fim[0], *before, fim[1], *after, fim[2]]
     return ids + encode(tokenizer, middle)
 
 

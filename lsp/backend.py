@@ -33,6 +33,7 @@ class FimRequest:
     # `prompt`): typing along a line then changes only the prompt's last tokens, and the
     # prefix before the line and the suffix stay cached
     middle: str = ""
+    layout: str = "psm"  # prompts.FIM_LAYOUTS: the order of prefix and suffix in the prompt
 
 
 class CompletionBackend(Protocol):

@@ -10,7 +10,7 @@ user gets one message naming it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
@@ -28,6 +28,9 @@ class LspOptions(BaseModel):
                                    "request (the rest is generated on, for the next request); 0: always wait for "
                                    "the whole completion.")
     debounce_ms: int = Field(40, ge=0, le=2000, description="Wait before computing a completion the cache misses.")
+    fim_layout: Literal["psm", "spm"] = Field(
+        "psm", description="The prompt's order: 'psm' (prefix, suffix, middle) or 'spm' (the text after the "
+        "cursor first: a new line re-reads only the prompt's end, not the 256 suffix tokens).")
     multiline: bool = Field(True, description="Allow multi-line completions (to the end of the block).")
     index_workspace: bool = Field(True, description="Index the workspace folders on start-up.")
 

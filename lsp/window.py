@@ -44,7 +44,7 @@ def fim_request(text: str, offset: int, options: Any, path: str = "") -> tuple[F
     request = FimRequest(
         prefix_window(prefix[:line_start], options.prefix_tokens * CHARS_PER_TOKEN),
         suffix_window(text[offset:], options.suffix_tokens * CHARS_PER_TOKEN),
-        options.max_tokens, path, options.prefix_tokens, options.suffix_tokens, middle,
+        options.max_tokens, path, options.prefix_tokens, options.suffix_tokens, middle, options.fim_layout,
     )
     return request, held
 

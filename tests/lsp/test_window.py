@@ -27,7 +27,7 @@ def tokenizer(tmp_path_factory):
 def prompt(tokenizer, ask, options):
     request, _ = fim_request(ask.text, ask.offset, options)
     return fim_ids(tokenizer, request.prefix, request.suffix, request.middle, prefix_tokens=request.prefix_tokens,
-                   suffix_tokens=request.suffix_tokens)
+                   suffix_tokens=request.suffix_tokens, layout=request.layout)
 
 
 def shared(a, b):
@@ -60,6 +60,22 @@ def test_typing_along_a_line_changes_only_the_middle(tokenizer):
     before = prompt(tokenizer, SimpleNamespace(text=empty, offset=len(head) + 4), options)
     after = prompt(tokenizer, SimpleNamespace(text=typed, offset=len(head) + len("    total = y")), options)
     assert before == after[: len(before)]  # the typed text went after the FIM middle token: nothing before moved
+
+
+def test_with_the_suffix_first_a_new_line_changes_only_the_prompt_end(tokenizer):
+    """The `spm` layout: the person writes line after line above the same text, and each
+    line-start request shares its prompt with the one before up to the line written; in
+    `psm` the suffix after the cursor follows that line, so all of it is read again."""
+    asks = [a for a in typing_replay().asks if a.path == "colorsys.py" and a.kind == "line-start"][:8]
+    for layout, least in (("spm", 0.9), ("psm", 0.0)):
+        options = LspOptions(fim_layout=layout, prefix_tokens=4096, suffix_tokens=256)
+        prompts = [prompt(tokenizer, a, options) for a in asks]
+        kept = [shared(p, q) / len(q) for p, q in zip(prompts, prompts[1:])]
+        written = [len(q) - shared(p, q) for p, q in zip(prompts, prompts[1:])]
+        if layout == "spm":
+            assert min(kept) > least and max(written) < 80, (kept, written)
+        else:
+            assert min(written) > 256, written  # the suffix and the line: read again each time
 
 
 def test_trailing_spaces_are_held_back_and_written_by_the_model():
