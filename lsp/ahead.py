@@ -9,7 +9,7 @@ where any cursor's does in a short file, so its chunks serve every request there
 backend computes that prompt's whole chunks while no request runs; a request pre-empts
 the work (engine/scheduler.py), and reuses what is done.
 
-    ahead = Ahead(send=backend.prefill_ahead, document=lambda uri: (text, path), options=lambda: opts)
+    ahead = Ahead(send=backend.prefill_ahead, document=lambda uri: (text, path, extra), options=lambda: opts)
     ahead.changed(uri)          # didOpen, didChange: prefill once the person pauses
     ahead.asked(uri, text, offset)   # a request came: its own prefill does the work
     ahead.closed(uri)
@@ -29,9 +29,10 @@ BLOCK = 4096  # characters compared at a time when looking for the edit
 
 class Ahead:
     def __init__(self, send: Callable[[str, FimRequest | None], None],
-                 document: Callable[[str], tuple[str, str] | None], options: Callable[[], Any]) -> None:
+                 document: Callable[[str], tuple[str, str, Any] | None], options: Callable[[], Any]) -> None:
         """`send(uri, request)`: the backend's `prefill_ahead` (None forgets the uri's);
-        `document(uri)`: (text, workspace path) of an open document, else None."""
+        `document(uri)`: (text, workspace path, cross-file context) of an open document,
+        else None."""
         self.send, self.document, self.options = send, document, options
         self.cursors: dict[str, int] = {}  # uri -> where the person last was (an offset)
         self.seen: dict[str, str] = {}  # uri -> the text that cursor belongs to
@@ -64,13 +65,13 @@ class Ahead:
         found = self.document(uri)
         if found is None or not self.options().enable:
             return
-        text, path = found
+        text, path, extra = found
         before = self.seen.get(uri)
         if before is not None and before != text:
             self.cursors[uri] = edit_end(before, text)
         self.seen[uri] = text
         offset = min(self.cursors.get(uri, len(text)), len(text))
-        request, _ = fim_request(text, offset, self.options(), path)
+        request, _ = fim_request(text, offset, self.options(), path, extra)
         self.send(uri, request)
 
 
@@ -85,7 +86,8 @@ def edit_end(before: str, after: str) -> int:
     """
     same = _common(len(before), len(after), lambda i, j: before[i:j] == after[i:j])
     limit = min(len(before), len(after)) - same  # the common tail may not overlap the head
-    tail = _common(limit, limit, lambda i, j: before[len(before) - j:len(before) - i] == after[len(after) - j:len(after) - i])
+    b, a = len(before), len(after)
+    tail = _common(limit, limit, lambda i, j: before[b - j:b - i] == after[a - j:a - i])
     return len(after) - tail
 
 

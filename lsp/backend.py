@@ -15,6 +15,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
+from codespec.prompts import ExtraFile
+
 T = TypeVar("T")
 
 OnText = Callable[[str], bool]  # the completion so far; return False to stop generating
@@ -34,6 +36,7 @@ class FimRequest:
     # prefix before the line and the suffix stay cached
     middle: str = ""
     layout: str = "psm"  # prompts.FIM_LAYOUTS: the order of prefix and suffix in the prompt
+    extra: tuple[ExtraFile, ...] = ()  # other files' code, before the file's window (lsp/context.py)
 
 
 class CompletionBackend(Protocol):

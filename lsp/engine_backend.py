@@ -27,7 +27,8 @@ class EngineBackend:
 
     def prompt_ids(self, request: FimRequest) -> list[int]:
         return fim_ids(self.tokenizer, request.prefix, request.suffix, request.middle,
-                       prefix_tokens=request.prefix_tokens, suffix_tokens=request.suffix_tokens, layout=request.layout)
+                       prefix_tokens=request.prefix_tokens, suffix_tokens=request.suffix_tokens, layout=request.layout,
+                       extra=request.extra, path=request.path)
 
     async def complete(self, request: FimRequest, on_text: OnText) -> str:
         body = {"model": self.served.name, "prompt": self.prompt_ids(request), "max_tokens": request.max_tokens,

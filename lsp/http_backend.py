@@ -56,6 +56,7 @@ class HttpBackend:
         prefix = prefix_window(request.prefix, request.prefix_tokens * HTTP_CHARS_PER_TOKEN)
         suffix = suffix_window(request.suffix, request.suffix_tokens * HTTP_CHARS_PER_TOKEN)
         body = {"input_prefix": prefix, "input_suffix": suffix, "prompt": request.middle,
+                "input_extra": [{"filename": c.filename, "text": c.text} for c in request.extra],
                 "n_predict": request.max_tokens,
                 "stream": True}
 

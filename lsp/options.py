@@ -28,6 +28,9 @@ class LspOptions(BaseModel):
                                    "request (the rest is generated on, for the next request); 0: always wait for "
                                    "the whole completion.")
     debounce_ms: int = Field(40, ge=0, le=2000, description="Wait before computing a completion the cache misses.")
+    context_tokens: int = Field(
+        0, ge=0, le=8192, description="Tokens of code from files worked on lately (the lines around where the "
+        "person was in each) before the file's own window, in the model's repository layout; 0: none.")
     fim_layout: Literal["psm", "spm"] = Field(
         "psm", description="The prompt's order: 'psm' (prefix, suffix, middle) or 'spm' (the text after the "
         "cursor first: a new line re-reads only the prompt's end, not the 256 suffix tokens).")

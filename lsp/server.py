@@ -39,6 +39,7 @@ from pygls.protocol import LanguageServerProtocol
 
 from codespec.lsp.ahead import Ahead
 from codespec.lsp.backend import CompletionBackend, detached, settle
+from codespec.lsp.context import Ring
 from codespec.lsp.fit import closed, fit_indent, replaced_after, rest_of_line
 from codespec.lsp.options import LspOptions, parse_options
 from codespec.lsp.syntax import BlockEnd, Mode, block_indent, classify, repeats_following
@@ -112,6 +113,8 @@ class CodespecServer(LanguageServer):
         # carry the key, never a copy of the document (megabytes per keystroke in big files)
         self.offered: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()
         self.ahead_prefill = Ahead(self._prefill_ahead, self._document, lambda: self.options)
+        self.ring = Ring()  # other files' code for the prompt's head (lsp/context.py)
+        self.where: tuple[str, str, int] | None = None  # the last request's (uri, text, offset)
 
     # -- helpers ---------------------------------------------------------------------
     def status(self, state: str, message: str = "") -> None:
@@ -137,9 +140,26 @@ class CodespecServer(LanguageServer):
         if callable(prefill):
             prefill(uri, request)
 
-    def _document(self, uri: str) -> tuple[str, str] | None:
+    def _document(self, uri: str) -> tuple[str, str, Any] | None:
         doc = opened(self, uri)
-        return None if doc is None else (doc.source.replace("\r\n", "\n"), self.relative_path(uri))
+        return None if doc is None else (doc.source.replace("\r\n", "\n"), self.relative_path(uri), self.context(uri))
+
+    def context(self, uri: str) -> Any:
+        """Other files' code for a prompt in `uri` (lsp/context.py)."""
+        return self.ring.context(self.relative_path(uri), self.options.context_tokens)
+
+    def asked_at(self, uri: str, text: str, offset: int) -> None:
+        """A request at `offset` of `uri`: a request in another document than the last one
+        means the person left that one, whose code joins the cross-file context."""
+        if self.where is not None and self.where[0] != uri:
+            self.leave(self.where[0])
+        self.where = (uri, text, offset)
+        self.ahead_prefill.asked(uri, text, offset)
+
+    def leave(self, uri: str) -> None:
+        if self.where is not None and self.where[0] == uri:
+            self.ring.left(self.relative_path(uri), self.where[1], self.where[2])
+            self.where = None
 
     def ensure_backend(self) -> CompletionBackend:
         if self.backend is None:
@@ -203,6 +223,7 @@ def build_server(make_backend: Callable[[], CompletionBackend]) -> CodespecServe
         uri = params.text_document.uri
         ls.shown.pop(uri, None)
         ls.ahead_prefill.closed(uri)
+        ls.leave(uri)
         for task in (ls.in_flight.pop(uri, (None, ""))[0], ls.background.pop(uri, None),
                      (ls.ahead.pop(uri, None) or (None, None))[1]):
             if task is not None:
@@ -346,7 +367,7 @@ async def complete(ls: CodespecServer, params: types.InlineCompletionParams) -> 
     offset = doc.offset_at_position(params.position)
     if "\r\n" in doc.source:
         offset -= doc.source[:offset].count("\r\n")
-    ls.ahead_prefill.asked(uri, text, offset)
+    ls.asked_at(uri, text, offset)
     ahead = ls.ahead.pop(uri, None)
     if ahead is not None:
         if ahead[0] == text[:offset]:
@@ -443,7 +464,7 @@ async def generate(ls: CodespecServer, uri: str, text: str, offset: int, languag
         ls.status("busy")
         block = BlockEnd(mode, block_indent(text, offset), language_id)
         opts = ls.options
-        request, held = fim_request(text, offset, opts, ls.relative_path(uri))
+        request, held = fim_request(text, offset, opts, ls.relative_path(uri), ls.context(uri))
 
         def finish(raw: str) -> str:
             healed = held.heal(raw)

@@ -23,7 +23,7 @@ from typing import Any
 
 from codespec.lsp.backend import FimRequest
 from codespec.lsp.syntax import bracket_depth
-from codespec.prompts import grid_start
+from codespec.prompts import ExtraFile, grid_start
 
 # The character cut before tokenizing: generous (code runs ~3.5 characters a token), so
 # that the backend's token cut, on its own grid (prompts.grid_start), does the real work
@@ -34,17 +34,19 @@ CHARS_PER_TOKEN = 16
 HTTP_CHARS_PER_TOKEN = 4
 
 
-def fim_request(text: str, offset: int, options: Any, path: str = "") -> tuple[FimRequest, HeldSpace]:
+def fim_request(text: str, offset: int, options: Any, path: str = "",
+                extra: tuple[ExtraFile, ...] = ()) -> tuple[FimRequest, HeldSpace]:
     """The completion request for a cursor at `offset` of `text` (`options`: LspOptions):
     the window before the cursor's line, the typed part of the line as the FIM middle
-    (see FimRequest.middle) less its trailing whitespace, the window after the cursor."""
+    (see FimRequest.middle) less its trailing whitespace, the window after the cursor;
+    `extra`, other files' code (lsp/context.py)."""
     prefix = text[:offset]
     line_start = prefix.rfind("\n") + 1
     middle, held = HeldSpace.split(prefix[line_start:])
     request = FimRequest(
         prefix_window(prefix[:line_start], options.prefix_tokens * CHARS_PER_TOKEN),
         suffix_window(text[offset:], options.suffix_tokens * CHARS_PER_TOKEN),
-        options.max_tokens, path, options.prefix_tokens, options.suffix_tokens, middle, options.fim_layout,
+        options.max_tokens, path, options.prefix_tokens, options.suffix_tokens, middle, options.fim_layout, extra,
     )
     return request, held
 

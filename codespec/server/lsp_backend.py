@@ -49,7 +49,8 @@ class InProcessBackend:
 
     def prompt_ids(self, request: FimRequest) -> list[int]:
         return fim_ids(self.tokenizer, request.prefix, request.suffix, request.middle,
-                       prefix_tokens=request.prefix_tokens, suffix_tokens=request.suffix_tokens, layout=request.layout)
+                       prefix_tokens=request.prefix_tokens, suffix_tokens=request.suffix_tokens, layout=request.layout,
+                       extra=request.extra, path=request.path)
 
     def prefill_ahead(self, key: str, request: FimRequest | None) -> None:
         """The prompt of a request likely to come soon (None: forget `key`'s): the

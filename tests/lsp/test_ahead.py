@@ -22,7 +22,7 @@ from tests.lsp.tiny_fim import tiny_fim_model
 
 def test_the_prompt_sent_ahead_is_at_the_last_edit_after_a_pause(monkeypatch):
     monkeypatch.setattr(ahead_module, "IDLE_S", 0.05)
-    docs = {"u": ("def f():\n    return 1\n", "f.py")}
+    docs = {"u": ("def f():\n    return 1\n", "f.py", ())}
     sent = []
     ahead = Ahead(lambda uri, request: sent.append((uri, request)), docs.get, LspOptions)
 
@@ -30,7 +30,7 @@ def test_the_prompt_sent_ahead_is_at_the_last_edit_after_a_pause(monkeypatch):
         ahead.changed("u")  # opened, never asked about: the cursor is taken at the end
         await asyncio.sleep(0.2)
         assert sent[-1][0] == "u" and sent[-1][1].prefix == "def f():\n    return 1\n"
-        docs["u"] = ("def f():\n    x = 2\n    return 1\n", "f.py")
+        docs["u"] = ("def f():\n    x = 2\n    return 1\n", "f.py", ())
         ahead.changed("u")
         ahead.changed("u")  # a burst of changes: one prompt, after the pause
         await asyncio.sleep(0.2)
