@@ -12,7 +12,10 @@ a short debounce, the backend
 generates, and `syntax.BlockEnd` stops it where the block ends. The latest request per
 document wins: a newer request (or `$/cancelRequest`) cancels the older one's
 generation. The workspace is indexed in the background on `initialized`, reported with
-`window/workDoneProgress`; open buffers feed the index as they change. Status goes out
+`window/workDoneProgress`; open buffers feed the index as they change. After a pause
+in a document, the prompt of the request most likely to come is prefilled in idle
+time (lsp/ahead.py); prompts may start with code from the files the person left
+(`contextTokens`, lsp/context.py). Status goes out
 as `codespec/status` notifications (`busy`, `indexing`, `ready`, `error`); each item's
 command `codespec.accepted` counts accepted completions.
 """
@@ -23,13 +26,9 @@ import asyncio
 import collections
 import itertools
 import logging
-import os
-import threading
 import time
-import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable
 from urllib.parse import unquote, urlparse
 
 from lsprotocol import types
@@ -40,27 +39,20 @@ from pygls.protocol import LanguageServerProtocol
 from codespec.lsp.ahead import Ahead
 from codespec.lsp.backend import CompletionBackend, detached, settle
 from codespec.lsp.context import Ring
+from codespec.lsp.forwarding import Shown, along, forward
+from codespec.lsp.lifecycle import watch_parent
 from codespec.lsp.fit import closed, fit_indent, replaced_after, rest_of_line
 from codespec.lsp.options import LspOptions, parse_options
 from codespec.lsp.syntax import BlockEnd, Mode, block_indent, classify, repeats_following
 from codespec.lsp.window import fim_request, whole_lines
-from codespec.tempfiles import alive
+from codespec.lsp.workspace import index_workspace
 
 log = logging.getLogger("codespec.lsp")
 NAME, VERSION = "codespec", "0.1.0"
 ACCEPT_COMMAND = "codespec.accepted"
 STATUS = "codespec/status"
 STATS = "codespec/stats"
-PROGRESS_CREATE_TIMEOUT_S = 5.0
 OFFERED_KEEP = 64  # accept-command keys remembered (the items of the last few requests)
-
-
-@dataclass
-class Shown:
-    """The completion shown last in a document, for the forwarding cache."""
-
-    prefix: str  # the document text before the cursor when it was computed
-    text: str
 
 
 class CodespecProtocol(LanguageServerProtocol):
@@ -265,27 +257,6 @@ def build_server(make_backend: Callable[[], CompletionBackend]) -> CodespecServe
     return server
 
 
-def watch_parent(pid: int, every_s: float = 2.0) -> None:
-    """End this process when the editor that started it (`processId`) is gone, as the LSP
-    spec asks: an editor killed without `shutdown` (a closed browser tab of code-server)
-    left a 2.5 GB server running for minutes (issue 31)."""
-    def watch() -> None:
-        while True:
-            time.sleep(every_s)
-            if not alive(pid):
-                log.info("the editor (process %d) is gone: exiting", pid)
-                exit_now()
-
-    threading.Thread(target=watch, name="codespec-parent-watch", daemon=True).start()
-
-
-def exit_now() -> NoReturn:
-    """End the process now, its log flushed: threads loading a model or building an index
-    must not keep it alive (`asyncio.run` and the interpreter would join them)."""
-    logging.shutdown()
-    os._exit(0)
-
-
 def opened(ls: CodespecServer, uri: str) -> Any:
     """The document if the editor opened it, else None. Never `get_text_document`: it
     reads a document it does not hold from disk (any path a client names)."""
@@ -306,47 +277,6 @@ def feed(ls: CodespecServer, uri: str, saved: bool = False) -> None:
     if ls.backend is None or doc is None:
         return
     ls.backend.update_document(ls.relative_path(uri), doc.source.replace("\r\n", "\n"), saved)
-
-
-async def index_workspace(ls: CodespecServer, backend: CompletionBackend) -> None:
-    """Index the workspace, with `window/workDoneProgress` reports where the client
-    takes them: a client that lacks the capability, or refuses the token, gets none (the
-    LSP spec lets a server work without them) and the `codespec/status` notices only."""
-    ls.status("indexing")
-    token = await _progress_token(ls)
-    loop = asyncio.get_running_loop()
-
-    def report(message: str, percent: int) -> None:
-        if token is not None:
-            ls.work_done_progress.report(token, types.WorkDoneProgressReport(message=message, percentage=percent))
-
-    try:
-        summary = await backend.index_workspace([str(r) for r in ls.roots],
-                                                lambda m, p: loop.call_soon_threadsafe(report, m, p))
-    except Exception as exc:
-        log.warning("indexing failed: %s", exc, exc_info=log.isEnabledFor(logging.DEBUG))
-        if token is not None:
-            ls.work_done_progress.end(token, types.WorkDoneProgressEnd(message=f"failed: {exc}"))
-        ls.status("error", f"indexing failed: {exc}")
-        return
-    if token is not None:
-        ls.work_done_progress.end(token, types.WorkDoneProgressEnd(message=summary))
-    ls.status("ready", summary)
-
-
-async def _progress_token(ls: CodespecServer) -> str | None:
-    window = ls.client_capabilities.window
-    if window is None or not window.work_done_progress:
-        return None
-    token = str(uuid.uuid4())
-    try:
-        await asyncio.wait_for(ls.work_done_progress.create_async(token), PROGRESS_CREATE_TIMEOUT_S)
-    except Exception as exc:  # Method Not Found, a refusal, no answer: index without reports
-        log.info("indexing without progress reports: the client did not create a token (%s)",
-                 str(exc) or type(exc).__name__)
-        return None
-    ls.work_done_progress.begin(token, types.WorkDoneProgressBegin(title="codespec: indexing", percentage=0))
-    return token
 
 
 async def complete(ls: CodespecServer, params: types.InlineCompletionParams) -> types.InlineCompletionList | None:
@@ -536,28 +466,6 @@ def _store_rest(ls: CodespecServer, uri: str, prefix: str, text: str, offset: in
         shown = ls.shown.get(uri)
         if shown is None or shown.prefix == prefix:  # nothing newer was shown meanwhile
             ls.shown[uri] = Shown(prefix, completion)
-
-
-def along(shown: Shown | None, prefix: str) -> bool:
-    """The text before the cursor is where `shown` was computed plus a start of its text:
-    the person typed (or accepted) along it."""
-    return shown is not None and prefix.startswith(shown.prefix) and \
-        shown.text.startswith(prefix[len(shown.prefix) :])
-
-
-def forward(shown: Shown | None, prefix: str) -> str | None:
-    """The rest of the completion shown last, if the user typed along it.
-
-    >>> forward(Shown("def f():\\n    ", "return 1\\n"), "def f():\\n    ret")
-    'urn 1\\n'
-    """
-    if not along(shown, prefix):
-        return None
-    assert shown is not None
-    typed = prefix[len(shown.prefix) :]
-    if len(typed) >= len(shown.text.rstrip()):
-        return None
-    return shown.text[len(typed) :]
 
 
 _keys = itertools.count(1)

@@ -86,7 +86,7 @@ def serve(server: Any, address: tuple[str, int] | None = None) -> NoReturn:
     (lsp/logs.py), from the `initialize` request on; stderr keeps what comes before it and,
     after it, fatal errors only (everything at debug level)."""
     from codespec.lsp.logs import EditorLog
-    from codespec.lsp.server import exit_now
+    from codespec.lsp.lifecycle import exit_now
 
     if address is None:
         root = logging.getLogger()

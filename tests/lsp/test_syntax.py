@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from codespec.lsp.options import parse_options
-from codespec.lsp.server import Shown, forward
+from codespec.lsp.forwarding import Shown, forward
 from codespec.lsp.syntax import BlockEnd, Mode, block_indent, classify, repeats_following
 
 BODY = "def add(a, b):\n    \"\"\"Sum.\"\"\"\n    \n\ndef sub(a, b):\n    return a - b\n"
