@@ -99,9 +99,13 @@ def fim_ids(
     grid, so that it starts at the same token while the person types.
 
     `layout`: "psm" (<|fim_prefix|>P<|fim_suffix|>S<|fim_middle|>m, the order the model's
-    card documents) or "spm" (<|fim_suffix|>S<|fim_prefix|>P<|fim_middle|>m, llama.cpp's
-    `--spm-infill`): the text after the cursor first, so that a person writing new lines
-    above it changes only the prompt's end, and the KV cache keeps the rest (lsp/window.py)."""
+    card documents) or "spm", the FIM paper's suffix-prefix-middle variant as StarCoder
+    trains it (<|fim_prefix|><|fim_suffix|>S<|fim_middle|>P m: the text after the cursor
+    first, the file before it continuing after the middle token). A person writing line
+    after line above the same text then changes only the prompt's end, and the KV cache
+    keeps the rest (lsp/window.py); on the typing replay it also doubled first-line
+    matches (docs/decisions.md). Not llama.cpp's `--spm-infill` order
+    (<|fim_suffix|>S<|fim_prefix|>P<|fim_middle|>): the default model fails at it."""
     if layout not in FIM_LAYOUTS:
         raise RequestError(f"unknown fill-in-the-middle layout {layout!r}; use one of {', '.join(FIM_LAYOUTS)}")
     fim = [special_id(tokenizer, t) for t in (FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE)]
@@ -123,7 +127,7 @@ def fim_ids(
     if suffix_tokens is not None:
         after = after[:suffix_tokens]
     if layout == "spm":
-        ids += [fim[1], *after, fim[0], *before, fim[2]]
+        ids += [fim[0], fim[1], *after, fim[2], *before]
     else:
         ids += [fim[0], *before, fim[1], *after, fim[2]]
     return ids + encode(tokenizer, middle)

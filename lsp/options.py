@@ -32,8 +32,9 @@ class LspOptions(BaseModel):
         0, ge=0, le=8192, description="Tokens of code from files worked on lately (the lines around where the "
         "person was in each) before the file's own window, in the model's repository layout; 0: none.")
     fim_layout: Literal["psm", "spm"] = Field(
-        "psm", description="The prompt's order: 'psm' (prefix, suffix, middle) or 'spm' (the text after the "
-        "cursor first: a new line re-reads only the prompt's end, not the 256 suffix tokens).")
+        "spm", description="The prompt's order: 'spm' (the text after the cursor first, then the text before "
+        "it: a new line re-reads only the prompt's end) or 'psm' (prefix, suffix, middle: each new line "
+        "re-reads the suffix). `--server` sends llama.cpp's /infill request, whose layout is the server's.")
     multiline: bool = Field(True, description="Allow multi-line completions (to the end of the block).")
     index_workspace: bool = Field(True, description="Index the workspace folders on start-up.")
 

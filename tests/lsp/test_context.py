@@ -40,6 +40,8 @@ def test_the_prompt_names_the_files_and_the_file_being_written(tmp_path):
     text = tokenizer.decode(ids)
     assert text == "<|repo_name|>repository\n<|file_sep|>a.py\ny = 1\n<|file_sep|>pkg/b.py\n" \
                    "<|fim_prefix|>x = <|fim_suffix|>\n<|fim_middle|>"
+    spm = tokenizer.decode(fim_ids(tokenizer, "x = ", "\n", "y", layout="spm"))
+    assert spm == "<|fim_prefix|><|fim_suffix|>\n<|fim_middle|>x = y"  # the FIM paper's SPM
 
 
 def test_a_request_after_a_switch_carries_the_file_left(tmp_path):
