@@ -90,7 +90,8 @@ def _sample(ask: Ask, latency: float | None, text: str | None, prompt: int | Non
 
 # -- codespec lsp ------------------------------------------------------------------------------
 async def run_lsp(replay: Replay, root: Path, env: dict[str, str], log: Callable[[str], None],
-                  command: list[str] | None = None) -> SystemResult:
+                  command: list[str] | None = None, options: dict[str, Any] | None = None,
+                  pause_s: float = 0.0) -> SystemResult:
     from lsprotocol import types
     from pygls.lsp.client import LanguageClient
 
@@ -109,7 +110,8 @@ async def run_lsp(replay: Replay, root: Path, env: dict[str, str], log: Callable
     try:
         await client.initialize_async(types.InitializeParams(
             capabilities=types.ClientCapabilities(),
-            workspace_folders=[types.WorkspaceFolder(uri=root.as_uri(), name="workspace")]))
+            workspace_folders=[types.WorkspaceFolder(uri=root.as_uri(), name="workspace")],
+            initialization_options=options))
         client.initialized(types.InitializedParams())
         await asyncio.wait_for(ready.wait(), READY_TIMEOUT_S)
         versions: dict[str, int] = {}
@@ -120,6 +122,7 @@ async def run_lsp(replay: Replay, root: Path, env: dict[str, str], log: Callable
                 versions[uri] = 1
                 client.text_document_did_open(types.DidOpenTextDocumentParams(
                     types.TextDocumentItem(uri=uri, language_id="python", version=1, text=event.text)))
+                await asyncio.sleep(pause_s)  # the person reads the file
             elif isinstance(event, Close):
                 client.text_document_did_close(types.DidCloseTextDocumentParams(types.TextDocumentIdentifier(uri)))
             elif isinstance(event, Type):
@@ -153,6 +156,7 @@ async def run_lsp(replay: Replay, root: Path, env: dict[str, str], log: Callable
                 result.samples.append(_sample(event, latency, text, prompt, cached))
                 log(f"lsp {len(result.samples)}/{len(replay.asks)}: {_ms(latency)} cached {cached}/{prompt} "
                     f"{(text or '')[:48]!r} (typed next: {event.truth[:24]!r})")
+                await asyncio.sleep(pause_s)  # the person reads the suggestion
         await client.shutdown_async(None)
         client.exit(None)
     finally:
@@ -231,9 +235,12 @@ def warmup_body(extra: list[dict[str, str]]) -> dict[str, Any]:
             "t_max_prompt_ms": 1, "t_max_predict_ms": 1, "response_fields": [""]}
 
 
-def run_infill(system: str, replay: Replay, url: str, log: Callable[[str], None]) -> SystemResult:
+def run_infill(system: str, replay: Replay, url: str, log: Callable[[str], None],
+               pause_s: float = 0.0) -> SystemResult:
     result = SystemResult(system)
     for i, ask in enumerate(replay.asks):
+        if ask.first:
+            time.sleep(pause_s)  # the person reads the file just opened (the lsp replay's timeline)
         body = json.dumps(infill_body(ask, i == 0)).encode()
         request = urllib.request.Request(url + "/infill", data=body, headers={"Content-Type": "application/json"})
         began = time.perf_counter()
@@ -250,6 +257,7 @@ def run_infill(system: str, replay: Replay, url: str, log: Callable[[str], None]
         result.samples.append(_sample(ask, latency, _shown(answer.get("content"), ask), evaluated, cached))
         log(f"{system} {i + 1}/{len(replay.asks)}: {_ms(latency)} cached {cached}/{evaluated} "
             f"{(answer.get('content') or '')[:48]!r} (typed next: {ask.truth[:24]!r})")
+        time.sleep(pause_s)  # the person reads the suggestion
     return result
 
 
@@ -298,17 +306,18 @@ class ServeProcess:
 
 
 def run_editor_bench(replay: Replay, systems: list[str], root: Path, log: Callable[[str], None],
-                     lsp_command: list[str] | None = None) -> list[SystemResult]:
+                     lsp_command: list[str] | None = None, lsp_options: dict[str, Any] | None = None,
+                     pause_s: float = 0.0) -> list[SystemResult]:
     from codespec.bench import llamacpp
 
     env = {**os.environ}
     results = []
     for system in systems:
         if system == "lsp":
-            results.append(asyncio.run(run_lsp(replay, root, env, log, lsp_command)))
+            results.append(asyncio.run(run_lsp(replay, root, env, log, lsp_command, lsp_options, pause_s)))
         elif system == "infill":
             with ServeProcess(root, env) as serve:
-                results.append(run_infill(system, replay, serve.url, log))
+                results.append(run_infill(system, replay, serve.url, log, pause_s))
         else:
             missing = llamacpp.llamacpp_available()
             if missing:
@@ -317,7 +326,7 @@ def run_editor_bench(replay: Replay, systems: list[str], root: Path, log: Callab
             threads = len(os.sched_getaffinity(0))
             with llamacpp.LlamaServer("llamacpp", threads, extra=["--cache-reuse", "256", "-b", "1024",
                                                                   "-ub", "1024"]) as server:
-                results.append(run_infill(system, replay, server.url, log))
+                results.append(run_infill(system, replay, server.url, log, pause_s))
     return results
 
 

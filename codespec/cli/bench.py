@@ -56,6 +56,11 @@ def register(commands: Any) -> None:
     p.add_argument("--lsp-command", default=None, metavar="CMD",
                    help="editor suite: the language server to run as `lsp` (default: this codespec's `codespec lsp`; "
                    "e.g. another checkout's, to compare)")
+    p.add_argument("--lsp-options", default=None, metavar="JSON",
+                   help="editor suite: the language server's initializationOptions, e.g. '{\"fimLayout\": \"psm\"}'")
+    p.add_argument("--pause-s", type=float, default=0.0, metavar="S",
+                   help="editor suite: the person's pause after opening a file and after each answer, before "
+                   "typing on (idle time a server may use; default 0: the next event at once)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="also write the results as JSON and PNG plots into DIR")
     add_settings_arguments(p, MODEL_FIELDS + SPECULATION_FIELDS)
@@ -108,6 +113,18 @@ def run_load(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _json_object(text: str | None, flag: str) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CodespecError(f"{flag}: not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise CodespecError(f"{flag}: give a JSON object, got {type(value).__name__}")
+    return value
+
+
 def run_editor(args: argparse.Namespace) -> int:
     import tempfile
 
@@ -124,13 +141,15 @@ def run_editor(args: argparse.Namespace) -> int:
         root = write_workspace(Path(tmp) / "workspace", replay)
         results = editor.run_editor_bench(replay, systems, root,
                                           lambda m: print("  " + m, file=sys.stderr, flush=True),
-                                          shlex.split(args.lsp_command) if args.lsp_command else None)
+                                          shlex.split(args.lsp_command) if args.lsp_command else None,
+                                          lsp_options=_json_object(args.lsp_options, "--lsp-options"),
+                                          pause_s=args.pause_s)
     machine = _machine()
     print(f"\ntyping replay: {len(replay.asks)} requests, {machine['cores']} cores ({machine['cpu']}); latency "
           "from request to answer on the client's side; first = first request after a file opened")
     editor.print_table(results, sys.stdout)
-    record = {"suite": "editor", "machine": machine, "requests": len(replay.asks),
-              "results": [r.to_json() for r in results]}
+    record = {"suite": "editor", "machine": machine, "requests": len(replay.asks), "pause_s": args.pause_s,
+              "lsp_options": _json_object(args.lsp_options, "--lsp-options"), "results": [r.to_json() for r in results]}
     print(json.dumps(record))
     if out_dir is not None:
         (out_dir / "editor.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
