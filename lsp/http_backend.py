@@ -1,14 +1,15 @@
 """`codespec lsp --server URL`: the language server as a thin client of `codespec serve`.
 
 Completions go to the server's `/infill` (llama.cpp's shape: `input_prefix`,
-`input_suffix`, `n_predict`) as a stream, open buffers to `/v1/index/documents`, and
+`input_suffix`, `n_predict`, plus codespec's `fim_layout`) as a stream, open buffers to
+`/v1/index/documents` and prompts to prefill in idle time to `/v1/lsp/prefill` (each
+through one worker that sends a key's latest value: never a thread per change), and
 acceptance telemetry to `/v1/lsp/acceptance`. Only the standard library: the
 language server never imports torch, or an HTTP stack of its own.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import threading
@@ -17,6 +18,7 @@ from typing import Any, Callable, Iterator
 from codespec.integrations.upstream import UpstreamClient, UpstreamError, sse_data
 from codespec.lsp.window import HTTP_CHARS_PER_TOKEN, prefix_window, suffix_window
 from codespec.lsp.backend import FimRequest, OnText, Progress, detached
+from codespec.lsp.feed import BufferFeed
 
 TIMEOUT_S = 120
 BackendError = UpstreamError  # the server could not be reached or refused the request (one line)
@@ -47,18 +49,23 @@ class HttpBackend:
     def __init__(self, url: str, api_key: str = "") -> None:
         self.client = UpstreamClient(url, api_key, TIMEOUT_S, peer="codespec serve")
         self.url = self.client.url
+        self.documents = BufferFeed(self._send_document)
+        self.ahead = BufferFeed(self._send_prefill, settle_s=0.0)
 
     def _request(self, path: str, body: Any | None = None, method: str = "POST") -> Any:
         return self.client.open(path, body, method)
 
-    async def complete(self, request: FimRequest, on_text: OnText) -> str:
+    @staticmethod
+    def infill_body(request: FimRequest) -> dict[str, Any]:
         # /infill does not cut by tokens: the windows are cut here, by characters, on their grids
         prefix = prefix_window(request.prefix, request.prefix_tokens * HTTP_CHARS_PER_TOKEN)
         suffix = suffix_window(request.suffix, request.suffix_tokens * HTTP_CHARS_PER_TOKEN)
-        body = {"input_prefix": prefix, "input_suffix": suffix, "prompt": request.middle,
+        return {"input_prefix": prefix, "input_suffix": suffix, "prompt": request.middle,
                 "input_extra": [{"filename": c.filename, "text": c.text} for c in request.extra],
-                "n_predict": request.max_tokens,
-                "stream": True}
+                "fim_layout": request.layout}
+
+    async def complete(self, request: FimRequest, on_text: OnText) -> str:
+        body = {**self.infill_body(request), "n_predict": request.max_tokens, "stream": True}
 
         def pieces(stop: threading.Event) -> Iterator[str]:
             with self._request("/infill", body) as response:
@@ -77,13 +84,25 @@ class HttpBackend:
         return f"server index: {static.get('files', 0)} files, {static.get('tokens', 0)} tokens"
 
     def update_document(self, path: str, text: str, saved: bool = False) -> None:
-        def send() -> None:
-            try:
-                self._request("/v1/index/documents", {"key": f"file:{path}", "text": text}).close()
-            except BackendError:
-                pass  # the index copy is a hint; completions still work
+        self.documents.put(path, text)
 
-        threading.Thread(target=send, daemon=True).start()
+    def _send_document(self, path: str, text: str) -> None:
+        try:
+            self._request("/v1/index/documents", {"key": f"file:{path}", "text": text}).close()
+        except BackendError:
+            pass  # the index copy is a hint; completions still work
+
+    def prefill_ahead(self, key: str, request: FimRequest | None) -> None:
+        """The prompt of a request likely to come soon (lsp/ahead.py), for the server to
+        prefill in idle time; None forgets `key`'s."""
+        self.ahead.put(key, request)
+
+    def _send_prefill(self, key: str, request: FimRequest | None) -> None:
+        body = {"key": key, **(self.infill_body(request) if request is not None else {"forget": True})}
+        try:
+            self._request("/v1/lsp/prefill", body).close()
+        except BackendError:
+            pass  # a hint: an older server without the route, or a busy one
 
     def record_acceptance(self, accepted: bool) -> None:
         def send() -> None:
@@ -95,4 +114,5 @@ class HttpBackend:
         threading.Thread(target=send, daemon=True).start()
 
     def close(self) -> None:
-        return None
+        self.documents.close()
+        self.ahead.close()

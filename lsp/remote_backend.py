@@ -8,7 +8,6 @@ server shows "cannot reach" and recovers when the server comes up.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from typing import Any, Callable
 
@@ -42,6 +41,11 @@ class RemoteBackend:
     def record_acceptance(self, accepted: bool) -> None:
         if self._backend is not None:
             self._backend.record_acceptance(accepted)
+
+    def prefill_ahead(self, key: str, request: FimRequest | None) -> None:
+        prefill = getattr(self._backend, "prefill_ahead", None)
+        if callable(prefill):
+            prefill(key, request)
 
     def close(self) -> Any:
         return None if self._backend is None else self._backend.close()

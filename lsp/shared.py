@@ -219,6 +219,7 @@ class SharedBackend:
         with self._lock:
             if self.http is failed:  # another request has not done it already
                 log.warning("the shared server (pid %d) is gone: starting another", self.server.pid)
+                failed.close()  # its workers
                 self._attach()
 
     async def complete(self, request: Any, on_text: Any) -> str:
@@ -258,6 +259,9 @@ class SharedBackend:
 
     def record_acceptance(self, accepted: bool) -> None:
         self.http.record_acceptance(accepted)
+
+    def prefill_ahead(self, key: str, request: Any) -> None:
+        self.http.prefill_ahead(key, request)
 
     def close(self) -> None:
         self.http.close()

@@ -341,3 +341,30 @@ def test_bench_cold_hf_worker_reports_like_generate(tmp_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(out["token_ids"]) == out["stats"]["generated_tokens"] <= 12
     assert 0 < out["startup"]["model_load_s"] < out["startup"]["first_token_s"]
+
+
+def test_a_prompt_prefilled_ahead_then_asked_equals_no_spec(default_model):
+    """The language server's idle-time prefill (issue 29) in the real dtype: whole chunks
+    computed ahead, one of them pre-empted mid-way, then the request speculating; its
+    tokens equal a fresh engine's with speculation off."""
+    from codespec.engine.kvcache import SlotCache
+
+    tok = default_model.tokenizer
+
+    def fresh_engine():
+        cache = SlotCache(default_model.forward.config, slots=2, slot_tokens=512,
+                          dtype=default_model.forward.kv_dtype, chunk=32)
+        return Engine(default_model.forward, tok, PromptLookupProposer(), max_draft_tokens=8, cache=cache)
+
+    prompt = tok(PROMPTS["copy"], add_special_tokens=False)["input_ids"]
+    config = GenerationConfig(max_new_tokens=32)
+    expected = fresh_engine().generate(prompt, GenerationConfig(max_new_tokens=32, speculate=False)).token_ids
+    engine = fresh_engine()
+    asked = []
+    assert engine.prefill_ahead(prompt, preempted=lambda: asked.append(1) or len(asked) > 5) == 0
+    computed = []
+    while (n := engine.prefill_ahead(prompt)) is not None:
+        computed.append(n)
+    out = engine.generate(prompt, config)
+    assert out.stats.cached_prompt_tokens == sum(computed) == (len(prompt) - 1) // 32 * 32
+    assert out.token_ids == expected

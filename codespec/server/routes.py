@@ -7,7 +7,8 @@ streams meanwhile.
 OpenAI: POST /v1/completions (`suffix` makes it FIM), POST /v1/chat/completions, GET
 /v1/models; llama.cpp: POST /infill; operations: GET /health, GET /metrics; the index:
 POST /v1/index/documents, DELETE /v1/index/documents/{key}, GET /v1/index/stats; the
-language server's telemetry: POST /v1/lsp/acceptance.
+language server's telemetry, POST /v1/lsp/acceptance, and its idle-time hints, POST
+/v1/lsp/prefill.
 Streaming responses are server-sent events ending with `data: [DONE]`.
 """
 
@@ -40,6 +41,7 @@ from codespec.server.schemas import (
     CompletionRequest,
     DocumentRequest,
     InfillRequest,
+    PrefillRequest,
     WorkspaceRequest,
     error_body,
 )
@@ -204,9 +206,7 @@ async def infill(req: InfillRequest, request: Request, b: AnyBackend = Depends(b
     model and the content starts after them: a prompt ending in a space puts a token
     boundary where the tokenizer never has one, and the model answers with one space
     too many (issue 31)."""
-    extra = [prompts.ExtraFile(c.filename, c.text) for c in req.input_extra]
-    middle, held = HeldSpace.split(req.prompt)
-    ids = await run_in_threadpool(prompts.fim_ids, b.tokenizer, req.input_prefix, req.input_suffix, middle, extra)
+    ids, held = await run_in_threadpool(_infill_ids, b, req)
     limit = b.settings.max_tokens_limit if req.n_predict < 0 else max(req.n_predict, 1)
     b.check_request(ids, limit)
     seconds = req.t_max_predict_ms / 1000 if req.t_max_predict_ms else None
@@ -232,6 +232,31 @@ async def infill(req: InfillRequest, request: Request, b: AnyBackend = Depends(b
         return _streaming(_stream(b, ids, config, chunk, done_marker=False))
     g = await _unless_client_leaves(request, b.complete(ids, config))
     return chunk(g.text, g) if isinstance(g, Generation) else g
+
+
+def _infill_ids(b: AnyBackend, req: InfillRequest) -> tuple[list[int], HeldSpace]:
+    """An /infill request's prompt (and the spaces held back from its middle)."""
+    extra = [prompts.ExtraFile(c.filename, c.text) for c in req.input_extra]
+    middle, held = HeldSpace.split(req.prompt)
+    ids = prompts.fim_ids(b.tokenizer, req.input_prefix, req.input_suffix, middle, extra, layout=req.fim_layout)
+    return ids, held
+
+
+@router.post("/v1/lsp/prefill")
+async def lsp_prefill(req: PrefillRequest, b: AnyBackend = Depends(backend)) -> dict[str, Any]:
+    """`codespec lsp --server` and `--shared`: the /infill prompt the editor will most
+    likely send next (lsp/ahead.py); the scheduler computes its whole chunks while no
+    request runs, and a request pre-empts that work (Scheduler.prefill_ahead)."""
+    if isinstance(b, UpstreamBackend):
+        return {"ok": False, "reason": f"{b.name} prefills in the engine behind this server"}
+    if req.forget:
+        b.scheduler.prefill_ahead(req.key, None)
+        return {"ok": True, "tokens": 0}
+    ids, _ = await run_in_threadpool(_infill_ids, b, req)
+    if len(ids) >= b.engine.context_limit:
+        return {"ok": False, "reason": f"the prompt has {len(ids)} tokens; this server holds {b.engine.context_limit}"}
+    b.scheduler.prefill_ahead(req.key, ids)
+    return {"ok": True, "tokens": len(ids)}
 
 
 class Healed:

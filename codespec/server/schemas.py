@@ -148,6 +148,16 @@ class InfillRequest(_Stops):
     stream: StrictBool = False
     response_fields: list[str] | None = None  # llama.cpp's: only these (nested ones as "timings/prompt_n")
     n_indent: int = Field(0, ge=0)  # after the first line, a line indented less ends the completion
+    # codespec's: the prompt's order (prompts.FIM_LAYOUTS); llama.cpp's psm unless asked
+    fim_layout: Literal["psm", "spm"] = "psm"
+
+
+class PrefillRequest(InfillRequest):
+    """codespec's: the prompt of an /infill request likely to come soon (the language
+    server's idle time), to prefill while no request runs; `forget` drops `key`'s."""
+
+    key: str = Field(min_length=1, max_length=4096)
+    forget: StrictBool = False
 
 
 class AcceptanceRequest(_Request):

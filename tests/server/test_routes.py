@@ -195,3 +195,35 @@ async def test_engine_failure_fails_one_request_only(http, backend, monkeypatch)
     assert r.status_code == 500 and "simulated" in r.json()["error"]["message"]
     r = await http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4})
     assert r.status_code == 200
+
+
+async def test_a_prompt_hinted_ahead_is_prefilled_before_its_infill(http, backend):
+    """`POST /v1/lsp/prefill` (the language server's idle-time hint, over `--shared`):
+    the scheduler computes the prompt's whole chunks while idle; the /infill that follows
+    (codespec's `fim_layout` spm) finds them cached and answers as plain decoding would."""
+    from codespec import prompts
+
+    body = {"input_prefix": "import os\n\n\ndef list_python_files(path):\n", "prompt": "    ",
+            "input_suffix": "\n\nif __name__ == '__main__':\n    print(list_python_files('.'))\n",
+            "input_extra": [{"filename": "numbers.py",
+                             "text": "".join(f"def add_{i}(x):\n    return x + {i}\n\n" for i in range(40))}],
+            "fim_layout": "spm", "n_predict": 16}
+    before = backend.scheduler.ahead_tokens
+    hint = await http.post("/v1/lsp/prefill", json={**body, "key": "file:///a.py"})
+    assert hint.status_code == 200 and hint.json()["ok"], hint.text
+    tokens = hint.json()["tokens"]
+    whole = (tokens - 1) // 256 * 256
+    assert whole >= 256
+    for _ in range(600):
+        if backend.scheduler.ahead_tokens - before >= whole:
+            break
+        await asyncio.sleep(0.05)
+    assert backend.scheduler.ahead_tokens - before == whole
+    out = (await http.post("/infill", json=body)).json()
+    assert out["tokens_evaluated"] == tokens and out["tokens_cached"] == whole, out
+    extra = [prompts.ExtraFile(c["filename"], c["text"]) for c in body["input_extra"]]
+    ids = prompts.fim_ids(backend.tokenizer, body["input_prefix"], body["input_suffix"], "", extra, layout="spm")
+    plain = backend.engine.generate(ids, GenerationConfig(max_new_tokens=16, speculate=False)).text
+    assert out["content"] == plain[4:] if plain.startswith("    ") else out["content"] == ""  # spaces held back
+    forget = await http.post("/v1/lsp/prefill", json={"key": "file:///a.py", "forget": True})
+    assert forget.json() == {"ok": True, "tokens": 0}

@@ -43,6 +43,7 @@ function initializationOptions(config: vscode.WorkspaceConfiguration): Record<st
     debounceMs: config.get("debounceMs"),
     multiline: config.get("multiline"),
     indexWorkspace: config.get("indexWorkspace"),
+    contextTokens: config.get("contextTokens"),
   };
 }
 
