@@ -23,6 +23,7 @@ from codespec.cli.options import (
 from codespec.errors import CodespecError
 
 SERVE_FIELDS = ("host", "port", "api_key", "index", "repo", "upstream", "upstream_api_key", "max_tokens_limit",
+                "infill_layout",
                 "max_request_bytes", "max_header_bytes", "header_timeout_s", "idle_timeout_s", "max_active_requests",
                 "max_waiting_requests")
 

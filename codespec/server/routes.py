@@ -238,7 +238,8 @@ def _infill_ids(b: AnyBackend, req: InfillRequest) -> tuple[list[int], HeldSpace
     """An /infill request's prompt (and the spaces held back from its middle)."""
     extra = [prompts.ExtraFile(c.filename, c.text) for c in req.input_extra]
     middle, held = HeldSpace.split(req.prompt)
-    ids = prompts.fim_ids(b.tokenizer, req.input_prefix, req.input_suffix, middle, extra, layout=req.fim_layout)
+    layout = req.fim_layout or b.settings.infill_layout
+    ids = prompts.fim_ids(b.tokenizer, req.input_prefix, req.input_suffix, middle, extra, layout=layout)
     return ids, held
 
 

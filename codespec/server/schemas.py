@@ -148,8 +148,8 @@ class InfillRequest(_Stops):
     stream: StrictBool = False
     response_fields: list[str] | None = None  # llama.cpp's: only these (nested ones as "timings/prompt_n")
     n_indent: int = Field(0, ge=0)  # after the first line, a line indented less ends the completion
-    # codespec's: the prompt's order (prompts.FIM_LAYOUTS); llama.cpp's psm unless asked
-    fim_layout: Literal["psm", "spm"] = "psm"
+    # codespec's: the prompt's order (prompts.FIM_LAYOUTS); None: the server's `infill_layout`
+    fim_layout: Literal["psm", "spm"] | None = None
 
 
 class PrefillRequest(InfillRequest):

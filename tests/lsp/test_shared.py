@@ -200,8 +200,13 @@ def test_a_gone_server_is_replaced_whatever_the_transport_said(tmp_path):
     done.wait()  # a pid that is gone
 
     class Failing:
+        closed = False
+
         async def complete(self, request, on_text):
             raise ConnectionResetError("reset by peer")
+
+        def close(self):  # the gone server's client: its workers stop
+            self.closed = True
 
     class Answering:
         async def complete(self, request, on_text):
@@ -209,7 +214,8 @@ def test_a_gone_server_is_replaced_whatever_the_transport_said(tmp_path):
 
     backend = SharedBackend.__new__(SharedBackend)
     backend.settings, backend._lock = None, threading.Lock()
-    backend.server, backend.http = SharedServer("http://127.0.0.1:9", done.pid, "key", tmp_path / "log"), Failing()
+    gone = Failing()
+    backend.server, backend.http = SharedServer("http://127.0.0.1:9", done.pid, "key", tmp_path / "log"), gone
     started = []
 
     def attach() -> None:
@@ -218,7 +224,7 @@ def test_a_gone_server_is_replaced_whatever_the_transport_said(tmp_path):
         backend.http = Answering()
 
     backend._attach = attach
-    assert asyncio.run(backend.complete(None, None)) == "def area" and started == [True]
+    assert asyncio.run(backend.complete(None, None)) == "def area" and started == [True] and gone.closed
     backend.http = Failing()  # the new server (this process: alive) fails: that is the answer
     try:
         asyncio.run(backend.complete(None, None))
