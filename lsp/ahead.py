@@ -3,11 +3,14 @@ to the backend to prefill in idle time.
 
 Once a document is opened or edited and then left alone for `IDLE_S`, the next request
 will most likely come where the person is: at the end of the last edit (found by
-comparing the text with the one seen before), else where the last request was, else,
-for a file never asked about, at its end (the window before the cursor then starts
-where any cursor's does in a short file, so its chunks serve every request there). The
-backend computes that prompt's whole chunks while no request runs; a request pre-empts
-the work (engine/scheduler.py), and reuses what is done.
+comparing the text with the one seen before), else where the last request was. For a
+file never asked about, the cursor is unknown: in the `psm` layout a prompt at the
+file's end still shares its leading chunks with any request in a short file (the
+window before the cursor starts at the file's start), and with other files' code the
+prompt's head is the same wherever the cursor is; in `spm` without other files' code
+nothing of such a guess would be reused (the text after the cursor comes first), so
+nothing is sent. The backend computes the prompt's whole chunks while no request runs;
+a request pre-empts the work (engine/scheduler.py), and reuses what is done.
 
     ahead = Ahead(send=backend.prefill_ahead, document=lambda uri: (text, path, extra), options=lambda: opts)
     ahead.changed(uri)          # didOpen, didChange: prefill once the person pauses
@@ -70,8 +73,12 @@ class Ahead:
         if before is not None and before != text:
             self.cursors[uri] = edit_end(before, text)
         self.seen[uri] = text
-        offset = min(self.cursors.get(uri, len(text)), len(text))
-        request, _ = fim_request(text, offset, self.options(), path, extra)
+        options = self.options()
+        known = self.cursors.get(uri)
+        if known is None and options.fim_layout == "spm" and not extra:
+            return  # a guessed cursor's prompt shares nothing with the real one's (module docstring)
+        offset = min(len(text) if known is None else known, len(text))
+        request, _ = fim_request(text, offset, options, path, extra)
         self.send(uri, request)
 
 

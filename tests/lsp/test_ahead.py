@@ -24,10 +24,17 @@ def test_the_prompt_sent_ahead_is_at_the_last_edit_after_a_pause(monkeypatch):
     monkeypatch.setattr(ahead_module, "IDLE_S", 0.05)
     docs = {"u": ("def f():\n    return 1\n", "f.py", ())}
     sent = []
-    ahead = Ahead(lambda uri, request: sent.append((uri, request)), docs.get, LspOptions)
+    options = LspOptions(fim_layout="psm")
+    ahead = Ahead(lambda uri, request: sent.append((uri, request)), docs.get, lambda: options)
 
     async def scenario():
-        ahead.changed("u")  # opened, never asked about: the cursor is taken at the end
+        nonlocal options
+        options = LspOptions(fim_layout="spm")
+        ahead.changed("u")  # opened, never asked about, the text after the cursor first: no guess pays
+        await asyncio.sleep(0.2)
+        assert sent == []
+        options = LspOptions(fim_layout="psm")
+        ahead.changed("u")  # the file's start leads the prompt: the cursor is taken at the end
         await asyncio.sleep(0.2)
         assert sent[-1][0] == "u" and sent[-1][1].prefix == "def f():\n    return 1\n"
         docs["u"] = ("def f():\n    x = 2\n    return 1\n", "f.py", ())
@@ -46,6 +53,13 @@ def test_the_prompt_sent_ahead_is_at_the_last_edit_after_a_pause(monkeypatch):
         ahead.changed("u")  # reopened: where the last request was
         await asyncio.sleep(0.2)
         assert sent[-1][1].prefix == "def f():\n" and sent[-1][1].middle == ""
+        ahead.closed("u")
+        ahead.cursors.clear()  # a file never asked about, with other files' code: its head pays
+        options = LspOptions(fim_layout="spm")
+        docs["u"] = (*docs["u"][:2], ("other",))
+        ahead.changed("u")
+        await asyncio.sleep(0.2)
+        assert sent[-1][1] is not None and sent[-1][1].extra == ("other",)
 
     asyncio.run(scenario())
 
@@ -77,17 +91,21 @@ async def _session(tmp_path: Path) -> None:
         client.initialized(types.InitializedParams())
         await asyncio.wait_for(ready.wait(), 300)
         uri = (tmp_path / "long.py").as_uri()
-        text = "".join(f"def f{i}(x):\n    return x * {i}\n\n" for i in range(40))  # ~1.2k byte tokens: a 947-token prompt
+        text = "".join(f"def f{i}(x):\n    return x * {i}\n\n" for i in range(40))  # ~1.2k byte tokens
         client.text_document_did_open(types.DidOpenTextDocumentParams(
             types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
-        for _ in range(600):  # the idle server prefills the opened file's prompt (cursor: its end)
+        assert not isinstance(await answered(ask(client, uri, 3, 0)), Exception)  # where the person is
+        text += "def g(y):\n    return y + 1\n\n"  # they write on at the end, then pause
+        client.text_document_did_change(types.DidChangeTextDocumentParams(
+            types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+            [types.TextDocumentContentChangeWholeDocument(text=text)]))
+        for _ in range(600):  # the idle server prefills the prompt at the end of that edit
             stats = await _stats(client)
             if _get(stats, "backend", "prefilled_ahead", "tokens") >= 768:
                 break
             await asyncio.sleep(0.1)
         assert _get(stats, "backend", "prefilled_ahead", "tokens") >= 768, stats
-        lines = text.count("\n")
-        result = await answered(ask(client, uri, lines, 0))
+        result = await answered(ask(client, uri, text.count("\n"), 0))
         assert not isinstance(result, Exception), result
         last = _get(await _stats(client), "backend", "prompt_cache", "last")
         prompt, cached = _get(last, "prompt_tokens"), _get(last, "cached_tokens")
