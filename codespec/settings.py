@@ -117,9 +117,9 @@ class Settings(BaseSettings):
     upstream_api_key: str = Field("", description="Bearer token the --upstream engine wants, if any.")
     max_tokens_limit: int = Field(4096, ge=1, description="Largest max_tokens / n_predict a request may ask for.")
     infill_layout: Literal["psm", "spm"] = Field(
-        "psm", description="The prompt order of an /infill request that names none (codespec's `fim_layout`): "
-        "'psm' as llama.cpp builds it, or 'spm', the text after the cursor first (fewer tokens re-read per "
-        "new line; better completions from the default model, docs/decisions.md).")
+        "spm", description="The prompt order of an /infill request that names none (codespec's `fim_layout`): "
+        "'spm', the text after the cursor first (fewer tokens re-read per new line, and better completions "
+        "from the default model: docs/decisions.md), or 'psm' as llama.cpp builds it.")
     max_request_bytes: int = Field(8 << 20, ge=1024, description="Largest request body accepted, in bytes.")
     max_header_bytes: int = Field(64 * 1024, ge=1024, description="Largest request header block accepted, in "
                                   "bytes; more gets HTTP 431.")

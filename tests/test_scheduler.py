@@ -150,18 +150,18 @@ def test_idle_time_prefills_ahead_and_a_request_preempts_it():
     """The worker prefills prompts handed in ahead while nothing else runs; the request
     then reuses those chunks; a request that comes during such work pre-empts it."""
     engine = Engine(of_model(tiny_model("qwen2", vocab_size=16, seed=3)), None, eos_token_ids=[], slots=2)
-    prompt = [1, 2, 3, 4, 5, 6, 7] * 60  # 420 tokens: one whole 256-token chunk
+    prompt = [1, 2, 3, 4, 5, 6, 7] * 60  # 420 tokens: one whole 256-token chunk, five 32-token sub-chunks
     config = GenerationConfig(max_new_tokens=6)
     scheduler = Scheduler(engine, max_active=2)
     try:
         scheduler.prefill_ahead("a.py", prompt)
         for _ in range(600):
-            if scheduler.ahead_tokens == 256 and not scheduler._ahead:
+            if scheduler.ahead_tokens == 416 and not scheduler._ahead:
                 break
             time.sleep(0.05)
-        assert scheduler.ahead_tokens == 256 and not scheduler._ahead, "the idle worker never prefilled ahead"
+        assert scheduler.ahead_tokens == 416 and not scheduler._ahead, "the idle worker never prefilled ahead"
         out = run_all(scheduler, [prompt], config)[0]
-        assert out.stats.cached_prompt_tokens == 256
+        assert out.stats.cached_prompt_tokens == 416
 
         started = threading.Event()
 

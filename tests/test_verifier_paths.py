@@ -274,13 +274,16 @@ def test_prefill_ahead_computes_the_chunks_a_request_then_reuses_losslessly():
     done = []
     while (computed := engine.prefill_ahead(prompt)) is not None:
         done.append(computed)
-    assert done == [8] * 5  # 40 tokens: whole chunks short of the prompt's last token
+    # whole chunks, then the last chunk's sub-chunks (one token each at chunk 8), short of the last token
+    assert done == [8] * 5 + [1] * 4
     out = engine.generate(prompt, config)
-    assert out.stats.cached_prompt_tokens == 40 and out.token_ids == fresh.token_ids
-    longer = prompt + [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
-    assert engine.prefill_ahead(longer) == 8 and engine.prefill_ahead(longer) is None
+    assert out.stats.cached_prompt_tokens == 44 and out.token_ids == fresh.token_ids
+    longer = prompt + [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]  # 55 tokens: chunk 40-48 is whole now, not sub-chunks
+    assert engine.prefill_ahead(longer) == 8 and engine.prefill_ahead(longer) == 1
+    while engine.prefill_ahead(longer) is not None:
+        pass
     again = engine.generate(longer, config)
-    assert again.stats.cached_prompt_tokens == 48
+    assert again.stats.cached_prompt_tokens == 54
     assert again.token_ids == engine_for(model, slots=1, chunk=8).generate(longer, config).token_ids
 
 
@@ -303,3 +306,24 @@ def test_a_preempted_chunk_is_dropped_and_changes_no_output():
     out = engine.generate(prompt, config)
     assert out.stats.cached_prompt_tokens == 8
     assert out.token_ids == engine_for(model, slots=1, chunk=8).generate(prompt, config).token_ids
+
+
+def test_prompts_ending_in_the_same_chunk_reuse_its_sub_chunks_losslessly():
+    """A prompt's last, partial chunk is prefilled in sub-chunks (kvcache.spans): prompts
+    that end in the same chunk (a person typing) reuse its whole sub-chunks; a prompt
+    that ends in a later chunk computes that chunk whole and reuses only whole chunks.
+    Every output equals a fresh engine's."""
+    model = rows_model("qwen2", "padded", vocab_size=64, seed=2)
+    base = prompts(64, 1, seed=7, repeat=False)[0] * 3
+    engine = engine_for(model, slots=1, chunk=16)  # sub-chunks of 2 tokens
+    assert engine.cache.spans(43, 40) == [(40, 42), (42, 43)]
+    cases = [base[:37], base[:41], base[:41] + [9, 9], base[:50]]
+    reused = []
+    for prompt in cases:
+        config = GenerationConfig(max_new_tokens=12)
+        fresh = engine_for(model, slots=1, chunk=16).generate(prompt, config)
+        out = engine.generate(prompt, config)
+        assert out.token_ids == fresh.token_ids, f"prompt {prompt}"
+        reused.append(out.stats.cached_prompt_tokens)
+    # nothing; two chunks and two sub-chunks; four sub-chunks; whole chunks only (it ends past the chunk)
+    assert reused == [0, 36, 40, 32], reused

@@ -181,31 +181,31 @@ class Engine:
         return Run(self, prompt_ids, config)
 
     def prefill_ahead(self, prompt_ids: Sequence[int], preempted: Callable[[], bool] | None = None) -> int | None:
-        """Background work (issue 29): the KV of the next full chunk of a prompt a request
-        is likely to send soon, into the free slot that shares most of it. Returns the
-        tokens computed (0: pre-empted), None when nothing is left to do (its full chunks
-        are cached, or no slot is free). Only whole chunks on the absolute grid, as a
-        request's own prefill computes them, so a request that reuses them gets exactly
-        the bits a fresh prefill would (kvcache.py): no output depends on this.
+        """Background work (issue 29): the KV of the next prefill pass (a whole chunk, or a
+        sub-chunk of the last one) of a prompt a request is likely to send soon, into the
+        free slot that shares most of it. Returns the tokens computed (0: pre-empted),
+        None when nothing is left to do (its whole passes are cached, or no slot is free).
+        Only the passes a request's own prefill runs (kvcache.spans), so a request that
+        reuses them gets exactly the bits a fresh prefill would: no output depends on this.
         `preempted` is asked between layers (backends that run transformers' layers) and
         ends the chunk early, dropped, when it says True: a request came."""
-        chunk = self.cache.chunk
         prompt = [int(t) for t in prompt_ids][: self.context_limit]
-        target = (len(prompt) - 1) // chunk * chunk  # a request reuses whole chunks short of its last token
+        target = self.cache.reusable_end(len(prompt))  # what a request could reuse of it
         if target <= 0 or not self.cache.free_slots:
             return None
         slot, cached = self.cache.acquire(prompt)
         try:
             if cached >= target:
                 return None
+            end = self.cache.spans(len(prompt), cached)[0][1]  # the next pass its own prefill would run
             self.cache.preempted = preempted
             try:
-                self.verifier.prefill(slot, prompt[: cached + chunk], start=cached)
+                self.verifier.prefill(slot, prompt[:end], start=cached)
             except Preempted:
-                return 0  # the slot's length never moved: the chunk's KV is garbage past it
+                return 0  # the slot's length never moved: the pass's KV is garbage past it
             finally:
                 self.cache.preempted = None
-            return chunk
+            return end - cached
         finally:
             self.cache.release(slot)
 

@@ -11,10 +11,17 @@ Prefix reuse (an editor completing in the same file again, an agent resending a
 conversation): a finished request's slot keeps its KV and token ids. A new request
 takes the free slot that shares the longest reusable prefix with its prompt (the least
 recently used one when none does) and prefills only the rest. Reuse changes no output:
-prompts are prefilled in chunks of `chunk` tokens at absolute positions (0, chunk,
-2 * chunk, ...), so the KV of a full chunk depends only on the tokens up to its end, and
-only full chunks a prefill computed are ever reused. A fresh prefill of the new prompt
-would compute those chunks bit for bit the same way.
+prompts are prefilled in passes at absolute positions that depend on the prompt's
+length alone (`spans`), so a pass's KV depends only on the tokens up to its end, and
+only whole passes a prefill computed are ever reused where a fresh prefill of the new
+prompt would run the very same pass, bit for bit:
+
+- whole chunks of `chunk` tokens on the grid (0, chunk, 2 * chunk, ...);
+- the prompt's last, partial chunk in sub-chunks of `tail` tokens on their grid. A
+  person typing makes prompts that end in the same chunk again and again: they share
+  its whole sub-chunks, and only the rest is read again (~16 tokens on average instead
+  of ~128 with 256-token chunks). A prompt that ends in a later chunk computes that
+  chunk whole, so it reuses none of the sub-chunks.
 
     cache = SlotCache(model.config, slots=4, slot_tokens=4096, dtype=torch.bfloat16)
     cache = SlotCache(config, slots=1, slot_tokens=4096, dtype=numpy.uint16)  # bf16 bits, no torch (forward/rows.py)
@@ -45,6 +52,7 @@ if TYPE_CHECKING:
 KVDtype = Any
 
 DEFAULT_CHUNK = 256  # prefill chunk: the fastest 1k-token prefill here, 128 costs +20% (decisions.md)
+TAIL_PARTS = 8  # a prompt's last, partial chunk runs in sub-chunks of chunk / TAIL_PARTS tokens
 
 
 class CacheFull(CodespecError):
@@ -59,7 +67,8 @@ class Preempted(Exception):
 @dataclass
 class _Slot:
     tokens: list[int] = field(default_factory=list)  # ids whose KV the slot holds, in order
-    reusable: int = 0  # leading tokens whose KV a chunked prefill computed
+    reusable: int = 0  # leading tokens whose KV whole prefill passes computed
+    tail_start: int = 0  # where the prefill's sub-chunked last chunk began (= reusable when none)
     busy: bool = False
     last_used: int = 0
 
@@ -125,6 +134,7 @@ class SlotCache:
         self.values = [_zeros(shape, dtype, device) for _ in range(layers)]
         self.slot_tokens = slot_tokens
         self.chunk = chunk
+        self.tail = max(1, chunk // TAIL_PARTS)
         self._slots = [_Slot() for _ in range(slots)]
         self._lengths = [0] * slots
         self._clock = itertools.count(1)
@@ -183,6 +193,7 @@ class SlotCache:
         state.busy = True
         del state.tokens[best_reuse:]
         state.reusable = best_reuse
+        state.tail_start = min(state.tail_start, best_reuse)
         self._lengths[best] = best_reuse
         return best, best_reuse
 
@@ -191,7 +202,7 @@ class SlotCache:
         for index, state in enumerate(self._slots):
             if not state.busy:
                 state.tokens.clear()
-                state.reusable = 0
+                state.reusable = state.tail_start = 0
                 self._lengths[index] = 0
 
     def release(self, slot: int) -> None:
@@ -199,23 +210,53 @@ class SlotCache:
         state.busy = False
         state.last_used = next(self._clock)
 
+    def spans(self, length: int, start: int = 0) -> list[tuple[int, int]]:
+        """The passes a prefill of a `length`-token prompt runs from `start` (a boundary
+        of them): whole chunks, then the last, partial chunk in sub-chunks (module
+        docstring). Every backend whose bits depend on a pass's rows prefills by these.
+
+        >>> SlotCache.spans_of(600, 0, 256, 32)[-4:]
+        [(256, 512), (512, 544), (544, 576), (576, 600)]
+        """
+        return self.spans_of(length, start, self.chunk, self.tail)
+
+    @staticmethod
+    def spans_of(length: int, start: int, chunk: int, tail: int) -> list[tuple[int, int]]:
+        last = length - length % chunk  # where the partial last chunk starts (length: none)
+        assert start % chunk == 0 or (start > last and (start - last) % tail == 0), "a pass boundary"
+        out = [(begin, begin + chunk) for begin in range(start, last, chunk)]
+        return out + [(begin, min(begin + tail, length)) for begin in range(max(start, last), length, tail)]
+
+    def reusable_end(self, length: int) -> int:
+        """How much of a `length`-token prompt's KV a later prompt could reuse: its whole
+        passes short of its last token (whose logits a request needs)."""
+        ends = [end for _, end in self.spans(length) if end < length]
+        return ends[-1] if ends else 0
+
     def _reusable(self, state: _Slot, prompt_ids: Sequence[int]) -> int:
-        # Whole chunks only, and never the prompt's last token: its logits are needed.
+        # Whole passes that a fresh prefill of this prompt would run too, and never the
+        # prompt's last token: its logits are needed.
         limit = min(state.reusable, len(prompt_ids) - 1)
         common = 0
         for cached, new in zip(state.tokens[:limit], prompt_ids[:limit]):
             if cached != new:
                 break
             common += 1
+        last = len(prompt_ids) - len(prompt_ids) % self.chunk
+        if common > state.tail_start and last == state.tail_start:  # the same last chunk: its sub-chunks
+            return common - (common - last) % self.tail
+        common = min(common, state.tail_start)
         return common - common % self.chunk
 
     # -- bookkeeping the verifier does after each forward ---------------------------------
     def prefilled(self, slot: int, prompt_ids: Sequence[int]) -> None:
-        """The whole prompt's KV is in the slot; its full chunks become reusable."""
+        """The whole prompt's KV is in the slot; its whole passes become reusable."""
         state = self._slots[slot]
         state.tokens[:] = list(prompt_ids)
-        state.reusable = len(prompt_ids) - len(prompt_ids) % self.chunk
-        self._lengths[slot] = len(prompt_ids)
+        n = len(prompt_ids)
+        state.tail_start = n - n % self.chunk
+        state.reusable = state.tail_start + (n - state.tail_start) // self.tail * self.tail
+        self._lengths[slot] = n
 
     def committed(self, slot: int, token_ids: Sequence[int]) -> None:
         """A verify pass kept the KV of `token_ids` (the pending token and the accepted

@@ -44,11 +44,12 @@ class Verifier:
         self.row_block, self.padded_rows = forward.probe(probes)
 
     def prefill(self, slot: int, prompt_ids: Sequence[int], start: int = 0) -> Any:
-        """Compute the KV of prompt_ids[start:] in chunks on the absolute chunk grid;
-        returns the logits after the prompt's last token: [1, vocab]."""
+        """Compute the KV of prompt_ids[start:] in the passes `cache.spans` gives (whole
+        chunks on the absolute grid, the last chunk in sub-chunks); returns the logits
+        after the prompt's last token: [1, vocab]."""
         prompt = list(prompt_ids)
         assert 0 <= start < len(prompt) <= self.cache.slot_tokens
-        assert start % self.cache.chunk == 0, "a prefill resumes on the chunk grid"
+        self.cache.spans(len(prompt), start)  # asserts that a prefill resumes at a pass boundary
         logits = self.forward.prefill(self.cache, slot, prompt, start)
         self.cache.prefilled(slot, prompt)
         return logits

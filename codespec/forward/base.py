@@ -25,8 +25,9 @@ slices them and hands them back to `argmax` or `tensor`.
 Exactness contract. Row i of a pass must equal, bit for bit, the decode step it stands
 for: the same token at the same position after the same keys, computed as a one-row
 pass. That makes greedy speculation lossless whatever the draft or the batch. A prefill
-needs only to be deterministic on the absolute chunk grid (`cache.chunk`), so a reused
-prompt prefix and a fresh prefill give the same KV. `masked` is the one backend that
+needs only to be deterministic per pass, in the passes `cache.spans` gives (whole chunks
+on the absolute grid, the last chunk in sub-chunks), so a reused prompt prefix and a
+fresh prefill give the same KV. `masked` is the one backend that
 does not keep the contract (its rows differ from steps in the last bits); it says so
 with `exact = False`.
 
@@ -66,8 +67,8 @@ class Forward(Protocol):
         ...
 
     def prefill(self, cache: Any, slot: int, prompt: Sequence[int], start: int) -> Any:
-        """Write the KV of prompt[start:] into `slot` in chunks on the absolute grid; the
-        logits after the last token: [1, vocab]. `start` is on the chunk grid."""
+        """Write the KV of prompt[start:] into `slot` in the passes `cache.spans` gives; the
+        logits after the last token: [1, vocab]. `start` is a boundary of those passes."""
         ...
 
     def logits(self, cache: Any, requests: Requests) -> Any:

@@ -150,8 +150,7 @@ class CudaForward:
     @torch.inference_mode()
     def prefill(self, cache: Any, slot: int, prompt: Sequence[int], start: int) -> torch.Tensor:
         hidden = None
-        for begin in range(start, len(prompt), cache.chunk):
-            end = min(begin + cache.chunk, len(prompt))
+        for begin, end in cache.spans(len(prompt), start):
             hidden = self._prefill_chunk(cache, slot, prompt[begin:end], begin)
         assert hidden is not None, "nothing to prefill"
         return self.model.lm_head(self.model.model.norm(hidden[-1:]))

@@ -96,8 +96,7 @@ class TorchForward:
     @torch.inference_mode()
     def prefill(self, cache: Any, slot: int, prompt: Sequence[int], start: int) -> torch.Tensor:
         logits = None
-        for begin in range(start, len(prompt), cache.chunk):
-            end = min(begin + cache.chunk, len(prompt))
+        for begin, end in cache.spans(len(prompt), start):
             rows = torch.arange(begin, end, device=self.device)
             causal = torch.arange(end, device=self.device)[None, :] <= rows[:, None]  # [rows, end]
             plan = attention.Plan(cache, write_slots=torch.full((end - begin,), slot, device=self.device),

@@ -38,7 +38,7 @@ def ask_at(text: str, line: int, character: int) -> Ask:
 
 
 def greedy(backend, prefix: str, suffix: str, middle: str, n: int) -> str:
-    ids = prompts.fim_ids(backend.tokenizer, prefix, suffix, middle)
+    ids = prompts.fim_ids(backend.tokenizer, prefix, suffix, middle, layout=backend.settings.infill_layout)
     return backend.engine.generate(ids, GenerationConfig(max_new_tokens=n, speculate=False)).text
 
 
@@ -79,7 +79,8 @@ async def test_n_indent_stops_a_stream_and_a_response_at_the_same_place(http, ba
     lines = whole["content"].split("\n")
     assert all(not x.strip() or len(x) - len(x.lstrip()) >= 8 for x in lines[1:]), whole["content"]
     # speculation does not move the cut: plain decoding with the same rule ends at the same place
-    ids = prompts.fim_ids(backend.tokenizer, body["input_prefix"], "", body["prompt"])
+    ids = prompts.fim_ids(backend.tokenizer, body["input_prefix"], "", body["prompt"],
+                          layout=backend.settings.infill_layout)
     plain = backend.engine.generate(ids, GenerationConfig(max_new_tokens=64, speculate=False, min_indent=8))
     assert whole["content"] == plain.text
     stream = await http.post("/infill", json={**body, "stream": True})

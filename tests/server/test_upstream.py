@@ -45,9 +45,9 @@ async def front_http(front):
 
 @pytest.mark.anyio
 async def test_infill_through_the_front_is_the_engines_own_greedy_output(front_http, backend, default_model):
-    ids = fim_ids(default_model.tokenizer, PREFIX, SUFFIX)
+    ids = fim_ids(default_model.tokenizer, PREFIX, SUFFIX, layout="psm")
     direct = await backend.complete(ids, GenerationConfig(max_new_tokens=24))
-    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 24}
+    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 24, "fim_layout": "psm"}
     answer = (await front_http.post("/infill", json=body)).json()
     assert answer["content"] == direct.text and answer["tokens_predicted"] == 24
     streamed = await front_http.post("/infill", json={**body, "stream": True})
