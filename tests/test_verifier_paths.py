@@ -314,7 +314,7 @@ def test_prompts_ending_in_the_same_chunk_reuse_its_sub_chunks_losslessly():
     that ends in a later chunk computes that chunk whole and reuses only whole chunks.
     Every output equals a fresh engine's."""
     model = rows_model("qwen2", "padded", vocab_size=64, seed=2)
-    base = prompts(64, 1, seed=7, repeat=False)[0] * 3
+    base = [(i * 7 + 3) % 61 + 1 for i in range(60)]
     engine = engine_for(model, slots=1, chunk=16)  # sub-chunks of 2 tokens
     assert engine.cache.spans(43, 40) == [(40, 42), (42, 43)]
     cases = [base[:37], base[:41], base[:41] + [9, 9], base[:50]]
