@@ -5,17 +5,14 @@ while they type in one."""
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 from pathlib import Path
 
 from lsprotocol import types
 from pygls.lsp.client import LanguageClient
 
-from codespec.bench.editor import stop_client
 from codespec.lsp.context import CHUNK_LINES, Ring
 from codespec.prompts import ExtraFile, fim_ids
-from tests.lsp.test_replay import answered, ask, ready_event
+from tests.lsp.test_replay import answered, ask, tiny_lsp
 from tests.lsp.tiny_fim import tiny_fim_model
 
 
@@ -54,17 +51,8 @@ async def _last_prompt(client: LanguageClient) -> int:
 
 
 async def _session(tmp_path: Path) -> None:
-    model = tiny_fim_model(tmp_path / "model")
-    env = {**os.environ, "CODESPEC_CACHE_DIR": str(tmp_path / "cache")}
-    client = LanguageClient("context", "1")
-    ready = ready_event(client)
-    await client.start_io(sys.executable, "-m", "codespec", "lsp", "--model", str(model), env=env)
-    try:
-        options = {"maxTokens": 4, "latencyBudgetMs": 0, "indexWorkspace": False, "debounceMs": 0}
-        await client.initialize_async(types.InitializeParams(capabilities=types.ClientCapabilities(),
-                                                             initialization_options=options))
-        client.initialized(types.InitializedParams())
-        await asyncio.wait_for(ready.wait(), 300)
+    options = {"maxTokens": 4, "latencyBudgetMs": 0, "indexWorkspace": False, "debounceMs": 0}
+    async with tiny_lsp(tmp_path, options) as client:
         a, b = (tmp_path / "a.py").as_uri(), (tmp_path / "b.py").as_uri()
         left = "def helper(values):\n    return sorted(values)\n"
         for uri, text in ((a, left), (b, "import a\n\n\ndef main():\n    \n")):
@@ -79,7 +67,3 @@ async def _session(tmp_path: Path) -> None:
         with_context = await _last_prompt(client)
         # a.py's chunk (its two lines, byte tokens), the repository and file markers and names
         assert with_context - alone >= len(left) + len("a.py\nb.py\nrepository\n"), (alone, with_context)
-        await client.shutdown_async(None)
-        client.exit(None)
-    finally:
-        await stop_client(client)

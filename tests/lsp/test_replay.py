@@ -10,6 +10,7 @@ ones. Every request must get its answer."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -54,6 +55,27 @@ def ready_event(client: LanguageClient) -> asyncio.Event:
             ready.set()
 
     return ready
+
+
+@contextlib.asynccontextmanager
+async def tiny_lsp(tmp_path: Path, options: dict):
+    """A `codespec lsp` over the tiny FIM model, initialized with `options` and ready; shut
+    down and stopped after."""
+    model = tiny_fim_model(tmp_path / "model")
+    env = {**os.environ, "CODESPEC_CACHE_DIR": str(tmp_path / "cache")}
+    client = LanguageClient("tiny", "1")
+    ready = ready_event(client)
+    await client.start_io(sys.executable, "-m", "codespec", "lsp", "--model", str(model), env=env)
+    try:
+        await client.initialize_async(types.InitializeParams(capabilities=types.ClientCapabilities(),
+                                                             initialization_options=options))
+        client.initialized(types.InitializedParams())
+        await asyncio.wait_for(ready.wait(), 300)
+        yield client
+        await client.shutdown_async(None)
+        client.exit(None)
+    finally:
+        await stop_client(client)
 
 
 def ask(client: LanguageClient, uri: str, line: int, character: int):
