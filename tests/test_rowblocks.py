@@ -66,10 +66,10 @@ def test_blocked_passes_equal_one_block_at_a_time():
 
 
 def test_prefill_products_run_in_float32_only_where_bf16_has_no_gemm(monkeypatch):
-    """Inside `prefill_products`, a bf16 product of 32+ rows on a CPU without AVX-512 is the
-    float32 product rounded once; outside it (decode steps, verify passes), and below 32
-    rows, the bf16 product as before. The choice depends on the machine and the row count
-    alone, so a prefill stays deterministic on its chunk grid."""
+    """Inside `prefill_products`, a bf16 product of UPCAST_ROWS+ rows on a CPU without
+    AVX-512 is the float32 product rounded once; outside it (decode steps, verify passes),
+    and below UPCAST_ROWS rows, the bf16 product as before. The choice depends on the
+    machine and the row count alone, so a prefill stays deterministic per pass."""
     torch.manual_seed(0)
     layer = torch.nn.Linear(64, 48, dtype=torch.bfloat16)
     rowblocks.install(layer)
@@ -84,7 +84,7 @@ def test_prefill_products_run_in_float32_only_where_bf16_has_no_gemm(monkeypatch
         layer(x)
         with rowblocks.prefill_products():
             out = layer(x)
-            layer(x[:, :31])
+            layer(x[:, : rowblocks.UPCAST_ROWS - 1])
         assert seen == [torch.bfloat16, torch.float32 if without_gemm else torch.bfloat16, torch.bfloat16]
         if without_gemm:
             assert torch.equal(out, wide)

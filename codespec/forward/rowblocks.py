@@ -55,7 +55,10 @@ MIN_BLOCK = 3  # the smallest block that splits every pass without a lone row
 ROW_BY_ROW = 1  # the fail-safe block: each row alone, as the top row of a two-row call
 _active: list[int] = []  # the block size while a verify pass runs (a stack: re-entrant)
 _prefilling: list[bool] = []  # inside `prefill_products` (a stack: re-entrant)
-UPCAST_ROWS = 32  # from here on a prefill product in float32 beats bf16 on an AVX2 CPU (2.2x at 32-256 rows)
+# from here on a prefill product in float32 (cast included) beats bf16 on an AVX2 CPU: 896 x 4864, 2 threads,
+# AMD EPYC VM: 8 rows 2.8 vs 2.9 ms, 12 rows 4.3 vs 3.4, 24 rows 7.3 vs 4.3, 32 rows 9.9 vs 4.5 (the last
+# chunk's sub-chunks, kvcache.spans, end in passes of 1-31 rows)
+UPCAST_ROWS = 12
 
 
 @contextlib.contextmanager
@@ -70,12 +73,12 @@ def blocked(block: int) -> Iterator[None]:
 
 @contextlib.contextmanager
 def prefill_products() -> Iterator[None]:
-    """Within this context (prefill chunks: transformers.py) `F.linear` products of 32 rows
-    or more run in float32 on CPUs without AVX-512, where bf16 has no fast GEMM: measured on
-    an AVX2 EPYC VM (896 x 4864, 2 threads), 256 rows took 130 ms in bf16 and 58 ms cast to
-    float32, 32 rows 24 and 11 ms; 8 rows 4.6 and 7.2 ms (hence the threshold). Prefill
-    needs only to be deterministic on its chunk grid (kvcache.py), and it is: the choice
-    depends on the machine and the chunk's row count alone. Decode steps and verify
+    """Within this context (prefill passes: transformers.py) `F.linear` products of
+    UPCAST_ROWS rows or more run in float32 on CPUs without AVX-512, where bf16 has no fast
+    GEMM: measured on an AVX2 EPYC VM (896 x 4864, 2 threads), 256 rows took 130 ms in bf16
+    and 58 ms cast to float32, 32 rows 24 and 11 ms; below ~12 rows bf16 wins (see
+    UPCAST_ROWS). Prefill needs only to be deterministic per pass (kvcache.spans), and it
+    is: the choice depends on the machine and the pass's row count alone. Decode steps and verify
     passes never come here, so their rows stay the bf16 products they always were."""
     _prefilling.append(True)
     try:
