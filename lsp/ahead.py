@@ -43,25 +43,24 @@ class Ahead:
 
     def changed(self, uri: str) -> None:
         """The document was opened or edited: prefill once the person pauses."""
-        timer = self._timers.pop(uri, None)
-        if timer is not None:
-            timer.cancel()
+        self._cancel(uri)
         self._timers[uri] = asyncio.get_running_loop().call_later(IDLE_S, self._fire, uri)
 
     def asked(self, uri: str, text: str, offset: int) -> None:
         """A request at `offset`: its prefill does this work; the cursor is known."""
-        timer = self._timers.pop(uri, None)
-        if timer is not None:
-            timer.cancel()
+        self._cancel(uri)
         self.cursors[uri], self.seen[uri] = offset, text
 
     def closed(self, uri: str) -> None:
         """The cursor is kept: a file reopened is most likely edited where it was left."""
+        self._cancel(uri)
+        self.seen.pop(uri, None)
+        self.send(uri, None)
+
+    def _cancel(self, uri: str) -> None:
         timer = self._timers.pop(uri, None)
         if timer is not None:
             timer.cancel()
-        self.seen.pop(uri, None)
-        self.send(uri, None)
 
     def _fire(self, uri: str) -> None:
         self._timers.pop(uri, None)

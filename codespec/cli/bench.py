@@ -135,6 +135,7 @@ def run_editor(args: argparse.Namespace) -> int:
         else list(editor.EDITOR_SYSTEMS)
     replay = typing_replay(limit=None if args.requests == 0 else args.requests)
     out_dir = _out_dir(args.out)
+    lsp_options = _json_object(args.lsp_options, "--lsp-options")
     print(f"editor suite: {len(replay.asks)} completion requests while typing {len(replay.events)} events x "
           f"{', '.join(systems)}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="codespec-editor-") as tmp:
@@ -142,14 +143,14 @@ def run_editor(args: argparse.Namespace) -> int:
         results = editor.run_editor_bench(replay, systems, root,
                                           lambda m: print("  " + m, file=sys.stderr, flush=True),
                                           shlex.split(args.lsp_command) if args.lsp_command else None,
-                                          lsp_options=_json_object(args.lsp_options, "--lsp-options"),
+                                          lsp_options=lsp_options,
                                           pause_s=args.pause_s)
     machine = _machine()
     print(f"\ntyping replay: {len(replay.asks)} requests, {machine['cores']} cores ({machine['cpu']}); latency "
           "from request to answer on the client's side; first = first request after a file opened")
     editor.print_table(results, sys.stdout)
     record = {"suite": "editor", "machine": machine, "requests": len(replay.asks), "pause_s": args.pause_s,
-              "lsp_options": _json_object(args.lsp_options, "--lsp-options"), "results": [r.to_json() for r in results]}
+              "lsp_options": lsp_options, "results": [r.to_json() for r in results]}
     print(json.dumps(record))
     if out_dir is not None:
         (out_dir / "editor.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

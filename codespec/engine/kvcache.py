@@ -61,7 +61,7 @@ class CacheFull(CodespecError):
 
 class Preempted(Exception):
     """A background prefill gave way to a request (`SlotCache.preempted` said so between
-    two layers); the chunk it was computing is dropped, the chunks before it stay."""
+    two layers); the pass it was computing is dropped, the passes before it stay."""
 
 
 @dataclass

@@ -71,7 +71,7 @@ class Scheduler:
         self._waiting: collections.deque[Ticket] = collections.deque()
         self._active: list[tuple[Ticket, Run]] = []
         self._ahead: collections.OrderedDict[str, list[int]] = collections.OrderedDict()  # key -> prompt, newest last
-        self.ahead_tokens = self.ahead_preempted = 0  # prompt tokens computed ahead; chunks pre-empted
+        self.ahead_tokens = self.ahead_preempted = 0  # prompt tokens computed ahead; passes pre-empted
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -171,8 +171,8 @@ class Scheduler:
                 self._fail_active(exc)
 
     def _prefill_ahead(self, key: str, prompt: list[int]) -> None:
-        """One chunk of the newest prompt asked ahead; it is forgotten once all its chunks
-        are cached (or cannot be: no free slot, a failure)."""
+        """One prefill pass of the newest prompt asked ahead; it is forgotten once all its
+        passes are cached (or cannot be: no free slot, a failure)."""
         try:
             computed = self.engine.prefill_ahead(prompt, preempted=lambda: bool(self._waiting) or self._stopping)
         except Exception:

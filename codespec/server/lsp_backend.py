@@ -53,7 +53,7 @@ class InProcessBackend:
 
     def prefill_ahead(self, key: str, request: FimRequest | None) -> None:
         """The prompt of a request likely to come soon (None: forget `key`'s): the
-        scheduler prefills its whole chunks while no request runs."""
+        scheduler prefills its whole passes while no request runs."""
         self.ahead.put(key, request)
 
     def _hand_ahead(self, key: str, request: FimRequest | None) -> None:
