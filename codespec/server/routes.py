@@ -202,8 +202,8 @@ async def infill(req: InfillRequest, request: Request, b: AnyBackend = Depends(b
     unless the request sets a temperature (then top_k / top_p apply). The prompt's
     KV is reused by the prefix cache (`tokens_cached`).
 
-    Spaces or tabs that end `prompt` (the typed part of the line) are held back from the
-    model and the content starts after them: a prompt ending in a space puts a token
+    Spaces or tabs that end `prompt` (the typed part of the line), or `input_prefix` when
+    there is no `prompt`, are held back from the model and the content starts after them: a prompt ending in a space puts a token
     boundary where the tokenizer never has one, and the model answers with one space
     too many (issue 31)."""
     ids, held = await run_in_threadpool(_infill_ids, b, req)
@@ -237,9 +237,13 @@ async def infill(req: InfillRequest, request: Request, b: AnyBackend = Depends(b
 def _infill_ids(b: AnyBackend, req: InfillRequest) -> tuple[list[int], HeldSpace]:
     """An /infill request's prompt (and the spaces held back from its middle)."""
     extra = [prompts.ExtraFile(c.filename, c.text) for c in req.input_extra]
-    middle, held = HeldSpace.split(req.prompt)
+    prefix, middle = req.input_prefix, req.prompt
+    if middle:
+        middle, held = HeldSpace.split(middle)
+    else:  # no typed part: the cursor is at the prefix's end (agents send this), whose spaces are held
+        prefix, held = HeldSpace.split(prefix)
     layout = req.fim_layout or b.settings.infill_layout
-    ids = prompts.fim_ids(b.tokenizer, req.input_prefix, req.input_suffix, middle, extra, layout=layout)
+    ids = prompts.fim_ids(b.tokenizer, prefix, req.input_suffix, middle, extra, layout=layout)
     return ids, held
 
 

@@ -206,8 +206,9 @@ async def test_serve_upstream_fronts_vllm(vllm_server):
     import httpx2
 
     from codespec.integrations.upstream import UpstreamClient
-    from codespec.lsp.backend import FimRequest
     from codespec.lsp.engine_backend import EngineBackend
+    from codespec.lsp.options import LspOptions
+    from codespec.lsp.window import fim_request
     from codespec.models.loading import load_tokenizer
     from codespec.server.app import create_app
     from codespec.server.upstream_backend import UpstreamBackend
@@ -225,6 +226,11 @@ async def test_serve_upstream_fronts_vllm(vllm_server):
         answer = (await http.post("/infill", json={"input_prefix": prefix, "input_suffix": suffix,
                                                    "n_predict": 32})).json()
     engine = EngineBackend(client, tokenizer, client.served_model())
-    direct = await engine.complete(FimRequest(prefix, suffix, 32), on_text=lambda t: True)
+    # the language server's request for a cursor after `prefix`: the cursor line's spaces
+    # held back, the prompt in the order /infill uses (the server's `infill_layout`)
+    options = LspOptions(max_tokens=32, fim_layout=settings.infill_layout)
+    request, held = fim_request(prefix + suffix, len(prefix), options)
+    direct = held.heal(await engine.complete(request, on_text=lambda t: True))
     assert answer["content"].strip() and answer["content"] == direct
+    assert answer["content"].startswith("if ")  # the held indentation is not written twice
     assert answer["tokens_predicted"] >= 1

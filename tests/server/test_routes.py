@@ -53,6 +53,19 @@ async def test_fim_suffix_and_chat(client):
     assert "".join(pieces) == chat.choices[0].message.content
 
 
+async def test_infill_holds_back_the_prefix_spaces_when_nothing_is_typed(http):
+    """An /infill whose cursor ends `input_prefix` (no `prompt`, as agents send it) holds
+    the line's spaces back as it does a typed part's: the same prompt and content as the
+    request that sends the cursor line as `prompt`, in either layout."""
+    line = "def fibonacci(n):\n"
+    for layout in ("psm", "spm"):
+        common = {"input_suffix": "\n\nprint(fibonacci(10))\n", "n_predict": 12, "fim_layout": layout}
+        at_end = (await http.post("/infill", json={**common, "input_prefix": line + "    "})).json()
+        typed = (await http.post("/infill", json={**common, "input_prefix": line, "prompt": "    "})).json()
+        assert at_end["tokens_evaluated"] == typed["tokens_evaluated"]
+        assert at_end["content"] == typed["content"], layout
+
+
 async def test_infill_as_llama_vim_sends_it(http):
     body = {  # the fields llama.vim's llama#fim sends
         "id_slot": 0, "input_prefix": "import os\n\ndef list_python_files(path):\n    ",
