@@ -34,7 +34,8 @@ from codespec.kernels import check, native
 if TYPE_CHECKING:  # imported where a tensor is handled: the torch-free load (forward/direct.py) has none
     import torch
 
-AVX512_BF16 = 2  # rowgemm_isa's answer for the fast path
+AVX512_BF16 = 2  # rowgemm_isa's answers: the fast paths,
+AVX2 = 1  # fp32 FMA over widened bf16 (CPUs without AVX-512: Zen 2/3, Intel client cores)
 SCALAR = 0
 STRIPE = 64  # output columns per stripe (rowgemm.c; checked against the library on load)
 unavailable = native.unavailable

@@ -195,8 +195,8 @@ def test_generate_runs_without_torch_and_equals_transformers_path(default_model,
     """A fresh `codespec generate` on the direct path imports neither torch nor
     transformers, answers as `--no-spec` does in fewer passes, and answers what
     transformers' path (the server's) answers."""
-    if direct.unsupported(default_model.path, SimpleNamespace(device="auto", dtype="auto")) is not None:
-        pytest.skip(f"no direct path here: {direct.unsupported(default_model.path, SimpleNamespace(device='auto', dtype='auto'))}")
+    if direct.unsupported(default_model.path, SimpleNamespace(device="auto", dtype="auto", quantize="none")) is not None:
+        pytest.skip(f"no direct path here: {direct.unsupported(default_model.path, SimpleNamespace(device='auto', dtype='auto', quantize='none'))}")
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("Rename `n` to `count`. Reply with the function only.\n\n```python\n"
                       "def total(n):\n    s = 0\n    for i in range(n):\n        s += i * n\n    return s\n```\n")

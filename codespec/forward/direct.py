@@ -70,8 +70,16 @@ def unsupported(path: str | Path, settings: Any, *, portable: bool = False) -> s
         return "weights not stored in bfloat16"
     if not native.has("rowdecoder_forward") or rowgemm.library() is None:
         return f"the C forward is not built ({native.unavailable() or 'no rowdecoder'})"
-    if rowgemm.isa() != rowgemm.AVX512_BF16 and not portable:
-        return "this CPU has no AVX-512 BF16"
+    if rowgemm.isa() == rowgemm.SCALAR and not portable:
+        return "this CPU has neither AVX-512 BF16 nor AVX2 with FMA"
+    return None if portable else quantize_unsupported(settings.quantize)
+
+
+def quantize_unsupported(quantize: str) -> str | None:
+    """Why the C forward's `quantize` products would not run fast here (None: they do):
+    int8.c has AVX-512 code and a portable loop only."""
+    if quantize != "none" and rowgemm.isa() != rowgemm.AVX512_BF16:
+        return f"--quantize {quantize} needs AVX-512 (its int8 products have no AVX2 code)"
     return None
 
 
@@ -102,10 +110,10 @@ def load(path: str | Path, settings: Any, *, portable: bool = False) -> tuple[Ro
     lib.rowdecoder_threads(threads)
     source = _weights_dir(path)
     config = _config(source, "config.json")
-    isa = rowgemm.isa() if portable else rowgemm.AVX512_BF16
+    isa = rowgemm.isa()  # unsupported() refused the portable code unless asked for
     decoder = rowdecoder.RowDecoder(lib, isa, config, weights.load_weights(source, config),
                                     quantize=settings.quantize)
-    key = profile.rows_key(config, str(path), threads, settings.quantize)
+    key = profile.rows_key(config, str(path), threads, settings.quantize, isa)
     forward = RowForward(decoder, config, _config(source, "generation_config.json"), key)
     return forward, DirectTokenizer(path), source
 

@@ -33,7 +33,8 @@ def unsupported(model: Any) -> str | None:
     kernel = "rowgemm" if linears and all("_codespec_rowgemm" in m.__dict__ for m in linears) else \
         rowblocks.linear_kernel(embed.dtype, embed.device)
     if kernel != "rowgemm":
-        return (f"linear kernel {kernel!r}, not rowgemm (it needs a CPU with AVX-512 BF16 and bfloat16 weights)")
+        return (f"linear kernel {kernel!r}, not rowgemm (it needs a CPU with AVX-512 BF16 or AVX2 and FMA, "
+                "and bfloat16 weights)")
     if not native.has("rowdecoder_forward"):
         return f"the C forward is not built ({native.unavailable() or 'no rowdecoder'})"
     return None
@@ -131,7 +132,8 @@ def row_forward(model: Any, *, quantize: str = "none", screen: bool = True,
     made = model.__dict__.setdefault("_codespec_decoders", {})
     if (quantize, isa_cap) not in made:
         made[quantize, isa_cap] = new_decoder(model, isa_cap=isa_cap, quantize=quantize)
-    key = profile.rows_key(model.config, profile.model_source(model, "bfloat16"), torch.get_num_threads(), quantize)
+    key = profile.rows_key(model.config, profile.model_source(model, "bfloat16"), torch.get_num_threads(), quantize,
+                           made[quantize, isa_cap].isa)
     return RowForward(made[quantize, isa_cap], model.config, model.generation_config, key, screen=screen)
 
 

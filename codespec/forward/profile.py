@@ -108,20 +108,21 @@ def model_source(model: Any, dtype_name: str) -> str:
     return str(source.parent if source.name == dtype_name else source)
 
 
-def rows_key(config: Any, source: str, threads: int, quantize: str = "none") -> dict[str, str]:
+def rows_key(config: Any, source: str, threads: int, quantize: str = "none", isa: int = 2) -> dict[str, str]:
     """The key of the C row decoder (rows.py): the same whichever way its weights were
-    loaded (safetensors or a transformers model: the same bits and the same kernels)."""
+    loaded (safetensors or a transformers model: the same bits and the same kernels).
+    `isa`: rowgemm's path (AVX-512 BF16 2, AVX2 1, scalar 0): other costs, other bits."""
     from codespec.forward import rowplan
 
     return _key(config, source, "bfloat16", "cpu", threads,
-                f"key_block={rowplan.KEY_BLOCK},forward=rowdecoder,lm={_lm_head()},quantize={quantize}")
+                f"key_block={rowplan.KEY_BLOCK},forward=rowdecoder,lm={_lm_head(isa)},quantize={quantize},isa={isa}")
 
 
-def _lm_head() -> str:
+def _lm_head(isa: int) -> str:
     """How greedy passes read lm_head (kernels/lmchoice.py): it changes a pass's cost."""
     from codespec.kernels import lmchoice
 
-    return "screen" if lmchoice.wanted() else "full"
+    return "screen" if lmchoice.wanted(isa) else "full"
 
 
 def _key(config: Any, source: str, dtype: str, device: Any, threads: int, layout: str) -> dict[str, str]:

@@ -154,7 +154,7 @@ def _for_model(model: Any, wanted: str, quantize: str) -> tuple[Forward, str | N
     """The backend for a transformers model, and why the row decoder does not serve it."""
     from codespec.forward import hf_weights
 
-    why = _asked_elsewhere(wanted, "") or hf_weights.unsupported(model)
+    why = _asked_elsewhere(wanted, "") or hf_weights.unsupported(model) or direct.quantize_unsupported(quantize)
     if quantize != "none" and why is not None:
         raise ModelError(f"--quantize {quantize} runs on the C row decoder (CPU with AVX-512 BF16, bf16 "
                          f"Qwen2/Llama), which does not serve this model here: {why}")

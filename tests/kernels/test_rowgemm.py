@@ -14,6 +14,8 @@ from codespec.kernels import rowgemm as kernel
 pytestmark = pytest.mark.skipif(kernel.library() is None, reason=f"no rowgemm build: {kernel.unavailable()}")
 
 PATHS = [pytest.param(kernel.SCALAR, id="scalar"),
+         pytest.param(kernel.AVX2, id="avx2", marks=pytest.mark.skipif(kernel.isa(kernel.AVX2) != kernel.AVX2,
+                                                                         reason="CPU without AVX2 and FMA")),
          pytest.param(kernel.AVX512_BF16, id="avx512bf16",
                       marks=pytest.mark.skipif(kernel.isa() != kernel.AVX512_BF16, reason="CPU without AVX-512 BF16"))]
 # K: whole chunks, a short tail, less than a chunk; N: whole tiles, ragged tiles and tasks
