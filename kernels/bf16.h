@@ -25,6 +25,9 @@ void rowgemm_bf16(int isa, const uint16_t *x, int64_t ldx, const uint16_t *packe
                   int64_t ldo, int64_t M, int64_t N, int64_t K);
 /* rowgemm.c: one row against one stripe (`stripe` points at it), on the calling thread */
 void rowgemm_stripe_row(int isa, const uint16_t *x, const uint16_t *stripe, uint16_t *out, int64_t columns, int64_t K);
+/* attend_avx2.c: rowdecoder.c's attention of one row's heads of one KV head, for rowgemm's AVX2 path */
+void attend_avx2(const uint16_t *q, uint16_t *out, const uint16_t *keys, const uint16_t *values, int64_t context,
+                 const int64_t *path, int64_t path_len, int64_t group, int64_t dim, float scale, float *scratch);
 /* int8.c: int8 weights, rows cut into int16 blocks, their products */
 double int8_row(const uint16_t *x, int64_t K, int16_t *r, float *t, float *spread);
 void int8_estimates(int isa, const int16_t *r, const float *t, int64_t K, const int8_t *q, const float *scale,

@@ -33,7 +33,7 @@ LANE v16f pick(v16i mask, v16f yes, v16f no) { return (v16f)(((v16i)yes & mask) 
 LANE v16f absolute(v16f v) { return (v16f)((v16i)v & 0x7fffffff); }
 
 #if defined(__x86_64__)
-#define CLONES __attribute__((target_clones("avx512f", "default")))
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default"))) /* AVX2: the AVX2-only CPUs rowgemm serves */
 #else
 #define CLONES
 #endif

@@ -1,6 +1,6 @@
 """codespec's C kernels (`rowgemm.c`, `int8.c`, `lmchoice.c`, `rowdecoder.c`), built once per machine with the C compiler.
 
-Build: `gcc -O3 -shared -fPIC -fopenmp -ffp-contract=off rowgemm.c int8.c lmchoice.c rowdecoder.c -lm`
+Build: `gcc -O3 -shared -fPIC -fopenmp -ffp-contract=off rowgemm.c int8.c lmchoice.c attend_avx2.c rowdecoder.c -lm`
 (a couple of seconds) into `<cache>/kernels/codespec-<hash>.so`, the hash covering the
 sources, the flags and the compiler's version; written to a temporary name and renamed,
 so concurrent first uses and interrupted builds leave no broken library. Each build
@@ -36,7 +36,7 @@ from codespec.tempfiles import temp_beside
 log = logging.getLogger("codespec.kernels")
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "rowgemm.c", HERE / "int8.c", HERE / "lmchoice.c", HERE / "rowdecoder.c")
+SOURCES = (HERE / "rowgemm.c", HERE / "int8.c", HERE / "lmchoice.c", HERE / "attend_avx2.c", HERE / "rowdecoder.c")
 HEADERS = (HERE / "bf16.h", HERE / "lanes.h")
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off", "-Wno-psabi")
 LIBS = ("-lm",)

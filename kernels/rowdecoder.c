@@ -316,10 +316,11 @@ int64_t rowdecoder_work(const Model *m, int64_t rows) {
     return rows * (m->hidden + qkv + m->heads * m->head_dim + 3 * m->inter);
 }
 
-/* floats of attention scratch one thread needs for rows seeing at most `keys` keys */
+/* floats of attention scratch one thread needs for rows seeing at most `keys` keys
+ * (attend's; attend_avx2 needs 2 * dim + 1 a head besides the scores) */
 static int64_t scratch_floats(const Model *m, int64_t keys) {
     int64_t group = m->heads / m->kv_heads;
-    return group * ((keys + W - 1) / W * W + m->head_dim);
+    return group * ((keys + W - 1) / W * W + 2 * m->head_dim + 1);
 }
 
 /* out = x . w^T + bias through the bf16 stripes, or their int8 form where given;
@@ -357,8 +358,10 @@ static int layer(int isa, const Model *m, int64_t index, const Pass *p, uint16_t
         for (int64_t task = 0; task < rows * m->kv_heads; task++) {
             int64_t r = task / m->kv_heads, g = task % m->kv_heads;
             int64_t base = (p->slot[r] * m->kv_heads + g) * p->capacity * D;
-            attend(w.qkv + r * NQKV + g * group * D, w.attended + r * Q + g * group * D, keys + base, values + base,
-                   p->context[r], p->path + p->path_start[r], p->path_len[r], group, D, m->scale, scratch);
+            /* rowgemm's AVX2 path has its own attention (attend_avx2.c: 8 lanes, no spills) */
+            (isa == 1 ? attend_avx2 : attend)(w.qkv + r * NQKV + g * group * D, w.attended + r * Q + g * group * D,
+                                              keys + base, values + base, p->context[r], p->path + p->path_start[r],
+                                              p->path_len[r], group, D, m->scale, scratch);
         }
         free(scratch);
     }
