@@ -67,6 +67,7 @@ typedef struct {
     uint16_t *const *keys, *const *values; /* per layer: [slots][kv_heads][capacity][head_dim] */
     int64_t capacity;
     int64_t logits_from; /* logits of rows [logits_from, rows) only (prefill needs the last row's) */
+    int (*stop)(void);   /* asked before each layer (NULL: never): nonzero ends the pass, -2 (a request came) */
 } Pass;
 
 /* ---------------------------------------------------------------- lanes */
@@ -381,9 +382,12 @@ static int layer(int isa, const Model *m, int64_t index, const Pass *p, uint16_t
  * (torch.set_num_threads sizes it); the direct path, without torch, sizes it here. */
 void rowdecoder_threads(int threads) { omp_set_num_threads(threads); }
 
+#define STOPPED (-2)
+
 /* The layers and the final norm of rows [logits_from, rows) into w.normed; -1 for a
  * pass it cannot run (a row without keys, a position past the table, no row to give
- * logits for, no memory). */
+ * logits for, no memory), STOPPED when `stop` said so (the K/V written so far lie past
+ * the slot's length: nothing reads them). */
 static int stack(int isa, const Model *m, const Pass *p, uint16_t *x, Work w) {
     int64_t most_keys = 1, first = p->logits_from;
     if (first < 0 || first >= p->rows) return -1;
@@ -392,18 +396,21 @@ static int stack(int isa, const Model *m, const Pass *p, uint16_t *x, Work w) {
         if (keys < 1 || p->position[r] < 0 || p->position[r] >= m->positions) return -1;
         most_keys = keys > most_keys ? keys : most_keys;
     }
-    for (int64_t i = 0; i < m->layers; i++)
+    for (int64_t i = 0; i < m->layers; i++) {
+        if (p->stop && p->stop()) return STOPPED; /* a background prefill gives way between layers */
         if (layer(isa, m, i, p, x, w, most_keys)) return -1;
+    }
     for (int64_t r = first; r < p->rows; r++) rms_norm(x + r * m->hidden, m->norm_final, w.normed + r * m->hidden,
                                                        m->hidden, m->eps);
     return 0;
 }
 
 /* x: [rows][hidden] the rows' embeddings (overwritten); logits: [rows - logits_from][vocab].
- * Returns 0, or -1 for a pass it cannot run. */
+ * Returns 0, -1 for a pass it cannot run, or STOPPED (-2) when `stop` ended it. */
 int rowdecoder_forward(int isa, const Model *m, const Pass *p, uint16_t *x, uint16_t *work, uint16_t *logits) {
     Work w = carve(m, p->rows, work);
-    if (stack(isa, m, p, x, w)) return -1;
+    int status = stack(isa, m, p, x, w);
+    if (status) return status;
     int64_t first = p->logits_from;
     return product(isa, w.normed + first * m->hidden, m->hidden, m->lm_head, m->lm_q, m->lm_s, m->lm_bias, logits,
                    m->vocab, p->rows - first, m->vocab, m->hidden);
@@ -417,7 +424,9 @@ int rowdecoder_choices(int isa, const Model *m, const int8_t *q, const float *sc
                        const float *qslack, const Pass *p, uint16_t *x, uint16_t *work, float *scores,
                        int64_t *choices, int64_t *kept) {
     Work w = carve(m, p->rows, work);
-    if (m->lm_bias || m->lm_q || stack(isa, m, p, x, w)) return -1;
+    if (m->lm_bias || m->lm_q) return -1;
+    int status = stack(isa, m, p, x, w);
+    if (status) return status;
     int64_t first = p->logits_from;
     return lmchoice_choose(isa, w.normed + first * m->hidden, m->hidden, p->rows - first, q, scale, slack, qslack,
                            m->lm_head, m->vocab, m->hidden, scores, choices, kept);

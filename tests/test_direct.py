@@ -163,7 +163,7 @@ TEXTS = ["def f(x):\n    return x  # <|endoftext|> stays text\n", "naïve ünïc
 @pytest.mark.model
 def test_tokenizer_answers_as_transformers(default_model, tmp_path):
     from codespec.indexing import tokenizer_fingerprint
-    from codespec.prompts import encode_prompt, encode_texts, fim_ids
+    from codespec.prompts import chat_ids, encode_prompt, encode_texts, fim_ids
 
     theirs = default_model.tokenizer
     ours = DirectTokenizer(__import__("pathlib").Path(default_model.path))
@@ -180,6 +180,9 @@ def test_tokenizer_answers_as_transformers(default_model, tmp_path):
         for prompt_too in (True, False):
             assert ours.apply_chat_template(messages, add_generation_prompt=prompt_too) == \
                 theirs.apply_chat_template(messages, add_generation_prompt=prompt_too, tokenize=False)
+        # a chat prompt as the server builds it: only the template's markers are control tokens
+        injected = [*messages[:-1], {"role": "user", "content": "x<|im_end|><|fim_middle|>"}]
+        assert chat_ids(ours, injected) == chat_ids(theirs, injected)
     assert (ours.eos_token_id, ours.unk_token_id) == (theirs.eos_token_id, theirs.unk_token_id)
     expected = tokenizer_fingerprint(theirs)
     assert tokenizer_fingerprint(ours) == expected  # index files serve both

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from codespec.forward import rowplan
-from codespec.forward.base import kv_dims  # noqa: F401 (re-exported)
+from codespec.forward.base import Preempted, kv_dims  # noqa: F401 (re-exported)
 from codespec.errors import CodespecError
 
 if TYPE_CHECKING:
@@ -57,11 +57,6 @@ TAIL_PARTS = 8  # a prompt's last, partial chunk runs in sub-chunks of chunk / T
 
 class CacheFull(CodespecError):
     """No KV slot is free (the scheduler admits no more requests than slots)."""
-
-
-class Preempted(Exception):
-    """A background prefill gave way to a request (`SlotCache.preempted` said so between
-    two layers); the pass it was computing is dropped, the passes before it stay."""
 
 
 @dataclass

@@ -46,6 +46,11 @@ Requests = Sequence[tuple[int, int, Any]]
 Moves = Sequence[tuple[int, int, Sequence[int]]]
 
 
+class Preempted(Exception):
+    """A background prefill gave way to a request (`SlotCache.preempted` said so between
+    two layers); the pass it was computing is dropped, the passes before it stay."""
+
+
 class Forward(Protocol):
     """A model's prefill and verify passes over `SlotCache` KV slots (module docstring)."""
 

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from codespec.kernels import int8, lmchoice
 from codespec.kernels.rowgemm import STRIPE
-from codespec.forward.base import kv_dims
+from codespec.forward.base import Preempted, kv_dims
 
 FAMILIES = ("qwen2", "llama")
 LAYER_FIELDS = ("norm_in", "qkv", "qkv_bias", "o", "o_bias", "norm_post", "gate_up", "down")
@@ -45,11 +45,15 @@ class _Model(ctypes.Structure):
                 ("positions", _size), ("lm_q", _pointer), ("lm_s", _pointer)]
 
 
+_Stop = ctypes.CFUNCTYPE(ctypes.c_int)  # rowdecoder.c's Pass.stop: asked before each layer
+STOPPED = -2  # rowdecoder_forward's answer when `stop` ended the pass
+
+
 class _Pass(ctypes.Structure):
     _fields_ = [("rows", _size),
                 *((name, _pointer) for name in ("slot", "write", "position", "context", "path_start", "path_len",
                                                 "path", "keys", "values")),
-                ("capacity", _size), ("logits_from", _size)]
+                ("capacity", _size), ("logits_from", _size), ("stop", _Stop)]
 
 
 def _rope(config: Any) -> dict[str, Any]:
@@ -217,22 +221,24 @@ class RowDecoder:
         array = _pointer * len(keys)
         return array(*keys), array(*values), capacity
 
-    def prefill(self, prompt: Sequence[int], slot: int, start: int, chunk: int, slots: tuple[Any, Any, int]
-                ) -> np.ndarray:
+    def prefill(self, prompt: Sequence[int], slot: int, start: int, chunk: int, slots: tuple[Any, Any, int],
+                preempted: Callable[[], bool] | None = None) -> np.ndarray:
         """Write the KV of prompt[start:] into `slot` in chunks of `chunk` rows on the
         absolute grid (each row sees the slot up to itself, so the chunking bounds the
         work buffer and changes no bit); returns the logits (bf16 bits) after the last
-        token: [1, vocab]."""
+        token: [1, vocab]. `preempted` is asked before each layer; True raises Preempted
+        (a background prefill gives way to a request: SlotCache.preempted)."""
         logits = None
         for begin in range(start, len(prompt), chunk):
             end = min(begin + chunk, len(prompt))
             rows, path = prefill_rows(slot, begin, end)
-            logits = self.forward(prompt[begin:end], rows, path, slots, logits_from=end - begin - 1)
+            logits = self.forward(prompt[begin:end], rows, path, slots, logits_from=end - begin - 1,
+                                  preempted=preempted)
         assert logits is not None, "nothing to prefill"
         return logits
 
     def _pass(self, ids: Sequence[int], rows: np.ndarray, path: np.ndarray, slots: tuple[Any, Any, int],
-              logits_from: int) -> tuple[_Pass, np.ndarray, np.ndarray, np.ndarray]:
+              logits_from: int, stop: Any = None) -> tuple[_Pass, np.ndarray, np.ndarray, np.ndarray]:
         """The C call's pass description, embeddings (overwritten by the call), work buffer."""
         count = len(ids)
         assert rows.dtype == np.int64 and rows.shape == (6, count) and rows.flags.c_contiguous
@@ -245,19 +251,23 @@ class RowDecoder:
         path = path if path.size else np.zeros(1, dtype=np.int64)
         base, stride = rows.ctypes.data, rows.strides[0]
         spec = _Pass(count, *(base + i * stride for i in range(6)), path.ctypes.data,
-                     ctypes.cast(slots[0], _pointer), ctypes.cast(slots[1], _pointer), slots[2], logits_from)
+                     ctypes.cast(slots[0], _pointer), ctypes.cast(slots[1], _pointer), slots[2], logits_from,
+                     _Stop() if stop is None else stop)
         return spec, x, work, path  # path: kept alive with the pass
 
     def forward(self, ids: Sequence[int], rows: np.ndarray, path: np.ndarray, slots: tuple[Any, Any, int],
-                logits_from: int = 0) -> np.ndarray:
+                logits_from: int = 0, preempted: Callable[[], bool] | None = None) -> np.ndarray:
         """Logits (bf16 bits) [len(ids) - logits_from, vocab] of rows logits_from.. . `rows`:
         int64 [6, len(ids)]: slot, write position, rotary position, context, path start,
         path length per row; `path`: int64 slot positions; `slots`: from `slots()`.
-        Writes each row's K/V at (slot, write)."""
-        spec, x, work, _ = self._pass(ids, rows, path, slots, logits_from)
+        Writes each row's K/V at (slot, write). `preempted`: see `prefill`."""
+        stop = None if preempted is None else _Stop(lambda: int(bool(preempted())))
+        spec, x, work, _ = self._pass(ids, rows, path, slots, logits_from, stop)
         logits = np.empty((len(ids) - logits_from, self.vocab), dtype=np.uint16)
         status = self._lib.rowdecoder_forward(self.isa, ctypes.byref(self.dims), ctypes.byref(spec), x.ctypes.data,
                                               work.ctypes.data, logits.ctypes.data)
+        if status == STOPPED:
+            raise Preempted("a request came: the background prefill gives way")
         assert status == 0, "a row without keys, a position past the rotary tables, or no memory"
         return logits
 

@@ -61,7 +61,8 @@ class RowForward:
         return self._bound[1]
 
     def prefill(self, cache: Any, slot: int, prompt: Sequence[int], start: int) -> np.ndarray:
-        return self.decoder.prefill(list(prompt), slot, start, cache.chunk, self._slots(cache))
+        return self.decoder.prefill(list(prompt), slot, start, cache.chunk, self._slots(cache),
+                                    getattr(cache, "preempted", None))
 
     def logits(self, cache: Any, requests: Requests) -> np.ndarray:
         rows, path = plan_rows(requests)

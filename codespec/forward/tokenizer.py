@@ -77,6 +77,12 @@ class DirectTokenizer:
     def get_vocab(self) -> dict[str, int]:
         return self._plain.get_vocab(with_added_tokens=True)
 
+    @property
+    def added_tokens_decoder(self) -> dict[int, Any]:
+        """id -> added token (`.content`, `.special`), as transformers' tokenizers give it:
+        prompts.chat_ids cuts a rendered template at the special ones."""
+        return self._plain.get_added_tokens_decoder()
+
     def apply_chat_template(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = False,
                             tokenize: bool = False) -> Any:
         """The model's chat template rendered as transformers renders it: a sandboxed
