@@ -17,6 +17,7 @@ from codespec.integrations.upstream import UpstreamClient, UpstreamError
 from codespec.lsp.backend import FimRequest
 from codespec.lsp.engine_backend import EngineBackend
 from codespec.lsp.http_backend import HttpBackend
+from codespec.lsp.window import HeldSpace
 from codespec.prompts import fim_ids
 from codespec.server.app import create_app, load_backend
 from codespec.server.upstream_backend import UpstreamBackend
@@ -45,15 +46,18 @@ async def front_http(front):
 
 @pytest.mark.anyio
 async def test_infill_through_the_front_is_the_engines_own_greedy_output(front_http, backend, default_model):
-    ids = fim_ids(default_model.tokenizer, PREFIX, SUFFIX, layout="psm")
+    # the prefix's trailing spaces are held back from the prompt, the content starts after them
+    before, held = HeldSpace.split(PREFIX)
+    ids = fim_ids(default_model.tokenizer, before, SUFFIX, layout="psm")
     direct = await backend.complete(ids, GenerationConfig(max_new_tokens=24))
+    expected = held.heal(direct.text)
     body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 24, "fim_layout": "psm"}
     answer = (await front_http.post("/infill", json=body)).json()
-    assert answer["content"] == direct.text and answer["tokens_predicted"] == 24
+    assert expected and answer["content"] == expected and answer["tokens_predicted"] == 24
     streamed = await front_http.post("/infill", json={**body, "stream": True})
     pieces = [line for line in streamed.text.splitlines() if line.startswith("data:")]
     assert len(pieces) > 2 and '"stop": true' in pieces[-1]
-    assert "".join(json.loads(p[5:])["content"] for p in pieces) == direct.text
+    assert "".join(json.loads(p[5:])["content"] for p in pieces) == expected
 
 
 @pytest.mark.anyio
@@ -85,7 +89,9 @@ async def test_the_engine_refusing_a_request_is_the_clients_error(front_http):
 def test_lsp_against_an_engine_builds_fim_with_its_tokens(live_server, default_model, backend):
     client = UpstreamClient(live_server)
     engine = EngineBackend(client, default_model.tokenizer, client.served_model())
-    request = FimRequest(PREFIX, SUFFIX, max_tokens=24)
+    # as the language server builds it (lsp/window.py): the prefix ends at a line start
+    # (the typed part of the line, its spaces held back, would be the middle)
+    request = FimRequest(PREFIX.rstrip(" "), SUFFIX, max_tokens=24)
     seen: list[str] = []
     text = asyncio.run(engine.complete(request, on_text=lambda t: not seen.append(t)))
     via_infill = asyncio.run(HttpBackend(live_server).complete(request, on_text=lambda t: True))
