@@ -58,8 +58,8 @@ class Settings(BaseSettings):
         "none",
         description="'int8': weight-only int8 for every linear layer and lm_head (half the bytes per "
         "decode step; the output is int8's, not bf16's). Speculation stays lossless against "
-        "--no-spec with the same setting. Needs the C row decoder (CPU with AVX-512 BF16, "
-        "bf16 Qwen2/Llama).",
+        "--no-spec with the same setting. Needs the C row decoder (CPU with AVX-512 BF16 or "
+        "AVX2, bf16 Qwen2/Llama).",
     )
     cache_dir: Path = Field(
         default_factory=default_cache_dir,

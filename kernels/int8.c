@@ -14,8 +14,8 @@
  *   T_b = sum over the block of r_k q_k, exact in int32 (|T_b| <= 128 x 32767 x 127 < 2^31);
  *   acc = 0; for each block in order: acc = acc + float(T_b) * t_b   (float, in that order);
  *   a = acc * scale (the screen), or bf16(acc * scale + bias) (a linear layer).
- * VPDPWSSD (AVX-512 VNNI) and the plain loop compute the same integers and then the same
- * float operations, so both paths give the same bits, and a row's bits never depend on
+ * VPDPWSSD (AVX-512 VNNI), VPMADDWD (AVX2) and the plain loop compute the same integers
+ * and then the same float operations, so every path gives the same bits, and a row's bits never depend on
  * the other rows of the call: row-exact by construction, like rowgemm.c.
  */
 #include <math.h>
@@ -224,6 +224,67 @@ AVX512VNNI static INLINE void product_tile(const int16_t *r, const float *t, int
     }
 }
 
+/* ---------------------------------------------------------------- AVX2 (isa 1)
+ *
+ * The same integers by VPMADDWD (a pair's two int16 x int16 products summed in int32,
+ * exact) and VPADDD, then the same float steps: the bits of the plain loop and of VNNI.
+ * Rows m0..m0+mt-1 against 8-lane column blocks b0, b0+1 of one stripe. */
+
+#define AVX2 __attribute__((target("avx2")))
+#define TM2 5 /* rows a tile: 2 x TM2 integer sums, 2 weights, a broadcast in 16 registers */
+
+AVX2 static INLINE void product_tile_avx2(const int16_t *r, const float *t, int64_t K, const int8_t *stripe,
+                                          const float *scale, const Sink *sink, int64_t m0, const int mt, int b0,
+                                          int64_t n0, int64_t columns) {
+    int64_t blocks = (K + QB - 1) / QB;
+    __m256 acc[TM2][2];
+    for (int i = 0; i < mt; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    const int8_t *wp = stripe + b0 * 8 * 2;
+    for (int64_t b = 0; b < blocks; b++) {
+        __m256i sum[TM2][2];
+        for (int i = 0; i < mt; i++) sum[i][0] = sum[i][1] = _mm256_setzero_si256();
+        int64_t end = (b + 1) * QB / 2 < K / 2 ? (b + 1) * QB / 2 : K / 2;
+        for (int64_t p = b * QB / 2; p < end; p++, wp += STRIPE * 2) {
+            __m256i wv[2]; /* 8 columns x one pair: 16 int8 -> 16 int16 */
+            for (int c = 0; c < 2; c++) wv[c] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wp + c * 16)));
+            for (int i = 0; i < mt; i++) {
+                int32_t pair;
+                memcpy(&pair, r + (m0 + i) * K + 2 * p, sizeof pair);
+                __m256i xv = _mm256_set1_epi32(pair);
+                for (int c = 0; c < 2; c++) sum[i][c] = _mm256_add_epi32(sum[i][c], _mm256_madd_epi16(xv, wv[c]));
+            }
+        }
+        for (int i = 0; i < mt; i++) {
+            __m256 step = _mm256_set1_ps(t[(m0 + i) * blocks + b]);
+            for (int c = 0; c < 2; c++)
+                acc[i][c] = _mm256_add_ps(acc[i][c], _mm256_mul_ps(_mm256_cvtepi32_ps(sum[i][c]), step));
+        }
+    }
+    for (int c = 0; c < 2; c++) {
+        int64_t c0 = (b0 + c) * 8;
+        if (c0 >= columns) break;
+        float lanes[8];
+        for (int i = 0; i < mt; i++) {
+            _mm256_storeu_ps(lanes, acc[i][c]);
+            for (int l = 0; l < 8 && c0 + l < columns; l++) emit(sink, m0 + i, n0 + c0 + l, lanes[l], scale[n0 + c0 + l]);
+        }
+    }
+}
+
+AVX2 static void product_avx2(const int16_t *r, const float *t, int64_t K, const int8_t *stripe, const float *scale,
+                              const Sink *sink, int64_t M, int64_t n0, int64_t columns) {
+    for (int b0 = 0; b0 < 8 && b0 * 8 < columns; b0 += 2) /* 16 columns: 32 bytes of each pair's row */
+        for (int64_t m = 0; m < M; m += TM2) {
+            switch (M - m < TM2 ? M - m : TM2) {
+            case 1: product_tile_avx2(r, t, K, stripe, scale, sink, m, 1, b0, n0, columns); break;
+            case 2: product_tile_avx2(r, t, K, stripe, scale, sink, m, 2, b0, n0, columns); break;
+            case 3: product_tile_avx2(r, t, K, stripe, scale, sink, m, 3, b0, n0, columns); break;
+            case 4: product_tile_avx2(r, t, K, stripe, scale, sink, m, 4, b0, n0, columns); break;
+            default: product_tile_avx2(r, t, K, stripe, scale, sink, m, TM2, b0, n0, columns); break;
+            }
+        }
+}
+
 AVX512VNNI static void product_vnni(const int16_t *r, const float *t, int64_t K, const int8_t *stripe,
                                     const float *scale, const Sink *sink, int64_t M, int64_t n0, int64_t columns) {
     for (int64_t m = 0; m < M; m += TM) {
@@ -239,11 +300,12 @@ AVX512VNNI static void product_vnni(const int16_t *r, const float *t, int64_t K,
 }
 #endif
 
-/* The path this CPU runs: 2 (AVX-512 VNNI) or 0 (the plain loop), at most `cap`. */
+/* The path this CPU runs: 2 (AVX-512 VNNI), 1 (AVX2) or 0 (the plain loop), at most `cap`. */
 int int8_isa(int cap) {
 #if defined(__x86_64__)
     __builtin_cpu_init();
     if (cap >= 2 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw")) return 2;
+    if (cap >= 1 && __builtin_cpu_supports("avx2")) return 1;
 #endif
     (void)cap;
     return 0;
@@ -252,14 +314,18 @@ int int8_isa(int cap) {
 static void product(int isa, const int16_t *r, const float *t, int64_t K, const int8_t *q, const float *scale,
                     const Sink *sink, int64_t M, int64_t N) {
     int64_t stripes = (N + STRIPE - 1) / STRIPE;
-    int fast = int8_isa(isa) == 2;
+    int fast = int8_isa(isa);
 #pragma omp parallel for schedule(static)
     for (int64_t s = 0; s < stripes; s++) {
         const int8_t *stripe = q + s * (K / 2) * STRIPE * 2;
         int64_t n0 = s * STRIPE, columns = N - n0 < STRIPE ? N - n0 : STRIPE;
 #if defined(__x86_64__)
-        if (fast) {
+        if (fast == 2) {
             product_vnni(r, t, K, stripe, scale, sink, M, n0, columns);
+            continue;
+        }
+        if (fast == 1) {
+            product_avx2(r, t, K, stripe, scale, sink, M, n0, columns);
             continue;
         }
 #endif

@@ -24,22 +24,19 @@ from typing import Any
 import numpy as np
 
 from codespec.errors import SettingError
-from codespec.kernels import int8, rowgemm
+from codespec.kernels import int8
 
 SCREEN_CHOICES = ("on", "off")  # CODESPEC_LM_SCREEN
 
 _pointer, _size = ctypes.c_void_p, ctypes.c_int64
 
 
-def wanted(isa: int | None = None) -> bool:
-    """Whether the screen serves greedy passes: CODESPEC_LM_SCREEN allows it (default on;
-    a typo is an error) and the C forward runs `isa` (rowgemm's path; None: not asked).
-    Not on rowgemm's AVX2 path: int8.c's product has AVX-512 code and a portable loop
-    only, and that loop over lm_head is slower than the bf16 product it would replace."""
+def wanted() -> bool:
+    """Whether CODESPEC_LM_SCREEN allows the screen (default on; a typo is an error)."""
     choice = os.environ.get("CODESPEC_LM_SCREEN", "")
     if choice and choice not in SCREEN_CHOICES:
         raise SettingError(f"CODESPEC_LM_SCREEN={choice!r}: expected one of {', '.join(SCREEN_CHOICES)}")
-    return choice != "off" and isa != rowgemm.AVX2
+    return choice != "off"
 
 
 def declare(lib: Any) -> Any:

@@ -110,9 +110,8 @@ def test_speculative_output_equals_plain_output(arch, quantize):
     model = bf16_model(arch, vocab=16, seed=3)
     engine = Engine(of_model(model, quantize=quantize), None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=8, eos_token_ids=[])
     assert engine.verifier.forward.decoder is not None and engine.cost.min_rows == 1
-    decoder = engine.verifier.forward.decoder
-    # the lm_head screen: not with int8 weights, nor on rowgemm's AVX2 path (int8.c has no AVX2 code)
-    assert decoder.quantize == quantize and (decoder.screen is None) == (quantize == "int8" or decoder.isa == rowgemm.AVX2)
+    assert engine.verifier.forward.decoder.quantize == quantize and (engine.verifier.forward.decoder.screen is None) == (
+        quantize == "int8")
     accepted = 0
     for seed in range(6):
         base = random_ids(3 + seed, 16, seed)
@@ -157,12 +156,9 @@ def test_choices_are_the_argmax_of_the_pass_logits(arch, monkeypatch):
 
     model = bf16_model(arch, vocab=1000, seed=5)
     cache = SlotCache(model.config, slots=2, slot_tokens=256, dtype=torch.bfloat16, chunk=16)
-    # rowgemm's AVX2 path has no screen (int8.c has no AVX2 code): there, check the portable one
-    on_avx2 = rowgemm.isa() == rowgemm.AVX2
-    isa_cap = rowgemm.SCALAR if on_avx2 else rowgemm.AVX512_BF16
-    verifier = Verifier(hf_weights.row_forward(model, isa_cap=isa_cap), cache)
+    verifier = Verifier(of_model(model), cache)
     rowdecoder = verifier.forward.decoder
-    assert rowdecoder.screen is not None and (hf_weights.new_decoder(model).screen is None) == on_avx2
+    assert rowdecoder.screen is not None
     prompt = random_ids(50, 1000, 6)
     tree = VerifyTree((5, 6, 7, 8, 9, 10), (-1, 0, 1, 2, 1, 4), (0, 1, 2, 3, 2, 3), ())
     for slot in (cache.acquire(prompt)[0], cache.acquire(prompt + [1])[0]):
@@ -176,7 +172,7 @@ def test_choices_are_the_argmax_of_the_pass_logits(arch, monkeypatch):
     assert picked.tolist() == expected * 2
     assert all(torch.equal(layer[0], kept) for layer, kept in zip(cache.keys, keys))
     monkeypatch.setenv("CODESPEC_LM_SCREEN", "off")
-    assert hf_weights.new_decoder(model, isa_cap=isa_cap).screen is None
+    assert hf_weights.new_decoder(model).screen is None
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])

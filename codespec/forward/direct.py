@@ -72,14 +72,6 @@ def unsupported(path: str | Path, settings: Any, *, portable: bool = False) -> s
         return f"the C forward is not built ({native.unavailable() or 'no rowdecoder'})"
     if rowgemm.isa() == rowgemm.SCALAR and not portable:
         return "this CPU has neither AVX-512 BF16 nor AVX2 with FMA"
-    return None if portable else quantize_unsupported(settings.quantize)
-
-
-def quantize_unsupported(quantize: str) -> str | None:
-    """Why the C forward's `quantize` products would not run fast here (None: they do):
-    int8.c has AVX-512 code and a portable loop only."""
-    if quantize != "none" and rowgemm.isa() != rowgemm.AVX512_BF16:
-        return f"--quantize {quantize} needs AVX-512 (its int8 products have no AVX2 code)"
     return None
 
 

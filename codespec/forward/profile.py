@@ -115,14 +115,14 @@ def rows_key(config: Any, source: str, threads: int, quantize: str = "none", isa
     from codespec.forward import rowplan
 
     return _key(config, source, "bfloat16", "cpu", threads,
-                f"key_block={rowplan.KEY_BLOCK},forward=rowdecoder,lm={_lm_head(isa)},quantize={quantize},isa={isa}")
+                f"key_block={rowplan.KEY_BLOCK},forward=rowdecoder,lm={_lm_head()},quantize={quantize},isa={isa}")
 
 
-def _lm_head(isa: int) -> str:
+def _lm_head() -> str:
     """How greedy passes read lm_head (kernels/lmchoice.py): it changes a pass's cost."""
     from codespec.kernels import lmchoice
 
-    return "screen" if lmchoice.wanted(isa) else "full"
+    return "screen" if lmchoice.wanted() else "full"
 
 
 def _key(config: Any, source: str, dtype: str, device: Any, threads: int, layout: str) -> dict[str, str]:

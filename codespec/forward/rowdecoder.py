@@ -176,7 +176,7 @@ class RowDecoder:
         # memory for the default model, ~14% fewer bytes read per decode step
         self.screen: int8.Int8Matrix | None = None
         if (quantize == "none" and weights.lm_bias is None and hasattr(lib, "rowdecoder_choices")
-                and lmchoice.wanted(isa)):
+                and lmchoice.wanted()):
             lib.rowdecoder_choices.argtypes = [ctypes.c_int, ctypes.POINTER(_Model), _pointer, _pointer, _pointer,
                                                _pointer, ctypes.POINTER(_Pass), _pointer, _pointer, _pointer,
                                                _pointer, _pointer]

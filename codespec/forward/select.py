@@ -6,10 +6,10 @@ At start-up, once per process, from the machine, the model and two settings:
    or `masked`: that one) and `CODESPEC_LINEAR` (transformers' linear kernel: `rowgemm`,
    `onednn` or `torch`; anything but rowgemm rules the row decoder out).
 2. The torch-free load (direct.py) where the C row decoder serves the model from its
-   files: CPU with AVX-512 BF16, bfloat16, Qwen2/Llama, default rotary embedding,
-   weights stored in bfloat16. No torch or transformers import: a fast start and one
-   copy of the weights. `CODESPEC_FORWARD=rowdecoder` also takes it on a CPU without
-   AVX-512 BF16, with the C forward's portable code (exact, slow: for checks).
+   files: CPU with AVX-512 BF16 or AVX2 with FMA, bfloat16, Qwen2/Llama, default rotary
+   embedding, weights stored in bfloat16. No torch or transformers import: a fast start
+   and one copy of the weights. `CODESPEC_FORWARD=rowdecoder` also takes it on a CPU
+   with neither, with the C forward's portable code (exact, slow: for checks).
 3. Else transformers loads the model, and the row decoder runs over its weights where
    it knows the layers and the linear layers are rowgemm's (hf_weights.py).
 4. On CUDA, Qwen2/Llama: the `cuda` backend (cuda.py: one fixed pass shape, our row-exact
@@ -154,9 +154,9 @@ def _for_model(model: Any, wanted: str, quantize: str) -> tuple[Forward, str | N
     """The backend for a transformers model, and why the row decoder does not serve it."""
     from codespec.forward import hf_weights
 
-    why = _asked_elsewhere(wanted, "") or hf_weights.unsupported(model) or direct.quantize_unsupported(quantize)
+    why = _asked_elsewhere(wanted, "") or hf_weights.unsupported(model)
     if quantize != "none" and why is not None:
-        raise ModelError(f"--quantize {quantize} runs on the C row decoder (CPU with AVX-512 BF16, bf16 "
+        raise ModelError(f"--quantize {quantize} runs on the C row decoder (CPU with AVX-512 BF16 or AVX2, bf16 "
                          f"Qwen2/Llama), which does not serve this model here: {why}")
     if wanted == "rowdecoder" and why is not None:
         raise ModelError(f"CODESPEC_FORWARD=rowdecoder: the row decoder does not serve this model here: {why}")

@@ -13,6 +13,8 @@ from codespec.forward.rowdecoder import bf16_bits, bf16_values
 pytestmark = pytest.mark.skipif(kernel.library() is None, reason=f"no kernel build: {kernel.unavailable()}")
 
 PATHS = [pytest.param(0, id="plain"),
+         pytest.param(1, id="avx2", marks=pytest.mark.skipif(
+             kernel.library() is None or int8.isa(kernel.library(), 1) != 1, reason="CPU without AVX2")),
          pytest.param(2, id="vnni", marks=pytest.mark.skipif(
              kernel.library() is None or int8.isa(kernel.library(), 2) != 2, reason="CPU without AVX-512 VNNI"))]
 SHAPES = [(37, 96), (64, 100), (130, 896), (200, 4864)]  # ragged stripes, a short last row block, model widths
@@ -46,14 +48,15 @@ def test_every_row_gets_the_bits_it_gets_alone(isa, n, k):
     assert np.array_equal(int8.linear(lib, isa, x[order], weight, bias), alone[order])
 
 
+@pytest.mark.parametrize("isa", [1, 2])
 @pytest.mark.parametrize("n,k", SHAPES)
-def test_both_paths_give_the_same_bits(n, k):
+def test_every_path_gives_the_plain_loops_bits(isa, n, k):
     lib = kernel.library()
-    if int8.isa(lib, 2) != 2:
-        pytest.skip("CPU without AVX-512 VNNI")
+    if int8.isa(lib, isa) != isa:
+        pytest.skip("CPU without " + ("AVX2" if isa == 1 else "AVX-512 VNNI"))
     weight, _ = matrix(n, k, seed=3)
     x = rows(9, k, seed=4)
-    assert np.array_equal(int8.linear(lib, 0, x, weight), int8.linear(lib, 2, x, weight))
+    assert np.array_equal(int8.linear(lib, 0, x, weight), int8.linear(lib, isa, x, weight))
 
 
 @pytest.mark.parametrize("isa", PATHS)
