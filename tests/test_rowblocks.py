@@ -72,6 +72,7 @@ def test_prefill_products_run_in_float32_only_where_bf16_has_no_gemm(monkeypatch
     machine and the row count alone, so a prefill stays deterministic per pass."""
     torch.manual_seed(0)
     layer = torch.nn.Linear(64, 48, dtype=torch.bfloat16)
+    monkeypatch.setenv("CODESPEC_LINEAR", "torch")  # F.linear's path (rowgemm, where it runs, packs the weight)
     rowblocks.install(layer)
     x = torch.randn(1, 40, 64, dtype=torch.bfloat16)
     wide = torch.nn.functional.linear(x.float(), layer.weight.float(), layer.bias.float()).to(torch.bfloat16)

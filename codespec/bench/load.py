@@ -22,6 +22,7 @@ import statistics
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -121,7 +122,8 @@ def _level(url: str, reqs: list[LoadRequest], concurrency: int) -> Level:
             with urllib.request.urlopen(call, timeout=600) as r:
                 answer = json.loads(r.read())
         except (OSError, ValueError) as exc:
-            level.failures.append(f"{req.name}: {exc}")
+            body = exc.read().decode(errors="replace")[:300] if isinstance(exc, urllib.error.HTTPError) else ""
+            level.failures.append(f"{req.name}: {exc} {body}".rstrip())
             return
         finally:
             level.latencies_s[i] = time.perf_counter() - began
@@ -159,6 +161,8 @@ def run_load(reqs: list[LoadRequest], concurrencies: tuple[int, ...], log: Calla
             j = summaries(levels)[-1]
             log(f"concurrency {concurrency}: {j['tokens_per_s']} tok/s, p50 {j['p50_s']} s, p95 {j['p95_s']} s"
                 + (f", {len(level.failures)} failed" if level.failures else ""))
+            for failure in level.failures[:3]:  # why, not only how many (an HTTP error carries its body)
+                log(f"  failed: {failure}")
     return levels
 
 
