@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "bf16.h"
+#include "lanes.h" /* EXP_*: exp16's constants */
 
 #define AVX2 __attribute__((target("avx2,fma")))
 #define INLINE static inline __attribute__((always_inline))
@@ -50,18 +51,16 @@ AVX2 INLINE float sum8(__m256 v) { /* the same tree as reduce8 gives lane 0 */
     return _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
 }
 
-/* e^x, the polynomial of rowdecoder.c's exp16 in 8 lanes (no FMA: mul, then add) */
+/* e^x, rowdecoder.c's exp16 in 8 lanes (lanes.h's constants; no FMA: mul, then add) */
 AVX2 INLINE __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3365447505531f));
-    __m256 fx = _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _mm256_set1_ps(0.5f));
+    x = _mm256_min_ps(x, _mm256_set1_ps(EXP_MAX));
+    x = _mm256_max_ps(x, _mm256_set1_ps(EXP_MIN));
+    __m256 fx = _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)), _mm256_set1_ps(0.5f));
     __m256 whole = _mm256_floor_ps(fx);
-    x = _mm256_sub_ps(x, _mm256_mul_ps(whole, _mm256_set1_ps(0.693359375f)));
-    x = _mm256_sub_ps(x, _mm256_mul_ps(whole, _mm256_set1_ps(-2.12194440e-4f)));
-    __m256 z = _mm256_mul_ps(x, x), y = _mm256_set1_ps(1.9875691500E-4f);
-    static const float c[] = {1.3981999507E-3f, 8.3334519073E-3f, 4.1665795894E-2f, 1.6666665459E-1f,
-                              5.0000001201E-1f};
-    for (int i = 0; i < 5; i++) y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(c[i]));
+    x = _mm256_sub_ps(x, _mm256_mul_ps(whole, _mm256_set1_ps(EXP_LN2_HI)));
+    x = _mm256_sub_ps(x, _mm256_mul_ps(whole, _mm256_set1_ps(EXP_LN2_LO)));
+    __m256 z = _mm256_mul_ps(x, x), y = _mm256_set1_ps(EXP_POLY[0]);
+    for (int i = 1; i < EXP_TERMS; i++) y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(EXP_POLY[i]));
     y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, z), x), _mm256_set1_ps(1.0f));
     __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(whole), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(n));

@@ -101,20 +101,16 @@ INLINE float sum16(v16f v) { /* a fixed tree: lanes (i, i+8), (i, i+4), (i, i+2)
 
 /* e^x, Cephes' expf polynomial: same bits on every clone (only +, -, *, conversions) */
 INLINE v16f exp16(v16f x) {
-    x = pick(x > 88.3762626647949f, splat(88.3762626647949f), x);
-    x = pick(x < -87.3365447505531f, splat(-87.3365447505531f), x);
-    v16f fx = x * 1.44269504088896341f + 0.5f;
+    x = pick(x > EXP_MAX, splat(EXP_MAX), x);
+    x = pick(x < EXP_MIN, splat(EXP_MIN), x);
+    v16f fx = x * EXP_LOG2E + 0.5f;
     v16f whole = __builtin_convertvector(__builtin_convertvector(fx, v16i), v16f); /* toward zero */
     whole = whole - pick(whole > fx, splat(1.0f), splat(0.0f));                   /* floor */
-    x = x - whole * 0.693359375f;
-    x = x - whole * -2.12194440e-4f;
+    x = x - whole * EXP_LN2_HI;
+    x = x - whole * EXP_LN2_LO;
     v16f z = x * x;
-    v16f y = splat(1.9875691500E-4f);
-    y = y * x + 1.3981999507E-3f;
-    y = y * x + 8.3334519073E-3f;
-    y = y * x + 4.1665795894E-2f;
-    y = y * x + 1.6666665459E-1f;
-    y = y * x + 5.0000001201E-1f;
+    v16f y = splat(EXP_POLY[0]);
+    for (int i = 1; i < EXP_TERMS; i++) y = y * x + EXP_POLY[i];
     y = y * z + x + 1.0f;
     v16i n = __builtin_convertvector(whole, v16i);
     return y * (v16f)((n + 127) << 23);

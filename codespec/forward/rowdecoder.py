@@ -238,8 +238,10 @@ class RowDecoder:
         return logits
 
     def _pass(self, ids: Sequence[int], rows: np.ndarray, path: np.ndarray, slots: tuple[Any, Any, int],
-              logits_from: int, stop: Any = None) -> tuple[_Pass, np.ndarray, np.ndarray, np.ndarray]:
-        """The C call's pass description, embeddings (overwritten by the call), work buffer."""
+              logits_from: int, preempted: Callable[[], bool] | None = None
+              ) -> tuple[_Pass, np.ndarray, np.ndarray, np.ndarray]:
+        """The C call's pass description (it keeps the stop callback alive), embeddings
+        (overwritten by the call), work buffer."""
         count = len(ids)
         assert rows.dtype == np.int64 and rows.shape == (6, count) and rows.flags.c_contiguous
         assert 0 <= logits_from < count
@@ -252,7 +254,7 @@ class RowDecoder:
         base, stride = rows.ctypes.data, rows.strides[0]
         spec = _Pass(count, *(base + i * stride for i in range(6)), path.ctypes.data,
                      ctypes.cast(slots[0], _pointer), ctypes.cast(slots[1], _pointer), slots[2], logits_from,
-                     _Stop() if stop is None else stop)
+                     _Stop() if preempted is None else _Stop(lambda: int(bool(preempted()))))
         return spec, x, work, path  # path: kept alive with the pass
 
     def forward(self, ids: Sequence[int], rows: np.ndarray, path: np.ndarray, slots: tuple[Any, Any, int],
@@ -261,8 +263,7 @@ class RowDecoder:
         int64 [6, len(ids)]: slot, write position, rotary position, context, path start,
         path length per row; `path`: int64 slot positions; `slots`: from `slots()`.
         Writes each row's K/V at (slot, write). `preempted`: see `prefill`."""
-        stop = None if preempted is None else _Stop(lambda: int(bool(preempted())))
-        spec, x, work, _ = self._pass(ids, rows, path, slots, logits_from, stop)
+        spec, x, work, _ = self._pass(ids, rows, path, slots, logits_from, preempted)
         logits = np.empty((len(ids) - logits_from, self.vocab), dtype=np.uint16)
         status = self._lib.rowdecoder_forward(self.isa, ctypes.byref(self.dims), ctypes.byref(spec), x.ctypes.data,
                                               work.ctypes.data, logits.ctypes.data)

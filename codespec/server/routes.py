@@ -203,9 +203,9 @@ async def infill(req: InfillRequest, request: Request, b: AnyBackend = Depends(b
     KV is reused by the prefix cache (`tokens_cached`).
 
     Spaces or tabs that end `prompt` (the typed part of the line), or `input_prefix` when
-    there is no `prompt`, are held back from the model and the content starts after them: a prompt ending in a space puts a token
-    boundary where the tokenizer never has one, and the model answers with one space
-    too many (issue 31)."""
+    there is no `prompt`, are held back from the model and the content starts after
+    them: a prompt ending in a space puts a token boundary where the tokenizer never has
+    one, and the model answers with one space too many (issue 31)."""
     ids, held = await run_in_threadpool(_infill_ids, b, req)
     limit = b.settings.max_tokens_limit if req.n_predict < 0 else max(req.n_predict, 1)
     b.check_request(ids, limit)
