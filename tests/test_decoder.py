@@ -50,12 +50,19 @@ def random_ids(count: int, vocab: int, seed: int) -> list[int]:
     return torch.randint(0, vocab, (count,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+# every path of the C forward this CPU runs: its products and attention differ per path
+ISA_CAPS = [pytest.param(cap, id=name, marks=pytest.mark.skipif(rowgemm.library() is None or rowgemm.isa(cap) != cap,
+                                                               reason=f"CPU without the {name} path"))
+            for cap, name in ((rowgemm.SCALAR, "scalar"), (rowgemm.AVX2, "avx2"), (rowgemm.AVX512_BF16, "avx512"))]
+
+
+@pytest.mark.parametrize("isa_cap", ISA_CAPS)
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
-def test_every_row_of_a_batched_tree_pass_equals_its_decode_step(arch):
+def test_every_row_of_a_batched_tree_pass_equals_its_decode_step(arch, isa_cap):
     model = bf16_model(arch)
     cache = SlotCache(model.config, slots=4, slot_tokens=1100, dtype=torch.bfloat16, chunk=16)
-    verifier = Verifier(of_model(model), cache)
-    assert verifier.forward.decoder is not None and verifier.row_block == 0
+    verifier = Verifier(hf_weights.row_forward(model, isa_cap=isa_cap), cache)
+    assert verifier.forward.decoder.isa == isa_cap and verifier.row_block == 0
     rowdecoder = verifier.forward.decoder
     prompt, other = random_ids(1030, 256, 1), random_ids(40, 256, 2)  # past the first 1024 rotary positions
     tokens = (5, 6, 7, 8, 9, 10, 11, 12)  # main path 0-4, a branch off node 1 (5, 6), one off node 3 (7)
