@@ -4,7 +4,7 @@
 #   kernel and row exactness on CUDA, the pass-cost curve, the held-out lossless stress
 #   set, `codespec bench verify` (batch 1 and 8) and the edit workload against
 #   transformers' prompt lookup, on the default model's shapes with seeded random weights.
-# Before it, on a machine with network (docs/gpu.md): scripts/gpu-prepare.sh, which puts
+# Before it, on a machine with network (docs/benchmarks.md, "The GPU verifier"): scripts/gpu-prepare.sh, which puts
 # the missing wheels in .whl/ and the default model's config and tokenizer in .gpu/.
 # Results: $OUT/gpu-check.json (OUT defaults to ./gpu-out) and a summary printed last.
 set -uo pipefail

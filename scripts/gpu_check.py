@@ -20,10 +20,16 @@ and its real tokenizer (carried). Stages, each timed and each allowed to fail al
    holds the first answer (a random model copies nothing from its prompt: acceptance
    comes from past generations, as the issue asks).
 
-Probes: `profile` (kernels and GPU time of a step) and `fused` (the backend with fused
-layers, CODESPEC_CUDA_FUSED: its rows, costs and profile), both in the default stages;
+Probes: `profile` (kernels and GPU time of a step), `fused` (the backend with fused
+layers, CODESPEC_CUDA_FUSED: its rows, costs and profile) and `fusedtiles` (each fused
+product by tile, and the fused backend with the fastest), in the default stages;
 `gemm` (the layer's products in CUDA graphs: cuBLAS against kernels/row_linear.py's
-tiles) and `tiles` (the backend with the tiles that beat cuBLAS), on request.
+tiles) and `tiles` (the backend with the tiles that beat cuBLAS), on request. The
+default stages then run edit, verify and stress again with CODESPEC_CUDA_FUSED=1
+(`edit_fused`, `verify_fused`, `stress_fused`).
+
+Stages start only while `--deadline` seconds (from the start) leave them time: a run
+cut short by the machine's limit still writes what it measured.
 
 Writes <out>/gpu-check.json and prints a summary table last.
 
@@ -46,13 +52,26 @@ from typing import Any, Callable
 import torch
 
 from gpu_measure import _time, cost_curve, profile_step, row_checks
-from gpu_probes import fused_probe, gemm_probe, key_block_probe, tiles_probe
+from gpu_probes import fused_probe, fused_tiles_probe, gemm_probe, key_block_probe, tiles_probe
 
 ROOT = Path(__file__).resolve().parent.parent
 ASSET_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
-def stage(results: dict[str, Any], name: str, run: Callable[[], Any], out: Path | None = None) -> None:
+STARTED = time.perf_counter()
+DEADLINE_S = 480.0  # main() sets it from --deadline
+
+
+def left_s() -> float:
+    return DEADLINE_S - (time.perf_counter() - STARTED)
+
+
+def stage(results: dict[str, Any], name: str, run: Callable[[], Any], out: Path | None = None,
+          needs_s: float = 5.0) -> None:
+    if left_s() < needs_s:
+        results[name] = {"ok": False, "error": f"skipped: {left_s():.0f} s left of the deadline, it needs ~{needs_s:.0f}"}
+        print(f"[gpu-check] {name}: {results[name]['error']}", flush=True)
+        return
     began = time.perf_counter()
     try:
         results[name] = {"ok": True, **(run() or {})}
@@ -150,7 +169,10 @@ def rope_store_checks() -> dict[str, bool]:
 
 def subprocess_stage(command: list[str], env: dict[str, str], timeout: int, keep: Path | None = None) -> dict[str, Any]:
     began = time.perf_counter()
-    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    if keep is not None:
+        shutil.rmtree(keep, ignore_errors=True)  # a fused run after a default one: its own JSON only
+    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=max(10, min(timeout, int(left_s()))))
     result: dict[str, Any] = {"returncode": done.returncode, "tail": (done.stdout + done.stderr)[-4000:],
                               "wall_s": round(time.perf_counter() - began, 1)}
     if keep is not None and keep.is_dir():
@@ -162,11 +184,16 @@ def subprocess_stage(command: list[str], env: dict[str, str], timeout: int, keep
 
 
 def main() -> None:
+    global DEADLINE_S
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--assets", default=str(ROOT / ".gpu"), help="the default model's config and tokenizer files")
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu-out"))
-    parser.add_argument("--stages", default="kernel,rows,costs,profile,fused,stress,verify,edit")
+    parser.add_argument("--stages", default="kernel,rows,costs,profile,fused,fusedtiles,edit,edit_fused,verify,"
+                                             "verify_fused,stress,stress_fused")
+    parser.add_argument("--deadline", type=float, default=DEADLINE_S,
+                        help="seconds from the start after which no stage starts (the machine's limit is 600)")
     args = parser.parse_args()
+    DEADLINE_S = args.deadline
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     wanted = args.stages.split(",")
@@ -176,7 +203,7 @@ def main() -> None:
     import triton
 
     results.update(transformers=transformers.__version__, triton=triton.__version__)
-    began = time.perf_counter()
+    began = STARTED
     model_dir = random_model_dir(Path(args.assets), Path("/tmp/codespec-random-default"))
     loaded = load(model_dir)
     results["backend"] = {"name": loaded.backend, "reason": loaded.reason, "rows": getattr(loaded.forward, "rows", None),
@@ -196,27 +223,35 @@ def main() -> None:
         stage(results, "fused", lambda: fused_probe(loaded), out)
     if "tiles" in wanted and results.get("gemm", {}).get("ok"):
         stage(results, "tiles", lambda: tiles_probe(loaded, results["gemm"]), out)
+    if "fusedtiles" in wanted:
+        stage(results, "fusedtiles", lambda: fused_tiles_probe(loaded), out, needs_s=90)
     del loaded
     torch.cuda.empty_cache()
     env = {**os.environ, "CODESPEC_MODEL": str(model_dir), "CODESPEC_DEVICE": "cuda", "CODESPEC_DTYPE": "bfloat16",
            "CODESPEC_CACHE_DIR": "/tmp/codespec-cache", "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
     bench = [sys.executable, "-m", "codespec", "bench"]
     model_args = ["--model", str(model_dir), "--device", "cuda", "--dtype", "bfloat16"]
-    if "stress" in wanted:
-        stage(results, "stress", lambda: subprocess_stage(
-            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "slow or not slow",
-             "-o", "addopts=", "tests/test_lossless_stress.py"], env, 200), out)
-    if "verify" in wanted:
-        stage(results, "verify", lambda: subprocess_stage(
-            [*bench, "verify", "--sets", "edit,fim-repo", "--batches", "1,8", "--requests", "8", *model_args,
-             "--out", "/tmp/verify"], env, 180, Path("/tmp/verify")), out)
-    if "edit" in wanted:
-        stage(results, "edit", lambda: subprocess_stage(
-            [*bench, "workloads", "--workloads", "edit", "--systems", "hf_prompt_lookup,codespec", "--repeat", "1",
-             "--max-new-tokens", "128", *model_args, "--out", "/tmp/edit"], env, 180, Path("/tmp/edit")), out)
+    fused_env = {**env, "CODESPEC_CUDA_FUSED": "1"}
+    for suffix, stage_env in (("", env), ("_fused", fused_env)):
+        systems = "hf_prompt_lookup,codespec" if not suffix else "codespec"  # plain runs beside either
+        if "edit" + suffix in wanted:
+            stage(results, "edit" + suffix, lambda: subprocess_stage(
+                [*bench, "workloads", "--workloads", "edit", "--systems", systems, "--repeat", "1",
+                 "--max-new-tokens", "128", *model_args, "--out", "/tmp/edit"], stage_env, 180, Path("/tmp/edit")),
+                out, needs_s=45 if suffix else 60)
+    for suffix, stage_env in (("", env), ("_fused", fused_env)):
+        if "verify" + suffix in wanted:
+            stage(results, "verify" + suffix, lambda: subprocess_stage(
+                [*bench, "verify", "--sets", "edit,fim-repo", "--batches", "1,8", "--requests", "8", *model_args,
+                 "--out", "/tmp/verify"], stage_env, 180, Path("/tmp/verify")), out, needs_s=50)
+    for suffix, stage_env in (("", env), ("_fused", fused_env)):
+        if "stress" + suffix in wanted:
+            stage(results, "stress" + suffix, lambda: subprocess_stage(
+                [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "slow or not slow",
+                 "-o", "addopts=", "tests/test_lossless_stress.py"], stage_env, 200), out, needs_s=70)
     results["total_s"] = round(time.perf_counter() - began, 1)
     (out / "gpu-check.json").write_text(json.dumps(results, indent=1, default=str))
-    summary = {name: {k: v for k, v in value.items() if k not in ("trace", "tail", "json")}
+    summary = {name: {k: v for k, v in value.items() if k not in ("trace", "tail", "json", "tiles_us")}
                for name, value in results.items() if isinstance(value, dict)}
     print(json.dumps(summary, indent=1, default=str))
 

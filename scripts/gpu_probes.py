@@ -106,15 +106,22 @@ def gemm_probe(loaded: Any, budget_s: float = 75.0) -> dict[str, Any]:
 def tiles_probe(loaded: Any, gemm: dict[str, Any]) -> dict[str, Any]:
     """The whole backend with row_linear's fastest tiles where they beat cuBLAS by 5%:
     the step and passes at 512 keys (host wall ms) and its rows against its decode steps."""
-    from codespec.forward.cuda import CudaForward
     from codespec.kernels.row_linear import Config
-    from codespec.policy.tree import VerifyTree
 
     chosen = {name: Config(**entry["best_config"]) for name, entry in gemm.items()
               if isinstance(entry, dict) and entry.get("best_over_cublas", 9) < 0.95 and entry.get("best_row_exact")}
     if not chosen:
         return {"chosen": {}, "note": "no tile beat cuBLAS by 5%"}
-    forward = CudaForward(loaded.model, tiles=chosen)
+    return _backend_with(loaded, chosen, fused=False)
+
+
+def _backend_with(loaded: Any, chosen: dict[str, Any], fused: bool) -> dict[str, Any]:
+    """The backend with `chosen` tiles: passes of 1, 2, 32 and 64 rows at 512 keys (host
+    wall ms) and its rows against its decode steps."""
+    from codespec.forward.cuda import CudaForward
+    from codespec.policy.tree import VerifyTree
+
+    forward = CudaForward(loaded.model, tiles=chosen, fused=fused)
     engine = _engine(loaded, slots=1)
     cache = engine.cache
     prompt = [(7 * i) % forward.config.vocab_size for i in range(512)]
@@ -146,3 +153,83 @@ def fused_probe(loaded: Any) -> dict[str, Any]:
                 **cost_curve(loaded), "profile": profile_step(loaded)}
     finally:
         loaded.forward = default
+
+
+# The fused products' operands (forward/cuda.py's _fused_layers): what each product
+# carries besides x @ W.T.
+_FUSION = {"qkv": ("norm", "bias"), "o": ("residual",), "gate_up": ("norm",), "down": ("gated", "residual"),
+           "lm_head": ("norm",)}
+
+
+@torch.inference_mode()
+def fused_tiles_probe(loaded: Any, budget_s: float = 60.0) -> dict[str, Any]:
+    """Each fused product (its norm, SiLU or residual inside) by tile, us per call in CUDA
+    graphs at the bucket's 64 rows, against forward/cuda.py's FUSED_TILES (chosen from
+    the products alone); then the fused backend with each product's fastest tile where it
+    beats FUSED_TILES by 3%: its passes and its rows against its decode steps."""
+    from codespec.forward.cuda import FUSED_TILES
+    from codespec.kernels.row_linear import Config, row_linear
+
+    model = loaded.model
+    products = _products(model)
+    result: dict[str, Any] = {}
+    chosen: dict[str, Config] = {}
+    for name, (weight, bias) in products.items():
+        began = time.perf_counter()
+        n_size, k_size = weight.shape
+        fusion = _FUSION[name]
+        gated = "gated" in fusion
+        like = dict(device=weight.device, dtype=weight.dtype)
+        x = torch.randn(64, k_size * (2 if gated else 1), **like)
+        kwargs: dict[str, Any] = {"gated": gated}
+        if "norm" in fusion:
+            kwargs["norm"] = (torch.randn(k_size, **like), 1e-6)
+        if "residual" in fusion:
+            kwargs["residual"] = torch.randn(64, n_size, **like)
+        out = torch.empty(64, n_size, **like)
+        run = lambda c: row_linear(x, weight, bias if "bias" in fusion else None, config=c, out=out, **kwargs)  # noqa: E731
+        default = FUSED_TILES[name].fitted(64, n_size, k_size)
+        entry: dict[str, Any] = {"fusion": list(fusion), "floor_us": round(weight.numel() * 2 / 2.98e12 * 1e6, 2),
+                                 "default": default.__dict__, "default_us": _graph_us(lambda: run(default))}
+        tiles: dict[str, Any] = {}
+        widths = (64, 128, 256) if name == "lm_head" else (16, 32, 64, 128)
+        for block_n in widths:
+            for block_k in (64, 128, 256):
+                steps, programs = k_size // block_k, n_size // block_n
+                if k_size % block_k or n_size % block_n:
+                    continue
+                for splits in (1, 2, 4, 8):
+                    if splits > steps or (splits > 1 and programs * splits > 4 * 132) or (
+                            splits > 1 and programs >= 264):
+                        continue
+                    if time.perf_counter() - began > budget_s / len(products):
+                        break
+                    for warps in (4, 8) if block_n >= 64 else (4,):
+                        config = Config(block_m=64, block_n=block_n, block_k=block_k, splits=splits, num_warps=warps,
+                                        num_stages=3 if block_k * block_n >= 256 * 64 else 4)
+                        key = f"{block_n}x{block_k}/{splits}/w{warps}"
+                        try:
+                            tiles[key] = _graph_us(lambda c=config: run(c))
+                        except Exception as error:  # a tile the device cannot run: say so, go on
+                            tiles[key] = f"{type(error).__name__}: {str(error)[:100]}"
+        entry["tiles_us"] = tiles
+        timed = {k: v for k, v in tiles.items() if isinstance(v, float)}
+        if timed:
+            best = min(timed, key=timed.get)
+            sizes, splits, warps = best.split("/")
+            block_n, block_k = sizes.split("x")
+            config = Config(block_m=64, block_n=int(block_n), block_k=int(block_k), splits=int(splits),
+                            num_warps=int(warps[1:]), num_stages=3 if int(block_k) * int(block_n) >= 256 * 64 else 4)
+            entry.update(best=best, best_config=config.__dict__,
+                         best_over_default=round(timed[best] / entry["default_us"], 3))
+            if timed[best] < 0.97 * entry["default_us"]:
+                chosen[name] = config
+        result[name] = entry
+    layers = len(model.model.layers)
+    saved = sum((result[n]["default_us"] - result[n]["default_us"] * result[n]["best_over_default"])
+                * (1 if n == "lm_head" else layers) for n in chosen)
+    result["chosen"] = {name: config.__dict__ for name, config in chosen.items()}
+    result["predicted_saving_us_per_step"] = round(saved, 1)
+    if chosen:
+        result["backend"] = _backend_with(loaded, chosen, fused=True)
+    return result
