@@ -24,9 +24,10 @@ Probes: `profile` (kernels and GPU time of a step), `fused` (the backend with fu
 layers, CODESPEC_CUDA_FUSED: its rows, costs and profile) and `fusedtiles` (each fused
 product by tile, and the fused backend with the fastest), in the default stages;
 `gemm` (the layer's products in CUDA graphs: cuBLAS against kernels/row_linear.py's
-tiles) and `tiles` (the backend with the tiles that beat cuBLAS), on request. The
-default stages then run edit, verify and stress again with CODESPEC_CUDA_FUSED=1
-(`edit_fused`, `verify_fused`, `stress_fused`).
+tiles) and `tiles` (the backend with the tiles that beat cuBLAS), on request. Edit,
+verify and stress run again with CODESPEC_CUDA_FUSED=1 as `edit_fused`, `verify_fused`
+and `stress_fused` (the first two in the default stages), and with the eager prefill
+(CODESPEC_CUDA_PREFILL=eager) as `edit_eager`, `verify_eager`, `stress_eager` (on request).
 
 Stages start only while `--deadline` seconds (from the start) leave them time: a run
 cut short by the machine's limit still writes what it measured.
@@ -231,20 +232,21 @@ def main() -> None:
            "CODESPEC_CACHE_DIR": "/tmp/codespec-cache", "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
     bench = [sys.executable, "-m", "codespec", "bench"]
     model_args = ["--model", str(model_dir), "--device", "cuda", "--dtype", "bfloat16"]
-    fused_env = {**env, "CODESPEC_CUDA_FUSED": "1"}
-    for suffix, stage_env in (("", env), ("_fused", fused_env)):
+    variants = (("", env), ("_fused", {**env, "CODESPEC_CUDA_FUSED": "1"}),
+                ("_eager", {**env, "CODESPEC_CUDA_PREFILL": "eager"}))
+    for suffix, stage_env in variants:
         systems = "hf_prompt_lookup,codespec" if not suffix else "codespec"  # plain runs beside either
         if "edit" + suffix in wanted:
             stage(results, "edit" + suffix, lambda: subprocess_stage(
                 [*bench, "workloads", "--workloads", "edit", "--systems", systems, "--repeat", "1",
                  "--max-new-tokens", "128", *model_args, "--out", "/tmp/edit"], stage_env, 180, Path("/tmp/edit")),
                 out, needs_s=45 if suffix else 60)
-    for suffix, stage_env in (("", env), ("_fused", fused_env)):
+    for suffix, stage_env in variants:
         if "verify" + suffix in wanted:
             stage(results, "verify" + suffix, lambda: subprocess_stage(
                 [*bench, "verify", "--sets", "edit,fim-repo", "--batches", "1,8", "--requests", "8", *model_args,
                  "--out", "/tmp/verify"], stage_env, 180, Path("/tmp/verify")), out, needs_s=50)
-    for suffix, stage_env in (("", env), ("_fused", fused_env)):
+    for suffix, stage_env in variants:
         if "stress" + suffix in wanted:
             stage(results, "stress" + suffix, lambda: subprocess_stage(
                 [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "slow or not slow",

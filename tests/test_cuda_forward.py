@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from codespec.engine import Engine, GenerationConfig
+from codespec.engine.kvcache import SlotCache
 from codespec.engine.scheduler import Scheduler
 from codespec.errors import SettingError
 from codespec.forward import cuda
@@ -45,6 +46,26 @@ def test_plain_decoding_equals_transformers_generate(kv_heads):
     for prompt in prompts(64, 3, seed=1, repeat=False):
         hf = hf_greedy(model, prompt, 24)
         assert engine.generate(prompt, GenerationConfig(max_new_tokens=24, speculate=False)).token_ids == hf
+
+
+@pytest.mark.parametrize("prefill", ["bucket", "eager"])
+def test_prefill_in_replays_or_eager_passes_is_the_model_and_its_reuse_too(monkeypatch, prefill):
+    """Prompts over several 8-token chunks (prefill as bucket replays, or eager causal
+    passes), then longer prompts that reuse their chunks: transformers' greedy output."""
+    monkeypatch.setenv("CODESPEC_CUDA_PREFILL", prefill)
+    model = tiny_model("qwen2", vocab_size=64, seed=5)
+    forward = CudaForward(model, rows=4)
+    assert forward.eager_prefill == (prefill == "eager")
+    cache = SlotCache(model.config, slots=2, slot_tokens=128, dtype=torch.float64, chunk=8)
+    engine = Engine(forward, None, eos_token_ids=[], cache=cache)
+    base = prompts(64, 1, seed=2, repeat=False)[0] * 2
+    for prompt in (base, base + [5, 6, 7, 8, 9, 10, 11, 12, 13], base[:19]):
+        generation = engine.generate(prompt, GenerationConfig(max_new_tokens=12, speculate=False))
+        assert generation.token_ids == hf_greedy(model, prompt, 12)
+    assert generation.stats.cached_prompt_tokens == 16  # the last prompt reused two whole chunks
+    monkeypatch.setenv("CODESPEC_CUDA_PREFILL", "graph")
+    with pytest.raises(SettingError, match="CODESPEC_CUDA_PREFILL"):
+        CudaForward(model, rows=4)
 
 
 def test_batched_requests_equal_each_alone():

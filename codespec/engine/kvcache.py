@@ -21,7 +21,8 @@ prompt would run the very same pass, bit for bit:
   person typing makes prompts that end in the same chunk again and again: they share
   its whole sub-chunks, and only the rest is read again (~16 tokens on average instead
   of ~128 with 256-token chunks). A prompt that ends in a later chunk computes that
-  chunk whole, so it reuses none of the sub-chunks.
+  chunk whole, so it reuses none of the sub-chunks. On a GPU the sub-chunk is the whole
+  chunk (`tail_tokens`): there a pass costs its launches, not its tokens.
 
     cache = SlotCache(model.config, slots=4, slot_tokens=4096, dtype=torch.bfloat16)
     cache = SlotCache(config, slots=1, slot_tokens=4096, dtype=numpy.uint16)  # bf16 bits, no torch (forward/rows.py)
@@ -53,6 +54,19 @@ KVDtype = Any
 
 DEFAULT_CHUNK = 256  # prefill chunk: the fastest 1k-token prefill here, 128 costs +20% (decisions.md)
 TAIL_PARTS = 8  # a prompt's last, partial chunk runs in sub-chunks of chunk / TAIL_PARTS tokens
+
+
+def tail_tokens(chunk: int, device: Any) -> int:
+    """The sub-chunk of a prompt's last chunk (module docstring) on `device`: chunk /
+    TAIL_PARTS on a CPU, where a pass costs its tokens; the whole chunk on a GPU, where an
+    eager prefill pass costs its ~800 kernel launches whatever its tokens, so sub-chunks
+    only add passes (H100, edit requests: time to first token 0.06 s with whole chunks,
+    0.24 s with sub-chunks; docs/benchmarks.md).
+
+    >>> tail_tokens(256, "cpu"), tail_tokens(256, "cuda:0")
+    (32, 256)
+    """
+    return chunk if str(device).startswith("cuda") else max(1, chunk // TAIL_PARTS)
 
 
 class CacheFull(CodespecError):
@@ -129,7 +143,7 @@ class SlotCache:
         self.values = [_zeros(shape, dtype, device) for _ in range(layers)]
         self.slot_tokens = slot_tokens
         self.chunk = chunk
-        self.tail = max(1, chunk // TAIL_PARTS)
+        self.tail = tail_tokens(chunk, device)
         self._slots = [_Slot() for _ in range(slots)]
         self._lengths = [0] * slots
         self._clock = itertools.count(1)

@@ -60,10 +60,11 @@ from codespec.kernels.row_attention import row_attention
 from codespec.kernels.row_linear import Config, rms_norm, row_linear
 
 _log = logging.getLogger(__name__)
-# The fused layers' tiles: the fastest of each product alone in the session-20 H100 probe
-# (docs/benchmarks.md), before fusion; a product's prologue may favour others.
-FUSED_TILES = {"qkv": Config(64, 16, 64), "o": Config(64, 16, 128), "gate_up": Config(64, 128, 128, num_stages=3),
-               "down": Config(64, 32, 64, splits=4), "lm_head": Config(64, 64, 64)}
+# The fused layers' tiles: the fastest of each fused product (its norm, SiLU or residual
+# inside) in the session-23 H100 probe (scripts/gpu_check.py's fusedtiles stage).
+FUSED_TILES = {"qkv": Config(64, 64, 64, splits=8), "o": Config(64, 16, 128),
+               "gate_up": Config(64, 128, 128, num_warps=8, num_stages=3), "down": Config(64, 32, 64, splits=8),
+               "lm_head": Config(64, 128, 64)}
 DEFAULT_ROWS = 64  # the bucket: a 32-token draft plus its pending token fits, and 1-row steps stay ~free
 META_FIELDS = 8  # ids, positions, write slot, write position, KV source row, slot, context, path length
 
@@ -134,6 +135,10 @@ class CudaForward:
         self.fused = os.environ.get("CODESPEC_CUDA_FUSED", "0") == "1" if fused is None else fused
         if self.fused:
             self.tiles = self._fused_tiles(self.tiles)
+        prefill = os.environ.get("CODESPEC_CUDA_PREFILL", "bucket")
+        if prefill not in ("bucket", "eager"):
+            raise SettingError(f"CODESPEC_CUDA_PREFILL={prefill!r}: expected 'bucket' or 'eager'")
+        self.eager_prefill = prefill == "eager"
         compile = self.graphs and not self.fused and os.environ.get("CODESPEC_CUDA_COMPILE", "1") != "0"
         self._add_norm = torch.compile(_add_norm, dynamic=False) if compile else _add_norm
         self._gated = torch.compile(_gated, dynamic=False) if compile else _gated
@@ -149,11 +154,26 @@ class CudaForward:
 
     @torch.inference_mode()
     def prefill(self, cache: Any, slot: int, prompt: Sequence[int], start: int) -> torch.Tensor:
-        hidden = None
+        """The prompt's passes (cache.spans) as replays of the bucket: a chunk of 256
+        tokens is 4 replays of the captured graph (~1.4 ms each on an H100), where an eager
+        pass launched ~800 kernels from Python (~25 ms). Each row attends to the positions
+        before it and itself, as a chain's rows do; later replays read the KV earlier ones
+        wrote. CODESPEC_CUDA_PREFILL=eager runs the eager passes (causal SDPA) instead."""
+        if self.eager_prefill:
+            hidden = None
+            for begin, end in cache.spans(len(prompt), start):
+                hidden = self._prefill_chunk(cache, slot, prompt[begin:end], begin)
+            assert hidden is not None, "nothing to prefill"
+            return self.model.lm_head(self.model.model.norm(hidden[-1:]))
+        logits = None
         for begin, end in cache.spans(len(prompt), start):
-            hidden = self._prefill_chunk(cache, slot, prompt[begin:end], begin)
-        assert hidden is not None, "nothing to prefill"
-        return self.model.lm_head(self.model.model.norm(hidden[-1:]))
+            # a chain's rows (pass_rows): token, position, slot, write position, context, path
+            rows = [(prompt[p], p, slot, p, p + 1, []) for p in range(begin, end)]
+            for bucket, n, last in self._replays(cache, rows):
+                if last:
+                    logits = bucket.logits[n - 1:n].clone()  # the next replay overwrites the outputs
+        assert logits is not None, "nothing to prefill"
+        return logits
 
     @torch.inference_mode()
     def logits(self, cache: Any, requests: Requests) -> torch.Tensor:
@@ -179,10 +199,13 @@ class CudaForward:
 
     # -- verify passes and decode steps: the bucket ----------------------------------------
     def _passes(self, cache: Any, requests: Requests):
-        """Run the pass as replays of `rows` rows each; yields (bucket, real rows, whether
-        it is the last) after each replay (its outputs are overwritten by the next one)."""
+        return self._replays(cache, list(pass_rows(requests)))
+
+    def _replays(self, cache: Any, rows: list[tuple]):
+        """Run a pass's rows (pass_rows' tuples) as replays of `rows` rows each; yields
+        (bucket, real rows, whether it is the last) after each replay (its outputs are
+        overwritten by the next one)."""
         bucket = self._bucket(cache)
-        rows = list(pass_rows(requests))
         for first in range(0, len(rows), self.rows):
             part = rows[first:first + self.rows]
             if bucket.copied is not None:
