@@ -26,7 +26,7 @@ product by tile, and the fused backend with the fastest), in the default stages;
 `gemm` (the layer's products in CUDA graphs: cuBLAS against kernels/row_linear.py's
 tiles) and `tiles` (the backend with the tiles that beat cuBLAS), on request. Edit,
 verify and stress run again with CODESPEC_CUDA_FUSED=1 as `edit_fused`, `verify_fused`
-and `stress_fused` (the first two in the default stages), and with the eager prefill
+and `stress_fused` (in the default stages), and with the eager prefill
 (CODESPEC_CUDA_PREFILL=eager) as `edit_eager`, `verify_eager`, `stress_eager` (on request).
 
 Stages start only while `--deadline` seconds (from the start) leave them time: a run
