@@ -211,3 +211,32 @@ def test_int8_computes_the_int8_model(arch):
         ours = as_tensor(verifier.forward.decoder.forward(prompt[-8:], rows, path, verifier.forward._slots(cache))).float()
         errors[quantize] = ((ours - expected).abs().mean() / expected.abs().mean()).item()
     assert errors["int8"] < 0.05 and errors["int8"] < 0.8 * errors["none"], errors
+
+
+@pytest.mark.parametrize("isa_cap", ISA_CAPS)
+def test_any_cached_prompt_prefix_is_reused_exactly(isa_cap):
+    """A prefill row is a decode step's view, so a position's KV depends on the tokens up
+    to it alone (Forward.prefill_exact): a prompt reuses every cached token it shares with
+    an earlier one, wherever the prefill's passes were cut, and the output equals a fresh
+    engine's, bit for bit (a person typing: six new tokens cost six, not a sub-chunk)."""
+    model = bf16_model("qwen2", vocab=64, seed=4)
+
+    def engine() -> Engine:
+        forward = hf_weights.row_forward(model, isa_cap=isa_cap)
+        assert forward.prefill_exact and forward.decoder.isa == isa_cap
+        cache = SlotCache(model.config, slots=2, slot_tokens=256, dtype=torch.bfloat16, chunk=16)
+        return Engine(forward, None, eos_token_ids=[], cache=cache)
+
+    warm = engine()
+    assert warm.cache.exact_prefix and warm.cache.spans(45, 37) == [(37, 45)]
+    base = random_ids(90, 64, 8)
+    cases = [base[:37], base[:43], base[:43] + [60, 60, 60], base[:80], [7] + base[:50]]
+    reused = []
+    for prompt in cases:
+        config = GenerationConfig(max_new_tokens=10, speculate=False)
+        out = warm.generate(prompt, config)
+        assert out.token_ids == engine().generate(prompt, config).token_ids, f"prompt {prompt}"
+        reused.append(out.stats.cached_prompt_tokens)
+    # nothing; the first 37; the first 43; all of the longest earlier one (43 + its 3 new
+    # tokens share only 43); a prompt that differs at its first token shares nothing
+    assert reused == [0, 37, 43, 43, 0], reused

@@ -24,6 +24,12 @@ prompt would run the very same pass, bit for bit:
   chunk whole, so it reuses none of the sub-chunks. On a GPU the sub-chunk is the whole
   chunk (`tail_tokens`): there a pass costs its launches, not its tokens.
 
+A backend whose prefill computes each position as a decode step would (the row decoder,
+the cuda backend's bucket replays: `Forward.prefill_exact`) gets a position's KV from the
+tokens up to it alone, however the prompt is cut into passes. For it the cache is
+`exact_prefix`: every cached prompt token is reusable, a prefill resumes at any position,
+and a person who typed six tokens has six tokens prefilled, not the rest of a sub-chunk.
+
     cache = SlotCache(model.config, slots=4, slot_tokens=4096, dtype=torch.bfloat16)
     cache = SlotCache(config, slots=1, slot_tokens=4096, dtype=numpy.uint16)  # bf16 bits, no torch (forward/rows.py)
     slot, reused = cache.acquire(prompt_ids)       # reused: tokens whose KV is kept
@@ -144,6 +150,8 @@ class SlotCache:
         self.slot_tokens = slot_tokens
         self.chunk = chunk
         self.tail = tail_tokens(chunk, device)
+        # set by the Verifier from its backend (module docstring): any prefix is reusable
+        self.exact_prefix = False
         self._slots = [_Slot() for _ in range(slots)]
         self._lengths = [0] * slots
         self._clock = itertools.count(1)
@@ -223,10 +231,13 @@ class SlotCache:
         """The passes a prefill of a `length`-token prompt runs from `start` (a boundary
         of them): whole chunks, then the last, partial chunk in sub-chunks (module
         docstring). Every backend whose bits depend on a pass's rows prefills by these.
+        With `exact_prefix`, chunks from `start`, wherever it is.
 
         >>> SlotCache.spans_of(600, 0, 256, 32)[-4:]
         [(256, 512), (512, 544), (544, 576), (576, 600)]
         """
+        if self.exact_prefix:
+            return [(begin, min(begin + self.chunk, length)) for begin in range(start, length, self.chunk)]
         return self.spans_of(length, start, self.chunk, self.tail)
 
     @staticmethod
@@ -239,6 +250,8 @@ class SlotCache:
     def reusable_end(self, length: int) -> int:
         """How much of a `length`-token prompt's KV a later prompt could reuse: its whole
         passes short of its last token (whose logits a request needs)."""
+        if self.exact_prefix:
+            return length - 1
         ends = [end for _, end in self.spans(length) if end < length]
         return ends[-1] if ends else 0
 
@@ -251,6 +264,8 @@ class SlotCache:
             if cached != new:
                 break
             common += 1
+        if self.exact_prefix:
+            return common
         last = len(prompt_ids) - len(prompt_ids) % self.chunk
         if common > state.tail_start and last == state.tail_start:  # the same last chunk: its sub-chunks
             return common - (common - last) % self.tail
@@ -264,7 +279,7 @@ class SlotCache:
         state.tokens[:] = list(prompt_ids)
         n = len(prompt_ids)
         state.tail_start = n - n % self.chunk
-        state.reusable = state.tail_start + (n - state.tail_start) // self.tail * self.tail
+        state.reusable = n if self.exact_prefix else state.tail_start + (n - state.tail_start) // self.tail * self.tail
         self._lengths[slot] = n
 
     def committed(self, slot: int, token_ids: Sequence[int]) -> None:

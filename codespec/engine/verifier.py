@@ -42,11 +42,12 @@ class Verifier:
         backend measures them when none is given and it needs them."""
         self.forward, self.cache = forward, cache
         self.row_block, self.padded_rows = forward.probe(probes)
+        cache.exact_prefix = bool(getattr(forward, "prefill_exact", False))  # kvcache's docstring
 
     def prefill(self, slot: int, prompt_ids: Sequence[int], start: int = 0) -> Any:
         """Compute the KV of prompt_ids[start:] in the passes `cache.spans` gives (whole
-        chunks on the absolute grid, the last chunk in sub-chunks); returns the logits
-        after the prompt's last token: [1, vocab]."""
+        chunks on the absolute grid, the last chunk in sub-chunks; chunks from anywhere
+        with an exact prefill); returns the logits after the prompt's last token: [1, vocab]."""
         prompt = list(prompt_ids)
         assert 0 <= start < len(prompt) <= self.cache.slot_tokens
         self.cache.spans(len(prompt), start)  # asserts that a prefill resumes at a pass boundary

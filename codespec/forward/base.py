@@ -60,6 +60,10 @@ class Forward(Protocol):
     kv_dtype: Any  # the KV slots' element type: a torch dtype, or numpy.uint16 (bf16 bits)
     device: Any  # where the KV slots and logits live
     exact: bool  # rows equal decode steps bit for bit (the exactness contract)
+    # A prefill computes each position as a decode step would, so a position's KV depends
+    # on the tokens up to it alone, not on the passes: any cached prefix is reusable
+    # (kvcache.py). Optional: absent means False.
+    prefill_exact: bool
     min_rows: int  # the fewest rows a pass computes (a lone row is padded to this many)
 
     def probe(self, stored: tuple[int, bool] | None) -> tuple[int, bool]:

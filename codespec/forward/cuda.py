@@ -141,6 +141,7 @@ class CudaForward:
         if prefill not in ("bucket", "eager"):
             raise SettingError(f"CODESPEC_CUDA_PREFILL={prefill!r}: expected 'bucket' or 'eager'")
         self.eager_prefill = prefill == "eager"
+        self.prefill_exact = not self.eager_prefill  # a replayed prefill row is a decode step
         compile = self.graphs and not self.fused and os.environ.get("CODESPEC_CUDA_COMPILE", "1") != "0"
         self._add_norm = torch.compile(_add_norm, dynamic=False) if compile else _add_norm
         self._gated = torch.compile(_gated, dynamic=False) if compile else _gated

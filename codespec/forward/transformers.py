@@ -39,6 +39,7 @@ class TorchForward:
     """transformers' forward behind the Forward protocol (module docstring)."""
 
     min_rows = 2
+    prefill_exact = False  # a prefill pass's GEMMs round by its shape: reuse on the pass grid
 
     def __init__(self, model: Any, *, exact: bool = True, padded: bool | None = None) -> None:
         """`padded=False`: one lean attention call per row whatever the probe finds (the
