@@ -9,6 +9,7 @@ import re
 import sys
 import threading
 import uuid
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -195,6 +196,39 @@ def grid_start(length: int, budget: int) -> int:
         return 0
     step = max(budget // GRID_PARTS, 1)
     return -(-(length - budget) // step) * step
+
+
+ANCHOR_EVERY = 32  # one line in this many, by content, may start a client's long prefix
+ANCHOR_MIN_LINES = 200  # prefixes this long are likely a client's sliding window (llama.vim: 256)
+
+
+def anchored_prefix(prefix: str, every: int = ANCHOR_EVERY, min_lines: int = ANCHOR_MIN_LINES) -> str:
+    r"""`prefix` from its first anchor line on: a non-blank line whose CRC-32 is a multiple
+    of `every` among its first 4 * `every` lines; unchanged when shorter than `min_lines`
+    lines or without such a line.
+
+    Why: llama.vim sends the 256 lines before the cursor, so past line 256 every new line
+    moves the prompt's start by one line and the whole prefix is read again (~2,000
+    tokens, ~4 s on a 2-core CPU). The first anchor in the window stays the first while
+    the window slides over it, ~every lines on average, so consecutive prompts share
+    their start and the KV cache keeps it. A pure function of the text: the same request
+    gets the same prompt, whatever came before.
+
+    >>> lines = [f"x{i} = {i}\n" for i in range(300)]
+    >>> a, b = anchored_prefix("".join(lines[0:256])), anchored_prefix("".join(lines[1:257]))
+    >>> a.split("\n", 1)[0] == b.split("\n", 1)[0] != "x0 = 0"   # the same start, a few lines in
+    True
+    >>> anchored_prefix("".join(lines[:150])) == "".join(lines[:150])   # short: as given
+    True
+    """
+    lines = prefix.splitlines(keepends=True)
+    if len(lines) < min_lines:
+        return prefix
+    for i, line in enumerate(lines[: 4 * every]):
+        text = line.strip()
+        if text and zlib.crc32(text.encode()) % every == 0:
+            return "".join(lines[i:])
+    return prefix
 
 
 MAX_PROMPT_BYTES = 8 << 20  # a prompt larger than this is a mistake, not a request

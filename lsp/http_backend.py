@@ -62,7 +62,7 @@ class HttpBackend:
         suffix = suffix_window(request.suffix, request.suffix_tokens * HTTP_CHARS_PER_TOKEN)
         return {"input_prefix": prefix, "input_suffix": suffix, "prompt": request.middle,
                 "input_extra": [{"filename": c.filename, "text": c.text} for c in request.extra],
-                "fim_layout": request.layout}
+                "fim_layout": request.layout, "anchor_prefix": False}
 
     async def complete(self, request: FimRequest, on_text: OnText) -> str:
         body = {**self.infill_body(request), "n_predict": request.max_tokens, "stream": True}

@@ -238,6 +238,8 @@ def _infill_ids(b: AnyBackend, req: InfillRequest) -> tuple[list[int], HeldSpace
     """An /infill request's prompt (and the spaces held back from its middle)."""
     extra = [prompts.ExtraFile(c.filename, c.text) for c in req.input_extra]
     prefix, middle = req.input_prefix, req.prompt
+    if req.anchor_prefix:
+        prefix = prompts.anchored_prefix(prefix)
     if middle:
         middle, held = HeldSpace.split(middle)
     else:  # no typed part: the cursor is at the prefix's end (agents send this), whose spaces are held

@@ -150,6 +150,10 @@ class InfillRequest(_Stops):
     n_indent: int = Field(0, ge=0)  # after the first line, a line indented less ends the completion
     # codespec's: the prompt's order (prompts.FIM_LAYOUTS); None: the server's `infill_layout`
     fim_layout: Literal["psm", "spm"] | None = None
+    # codespec's: start a long input_prefix at its first anchor line (prompts.anchored_prefix)
+    # so that a client's sliding line window keeps the cached prompt; false: as given
+    # (codespec lsp's own windows are on a grid already)
+    anchor_prefix: StrictBool = True
 
 
 class PrefillRequest(InfillRequest):

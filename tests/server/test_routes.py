@@ -92,6 +92,28 @@ async def test_infill_as_llama_vim_sends_it(http):
         again["tokens_evaluated"]
 
 
+async def test_a_sliding_line_window_keeps_its_cached_prompt(http):
+    """llama.vim sends the N lines before the cursor: past line N each new line moves the
+    prefix's start. /infill starts a long prefix at its first anchor line (prompts.
+    anchored_prefix), so the next request reads only what changed at the end; with
+    `anchor_prefix: false` (codespec lsp's own grid windows) the prefix is taken as given."""
+    lines = [f"v{i} = {i}\n" for i in range(260)]
+    common = {"input_suffix": "\nprint(v0)\n", "n_predict": 2, "fim_layout": "spm"}
+
+    async def infill(first: int, **extra) -> dict:
+        body = {**common, "input_prefix": "".join(lines[first:first + 210]), **extra}
+        r = await http.post("/infill", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    await infill(0)
+    slid = await infill(1)  # one line typed: the window moved down a line
+    assert slid["tokens_evaluated"] - slid["tokens_cached"] < 16, slid
+    await infill(2, anchor_prefix=False)
+    as_given = await infill(3, anchor_prefix=False)
+    assert as_given["tokens_evaluated"] - as_given["tokens_cached"] > 500, as_given
+
+
 async def test_concurrent_requests_equal_their_sequential_outputs(client, backend):
     prompts = [f"def function_{i}(x):\n    return x * {i}\n\ndef next_{i}(" for i in range(8)]
     want = [expected_text(backend, p, 16) for p in prompts]
