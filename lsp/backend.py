@@ -29,7 +29,7 @@ class FimRequest:
     suffix: str  # the file after the cursor
     max_tokens: int
     path: str = ""  # the file's path in the workspace, for repository context
-    prefix_tokens: int = 1024
+    prefix_tokens: int = 768  # LspOptions' default
     suffix_tokens: int = 256
     # the typed part of the cursor's line, after the FIM middle token (llama.cpp's /infill
     # `prompt`): typing along a line then changes only the prompt's last tokens, and the

@@ -101,14 +101,17 @@ class HeldSpace:
 
 
 def whole_lines(text: str) -> str:
-    """The longest run of complete lines of `text` that closes every bracket it opens:
-    what a completion answered before its generation ends may show (issue 31: never a
-    suggestion cut inside an unclosed `return (`).
+    """The longest run of complete lines of `text` that closes every bracket it opens and
+    does not end on a block's header: what a completion answered before its generation
+    ends may show (issue 31: never a suggestion cut inside an unclosed `return (`, nor
+    one that ends on an `if s:` whose body is still to come).
 
     >>> whole_lines("x = f(1,\\n      2)\\ny = [\\n")
     'x = f(1,\\n      2)'
     >>> whole_lines("return (")
     ''
+    >>> whole_lines("n = len(s)\\nif not s:\\n")
+    'n = len(s)'
     """
     kept, depth, at = "", 0, 0
     while True:
@@ -117,6 +120,6 @@ def whole_lines(text: str) -> str:
             return kept
         line = text[at:end]
         depth += bracket_depth(line)
-        if depth <= 0 and not line.rstrip().endswith("\\"):
+        if depth <= 0 and not line.rstrip().endswith(("\\", ":")):
             kept = text[:end]
         at = end + 1
