@@ -52,7 +52,7 @@ def gemm_probe(loaded: Any, budget_s: float = 75.0) -> dict[str, Any]:
     exactness and error on the device. Each product gets a share of `budget_s` for tiles."""
     import torch.nn.functional as F
 
-    from codespec.kernels.row_linear import Config, row_linear
+    from codespec.kernels.row_linear import row_linear
 
     result: dict[str, Any] = {}
     products = _products(loaded.model)
@@ -63,39 +63,17 @@ def gemm_probe(loaded: Any, budget_s: float = 75.0) -> dict[str, Any]:
         entry: dict[str, Any] = {"n": n_size, "k": k_size, "weight_mb": round(weight.numel() * 2 / 2**20, 2),
                                  "floor_us": round(weight.numel() * 2 / 2.98e12 * 1e6, 2),
                                  "cublas_us": _graph_us(lambda: F.linear(x, weight, bias))}
-        tiles: dict[str, Any] = {}
-        widths = (64, 128, 256) if name == "lm_head" else (16, 32, 64, 128)
-        for block_n in widths:
-            for block_k in (128, 64, 256):
-                steps, programs = k_size // block_k, n_size // block_n
-                if k_size % block_k or n_size % block_n:
-                    continue
-                for splits in (1, 2, 4, 8):
-                    if splits > steps or (splits > 1 and programs * splits > 4 * 132) or (
-                            splits > 1 and programs >= 264):
-                        continue
-                    if time.perf_counter() - began > budget_s / len(products):
-                        break
-                    config = Config(block_m=64, block_n=block_n, block_k=block_k, splits=splits,
-                                    num_stages=3 if block_k * block_n >= 256 * 64 else 4)
-                    key = f"{block_n}x{block_k}/{splits}"
-                    try:
-                        tiles[key] = _graph_us(lambda c=config: row_linear(x, weight, bias, config=c))
-                    except Exception as error:  # a tile the device cannot run: say so, go on
-                        tiles[key] = f"{type(error).__name__}: {str(error)[:100]}"
-        entry["row_linear_us"] = tiles
-        timed = {k: v for k, v in tiles.items() if isinstance(v, float)}
-        if timed:
-            best = min(timed, key=timed.get)
-            block_n, rest = best.split("x")
-            block_k, splits = rest.split("/")
-            config = Config(block_m=64, block_n=int(block_n), block_k=int(block_k), splits=int(splits),
-                            num_stages=3 if int(block_k) * int(block_n) >= 256 * 64 else 4)
+        swept = _tile_sweep(name, n_size, k_size, lambda c: row_linear(x, weight, bias, config=c),
+                            began + budget_s / len(products))
+        entry["row_linear_us"] = {key: us for key, (_, us) in swept.items()}
+        best, config = _best(swept)
+        if best is not None:
             full = row_linear(x, weight, bias, config=config)
             others = torch.randn_like(x)
             others[3] = x[3]
             moved = torch.roll(others, 17, dims=0)
             reference = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+            timed = entry["row_linear_us"]
             entry.update(best=best, best_config=config.__dict__, best_over_cublas=round(timed[best] / entry["cublas_us"], 3),
                          best_row_exact=bool(torch.equal(row_linear(moved, weight, bias, config=config)[20], full[3])),
                          best_relative_error=float((full.float() - reference).norm() / reference.norm()))
@@ -191,35 +169,10 @@ def fused_tiles_probe(loaded: Any, budget_s: float = 60.0) -> dict[str, Any]:
         default = FUSED_TILES[name].fitted(64, n_size, k_size)
         entry: dict[str, Any] = {"fusion": list(fusion), "floor_us": round(weight.numel() * 2 / 2.98e12 * 1e6, 2),
                                  "default": default.__dict__, "default_us": _graph_us(lambda: run(default))}
-        tiles: dict[str, Any] = {}
-        widths = (64, 128, 256) if name == "lm_head" else (16, 32, 64, 128)
-        for block_n in widths:
-            for block_k in (64, 128, 256):
-                steps, programs = k_size // block_k, n_size // block_n
-                if k_size % block_k or n_size % block_n:
-                    continue
-                for splits in (1, 2, 4, 8):
-                    if splits > steps or (splits > 1 and programs * splits > 4 * 132) or (
-                            splits > 1 and programs >= 264):
-                        continue
-                    if time.perf_counter() - began > budget_s / len(products):
-                        break
-                    for warps in (4, 8) if block_n >= 64 else (4,):
-                        config = Config(block_m=64, block_n=block_n, block_k=block_k, splits=splits, num_warps=warps,
-                                        num_stages=3 if block_k * block_n >= 256 * 64 else 4)
-                        key = f"{block_n}x{block_k}/{splits}/w{warps}"
-                        try:
-                            tiles[key] = _graph_us(lambda c=config: run(c))
-                        except Exception as error:  # a tile the device cannot run: say so, go on
-                            tiles[key] = f"{type(error).__name__}: {str(error)[:100]}"
-        entry["tiles_us"] = tiles
-        timed = {k: v for k, v in tiles.items() if isinstance(v, float)}
-        if timed:
-            best = min(timed, key=timed.get)
-            sizes, splits, warps = best.split("/")
-            block_n, block_k = sizes.split("x")
-            config = Config(block_m=64, block_n=int(block_n), block_k=int(block_k), splits=int(splits),
-                            num_warps=int(warps[1:]), num_stages=3 if int(block_k) * int(block_n) >= 256 * 64 else 4)
+        swept = _tile_sweep(name, n_size, k_size, run, began + budget_s / len(products), warps=(4, 8))
+        entry["tiles_us"] = timed = {key: us for key, (_, us) in swept.items()}
+        best, config = _best(swept)
+        if best is not None:
             entry.update(best=best, best_config=config.__dict__,
                          best_over_default=round(timed[best] / entry["default_us"], 3))
             if timed[best] < 0.97 * entry["default_us"]:
@@ -233,3 +186,41 @@ def fused_tiles_probe(loaded: Any, budget_s: float = 60.0) -> dict[str, Any]:
     if chosen:
         result["backend"] = _backend_with(loaded, chosen, fused=True)
     return result
+
+
+def _tile_sweep(name: str, n_size: int, k_size: int, run: Any, deadline: float,
+                warps: tuple[int, ...] = (4,)) -> dict[str, tuple[Any, Any]]:
+    """row_linear tiles for one product at the bucket's 64 rows, until `deadline`
+    (perf_counter): key -> (Config, us per call in CUDA graphs, or why it failed)."""
+    from codespec.kernels.row_linear import Config
+
+    swept: dict[str, tuple[Any, Any]] = {}
+    widths = (64, 128, 256) if name == "lm_head" else (16, 32, 64, 128)
+    for block_n in widths:
+        for block_k in (64, 128, 256):
+            steps, programs = k_size // block_k, n_size // block_n
+            if k_size % block_k or n_size % block_n:
+                continue
+            for splits in (1, 2, 4, 8):
+                if splits > steps or (splits > 1 and (programs * splits > 4 * 132 or programs >= 264)):
+                    continue
+                for num_warps in warps if block_n >= 64 else warps[:1]:
+                    if time.perf_counter() > deadline:
+                        return swept
+                    config = Config(block_m=64, block_n=block_n, block_k=block_k, splits=splits, num_warps=num_warps,
+                                    num_stages=3 if block_k * block_n >= 256 * 64 else 4)
+                    key = f"{block_n}x{block_k}/{splits}/w{num_warps}"
+                    try:
+                        swept[key] = (config, _graph_us(lambda c=config: run(c)))
+                    except Exception as error:  # a tile the device cannot run: say so, go on
+                        swept[key] = (config, f"{type(error).__name__}: {str(error)[:100]}")
+    return swept
+
+
+def _best(swept: dict[str, tuple[Any, Any]]) -> tuple[str | None, Any]:
+    """The fastest tile's key and Config (None, None when none ran)."""
+    timed = {key: us for key, (_, us) in swept.items() if isinstance(us, float)}
+    if not timed:
+        return None, None
+    best = min(timed, key=timed.get)
+    return best, swept[best][0]
