@@ -249,11 +249,13 @@ async def test_a_prompt_hinted_ahead_is_prefilled_before_its_infill(http, backen
     tokens = hint.json()["tokens"]
     whole = backend.engine.cache.reusable_end(tokens)  # whole chunks, the last one's whole sub-chunks
     assert whole >= 256
-    for _ in range(600):
-        if backend.scheduler.ahead_tokens - before >= whole:
+    for _ in range(600):  # the scheduler forgets a hint once all its passes are cached
+        if "file:///a.py" not in backend.scheduler._ahead:
             break
         await asyncio.sleep(0.05)
-    assert backend.scheduler.ahead_tokens - before == whole
+    # computed ahead: what the cache lacked of it (with exact prefix reuse an earlier
+    # request's first tokens may be cached already)
+    assert 0 < backend.scheduler.ahead_tokens - before <= whole
     out = (await http.post("/infill", json=body)).json()
     assert out["tokens_evaluated"] == tokens and out["tokens_cached"] == whole, out
     extra = [prompts.ExtraFile(c["filename"], c["text"]) for c in body["input_extra"]]
