@@ -197,7 +197,9 @@ class Engine:
         try:
             if cached >= target:
                 return None
-            end = self.cache.spans(len(prompt), cached)[0][1]  # the next pass its own prefill would run
+            # the next pass its own prefill would run, short of the last token a request
+            # computes anyway (with exact prefix reuse a pass may end anywhere)
+            end = min(self.cache.spans(len(prompt), cached)[0][1], target)
             self.cache.preempted = preempted
             try:
                 self.verifier.prefill(slot, prompt[:end], start=cached)
