@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
+from codespec.lsp.options import LspOptions
 from codespec.prompts import ExtraFile
 
 T = TypeVar("T")
@@ -29,8 +30,8 @@ class FimRequest:
     suffix: str  # the file after the cursor
     max_tokens: int
     path: str = ""  # the file's path in the workspace, for repository context
-    prefix_tokens: int = 768  # LspOptions' default
-    suffix_tokens: int = 256
+    prefix_tokens: int = LspOptions.model_fields["prefix_tokens"].default  # the editor's defaults
+    suffix_tokens: int = LspOptions.model_fields["suffix_tokens"].default
     # the typed part of the cursor's line, after the FIM middle token (llama.cpp's /infill
     # `prompt`): typing along a line then changes only the prompt's last tokens, and the
     # prefix before the line and the suffix stay cached

@@ -172,11 +172,10 @@ class CudaForward:
         for begin, end in cache.spans(len(prompt), start):
             # a chain's rows (pass_rows): token, position, slot, write position, context, path
             rows = [(prompt[p], p, slot, p, p + 1, []) for p in range(begin, end)]
-            for bucket, n, last in self._replays(cache, rows):
-                if last:
-                    logits = bucket.logits[n - 1:n].clone()  # the next replay overwrites the outputs
+            for bucket, n, _ in self._replays(cache, rows):
+                logits = bucket.logits[n - 1:n]  # the last replay's last row is the prompt's
         assert logits is not None, "nothing to prefill"
-        return logits
+        return logits.clone()  # the next pass overwrites the replay's outputs
 
     @torch.inference_mode()
     def logits(self, cache: Any, requests: Requests) -> torch.Tensor:
