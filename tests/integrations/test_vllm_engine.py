@@ -175,27 +175,45 @@ def _spec_counters(url: str) -> tuple[float, float]:
 @pytest.mark.asyncio
 async def test_lsp_server_completes_through_vllm(vllm_server):
     """`codespec lsp --server URL`, a real language server process driven by a real LSP
-    client, returns an inline completion that vLLM generated (drafted by codespec)."""
+    client, returns an inline completion that vLLM generated (drafted by codespec).
+
+    The person first asks in the vendored copy of the module, then writes the cut body in
+    the package's own copy: the cross-file context (contextTokens) puts the copy's lines
+    in the prompt, and the model copies them, which the proposer drafts from the prompt
+    and the index. (At a bare function body the 0.5B model's free choice depends on the
+    window's size and was in neither: CI once saw 6 drafted passes and none accepted.)"""
+    from lsprotocol import types as lsp
     from pytest_lsp import ClientServerConfig
 
+    from tests.lsp.conftest import CUT_FILE
     from tests.lsp.test_server import open_file, request, start
 
+    vendored = (vllm_server.root / "vendor" / "json_decoder.py").read_text()
+    body = vendored.index("        obj, end = self.raw_decode(")
+    first_line = vendored[body:vendored.index("\n", body)].strip()
     before = _spec_counters(vllm_server.url)
     config = ClientServerConfig(server_command=[sys.executable, "-m", "codespec", "lsp", "--server",
                                                 vllm_server.url])
     client = await config.start()
     try:
-        statuses = await start(client, vllm_server.root, "visual-studio-code", {"maxTokens": 64})
+        statuses = await start(client, vllm_server.root, "visual-studio-code", {"maxTokens": 64, "contextTokens": 512})
         assert statuses[-1]["state"] == "ready", statuses
+        vendor_uri = (vllm_server.root / "vendor" / "json_decoder.py").as_uri()
+        client.text_document_did_open(lsp.DidOpenTextDocumentParams(text_document=lsp.TextDocumentItem(
+            uri=vendor_uri, language_id="python", version=1, text=vendored)))
+        await request(client, vendor_uri, vendored.count("\n", 0, body), 8)  # the person was here
         uri = open_file(client, vllm_server.root, vllm_server.text)
+        assert uri.endswith(CUT_FILE)
         result = await request(client, uri, vllm_server.body_line, 8)
         assert result is not None and result.items and result.items[0].insert_text.strip()
     finally:
         await client.shutdown_session()
     drafts, accepted = (a - b for a, b in zip(_spec_counters(vllm_server.url), before))
+    completion = result.items[0].insert_text
     print(f"lsp --server through vLLM: {drafts:.0f} drafted passes, {accepted:.0f} draft tokens accepted; "
-          f"completion {result.items[0].insert_text!r}")
-    assert drafts > 0 and accepted > 0  # drafts from the index reached vLLM and were accepted
+          f"completion {completion!r}")
+    assert completion.startswith(first_line), completion  # the vendored body, from the cross-file context
+    assert drafts > 0 and accepted > 0  # codespec's drafts reached vLLM and were accepted
 
 
 @pytest.mark.model
