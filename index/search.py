@@ -331,3 +331,89 @@ def _build_chain(windows, rows, width, max_nodes, min_count, corpus, n, ends, to
         tokens[n_nodes], parents[n_nodes], counts[n_nodes] = best, n_nodes - 1, best_count
         n_nodes += 1
     return tokens[:n_nodes].copy(), parents[:n_nodes].copy(), counts[:n_nodes].copy()
+
+
+@njit(cache=True, nogil=True)
+def self_longest_match(tokens, n, max_match):
+    """The longest suffix of tokens[:n] (up to `max_match` tokens) that also ends
+    earlier in it, and every earlier end where it does, ascending (ContextMatcher):
+    one scan, as `scan_longest_match` over the sequence's own tokens before its last."""
+    if n < 2:
+        return 0, np.empty(0, dtype=np.int64)
+    last = tokens[n - 1]
+    found = np.empty(n - 1, dtype=np.int64)
+    best = 0
+    k = 0
+    for end in range(n - 1):
+        if tokens[end] != last:
+            continue
+        length = 1
+        limit = min(max_match, end + 1)
+        while length < limit and tokens[end - length] == tokens[n - 1 - length]:
+            length += 1
+        if length > best:
+            best, k = length, 0
+        if length == best:
+            found[k] = end
+            k += 1
+    return best, found[:k].copy()
+
+
+@njit(cache=True, nogil=True)
+def chain_after(tokens, n, ends, max_tokens):
+    """The most frequent continuation after the occurrences ending at `ends` (ascending)
+    within tokens[:n], one token at a time: at each step the token that most of the
+    still-followed occurrences continue with, ties to the one whose occurrence is
+    latest; only the occurrences that continued with it go on. Returns (token_ids,
+    counts), each count the occurrences that agreed on that token."""
+    out_tokens = np.empty(max(max_tokens, 0), dtype=np.int64)
+    out_counts = np.empty(max(max_tokens, 0), dtype=np.int64)
+    positions = ends + 1
+    values = np.empty(positions.shape[0], dtype=np.int64)
+    m = positions.shape[0]
+    k = 0
+    while k < max_tokens:
+        live = 0
+        for i in range(m):
+            if positions[i] < n:
+                positions[live] = positions[i]
+                values[live] = tokens[positions[i]]
+                live += 1
+        m = live
+        if m == 0:
+            break
+        token = _most_frequent_latest(values, m)
+        c = 0
+        for i in range(m):
+            if values[i] == token:
+                positions[c] = positions[i] + 1
+                c += 1
+        out_tokens[k], out_counts[k] = token, c
+        k += 1
+        m = c
+    return out_tokens[:k].copy(), out_counts[:k].copy()
+
+
+@njit(cache=True, nogil=True)
+def _most_frequent_latest(values, m):
+    """The most frequent of values[:m]; among equally frequent ones, the one seen last."""
+    first = values[0]
+    same = True
+    for i in range(1, m):
+        if values[i] != first:
+            same = False
+            break
+    if same:
+        return first
+    order = np.argsort(values[:m], kind="mergesort")  # stable: a run's last index is its latest
+    best, best_count, best_last = first, 0, -1
+    i = 0
+    while i < m:
+        j = i + 1
+        while j < m and values[order[j]] == values[order[i]]:
+            j += 1
+        count, last = j - i, order[j - 1]
+        if count > best_count or (count == best_count and last > best_last):
+            best, best_count, best_last = values[order[i]], count, last
+        i = j
+    return best
