@@ -113,6 +113,34 @@ def test_stats_add_up():
     assert 0 < s.ttft_s <= s.wall_s
 
 
+def test_the_clock_puts_the_forwards_time_apart_from_the_hosts():
+    """Engine.clock: what the forward's calls take is forward time, the rest of a step
+    host time (bench verify's host ms/pass): a forward that sleeps 20 ms per call
+    puts at least that into forward_s and none of it into the host's part."""
+    import time
+
+    from codespec.engine.stats import HostClock
+
+    model = tiny_model("qwen2", vocab_size=16, seed=3)
+    forward = of_model(model)
+    slow, calls = forward.choices, []
+
+    def choices(*args):
+        calls.append(time.perf_counter())
+        time.sleep(0.02)
+        return slow(*args)
+
+    forward.choices = choices
+    engine = Engine(forward, None, PromptLookupProposer(min_match_tokens=1), eos_token_ids=[])
+    before = HostClock(**vars(engine.clock))
+    out = engine.generate([1, 2, 3, 4] * 4, GenerationConfig(max_new_tokens=12))
+    clock = engine.clock.since(before)
+    assert clock.passes == out.stats.verify_passes == len(calls) and clock.steps == clock.passes + 1  # + the prefill
+    assert clock.forward_s >= 0.02 * len(calls)
+    assert 0 <= clock.host_s < clock.step_s - 0.02 * len(calls)
+    assert clock.host_ms_per_pass() == 1e3 * clock.host_s / clock.passes
+
+
 def test_bad_requests_fail_clearly():
     from codespec.errors import RequestError
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Sequence
 from codespec import prompts
 from codespec.engine.kvcache import DEFAULT_CHUNK, CacheFull, Preempted, SlotCache
 from codespec.engine.logprobs import MAX_TOP, Committed, TokenLogprob, with_logprobs
-from codespec.engine.stats import GenerationStats
+from codespec.engine.stats import GenerationStats, HostClock
 from codespec.engine.stopping import StopCondition
 from codespec.engine.verifier import Verifier
 from codespec.errors import RequestError
@@ -131,6 +131,7 @@ class Engine:
         self.cost = controller.CostModel(block=self.verifier.row_block, padded=self.verifier.padded_rows,
                                          min_rows=forward.min_rows)
         self.acceptance = controller.AcceptanceTable()  # every request's record, by match length
+        self.clock = HostClock()  # steps' time in the forward and around it (bench verify's host ms/pass)
         if stored is not None:
             self.cost.calibrated_with(stored.timings)
         elif profile_dir is not None:
@@ -226,6 +227,15 @@ class Engine:
         committed tokens (in the order of `runs`). A failure that belongs to one run (its
         prefill, its draft) ends that run alone with `run.error` set; a failed batched
         pass ends every run in it."""
+        began, in_forward = time.perf_counter(), self.verifier.forward_s
+        try:
+            return self._step(runs)
+        finally:
+            self.clock.steps += 1
+            self.clock.step_s += time.perf_counter() - began
+            self.clock.forward_s += self.verifier.forward_s - in_forward
+
+    def _step(self, runs: Sequence[Run]) -> list[list[int]]:
         committed: dict[int, list[int]] = {}
         ready = [run for run in runs if run.prefilled and not run.done]
         for run in runs:
@@ -270,6 +280,7 @@ class Engine:
         trees = [VerifyTree.build(run.generated[-1], draft) for run, draft in zip(runs, drafts)]
         items = [Item(run.slot, tree, run.accept) for run, tree in zip(runs, trees)]
         starts = [self.cache.length(run.slot) for run in runs]
+        self.clock.passes += 1
         began = time.perf_counter()
         results = self.verifier.verify(items)
         seconds = time.perf_counter() - began

@@ -100,3 +100,28 @@ def startup_report(imported: float, loading: float, loaded_at: float, started: f
     around the model load, at the request's start, and its time to first token."""
     return {"imports_s": round(imported, 4), "model_load_s": round(loaded_at - loading, 4),
             "engine_s": round(started - loaded_at, 4), "first_token_s": round(started + ttft, 4)}
+
+
+@dataclass
+class HostClock:
+    """Where an engine's steps spend their time: in the forward's passes (prefill and
+    verify, up to their results on the host) or on the host around them (drafting, the
+    controller, trees, acceptance, bookkeeping). On a GPU the host part is time the
+    device waits: at batch 8 it was as long as a verify pass (docs/benchmarks.md)."""
+
+    steps: int = 0
+    passes: int = 0  # verify passes (a step verifies every prefilled run in one)
+    step_s: float = 0.0  # inside Engine.step
+    forward_s: float = 0.0  # of which inside the forward's calls
+
+    @property
+    def host_s(self) -> float:
+        return self.step_s - self.forward_s
+
+    def since(self, earlier: HostClock) -> HostClock:
+        return HostClock(self.steps - earlier.steps, self.passes - earlier.passes,
+                         self.step_s - earlier.step_s, self.forward_s - earlier.forward_s)
+
+    def host_ms_per_pass(self) -> float:
+        return 1e3 * self.host_s / self.passes if self.passes else 0.0
+

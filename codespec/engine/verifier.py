@@ -27,7 +27,9 @@ maximum, which the row decoder finds through lm_head's int8 screen.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 from codespec.engine.kvcache import SlotCache
 from codespec.forward.base import Forward
@@ -41,6 +43,7 @@ class Verifier:
         """`probes`: the stored (row block, padded attention) of this machine's profile; the
         backend measures them when none is given and it needs them."""
         self.forward, self.cache = forward, cache
+        self.forward_s = 0.0  # spent inside the forward's calls (stats.HostClock)
         self.row_block, self.padded_rows = forward.probe(probes)
         cache.exact_prefix = bool(getattr(forward, "prefill_exact", False))  # kvcache's docstring
 
@@ -51,7 +54,8 @@ class Verifier:
         prompt = list(prompt_ids)
         assert 0 <= start < len(prompt) <= self.cache.slot_tokens
         self.cache.spans(len(prompt), start)  # asserts that a prefill resumes at a pass boundary
-        logits = self.forward.prefill(self.cache, slot, prompt, start)
+        with self._in_forward():
+            logits = self.forward.prefill(self.cache, slot, prompt, start)
         self.cache.prefilled(slot, prompt)
         return logits
 
@@ -59,9 +63,10 @@ class Verifier:
         """The token after a prefill (the last row of `logits`) as a one-token result: the
         greedy choice, or the one `accept` (a sampling rule) draws, with its logprobs when
         `accept` adds them."""
-        if accept is None:
-            return VerifyResult(0, (self.forward.argmax(logits[-1:])[0],))
-        return accept(self.forward.tensor(logits[-1:]), VerifyTree.chain(0))
+        with self._in_forward():
+            if accept is None:
+                return VerifyResult(0, (self.forward.argmax(logits[-1:])[0],))
+            return accept(self.forward.tensor(logits[-1:]), VerifyTree.chain(0))
 
     def verify(self, items: Sequence[Item]) -> list[VerifyResult]:
         """One pass over every item's tree; accepts, compacts and commits each."""
@@ -74,14 +79,16 @@ class Verifier:
         for item in items:
             offsets.append(offsets[-1] + len(item.tree))
         if all(item.accept is None for item in items):  # greedy needs the choices alone
-            picked = self.forward.choices(self.cache, requests)
+            with self._in_forward():
+                picked = self.forward.choices(self.cache, requests)
             results = [accept_choices(picked[first:end], item.tree)
                        for item, first, end in zip(items, offsets, offsets[1:])]
         else:
-            logits = self.forward.logits(self.cache, requests)
-            results = [accept_choices(self.forward.argmax(logits[first:end]), item.tree) if item.accept is None
-                       else item.accept(self.forward.tensor(logits[first:end]), item.tree)
-                       for item, first, end in zip(items, offsets, offsets[1:])]
+            with self._in_forward():  # the device's part: logits, their choices or the sampling on them
+                logits = self.forward.logits(self.cache, requests)
+                results = [accept_choices(self.forward.argmax(logits[first:end]), item.tree) if item.accept is None
+                           else item.accept(self.forward.tensor(logits[first:end]), item.tree)
+                           for item, first, end in zip(items, offsets, offsets[1:])]
         self._commit(items, results)
         return results
 
@@ -89,6 +96,15 @@ class Verifier:
         moves = [(item.slot, self.cache.length(item.slot), result.path) for item, result in zip(items, results)
                  if any(node != j + 1 for j, node in enumerate(result.path))]  # a branch won
         if moves:
-            self.forward.keep(self.cache, moves)
+            with self._in_forward():
+                self.forward.keep(self.cache, moves)
         for item, result in zip(items, results):
             self.cache.committed(item.slot, [item.tree.tokens[0], *(item.tree.tokens[i] for i in result.path)])
+
+    @contextmanager
+    def _in_forward(self) -> Iterator[None]:
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.forward_s += time.perf_counter() - began

@@ -38,6 +38,7 @@ def test_every_policy_at_every_batch_size_matches_speculation_off():
     results = run_verify_bench(engine_for, {"tiny": requests}, batches=[1, 2])
     assert len(results) == 2 * len(policies())
     assert all(r.identical and r.tokens == 3 * 24 for r in results)
+    assert all(r.host_ms_per_pass > 0 and r.to_json()["host_ms_per_pass"] >= 0 for r in results)
     assert widest[0] == 2  # three requests, at most two decoding at once
     checks = bar_checks(results)
     assert checks["identical"] and "tiny: goodput aggregate >= none and best fixed (batch 2)" in checks
