@@ -221,6 +221,18 @@ class CostModel:
         _, n, _, extra = self._features(rows, keys)
         return max(a + b * n + c * keys + d * extra, 1e-6)
 
+    def pricer(self) -> Callable[[int, int], float]:
+        """`cost` with the fit and the settings read once: the controller prices every
+        candidate node of every request each pass (the same floats as `cost`)."""
+        a, b, c, d = self.coefficients()
+        min_rows, block = self.min_rows, self.block
+
+        def price(rows: int, keys: int) -> float:
+            rows = max(rows, min_rows)
+            extra = -(-rows // block) - 1 if block else 0
+            return max(a + b * float(rows) + c * keys + d * float(extra), 1e-6)
+        return price
+
     def measure(self, run_pass: Callable[[int, int], float], rows: Sequence[int], contexts: Sequence[int],
                 repeat: int = 3) -> list[tuple[int, int, float]]:
         """Time `run_pass(rows, context)` per row count and context length, and observe
@@ -288,7 +300,8 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
     return [m[i][n] / m[i][i] for i in range(n)]
 
 
-def node_probabilities(draft: Draft, rate: Callable[[int, str], float]) -> list[float]:
+def node_probabilities(draft: Draft, rate: Callable[[int, str], float],
+                       depths: list[int] | None = None) -> list[float]:
     """P(node accepted) for every node of a topologically ordered draft: along its path,
     each step's count share times the acceptance rate at that step's match length.
 
@@ -299,10 +312,14 @@ def node_probabilities(draft: Draft, rate: Callable[[int, str], float]) -> list[
     sibling_total: dict[int, int] = {}
     for parent, count in zip(draft.parents, draft.counts):
         sibling_total[parent] = sibling_total.get(parent, 0) + max(count, 1)
+    rates: dict[int, float] = {}  # by depth: the same rate for every node at a depth
     probs: list[float] = []
-    for parent, count, depth in zip(draft.parents, draft.counts, _depths(draft)):
+    for parent, count, depth in zip(draft.parents, draft.counts, depths or _depths(draft)):
+        step = rates.get(depth)
+        if step is None:
+            step = rates[depth] = rate(draft.match_len + depth - 1, draft.source)
         share = max(count, 1) / sibling_total[parent]
-        probs.append((probs[parent] if parent >= 0 else 1.0) * rate(draft.match_len + depth - 1, draft.source) * share)
+        probs.append((probs[parent] if parent >= 0 else 1.0) * step * share)
     return probs
 
 
@@ -360,17 +377,19 @@ def choose(drafts: Sequence[Draft], rates: Sequence[Callable[[int, str], float]]
     contexts = list(contexts) if contexts is not None else [0] * len(drafts)
     candidates = []  # (-probability, depth, request, node): parents sort before children
     for request, (draft, rate) in enumerate(zip(drafts, rates)):
-        for node, (depth, p) in enumerate(zip(_depths(draft), node_probabilities(draft, rate))):
+        depths = _depths(draft)
+        for node, (depth, p) in enumerate(zip(depths, node_probabilities(draft, rate, depths))):
             candidates.append((-p, depth, request, node))
     candidates.sort()
+    price, row_keys = cost.pricer(), cost.row_keys
     requests = len(drafts)
     rows, keys = requests, sum(cost.attended_keys(c, [(1, 0)]) for c in contexts)  # every request's pending token
-    best_n, best_goodput, expected = 0, requests / cost.cost(rows, keys), float(requests)
+    best_n, best_goodput, expected = 0, requests / price(rows, keys), float(requests)
     for n, (neg_p, node_depth, request, node) in enumerate(candidates, start=1):
         expected -= neg_p
-        keys += cost.row_keys(contexts[request], node_depth)
+        keys += row_keys(contexts[request], node_depth)
         rows += 1
-        goodput = expected / cost.cost(rows, keys)
+        goodput = expected / price(rows, keys)
         if goodput > best_goodput:
             best_n, best_goodput = n, goodput
     keep: list[set[int]] = [set() for _ in drafts]
