@@ -403,6 +403,9 @@ def run_verify(args: argparse.Namespace) -> int:
         print(f"  {j['set']} batch {j['batch']} {j['system']}: {j['tokens']} tokens in {j['wall_s']:.1f} s, "
               f"{j['accepted_tokens_per_pass']:.2f} tokens/pass", file=sys.stderr, flush=True)
 
+    from codespec.index.warm import warm_up
+
+    warm_up()  # as serve and lsp do at start-up: else the first drafting system loads numba's kernels in its run
     results = run_verify_bench(engine_for, request_sets, batches, repeat=args.repeat, on_result=progress)
     checks = bar_checks(results)
     import torch
