@@ -22,7 +22,6 @@ vllm = pytest.importorskip("vllm", reason="vLLM lives in its own environment (sc
 
 PROPOSER = "codespec.integrations.vllm.CodespecProposer"
 WORKER = Path(__file__).with_name("vllm_worker.py")
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_vllms_own_loader_builds_the_proposer():
@@ -62,6 +61,18 @@ def _run(model: str, prompts: list[list[int]], max_tokens: int, tmp: Path, spec:
 
 @pytest.mark.model
 def test_greedy_output_is_vllms_own_and_drafts_are_accepted(tmp_path):
+    """vLLM's greedy output with codespec's drafts equals its output without, on an edit
+    and on FIM in an indexed file.
+
+    vLLM's CPU verify pass is not row-exact (its bf16 products and attention change
+    with a pass's rows), so its own speculation can flip a near-tie, and a text with one
+    fails here whatever codespec drafts. The texts are therefore the standard library's
+    json package, fixed for a Python version, not this repository's own files: CI once
+    failed when an edit to index/context.py, the file the test used to read, put a near
+    tie ("return (0," against "return 0,") into vLLM's answer; the same code drafting
+    for the file's previous text passed."""
+    import json as stdlib_json
+
     from codespec.indexing import build_repository_index
     from codespec.models.default import is_prepared, prepared_dir
     from codespec.prompts import chat_ids, fim_ids
@@ -73,14 +84,15 @@ def test_greedy_output_is_vllms_own_and_drafts_are_accepted(tmp_path):
     model = str(prepared_dir(cache))
     tokenizer = AutoTokenizer.from_pretrained(model)
     index = tmp_path / "codespec.csidx"
-    build_repository_index(REPO / "codespec" / "index", tokenizer, index, progress=False)
+    package = Path(stdlib_json.__file__).parent
+    build_repository_index(package, tokenizer, index, progress=False)
 
-    source = (REPO / "codespec" / "index" / "context.py").read_text()
-    edit = source[source.index("class ContextMatcher"):][:1600]
-    cut = source.index("    def longest_match")
+    source = (package / "decoder.py").read_text()
+    edit = source[source.index("def JSONObject("):][:1600]
+    cut = source.index("def JSONArray(")
     prompts = [
         # an edit: the output copies the given code (drafts from the request itself)
-        chat_ids(tokenizer, [{"role": "user", "content": "Rename `_buf` to `_buffer` in this code, "
+        chat_ids(tokenizer, [{"role": "user", "content": "Rename `nextchar` to `next_char` in this code, "
                               "and output the whole code:\n```python\n" + edit + "```"}]),
         # FIM in an indexed file: drafts from the repository index
         fim_ids(tokenizer, source[:cut], source[cut + 900:]),
