@@ -352,12 +352,15 @@ def pick(candidates: Sequence[Draft], rate: Callable[[int, str], float], cost: C
     >>> pick([short, long], rate=lambda match_len, source: 0.9, cost=cost).token_ids
     (3, 4, 5, 6)
     """
-    best, best_goodput = Draft.empty("none"), 1.0 / cost.cost(1, cost.attended_keys(context, [(1, 0)]))
+    price = cost.pricer()
+    best, best_goodput = Draft.empty("none"), 1.0 / price(1, cost.attended_keys(context, [(1, 0)]))
     for draft in candidates:
         pruned = choose([draft], [rate], cost, [context])[0]
+        if not len(pruned):
+            continue  # nothing drafted: the pending token alone, the goodput `best` starts from
         expected = 1.0 + sum(node_probabilities(pruned, rate))
         rows, keys = 1 + len(pruned), cost.tree_keys(context, VerifyTree.build(0, pruned))
-        goodput = expected / cost.cost(rows, keys)
+        goodput = expected / price(rows, keys)
         if goodput > best_goodput:
             best, best_goodput = pruned, goodput
     return best
