@@ -58,3 +58,19 @@ def test_padded_attention_prices_every_row_at_its_calls_padded_keys():
     cheap_keys = controller.CostModel.of({(r, k): 0.02 + 0.0005 * r + 1e-7 * k for r in (2, 8, 32) for k in (500, 5000)})
     cheap_keys.padded = True
     assert controller.choose([draft], [rate], cheap_keys, [2000])[0].token_ids == (1, 2, 3)
+
+def test_a_drafts_keys_are_its_verify_trees_keys_in_both_layouts():
+    """draft_keys (pick's shortcut: no tree built where rows read their own keys) counts
+    what tree_keys counts on the tree VerifyTree.build makes, for random trees."""
+    import random
+
+    from codespec.policy.tree import VerifyTree
+
+    rng = random.Random(0)
+    for _ in range(300):
+        n = rng.randrange(0, 24)
+        parents = [rng.randrange(-1, i) if rng.random() < 0.4 else i - 1 for i in range(n)]
+        draft = Draft(tuple(range(n)), tuple(parents), (1,) * n, match_len=3, source="index")
+        for padded in (False, True):
+            model, context = controller.CostModel(padded=padded), rng.randrange(0, 3000)
+            assert model.draft_keys(context, draft) == model.tree_keys(context, VerifyTree.build(0, draft))

@@ -275,6 +275,20 @@ class CostModel:
     def tree_keys(self, context: int, tree: VerifyTree) -> int:
         return self.attended_keys(context, [(end - begin, tree.depths[end - 1]) for begin, end in rowplan.chains(tree)])
 
+    def draft_keys(self, context: int, draft: Draft, depths: list[int] | None = None) -> int:
+        """`tree_keys` of the pass a draft makes (its pending token, then its nodes),
+        without building the tree where rows read their own keys: each row then reads
+        context + depth + 1 keys, whatever chain it is on (`depths`: the draft's, 1 for
+        a root).
+
+        >>> d = Draft((5, 6, 7), (-1, 0, -1), (3, 2, 1), match_len=2, source="index")
+        >>> CostModel().draft_keys(100, d) == CostModel().tree_keys(100, VerifyTree.build(0, d)) == 101 + 102 + 103 + 102
+        True
+        """
+        if self.padded:  # every row of a padded call scores its whole chain's keys
+            return self.tree_keys(context, VerifyTree.build(0, draft))
+        return (len(draft) + 1) * (context + 1) + sum(depths if depths is not None else _depths(draft))
+
     def row_keys(self, context: int, depth: int) -> int:
         """The keys one more row at `depth` adds: its own (lean), or its padded call's
         (on the main path or off it alike: every row of a padded call scores them all)."""
@@ -358,8 +372,9 @@ def pick(candidates: Sequence[Draft], rate: Callable[[int, str], float], cost: C
         pruned = choose([draft], [rate], cost, [context])[0]
         if not len(pruned):
             continue  # nothing drafted: the pending token alone, the goodput `best` starts from
-        expected = 1.0 + sum(node_probabilities(pruned, rate))
-        rows, keys = 1 + len(pruned), cost.tree_keys(context, VerifyTree.build(0, pruned))
+        depths = _depths(pruned)
+        expected = 1.0 + sum(node_probabilities(pruned, rate, depths))
+        rows, keys = 1 + len(pruned), cost.draft_keys(context, pruned, depths)
         goodput = expected / price(rows, keys)
         if goodput > best_goodput:
             best, best_goodput = pruned, goodput
