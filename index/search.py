@@ -336,27 +336,11 @@ def _build_chain(windows, rows, width, max_nodes, min_count, corpus, n, ends, to
 @njit(cache=True, nogil=True)
 def self_longest_match(tokens, n, max_match):
     """The longest suffix of tokens[:n] (up to `max_match` tokens) that also ends
-    earlier in it, and every earlier end where it does, ascending (ContextMatcher):
-    one scan, as `scan_longest_match` over the sequence's own tokens before its last."""
-    if n < 2:
-        return 0, np.empty(0, dtype=np.int64)
-    last = tokens[n - 1]
-    found = np.empty(n - 1, dtype=np.int64)
-    best = 0
-    k = 0
-    for end in range(n - 1):
-        if tokens[end] != last:
-            continue
-        length = 1
-        limit = min(max_match, end + 1)
-        while length < limit and tokens[end - length] == tokens[n - 1 - length]:
-            length += 1
-        if length > best:
-            best, k = length, 0
-        if length == best:
-            found[k] = end
-            k += 1
-    return best, found[:k].copy()
+    earlier in it, and every earlier end where it does, ascending (ContextMatcher): the
+    scan above over the sequence's own tokens before its last, as one live document."""
+    one_document = np.zeros(1, dtype=np.int64)
+    return scan_longest_match(tokens, max(n - 1, 0), tokens[:n], max_match, one_document,
+                              np.zeros(1, dtype=np.bool_), -1)
 
 
 @njit(cache=True, nogil=True)
