@@ -24,7 +24,8 @@ Probes: `profile` (kernels and GPU time of a step), `fused` (the backend with fu
 layers, CODESPEC_CUDA_FUSED: its rows, costs and profile) and `fusedtiles` (each fused
 product by tile, and the fused backend with the fastest), in the default stages;
 `gemm` (the layer's products in CUDA graphs: cuBLAS against kernels/row_linear.py's
-tiles) and `tiles` (the backend with the tiles that beat cuBLAS), on request. Edit,
+tiles), `tiles` (the backend with the tiles that beat cuBLAS) and `buckets` (buckets of
+16 and 32 rows: the step, the 32-row pass, rows against steps), on request. Edit,
 verify and stress run again with CODESPEC_CUDA_FUSED=1 as `edit_fused`, `verify_fused`
 and `stress_fused` (in the default stages), and with the eager prefill
 (CODESPEC_CUDA_PREFILL=eager) as `edit_eager`, `verify_eager`, `stress_eager` (on request).
@@ -53,7 +54,7 @@ from typing import Any, Callable
 import torch
 
 from gpu_measure import _time, cost_curve, profile_step, row_checks
-from gpu_probes import fused_probe, fused_tiles_probe, gemm_probe, key_block_probe, tiles_probe
+from gpu_probes import bucket_probe, fused_probe, fused_tiles_probe, gemm_probe, key_block_probe, tiles_probe
 
 ROOT = Path(__file__).resolve().parent.parent
 ASSET_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -220,6 +221,8 @@ def main() -> None:
         stage(results, "profile", lambda: profile_step(loaded), out)
     if "gemm" in wanted:
         stage(results, "gemm", lambda: gemm_probe(loaded), out)
+    if "buckets" in wanted:
+        stage(results, "buckets", lambda: bucket_probe(loaded), out, needs_s=60)
     if "fused" in wanted:
         stage(results, "fused", lambda: fused_probe(loaded), out)
     if "tiles" in wanted and results.get("gemm", {}).get("ok"):

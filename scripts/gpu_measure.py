@@ -120,16 +120,21 @@ def cost_curve(loaded: Any) -> dict[str, Any]:
             tree = VerifyTree.chain(11, [13] * (rows - 1))
             points[rows] = _wall_ms(lambda: forward.choices(cache, [(0, context, tree)]))
         curve[str(context)] = points
+    step = curve["512"][1]
+    floor = step_floor(loaded)
+    return {"ms_per_pass": curve, "ratio_32_rows_to_1": round(curve["512"][32] / step, 3),
+            "ratio_32_rows_to_1_at_2048": round(curve["2048"][32] / curve["2048"][1], 3),
+            **floor, "step_over_floor": round(step / floor["floor_ms"], 2)}
+
+
+def step_floor(loaded: Any) -> dict[str, float]:
+    """The weights a step reads over the measured HBM copy bandwidth: a plain step's floor."""
     weights = sum(p.numel() * p.element_size() for p in {id(p): p for p in loaded.model.parameters()}.values())
     embed = loaded.model.get_input_embeddings().weight
     read = weights - embed.numel() * embed.element_size()  # a step gathers a row of the embeddings, reads the rest
     bandwidth = hbm_copy_gbs()
-    floor_ms = read / (bandwidth * 1e9) * 1e3
-    step = curve["512"][1]
-    return {"ms_per_pass": curve, "ratio_32_rows_to_1": round(curve["512"][32] / step, 3),
-            "ratio_32_rows_to_1_at_2048": round(curve["2048"][32] / curve["2048"][1], 3),
-            "weights_read_per_step_mb": round(read / 2**20, 1), "hbm_copy_gbs": round(bandwidth, 1),
-            "floor_ms": round(floor_ms, 4), "step_over_floor": round(step / floor_ms, 2)}
+    return {"weights_read_per_step_mb": round(read / 2**20, 1), "hbm_copy_gbs": round(bandwidth, 1),
+            "floor_ms": round(read / (bandwidth * 1e9) * 1e3, 4)}
 
 
 def profile_step(loaded: Any) -> dict[str, Any]:

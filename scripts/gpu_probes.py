@@ -1,6 +1,6 @@
 """Probes beside the GPU check (scripts/gpu_check.py --stages ...): attention by key
 block, the layer's products (cuBLAS against kernels/row_linear.py's tiles), the backend
-with the tiles that win, and the backend with fused layers."""
+with the tiles that win, the backend with fused layers, and smaller buckets."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from gpu_measure import _engine, _graph_us, _wall_ms, cost_curve, profile_step, row_checks
+from gpu_measure import _engine, _graph_us, _wall_ms, cost_curve, profile_step, row_checks, step_floor
 
 
 def key_block_probe() -> dict[str, Any]:
@@ -224,3 +224,43 @@ def _best(swept: dict[str, tuple[Any, Any]]) -> tuple[str | None, Any]:
         return None, None
     best = min(timed, key=timed.get)
     return best, swept[best][0]
+
+
+def bucket_probe(loaded: Any, sizes: tuple[int, ...] = (16, 32)) -> dict[str, Any]:
+    """The bucket's size (CODESPEC_CUDA_ROWS) against the plain step, the one bar the
+    H100 runs missed (1.45 ms, 4.3x the weights' read time, with 64 rows). A smaller
+    bucket runs every product and attention grid on fewer rows, which cuBLAS may tile
+    better, but a pass of more rows than the bucket replays it again (the 32-row pass's
+    bar needs a bucket of at least 32). Per size: median ms per pass by rows at 512 keys,
+    the step over the floor, its rows against its decode steps, the step's kernels."""
+    from codespec.forward.cuda import CudaForward
+    from codespec.policy.tree import VerifyTree
+
+    default, floor = loaded.forward, step_floor(loaded)
+    result: dict[str, Any] = {**floor}
+    try:
+        for rows in sizes:
+            began = time.perf_counter()
+            loaded.forward = forward = CudaForward(loaded.model, rows=rows)
+            engine = _engine(loaded, slots=1)
+            cache = engine.cache
+            prompt = [(7 * i) % forward.config.vocab_size for i in range(512)]
+            cache.acquire(prompt)
+            forward.prefill(cache, 0, prompt, 0)
+            cache.release(0)
+            curve = {n: _wall_ms(lambda n=n: forward.choices(cache, [(0, 512, VerifyTree.chain(11, [13] * (n - 1)))]))
+                     for n in sorted({1, rows // 2, rows, 32, 64})}
+            profile = profile_step(loaded)
+            result[str(rows)] = {"ms_per_pass_512": curve, "step_over_floor": round(curve[1] / floor["floor_ms"], 2),
+                                 "ratio_32_rows_to_1": round(curve[32] / curve[1], 3), **row_checks(loaded),
+                                 "kernels_per_step": profile.get("kernels_per_step"),
+                                 "gpu_busy_ms_per_step": profile.get("gpu_busy_ms_per_step"),
+                                 "top_kernels": profile.get("top", [])[:8],
+                                 "seconds": round(time.perf_counter() - began, 1)}
+            del engine, cache, forward
+            loaded.forward = default
+            torch.cuda.empty_cache()
+    finally:
+        loaded.forward = default
+    return result
+
