@@ -98,7 +98,9 @@ class Segment:
             )
             if ends.shape[0] > MAX_OCCURRENCES:
                 step = -(-ends.shape[0] // MAX_OCCURRENCES)
-                ends = ends[::step]
+                # a copy, not a strided view: numba types a non-contiguous array apart, and
+                # build_draft compiled inside a request for it (3.5 s, session 24's replay)
+                ends = np.ascontiguousarray(ends[::step])
             return length, ends
         any_dead = self.any_dead
         lo, hi, length = search.sa_longest_match(

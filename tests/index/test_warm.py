@@ -1,6 +1,8 @@
 """index.warm_up() loads every numba kernel a draft calls, with every argument type the
 proposers pass: a kernel typed for the first time compiles inside a request when numba's
-disk cache is cold (a fresh machine: 0.6 s in one timed H100 request, session 23)."""
+disk cache is cold (a fresh machine: 0.6 s in one timed H100 request, session 23; a
+static index loaded from its file, read-only mapped arrays: two ~3.5 s stalls in a
+language server's typing replay, session 24)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import numba
 
 import codespec.index as index_package
 from codespec.index import SuffixIndex
+from codespec.index.segment import MAX_OCCURRENCES
 from codespec.index.warm import warm_up
 from codespec.policy.proposer import IndexedProposer, PromptLookupProposer
 
@@ -36,12 +39,23 @@ def test_warm_up_types_every_kernel_the_proposers_call():
 
 
 def warmed_proposers_type_nothing_new() -> None:
+    import tempfile
+    from pathlib import Path
+
     warm_up()
     before = _signatures()
     assert any(before.values()), "no numba kernel found: the test looks in the wrong place"
     prompt = [1000 + i for i in range(200)] + [7, 8, 9] * 5
     index = SuffixIndex.build({"a.py": prompt[::-1] + [7, 8, 9, 10], "b.py": [7, 8, 9] * 3})
-    for proposer in (IndexedProposer(index), IndexedProposer(SuffixIndex()), PromptLookupProposer()):
+    saved = Path(tempfile.mkdtemp()) / "index.csidx"
+    index.save(saved)
+    loaded = SuffixIndex.load(saved)  # read-only mapped arrays, as serve and lsp load theirs
+    # a dynamic document where the match occurs more often than a draft reads (the tail
+    # segment's scan subsamples its occurrences)
+    crowded = SuffixIndex()
+    crowded.add_document("buf:a.py", [7, 8, 9, 12] * (MAX_OCCURRENCES + 50))
+    for proposer in (IndexedProposer(index), IndexedProposer(loaded), IndexedProposer(crowded),
+                     IndexedProposer(SuffixIndex()), PromptLookupProposer()):
         for _ in range(2):  # the second request finds the first one's output in the index
             session = proposer.start(prompt)
             output = []
