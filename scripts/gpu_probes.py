@@ -93,21 +93,26 @@ def tiles_probe(loaded: Any, gemm: dict[str, Any]) -> dict[str, Any]:
     return _backend_with(loaded, chosen, fused=False)
 
 
-def _backend_with(loaded: Any, chosen: dict[str, Any], fused: bool) -> dict[str, Any]:
-    """The backend with `chosen` tiles: passes of 1, 2, 32 and 64 rows at 512 keys (host
-    wall ms) and its rows against its decode steps."""
-    from codespec.forward.cuda import CudaForward
+def _pass_ms(loaded: Any, forward: Any, rows: Any) -> dict[int, float]:
+    """Host wall ms per pass of `forward` by rows (chains), over 512 keys of context."""
     from codespec.policy.tree import VerifyTree
 
-    forward = CudaForward(loaded.model, tiles=chosen, fused=fused)
-    engine = _engine(loaded, slots=1)
-    cache = engine.cache
+    cache = _engine(loaded, slots=1).cache
     prompt = [(7 * i) % forward.config.vocab_size for i in range(512)]
     cache.acquire(prompt)
     forward.prefill(cache, 0, prompt, 0)
     cache.release(0)
-    ms = {n: _wall_ms(lambda n=n: forward.choices(cache, [(0, 512, VerifyTree.chain(11, [13] * (n - 1)))]))
-          for n in (1, 2, 32, 64)}
+    return {n: _wall_ms(lambda n=n: forward.choices(cache, [(0, 512, VerifyTree.chain(11, [13] * (n - 1)))]))
+            for n in rows}
+
+
+def _backend_with(loaded: Any, chosen: dict[str, Any], fused: bool) -> dict[str, Any]:
+    """The backend with `chosen` tiles: passes of 1, 2, 32 and 64 rows at 512 keys (host
+    wall ms) and its rows against its decode steps."""
+    from codespec.forward.cuda import CudaForward
+
+    forward = CudaForward(loaded.model, tiles=chosen, fused=fused)
+    ms = _pass_ms(loaded, forward, (1, 2, 32, 64))
     swapped = loaded.forward
     loaded.forward = forward
     try:
@@ -234,7 +239,6 @@ def bucket_probe(loaded: Any, sizes: tuple[int, ...] = (16, 32)) -> dict[str, An
     bar needs a bucket of at least 32). Per size: median ms per pass by rows at 512 keys,
     the step over the floor, its rows against its decode steps, the step's kernels."""
     from codespec.forward.cuda import CudaForward
-    from codespec.policy.tree import VerifyTree
 
     default, floor = loaded.forward, step_floor(loaded)
     result: dict[str, Any] = {**floor}
@@ -242,14 +246,7 @@ def bucket_probe(loaded: Any, sizes: tuple[int, ...] = (16, 32)) -> dict[str, An
         for rows in sizes:
             began = time.perf_counter()
             loaded.forward = forward = CudaForward(loaded.model, rows=rows)
-            engine = _engine(loaded, slots=1)
-            cache = engine.cache
-            prompt = [(7 * i) % forward.config.vocab_size for i in range(512)]
-            cache.acquire(prompt)
-            forward.prefill(cache, 0, prompt, 0)
-            cache.release(0)
-            curve = {n: _wall_ms(lambda n=n: forward.choices(cache, [(0, 512, VerifyTree.chain(11, [13] * (n - 1)))]))
-                     for n in sorted({1, rows // 2, rows, 32, 64})}
+            curve = _pass_ms(loaded, forward, sorted({1, rows // 2, rows, 32, 64}))
             profile = profile_step(loaded)
             result[str(rows)] = {"ms_per_pass_512": curve, "step_over_floor": round(curve[1] / floor["floor_ms"], 2),
                                  "ratio_32_rows_to_1": round(curve[32] / curve[1], 3), **row_checks(loaded),
@@ -257,7 +254,7 @@ def bucket_probe(loaded: Any, sizes: tuple[int, ...] = (16, 32)) -> dict[str, An
                                  "gpu_busy_ms_per_step": profile.get("gpu_busy_ms_per_step"),
                                  "top_kernels": profile.get("top", [])[:8],
                                  "seconds": round(time.perf_counter() - began, 1)}
-            del engine, cache, forward
+            del forward
             loaded.forward = default
             torch.cuda.empty_cache()
     finally:
