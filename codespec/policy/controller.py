@@ -217,20 +217,17 @@ class CostModel:
         return self._xy[0] / self._xx[0][0], 0.0, 0.0, 0.0
 
     def cost(self, rows: int, keys: int = 0) -> float:
-        a, b, c, d = self.coefficients()
-        _, n, _, extra = self._features(rows, keys)
-        return max(a + b * n + c * keys + d * extra, 1e-6)
+        return self.pricer()(rows, keys)
 
     def pricer(self) -> Callable[[int, int], float]:
-        """`cost` with the fit and the settings read once: the controller prices every
-        candidate node of every request each pass (the same floats as `cost`)."""
+        """`cost` with the fit read once: the controller prices every candidate node of
+        every request each pass."""
         a, b, c, d = self.coefficients()
-        min_rows, block = self.min_rows, self.block
+        features = self._features
 
-        def price(rows: int, keys: int) -> float:
-            rows = max(rows, min_rows)
-            extra = -(-rows // block) - 1 if block else 0
-            return max(a + b * float(rows) + c * keys + d * float(extra), 1e-6)
+        def price(rows: int, keys: int = 0) -> float:
+            _, n, _, extra = features(rows, keys)
+            return max(a + b * n + c * keys + d * extra, 1e-6)
         return price
 
     def measure(self, run_pass: Callable[[int, int], float], rows: Sequence[int], contexts: Sequence[int],
