@@ -102,24 +102,24 @@ def row_checks(loaded: Any) -> dict[str, Any]:
     return {"rows_checked": checked, "rows_differing": differing}
 
 
-def cost_curve(loaded: Any) -> dict[str, Any]:
-    """Median ms per verify pass by rows (chains), and the plain step against bandwidth."""
+def pass_ms(loaded: Any, forward: Any, rows: Any, context: int = 512) -> dict[int, float]:
+    """Host wall ms per pass of `forward` by rows (chains of that many), over `context`
+    keys of a prefilled prompt."""
     from codespec.policy.tree import VerifyTree
 
-    forward = loaded.forward
-    engine = _engine(loaded, slots=1)
-    cache = engine.cache
-    curve: dict[str, dict[int, float]] = {}
-    for context in (512, 2048):
-        prompt = [(7 * i) % forward.config.vocab_size for i in range(context)]
-        cache.acquire(prompt)
-        forward.prefill(cache, 0, prompt, 0)
-        cache.release(0)
-        points = {}
-        for rows in (1, 2, 4, 8, 16, 32, 48, 64, 65, 96, 128, 192):
-            tree = VerifyTree.chain(11, [13] * (rows - 1))
-            points[rows] = _wall_ms(lambda: forward.choices(cache, [(0, context, tree)]))
-        curve[str(context)] = points
+    cache = _engine(loaded, slots=1).cache
+    prompt = [(7 * i) % forward.config.vocab_size for i in range(context)]
+    cache.acquire(prompt)
+    forward.prefill(cache, 0, prompt, 0)
+    cache.release(0)
+    return {n: _wall_ms(lambda n=n: forward.choices(cache, [(0, context, VerifyTree.chain(11, [13] * (n - 1)))]))
+            for n in rows}
+
+
+def cost_curve(loaded: Any) -> dict[str, Any]:
+    """Median ms per verify pass by rows (chains), and the plain step against bandwidth."""
+    curve = {str(context): pass_ms(loaded, loaded.forward, (1, 2, 4, 8, 16, 32, 48, 64, 65, 96, 128, 192), context)
+             for context in (512, 2048)}
     step = curve["512"][1]
     floor = step_floor(loaded)
     return {"ms_per_pass": curve, "ratio_32_rows_to_1": round(curve["512"][32] / step, 3),

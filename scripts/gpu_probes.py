@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from gpu_measure import _engine, _graph_us, _wall_ms, cost_curve, profile_step, row_checks, step_floor
+from gpu_measure import _graph_us, cost_curve, pass_ms, profile_step, row_checks, step_floor
 
 
 def key_block_probe() -> dict[str, Any]:
@@ -93,26 +93,13 @@ def tiles_probe(loaded: Any, gemm: dict[str, Any]) -> dict[str, Any]:
     return _backend_with(loaded, chosen, fused=False)
 
 
-def _pass_ms(loaded: Any, forward: Any, rows: Any) -> dict[int, float]:
-    """Host wall ms per pass of `forward` by rows (chains), over 512 keys of context."""
-    from codespec.policy.tree import VerifyTree
-
-    cache = _engine(loaded, slots=1).cache
-    prompt = [(7 * i) % forward.config.vocab_size for i in range(512)]
-    cache.acquire(prompt)
-    forward.prefill(cache, 0, prompt, 0)
-    cache.release(0)
-    return {n: _wall_ms(lambda n=n: forward.choices(cache, [(0, 512, VerifyTree.chain(11, [13] * (n - 1)))]))
-            for n in rows}
-
-
 def _backend_with(loaded: Any, chosen: dict[str, Any], fused: bool) -> dict[str, Any]:
     """The backend with `chosen` tiles: passes of 1, 2, 32 and 64 rows at 512 keys (host
     wall ms) and its rows against its decode steps."""
     from codespec.forward.cuda import CudaForward
 
     forward = CudaForward(loaded.model, tiles=chosen, fused=fused)
-    ms = _pass_ms(loaded, forward, (1, 2, 32, 64))
+    ms = pass_ms(loaded, forward, (1, 2, 32, 64))
     swapped = loaded.forward
     loaded.forward = forward
     try:
@@ -246,7 +233,7 @@ def bucket_probe(loaded: Any, sizes: tuple[int, ...] = (16, 32)) -> dict[str, An
         for rows in sizes:
             began = time.perf_counter()
             loaded.forward = forward = CudaForward(loaded.model, rows=rows)
-            curve = _pass_ms(loaded, forward, sorted({1, rows // 2, rows, 32, 64}))
+            curve = pass_ms(loaded, forward, sorted({1, rows // 2, rows, 32, 64}))
             profile = profile_step(loaded)
             result[str(rows)] = {"ms_per_pass_512": curve, "step_over_floor": round(curve[1] / floor["floor_ms"], 2),
                                  "ratio_32_rows_to_1": round(curve[32] / curve[1], 3), **row_checks(loaded),
