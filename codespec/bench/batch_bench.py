@@ -19,11 +19,12 @@ and whether every output equals `none`'s in the same batch mode.
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from codespec.bench.request_sets import Workload
+from codespec.bench.request_sets import Workload, edit_set, repo_fim_set
 from codespec.engine import Engine, Generation, GenerationConfig
 from codespec.engine.scheduler import Scheduler
 
@@ -140,6 +141,31 @@ def run_together(engine: Engine, requests: Sequence[Workload], speculate: bool, 
         if isinstance(out, BaseException):
             raise out
     return outs, wall, [ended[i] - began for i in range(len(requests))]
+
+
+def verify_sets(tok: Any, settings: Any, set_names: Sequence[str], count: int,
+                new_tokens: int) -> tuple[dict[str, list[Workload]], dict[str, Any]]:
+    """The suite's request sets by name, each with its proposer: `edit` drafts from the
+    request's own context, `fim-repo` from an index of the repository's other files too
+    (past generations not recorded: a system must not draft from another's outputs)."""
+    from codespec.index import SuffixIndex
+    from codespec.policy.proposer import IndexedProposer, PromptLookupProposer
+    from codespec.prompts import encode_texts
+
+    request_sets: dict[str, list[Workload]] = {}
+    proposers: dict[str, Any] = {}
+    if "edit" in set_names:
+        request_sets["edit"] = edit_set(tok, count, new_tokens)
+        proposers["edit"] = PromptLookupProposer(settings.min_match_tokens, settings.max_match_tokens)
+    if "fim-repo" in set_names:
+        requests, files = repo_fim_set(tok, count, new_tokens)
+        print(f"indexing {len(files)} repository files (targets excluded)...", file=sys.stderr, flush=True)
+        paths = sorted(files)
+        index = SuffixIndex.build(dict(zip(paths, encode_texts(tok, [files[p] for p in paths]))))
+        request_sets["fim-repo"] = requests
+        proposers["fim-repo"] = IndexedProposer(index, settings.min_match_tokens, settings.max_match_tokens,
+                                                record_generations=False)
+    return request_sets, proposers
 
 
 def run_verify_bench(

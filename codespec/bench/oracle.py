@@ -1,0 +1,108 @@
+"""A forward that replays a model's greedy output, for timing the engine's host path alone.
+
+On a GPU a verify pass takes ~1.5 ms (docs/benchmarks.md, H100), so the host's part of
+each pass (drafting, the controller, building trees, accepting, committing) decides
+whether speculation pays at batch 8. On a CPU the model's passes take 25-60 ms and
+torch's OpenMP workers still spin on the cores when the host's work starts, so that
+part cannot be read off a real run here. `OracleForward` stands in for the model: given
+each request's greedy output (measured once with the real model), every row's choice is
+the next token of that output where the row's path follows it, so every policy drafts,
+accepts and commits exactly what it would with the model, and no arithmetic runs. Each
+pass sleeps `pass_s` per bucket of `bucket` rows, as a GPU backend's replays take the
+same time whatever rows they hold (forward/cuda.py): the engine sees GPU-shaped pass
+costs (its goodput controller calibrates on them) while the CPU stays idle, as it would
+while a GPU computes. `codespec bench host` runs it (bench/host_bench.py).
+
+>>> from codespec.policy.tree import VerifyTree
+>>> oracle = OracleForward({(1, 2): [1, 2, 3, 4, 5]}, eos_id=0)
+>>> oracle.argmax(oracle.prefill(None, 0, [1, 2], 0))   # after the prompt: 3
+[3]
+>>> oracle.choices(None, [(0, 2, VerifyTree.chain(3, [4, 9]))])   # 4 follows 3; 9 is off the output
+[4, 5, 0]
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from types import SimpleNamespace
+from typing import Any, Sequence
+
+import numpy as np
+
+from codespec.errors import CodespecError
+
+
+class OracleForward:
+    """The Forward protocol (forward/base.py) over known greedy outputs (module docstring)."""
+
+    name = "oracle"
+    exact = True
+    prefill_exact = True
+    min_rows = 1
+    device = "cpu"
+    kv_dtype = np.uint16
+
+    def __init__(self, sequences: dict[tuple[int, ...], Sequence[int]], *, eos_id: int | None,
+                 pass_s: float = 0.0, bucket: int = 64, max_context: int = 32768) -> None:
+        """`sequences`: each prompt (as a tuple) with its whole greedy sequence, prompt then
+        output, ending with `eos_id` where the output ended on it (None: a model without
+        an end of sequence, whose outputs end by length)."""
+        self._sequences = {prompt: list(seq) for prompt, seq in sequences.items()}
+        self._by_slot: dict[int, list[int]] = {}
+        self.pass_s, self.bucket = pass_s, bucket
+        # the choice off the output and past its end: no acceptance ever reaches the first,
+        # and a run never drafts past its token limit, so only a real end of sequence matters
+        self.filler = 0 if eos_id is None else eos_id
+        # the smallest KV a SlotCache will allocate: no pass reads it
+        self.config = SimpleNamespace(num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
+                                      hidden_size=1, head_dim=1, max_position_embeddings=max_context)
+        self.generation_config = SimpleNamespace(eos_token_id=eos_id)
+
+    def probe(self, stored: tuple[int, bool] | None) -> tuple[int, bool]:
+        return 0, False
+
+    def profile_key(self) -> dict[str, str]:
+        return {"backend": self.name, "layout": f"pass_s={self.pass_s},bucket={self.bucket}"}
+
+    def prefill(self, cache: Any, slot: int, prompt: Sequence[int], start: int) -> np.ndarray:
+        sequence = self._sequences.get(tuple(prompt))
+        if sequence is None:
+            raise CodespecError("the oracle forward has no greedy output for this prompt: it replays only the "
+                                "requests it was given")
+        self._by_slot[slot] = sequence
+        self._sleep(len(prompt) - start)
+        return np.array([[self._after(sequence, len(prompt) - 1)]], dtype=np.int64)
+
+    def choices(self, cache: Any, requests: Sequence[tuple[int, int, Any]]) -> list[int]:
+        picked: list[int] = []
+        for slot, start, tree in requests:
+            sequence = self._by_slot.get(slot, [])  # none: a slot filled without a prefill (calibration)
+            on_output: list[bool] = []  # whether the node's path is the output's next tokens
+            for node, (token, parent, depth) in enumerate(zip(tree.tokens, tree.parents, tree.depths)):
+                at = start + depth
+                follows = (parent < 0 or on_output[parent]) and at < len(sequence) and sequence[at] == token
+                on_output.append(follows)
+                picked.append(self._after(sequence, at) if follows else self.filler)
+        self._sleep(len(picked))
+        return picked
+
+    def logits(self, cache: Any, requests: Sequence[tuple[int, int, Any]]) -> np.ndarray:
+        return np.array(self.choices(cache, requests), dtype=np.int64)[:, None]
+
+    def argmax(self, logits: np.ndarray) -> list[int]:
+        return logits[:, 0].tolist()
+
+    def tensor(self, logits: np.ndarray) -> Any:
+        raise CodespecError("the oracle forward replays greedy choices only: it has no distribution to sample")
+
+    def keep(self, cache: Any, moves: Any) -> None:
+        pass  # no KV to move
+
+    def _after(self, sequence: list[int], at: int) -> int:
+        """The greedy choice after position `at` of the output (end of sequence past it)."""
+        return sequence[at + 1] if at + 1 < len(sequence) else self.filler
+
+    def _sleep(self, rows: int) -> None:
+        if self.pass_s > 0 and rows > 0:
+            time.sleep(math.ceil(rows / self.bucket) * self.pass_s)
