@@ -262,7 +262,7 @@ class Engine:
         a calibration (issue 16)."""
         return self.draft_policy == "goodput" and self.cost.ready
 
-    def _draft(self, run: Run) -> Draft:
+    def _draft(self, run: Run) -> Draft | controller.Priced:
         if not self._controlled:
             return run.session.draft(run.draft_budget(), tree=self.draft_policy == "tree")
         # the controller prices every node by its calibrated acceptance, so its trees may
@@ -270,13 +270,18 @@ class Engine:
         # and it picks among the sources by expected goodput instead of by match length
         candidates = run.session.candidates(run.draft_budget())
         if not candidates:
-            return Draft.empty("none")
-        return controller.pick(candidates, run.acceptance.rate, self.cost, self.cache.length(run.slot))
+            return controller.Priced.empty()
+        return controller.pick_priced(candidates, run.acceptance.rate, self.cost, self.cache.length(run.slot))
 
-    def _verify(self, runs: Sequence[Run], drafts: list[Draft]) -> list[list[int]]:
-        if self._controlled and any(len(d) for d in drafts):
+    def _verify(self, runs: Sequence[Run], drafted: list[Draft | controller.Priced]) -> list[list[int]]:
+        # the controller's drafts come priced (pick_priced): the batch's choice reuses their
+        # nodes' probabilities
+        priced = [d for d in drafted if isinstance(d, controller.Priced)]
+        if len(priced) == len(drafted):
             contexts = [self.cache.length(run.slot) for run in runs]
-            drafts = controller.choose(drafts, [run.acceptance.rate for run in runs], self.cost, contexts)
+            drafts = [p.draft for p in controller.choose_priced(priced, self.cost, contexts)]
+        else:
+            drafts = [d.draft if isinstance(d, controller.Priced) else d for d in drafted]
         trees = [VerifyTree.build(run.generated[-1], draft) for run, draft in zip(runs, drafts)]
         items = [Item(run.slot, tree, run.accept) for run, tree in zip(runs, trees)]
         starts = [self.cache.length(run.slot) for run in runs]

@@ -32,6 +32,7 @@ controller drafts one token.
 from __future__ import annotations
 
 import bisect
+import functools
 import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
@@ -61,8 +62,16 @@ BUCKETS = 2 * FAMILY
 
 
 def match_bucket(match_len: int, source: str = "") -> int:
-    bucket = min(bisect.bisect_left(MATCH_BUCKETS, match_len), len(MATCH_BUCKETS))
+    bucket = _BUCKET_OF[match_len] if 0 <= match_len <= MATCH_BUCKETS[-1] else _bucket_of(match_len)
     return bucket + FAMILY if source in GUESS_SOURCES else bucket
+
+
+def _bucket_of(match_len: int) -> int:
+    return min(bisect.bisect_left(MATCH_BUCKETS, match_len), len(MATCH_BUCKETS))
+
+
+# the controller looks a bucket up for every depth of every draft it prices, each pass
+_BUCKET_OF = tuple(_bucket_of(n) for n in range(MATCH_BUCKETS[-1] + 1))
 
 
 def prior_rate(bucket: int) -> float:
@@ -230,6 +239,28 @@ class CostModel:
             return max(a + b * n + c * keys + d * extra, 1e-6)
         return price
 
+    def best_prefix(self, rows: int, keys: int, expected: float,
+                    nodes: Sequence[tuple[float, int]]) -> tuple[int, float]:
+        """How many of `nodes` ((P(accepted), keys its row reads), in the order they may
+        be taken) to add to a pass of `rows` rows reading `keys` keys that commits
+        `expected` tokens without them, for the best expected goodput (0: none pays); and
+        that goodput.
+        `pricer`'s formula inline: the controller runs this over every candidate node of
+        every request each pass."""
+        a, b, c, d = self.coefficients()
+        least, block = self.min_rows, self.block
+        best_n, best = 0, 0.0
+        for taken in range(len(nodes) + 1):
+            if taken:
+                p, more = nodes[taken - 1]
+                rows, keys, expected = rows + 1, keys + more, expected + p
+            n = rows if rows > least else least
+            seconds = a + b * n + c * keys + (d * (-(-n // block) - 1) if block else 0.0)
+            value = expected / (seconds if seconds > 1e-6 else 1e-6)
+            if not taken or value > best:
+                best_n, best = taken, value
+        return best_n, best
+
     def measure(self, run_pass: Callable[[int, int], float], rows: Sequence[int], contexts: Sequence[int],
                 repeat: int = 3) -> list[tuple[int, int, float]]:
         """Time `run_pass(rows, context)` per row count and context length, and observe
@@ -320,18 +351,30 @@ def node_probabilities(draft: Draft, rate: Callable[[int, str], float],
     >>> [round(p, 3) for p in node_probabilities(d, rate=lambda match_len, source: 0.5)]
     [0.5, 0.188, 0.062]
     """
+    match_len, source, n = draft.match_len, draft.source, len(draft)
+    if draft.parents == _chain_parents(n):  # most drafts: every share is 1
+        probs, p = [], 1.0
+        for depth in range(1, n + 1):
+            p = p * rate(match_len + depth - 1, source) * 1.0  # (* 1.0: the share, as below)
+            probs.append(p)
+        return probs
     sibling_total: dict[int, int] = {}
     for parent, count in zip(draft.parents, draft.counts):
-        sibling_total[parent] = sibling_total.get(parent, 0) + max(count, 1)
+        sibling_total[parent] = sibling_total.get(parent, 0) + (count if count > 1 else 1)
     rates: dict[int, float] = {}  # by depth: the same rate for every node at a depth
-    probs: list[float] = []
+    probs = []
     for parent, count, depth in zip(draft.parents, draft.counts, depths or _depths(draft)):
         step = rates.get(depth)
         if step is None:
-            step = rates[depth] = rate(draft.match_len + depth - 1, draft.source)
-        share = max(count, 1) / sibling_total[parent]
+            step = rates[depth] = rate(match_len + depth - 1, source)
+        share = (count if count > 1 else 1) / sibling_total[parent]
         probs.append((probs[parent] if parent >= 0 else 1.0) * step * share)
     return probs
+
+
+@functools.lru_cache(maxsize=None)
+def _chain_parents(n: int) -> tuple[int, ...]:
+    return tuple(range(-1, n - 1))
 
 
 def prune(draft: Draft, keep: set[int]) -> Draft:
@@ -349,6 +392,37 @@ def prune(draft: Draft, keep: set[int]) -> Draft:
     )
 
 
+@dataclass(frozen=True)
+class Priced:
+    """A draft with each node's P(accepted) and depth (1 for a root), as priced on the
+    draft it was cut from: pruning keeps a node's probability (a sibling left out of the
+    pass does not make the model likelier to write this node)."""
+
+    draft: Draft
+    probs: tuple[float, ...]
+    depths: tuple[int, ...]
+
+    @classmethod
+    def of(cls, draft: Draft, rate: Callable[[int, str], float]) -> Priced:
+        depths = _depths(draft)
+        return cls(draft, tuple(node_probabilities(draft, rate, depths)), tuple(depths))
+
+    @classmethod
+    def empty(cls, source: str = "none") -> Priced:
+        return cls(Draft.empty(source), (), ())
+
+    def __len__(self) -> int:
+        return len(self.draft)
+
+    def keep(self, nodes: Sequence[int]) -> Priced:
+        """These nodes alone (a set closed under parents), in the draft's order."""
+        if len(nodes) == len(self.draft):
+            return self
+        kept = sorted(nodes)
+        return Priced(prune(self.draft, set(kept)), tuple(self.probs[i] for i in kept),
+                      tuple(self.depths[i] for i in kept))
+
+
 def pick(candidates: Sequence[Draft], rate: Callable[[int, str], float], cost: CostModel, context: int = 0) -> Draft:
     """The candidate (a request's drafts from its several sources) whose best pruning
     gives the request alone the best expected goodput; empty when drafting nothing
@@ -363,19 +437,30 @@ def pick(candidates: Sequence[Draft], rate: Callable[[int, str], float], cost: C
     >>> pick([short, long], rate=lambda match_len, source: 0.9, cost=cost).token_ids
     (3, 4, 5, 6)
     """
-    price = cost.pricer()
-    best, best_goodput = Draft.empty("none"), 1.0 / price(1, cost.attended_keys(context, [(1, 0)]))
+    return pick_priced(candidates, rate, cost, context).draft
+
+
+def pick_priced(candidates: Sequence[Draft], rate: Callable[[int, str], float], cost: CostModel,
+                context: int = 0) -> Priced:
+    """`pick`, with the winner's node probabilities for `choose_priced`."""
+    row_keys = cost.row_keys
+    alone = cost.attended_keys(context, [(1, 0)])  # the pending token's keys
+    _, alone_goodput = cost.best_prefix(1, alone, 1.0, ())
+    best, best_nodes, best_goodput = Priced.empty(), [], alone_goodput
     for draft in candidates:
-        pruned = choose([draft], [rate], cost, [context])[0]
-        if not len(pruned):
+        priced = Priced.of(draft, rate)
+        order = [i for _, _, i in sorted((-p, depth, i) for i, (p, depth) in enumerate(zip(priced.probs, priced.depths)))]
+        n, goodput = cost.best_prefix(1, alone, 1.0, [(priced.probs[i], row_keys(context, priced.depths[i]))
+                                                      for i in order])
+        if not n:
             continue  # nothing drafted: the pending token alone, the goodput `best` starts from
-        depths = _depths(pruned)
-        expected = 1.0 + sum(node_probabilities(pruned, rate, depths))
-        rows, keys = 1 + len(pruned), cost.draft_keys(context, pruned, depths)
-        goodput = expected / price(rows, keys)
+        if cost.padded:  # a padded call's rows score their chain's keys: price the pruned tree
+            chosen = priced.keep(order[:n])
+            keys = cost.draft_keys(context, chosen.draft, list(chosen.depths))
+            goodput = (1.0 + sum(chosen.probs)) / cost.cost(1 + n, keys)
         if goodput > best_goodput:
-            best, best_goodput = pruned, goodput
-    return best
+            best, best_nodes, best_goodput = priced, order[:n], goodput
+    return best.keep(best_nodes) if best_nodes else best
 
 
 def _depths(draft: Draft) -> list[int]:
@@ -389,25 +474,24 @@ def choose(drafts: Sequence[Draft], rates: Sequence[Callable[[int, str], float]]
            contexts: Sequence[int] | None = None) -> list[Draft]:
     """Prune each request's draft to the selection with the best expected goodput;
     `contexts` are the requests' committed lengths (what each of their rows attends to)."""
+    priced = [Priced.of(draft, rate) for draft, rate in zip(drafts, rates)]
+    return [p.draft for p in choose_priced(priced, cost, contexts)]
+
+
+def choose_priced(drafts: Sequence[Priced], cost: CostModel, contexts: Sequence[int] | None = None) -> list[Priced]:
+    """`choose` over drafts already priced (`pick_priced`'s)."""
     contexts = list(contexts) if contexts is not None else [0] * len(drafts)
-    candidates = []  # (-probability, depth, request, node): parents sort before children
-    for request, (draft, rate) in enumerate(zip(drafts, rates)):
-        depths = _depths(draft)
-        for node, (depth, p) in enumerate(zip(depths, node_probabilities(draft, rate, depths))):
-            candidates.append((-p, depth, request, node))
-    candidates.sort()
-    price, row_keys = cost.pricer(), cost.row_keys
+    if not any(len(d) for d in drafts):
+        return list(drafts)
+    candidates = sorted(  # (-probability, depth, request, node): parents sort before children
+        (-p, depth, request, node)
+        for request, draft in enumerate(drafts) for node, (p, depth) in enumerate(zip(draft.probs, draft.depths)))
+    row_keys = cost.row_keys
     requests = len(drafts)
-    rows, keys = requests, sum(cost.attended_keys(c, [(1, 0)]) for c in contexts)  # every request's pending token
-    best_n, best_goodput, expected = 0, requests / price(rows, keys), float(requests)
-    for n, (neg_p, node_depth, request, node) in enumerate(candidates, start=1):
-        expected -= neg_p
-        keys += row_keys(contexts[request], node_depth)
-        rows += 1
-        goodput = expected / price(rows, keys)
-        if goodput > best_goodput:
-            best_n, best_goodput = n, goodput
-    keep: list[set[int]] = [set() for _ in drafts]
+    keys = sum(cost.attended_keys(c, [(1, 0)]) for c in contexts)  # every request's pending token
+    best_n, _ = cost.best_prefix(requests, keys, float(requests),
+                                 [(-neg_p, row_keys(contexts[request], depth)) for neg_p, depth, request, _ in candidates])
+    keep: list[list[int]] = [[] for _ in drafts]
     for _, _, request, node in candidates[:best_n]:
-        keep[request].add(node)
-    return [prune(draft, chosen) for draft, chosen in zip(drafts, keep)]
+        keep[request].append(node)
+    return [draft.keep(chosen) for draft, chosen in zip(drafts, keep)]
