@@ -83,3 +83,40 @@ class Draft:
         parents = tuple(p + shift if p >= 0 else -1 for p in other.parents)
         return Draft(self.token_ids + other.token_ids, self.parents + parents, self.counts + other.counts,
                      self.match_len, self.source)
+
+    def restricted(self, keep: set[int]) -> Draft:
+        """The nodes in `keep` (a set closed under parents), in order.
+
+        >>> Draft((5, 6, 7), (-1, 0, 0), (3, 2, 1), match_len=2, source="index").restricted({0, 2}).parents
+        (-1, 0)
+        """
+        if len(keep) == len(self):
+            return self
+        kept = sorted(keep)
+        new_index = {old: new for new, old in enumerate(kept)}
+        return Draft(tuple(self.token_ids[i] for i in kept),
+                     tuple(new_index[self.parents[i]] if self.parents[i] >= 0 else -1 for i in kept),
+                     tuple(self.counts[i] for i in kept), self.match_len, self.source)
+
+    def within_tail(self, limit: int) -> Draft:
+        """The nodes whose path leaves the main chain (the first root, then each node's
+        first child: the rows a verify pass holds contiguously, policy/tree.py) for at
+        most `limit` nodes: a backend whose rows list their off-chain ancestors in a
+        fixed-width table (forward/cuda.py) holds no longer paths. The main chain and
+        every short branch stay; a deeper branch is cut where it gets too long.
+
+        >>> d = Draft((1, 2, 3, 4, 5), (-1, 0, -1, 2, 3), (2, 2, 1, 1, 1), match_len=2, source="index")
+        >>> d.within_tail(2).token_ids   # 3 -> 4 -> 5 leaves the chain 1 -> 2 for three nodes
+        (1, 2, 3, 4)
+        """
+        first_child: dict[int, int] = {}
+        for node, parent in enumerate(self.parents):
+            first_child.setdefault(parent, node)
+        main, node = set(), first_child.get(-1)
+        while node is not None:
+            main.add(node)
+            node = first_child.get(node)
+        tails: list[int] = []
+        for node, parent in enumerate(self.parents):
+            tails.append(0 if node in main else (tails[parent] if parent >= 0 else 0) + 1)
+        return self.restricted({node for node, tail in enumerate(tails) if tail <= limit})

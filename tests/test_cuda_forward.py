@@ -199,3 +199,41 @@ def test_fused_layers_need_tiles_that_fit(monkeypatch):
         CudaForward(model, rows=8, fused=True)  # 8 rows: no tile of 16 rows or more
     monkeypatch.setenv("CODESPEC_CUDA_FUSED", "1")
     assert CudaForward(model, rows=16).fused
+
+
+class _DeepBranches:
+    """Drafts a short main chain and a second root whose branch runs 7 nodes deep, with
+    tokens the tiny model may or may not choose: a branch longer than a 4-row bucket."""
+
+    def start(self, prompt_ids):
+        return self
+
+    def extend(self, token_ids):
+        pass
+
+    def draft(self, budget, tree=False):
+        from codespec.index import Draft
+
+        n = min(budget, 9)
+        parents = (-1, 0, -1, 2, 3, 4, 5, 6, 7)[:n]
+        return Draft(tuple((3 * i + 1) % 16 for i in range(n)), parents, (2,) * n, match_len=3, source="test")
+
+    def candidates(self, budget):
+        return [self.draft(budget)]
+
+    def finish(self, generated):
+        pass
+
+
+def test_a_branch_deeper_than_the_bucket_is_cut_not_an_error():
+    model = tiny_model("qwen2", vocab_size=16, seed=3)
+    forward = CudaForward(model, rows=4)
+    engine = Engine(forward, None, _DeepBranches(), max_draft_tokens=9, eos_token_ids=[], draft_policy="tree")
+    for prompt in prompts(16, 3, seed=7, repeat=True):
+        plain = engine.generate(prompt, GenerationConfig(24, speculate=False))
+        drafted = engine.generate(prompt, GenerationConfig(24))
+        assert drafted.token_ids == plain.token_ids
+        # a pass holds the main chain and the branch's first 4 nodes (2 + 4 draft rows, of 9),
+        # fewer where the token limit is near
+        stats = drafted.stats
+        assert 3 * stats.verify_passes < stats.draft_tokens <= 6 * stats.verify_passes

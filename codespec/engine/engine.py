@@ -282,6 +282,9 @@ class Engine:
             drafts = [p.draft for p in controller.choose_priced(priced, self.cost, contexts)]
         else:
             drafts = [d.draft if isinstance(d, controller.Priced) else d for d in drafted]
+        limit = getattr(self.forward, "max_tail", None)  # a backend's deepest branch (forward/base.py)
+        if limit is not None:
+            drafts = [d if len(d) <= limit else d.within_tail(limit) for d in drafts]
         trees = [VerifyTree.build(run.generated[-1], draft) for run, draft in zip(runs, drafts)]
         items = [Item(run.slot, tree, run.accept) for run, tree in zip(runs, trees)]
         starts = [self.cache.length(run.slot) for run in runs]

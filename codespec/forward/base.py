@@ -65,6 +65,9 @@ class Forward(Protocol):
     # (kvcache.py). Optional: absent means False.
     prefill_exact: bool
     min_rows: int  # the fewest rows a pass computes (a lone row is padded to this many)
+    # The most nodes a row's path may hold off its tree's main chain (Draft.within_tail):
+    # the engine cuts deeper branches from drafts first. Optional: absent means no limit.
+    max_tail: int
 
     def probe(self, stored: tuple[int, bool] | None) -> tuple[int, bool]:
         """(row block, padded attention): what keeps passes row-exact on this machine, adopted

@@ -116,6 +116,7 @@ class CudaForward:
         embed = model.get_input_embeddings().weight
         self.device, self.kv_dtype = embed.device, embed.dtype
         self.rows = rows or bucket_rows()
+        self.max_tail = self.rows  # a row's off-chain path fills at most a row of the [rows, rows] path table
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         self.warm_up_pass = self.graphs  # the engine runs a step at start-up: compilation, the graph's capture
         _, self.kv_heads, self.head_dim = kv_dims(model.config)

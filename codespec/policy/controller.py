@@ -379,17 +379,7 @@ def _chain_parents(n: int) -> tuple[int, ...]:
 
 def prune(draft: Draft, keep: set[int]) -> Draft:
     """The draft restricted to `keep` (a set closed under parents), order preserved."""
-    if len(keep) == len(draft):
-        return draft
-    kept = sorted(keep)
-    new_index = {old: new for new, old in enumerate(kept)}
-    return Draft(
-        tuple(draft.token_ids[i] for i in kept),
-        tuple(new_index[draft.parents[i]] if draft.parents[i] >= 0 else -1 for i in kept),
-        tuple(draft.counts[i] for i in kept),
-        draft.match_len,
-        draft.source,
-    )
+    return draft.restricted(keep)
 
 
 @dataclass(frozen=True)
