@@ -3,12 +3,13 @@
 The verify suite's systems (bench/batch_bench.py) on its request sets, with the model
 replaced by `OracleForward` (bench/oracle.py): each request's greedy output is measured
 once with the real model (plain decoding, one request at a time), then every system
-drafts, accepts and commits as it would with the model while each pass sleeps a
-GPU-like `pass_s` per bucket of rows. What is left to time is the engine itself:
+drafts, accepts and commits as it would with the model while each pass waits a
+GPU-like `pass_s` per bucket of rows, spinning as CUDA's synchronisation does. What is
+left to time is the engine itself:
 
 - `host ms`: the engine's time per verify pass outside the forward's calls (drafting,
-  the controller, trees, acceptance, commits; stats.HostClock), with the CPU otherwise
-  idle, as it is while a GPU computes;
+  the controller, trees, acceptance, commits; stats.HostClock), with nothing else on the
+  host, as while a GPU computes;
 - `agg tok/s`: what the run would give on a device whose passes cost `pass_s`, with this
   machine's host: where speculation wins at batch 1 and loses at batch 8, the host is why.
 

@@ -43,7 +43,7 @@ def register(commands: Any) -> None:
                    "half FIM, half edit, spread over the set (default 8); editor suite: the replay's first N "
                    "completion requests (0: all 99); load suite: requests per concurrency level (0: 24)")
     p.add_argument("--pass-ms", type=float, default=None, metavar="MS",
-                   help="host suite: what each replayed pass of up to --bucket-rows rows costs (sleeping; default "
+                   help="host suite: what each replayed pass of up to --bucket-rows rows costs (waited out; default "
                    "1.45, an H100's step of the default model)")
     p.add_argument("--bucket-rows", type=int, default=64, metavar="N",
                    help="host suite: rows per replayed pass, as the cuda backend's bucket (default 64)")
