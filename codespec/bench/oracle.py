@@ -105,8 +105,9 @@ class OracleForward:
 
     def _wait(self, rows: int) -> None:
         """Wait out the pass spinning, as CUDA's default synchronisation does while a kernel
-        runs: the host's core stays awake and its caches warm. (A sleeping wait measured
-        the engine's host work 40-50% slower per pass on a 2-core VM, a core woken cold.)"""
+        runs: the host's core stays awake and its caches warm. (With a sleeping wait the
+        engine's host work measured ~25% slower per pass on a 2-core VM, its core woken
+        cold after every pass: docs/benchmarks.md.)"""
         if self.pass_s > 0 and rows > 0:
             until = time.perf_counter() + math.ceil(rows / self.bucket) * self.pass_s
             while time.perf_counter() < until:
