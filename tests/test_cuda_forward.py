@@ -16,7 +16,8 @@ from codespec.engine.kvcache import SlotCache
 from codespec.engine.scheduler import Scheduler
 from codespec.errors import SettingError
 from codespec.forward import cuda
-from codespec.forward.cuda import CudaForward, fill_staging, pass_rows
+from codespec.forward.cuda import CudaForward
+from codespec.forward.passlayout import chain_rows, fill_staging, pass_rows, tree_rows
 from codespec.models.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from codespec.policy.tree import VerifyTree
@@ -113,11 +114,45 @@ def test_rows_and_padding_layout():
     rows = list(pass_rows([(2, 10, tree)]))
     assert rows == [(7, 10, 2, 10, 11, []), (8, 11, 2, 11, 12, []), (9, 11, 2, 12, 11, [12])]
     staging = np.full(cuda.META_FIELDS * 4 + 16, -1, dtype=np.int64)
-    fill_staging(staging, rows, 4)
+    assert fill_staging(staging, tree_rows([(2, 10, tree)]), 0, 4) == 3
     meta = staging[: cuda.META_FIELDS * 4].reshape(cuda.META_FIELDS, 4)
     assert meta[:, 3].tolist() == [7, 10, 2, 10, 0, 2, 0, 0]  # padding: row 0's write, no keys
     assert meta[4].tolist() == [0, 1, 2, 0] and meta[6].tolist() == [11, 12, 11, 0]
     assert staging[cuda.META_FIELDS * 4:].reshape(4, 4).tolist() == [[0] * 4, [0] * 4, [12, 0, 0, 0], [0] * 4]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_pass_layout_is_pass_rows_bucket_by_bucket(seed):
+    """tree_rows and chain_rows (numba, numpy) against pass_rows (the reference, one row at
+    a time), each bucket's staging as a list of pass_rows' tuples lays it out."""
+    from codespec.index import Draft
+
+    rng = np.random.default_rng(seed)
+    requests = []
+    for slot in range(int(rng.integers(1, 6))):
+        n = int(rng.integers(0, 20))
+        parents = tuple(int(rng.integers(-1, i)) if rng.random() < 0.4 else i - 1 for i in range(n))
+        draft = Draft(tuple(int(t) for t in rng.integers(0, 100, n)), parents, (1,) * n, 1, "test").within_tail(8)
+        requests.append((slot, int(rng.integers(0, 50)), VerifyTree.build(int(rng.integers(0, 100)), draft)))
+    bucket = 8  # the engine cuts branches to the bucket (within_tail) before a pass
+    reference = list(pass_rows(requests))
+    assert any(row[5] for row in reference)
+    for rows, expected in ((tree_rows(requests), reference),
+                           (chain_rows(list(range(100, 140)), 3, 5, 25),
+                            [(100 + p, p, 3, p, p + 1, []) for p in range(5, 25)])):
+        for first in range(0, len(expected), bucket):
+            part = expected[first:first + bucket]
+            staging = np.full(cuda.META_FIELDS * bucket + bucket * bucket, -1, dtype=np.int64)
+            assert fill_staging(staging, rows, first, bucket) == len(part)
+            meta = staging[: cuda.META_FIELDS * bucket].reshape(cuda.META_FIELDS, bucket)
+            path = staging[cuda.META_FIELDS * bucket:].reshape(bucket, bucket)
+            for r, (token, position, slot, write, context, tail) in enumerate(part):
+                assert meta[:, r].tolist() == [token, position, slot, write, r, slot, context, len(tail)]
+                assert path[r].tolist() == tail + [0] * (bucket - len(tail))
+            token, position, slot, write = part[0][:4]
+            for r in range(len(part), bucket):  # padding
+                assert meta[:, r].tolist() == [token, position, slot, write, 0, slot, 0, 0]
+                assert path[r].tolist() == [0] * bucket
 
 
 def test_bucket_setting_is_checked(monkeypatch):

@@ -49,13 +49,13 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from codespec.errors import SettingError
 from codespec.forward import profile
 from codespec.forward.base import Moves, Requests, kv_dims
+from codespec.forward.passlayout import META_FIELDS, PassRows, chain_rows, fill_staging, pass_rows, tree_rows  # noqa: F401 (pass_rows: the reference, re-exported)
 from codespec.kernels.compact import keep_paths
 from codespec.kernels.rope_store import rope_store, rope_store_ref
 from codespec.kernels.row_attention import row_attention
@@ -68,7 +68,6 @@ FUSED_TILES = {"qkv": Config(64, 64, 64, splits=8), "o": Config(64, 16, 128),
                "gate_up": Config(64, 128, 128, num_warps=8, num_stages=3), "down": Config(64, 32, 64, splits=8),
                "lm_head": Config(64, 128, 64)}
 DEFAULT_ROWS = 64  # the bucket: a 32-token draft plus its pending token fits, and 1-row steps stay ~free
-META_FIELDS = 8  # ids, positions, write slot, write position, KV source row, slot, context, path length
 
 
 def bucket_rows() -> int:
@@ -171,9 +170,7 @@ class CudaForward:
             return self.model.lm_head(self.model.model.norm(hidden[-1:]))
         logits = None
         for begin, end in cache.spans(len(prompt), start):
-            # a chain's rows (pass_rows): token, position, slot, write position, context, path
-            rows = [(prompt[p], p, slot, p, p + 1, []) for p in range(begin, end)]
-            for bucket, n, _ in self._replays(cache, rows):
+            for bucket, n, _ in self._replays(cache, chain_rows(prompt, slot, begin, end)):
                 logits = bucket.logits[n - 1:n]  # the last replay's last row is the prompt's
         assert logits is not None, "nothing to prefill"
         return logits.clone()  # the next pass overwrites the replay's outputs
@@ -202,24 +199,23 @@ class CudaForward:
 
     # -- verify passes and decode steps: the bucket ----------------------------------------
     def _passes(self, cache: Any, requests: Requests):
-        return self._replays(cache, list(pass_rows(requests)))
+        return self._replays(cache, tree_rows(requests))
 
-    def _replays(self, cache: Any, rows: list[tuple]):
-        """Run a pass's rows (pass_rows' tuples) as replays of `rows` rows each; yields
+    def _replays(self, cache: Any, rows: PassRows):
+        """Run a pass's rows (passlayout.py) as replays of `self.rows` rows each; yields
         (bucket, real rows, whether it is the last) after each replay (its outputs are
         overwritten by the next one)."""
         bucket = self._bucket(cache)
         for first in range(0, len(rows), self.rows):
-            part = rows[first:first + self.rows]
             if bucket.copied is not None:
                 bucket.copied.synchronize()  # the last copy out of staging is done
-            fill_staging(bucket.staging.numpy(), part, self.rows)
+            n = fill_staging(bucket.staging.numpy(), rows, first, self.rows)
             bucket.flat.copy_(bucket.staging, non_blocking=True)
             if self.device.type == "cuda":
                 bucket.copied = torch.cuda.Event()
                 bucket.copied.record()
             self._replay(cache, bucket)
-            yield bucket, len(part), first + self.rows >= len(rows)
+            yield bucket, n, first + self.rows >= len(rows)
 
     def _bucket(self, cache: Any) -> _Bucket:
         bucket = self._buckets.get(cache)
@@ -398,42 +394,3 @@ def _gated(gate_up: torch.Tensor) -> torch.Tensor:
     """The MLP's SiLU gate on the fused gate/up product."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
-
-
-def pass_rows(requests: Requests):
-    """Each row of a pass, in packing order: (token, position, slot, write position,
-    context, path), where the row attends to its slot's first `context` positions and
-    then to `path` (its ancestors off the contiguous main chain, and itself).
-
-    >>> from types import SimpleNamespace as Tree
-    >>> tree = Tree(tokens=(7, 8, 9), parents=(-1, 0, 0), depths=(0, 1, 1))
-    >>> [row[4:] for row in pass_rows([(0, 10, tree)])]   # node 2's parent is node 0, not node 1
-    [(11, []), (12, []), (11, [12])]
-    """
-    for slot, start, tree in requests:
-        lineage: list[list[int]] = []  # ancestors-or-self of each node, root first
-        for node, parent in enumerate(tree.parents):
-            lineage.append((lineage[parent] if parent >= 0 else []) + [node])
-        for node, chain in enumerate(lineage):
-            contiguous = 0
-            while contiguous < len(chain) and chain[contiguous] == contiguous:
-                contiguous += 1
-            yield (tree.tokens[node], start + tree.depths[node], slot, start + node, start + contiguous,
-                   [start + j for j in chain[contiguous:]])
-
-
-def fill_staging(staging: np.ndarray, rows: list[tuple], bucket: int) -> None:
-    """Lay `rows` (pass_rows' tuples) out as the bucket's metadata [META_FIELDS * bucket]
-    then path [bucket, bucket]; padding rows repeat row 0 and attend to nothing."""
-    n = len(rows)
-    meta = staging[: META_FIELDS * bucket].reshape(META_FIELDS, bucket)
-    path = staging[META_FIELDS * bucket:].reshape(bucket, bucket)
-    token, position, slot, write, _, _ = rows[0]
-    meta[:, n:] = np.array([[token], [position], [slot], [write], [0], [slot], [0], [0]])
-    meta[:, :n] = np.array([(token, position, slot, write, r, slot, context, len(tail))
-                            for r, (token, position, slot, write, context, tail) in enumerate(rows)]).T
-    path[:] = 0
-    for r, (*_, tail) in enumerate(rows):
-        if tail:
-            assert len(tail) <= bucket, f"a tree deeper than the bucket ({bucket} rows)"
-            path[r, : len(tail)] = tail
