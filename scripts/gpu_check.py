@@ -20,7 +20,9 @@ and its real tokenizer (carried). Stages, each timed and each allowed to fail al
    holds the first answer (a random model copies nothing from its prompt: acceptance
    comes from past generations, as the issue asks).
 
-Probes: `profile` (kernels and GPU time of a step), `fused` (the backend with fused
+Probes: `profile` (kernels and GPU time of a step), `anatomy` (a step's wall time split:
+host before the launch, the launch, the wait, the graph's device time; the graph back to
+back), `fused` (the backend with fused
 layers, CODESPEC_CUDA_FUSED: its rows, costs and profile) and `fusedtiles` (each fused
 product by tile, and the fused backend with the fastest), in the default stages;
 `gemm` (the layer's products in CUDA graphs: cuBLAS against kernels/row_linear.py's
@@ -53,7 +55,7 @@ from typing import Any, Callable
 
 import torch
 
-from gpu_measure import _time, cost_curve, profile_step, row_checks
+from gpu_measure import _time, cost_curve, profile_step, row_checks, step_anatomy
 from gpu_probes import bucket_probe, fused_probe, fused_tiles_probe, gemm_probe, key_block_probe, tiles_probe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -190,7 +192,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--assets", default=str(ROOT / ".gpu"), help="the default model's config and tokenizer files")
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu-out"))
-    parser.add_argument("--stages", default="kernel,rows,costs,profile,fused,fusedtiles,edit,edit_fused,verify,"
+    parser.add_argument("--stages", default="kernel,rows,costs,profile,anatomy,fused,fusedtiles,edit,edit_fused,verify,"
                                              "verify_fused,stress,stress_fused")
     parser.add_argument("--deadline", type=float, default=DEADLINE_S,
                         help="seconds from the start after which no stage starts (the machine's limit is 600)")
@@ -219,6 +221,8 @@ def main() -> None:
         stage(results, "costs", lambda: cost_curve(loaded), out)
     if "profile" in wanted:
         stage(results, "profile", lambda: profile_step(loaded), out)
+    if "anatomy" in wanted:
+        stage(results, "anatomy", lambda: step_anatomy(loaded), out)
     if "gemm" in wanted:
         stage(results, "gemm", lambda: gemm_probe(loaded), out)
     if "buckets" in wanted:

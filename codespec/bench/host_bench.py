@@ -82,5 +82,6 @@ def run_host_bench(
         expected = [tuple(sequences[tuple(w.prompt_ids)][len(w.prompt_ids):]) for w in request_sets[result.request_set]]
         # a greedy sequence ends with the end of sequence, a generation's tokens never do
         result.identical = result.identical and all(
-            out == want or (eos is not None and want[-1:] == (eos,) and out == want[:-1]) for out, want in zip(result.outputs, expected))
+            out == want or (eos is not None and want[-1:] == (eos,) and out == want[:-1])
+            for out, want in zip(result.outputs, expected))
     return results

@@ -16,8 +16,10 @@ row), beside a ~1.5 ms pass on an H100.
 >>> staging = np.zeros(META_FIELDS * 4 + 4 * 4, dtype=np.int64)
 >>> fill_staging(staging, tree_rows([(0, 10, tree)]), first=0, bucket=4)
 3
->>> staging[CONTEXT * 4:CONTEXT * 4 + 4].tolist(), int(staging[META_FIELDS * 4 + 2 * 4])   # padding sees nothing; row 2 sees 12
-([11, 12, 11, 0], 12)
+>>> staging[CONTEXT * 4:CONTEXT * 4 + 4].tolist()   # the padding row sees nothing
+[11, 12, 11, 0]
+>>> int(staging[META_FIELDS * 4 + 2 * 4])   # row 2's path: position 12
+12
 """
 
 from __future__ import annotations

@@ -439,7 +439,8 @@ def pick_priced(candidates: Sequence[Draft], rate: Callable[[int, str], float], 
     best, best_nodes, best_goodput = Priced.empty(), [], alone_goodput
     for draft in candidates:
         priced = Priced.of(draft, rate)
-        order = [i for _, _, i in sorted((-p, depth, i) for i, (p, depth) in enumerate(zip(priced.probs, priced.depths)))]
+        ranked = sorted((-p, depth, i) for i, (p, depth) in enumerate(zip(priced.probs, priced.depths)))
+        order = [i for _, _, i in ranked]
         n, goodput = cost.best_prefix(1, alone, 1.0, [(priced.probs[i], row_keys(context, priced.depths[i]))
                                                       for i in order])
         if not n:
@@ -479,8 +480,8 @@ def choose_priced(drafts: Sequence[Priced], cost: CostModel, contexts: Sequence[
     row_keys = cost.row_keys
     requests = len(drafts)
     keys = sum(cost.attended_keys(c, [(1, 0)]) for c in contexts)  # every request's pending token
-    best_n, _ = cost.best_prefix(requests, keys, float(requests),
-                                 [(-neg_p, row_keys(contexts[request], depth)) for neg_p, depth, request, _ in candidates])
+    nodes = [(-neg_p, row_keys(contexts[request], depth)) for neg_p, depth, request, _ in candidates]
+    best_n, _ = cost.best_prefix(requests, keys, float(requests), nodes)
     keep: list[list[int]] = [[] for _ in drafts]
     for _, _, request, node in candidates[:best_n]:
         keep[request].append(node)
