@@ -66,6 +66,12 @@ class ContextMatcher:
         self._buf[self._n : need] = new
         self._n = need
 
+    def truncate(self, n: int) -> None:
+        """Forget every token past the first `n` (a caller that extended to look ahead)."""
+        if not 0 <= n <= self._n:
+            raise ValueError(f"cannot truncate {self._n} tokens to {n}")
+        self._n = n
+
     def longest_match(self) -> tuple[int, np.ndarray]:
         """Return `(match_len, ends)`: the longest suffix (up to `max_match` tokens) that
         also ends earlier, and every earlier index where it ends (ascending)."""

@@ -64,6 +64,10 @@ class BatchResult:
     # the engine's time per verify pass outside the forward's calls (drafting, the
     # controller, trees, acceptance): on a GPU the device waits for it
     host_ms_per_pass: float = 0.0
+    # drafting ahead while a pass ran (engine/ahead.py): its time, and the share of its
+    # guesses that the passes then committed
+    overlapped_ms_per_pass: float = 0.0
+    guesses_taken: float | None = None
 
     @property
     def tokens(self) -> int:
@@ -86,6 +90,8 @@ class BatchResult:
             "accepted_tokens_per_pass": round(self.committed_in_passes / max(self.passes, 1), 3),
             "draft_budget_mean": round(self.draft_tokens / max(self.passes, 1), 3),
             "host_ms_per_pass": round(self.host_ms_per_pass, 3),
+            "overlapped_ms_per_pass": round(self.overlapped_ms_per_pass, 3),
+            "guesses_taken": None if self.guesses_taken is None else round(self.guesses_taken, 3),
             "identical_to_none": self.identical,
             "wall_s_runs": self.wall_runs,
         }
@@ -193,7 +199,10 @@ def run_verify_bench(
                     else:
                         outs, wall, latencies = run_together(engine, requests, policy.speculate, batch)
                     result = _collect(set_name, batch, policy.name, outs, wall, latencies)
-                    result.host_ms_per_pass = engine.clock.since(clock).host_ms_per_pass()
+                    spent = engine.clock.since(clock)
+                    result.host_ms_per_pass = spent.host_ms_per_pass()
+                    result.overlapped_ms_per_pass = 1e3 * spent.overlapped_s / spent.passes if spent.passes else 0.0
+                    result.guesses_taken = spent.guesses_taken / spent.guesses if spent.guesses else None
                     runs[policy.name].append(result)
                     if on_result:
                         on_result(result)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 from types import SimpleNamespace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -75,6 +75,21 @@ class OracleForward:
         return np.array([[self._after(sequence, len(prompt) - 1)]], dtype=np.int64)
 
     def choices(self, cache: Any, requests: Sequence[tuple[int, int, Any]]) -> list[int]:
+        return self.launch(cache, requests)()
+
+    def launch(self, cache: Any, requests: Sequence[tuple[int, int, Any]]) -> Callable[[], list[int]]:
+        """The pass "queued": its choices are ready once its time has passed, as a GPU's
+        asynchronous launch (the host may work meanwhile: engine/ahead.py)."""
+        picked = self._choices(requests)
+        until = time.perf_counter() + self._pass_s(len(picked))
+
+        def collect() -> list[int]:
+            while time.perf_counter() < until:
+                pass
+            return picked
+        return collect
+
+    def _choices(self, requests: Sequence[tuple[int, int, Any]]) -> list[int]:
         picked: list[int] = []
         for slot, start, tree in requests:
             sequence = self._by_slot.get(slot, [])  # none: a slot filled without a prefill (calibration)
@@ -84,7 +99,6 @@ class OracleForward:
                 follows = (parent < 0 or on_output[parent]) and at < len(sequence) and sequence[at] == token
                 on_output.append(follows)
                 picked.append(self._after(sequence, at) if follows else self.filler)
-        self._wait(len(picked))
         return picked
 
     def logits(self, cache: Any, requests: Sequence[tuple[int, int, Any]]) -> np.ndarray:
@@ -103,12 +117,14 @@ class OracleForward:
         """The greedy choice after position `at` of the output (end of sequence past it)."""
         return sequence[at + 1] if at + 1 < len(sequence) else self.filler
 
+    def _pass_s(self, rows: int) -> float:
+        return math.ceil(rows / self.bucket) * self.pass_s if rows > 0 else 0.0
+
     def _wait(self, rows: int) -> None:
         """Wait out the pass spinning, as CUDA's default synchronisation does while a kernel
         runs: the host's core stays awake and its caches warm. (With a sleeping wait the
         engine's host work measured ~25% slower per pass on a 2-core VM, its core woken
         cold after every pass: docs/benchmarks.md.)"""
-        if self.pass_s > 0 and rows > 0:
-            until = time.perf_counter() + math.ceil(rows / self.bucket) * self.pass_s
-            while time.perf_counter() < until:
-                pass
+        until = time.perf_counter() + self._pass_s(rows)
+        while time.perf_counter() < until:
+            pass

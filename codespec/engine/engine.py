@@ -17,12 +17,14 @@ decode step: that is the reference the lossless tests compare against.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from codespec import prompts
+from codespec.engine import ahead
 from codespec.engine.kvcache import DEFAULT_CHUNK, CacheFull, Preempted, SlotCache
 from codespec.engine.logprobs import MAX_TOP, Committed, TokenLogprob, with_logprobs
 from codespec.engine.stats import GenerationStats, HostClock
@@ -37,6 +39,7 @@ from codespec.policy.proposer import IndexedProposer, NoProposer, PromptLookupPr
 from codespec.policy.tree import Accept, Item, VerifyTree
 from codespec.settings import Settings
 
+log = logging.getLogger(__name__)
 COST_ROWS = (2, 4, 8, 16, 32, 48, 64)  # verify pass sizes timed when the controller starts,
 COST_CONTEXTS = (512, 2048)  # at these context lengths (two, to tell row cost from key cost)
 
@@ -102,9 +105,13 @@ class Engine:
         cache: SlotCache | None = None,
         slots: int = 2,
         profile_dir: Path | str | None = None,
+        look_ahead: bool | None = None,
     ) -> None:
         """`profile_dir`: the cache directory holding this machine's profile (probes and
-        verify-pass timings, forward/profile.py): read at start, written once measured."""
+        verify-pass timings, forward/profile.py): read at start, written once measured.
+        `look_ahead`: the goodput controller drafts each request's next pass on a guess
+        while a pass computes (engine/ahead.py); default: where the backend launches
+        passes asynchronously (a GPU's)."""
         if draft_policy not in controller.POLICIES:
             raise ValueError(f"draft_policy must be one of {controller.POLICIES}, got {draft_policy!r}")
         self.forward = forward
@@ -132,6 +139,7 @@ class Engine:
                                          min_rows=forward.min_rows)
         self.acceptance = controller.AcceptanceTable()  # every request's record, by match length
         self.clock = HostClock()  # steps' time in the forward and around it (bench verify's host ms/pass)
+        self.look_ahead = hasattr(forward, "launch") if look_ahead is None else look_ahead
         if stored is not None:
             self.cost.calibrated_with(stored.timings)
         elif profile_dir is not None:
@@ -227,13 +235,14 @@ class Engine:
         committed tokens (in the order of `runs`). A failure that belongs to one run (its
         prefill, its draft) ends that run alone with `run.error` set; a failed batched
         pass ends every run in it."""
-        began, in_forward = time.perf_counter(), self.verifier.forward_s
+        began, in_forward, overlapped = time.perf_counter(), self.verifier.forward_s, self.verifier.overlapped_s
         try:
             return self._step(runs)
         finally:
             self.clock.steps += 1
             self.clock.step_s += time.perf_counter() - began
             self.clock.forward_s += self.verifier.forward_s - in_forward
+            self.clock.overlapped_s += self.verifier.overlapped_s - overlapped
 
     def _step(self, runs: Sequence[Run]) -> list[list[int]]:
         committed: dict[int, list[int]] = {}
@@ -268,6 +277,11 @@ class Engine:
         # the controller prices every node by its calibrated acceptance, so its trees may
         # run deeper than k tokens for a k-token match (the fixed policies' safety cap),
         # and it picks among the sources by expected goodput instead of by match length
+        guessed, run.guess = run.guess, None
+        if guessed is not None and run.last_kept == guessed.tokens and run.draft_budget() == guessed.budget:
+            run.session.set_state(guessed.state)  # the context is the guessed one: drafted already
+            self.clock.guesses_taken += 1
+            return guessed.priced
         candidates = run.session.candidates(run.draft_budget())
         if not candidates:
             return controller.Priced.empty()
@@ -289,13 +303,32 @@ class Engine:
         items = [Item(run.slot, tree, run.accept) for run, tree in zip(runs, trees)]
         starts = [self.cache.length(run.slot) for run in runs]
         self.clock.passes += 1
-        began = time.perf_counter()
-        results = self.verifier.verify(items)
-        seconds = time.perf_counter() - began
         rows = sum(len(tree) for tree in trees)
         keys = sum(self.cost.tree_keys(start, tree) for tree, start in zip(trees, starts))
+        during = None
+        if self.look_ahead and self._controlled:  # no longer than the pass is priced to take
+            during = functools.partial(self._guess, runs, trees, starts, 0.8 * self.cost.cost(rows, keys))
+        began = time.perf_counter()
+        results = self.verifier.verify(items, during)
+        seconds = time.perf_counter() - began
         self.cost.observe(rows, seconds, keys)
         return [run._after_pass(draft, tree, result) for run, draft, tree, result in zip(runs, drafts, trees, results)]
+
+    def _guess(self, runs: Sequence[Run], trees: list[VerifyTree], starts: list[int], seconds: float) -> None:
+        """While the pass computes: each run's next draft on a guess of what it commits
+        (engine/ahead.py), for at most `seconds` (past the pass, guessing would delay the
+        next one). A failed guess is no guess: it must never fail a request."""
+        until = time.perf_counter() + seconds
+        for run, tree, start in zip(runs, trees, starts):
+            run.guess = None
+            if time.perf_counter() > until:
+                continue
+            try:
+                run.guess = ahead.guess(run, tree, self.max_draft_tokens, self.cost, start)
+            except Exception:  # noqa: BLE001 (the session is back in its state: ahead.guess's finally)
+                log.debug("drafting ahead failed", exc_info=True)
+                run.guess = None
+            self.clock.guesses += run.guess is not None
 
     def calibrate(self) -> None:
         """Time verify passes of growing size once, on a free slot, for the goodput
@@ -371,6 +404,8 @@ class Run:
         self.generated: list[int] = []
         self.finish_reason: str | None = None
         self.prefilled = False
+        self.guess: ahead.Guess | None = None  # the next draft, made while the last pass ran
+        self.last_kept: tuple[int, ...] = ()  # what the last pass committed
         self.error: BaseException | None = None  # what ended the run, when it failed
         self.stats = GenerationStats(prompt_tokens=len(prompt))
         self._started = time.perf_counter()
@@ -425,6 +460,7 @@ class Run:
 
     def _after_pass(self, draft: Draft, tree: VerifyTree, result: Any) -> list[int]:
         kept = self._commit(result.committed, result.logprobs)
+        self.last_kept = tuple(kept)
         self.stats.record_pass(len(draft), len(kept), min(result.accepted, len(kept)), draft.source)
         for depth, node in enumerate((0, *result.path)):  # where an acceptance could happen
             if tree.children(node):

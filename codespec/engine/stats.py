@@ -115,14 +115,20 @@ class HostClock:
     passes: int = 0  # verify passes (a step verifies every prefilled run in one)
     step_s: float = 0.0  # inside Engine.step
     forward_s: float = 0.0  # of which inside the forward's calls
+    overlapped_s: float = 0.0  # of which drafting ahead while a launched pass ran (engine/ahead.py)
+    guesses: int = 0  # drafts made ahead
+    guesses_taken: int = 0  # of which the pass committed the guessed tokens: drafted no more
 
     @property
     def host_s(self) -> float:
-        return self.step_s - self.forward_s
+        """The host's time the device waited for (overlapped work excluded)."""
+        return self.step_s - self.forward_s - self.overlapped_s
 
     def since(self, earlier: HostClock) -> HostClock:
         return HostClock(self.steps - earlier.steps, self.passes - earlier.passes,
-                         self.step_s - earlier.step_s, self.forward_s - earlier.forward_s)
+                         self.step_s - earlier.step_s, self.forward_s - earlier.forward_s,
+                         self.overlapped_s - earlier.overlapped_s, self.guesses - earlier.guesses,
+                         self.guesses_taken - earlier.guesses_taken)
 
     def host_ms_per_pass(self) -> float:
         return 1e3 * self.host_s / self.passes if self.passes else 0.0

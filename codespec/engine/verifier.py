@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from codespec.engine.kvcache import SlotCache
 from codespec.forward.base import Forward
@@ -44,6 +44,7 @@ class Verifier:
         backend measures them when none is given and it needs them."""
         self.forward, self.cache = forward, cache
         self.forward_s = 0.0  # spent inside the forward's calls (stats.HostClock)
+        self.overlapped_s = 0.0  # spent in `during` work while a launched pass ran
         self.row_block, self.padded_rows = forward.probe(probes)
         cache.exact_prefix = bool(getattr(forward, "prefill_exact", False))  # kvcache's docstring
 
@@ -68,8 +69,10 @@ class Verifier:
                 return VerifyResult(0, (self.forward.argmax(logits[-1:])[0],))
             return accept(self.forward.tensor(logits[-1:]), VerifyTree.chain(0))
 
-    def verify(self, items: Sequence[Item]) -> list[VerifyResult]:
-        """One pass over every item's tree; accepts, compacts and commits each."""
+    def verify(self, items: Sequence[Item], during: Callable[[], None] | None = None) -> list[VerifyResult]:
+        """One pass over every item's tree; accepts, compacts and commits each. `during`
+        (which must not raise) runs while the pass computes, where the backend launches
+        it asynchronously (`Forward.launch`: a GPU's) and every item is greedy."""
         requests = []
         for item in items:
             start = self.cache.length(item.slot)
@@ -78,7 +81,18 @@ class Verifier:
         offsets = [0]
         for item in items:
             offsets.append(offsets[-1] + len(item.tree))
-        if all(item.accept is None for item in items):  # greedy needs the choices alone
+        launch = getattr(self.forward, "launch", None) if during is not None else None
+        if launch is not None and all(item.accept is None for item in items):
+            with self._in_forward():
+                collect = launch(self.cache, requests)
+            began = time.perf_counter()
+            during()
+            self.overlapped_s += time.perf_counter() - began
+            with self._in_forward():
+                picked = collect()
+            results = [accept_choices(picked[first:end], item.tree)
+                       for item, first, end in zip(items, offsets, offsets[1:])]
+        elif all(item.accept is None for item in items):  # greedy needs the choices alone
             with self._in_forward():
                 picked = self.forward.choices(self.cache, requests)
             results = [accept_choices(picked[first:end], item.tree)

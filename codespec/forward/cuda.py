@@ -47,7 +47,7 @@ import logging
 import os
 import weakref
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -182,11 +182,17 @@ class CudaForward:
 
     @torch.inference_mode()
     def choices(self, cache: Any, requests: Requests) -> list[int]:
+        return self.launch(cache, requests)()
+
+    @torch.inference_mode()
+    def launch(self, cache: Any, requests: Requests) -> Callable[[], list[int]]:
+        """The pass queued on the device; returns what waits for its choices (the pass's
+        one sync), so the host can work meanwhile (engine/ahead.py)."""
         picked: list[torch.Tensor] = []
         for bucket, n, last in self._passes(cache, requests):
             # the next replay overwrites the outputs: keep a copy unless this one is the last
             picked.append(bucket.choices[:n] if last else bucket.choices[:n].clone())
-        return (picked[0] if len(picked) == 1 else torch.cat(picked)).tolist()  # the pass's one sync
+        return (picked[0] if len(picked) == 1 else torch.cat(picked)).tolist
 
     def argmax(self, logits: torch.Tensor) -> list[int]:
         return torch.argmax(logits, dim=-1).tolist()  # the first maximum, as the replay's choices

@@ -134,6 +134,16 @@ class _LookupSession:
                                    tree=tree, max_depth=depth)
         return own, indexed
 
+    def state(self) -> tuple:
+        """What `extend`, `draft` and `candidates` change: the context's length, its last
+        match, the copy anchor's place. `set_state` returns to it (a look ahead, engine.py)."""
+        anchor = self.anchor
+        return len(self.matcher), self.matcher.last_match, anchor.pos, anchor.off, anchor.copied
+
+    def set_state(self, state: tuple) -> None:
+        length, self.matcher.last_match, self.anchor.pos, self.anchor.off, self.anchor.copied = state
+        self.matcher.truncate(length)
+
     def finish(self, generated: Sequence[int]) -> None:
         if self.index is not None and self.record_generations and generated:
             self.index.add_document(f"gen:{uuid.uuid4().hex}", generated)
