@@ -87,6 +87,10 @@ class Settings(BaseSettings):
     max_match_tokens: int = Field(
         64, ge=1, le=1024, description="Longest suffix of the context the matcher tries to match."
     )
+    look_ahead: Literal["auto", "on", "off"] = Field(
+        "auto", description="Goodput policy: draft each request's next pass on a guess while a pass computes "
+        "('auto': where the backend launches passes asynchronously, a GPU's).",
+    )
 
     kv_cache_mb: int = Field(
         1024, ge=1, description="Memory for KV slots, in MiB: one slot per active request, the rest "

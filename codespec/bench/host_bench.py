@@ -60,6 +60,7 @@ def run_host_bench(
     chunk: int,
     repeat: int = 1,
     on_result: Callable[[BatchResult], None] | None = None,
+    look_ahead: bool | None = None,
 ) -> list[BatchResult]:
     """Every verify-suite system over the oracle (module docstring); each result's
     `identical` also requires `none`'s outputs to be the greedy outputs themselves."""
@@ -74,7 +75,7 @@ def run_host_bench(
         key = (set_name, policy.name)
         if key not in engines:
             engines[key] = Engine(oracle, tokenizer, proposers[set_name], max_draft_tokens=policy.max_draft_tokens,
-                                  draft_policy=policy.draft_policy, cache=cache)
+                                  draft_policy=policy.draft_policy, cache=cache, look_ahead=look_ahead)
         return engines[key]
 
     results = run_verify_bench(engine_for, request_sets, batches, repeat=repeat, on_result=on_result)

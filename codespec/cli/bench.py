@@ -373,6 +373,7 @@ def run_verify(args: argparse.Namespace) -> int:
     from codespec.bench.batch_bench import bar_checks, format_verify_table, run_verify_bench, verify_sets
     from codespec import forward
     from codespec.engine import Engine
+    from codespec.engine.engine import look_ahead_of
     from codespec.engine.kvcache import SlotCache
 
     set_names, out_dir, batches = _verify_args(args)
@@ -391,7 +392,7 @@ def run_verify(args: argparse.Namespace) -> int:
         key = (set_name, policy.name)
         if key not in engines:
             engines[key] = Engine(loaded.forward, tok, proposers[set_name], max_draft_tokens=policy.max_draft_tokens,
-                                  draft_policy=policy.draft_policy, cache=cache)
+                                  draft_policy=policy.draft_policy, cache=cache, look_ahead=look_ahead_of(settings))
         return engines[key]
 
     def progress(result: Any) -> None:
@@ -426,6 +427,7 @@ def run_host(args: argparse.Namespace) -> int:
     from codespec.bench.batch_bench import bar_checks, format_verify_table, verify_sets
     from codespec.bench.host_bench import H100_STEP_MS, greedy_sequences, run_host_bench
     from codespec.engine import Engine
+    from codespec.engine.engine import look_ahead_of
     from codespec.engine.kvcache import SlotCache
     from codespec.index.warm import warm_up
 
@@ -452,7 +454,7 @@ def run_host(args: argparse.Namespace) -> int:
 
     results = run_host_bench(sequences, eos, loaded.tokenizer, request_sets, proposers, batches,
                              pass_s=pass_ms / 1e3, bucket=args.bucket_rows, chunk=settings.prefill_chunk_tokens,
-                             repeat=args.repeat, on_result=progress)
+                             repeat=args.repeat, on_result=progress, look_ahead=look_ahead_of(settings))
     print(f"\nthe engine over {loaded.name}'s replayed greedy outputs, {pass_ms} ms per pass of up to "
           f"{args.bucket_rows} rows, {platform.processor() or platform.machine()}; {args.requests} requests per set, "
           f"up to {new_tokens} new tokens each, median of {args.repeat}")
@@ -461,6 +463,7 @@ def run_host(args: argparse.Namespace) -> int:
     for name, ok in checks.items():
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
     report = {"bench": "host", "model": loaded.name, "pass_ms": pass_ms, "bucket_rows": args.bucket_rows,
+              "look_ahead": settings.look_ahead,
               "machine": _machine(), "results": [r.to_json() for r in results], "checks": checks}
     if out_dir is not None:
         _write_json(out_dir / "host.json", report)

@@ -19,7 +19,7 @@ from codespec.errors import CodespecError
 from codespec.settings import Settings
 
 MODEL_FIELDS = ("model", "dtype", "device", "quantize", "cache_dir", "threads")
-SPECULATION_FIELDS = ("draft_policy", "max_draft_tokens", "min_match_tokens", "max_match_tokens")
+SPECULATION_FIELDS = ("draft_policy", "max_draft_tokens", "min_match_tokens", "max_match_tokens", "look_ahead")
 CACHE_FIELDS = ("kv_cache_mb", "kv_slot_tokens", "prefill_chunk_tokens")
 
 

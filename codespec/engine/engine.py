@@ -174,7 +174,8 @@ class Engine:
             dtype=forward.kv_dtype, device=forward.device, chunk=settings.prefill_chunk_tokens,
         )
         return cls(forward, tokenizer, proposer, max_draft_tokens=settings.max_draft_tokens,
-                   draft_policy=settings.draft_policy, cache=cache, profile_dir=settings.cache_dir)
+                   draft_policy=settings.draft_policy, cache=cache, profile_dir=settings.cache_dir,
+                   look_ahead=look_ahead_of(settings))
 
     @property
     def context_limit(self) -> int:
@@ -502,6 +503,11 @@ class Run:
             if logprobs is not None:  # the tokens a stop string cut from the text have none
                 logprobs = logprobs[: tokens_in_text(self.engine.decode, self.generated, len(text))]
         return Generation(list(self.generated), text, self.finish_reason or "stop", self.stats, logprobs)
+
+
+def look_ahead_of(settings: Settings) -> bool | None:
+    """Settings.look_ahead as Engine's `look_ahead` (None: the backend decides)."""
+    return {"on": True, "off": False}.get(settings.look_ahead)
 
 
 def tokens_in_text(decode: Any, token_ids: Sequence[int], length: int) -> int:
