@@ -34,6 +34,10 @@ with `exact = False`.
     forward.prefill(cache, slot, prompt, start=0)   # -> logits [1, vocab] after the prompt
     forward.choices(cache, [(slot, start, tree)])   # -> greedy choice per row (list[int])
     forward.keep(cache, [(slot, start, path)])      # accepted nodes' KV moved after the context
+
+Optional: `launch(cache, requests)` queues the pass `choices` runs and returns what waits
+for its choices (a GPU backend's, forward/cuda.py): the engine drafts ahead meanwhile
+(engine/ahead.py). `max_tail` (below) caps a row's off-chain path.
 """
 
 from __future__ import annotations
