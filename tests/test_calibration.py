@@ -33,9 +33,9 @@ class PassCounter:
         self.passes = self.calibrations = 0
         verify = engine.verifier.verify
 
-        def counted(items):
+        def counted(items, during=None):
             self.passes += 1
-            return verify(items)
+            return verify(items, during)
 
         monkeypatch.setattr(engine.verifier, "verify", counted)
         measure = controller.CostModel.measure
