@@ -29,6 +29,7 @@ from codespec.engine import Engine, GenerationConfig
 from codespec.engine.kvcache import SlotCache
 
 H100_STEP_MS = 1.45  # a plain step of the default model on an H100 (docs/benchmarks.md, session 23)
+H100_ROW_US = 3.0  # each further row of a pass there: (1.63 - 1.34 ms - ~0.09 of host layout) / 63 (session 20)
 
 
 def greedy_sequences(engine: Engine, request_sets: dict[str, list[Workload]]
@@ -57,6 +58,7 @@ def run_host_bench(
     *,
     pass_s: float,
     bucket: int,
+    row_s: float = 0.0,
     chunk: int,
     repeat: int = 1,
     on_result: Callable[[BatchResult], None] | None = None,
@@ -64,7 +66,7 @@ def run_host_bench(
 ) -> list[BatchResult]:
     """Every verify-suite system over the oracle (module docstring); each result's
     `identical` also requires `none`'s outputs to be the greedy outputs themselves."""
-    oracle = OracleForward(sequences, eos_id=eos, pass_s=pass_s, bucket=bucket)
+    oracle = OracleForward(sequences, eos_id=eos, pass_s=pass_s, bucket=bucket, row_s=row_s)
     requests = [w for ws in request_sets.values() for w in ws]
     longest = max(len(w.prompt_ids) + w.max_new_tokens for w in requests)
     cache = SlotCache(oracle.config, slots=max(len(ws) for ws in request_sets.values()) + 1,

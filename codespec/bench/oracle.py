@@ -8,9 +8,11 @@ part cannot be read off a real run here. `OracleForward` stands in for the model
 each request's greedy output (measured once with the real model), every row's choice is
 the next token of that output where the row's path follows it, so every policy drafts,
 accepts and commits exactly what it would with the model, and no arithmetic runs. Each
-pass waits `pass_s` per bucket of `bucket` rows, as a GPU backend's replays take the
-same time whatever rows they hold (forward/cuda.py): the engine sees GPU-shaped pass
-costs (its goodput controller calibrates on them) while the host does nothing else, as
+pass waits `pass_s` per bucket of `bucket` rows, as a GPU backend's replays take about the
+same time whatever rows they hold (forward/cuda.py), plus `row_s` per row past a
+replay's first (each real row's attention: ~3 us on the H100, whose 64-row pass cost
+1.63 ms against a step's 1.34 in session 20, ~90 us of that the host's layout of the
+rows then): the engine sees GPU-shaped pass costs (its goodput controller calibrates on them) while the host does nothing else, as
 while a GPU computes. `codespec bench host` runs it (bench/host_bench.py).
 
 >>> from codespec.policy.tree import VerifyTree
@@ -44,13 +46,13 @@ class OracleForward:
     kv_dtype = np.uint16
 
     def __init__(self, sequences: dict[tuple[int, ...], Sequence[int]], *, eos_id: int | None,
-                 pass_s: float = 0.0, bucket: int = 64, max_context: int = 32768) -> None:
+                 pass_s: float = 0.0, bucket: int = 64, row_s: float = 0.0, max_context: int = 32768) -> None:
         """`sequences`: each prompt (as a tuple) with its whole greedy sequence, prompt then
         output, ending with `eos_id` where the output ended on it (None: a model without
         an end of sequence, whose outputs end by length)."""
         self._sequences = {prompt: list(seq) for prompt, seq in sequences.items()}
         self._by_slot: dict[int, list[int]] = {}
-        self.pass_s, self.bucket = pass_s, bucket
+        self.pass_s, self.bucket, self.row_s = pass_s, bucket, row_s
         # the choice off the output and past its end: no acceptance ever reaches the first,
         # and a run never drafts past its token limit, so only a real end of sequence matters
         self.filler = 0 if eos_id is None else eos_id
@@ -63,7 +65,7 @@ class OracleForward:
         return self.bucket, False  # as the cuda backend: a pass costs one more replay per bucket
 
     def profile_key(self) -> dict[str, str]:
-        return {"backend": self.name, "layout": f"pass_s={self.pass_s},bucket={self.bucket}"}
+        return {"backend": self.name, "layout": f"pass_s={self.pass_s},bucket={self.bucket},row_s={self.row_s}"}
 
     def prefill(self, cache: Any, slot: int, prompt: Sequence[int], start: int) -> np.ndarray:
         sequence = self._sequences.get(tuple(prompt))
@@ -118,7 +120,8 @@ class OracleForward:
         return sequence[at + 1] if at + 1 < len(sequence) else self.filler
 
     def _pass_s(self, rows: int) -> float:
-        return math.ceil(rows / self.bucket) * self.pass_s if rows > 0 else 0.0
+        replays = math.ceil(rows / self.bucket)
+        return replays * self.pass_s + (rows - replays) * self.row_s if rows > 0 else 0.0
 
     def _wait(self, rows: int) -> None:
         """Wait out the pass spinning, as CUDA's default synchronisation does while a kernel

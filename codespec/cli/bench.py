@@ -47,6 +47,8 @@ def register(commands: Any) -> None:
                    "1.45, an H100's step of the default model)")
     p.add_argument("--bucket-rows", type=int, default=64, metavar="N",
                    help="host suite: rows per replayed pass, as the cuda backend's bucket (default 64)")
+    p.add_argument("--row-us", type=float, default=None, metavar="US",
+                   help="host suite: what each row past a replay's first adds (default 3.0, an H100's)")
     p.add_argument("--concurrency", default="1,4,8", help="load suite: concurrency levels (default 1,4,8)")
     p.add_argument("--sizes", default="10k,100k,1M,10M", help="index suite: corpus sizes (default 10k,100k,1M,10M)")
     p.add_argument("--workloads", default="repo,edit,agent,editor",
@@ -425,7 +427,7 @@ def run_verify(args: argparse.Namespace) -> int:
 def run_host(args: argparse.Namespace) -> int:
     from codespec import forward
     from codespec.bench.batch_bench import bar_checks, format_verify_table, verify_sets
-    from codespec.bench.host_bench import H100_STEP_MS, greedy_sequences, run_host_bench
+    from codespec.bench.host_bench import H100_ROW_US, H100_STEP_MS, greedy_sequences, run_host_bench
     from codespec.engine import Engine
     from codespec.engine.engine import look_ahead_of
     from codespec.engine.kvcache import SlotCache
@@ -433,8 +435,9 @@ def run_host(args: argparse.Namespace) -> int:
 
     set_names, out_dir, batches = _verify_args(args)
     pass_ms = H100_STEP_MS if args.pass_ms is None else args.pass_ms
-    if pass_ms < 0 or args.bucket_rows < 1:
-        raise CodespecError("--pass-ms must be >= 0 and --bucket-rows at least 1")
+    row_us = H100_ROW_US if args.row_us is None else args.row_us
+    if pass_ms < 0 or row_us < 0 or args.bucket_rows < 1:
+        raise CodespecError("--pass-ms and --row-us must be >= 0 and --bucket-rows at least 1")
     settings = settings_from_args(args)
     loaded = forward.load(settings)
     new_tokens = args.max_new_tokens or 96
@@ -453,16 +456,18 @@ def run_host(args: argparse.Namespace) -> int:
               f"{j['accepted_tokens_per_pass']:.2f} tokens/pass", file=sys.stderr, flush=True)
 
     results = run_host_bench(sequences, eos, loaded.tokenizer, request_sets, proposers, batches,
-                             pass_s=pass_ms / 1e3, bucket=args.bucket_rows, chunk=settings.prefill_chunk_tokens,
+                             pass_s=pass_ms / 1e3, bucket=args.bucket_rows, row_s=row_us / 1e6,
+                             chunk=settings.prefill_chunk_tokens,
                              repeat=args.repeat, on_result=progress, look_ahead=look_ahead_of(settings))
     print(f"\nthe engine over {loaded.name}'s replayed greedy outputs, {pass_ms} ms per pass of up to "
-          f"{args.bucket_rows} rows, {platform.processor() or platform.machine()}; {args.requests} requests per set, "
+          f"{args.bucket_rows} rows (+{row_us} us a row), {platform.processor() or platform.machine()}; "
+          f"{args.requests} requests per set, "
           f"up to {new_tokens} new tokens each, median of {args.repeat}")
     print(format_verify_table(results))
     checks = bar_checks(results)
     for name, ok in checks.items():
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
-    report = {"bench": "host", "model": loaded.name, "pass_ms": pass_ms, "bucket_rows": args.bucket_rows,
+    report = {"bench": "host", "model": loaded.name, "pass_ms": pass_ms, "row_us": row_us, "bucket_rows": args.bucket_rows,
               "look_ahead": settings.look_ahead,
               "machine": _machine(), "results": [r.to_json() for r in results], "checks": checks}
     if out_dir is not None:

@@ -68,11 +68,11 @@ def test_the_oracle_accepts_a_branch_only_where_it_follows_the_output():
 
 
 def test_the_oracle_sleeps_per_bucket_and_refuses_what_it_cannot_replay():
-    oracle = OracleForward({(1,): [1, 2]}, eos_id=0, pass_s=0.02, bucket=4)
+    oracle = OracleForward({(1,): [1, 2]}, eos_id=0, pass_s=0.02, bucket=4, row_s=0.01)
     oracle.prefill(None, 0, [1], 0)
     began = time.perf_counter()
-    oracle.choices(None, [(0, 1, VerifyTree.chain(2, [3, 4, 5, 6]))])  # 5 rows: two buckets
-    assert time.perf_counter() - began >= 0.04
+    oracle.choices(None, [(0, 1, VerifyTree.chain(2, [3, 4, 5, 6]))])  # 5 rows: two buckets, 3 more rows
+    assert time.perf_counter() - began >= 0.07
     with pytest.raises(CodespecError, match="no greedy output"):
         oracle.prefill(None, 0, [7, 7], 0)
     with pytest.raises(CodespecError, match="greedy choices only"):
