@@ -272,3 +272,13 @@ def test_a_branch_deeper_than_the_bucket_is_cut_not_an_error():
         # fewer where the token limit is near
         stats = drafted.stats
         assert 3 * stats.verify_passes < stats.draft_tokens <= 6 * stats.verify_passes
+
+
+def test_a_path_longer_than_the_bucket_is_refused_not_written():
+    from codespec.index import Draft
+
+    draft = Draft((1, 2, 3, 4, 5, 6), (-1, -1, 1, 2, 3, 4), (1,) * 6, 1, "test")  # a 5-deep second branch
+    rows = tree_rows([(0, 10, VerifyTree.build(0, draft))])
+    staging = np.zeros(cuda.META_FIELDS * 4 + 16, dtype=np.int64)
+    with pytest.raises(AssertionError, match="longer than the bucket"):
+        fill_staging(staging, rows, 4, 4)  # rows 4..6: the branch's deep end

@@ -104,8 +104,8 @@ def fill_staging(staging: np.ndarray, rows: PassRows, first: int, bucket: int) -
 
 @njit(cache=True, nogil=True)
 def _fill_bucket(tokens, parents, depths, offsets, slots, starts, first, staging, bucket):  # pragma: no cover
-    """fill_staging's layout; returns the longest path met (nothing past `bucket` nodes
-    is written). A tree's main chain is the prefix of nodes 0..m-1 whose parents are
+    """fill_staging's layout; returns the longest path met (a longer path than `bucket`
+    nodes is measured, not written: the caller refuses it). A tree's main chain is the prefix of nodes 0..m-1 whose parents are
     their predecessors (depth-first order, policy/tree.py); a node past it walks up to
     the chain: the nodes it passes are its path, the chain node it reaches ends its
     contiguous context."""
@@ -113,7 +113,7 @@ def _fill_bucket(tokens, parents, depths, offsets, slots, starts, first, staging
     path = staging[META_FIELDS * bucket:].reshape((bucket, bucket))
     path[:] = 0
     n = min(bucket, tokens.size - first)
-    tail = np.empty(bucket + 1, dtype=np.int64)
+    tail = np.empty(bucket, dtype=np.int64)
     deepest = 0
     r = np.searchsorted(offsets, first, side="right") - 1
     chained = -1  # the main chain's length in request r (-1: not yet known)
@@ -131,13 +131,14 @@ def _fill_bucket(tokens, parents, depths, offsets, slots, starts, first, staging
         k = 0
         j = node
         while j >= chained:
-            if k < bucket + 1:
+            if k < bucket:
                 tail[k] = j
             k += 1
             j = parents[lo + j]
         deepest = max(deepest, k)
-        for t in range(min(k, bucket)):
-            path[i, t] = start + tail[k - 1 - t]
+        if k <= bucket:  # root first: tail[k - 1] is the topmost node off the chain
+            for t in range(k):
+                path[i, t] = start + tail[k - 1 - t]
         meta[TOKEN, i] = tokens[row]
         meta[POSITION, i] = start + depths[row]
         meta[WRITE_SLOT, i] = slots[r]
