@@ -30,7 +30,8 @@ tiles), `tiles` (the backend with the tiles that beat cuBLAS) and `buckets` (buc
 16 and 32 rows: the step, the 32-row pass, rows against steps), on request. Edit,
 verify and stress run again with CODESPEC_CUDA_FUSED=1 as `edit_fused`, `verify_fused`
 and `stress_fused` (in the default stages), and with the eager prefill
-(CODESPEC_CUDA_PREFILL=eager) as `edit_eager`, `verify_eager`, `stress_eager` (on request).
+(CODESPEC_CUDA_PREFILL=eager) as `edit_eager`, `verify_eager`, `stress_eager`, and without
+drafting ahead (CODESPEC_LOOK_AHEAD=off) as `verify_noahead` and the like (on request).
 
 Stages start only while `--deadline` seconds (from the start) leave them time: a run
 cut short by the machine's limit still writes what it measured.
@@ -240,7 +241,8 @@ def main() -> None:
     bench = [sys.executable, "-m", "codespec", "bench"]
     model_args = ["--model", str(model_dir), "--device", "cuda", "--dtype", "bfloat16"]
     variants = (("", env), ("_fused", {**env, "CODESPEC_CUDA_FUSED": "1"}),
-                ("_eager", {**env, "CODESPEC_CUDA_PREFILL": "eager"}))
+                ("_eager", {**env, "CODESPEC_CUDA_PREFILL": "eager"}),
+                ("_noahead", {**env, "CODESPEC_LOOK_AHEAD": "off"}))
     for suffix, stage_env in variants:
         systems = "hf_prompt_lookup,codespec" if not suffix else "codespec"  # plain runs beside either
         if "edit" + suffix in wanted:
