@@ -73,7 +73,7 @@ def test_a_guess_leaves_the_session_as_it_was():
             draft_before = session.draft(6, tree=True)
             session.set_state(before)
             tree = VerifyTree.build(run.generated[-1], draft_before)
-            guessed = ahead.guess(run, tree, 8, engine.cost, engine.cache.length(run.slot))
+            guessed = ahead.guess(run, tree, 8)
             assert session.state()[0] == before[0] and session.state()[2:] == before[2:]
             assert session.draft(6, tree=True) == draft_before  # the same context, the same draft
             session.set_state(before)

@@ -5,15 +5,15 @@ A request's next draft depends on what this pass accepts, so the host can only w
 ahead on a guess: the likeliest outcome, the whole main chain of the tree accepted and
 the bonus token the request's own sources expect after it. While the pass runs (between
 the backend's launch and its results: `Forward.launch`), `guess` extends the request's
-proposer session by those tokens, drafts from every source and lets the controller pick,
-then puts the session back as it was. When the pass commits exactly the guessed tokens,
-the engine takes the guessed draft and the session's state after drafting instead of
-drafting again: on an H100 a batch-8 pass of the default model takes ~1.5 ms and the
-drafting ~0.3-0.5 ms of it (docs/benchmarks.md, `codespec bench host`).
+proposer session by those tokens, drafts from every source, then puts the session back
+as it was. When the pass commits exactly the guessed tokens, the engine takes the
+guessed drafts and the session's state after drafting instead of drafting again (the
+controller still prices them after the pass, with the batch): on an H100 a batch-8 pass
+of the default model takes ~1.5 ms and the drafting ~0.15 ms of it (docs/benchmarks.md,
+`codespec bench host`).
 
-Lossless as every draft is: a draft only proposes, the pass decides. A guessed draft was
-priced with the acceptance rates and pass costs of one pass earlier; nothing else
-differs from drafting after the pass (the session's context is the same tokens).
+Lossless as every draft is: a draft only proposes, the pass decides. The guessed drafts
+are the ones the sources give after the pass (the session's context is the same tokens).
 
 Only worth it where a pass leaves the host idle (a GPU's asynchronous launch); a CPU
 backend computes inside its call, and the guess would be extra work there.
@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from codespec.policy import controller
+from codespec.index import Draft
 from codespec.policy.tree import VerifyTree
 
 
@@ -32,7 +32,7 @@ from codespec.policy.tree import VerifyTree
 class Guess:
     tokens: tuple[int, ...]  # what the pass would commit: the main chain's draft tokens and the bonus
     budget: int  # the draft budget the request would have then
-    priced: controller.Priced  # the controller's pick among the sources' drafts then
+    candidates: list[Draft]  # the sources' drafts then (ProposerSession.candidates)
     state: tuple  # the proposer session's state after drafting (ProposerSession.state)
 
 
@@ -48,10 +48,10 @@ def main_chain(tree: VerifyTree) -> tuple[int, ...]:
     return tuple(tree.tokens[1:end])
 
 
-def guess(run: Any, tree: VerifyTree, max_draft_tokens: int, cost: controller.CostModel, start: int) -> Guess | None:
-    """The draft `run` would get after this pass if the pass commits the tree's main chain
-    and the bonus its sources expect; None where there is no guess to make. `start`: the
-    run's slot length before the pass. The session is left as it was."""
+def guess(run: Any, tree: VerifyTree, max_draft_tokens: int) -> Guess | None:
+    """The drafts `run` would get after this pass if the pass commits the tree's main chain
+    and the bonus its sources expect; None where there is no guess to make. The session
+    is left as it was."""
     session = run.session
     if not hasattr(session, "state"):
         return None
@@ -70,9 +70,6 @@ def guess(run: Any, tree: VerifyTree, max_draft_tokens: int, cost: controller.Co
             return None
         session.extend(expected.token_ids[:1])
         candidates = session.candidates(budget)
-        context = start + 1 + len(main)  # the slot then: the pending token and the main chain
-        priced = (controller.pick_priced(candidates, run.acceptance.rate, cost, context) if candidates
-                  else controller.Priced.empty())
-        return Guess((*main, expected.token_ids[0]), budget, priced, session.state())
+        return Guess((*main, expected.token_ids[0]), budget, candidates, session.state())
     finally:
         session.set_state(before)

@@ -34,7 +34,7 @@ from codespec.errors import RequestError
 from codespec.forward import profile
 from codespec.forward.base import Forward, eos_ids, max_context
 from codespec.index import Draft, SuffixIndex
-from codespec.policy import controller
+from codespec.policy import controller, fastchoice
 from codespec.policy.proposer import IndexedProposer, NoProposer, PromptLookupProposer, Proposer
 from codespec.policy.tree import Accept, Item, VerifyTree
 from codespec.settings import Settings
@@ -272,31 +272,37 @@ class Engine:
         a calibration (issue 16)."""
         return self.draft_policy == "goodput" and self.cost.ready
 
-    def _draft(self, run: Run) -> Draft | controller.Priced:
+    def _draft(self, run: Run) -> Draft | controller.Offered:
         if not self._controlled:
             return run.session.draft(run.draft_budget(), tree=self.draft_policy == "tree")
         # the controller prices every node by its calibrated acceptance, so its trees may
         # run deeper than k tokens for a k-token match (the fixed policies' safety cap),
-        # and it picks among the sources by expected goodput instead of by match length
+        # and it picks among the sources by expected goodput instead of by match length:
+        # with the whole batch, in _verify
         guessed, run.guess = run.guess, None
         if guessed is not None and run.last_kept == guessed.tokens and run.draft_budget() == guessed.budget:
             run.session.set_state(guessed.state)  # the context is the guessed one: drafted already
             self.clock.guesses_taken += 1
-            return guessed.priced
-        candidates = run.session.candidates(run.draft_budget())
-        if not candidates:
-            return controller.Priced.empty()
-        return controller.pick_priced(candidates, run.acceptance.rate, self.cost, self.cache.length(run.slot))
+            return controller.Offered(guessed.candidates)
+        return controller.Offered(run.session.candidates(run.draft_budget()))
 
-    def _verify(self, runs: Sequence[Run], drafted: list[Draft | controller.Priced]) -> list[list[int]]:
-        # the controller's drafts come priced (pick_priced): the batch's choice reuses their
-        # nodes' probabilities
-        priced = [d for d in drafted if isinstance(d, controller.Priced)]
-        if len(priced) == len(drafted):
-            contexts = [self.cache.length(run.slot) for run in runs]
-            drafts = [p.draft for p in controller.choose_priced(priced, self.cost, contexts)]
+    def _choose(self, runs: Sequence[Run], offered: list[controller.Offered]) -> list[Draft]:
+        """The controller's drafts for the pass: each request's best source, pruned, then the
+        batch's nodes by expected goodput (fastchoice.py; the reference where costs are padded)."""
+        contexts = [self.cache.length(run.slot) for run in runs]
+        candidates = [o.candidates for o in offered]
+        drafts = fastchoice.choose_all(candidates, [run.acceptance for run in runs], self.cost, contexts)
+        if drafts is None:
+            picked = [controller.pick_priced(c, run.acceptance.rate, self.cost, context)
+                      for c, run, context in zip(candidates, runs, contexts)]
+            drafts = [p.draft for p in controller.choose_priced(picked, self.cost, contexts)]
+        return drafts
+
+    def _verify(self, runs: Sequence[Run], drafted: list[Draft | controller.Offered]) -> list[list[int]]:
+        if drafted and all(isinstance(d, controller.Offered) for d in drafted):
+            drafts = self._choose(runs, drafted)
         else:
-            drafts = [d.draft if isinstance(d, controller.Priced) else d for d in drafted]
+            drafts = [d if isinstance(d, Draft) else Draft.empty("none") for d in drafted]
         limit = getattr(self.forward, "max_tail", None)  # a backend's deepest branch (forward/base.py)
         if limit is not None:
             drafts = [d if len(d) <= limit else d.within_tail(limit) for d in drafts]
@@ -308,24 +314,24 @@ class Engine:
         keys = sum(self.cost.tree_keys(start, tree) for tree, start in zip(trees, starts))
         during = None
         if self.look_ahead and self._controlled:  # no longer than the pass is priced to take
-            during = functools.partial(self._guess, runs, trees, starts, 0.8 * self.cost.cost(rows, keys))
+            during = functools.partial(self._guess, runs, trees, 0.8 * self.cost.cost(rows, keys))
         began = time.perf_counter()
         results = self.verifier.verify(items, during)
         seconds = time.perf_counter() - began
         self.cost.observe(rows, seconds, keys)
         return [run._after_pass(draft, tree, result) for run, draft, tree, result in zip(runs, drafts, trees, results)]
 
-    def _guess(self, runs: Sequence[Run], trees: list[VerifyTree], starts: list[int], seconds: float) -> None:
+    def _guess(self, runs: Sequence[Run], trees: list[VerifyTree], seconds: float) -> None:
         """While the pass computes: each run's next draft on a guess of what it commits
         (engine/ahead.py), for at most `seconds` (past the pass, guessing would delay the
         next one). A failed guess is no guess: it must never fail a request."""
         until = time.perf_counter() + seconds
-        for run, tree, start in zip(runs, trees, starts):
+        for run, tree in zip(runs, trees):
             run.guess = None
             if time.perf_counter() > until:
                 continue
             try:
-                run.guess = ahead.guess(run, tree, self.max_draft_tokens, self.cost, start)
+                run.guess = ahead.guess(run, tree, self.max_draft_tokens)
             except Exception:  # noqa: BLE001 (the session is back in its state: ahead.guess's finally)
                 log.debug("drafting ahead failed", exc_info=True)
                 run.guess = None

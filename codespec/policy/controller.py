@@ -383,6 +383,14 @@ def prune(draft: Draft, keep: set[int]) -> Draft:
 
 
 @dataclass(frozen=True)
+class Offered:
+    """A request's drafts from its sources, to be picked among and pruned with the whole
+    batch's (fastchoice.choose_all)."""
+
+    candidates: list[Draft]
+
+
+@dataclass(frozen=True)
 class Priced:
     """A draft with each node's P(accepted) and depth (1 for a root), as priced on the
     draft it was cut from: pruning keeps a node's probability (a sibling left out of the
