@@ -1,6 +1,8 @@
 """The engine: requests in, committed tokens out, over one forward backend.
 
-    engine.py      Engine (prefill, then batched verify passes) and Run (one request's life)
+    engine.py      Engine (prefill, then batched verify passes, the controller's choice)
+    run.py         Run (one request's life), GenerationConfig, Generation
+    ahead.py       the next pass's drafts on a guess while a pass runs (a GPU's)
     verifier.py    the verify pass: acceptance, KV compaction, commit (one for every backend)
     kvcache.py     KV slots with exact prompt-prefix reuse
     scheduler.py   continuous batching on one worker thread
