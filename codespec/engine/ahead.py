@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from codespec.forward import rowplan
 from codespec.index import Draft
 from codespec.policy.tree import VerifyTree
 
@@ -42,9 +43,7 @@ def main_chain(tree: VerifyTree) -> tuple[int, ...]:
     >>> main_chain(VerifyTree((9, 5, 7, 6), (-1, 0, 1, 0), (0, 1, 2, 1), (0, 2, 1)))
     (5, 7)
     """
-    end = 1
-    while end < len(tree.tokens) and tree.parents[end] == end - 1:
-        end += 1
+    _, end = rowplan.chains(tree)[0]
     return tuple(tree.tokens[1:end])
 
 

@@ -1,8 +1,9 @@
 """The engine: prefill, then batched verify passes until each request stops.
 
 A `Run` is one request's life: its KV slot, proposer session, stop condition and stats
-(run.py, with the request's GenerationConfig and its Generation). `Engine.step(runs)` advances several runs at once: each new run is prefilled (reusing a
-cached prompt prefix when a slot holds one), and all the others share one verify pass;
+(run.py, with the request's GenerationConfig and its Generation). `Engine.step(runs)`
+advances several runs at once: each new run is prefilled (reusing a cached prompt
+prefix when a slot holds one), and all the others share one verify pass;
 it returns the tokens each run committed, so callers can stream them. The scheduler
 calls it with every active request; `Run.step()` and `Engine.generate` drive one run.
 
@@ -251,10 +252,8 @@ class Engine:
         return drafts
 
     def _verify(self, runs: Sequence[Run], drafted: list[Draft | controller.Offered]) -> list[list[int]]:
-        if drafted and all(isinstance(d, controller.Offered) for d in drafted):
-            drafts = self._choose(runs, drafted)
-        else:
-            drafts = [d if isinstance(d, Draft) else Draft.empty("none") for d in drafted]
+        # the controller's offers are chosen with the whole batch; the fixed policies' drafts stand
+        drafts = self._choose(runs, drafted) if isinstance(drafted[0], controller.Offered) else drafted
         limit = getattr(self.forward, "max_tail", None)  # a backend's deepest branch (forward/base.py)
         if limit is not None:
             drafts = [d if len(d) <= limit else d.within_tail(limit) for d in drafts]

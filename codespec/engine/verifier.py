@@ -81,20 +81,8 @@ class Verifier:
         offsets = [0]
         for item in items:
             offsets.append(offsets[-1] + len(item.tree))
-        launch = getattr(self.forward, "launch", None) if during is not None else None
-        if launch is not None and all(item.accept is None for item in items):
-            with self._in_forward():
-                collect = launch(self.cache, requests)
-            began = time.perf_counter()
-            during()
-            self.overlapped_s += time.perf_counter() - began
-            with self._in_forward():
-                picked = collect()
-            results = [accept_choices(picked[first:end], item.tree)
-                       for item, first, end in zip(items, offsets, offsets[1:])]
-        elif all(item.accept is None for item in items):  # greedy needs the choices alone
-            with self._in_forward():
-                picked = self.forward.choices(self.cache, requests)
+        if all(item.accept is None for item in items):  # greedy needs the choices alone
+            picked = self._choices(requests, during)
             results = [accept_choices(picked[first:end], item.tree)
                        for item, first, end in zip(items, offsets, offsets[1:])]
         else:
@@ -105,6 +93,20 @@ class Verifier:
                            for item, first, end in zip(items, offsets, offsets[1:])]
         self._commit(items, results)
         return results
+
+    def _choices(self, requests: list[tuple[int, int, VerifyTree]], during: Callable[[], None] | None) -> list[int]:
+        """The pass's greedy choices; `during` runs between a launched pass and its results."""
+        launch = getattr(self.forward, "launch", None)
+        if during is None or launch is None:
+            with self._in_forward():
+                return self.forward.choices(self.cache, requests)
+        with self._in_forward():
+            collect = launch(self.cache, requests)
+        began = time.perf_counter()
+        during()
+        self.overlapped_s += time.perf_counter() - began
+        with self._in_forward():
+            return collect()
 
     def _commit(self, items: Sequence[Item], results: Sequence[VerifyResult]) -> None:
         moves = [(item.slot, self.cache.length(item.slot), result.path) for item, result in zip(items, results)

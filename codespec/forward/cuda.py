@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from codespec.errors import SettingError
 from codespec.forward import profile
 from codespec.forward.base import Moves, Requests, kv_dims
-from codespec.forward.passlayout import META_FIELDS, PassRows, chain_rows, fill_staging, pass_rows, tree_rows  # noqa: F401 (pass_rows: the reference, re-exported)
+from codespec.forward.passlayout import META_FIELDS, PassRows, chain_rows, fill_staging, tree_rows
 from codespec.kernels.compact import keep_paths
 from codespec.kernels.rope_store import rope_store, rope_store_ref
 from codespec.kernels.row_attention import row_attention

@@ -244,20 +244,13 @@ class CostModel:
         """How many of `nodes` ((P(accepted), keys its row reads), in the order they may
         be taken) to add to a pass of `rows` rows reading `keys` keys that commits
         `expected` tokens without them, for the best expected goodput (0: none pays); and
-        that goodput.
-        `pricer`'s formula inline: the controller runs this over every candidate node of
-        every request each pass."""
-        a, b, c, d = self.coefficients()
-        least, block = self.min_rows, self.block
-        best_n, best = 0, 0.0
-        for taken in range(len(nodes) + 1):
-            if taken:
-                p, more = nodes[taken - 1]
-                rows, keys, expected = rows + 1, keys + more, expected + p
-            n = rows if rows > least else least
-            seconds = a + b * n + c * keys + (d * (-(-n // block) - 1) if block else 0.0)
-            value = expected / (seconds if seconds > 1e-6 else 1e-6)
-            if not taken or value > best:
+        that goodput."""
+        price = self.pricer()
+        best_n, best = 0, expected / price(rows, keys)
+        for taken, (p, more) in enumerate(nodes, start=1):
+            rows, keys, expected = rows + 1, keys + more, expected + p
+            value = expected / price(rows, keys)
+            if value > best:
                 best_n, best = taken, value
         return best_n, best
 
@@ -377,11 +370,6 @@ def _chain_parents(n: int) -> tuple[int, ...]:
     return tuple(range(-1, n - 1))
 
 
-def prune(draft: Draft, keep: set[int]) -> Draft:
-    """The draft restricted to `keep` (a set closed under parents), order preserved."""
-    return draft.restricted(keep)
-
-
 @dataclass(frozen=True)
 class Offered:
     """A request's drafts from its sources, to be picked among and pruned with the whole
@@ -417,7 +405,7 @@ class Priced:
         if len(nodes) == len(self.draft):
             return self
         kept = sorted(nodes)
-        return Priced(prune(self.draft, set(kept)), tuple(self.probs[i] for i in kept),
+        return Priced(self.draft.restricted(set(kept)), tuple(self.probs[i] for i in kept),
                       tuple(self.depths[i] for i in kept))
 
 
