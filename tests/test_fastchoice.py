@@ -62,3 +62,26 @@ def test_padded_costs_are_left_to_the_reference():
     candidates, acceptances, cost, contexts = _batch(random.Random(1))
     cost.padded = True
     assert fastchoice.choose_all(candidates, acceptances, cost, contexts) is None
+
+
+def test_the_warm_up_types_the_batch_choice():
+    """In a fresh interpreter (numba's types are per process): after policy.warm.warm_up,
+    a real batch's choice compiles nothing more (a cold cache compiled it for 4.4 s inside
+    the first goodput request on the 2-core VM)."""
+    import subprocess
+    import sys
+
+    check = "from tests.test_fastchoice import warmed_choice_types_nothing_new as f; f()"
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def warmed_choice_types_nothing_new() -> None:
+    from codespec.policy.warm import warm_up
+
+    warm_up()
+    before = len(fastchoice._choose_all.signatures)
+    assert before, "the warm-up compiled nothing: the test looks in the wrong place"
+    for seed in range(20):
+        fastchoice.choose_all(*_batch(random.Random(seed)))
+    assert len(fastchoice._choose_all.signatures) == before, fastchoice._choose_all.signatures

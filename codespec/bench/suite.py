@@ -38,7 +38,7 @@ from codespec.bench.sessions import Workload
 from codespec.bench.systems import BF16_REFERENCE, ALIASES, PLAIN, SYSTEM_NAMES, SYSTEMS, SystemSpec  # noqa: F401 (re-exported)
 from codespec.engine import Engine, GenerationConfig
 from codespec.index import SuffixIndex
-from codespec.index.warm import warm_up
+from codespec.policy.warm import warm_up
 from codespec.engine.kvcache import SlotCache
 from codespec.prompts import encode_texts
 from codespec.policy.proposer import IndexedProposer, PromptLookupProposer, Proposer

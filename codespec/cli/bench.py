@@ -402,7 +402,7 @@ def run_verify(args: argparse.Namespace) -> int:
         print(f"  {j['set']} batch {j['batch']} {j['system']}: {j['tokens']} tokens in {j['wall_s']:.1f} s, "
               f"{j['accepted_tokens_per_pass']:.2f} tokens/pass", file=sys.stderr, flush=True)
 
-    from codespec.index.warm import warm_up
+    from codespec.policy.warm import warm_up
 
     warm_up()  # as serve and lsp do at start-up: else the first drafting system loads numba's kernels in its run
     results = run_verify_bench(engine_for, request_sets, batches, repeat=args.repeat, on_result=progress)
@@ -431,7 +431,7 @@ def run_host(args: argparse.Namespace) -> int:
     from codespec.engine import Engine
     from codespec.engine.engine import look_ahead_of
     from codespec.engine.kvcache import SlotCache
-    from codespec.index.warm import warm_up
+    from codespec.policy.warm import warm_up
 
     set_names, out_dir, batches = _verify_args(args)
     pass_ms = H100_STEP_MS if args.pass_ms is None else args.pass_ms

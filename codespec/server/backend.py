@@ -23,7 +23,7 @@ from codespec.engine.textstream import TextStream
 from codespec.errors import CodespecError, RequestError
 from codespec.forward import Loaded
 from codespec.index import SuffixIndex
-from codespec.index.warm import warm_up
+from codespec.policy.warm import warm_up
 from codespec.server.logprobs import Release, TokenText
 from codespec.server.metrics import Metrics
 from codespec.settings import Settings
@@ -197,7 +197,7 @@ def start_scheduler(settings: Settings, index: SuffixIndex, load: Callable[[], L
             log.warning("%s; the passes run on %s", loaded.degraded, loaded.backend)
         engine = Engine.from_settings(loaded.forward, loaded.tokenizer, settings, index=index)
         engine.calibrate()
-        warm_up()  # the index kernels' first-use load, at start-up rather than in the first request
+        warm_up()  # the drafting kernels' first-use load, at start-up rather than in the first request
         return engine
 
     scheduler = Scheduler(build, settings.max_active_requests, settings.max_waiting_requests)
