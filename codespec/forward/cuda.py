@@ -56,6 +56,8 @@ from codespec.errors import SettingError
 from codespec.forward import profile
 from codespec.forward.base import Moves, Requests, kv_dims
 from codespec.forward.passlayout import META_FIELDS, PassRows, chain_rows, fill_staging, tree_rows
+from codespec.forward.prefetch import NoPrefetch, Prefetcher
+from codespec.forward.prefetch import settings as prefetch_settings
 from codespec.kernels.compact import keep_paths
 from codespec.kernels.rope_store import rope_store, rope_store_ref
 from codespec.kernels.row_attention import row_attention
@@ -107,7 +109,8 @@ class CudaForward:
     min_rows = 1  # every pass runs the bucket: one row costs what the bucket costs
 
     def __init__(self, model: Any, *, rows: int | None = None, graphs: bool | None = None,
-                 tiles: dict[str, Config] | None = None, fused: bool | None = None) -> None:
+                 tiles: dict[str, Config] | None = None, fused: bool | None = None, prefetch: str | None = None,
+                 prefetch_programs: int | None = None) -> None:
         why = unsupported(model)
         assert why is None, why  # select.py checks first
         self.model = model
@@ -145,6 +148,12 @@ class CudaForward:
         compile = self.graphs and not self.fused and os.environ.get("CODESPEC_CUDA_COMPILE", "1") != "0"
         self._add_norm = torch.compile(_add_norm, dynamic=False) if compile else _add_norm
         self._gated = torch.compile(_gated, dynamic=False) if compile else _gated
+        # Weights warmed into L2 on a side stream while the pass runs (forward/prefetch.py):
+        # CODESPEC_CUDA_PREFETCH, off until the GPU check shows it pays.
+        mode, programs = prefetch_settings()
+        mode, programs = prefetch or mode, prefetch_programs or programs
+        self.prefetch: Prefetcher | NoPrefetch = (
+            NoPrefetch() if mode == "off" else Prefetcher(self._layers, mode, programs, self.device))
 
     # -- the Forward protocol --------------------------------------------------------------
     def probe(self, stored: tuple[int, bool] | None) -> tuple[int, bool]:
@@ -277,12 +286,16 @@ class CudaForward:
 
         if self.fused:
             return self._fused_layers(hidden, attend)
+        warm = self.prefetch  # fork points of the side stream that warms L2; joined below
         delta = torch.zeros_like(hidden)  # what the last layer adds to the residual stream
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
+            warm.at("layer", index)
             hidden, x = self._add_norm(hidden, delta, w.input_norm, w.input_eps)
             attended = attend(index, layer, self._product("qkv", x, w.qkv, w.qkv_bias))
             hidden, x = self._add_norm(hidden, self._product("o", attended, w.o, w.o_bias), w.post_norm, w.post_eps)
+            warm.at("mlp", index)
             delta = self._product("down", self._gated(self._product("gate_up", x, w.gate_up)), w.down)
+        warm.join()
         _, x = self._add_norm(hidden, delta, model.norm.weight, _eps(model.norm))
         logits = self._product("lm_head", x, self.model.lm_head.weight, self.model.lm_head.bias)
         return logits, torch.argmax(logits, dim=-1)
@@ -291,12 +304,15 @@ class CudaForward:
         """The same layers with each product carrying its neighbours: the norm before
         q/k/v and gate/up, SiLU before down, the residual add after o and down (the same
         roundings, kernels/row_linear.py)."""
-        model, tiles = self.model.model, self.tiles
+        model, tiles, warm = self.model.model, self.tiles, self.prefetch
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
+            warm.at("layer", index)
             qkv = row_linear(hidden, w.qkv, w.qkv_bias, norm=(w.input_norm, w.input_eps), config=tiles["qkv"])
             hidden = row_linear(attend(index, layer, qkv), w.o, w.o_bias, residual=hidden, config=tiles["o"])
+            warm.at("mlp", index)
             gate_up = row_linear(hidden, w.gate_up, norm=(w.post_norm, w.post_eps), config=tiles["gate_up"])
             hidden = row_linear(gate_up, w.down, gated=True, residual=hidden, config=tiles["down"])
+        warm.join()
         head = self.model.lm_head
         logits = row_linear(hidden, head.weight, head.bias, norm=(model.norm.weight, _eps(model.norm)),
                             config=tiles["lm_head"])
