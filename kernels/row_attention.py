@@ -15,6 +15,15 @@ bits, whatever else the pass holds: the number of rows, the batch and the tree n
 enter a row's arithmetic. A row with no keys (context 0, path 0: padding) writes zeros at
 almost no cost.
 
+Two launch schedules of the first kernel run the same code for every block (so the same
+bits; `schedule`, CODESPEC_CUDA_ATTENTION):
+* `worklist` (the default): a wave of programs (one per SM, 8 warps each) shares the
+  pass's (row, key block, KV head) items. A one-row decode step over 512 keys is 8 items;
+* `grid`: one program per (row, KV head, program of the block axis): a bucket of 64 rows
+  and a slot of 2,048+ positions is 2,048 programs whatever the pass holds, and the
+  kernel's 255 registers a thread fit two programs on an SM, so a step waits for ~8
+  waves of programs that mostly find a padding row and exit.
+
 >>> keys = torch.randn(1, 1, 6, 4); values = torch.randn(1, 1, 6, 4); q = torch.randn(2, 1, 4)
 >>> rows = dict(slots=torch.tensor([0, 0]), context=torch.tensor([3, 2]),
 ...             path=torch.tensor([[0, 0], [4, 5]]), path_len=torch.tensor([0, 2]))
@@ -27,12 +36,21 @@ from __future__ import annotations
 
 import torch
 
+import os
+
 from codespec.kernels import check, use_triton
 
 KEY_BLOCK = 128  # logical keys per block: part of every row's summation order
 BLOCK_PROGRAMS = 16  # programs per (row, KV head) along the block axis: rows of up to 16 blocks
 # run all their blocks at once; more programs would be idle ones for most rows (the grid is
 # fixed for a CUDA graph, sized by the slot's length). A launch detail: not in the bits.
+SCHEDULES = ("worklist", "grid")
+# The worklist's wave and warps: compiled offline for sm_90, the kernel takes 216
+# registers a thread at 8 warps (one program fits an SM); at 4 it takes 255 and spills
+# 208 bytes of stack. Launch details, not in the bits of a given build;
+# scripts/gpu_step.py times the alternatives on a GPU.
+PROGRAMS_PER_SM = 1
+WORK_WARPS = 8
 
 
 def row_attention(
@@ -47,6 +65,7 @@ def row_attention(
     scale: float,
     out: torch.Tensor | None = None,  # [rows, heads, dim], written in place when given
     force_triton: bool | None = None,
+    schedule: str | None = None,  # worklist or grid (module docstring); None: schedule()
 ) -> torch.Tensor:
     """Returns [rows, heads, dim] in the query's dtype (module docstring)."""
     rows, heads, dim = query.shape
@@ -63,11 +82,26 @@ def row_attention(
     if use_triton(query, force_triton):
         from codespec.kernels import _triton
 
+        schedule = schedule or schedule_setting()
+        check(schedule in SCHEDULES, f"attention schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}")
         _triton.row_attention(query, keys, values, slots, context, path, path_len, scale, out, KEY_BLOCK,
-                              BLOCK_PROGRAMS)
+                              BLOCK_PROGRAMS, schedule, wave(query.device), WORK_WARPS)
     else:
         out.copy_(row_attention_ref(query, keys, values, slots, context, path, path_len, scale))
     return out
+
+
+def schedule_setting() -> str:
+    """CODESPEC_CUDA_ATTENTION: worklist (default) or grid."""
+    return os.environ.get("CODESPEC_CUDA_ATTENTION", "") or "worklist"
+
+
+def wave(device: torch.device) -> int:
+    """The worklist's programs: PROGRAMS_PER_SM on every SM of a CUDA device (8 on the
+    interpreter, whose programs run one after another)."""
+    if device.type != "cuda":
+        return 8
+    return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def logical_positions(context: int, path: list[int]) -> list[int]:

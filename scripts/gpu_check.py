@@ -22,7 +22,11 @@ and its real tokenizer (carried). Stages, each timed and each allowed to fail al
 
 Probes: `profile` (kernels and GPU time of a step), `anatomy` (a step's wall time split:
 host before the launch, the launch, the wait, the graph's device time; the graph back to
-back), `fused` (the backend with fused
+back), `attention`, `l2` and `step` (scripts/gpu_step.py: attention's launch schedules,
+the layer's products with their weights in L2 against from HBM, and the step with each
+variant: the attention schedule, warming L2 on a side stream by mode; where a variant
+wins by 3% with its rows exact, edit, verify and stress run again with it as
+`edit_step`, `verify_step`, `stress_step`), `fused` (the backend with fused
 layers, CODESPEC_CUDA_FUSED: its rows, costs and profile) and `fusedtiles` (each fused
 product by tile, and the fused backend with the fastest), in the default stages;
 `gemm` (the layer's products in CUDA graphs: cuBLAS against kernels/row_linear.py's
@@ -57,6 +61,7 @@ from typing import Any, Callable
 import torch
 
 from gpu_measure import _time, cost_curve, profile_step, row_checks, step_anatomy
+from gpu_step import attention_probe, l2_probe, step_probe, winner_env
 from gpu_probes import bucket_probe, fused_probe, fused_tiles_probe, gemm_probe, key_block_probe, tiles_probe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,6 +130,7 @@ def kernel_checks() -> dict[str, Any]:
     path_len = torch.randint(0, 9, (rows,), device="cuda")
     slots = torch.randint(0, 4, (rows,), device="cuda")
     meta = dict(slots=slots, context=context, path=path.contiguous(), path_len=path_len)
+    schedules = _schedule_check(query, keys, values, meta)
     got = row_attention(query, keys, values, **meta, scale=0.125)
     ref = row_attention_ref(query, keys, values, slots, context, path, path_len, 0.125)
     relative = float((got.float() - ref.float()).norm() / ref.float().norm())
@@ -143,9 +149,25 @@ def kernel_checks() -> dict[str, Any]:
                                context=context[r:r + 1] + len(tail), path=path[r:r + 1].contiguous(),
                                path_len=torch.zeros_like(path_len[r:r + 1]), scale=0.125)
     times = _time(lambda: row_attention(query, keys, values, **meta, scale=0.125))
-    return {"relative_error_vs_reference": relative, "row_alone_equal": alone_equal,
+    return {**schedules, "relative_error_vs_reference": relative, "row_alone_equal": alone_equal,
             "scattered_equals_contiguous": bool(torch.equal(got[r], contiguous[0])),
             "ms_64_rows_one_layer": times, **rope_store_checks(), "attention_us_by_key_block": key_block_probe()}
+
+
+def _schedule_check(query: Any, keys: Any, values: Any, meta: dict[str, Any]) -> dict[str, Any]:
+    """Attention's default schedule (worklist, session 26, never run on a GPU before)
+    against the grid's bits. Where it fails or differs, the rest of the run (and its
+    subprocesses) uses the grid: one untried kernel must not cost the whole check."""
+    from codespec.kernels.row_attention import row_attention
+
+    grid = row_attention(query, keys, values, **meta, scale=0.125, schedule="grid")
+    try:
+        same = bool(torch.equal(row_attention(query, keys, values, **meta, scale=0.125, schedule="worklist"), grid))
+    except Exception as error:
+        same = f"{type(error).__name__}: {str(error)[:300]}"
+    if same is not True:
+        os.environ["CODESPEC_CUDA_ATTENTION"] = "grid"
+    return {"worklist_equals_grid": same, "attention_schedule": os.environ.get("CODESPEC_CUDA_ATTENTION", "worklist")}
 
 
 def rope_store_checks() -> dict[str, bool]:
@@ -193,8 +215,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--assets", default=str(ROOT / ".gpu"), help="the default model's config and tokenizer files")
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu-out"))
-    parser.add_argument("--stages", default="kernel,rows,costs,profile,anatomy,fused,fusedtiles,edit,edit_fused,verify,"
-                                             "verify_fused,stress,stress_fused")
+    parser.add_argument("--stages", default="kernel,rows,costs,profile,anatomy,attention,l2,step,edit,verify,stress")
     parser.add_argument("--deadline", type=float, default=DEADLINE_S,
                         help="seconds from the start after which no stage starts (the machine's limit is 600)")
     args = parser.parse_args()
@@ -224,6 +245,12 @@ def main() -> None:
         stage(results, "profile", lambda: profile_step(loaded), out)
     if "anatomy" in wanted:
         stage(results, "anatomy", lambda: step_anatomy(loaded), out)
+    if "attention" in wanted:
+        stage(results, "attention", attention_probe, out)
+    if "l2" in wanted:
+        stage(results, "l2", lambda: l2_probe(loaded), out)
+    if "step" in wanted:
+        stage(results, "step", lambda: step_probe(loaded), out, needs_s=60)
     if "gemm" in wanted:
         stage(results, "gemm", lambda: gemm_probe(loaded), out)
     if "buckets" in wanted:
@@ -243,6 +270,10 @@ def main() -> None:
     variants = (("", env), ("_fused", {**env, "CODESPEC_CUDA_FUSED": "1"}),
                 ("_eager", {**env, "CODESPEC_CUDA_PREFILL": "eager"}),
                 ("_noahead", {**env, "CODESPEC_LOOK_AHEAD": "off"}))
+    winner = winner_env(results)  # the step stage's winner, where one beat the default step
+    if winner is not None:
+        variants += (("_step", {**env, **winner}),)
+        wanted += [name + "_step" for name in ("edit", "verify", "stress") if name in wanted]
     for suffix, stage_env in variants:
         systems = "hf_prompt_lookup,codespec" if not suffix else "codespec"  # plain runs beside either
         if "edit" + suffix in wanted:

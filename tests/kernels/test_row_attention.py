@@ -79,11 +79,35 @@ def test_long_rows_split_into_blocks_any_launch_gives_the_same_bits(monkeypatch)
     meta = dict(slots=torch.tensor([0, 0, 0]), context=torch.tensor([positions - 3, KEY_BLOCK * 17, 5]),
                 path=torch.tensor([[positions - 2, positions - 1], [positions - 9, 0], [0, 0]]),
                 path_len=torch.tensor([2, 1, 0]))
-    wide = row_attention(query, keys, values, **meta, scale=0.125, force_triton=True)
+    wide = row_attention(query, keys, values, **meta, scale=0.125, force_triton=True, schedule="grid")
     expected = row_attention_ref(query, keys, values, *meta.values(), 0.125)
     assert torch.allclose(wide.float(), expected.float(), atol=1e-2, rtol=1e-2)
     monkeypatch.setattr(module, "BLOCK_PROGRAMS", 3)
-    assert torch.equal(row_attention(query, keys, values, **meta, scale=0.125, force_triton=True), wide)
+    assert torch.equal(row_attention(query, keys, values, **meta, scale=0.125, force_triton=True, schedule="grid"),
+                       wide)
+    for programs in (1, 3, 50):  # the worklist's wave: one program takes every item, or many idle
+        monkeypatch.setattr(module, "wave", lambda device, n=programs: n)
+        assert torch.equal(row_attention(query, keys, values, **meta, scale=0.125, force_triton=True), wide)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_both_schedules_give_the_same_bits(dtype, monkeypatch):
+    """The worklist and the grid run the same code for every (row, block, KV head): a
+    pass of rows over several blocks, paths and padding gets the same bits from both."""
+    rng = random.Random(7)
+    keys, values = (torch.randn(4, KV_HEADS, 420, DIM).to(dtype) for _ in range(2))
+    rows = random_rows(rng, 13, 4, 420)
+    rows["context"][3], rows["context"][5] = 3 * KEY_BLOCK + 1, 2 * KEY_BLOCK  # rows of several blocks
+    query = torch.randn(13, HEADS, DIM).to(dtype)
+    grid = row_attention(query, keys, values, **rows, scale=0.125, force_triton=True, schedule="grid")
+    monkeypatch.setattr(module, "wave", lambda device: 5)
+    assert torch.equal(row_attention(query, keys, values, **rows, scale=0.125, force_triton=True,
+                                     schedule="worklist"), grid)
+    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "grid")
+    assert module.schedule_setting() == "grid"
+    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "tiles")
+    with pytest.raises(ValueError, match="attention schedule 'tiles'"):
+        row_attention(query, keys, values, **rows, scale=0.125, force_triton=True)
 
 
 def test_bad_arguments_are_refused():

@@ -1,0 +1,179 @@
+"""Probes of the plain step's parts for scripts/gpu_check.py, the one bar the H100 runs
+missed (a step 4.0-4.3x the weights' read time; bar 3x):
+
+* `attention`: kernels/row_attention.py's schedules (grid, worklist at 4 or 8 warps, one
+  or two programs an SM) in CUDA graphs, for a step and for passes of 32 and 64 rows;
+* `l2`: the layer's products with their weights in L2 against from HBM (the most that
+  warming L2 can save);
+* `step`: the backend's step and 32-row pass with each variant (VARIANTS: the attention
+  schedule, L2 warming by mode and programs), side by side, and the winner's rows
+  against its decode steps."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+
+from gpu_measure import _engine, _graph_us, _time, _wall_ms, row_checks, step_floor
+
+PRODUCTS = ("qkv", "o", "gate_up", "down")
+# (label, CODESPEC_CUDA_ATTENTION, CODESPEC_CUDA_PREFETCH, its programs): the default
+# first and last, to see the machine drift between them
+VARIANTS = (("default", "worklist", "off", 0), ("grid attention", "grid", "off", 0),
+            ("sector/16", "worklist", "sector", 16), ("sector/64", "worklist", "sector", 64),
+            ("bulk/8", "worklist", "bulk", 8), ("bulk/32", "worklist", "bulk", 32),
+            ("load/64", "worklist", "load", 64), ("default (again)", "worklist", "off", 0))
+
+
+@torch.inference_mode()
+def attention_probe() -> dict[str, Any]:
+    """Device us per call of row_attention (64-row bucket, a 4,096-position slot, the
+    default model's heads), in CUDA graphs: a step (one real row) at 512 and 2048 keys
+    and passes of 32 and 64 chain rows at 512, by schedule; and whether each schedule's
+    rows have the grid's bits (the same code per block: they should)."""
+    from codespec.kernels import row_attention as module
+
+    torch.manual_seed(8)
+    keys, values = (torch.randn(2, 2, 4096, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    query = torch.randn(64, 14, 64, device="cuda", dtype=torch.bfloat16)
+    zeros = torch.zeros(64, dtype=torch.int64, device="cuda")
+    layouts = {}
+    for name, real, keys_in_row in (("step_512", 1, 512), ("step_2048", 1, 2048), ("pass32_512", 32, 512),
+                                    ("pass64_512", 64, 512)):
+        context, path_len = zeros.clone(), zeros.clone()
+        context[:real] = keys_in_row
+        path_len[:real] = torch.arange(1, real + 1, device="cuda")  # a chain: row i sees i + 1 drafted keys
+        path = (keys_in_row + torch.arange(64, device="cuda")).repeat(64, 1).contiguous()
+        layouts[name] = dict(slots=zeros, context=context, path=path, path_len=path_len)
+    schedules = {"grid": ("grid", 1, 8), "worklist w8 x1": ("worklist", 1, 8), "worklist w4 x2": ("worklist", 2, 4),
+                 "worklist w8 x2": ("worklist", 2, 8)}
+    saved = module.PROGRAMS_PER_SM, module.WORK_WARPS
+    result: dict[str, Any] = {}
+    reference = {name: module.row_attention(query, keys, values, **meta, scale=0.125, schedule="grid")
+                 for name, meta in layouts.items()}
+    try:
+        for label, (schedule, per_sm, warps) in schedules.items():
+            module.PROGRAMS_PER_SM, module.WORK_WARPS = per_sm, warps
+            entry: dict[str, Any] = {}
+            for name, meta in layouts.items():
+                entry[name + "_us"] = _graph_us(lambda m=meta, s=schedule: module.row_attention(
+                    query, keys, values, **m, scale=0.125, schedule=s))
+                entry[name + "_same_bits"] = bool(torch.equal(reference[name], module.row_attention(
+                    query, keys, values, **meta, scale=0.125, schedule=schedule)))
+            result[label] = entry
+    finally:
+        module.PROGRAMS_PER_SM, module.WORK_WARPS = saved
+    return result
+
+
+@torch.inference_mode()
+def l2_probe(loaded: Any) -> dict[str, Any]:
+    """Device us per call of the layer's products at the bucket's 64 rows (cuBLAS, in CUDA
+    graphs of 24 calls): `layer_cold_us`, every layer's four products in a step's order
+    (680 MB, nothing left in L2 from one layer to the next), against `layer_hot_us`, layer
+    0's four 24 times (28 MB: in L2 after the first). Per product, `hot_us` (one weight 24
+    times) and `cycle_us` (the 24 layers' weights in turn: cold for gate/up and down; the
+    q/k/v and o cycles, 48 and 36 MB, may partly stay in L2)."""
+    import torch.nn.functional as F
+
+    layers = loaded.forward._layers
+    inputs = {name: torch.randn(64, getattr(layers[0], name).shape[1], device="cuda", dtype=torch.bfloat16)
+              for name in PRODUCTS}
+
+    def product(name: str, w: Any) -> torch.Tensor:
+        bias = w.qkv_bias if name == "qkv" else w.o_bias if name == "o" else None
+        return F.linear(inputs[name], getattr(w, name), bias)
+
+    def layer(w: Any) -> None:
+        for name in PRODUCTS:
+            product(name, w)
+
+    result: dict[str, Any] = {
+        "layer_cold_us": round(_graph_us(lambda: [layer(w) for w in layers], calls=1) / len(layers), 2),
+        "layer_hot_us": round(_graph_us(lambda: [layer(layers[0]) for _ in layers], calls=1) / len(layers), 2)}
+    for name in PRODUCTS:
+        weight = getattr(layers[0], name)
+        result[name] = {"mb": round(weight.numel() * weight.element_size() / 2**20, 2),
+                        "hot_us": round(_graph_us(lambda n=name: [product(n, layers[0]) for _ in layers], calls=1)
+                                        / len(layers), 2),
+                        "cycle_us": round(_graph_us(lambda n=name: [product(n, w) for w in layers], calls=1)
+                                          / len(layers), 2)}
+    result["most_saved_per_step_us"] = round((result["layer_cold_us"] - result["layer_hot_us"]) * len(layers), 1)
+    return result
+
+
+def step_probe(loaded: Any, deadline_s: float = 90.0, context: int = 512) -> dict[str, Any]:
+    """The backend's step (one row) and a 32-row pass at `context` keys (host wall ms,
+    medians of 30) with each variant (VARIANTS), and the step's graph replayed
+    20 times back to back (device ms a step, no host between); then the fastest
+    variant's rows against its decode steps (a cache hint cannot change a value: this
+    checks the side stream's capture)."""
+    from codespec.forward.cuda import CudaForward
+    from codespec.policy.tree import VerifyTree
+
+    default, floor = loaded.forward, step_floor(loaded)
+    result: dict[str, Any] = {"floor_ms": floor["floor_ms"], "context": context, "variants": {}}
+    prompt = [(7 * i) % loaded.forward.config.vocab_size for i in range(context)]
+    began = time.perf_counter()
+    saved = {name: os.environ.get(name) for name in _variant_env("default")}  # the run's own settings
+    try:
+        for key, attention, mode, programs in VARIANTS:
+            if time.perf_counter() - began > deadline_s:
+                result["cut_short"] = True
+                break
+            forward = cache = None
+            os.environ["CODESPEC_CUDA_ATTENTION"] = attention  # read as the graph is captured
+            try:
+                forward = CudaForward(loaded.model, prefetch=mode, prefetch_programs=programs or None)
+                cache = _engine(loaded, slots=1).cache  # held here: the bucket's graph lives with it
+                cache.acquire(prompt)
+                forward.prefill(cache, 0, prompt, 0)
+                entry: dict[str, Any] = {
+                    "step_ms": _wall_ms(lambda: forward.choices(cache, [(0, context, VerifyTree.chain(11))])),
+                    "pass32_ms": _wall_ms(lambda: forward.choices(
+                        cache, [(0, context, VerifyTree.chain(11, [13] * 31))]))}
+                graph = forward._buckets[cache].graph
+                entry["device_step_ms"] = round(_time(lambda: [graph.replay() for _ in range(20)], 10) / 20, 4)
+                entry["step_over_floor"] = round(entry["step_ms"] / floor["floor_ms"], 2)
+            except Exception as error:  # a mode the device cannot run: say so, go on
+                entry = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
+            result["variants"][key] = entry
+            forward = cache = None  # the graph and its cache go before the next variant
+            torch.cuda.empty_cache()
+        timed = {k: v["step_ms"] for k, v in result["variants"].items() if "step_ms" in v}
+        defaults = [v for k, v in timed.items() if k.startswith("default")]
+        if timed and defaults:
+            best = min(timed, key=timed.get)
+            result.update(best=best, best_over_default=round(timed[best] / min(defaults), 3),
+                          best_env=_variant_env(best))
+            if not best.startswith("default"):
+                os.environ.update(result["best_env"])
+                loaded.forward = CudaForward(loaded.model)
+                result["best_rows"] = row_checks(loaded)
+    finally:
+        loaded.forward = default
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    return result
+
+
+def _variant_env(label: str) -> dict[str, str]:
+    _, attention, mode, programs = next(v for v in VARIANTS if v[0] == label)
+    return {"CODESPEC_CUDA_ATTENTION": attention, "CODESPEC_CUDA_PREFETCH": mode,
+            "CODESPEC_CUDA_PREFETCH_PROGRAMS": str(programs or 32)}
+
+
+def winner_env(results: dict[str, Any]) -> dict[str, str] | None:
+    """The step stage's winner's settings where it beat the default step by 3% and its
+    rows held (the later stages run again with them); None otherwise."""
+    probe = results.get("step", {})
+    best, ratio, rows = probe.get("best", "default"), probe.get("best_over_default", 1.0), probe.get("best_rows", {})
+    if best.startswith("default") or ratio > 0.97 or rows.get("rows_differing", 1) != 0:
+        return None
+    return dict(probe["best_env"])
