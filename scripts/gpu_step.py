@@ -31,8 +31,8 @@ VARIANTS = (("default", "worklist", "off", 0), ("grid attention", "grid", "off",
 @torch.inference_mode()
 def attention_probe() -> dict[str, Any]:
     """Device us per call of row_attention (64-row bucket, a 4,096-position slot, the
-    default model's heads), in CUDA graphs: a step (one real row) at 512 and 2048 keys
-    and passes of 32 and 64 chain rows at 512, by schedule; and whether each schedule's
+    default model's heads), in CUDA graphs: a step (one real row) at 512 and 2048 keys,
+    passes of 32 chain rows at 512 and 2048 and of 64 at 512, by schedule; and whether each schedule's
     rows have the grid's bits (the same code per block: they should)."""
     from codespec.kernels import row_attention as module
 
@@ -42,7 +42,7 @@ def attention_probe() -> dict[str, Any]:
     zeros = torch.zeros(64, dtype=torch.int64, device="cuda")
     layouts = {}
     for name, real, keys_in_row in (("step_512", 1, 512), ("step_2048", 1, 2048), ("pass32_512", 32, 512),
-                                    ("pass64_512", 64, 512)):
+                                    ("pass32_2048", 32, 2048), ("pass64_512", 64, 512)):
         context, path_len = zeros.clone(), zeros.clone()
         context[:real] = keys_in_row
         path_len[:real] = torch.arange(1, real + 1, device="cuda")  # a chain: row i sees i + 1 drafted keys
