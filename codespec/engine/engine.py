@@ -267,10 +267,19 @@ class Engine:
         if self.look_ahead and self._controlled:  # no longer than the pass is priced to take
             during = functools.partial(self._guess, runs, trees, 0.8 * self.cost.cost(rows, keys))
         began = time.perf_counter()
-        results = self.verifier.verify(items, during)
+        results = self.verifier.verify(items, during, chain_next=self._plain_next(runs, trees))
         seconds = time.perf_counter() - began
         self.cost.observe(rows, seconds, keys)
         return [run._after_pass(draft, tree, result) for run, draft, tree, result in zip(runs, drafts, trees, results)]
+
+    @staticmethod
+    def _plain_next(runs: Sequence[Run], trees: list[VerifyTree]) -> bool:
+        """Whether every run's next pass is a plain greedy step after this one, which is
+        too (no draft now, none possible, greedy, the token limit not reached): a GPU
+        backend queues that step behind this pass (forward/chained.py). A run that stops
+        on an end token wastes the queued step, nothing more."""
+        return all(len(tree) == 1 and run.plain and run.accept is None
+                   and run.stop.max_new_tokens - len(run.generated) > 1 for run, tree in zip(runs, trees))
 
     def _guess(self, runs: Sequence[Run], trees: list[VerifyTree], seconds: float) -> None:
         """While the pass computes: each run's next draft on a guess of what it commits

@@ -97,6 +97,7 @@ class Run:
         )
         proposer = engine.proposer if config.speculate else NoProposer()
         self.session = proposer.start(prompt)
+        self.plain = isinstance(proposer, NoProposer) or engine.max_draft_tokens == 0  # never drafts
         self.accept: Accept | None = _acceptance(config, engine.forward.device)
         self.logprobs: list[TokenLogprob] | None = None  # one per generated token, when asked
         if config.logprobs is not None:

@@ -69,10 +69,13 @@ class Verifier:
                 return VerifyResult(0, (self.forward.argmax(logits[-1:])[0],))
             return accept(self.forward.tensor(logits[-1:]), VerifyTree.chain(0))
 
-    def verify(self, items: Sequence[Item], during: Callable[[], None] | None = None) -> list[VerifyResult]:
+    def verify(self, items: Sequence[Item], during: Callable[[], None] | None = None,
+               chain_next: bool = False) -> list[VerifyResult]:
         """One pass over every item's tree; accepts, compacts and commits each. `during`
         (which must not raise) runs while the pass computes, where the backend launches
-        it asynchronously (`Forward.launch`: a GPU's) and every item is greedy."""
+        it asynchronously (`Forward.launch`: a GPU's) and every item is greedy.
+        `chain_next`: the engine's word that every item's next pass is a plain greedy
+        step, which a backend that `chains_steps` queues behind this one (forward/chained.py)."""
         requests = []
         for item in items:
             start = self.cache.length(item.slot)
@@ -82,7 +85,7 @@ class Verifier:
         for item in items:
             offsets.append(offsets[-1] + len(item.tree))
         if all(item.accept is None for item in items):  # greedy needs the choices alone
-            picked = self._choices(requests, during)
+            picked = self._choices(requests, during, chain_next)
             results = [accept_choices(picked[first:end], item.tree)
                        for item, first, end in zip(items, offsets, offsets[1:])]
         else:
@@ -94,17 +97,20 @@ class Verifier:
         self._commit(items, results)
         return results
 
-    def _choices(self, requests: list[tuple[int, int, VerifyTree]], during: Callable[[], None] | None) -> list[int]:
+    def _choices(self, requests: list[tuple[int, int, VerifyTree]], during: Callable[[], None] | None,
+                 chain_next: bool = False) -> list[int]:
         """The pass's greedy choices; `during` runs between a launched pass and its results."""
         launch = getattr(self.forward, "launch", None)
-        if during is None or launch is None:
+        chain = chain_next and getattr(self.forward, "chains_steps", False)
+        if launch is None or (during is None and not chain):
             with self._in_forward():
                 return self.forward.choices(self.cache, requests)
         with self._in_forward():
-            collect = launch(self.cache, requests)
-        began = time.perf_counter()
-        during()
-        self.overlapped_s += time.perf_counter() - began
+            collect = launch(self.cache, requests, chain_next=True) if chain else launch(self.cache, requests)
+        if during is not None:
+            began = time.perf_counter()
+            during()
+            self.overlapped_s += time.perf_counter() - began
         with self._in_forward():
             return collect()
 

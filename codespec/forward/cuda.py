@@ -55,6 +55,7 @@ import torch.nn.functional as F
 from codespec.errors import SettingError
 from codespec.forward import profile
 from codespec.forward.base import Moves, Requests, kv_dims
+from codespec.forward.chained import Chained, Collect, next_starts, plain_steps, step_rows
 from codespec.forward.passlayout import META_FIELDS, PassRows, chain_rows, fill_staging, tree_rows
 from codespec.forward.prefetch import NoPrefetch, Prefetcher
 from codespec.forward.prefetch import settings as prefetch_settings
@@ -125,6 +126,13 @@ class CudaForward:
         self.heads = model.config.num_attention_heads
         # each KV cache's buffers and graph (a graph holds the cache's addresses: it goes with it)
         self._buckets: weakref.WeakKeyDictionary[Any, _Bucket] = weakref.WeakKeyDictionary()
+        # each KV cache's plain step queued behind the last pass (forward/chained.py)
+        self._chained: weakref.WeakKeyDictionary[Any, Chained] = weakref.WeakKeyDictionary()
+        chain = os.environ.get("CODESPEC_CUDA_CHAIN", "1")
+        if chain not in ("0", "1"):
+            raise SettingError(f"CODESPEC_CUDA_CHAIN={chain!r}: expected 1 (queue plain steps ahead) or 0")
+        self.chains_steps = chain == "1"  # the verifier asks for it where every next pass is a plain step
+        self.chained_taken = self.chained_dropped = 0  # queued steps the engine asked for, and the others
         self._layers = [_LayerWeights.of(layer) for layer in model.model.layers]
         # The products run as they are (cuBLAS, or row_linear's tiles where `tiles` names
         # one) and the work between them as small functions fused by torch.compile on
@@ -171,6 +179,7 @@ class CudaForward:
         pass launched ~800 kernels from Python (~25 ms). Each row attends to the positions
         before it and itself, as a chain's rows do; later replays read the KV earlier ones
         wrote. CODESPEC_CUDA_PREFILL=eager runs the eager passes (causal SDPA) instead."""
+        self._drop_chained(cache)  # the engine's batch changes: a queued step is not asked for
         if self.eager_prefill:
             hidden = None
             for begin, end in cache.spans(len(prompt), start):
@@ -186,6 +195,7 @@ class CudaForward:
 
     @torch.inference_mode()
     def logits(self, cache: Any, requests: Requests) -> torch.Tensor:
+        self._drop_chained(cache)
         outputs = [bucket.logits[:n].clone() for bucket, n, _ in self._passes(cache, requests)]
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
@@ -194,14 +204,44 @@ class CudaForward:
         return self.launch(cache, requests)()
 
     @torch.inference_mode()
-    def launch(self, cache: Any, requests: Requests) -> Callable[[], list[int]]:
+    def launch(self, cache: Any, requests: Requests, chain_next: bool = False) -> Callable[[], list[int]]:
         """The pass queued on the device; returns what waits for its choices (the pass's
-        one sync), so the host can work meanwhile (engine/ahead.py)."""
-        picked: list[torch.Tensor] = []
-        for bucket, n, last in self._passes(cache, requests):
-            # the next replay overwrites the outputs: keep a copy unless this one is the last
-            picked.append(bucket.choices[:n] if last else bucket.choices[:n].clone())
-        return (picked[0] if len(picked) == 1 else torch.cat(picked)).tolist
+        one sync), so the host can work meanwhile (engine/ahead.py). With `chain_next`
+        (the engine says every request's next pass is a plain step) the step after this
+        pass is queued behind it, its tokens this pass's choices copied on the device
+        (forward/chained.py); when the engine then asks for that step, it is not run
+        again, and the one after it is queued."""
+        queued = self._chained.get(cache)
+        if queued is not None and queued.asked_by(requests):
+            del self._chained[cache]
+            self.chained_taken += 1
+            collect, choices = queued.collect, queued.choices
+        else:
+            self._drop_chained(cache)
+            picked = []
+            for bucket, n, last in self._passes(cache, requests):
+                # the next replay overwrites the outputs: keep a copy unless none follows
+                picked.append(bucket.choices[:n] if last and not chain_next else bucket.choices[:n].clone())
+            choices = picked[0] if len(picked) == 1 else torch.cat(picked)
+            collect = Collect(choices)
+        if chain_next and self.chains_steps and plain_steps(requests) and len(requests) <= self.rows and \
+                all(start + 2 < cache.slot_tokens for _, start, _ in requests):
+            self._chained[cache] = self._queue_step(cache, requests, collect, choices)
+        return collect
+
+    def _drop_chained(self, cache: Any) -> None:
+        """Forget the step queued behind the last pass (its writes lie past the committed KV)."""
+        if self._chained.pop(cache, None) is not None:
+            self.chained_dropped += 1
+
+    def _queue_step(self, cache: Any, requests: Requests, fed_from: Collect, choices: torch.Tensor) -> Chained:
+        """The plain step after `requests`' plain pass, its tokens `choices` (on the device)."""
+        slots, starts = next_starts(requests)
+        k = len(slots)
+        queued = None
+        for bucket, n, _ in self._replays(cache, step_rows(slots, starts), tokens=lambda flat: flat[:k].copy_(choices)):
+            queued = bucket.choices[:n].clone()
+        return Chained(tuple(slots), tuple(starts), fed_from, queued)
 
     def argmax(self, logits: torch.Tensor) -> list[int]:
         return torch.argmax(logits, dim=-1).tolist()  # the first maximum, as the replay's choices
@@ -210,16 +250,18 @@ class CudaForward:
         return logits
 
     def keep(self, cache: Any, moves: Moves) -> None:
+        self._drop_chained(cache)
         keep_paths(cache.keys, cache.values, moves)
 
     # -- verify passes and decode steps: the bucket ----------------------------------------
     def _passes(self, cache: Any, requests: Requests):
         return self._replays(cache, tree_rows(requests))
 
-    def _replays(self, cache: Any, rows: PassRows):
+    def _replays(self, cache: Any, rows: PassRows, tokens: Callable[[torch.Tensor], Any] | None = None):
         """Run a pass's rows (passlayout.py) as replays of `self.rows` rows each; yields
         (bucket, real rows, whether it is the last) after each replay (its outputs are
-        overwritten by the next one)."""
+        overwritten by the next one). `tokens` writes a one-replay pass's tokens into the
+        metadata on the device, after its copy from the host (a queued step's)."""
         bucket = self._bucket(cache)
         for first in range(0, len(rows), self.rows):
             if bucket.copied is not None:
@@ -229,6 +271,8 @@ class CudaForward:
             if self.device.type == "cuda":
                 bucket.copied = torch.cuda.Event()
                 bucket.copied.record()
+            if tokens is not None:
+                tokens(bucket.flat)  # the ids lead the metadata (passlayout.META_FIELDS)
             self._replay(cache, bucket)
             yield bucket, n, first + self.rows >= len(rows)
 

@@ -1,0 +1,83 @@
+"""Plain decode steps queued one ahead, fed on the device (the cuda backend's
+`launch(..., chain_next=True)`).
+
+Why. A plain step's host work (its rows laid out, the launch, the copy of its choices
+back, the engine committing and streaming them) runs while the GPU idles: on an H100 a
+step's graph takes ~1.3 ms of device time and the host ~0.1 ms around it. When every
+request of a pass will take a plain step next (speculation off, greedy), the backend
+queues that next step right behind the pass, its tokens copied on the device from the
+pass's choices. The engine then asks for exactly that step; the backend hands back the
+queued step's choices and queues the one after, so the device always has a step to run.
+
+Exact by construction: the queued step is the same replay of the same graph over the
+same rows the engine would have asked for, its tokens the pass's own choices (the
+engine's next pending tokens). When the engine asks for anything else (a request ended,
+one joined, a prefill or a compaction came first), the queued step is dropped: its KV
+writes lie past each slot's committed length, where a rejected draft's lie, and its
+choices are never read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from codespec.forward.base import Requests
+from codespec.forward.passlayout import PassRows
+
+
+class Collect:
+    """What waits for a pass's choices (`Forward.launch`'s result); keeps them once read,
+    so a step queued on them can check that the engine asked for it."""
+
+    def __init__(self, choices: Any) -> None:
+        self._choices = choices  # a device tensor of the rows' greedy choices
+        self.result: list[int] | None = None
+
+    def __call__(self) -> list[int]:
+        if self.result is None:
+            self.result = self._choices.tolist()  # the pass's one sync
+        return self.result
+
+
+@dataclass
+class Chained:
+    """A plain step queued on the device behind the pass `fed_from`: each request's slot
+    and start, one row each, its token that pass's choice for the request."""
+
+    slots: tuple[int, ...]
+    starts: tuple[int, ...]
+    fed_from: Collect  # the pass whose choices are this step's tokens
+    choices: Any  # this step's choices on the device (a copy: later replays overwrite the bucket's)
+    collect: Collect = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.collect = Collect(self.choices)
+
+    def asked_by(self, requests: Requests) -> bool:
+        """Whether `requests` is exactly this step: the same slots at the queued starts,
+        one-row trees of the tokens the feeding pass chose (read by the engine already)."""
+        tokens = self.fed_from.result
+        if tokens is None or len(requests) != len(self.slots):
+            return False
+        return all(slot == s and start == b and len(tree) == 1 and tree.tokens[0] == t
+                   for (slot, start, tree), s, b, t in zip(requests, self.slots, self.starts, tokens))
+
+
+def plain_steps(requests: Requests) -> bool:
+    """A pass of one row per request (every request's pending token, no draft)."""
+    return all(len(tree) == 1 for _, _, tree in requests)
+
+
+def next_starts(requests: Requests) -> tuple[Sequence[int], Sequence[int]]:
+    """The slots and starts of the plain step after a plain pass: one position further."""
+    return tuple(slot for slot, _, _ in requests), tuple(start + 1 for _, start, _ in requests)
+
+
+def step_rows(slots: Sequence[int], starts: Sequence[int]) -> PassRows:
+    """The rows of a plain step of these requests, tokens left 0 (the device fills them)."""
+    k = len(slots)
+    return PassRows(np.zeros(k, dtype=np.int64), np.full(k, -1, dtype=np.int64), np.zeros(k, dtype=np.int64),
+                    np.arange(k + 1, dtype=np.int64), np.asarray(slots, dtype=np.int64),
+                    np.asarray(starts, dtype=np.int64))

@@ -1,0 +1,133 @@
+"""Plain steps queued one ahead on the device (forward/chained.py, the cuda backend's
+`launch(..., chain_next=True)`), checked on CPU where the backend runs eagerly: the
+queued step is the one the engine asks for next (then it is not run again), and
+anything else drops it without a trace in what the engine computes."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from codespec.engine import Engine, GenerationConfig
+from codespec.engine.scheduler import Scheduler
+from codespec.errors import SettingError
+from codespec.forward.cuda import CudaForward
+from codespec.models.tiny import tiny_model
+from codespec.policy.proposer import PromptLookupProposer
+from codespec.policy.tree import VerifyTree
+from tests.test_engine_lossless import hf_greedy, prompts
+
+PLAIN = GenerationConfig(max_new_tokens=20, speculate=False)
+
+
+def engine_of(model, chain: str, monkeypatch, **kwargs) -> Engine:
+    monkeypatch.setenv("CODESPEC_CUDA_CHAIN", chain)
+    return Engine(CudaForward(model, rows=4), None, PromptLookupProposer(min_match_tokens=1), eos_token_ids=[],
+                  **kwargs)
+
+
+def test_plain_decoding_takes_the_queued_steps_and_is_the_model(monkeypatch):
+    model = tiny_model("qwen2", vocab_size=64, seed=5)
+    engine = engine_of(model, "1", monkeypatch)
+    forward = engine.forward
+    for prompt in prompts(64, 3, seed=1, repeat=False):
+        assert engine.generate(prompt, PLAIN).token_ids == hf_greedy(model, prompt, 20)
+    # 20 tokens: the prefill's, then 19 steps, all but the first queued behind the one before;
+    # none is queued after the last (the token limit): nothing was computed for nothing
+    assert forward.chained_taken == 3 * 18
+    assert forward.chained_dropped == 0
+    off = engine_of(model, "0", monkeypatch)
+    assert off.generate(prompts(64, 1, seed=1, repeat=False)[0], PLAIN).token_ids == \
+        engine.generate(prompts(64, 1, seed=1, repeat=False)[0], PLAIN).token_ids
+    assert off.forward.chained_taken == 0 and not off.forward.chains_steps
+
+
+def test_a_batch_whose_runs_end_at_different_times(monkeypatch):
+    """Plain requests of different token limits, some ending on an end token: each change
+    of the batch drops the queued step; every output equals the request decoded alone."""
+    model = tiny_model("qwen2", vocab_size=16, seed=3)
+    monkeypatch.setenv("CODESPEC_CUDA_CHAIN", "1")
+    batch = [[1, 2, 3, 4] * 2, [6, 7, 8] * 3, [9, 1, 9, 2], [3, 3, 4] * 3, [2, 7, 1]]
+    configs = [GenerationConfig(max_new_tokens=n, speculate=False) for n in (24, 9, 17, 3, 30)]
+    probe = Engine(CudaForward(model, rows=8), None, eos_token_ids=[])
+    end = probe.generate(batch[0], configs[0]).token_ids[6]  # the first request ends by its 7th token
+    engine = Engine(CudaForward(model, rows=8), None, eos_token_ids=[end], slots=4)
+    results, done = {}, threading.Event()
+
+    def finished(i):
+        def on_done(outcome):
+            results[i] = outcome
+            if len(results) == len(batch):
+                done.set()
+        return on_done
+
+    scheduler = Scheduler(engine, max_active=4, max_waiting=4)
+    try:
+        for i, (prompt, config) in enumerate(zip(batch, configs)):
+            scheduler.submit(prompt, config, on_tokens=lambda tokens: None, on_done=finished(i))
+        assert done.wait(120)
+    finally:
+        scheduler.close()
+    alone = [engine.generate(p, c).token_ids for p, c in zip(batch, configs)]
+    assert [results[i].token_ids for i in range(len(batch))] == alone
+    assert any(len(a) < c.max_new_tokens for a, c in zip(alone, configs))  # an end token came
+    assert engine.forward.chained_taken > 0 and engine.forward.chained_dropped > 0
+
+
+def test_speculating_runs_are_never_chained_and_stay_lossless(monkeypatch):
+    model = tiny_model("qwen2", vocab_size=16, seed=3)
+    engine = engine_of(model, "1", monkeypatch, max_draft_tokens=8)
+    for prompt in prompts(16, 3, seed=16, repeat=True):
+        plain = engine.generate(prompt, GenerationConfig(max_new_tokens=24, speculate=False)).token_ids
+        taken = engine.forward.chained_taken
+        assert engine.generate(prompt, GenerationConfig(max_new_tokens=24)).token_ids == plain
+        assert engine.forward.chained_taken == taken  # a run that may draft is never queued for
+
+
+def test_a_queued_step_not_asked_for_leaves_nothing_behind(monkeypatch):
+    """The backend queues the step after a plain pass; the engine asks for another step
+    instead (another token at that position): the answers are those of a backend that
+    never queued anything; the step queued after that one is the next one asked for."""
+    model = tiny_model("qwen2", vocab_size=32, seed=7)
+    monkeypatch.setenv("CODESPEC_CUDA_CHAIN", "1")
+    runs = []
+    for chain in (True, False):
+        forward = CudaForward(model, rows=4)
+        engine = Engine(forward, None, eos_token_ids=[], slots=2)
+        cache = engine.cache
+        prompt = list(range(1, 12))
+        slot, _ = cache.acquire(prompt)
+        forward.prefill(cache, slot, prompt, 0)
+        start = len(prompt)
+        first = forward.launch(cache, [(slot, start, VerifyTree.chain(3))], chain_next=chain)()
+        # the queued step would feed first[0] at start + 1; ask for another token there
+        other = (first[0] + 1) % 32
+        second = forward.launch(cache, [(slot, start + 1, VerifyTree.chain(other))], chain_next=chain)()
+        third = forward.choices(cache, [(slot, start + 2, VerifyTree.chain(second[0]))])  # the one queued
+        runs.append((first, second, third, forward.chained_taken, forward.chained_dropped))
+    assert runs[0][:3] == runs[1][:3]
+    assert runs[0][3:] == (1, 1) and runs[1][3:] == (0, 0)  # (taken, dropped)
+
+
+def test_the_engine_says_when_the_next_pass_is_a_plain_step(monkeypatch):
+    model = tiny_model("qwen2", vocab_size=16, seed=3)
+    engine = engine_of(model, "1", monkeypatch, slots=3)
+    run = engine.start([1, 2, 3], GenerationConfig(max_new_tokens=3, speculate=False))
+    run.step()  # the prefill
+    one = [VerifyTree.chain(4)]
+    assert engine._plain_next([run], one)
+    run.step()
+    assert not engine._plain_next([run], one)  # its last token next: nothing after it
+    spec = engine.start([1, 2, 3], GenerationConfig(max_new_tokens=9))
+    spec.step()
+    assert not engine._plain_next([spec], one)
+    sampled = engine.start([1, 2, 3], GenerationConfig(max_new_tokens=9, speculate=False, temperature=0.7))
+    sampled.step()
+    assert not engine._plain_next([sampled], one)
+
+
+def test_a_bad_setting_is_refused(monkeypatch):
+    monkeypatch.setenv("CODESPEC_CUDA_CHAIN", "yes")
+    with pytest.raises(SettingError, match="CODESPEC_CUDA_CHAIN"):
+        CudaForward(tiny_model("qwen2", vocab_size=16, seed=3), rows=4)
