@@ -26,7 +26,8 @@ back), `attention`, `l2` and `step` (scripts/gpu_step.py: attention's launch sch
 the layer's products with their weights in L2 against from HBM, and the step with each
 variant: the attention schedule, warming L2 on a side stream by mode; where a variant
 wins by 3% with its rows exact, edit, verify and stress run again with it as
-`edit_step`, `verify_step`, `stress_step`), `fused` (the backend with fused
+`edit_step`, `verify_step`, `stress_step`), `plain` (plain decoding through the engine,
+ms per token with steps queued one ahead and without), `fused` (the backend with fused
 layers, CODESPEC_CUDA_FUSED: its rows, costs and profile) and `fusedtiles` (each fused
 product by tile, and the fused backend with the fastest), in the default stages;
 `gemm` (the layer's products in CUDA graphs: cuBLAS against kernels/row_linear.py's
@@ -61,7 +62,7 @@ from typing import Any, Callable
 import torch
 
 from gpu_measure import _time, cost_curve, profile_step, row_checks, step_anatomy
-from gpu_step import attention_probe, l2_probe, step_probe, winner_env
+from gpu_step import attention_probe, l2_probe, plain_probe, step_probe, winner_env
 from gpu_probes import bucket_probe, fused_probe, fused_tiles_probe, gemm_probe, key_block_probe, tiles_probe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -215,7 +216,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--assets", default=str(ROOT / ".gpu"), help="the default model's config and tokenizer files")
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu-out"))
-    parser.add_argument("--stages", default="kernel,rows,costs,profile,anatomy,attention,l2,step,edit,verify,stress")
+    parser.add_argument("--stages", default="kernel,rows,costs,profile,anatomy,attention,l2,step,plain,edit,verify,"
+                                             "stress")
     parser.add_argument("--deadline", type=float, default=DEADLINE_S,
                         help="seconds from the start after which no stage starts (the machine's limit is 600)")
     args = parser.parse_args()
@@ -251,6 +253,8 @@ def main() -> None:
         stage(results, "l2", lambda: l2_probe(loaded), out)
     if "step" in wanted:
         stage(results, "step", lambda: step_probe(loaded), out, needs_s=60)
+    if "plain" in wanted:
+        stage(results, "plain", lambda: plain_probe(loaded), out, needs_s=20)
     if "gemm" in wanted:
         stage(results, "gemm", lambda: gemm_probe(loaded), out)
     if "buckets" in wanted:

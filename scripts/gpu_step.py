@@ -177,3 +177,37 @@ def winner_env(results: dict[str, Any]) -> dict[str, str] | None:
     if best.startswith("default") or ratio > 0.97 or rows.get("rows_differing", 1) != 0:
         return None
     return dict(probe["best_env"])
+
+
+def plain_probe(loaded: Any, new_tokens: int = 256, context: int = 512, repeat: int = 3) -> dict[str, Any]:
+    """Plain decoding through the engine at batch 1 (speculation off), ms per generated
+    token after the first, with the cuda backend's steps queued one ahead
+    (forward/chained.py) and without, interleaved `repeat` times; outputs compared. The
+    bar's "plain decoding per step" as a user meets it: host work included."""
+    import statistics
+
+    from codespec.engine import Engine, GenerationConfig
+
+    forward, floor = loaded.forward, step_floor(loaded)
+    engine = Engine(forward, loaded.tokenizer, eos_token_ids=[], slots=2)
+    prompt = [(11 * i) % forward.config.vocab_size for i in range(context)]
+    config = GenerationConfig(max_new_tokens=new_tokens, speculate=False)
+    saved = forward.chains_steps
+    times: dict[str, list[float]] = {"chained": [], "unchained": []}
+    outputs: dict[str, list[int]] = {}
+    try:
+        for _ in range(repeat):
+            for label, chained in (("unchained", False), ("chained", True)):
+                forward.chains_steps = chained
+                out = engine.generate(prompt, config)
+                times[label].append((out.stats.wall_s - out.stats.ttft_s) / (len(out.token_ids) - 1) * 1e3)
+                outputs[label] = out.token_ids
+    finally:
+        forward.chains_steps = saved
+    result: dict[str, Any] = {f"{label}_ms_per_token": round(statistics.median(values), 4)
+                              for label, values in times.items()}
+    result.update(identical=outputs["chained"] == outputs["unchained"], floor_ms=floor["floor_ms"],
+                  chained_over_floor=round(result["chained_ms_per_token"] / floor["floor_ms"], 2),
+                  unchained_over_floor=round(result["unchained_ms_per_token"] / floor["floor_ms"], 2),
+                  chained_taken=forward.chained_taken, chained_dropped=forward.chained_dropped)
+    return result

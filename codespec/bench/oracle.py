@@ -13,7 +13,10 @@ same time whatever rows they hold (forward/cuda.py), plus `row_s` per row past a
 replay's first (each real row's attention: ~3 us on the H100, whose 64-row pass cost
 1.63 ms against a step's 1.34 in session 20, ~90 us of that the host's layout of the
 rows then): the engine sees GPU-shaped pass costs (its goodput controller calibrates on them) while the host does nothing else, as
-while a GPU computes. `codespec bench host` runs it (bench/host_bench.py).
+while a GPU computes. Passes queue on a virtual device, one after another, and plain
+steps are queued one ahead as the cuda backend queues them (forward/chained.py;
+CODESPEC_CUDA_CHAIN=0 turns both off): a queued step starts when the pass before it
+ends, however long the host takes. `codespec bench host` runs it (bench/host_bench.py).
 
 >>> from codespec.policy.tree import VerifyTree
 >>> oracle = OracleForward({(1, 2): [1, 2, 3, 4, 5]}, eos_id=0)
@@ -26,6 +29,7 @@ while a GPU computes. `codespec bench host` runs it (bench/host_bench.py).
 from __future__ import annotations
 
 import math
+import os
 import time
 from types import SimpleNamespace
 from typing import Any, Callable, Sequence
@@ -33,6 +37,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from codespec.errors import CodespecError
+from codespec.policy.tree import VerifyTree
 
 
 class OracleForward:
@@ -60,6 +65,10 @@ class OracleForward:
         self.config = SimpleNamespace(num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
                                       hidden_size=1, head_dim=1, max_position_embeddings=max_context)
         self.generation_config = SimpleNamespace(eos_token_id=eos_id)
+        self.chains_steps = os.environ.get("CODESPEC_CUDA_CHAIN", "1") != "0"  # as the cuda backend
+        self.chained_taken = self.chained_dropped = 0
+        self._free_at = 0.0  # when the virtual device has run every pass queued on it
+        self._queued: tuple[list[tuple[int, int, int]], list[int], float] | None = None  # rows, choices, end
 
     def probe(self, stored: tuple[int, bool] | None) -> tuple[int, bool]:
         return self.bucket, False  # as the cuda backend: a pass costs one more replay per bucket
@@ -73,23 +82,46 @@ class OracleForward:
             raise CodespecError("the oracle forward has no greedy output for this prompt: it replays only the "
                                 "requests it was given")
         self._by_slot[slot] = sequence
+        self._drop_queued()
         self._wait(len(prompt) - start)
         return np.array([[self._after(sequence, len(prompt) - 1)]], dtype=np.int64)
 
     def choices(self, cache: Any, requests: Sequence[tuple[int, int, Any]]) -> list[int]:
         return self.launch(cache, requests)()
 
-    def launch(self, cache: Any, requests: Sequence[tuple[int, int, Any]]) -> Callable[[], list[int]]:
-        """The pass "queued": its choices are ready once its time has passed, as a GPU's
-        asynchronous launch (the host may work meanwhile: engine/ahead.py)."""
-        picked = self._choices(requests)
-        until = time.perf_counter() + self._pass_s(len(picked))
+    def launch(self, cache: Any, requests: Sequence[tuple[int, int, Any]],
+               chain_next: bool = False) -> Callable[[], list[int]]:
+        """The pass queued: its choices are ready once the virtual device has run it, as
+        a GPU's asynchronous launch (the host may work meanwhile: engine/ahead.py); with
+        `chain_next`, the plain step after it queued behind it (forward/chained.py)."""
+        asked = [(slot, start, tree.tokens[0]) for slot, start, tree in requests if len(tree) == 1]
+        queued, self._queued = self._queued, None
+        if queued is not None and len(asked) == len(requests) and queued[0] == asked:
+            self.chained_taken += 1
+            picked, until = queued[1], queued[2]
+        else:
+            self.chained_dropped += queued is not None
+            picked = self._choices(requests)
+            until = self._queue(self._pass_s(len(picked)))
+        if chain_next and self.chains_steps and len(asked) == len(requests):
+            rows = [(slot, start + 1, token) for (slot, start, _), token in zip(asked, picked)]
+            choices = self._choices([(slot, start, VerifyTree.chain(token)) for slot, start, token in rows])
+            self._queued = (rows, choices, self._queue(self._pass_s(len(rows))))
 
         def collect() -> list[int]:
             while time.perf_counter() < until:
                 pass
             return picked
         return collect
+
+    def _queue(self, seconds: float) -> float:
+        """Queue `seconds` of device work behind what is queued; returns when it ends."""
+        self._free_at = max(time.perf_counter(), self._free_at) + seconds
+        return self._free_at
+
+    def _drop_queued(self) -> None:
+        self.chained_dropped += self._queued is not None
+        self._queued = None
 
     def _choices(self, requests: Sequence[tuple[int, int, Any]]) -> list[int]:
         picked: list[int] = []
@@ -104,6 +136,7 @@ class OracleForward:
         return picked
 
     def logits(self, cache: Any, requests: Sequence[tuple[int, int, Any]]) -> np.ndarray:
+        self._drop_queued()
         return np.array(self.choices(cache, requests), dtype=np.int64)[:, None]
 
     def argmax(self, logits: np.ndarray) -> list[int]:
@@ -113,7 +146,7 @@ class OracleForward:
         raise CodespecError("the oracle forward replays greedy choices only: it has no distribution to sample")
 
     def keep(self, cache: Any, moves: Any) -> None:
-        pass  # no KV to move
+        self._drop_queued()  # no KV to move
 
     def _after(self, sequence: list[int], at: int) -> int:
         """The greedy choice after position `at` of the output (end of sequence past it)."""
@@ -128,6 +161,6 @@ class OracleForward:
         runs: the host's core stays awake and its caches warm. (With a sleeping wait the
         engine's host work measured ~25% slower per pass on a 2-core VM, its core woken
         cold after every pass: docs/benchmarks.md.)"""
-        until = time.perf_counter() + self._pass_s(rows)
+        until = self._queue(self._pass_s(rows))
         while time.perf_counter() < until:
             pass

@@ -77,3 +77,34 @@ def test_the_oracle_sleeps_per_bucket_and_refuses_what_it_cannot_replay():
         oracle.prefill(None, 0, [7, 7], 0)
     with pytest.raises(CodespecError, match="greedy choices only"):
         oracle.tensor(oracle.logits(None, [(0, 1, VerifyTree.chain(2))]))
+
+
+def test_the_oracle_queues_passes_and_plain_steps_on_a_virtual_device(monkeypatch):
+    """Passes run one after another on the oracle's virtual device; a plain step queued
+    behind a pass (forward/chained.py) starts when that pass ends, whatever the host does,
+    and is taken when asked for, dropped when not."""
+    from codespec.bench import oracle as module
+
+    clock = [0.0]
+
+    def now() -> float:
+        clock[0] += 1e-4  # every look at the clock takes a tenth of a millisecond
+        return clock[0]
+
+    monkeypatch.setattr(module, "time", type("Clock", (), {"perf_counter": staticmethod(now)}))
+    oracle = OracleForward({(1,): [1, 2, 3, 4, 5, 6]}, eos_id=0, pass_s=0.01)
+    oracle.prefill(None, 0, [1], 0)
+    collect = oracle.launch(None, [(0, 1, VerifyTree.chain(2))], chain_next=True)
+    ends = oracle._free_at
+    assert collect() == [3]
+    assert clock[0] < ends  # the host got its choices while the queued step still runs
+    clock[0] += 0.05  # the host is slow: the queued step ended meanwhile, where it started
+    assert oracle.launch(None, [(0, 2, VerifyTree.chain(3))], chain_next=True)() == [4]
+    assert oracle.chained_taken == 1
+    assert oracle.launch(None, [(0, 3, VerifyTree.chain(9))])() == [0]  # not the queued step (4 follows)
+    assert oracle.chained_dropped == 1
+    monkeypatch.setenv("CODESPEC_CUDA_CHAIN", "0")
+    unchained = OracleForward({(1,): [1, 2, 3]}, eos_id=0)
+    unchained.prefill(None, 0, [1], 0)
+    unchained.launch(None, [(0, 1, VerifyTree.chain(2))], chain_next=True)()
+    assert unchained._queued is None
