@@ -131,3 +131,26 @@ def test_a_bad_setting_is_refused(monkeypatch):
     monkeypatch.setenv("CODESPEC_CUDA_CHAIN", "yes")
     with pytest.raises(SettingError, match="CODESPEC_CUDA_CHAIN"):
         CudaForward(tiny_model("qwen2", vocab_size=16, seed=3), rows=4)
+
+
+def test_a_request_that_ended_leaves_the_others_rows_to_take(monkeypatch):
+    """Three requests' plain step queued; the first request ends, the engine asks for the
+    other two (here in the other order): the queued rows are theirs, taken, not run again."""
+    model = tiny_model("qwen2", vocab_size=32, seed=7)
+    monkeypatch.setenv("CODESPEC_CUDA_CHAIN", "1")
+    outs = []
+    for chain in (True, False):
+        forward = CudaForward(model, rows=4)
+        cache = Engine(forward, None, eos_token_ids=[], slots=3).cache
+        heads = []
+        for prompt in ([*range(1, 12)], [*range(5, 14)], [3, 1, 4, 1, 5]):
+            slot, _ = cache.acquire(prompt)
+            forward.prefill(cache, slot, prompt, 0)
+            heads.append((slot, len(prompt)))
+        first = forward.launch(cache, [(s, n, VerifyTree.chain(t)) for (s, n), t in zip(heads, (7, 19, 2))],
+                               chain_next=chain)()
+        rest = [(s, n + 1, VerifyTree.chain(t)) for (s, n), t in zip(heads[1:], first[1:])][::-1]
+        second = forward.launch(cache, rest, chain_next=chain)()
+        outs.append((first, second, forward.chained_taken))
+    assert outs[0][:2] == outs[1][:2] and outs[0][1][0] != outs[0][1][1]
+    assert outs[0][2] == 1 and outs[1][2] == 0

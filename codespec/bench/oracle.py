@@ -96,9 +96,10 @@ class OracleForward:
         `chain_next`, the plain step after it queued behind it (forward/chained.py)."""
         asked = [(slot, start, tree.tokens[0]) for slot, start, tree in requests if len(tree) == 1]
         queued, self._queued = self._queued, None
-        if queued is not None and len(asked) == len(requests) and queued[0] == asked:
-            self.chained_taken += 1
-            picked, until = queued[1], queued[2]
+        rows = [queued[0].index(a) if a in queued[0] else None for a in asked] if queued is not None else []
+        if queued is not None and len(asked) == len(requests) and None not in rows:
+            self.chained_taken += 1  # the queued step (requests ended since: the others' rows)
+            picked, until = [queued[1][row] for row in rows], queued[2]
         else:
             self.chained_dropped += queued is not None
             picked = self._choices(requests)

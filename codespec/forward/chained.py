@@ -11,9 +11,10 @@ queued step's choices and queues the one after, so the device always has a step 
 
 Exact by construction: the queued step is the same replay of the same graph over the
 same rows the engine would have asked for, its tokens the pass's own choices (the
-engine's next pending tokens). When the engine asks for anything else (a request ended,
-one joined, a prefill or a compaction came first), the queued step is dropped: its KV
-writes lie past each slot's committed length, where a rejected draft's lie, and its
+engine's next pending tokens). When requests ended meanwhile, the others' rows are
+still theirs (each row is exact alone). When the engine asks for anything else (a
+request joined, a prefill or a compaction came first), the queued step is dropped: its
+KV writes lie past each slot's committed length, where a rejected draft's lie, and its
 choices are never read."""
 
 from __future__ import annotations
@@ -55,14 +56,23 @@ class Chained:
     def __post_init__(self) -> None:
         self.collect = Collect(self.choices)
 
-    def asked_by(self, requests: Requests) -> bool:
-        """Whether `requests` is exactly this step: the same slots at the queued starts,
-        one-row trees of the tokens the feeding pass chose (read by the engine already)."""
+    def rows_for(self, requests: Requests) -> list[int] | None:
+        """The queued rows `requests` asks for, in its order: each request's slot at its
+        queued start, a one-row tree of the token the feeding pass chose for it (read by
+        the engine already). A request that ended since leaves its row unread: rows are
+        exact alone, so the others' choices stand. None where any request is not queued."""
         tokens = self.fed_from.result
-        if tokens is None or len(requests) != len(self.slots):
-            return False
-        return all(slot == s and start == b and len(tree) == 1 and tree.tokens[0] == t
-                   for (slot, start, tree), s, b, t in zip(requests, self.slots, self.starts, tokens))
+        if tokens is None:
+            return None
+        queued = {(slot, start, token): row for row, (slot, start, token)
+                  in enumerate(zip(self.slots, self.starts, tokens))}
+        rows = []
+        for slot, start, tree in requests:
+            row = queued.get((slot, start, tree.tokens[0])) if len(tree) == 1 else None
+            if row is None:
+                return None
+            rows.append(row)
+        return rows
 
 
 def plain_steps(requests: Requests) -> bool:

@@ -212,10 +212,14 @@ class CudaForward:
         (forward/chained.py); when the engine then asks for that step, it is not run
         again, and the one after it is queued."""
         queued = self._chained.get(cache)
-        if queued is not None and queued.asked_by(requests):
+        rows = queued.rows_for(requests) if queued is not None else None
+        if rows is not None:
             del self._chained[cache]
             self.chained_taken += 1
             collect, choices = queued.collect, queued.choices
+            if rows != list(range(len(queued.slots))):  # requests ended since: the others' rows
+                choices = choices.index_select(0, torch.tensor(rows, device=choices.device))
+                collect = Collect(choices)
         else:
             self._drop_chained(cache)
             picked = []
