@@ -19,6 +19,10 @@ Two launch schedules of the first kernel run the same code for every block (so t
 bits; `schedule`, CODESPEC_CUDA_ATTENTION):
 * `worklist` (the default): a wave of programs (one per SM, 8 warps each) shares the
   pass's (row, key block, KV head) items. A one-row decode step over 512 keys is 8 items;
+* `single`: the worklist, and the combine in the same launch, by the program that
+  finishes a (row, KV head)'s last block (an atomic count): one launch a layer, not
+  yet run on a GPU (a memory-ordering fault would show there alone: the GPU check
+  compares its bits with the grid's);
 * `grid`: one program per (row, KV head, program of the block axis): a bucket of 64 rows
   and a slot of 2,048+ positions is 2,048 programs whatever the pass holds, and the
   kernel's 255 registers a thread fit two programs on an SM, so a step waits for ~8
@@ -44,7 +48,7 @@ KEY_BLOCK = 128  # logical keys per block: part of every row's summation order
 BLOCK_PROGRAMS = 16  # programs per (row, KV head) along the block axis: rows of up to 16 blocks
 # run all their blocks at once; more programs would be idle ones for most rows (the grid is
 # fixed for a CUDA graph, sized by the slot's length). A launch detail: not in the bits.
-SCHEDULES = ("worklist", "grid")
+SCHEDULES = ("worklist", "grid", "single")
 # The worklist's wave and warps: compiled offline for sm_90, the kernel takes 216
 # registers a thread at 8 warps (one program fits an SM); at 4 it takes 255 and spills
 # 208 bytes of stack. Launch details, not in the bits of a given build;
@@ -80,11 +84,11 @@ def row_attention(
         out = torch.empty_like(query)
     check(out.shape == query.shape and out.stride(2) == 1, "out must be [rows, heads, dim]")
     if use_triton(query, force_triton):
-        from codespec.kernels import _triton
+        from codespec.kernels import _triton_attention
 
         schedule = schedule or schedule_setting()
         check(schedule in SCHEDULES, f"attention schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}")
-        _triton.row_attention(query, keys, values, slots, context, path, path_len, scale, out, KEY_BLOCK,
+        _triton_attention.row_attention(query, keys, values, slots, context, path, path_len, scale, out, KEY_BLOCK,
                               BLOCK_PROGRAMS, schedule, wave(query.device), WORK_WARPS)
     else:
         out.copy_(row_attention_ref(query, keys, values, slots, context, path, path_len, scale))

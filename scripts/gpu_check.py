@@ -168,7 +168,13 @@ def _schedule_check(query: Any, keys: Any, values: Any, meta: dict[str, Any]) ->
         same = f"{type(error).__name__}: {str(error)[:300]}"
     if same is not True:
         os.environ["CODESPEC_CUDA_ATTENTION"] = "grid"
-    return {"worklist_equals_grid": same, "attention_schedule": os.environ.get("CODESPEC_CUDA_ATTENTION", "worklist")}
+    try:  # the single launch (not the default): its atomic count, on a GPU for the first time
+        single = all(bool(torch.equal(row_attention(query, keys, values, **meta, scale=0.125, schedule="single"),
+                                      grid)) for _ in range(5))
+    except Exception as error:
+        single = f"{type(error).__name__}: {str(error)[:300]}"
+    return {"worklist_equals_grid": same, "single_equals_grid_5_times": single,
+            "attention_schedule": os.environ.get("CODESPEC_CUDA_ATTENTION", "worklist")}
 
 
 def rope_store_checks() -> dict[str, bool]:

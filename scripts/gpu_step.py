@@ -1,8 +1,9 @@
 """Probes of the plain step's parts for scripts/gpu_check.py, the one bar the H100 runs
 missed (a step 4.0-4.3x the weights' read time; bar 3x):
 
-* `attention`: kernels/row_attention.py's schedules (grid, worklist at 4 or 8 warps, one
-  or two programs an SM) in CUDA graphs, for a step and for passes of 32 and 64 rows;
+* `attention`: kernels/row_attention.py's schedules (grid; worklist and single at 4 or 8
+  warps, one or two programs an SM) in CUDA graphs, for a step and for passes of 32 and
+  64 rows, with their bits against the grid's;
 * `l2`: the layer's products with their weights in L2 against from HBM (the most that
   warming L2 can save);
 * `step`: the backend's step and 32-row pass with each variant (VARIANTS: the attention
@@ -23,6 +24,7 @@ PRODUCTS = ("qkv", "o", "gate_up", "down")
 # (label, CODESPEC_CUDA_ATTENTION, CODESPEC_CUDA_PREFETCH, its programs): the default
 # first and last, to see the machine drift between them
 VARIANTS = (("default", "worklist", "off", 0), ("grid attention", "grid", "off", 0),
+            ("single attention", "single", "off", 0),
             ("sector/16", "worklist", "sector", 16), ("sector/64", "worklist", "sector", 64),
             ("bulk/8", "worklist", "bulk", 8), ("bulk/32", "worklist", "bulk", 32),
             ("load/64", "worklist", "load", 64), ("default (again)", "worklist", "off", 0))
@@ -49,7 +51,8 @@ def attention_probe() -> dict[str, Any]:
         path = (keys_in_row + torch.arange(64, device="cuda")).repeat(64, 1).contiguous()
         layouts[name] = dict(slots=zeros, context=context, path=path, path_len=path_len)
     schedules = {"grid": ("grid", 1, 8), "worklist w8 x1": ("worklist", 1, 8), "worklist w4 x2": ("worklist", 2, 4),
-                 "worklist w8 x2": ("worklist", 2, 8)}
+                 "worklist w8 x2": ("worklist", 2, 8), "single w8 x1": ("single", 1, 8),
+                 "single w8 x2": ("single", 2, 8)}
     saved = module.PROGRAMS_PER_SM, module.WORK_WARPS
     result: dict[str, Any] = {}
     reference = {name: module.row_attention(query, keys, values, **meta, scale=0.125, schedule="grid")

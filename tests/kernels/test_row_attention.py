@@ -87,13 +87,16 @@ def test_long_rows_split_into_blocks_any_launch_gives_the_same_bits(monkeypatch)
                        wide)
     for programs in (1, 3, 50):  # the worklist's wave: one program takes every item, or many idle
         monkeypatch.setattr(module, "wave", lambda device, n=programs: n)
-        assert torch.equal(row_attention(query, keys, values, **meta, scale=0.125, force_triton=True), wide)
+        for schedule in ("worklist", "single"):
+            assert torch.equal(row_attention(query, keys, values, **meta, scale=0.125, force_triton=True,
+                                             schedule=schedule), wide)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_both_schedules_give_the_same_bits(dtype, monkeypatch):
-    """The worklist and the grid run the same code for every (row, block, KV head): a
-    pass of rows over several blocks, paths and padding gets the same bits from both."""
+    """The worklist, the single launch and the grid run the same code for every (row,
+    block, KV head) and combine: a pass of rows over several blocks, paths and padding
+    gets the same bits from all three."""
     rng = random.Random(7)
     keys, values = (torch.randn(4, KV_HEADS, 420, DIM).to(dtype) for _ in range(2))
     rows = random_rows(rng, 13, 4, 420)
@@ -101,8 +104,12 @@ def test_both_schedules_give_the_same_bits(dtype, monkeypatch):
     query = torch.randn(13, HEADS, DIM).to(dtype)
     grid = row_attention(query, keys, values, **rows, scale=0.125, force_triton=True, schedule="grid")
     monkeypatch.setattr(module, "wave", lambda device: 5)
+    for schedule in ("worklist", "single"):
+        assert torch.equal(row_attention(query, keys, values, **rows, scale=0.125, force_triton=True,
+                                         schedule=schedule), grid), schedule
+    # the single schedule leaves its counts at zero for the next launch (here: again, same bits)
     assert torch.equal(row_attention(query, keys, values, **rows, scale=0.125, force_triton=True,
-                                     schedule="worklist"), grid)
+                                     schedule="single"), grid)
     monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "grid")
     assert module.schedule_setting() == "grid"
     monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "tiles")

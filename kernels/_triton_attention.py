@@ -1,0 +1,233 @@
+"""The Triton kernels behind `row_attention` (kernels/row_attention.py; imported only when
+one runs: on CUDA tensors, or on CPU under `TRITON_INTERPRET=1` in the tests).
+
+The launcher takes arguments its wrapper already checked."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _query_group(q_ptr, row, kv_head, s_q_row, s_q_head, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                 DIM: tl.constexpr):
+    # The GROUP query heads of `row` that share `kv_head`, padded to GROUP_PAD rows (tl.dot
+    # needs 16). Operands in float32: a bf16 or fp16 value is exact in tf32, so tf32
+    # products of them are exact too (the weights round to tf32, finer than bf16).
+    g = tl.arange(0, GROUP_PAD)
+    head = kv_head * GROUP + g
+    return tl.load(q_ptr + row * s_q_row + head[:, None] * s_q_head + tl.arange(0, DIM)[None, :],
+                   mask=(g < GROUP)[:, None], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _block_partial(q, k_ptr, v_ptr, part_ptr, path_ptr, row, kv_head, slot, context, total, block, scale,
+                   s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head, s_part_block,
+                   GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, DIM: tl.constexpr, KEY_BLOCK: tl.constexpr,
+                   PRECISION: tl.constexpr):
+    # One key block's softmax partial for a row's query group (max score, sum of weights,
+    # weighted sum of values), written apart: a block is KEY_BLOCK *logical* keys, so what
+    # it holds and how it is summed depend on the row's keys alone. Both launch schedules
+    # below run exactly this code for every block.
+    g = tl.arange(0, GROUP_PAD)
+    d = tl.arange(0, DIM)
+    head = kv_head * GROUP + g
+    real = g < GROUP
+    base = slot * s_kv_slot + kv_head * s_kv_head
+    t = block * KEY_BLOCK + tl.arange(0, KEY_BLOCK)
+    inside = t < total
+    on_path = t >= context
+    step = tl.load(path_ptr + row * s_path + (t - context), mask=inside & on_path, other=0)
+    position = tl.where(on_path, step, t)
+    offsets = base + position[:, None] * s_kv_pos + d[None, :]
+    k = tl.load(k_ptr + offsets, mask=inside[:, None], other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + offsets, mask=inside[:, None], other=0.0).to(tl.float32)
+    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+    scores = tl.where(inside[None, :], scores, float("-inf"))
+    best = tl.max(scores, axis=1)  # finite: the block holds at least one key
+    weights = tl.exp(scores - best[:, None])
+    values = tl.dot(weights, v, input_precision=PRECISION)
+    at = part_ptr + row * s_part_row + head * s_part_head + block * s_part_block  # [GROUP_PAD]: max, sum, values
+    tl.store(at, best, mask=real)
+    tl.store(at + 1, tl.sum(weights, axis=1), mask=real)
+    tl.store(at[:, None] + 2 + d[None, :], values, mask=real[:, None])
+
+
+@triton.jit
+def _row_attention_block_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr,
+                                scale, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path,
+                                s_part_row, s_part_head, s_part_block,
+                                GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, DIM: tl.constexpr,
+                                KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr):
+    # The `grid` schedule: one program per (row, KV head, program of the block axis),
+    # taking the row's key blocks b = program, program + programs, ...
+    row = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    slot = tl.load(slots_ptr + row)
+    context = tl.load(context_ptr + row)
+    total = context + tl.load(path_len_ptr + row)
+    q = _query_group(q_ptr, row, kv_head, s_q_row, s_q_head, GROUP, GROUP_PAD, DIM)
+    for block in range(tl.program_id(2), tl.cdiv(total, KEY_BLOCK), tl.num_programs(2)):
+        _block_partial(q, k_ptr, v_ptr, part_ptr, path_ptr, row, kv_head, slot, context, total, block, scale,
+                       s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head, s_part_block,
+                       GROUP, GROUP_PAD, DIM, KEY_BLOCK, PRECISION)
+
+
+@triton.jit
+def _row_attention_work_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr,
+                               scale, rows, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path,
+                               s_part_row, s_part_head, s_part_block, KV_HEADS: tl.constexpr,
+                               ROWS_PAD: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                               DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr):
+    # The `worklist` schedule: a fixed number of programs (a wave of the device) share the
+    # pass's real work, the (row, key block, KV head) items in that order, item i going to
+    # program i mod programs. Padding rows have no blocks, so they add no programs: a
+    # one-row step over 512 keys is 8 items, not the grid's rows * KV heads * 16 programs.
+    r = tl.arange(0, ROWS_PAD)
+    listed = r < rows
+    blocks = tl.cdiv(tl.load(context_ptr + r, mask=listed, other=0) + tl.load(path_len_ptr + r, mask=listed,
+                                                                              other=0), KEY_BLOCK)
+    ends = tl.cumsum(blocks, axis=0)  # each row's blocks end here in the flat list
+    for item in range(tl.program_id(0), tl.sum(blocks, axis=0) * KV_HEADS, tl.num_programs(0)):
+        kv_head = item % KV_HEADS
+        flat = item // KV_HEADS
+        row = tl.sum((ends <= flat).to(tl.int32), axis=0)  # the rows whose blocks all come before
+        block = flat - tl.sum(tl.where(r < row, blocks, 0), axis=0)
+        slot = tl.load(slots_ptr + row)
+        context = tl.load(context_ptr + row)
+        total = context + tl.load(path_len_ptr + row)
+        q = _query_group(q_ptr, row, kv_head, s_q_row, s_q_head, GROUP, GROUP_PAD, DIM)
+        _block_partial(q, k_ptr, v_ptr, part_ptr, path_ptr, row, kv_head, slot, context, total, block, scale,
+                       s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head, s_part_block,
+                       GROUP, GROUP_PAD, DIM, KEY_BLOCK, PRECISION)
+
+
+@triton.jit
+def _combine(out_ptr, part_ptr, row, head, blocks, s_out_row, s_out_head, s_part_row, s_part_head, s_part_block,
+             DIM: tl.constexpr, CHUNK: tl.constexpr, READ: tl.constexpr):
+    # A row's query head: its block partials in block order, CHUNK at a time (a fixed tree
+    # within a chunk, chunks in order): the row's keys fix the order. READ: the loads'
+    # cache modifier (".cg" where other programs of the same launch wrote the partials).
+    part = part_ptr + row * s_part_row + head * s_part_head
+    c = tl.arange(0, CHUNK)
+    d = tl.arange(0, DIM)
+    best = tl.full([CHUNK], float("-inf"), tl.float32)
+    for first in range(0, blocks, CHUNK):
+        best = tl.maximum(best, tl.load(part + (first + c) * s_part_block, mask=first + c < blocks,
+                                        other=float("-inf"), cache_modifier=READ))
+    top = tl.max(best, axis=0)  # a maximum is the same in any order
+    total_weight = tl.zeros([CHUNK], tl.float32)
+    acc = tl.zeros([DIM], tl.float32)
+    for first in range(0, blocks, CHUNK):
+        inside = first + c < blocks
+        at = part + (first + c) * s_part_block
+        rescale = tl.where(inside, tl.exp(tl.load(at, mask=inside, other=0.0, cache_modifier=READ) - top), 0.0)
+        total_weight += rescale * tl.load(at + 1, mask=inside, other=0.0, cache_modifier=READ)
+        values = tl.load(at[:, None] + 2 + d[None, :], mask=inside[:, None], other=0.0, cache_modifier=READ)
+        acc += tl.sum(rescale[:, None] * values, axis=0)
+    weight = tl.sum(total_weight, axis=0)
+    result = acc / tl.where(weight > 0, weight, 1.0)  # no keys (padding): zeros
+    tl.store(out_ptr + row * s_out_row + head * s_out_head + d, result.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _row_attention_combine_kernel(out_ptr, part_ptr, context_ptr, path_len_ptr, s_out_row, s_out_head,
+                                  s_part_row, s_part_head, s_part_block,
+                                  DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+    # One program per (row, query head).
+    row = tl.program_id(0)
+    blocks = tl.cdiv(tl.load(context_ptr + row) + tl.load(path_len_ptr + row), KEY_BLOCK)
+    _combine(out_ptr, part_ptr, row, tl.program_id(1), blocks, s_out_row, s_out_head, s_part_row, s_part_head,
+             s_part_block, DIM, CHUNK, "")
+
+
+@triton.jit
+def _row_attention_single_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_ptr, slots_ptr, context_ptr,
+                                 path_ptr, path_len_ptr, scale, rows, s_q_row, s_q_head, s_kv_slot, s_kv_head,
+                                 s_kv_pos, s_path, s_part_row, s_part_head, s_part_block, s_out_row, s_out_head,
+                                 KV_HEADS: tl.constexpr, ROWS_PAD: tl.constexpr, GROUP: tl.constexpr,
+                                 GROUP_PAD: tl.constexpr, DIM: tl.constexpr, KEY_BLOCK: tl.constexpr,
+                                 PRECISION: tl.constexpr, CHUNK: tl.constexpr, HEADS_PAD: tl.constexpr):
+    # The `single` schedule: the worklist's items, then, in the program that finishes a
+    # (row, KV head)'s last block (an atomic count per pair, reset by that program), the
+    # combine of its query heads: one launch a layer instead of two, the same arithmetic.
+    r = tl.arange(0, ROWS_PAD)
+    listed = r < rows
+    blocks = tl.cdiv(tl.load(context_ptr + r, mask=listed, other=0) + tl.load(path_len_ptr + r, mask=listed,
+                                                                              other=0), KEY_BLOCK)
+    ends = tl.cumsum(blocks, axis=0)
+    g = tl.arange(0, HEADS_PAD)
+    d = tl.arange(0, DIM)
+    for row in range(tl.program_id(0), rows, tl.num_programs(0)):  # rows with no keys: zeros
+        if tl.sum(tl.where(r == row, blocks, 0), axis=0) == 0:
+            tl.store(out_ptr + row * s_out_row + g[:, None] * s_out_head + d[None, :],
+                     tl.zeros([HEADS_PAD, DIM], tl.float32).to(out_ptr.dtype.element_ty),
+                     mask=(g < GROUP * KV_HEADS)[:, None])
+    for item in range(tl.program_id(0), tl.sum(blocks, axis=0) * KV_HEADS, tl.num_programs(0)):
+        kv_head = item % KV_HEADS
+        flat = item // KV_HEADS
+        row = tl.sum((ends <= flat).to(tl.int32), axis=0)
+        before = tl.sum(tl.where(r < row, blocks, 0), axis=0)
+        block = flat - before
+        slot = tl.load(slots_ptr + row)
+        context = tl.load(context_ptr + row)
+        total = context + tl.load(path_len_ptr + row)
+        q = _query_group(q_ptr, row, kv_head, s_q_row, s_q_head, GROUP, GROUP_PAD, DIM)
+        _block_partial(q, k_ptr, v_ptr, part_ptr, path_ptr, row, kv_head, slot, context, total, block, scale,
+                       s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head, s_part_block,
+                       GROUP, GROUP_PAD, DIM, KEY_BLOCK, PRECISION)
+        row_blocks = tl.sum(tl.where(r == row, blocks, 0), axis=0)
+        tl.debug_barrier()  # every thread's partial stored before the count says so
+        counted = tl.atomic_add(count_ptr + row * KV_HEADS + kv_head, 1, sem="acq_rel", scope="gpu")
+        if counted == row_blocks - 1:
+            for h in tl.static_range(GROUP):
+                _combine(out_ptr, part_ptr, row, kv_head * GROUP + h, row_blocks, s_out_row, s_out_head,
+                         s_part_row, s_part_head, s_part_block, DIM, CHUNK, ".cg")
+            tl.atomic_xchg(count_ptr + row * KV_HEADS + kv_head, 0, sem="relaxed", scope="gpu")
+
+
+_COUNTS: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def _counts(device: torch.device, size: int) -> torch.Tensor:
+    """The single schedule's counts, zero between launches (each launch's last programs
+    reset theirs): one buffer per device and size, for every layer and graph."""
+    key = (str(device), size)
+    if key not in _COUNTS:
+        _COUNTS[key] = torch.zeros(size, dtype=torch.int32, device=device)
+    return _COUNTS[key]
+
+
+def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
+                  context: torch.Tensor, path: torch.Tensor, path_len: torch.Tensor, scale: float,
+                  out: torch.Tensor, key_block: int, block_programs: int, schedule: str, programs: int,
+                  work_warps: int) -> None:
+    rows, heads, dim = query.shape
+    kv_heads = keys.shape[1]
+    group = heads // kv_heads
+    blocks = triton.cdiv(keys.shape[2], key_block)  # the most a row can have: its keys lie in its slot
+    # [rows, heads, blocks, 2 + dim]: each block's max score, sum of weights, weighted values
+    part = torch.empty(rows, heads, blocks, 2 + dim, dtype=torch.float32, device=query.device)
+    strides = (query.stride(0), query.stride(1), keys.stride(0), keys.stride(1), keys.stride(2), path.stride(0),
+               part.stride(0), part.stride(1), part.stride(2))
+    shapes = dict(GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), DIM=dim, KEY_BLOCK=key_block,
+                  PRECISION="ieee" if query.dtype == torch.float32 else "tf32")
+    if schedule == "single":
+        _row_attention_single_kernel[(programs,)](
+            query, keys, values, part, out, _counts(query.device, rows * kv_heads), slots, context, path, path_len,
+            float(scale), rows, *strides, out.stride(0), out.stride(1), KV_HEADS=kv_heads,
+            ROWS_PAD=triton.next_power_of_2(rows), CHUNK=16, HEADS_PAD=triton.next_power_of_2(heads),
+            num_warps=work_warps, **shapes)
+        return
+    if schedule == "worklist":
+        _row_attention_work_kernel[(programs,)](
+            query, keys, values, part, slots, context, path, path_len, float(scale), rows, *strides,
+            KV_HEADS=kv_heads, ROWS_PAD=triton.next_power_of_2(rows), num_warps=work_warps, **shapes)
+    else:
+        _row_attention_block_kernel[(rows, kv_heads, min(blocks, block_programs))](
+            query, keys, values, part, slots, context, path, path_len, float(scale), *strides, **shapes)
+    _row_attention_combine_kernel[(rows, heads)](
+        out, part, context, path_len, out.stride(0), out.stride(1), part.stride(0), part.stride(1), part.stride(2),
+        DIM=dim, KEY_BLOCK=key_block, CHUNK=16)
