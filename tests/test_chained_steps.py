@@ -69,10 +69,14 @@ def test_a_batch_whose_runs_end_at_different_times(monkeypatch):
         assert done.wait(120)
     finally:
         scheduler.close()
+    taken, dropped = engine.forward.chained_taken, engine.forward.chained_dropped
     alone = [engine.generate(p, c).token_ids for p, c in zip(batch, configs)]
     assert [results[i].token_ids for i in range(len(batch))] == alone
-    assert any(len(a) < c.max_new_tokens for a, c in zip(alone, configs))  # an end token came
-    assert engine.forward.chained_taken > 0 and engine.forward.chained_dropped > 0
+    ended = sum(len(a) < c.max_new_tokens for a, c in zip(alone, configs))
+    assert ended > 0  # an end token came
+    # staggered prefills (one a step) queue nothing to drop; requests that end leave the
+    # others' rows; only a step queued for requests that all stopped on an end token is lost
+    assert taken > 0 and dropped <= ended
 
 
 def test_speculating_runs_are_never_chained_and_stay_lossless(monkeypatch):

@@ -120,11 +120,11 @@ def test_a_step_that_fails_ends_its_requests_and_the_worker_serves_on():
     scheduler = Scheduler(engine, max_active=2)
     real_step, calls = engine.step, []
 
-    def failing_once(runs):
+    def failing_once(runs, **kwargs):
         calls.append(len(runs))
         if len(calls) == 1:
             raise MemoryError("a defect outside any one run")
-        return real_step(runs)
+        return real_step(runs, **kwargs)
 
     engine.step = failing_once
     try:

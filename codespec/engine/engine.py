@@ -184,21 +184,22 @@ class Engine:
         return run.result()
 
     # -- one step of many runs -----------------------------------------------------------
-    def step(self, runs: Sequence[Run]) -> list[list[int]]:
+    def step(self, runs: Sequence[Run], prefill_next: bool = False) -> list[list[int]]:
         """Prefill the new runs and verify all the others in one pass; returns each run's
         committed tokens (in the order of `runs`). A failure that belongs to one run (its
         prefill, its draft) ends that run alone with `run.error` set; a failed batched
-        pass ends every run in it."""
+        pass ends every run in it. `prefill_next`: the caller will prefill a request
+        before the next pass (no plain step is queued behind this one: it would be dropped)."""
         began, in_forward, overlapped = time.perf_counter(), self.verifier.forward_s, self.verifier.overlapped_s
         try:
-            return self._step(runs)
+            return self._step(runs, prefill_next)
         finally:
             self.clock.steps += 1
             self.clock.step_s += time.perf_counter() - began
             self.clock.forward_s += self.verifier.forward_s - in_forward
             self.clock.overlapped_s += self.verifier.overlapped_s - overlapped
 
-    def _step(self, runs: Sequence[Run]) -> list[list[int]]:
+    def _step(self, runs: Sequence[Run], prefill_next: bool = False) -> list[list[int]]:
         committed: dict[int, list[int]] = {}
         ready = [run for run in runs if run.prefilled and not run.done]
         for run in runs:
@@ -208,7 +209,7 @@ class Engine:
         ready, drafts = [r for r in ready if not r.done], [d for r, d in zip(ready, drafts) if not r.done]
         if ready:
             try:
-                outs = self._verify(ready, drafts)
+                outs = self._verify(ready, drafts, prefill_next)
             except Exception as exc:
                 for run in ready:
                     run._fail(exc)
@@ -251,7 +252,8 @@ class Engine:
             drafts = [p.draft for p in controller.choose_priced(picked, self.cost, contexts)]
         return drafts
 
-    def _verify(self, runs: Sequence[Run], drafted: list[Draft | controller.Offered]) -> list[list[int]]:
+    def _verify(self, runs: Sequence[Run], drafted: list[Draft | controller.Offered],
+                prefill_next: bool = False) -> list[list[int]]:
         # the controller's offers are chosen with the whole batch; the fixed policies' drafts stand
         drafts = self._choose(runs, drafted) if isinstance(drafted[0], controller.Offered) else drafted
         limit = getattr(self.forward, "max_tail", None)  # a backend's deepest branch (forward/base.py)
@@ -267,7 +269,7 @@ class Engine:
         if self.look_ahead and self._controlled:  # no longer than the pass is priced to take
             during = functools.partial(self._guess, runs, trees, 0.8 * self.cost.cost(rows, keys))
         began = time.perf_counter()
-        results = self.verifier.verify(items, during, chain_next=self._plain_next(runs, trees))
+        results = self.verifier.verify(items, during, chain_next=not prefill_next and self._plain_next(runs, trees))
         seconds = time.perf_counter() - began
         self.cost.observe(rows, seconds, keys)
         return [run._after_pass(draft, tree, result) for run, draft, tree, result in zip(runs, drafts, trees, results)]

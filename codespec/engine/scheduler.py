@@ -219,7 +219,10 @@ class Scheduler:
         batch = new + [e for e in self._active if e[1].prefilled]
         if not batch:
             return
-        outs = self.engine.step([run for _, run in batch])
+        # a prefill next step (another request admitted, not yet prefilled, or one waiting
+        # for a slot) would drop a plain step queued behind this one (forward/chained.py)
+        prefill_next = len([e for e in self._active if not e[1].prefilled]) > len(new) or bool(self._waiting)
+        outs = self.engine.step([run for _, run in batch], prefill_next=prefill_next)
         for (ticket, run), tokens in zip(batch, outs):
             if tokens:
                 _notify(ticket, ticket.on_tokens, tokens)
