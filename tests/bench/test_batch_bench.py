@@ -27,9 +27,9 @@ def test_every_policy_at_every_batch_size_matches_speculation_off():
                             draft_policy=policy.draft_policy, eos_token_ids=[], cache=cache)
             step = engine.step
 
-            def counting(runs):
+            def counting(runs, **kwargs):
                 widest[0] = max(widest[0], len(runs))
-                return step(runs)
+                return step(runs, **kwargs)
 
             engine.step = counting
             engines[policy.name] = engine
