@@ -218,7 +218,10 @@ class CudaForward:
             self.chained_taken += 1
             collect, choices = queued.collect, queued.choices
             if rows != list(range(len(queued.slots))):  # requests ended since: the others' rows
-                choices = choices.index_select(0, torch.tensor(rows, device=choices.device))
+                index = torch.tensor(rows)
+                if choices.is_cuda:  # a pageable copy would wait for the queued step
+                    index = index.pin_memory().to(choices.device, non_blocking=True)
+                choices = choices.index_select(0, index)
                 collect = Collect(choices)
         else:
             self._drop_chained(cache)
