@@ -33,9 +33,9 @@ class PassCounter:
         self.passes = self.calibrations = 0
         verify = engine.verifier.verify
 
-        def counted(items, during=None):
+        def counted(items, during=None, **kwargs):
             self.passes += 1
-            return verify(items, during)
+            return verify(items, during, **kwargs)
 
         monkeypatch.setattr(engine.verifier, "verify", counted)
         measure = controller.CostModel.measure
