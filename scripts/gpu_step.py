@@ -7,8 +7,8 @@ missed (a step 4.0-4.3x the weights' read time; bar 3x):
 * `l2`: the layer's products with their weights in L2 against from HBM (the most that
   warming L2 can save);
 * `step`: the backend's step and 32-row pass with each variant (VARIANTS: the attention
-  schedule, L2 warming by mode and programs), side by side, and the winner's rows
-  against its decode steps."""
+  schedule, L2 warming by mode and programs; the best of each together; down's own
+  tile), side by side, and the winner's rows against its decode steps."""
 
 from __future__ import annotations
 
@@ -108,54 +108,51 @@ def l2_probe(loaded: Any) -> dict[str, Any]:
     return result
 
 
-def step_probe(loaded: Any, deadline_s: float = 90.0, context: int = 512) -> dict[str, Any]:
+def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> dict[str, Any]:
     """The backend's step (one row) and a 32-row pass at `context` keys (host wall ms,
     medians of 30) with each variant (VARIANTS), and the step's graph replayed
-    20 times back to back (device ms a step, no host between); then the fastest
-    variant's rows against its decode steps (a cache hint cannot change a value: this
-    checks the side stream's capture)."""
+    20 times back to back (device ms a step, no host between). Then the best attention
+    schedule with the best warming, where each beat the default alone; session 20's
+    fastest tile for down (`down tiles`, its row_linear, reported only: tiles have no
+    setting); and the fastest variant's rows against its decode steps (a cache hint
+    cannot change a value: this checks the side stream's capture)."""
     from codespec.forward.cuda import CudaForward
-    from codespec.policy.tree import VerifyTree
 
     default, floor = loaded.forward, step_floor(loaded)
     result: dict[str, Any] = {"floor_ms": floor["floor_ms"], "context": context, "variants": {}}
-    prompt = [(7 * i) % loaded.forward.config.vocab_size for i in range(context)]
     began = time.perf_counter()
-    saved = {name: os.environ.get(name) for name in _variant_env("default")}  # the run's own settings
+    saved = {name: os.environ.get(name) for name in _env("worklist", "off", 0)}  # the run's own settings
+    envs: dict[str, dict[str, str]] = {}
     try:
         for key, attention, mode, programs in VARIANTS:
             if time.perf_counter() - began > deadline_s:
                 result["cut_short"] = True
                 break
-            forward = cache = None
-            os.environ["CODESPEC_CUDA_ATTENTION"] = attention  # read as the graph is captured
-            try:
-                forward = CudaForward(loaded.model, prefetch=mode, prefetch_programs=programs or None)
-                cache = _engine(loaded, slots=1).cache  # held here: the bucket's graph lives with it
-                cache.acquire(prompt)
-                forward.prefill(cache, 0, prompt, 0)
-                entry: dict[str, Any] = {
-                    "step_ms": _wall_ms(lambda: forward.choices(cache, [(0, context, VerifyTree.chain(11))])),
-                    "pass32_ms": _wall_ms(lambda: forward.choices(
-                        cache, [(0, context, VerifyTree.chain(11, [13] * 31))]))}
-                graph = forward._buckets[cache].graph
-                entry["device_step_ms"] = round(_time(lambda: [graph.replay() for _ in range(20)], 10) / 20, 4)
-                entry["step_over_floor"] = round(entry["step_ms"] / floor["floor_ms"], 2)
-            except Exception as error:  # a mode the device cannot run: say so, go on
-                entry = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
-            result["variants"][key] = entry
-            forward = cache = None  # the graph and its cache go before the next variant
-            torch.cuda.empty_cache()
+            envs[key] = _env(attention, mode, programs)
+            result["variants"][key] = _measure(loaded, envs[key], floor["floor_ms"], context)
         timed = {k: v["step_ms"] for k, v in result["variants"].items() if "step_ms" in v}
-        defaults = [v for k, v in timed.items() if k.startswith("default")]
-        if timed and defaults:
-            best = min(timed, key=timed.get)
-            result.update(best=best, best_over_default=round(timed[best] / min(defaults), 3),
-                          best_env=_variant_env(best))
-            if not best.startswith("default"):
-                os.environ.update(result["best_env"])
-                loaded.forward = CudaForward(loaded.model)
-                result["best_rows"] = row_checks(loaded)
+        base = min((v for k, v in timed.items() if k.startswith("default")), default=None)
+        if base is None:
+            return result
+        schedules = {k: v for k, v in timed.items() if k.endswith("attention") and v < 0.99 * base}
+        warming = {k: v for k, v in timed.items() if "/" in k and v < 0.99 * base}
+        if schedules and warming and time.perf_counter() - began < deadline_s:
+            attention = envs[min(schedules, key=schedules.get)]["CODESPEC_CUDA_ATTENTION"]
+            best_warming = envs[min(warming, key=warming.get)]
+            envs["combined"] = {**best_warming, "CODESPEC_CUDA_ATTENTION": attention}
+            result["variants"]["combined"] = _measure(loaded, envs["combined"], floor["floor_ms"], context)
+            timed["combined"] = result["variants"]["combined"].get("step_ms", float("inf"))
+        if time.perf_counter() - began < deadline_s:
+            from codespec.kernels.row_linear import Config
+
+            result["down tiles"] = _measure(loaded, envs["default"], floor["floor_ms"], context,
+                                            tiles={"down": Config(64, 32, 64, splits=4)})
+        best = min(timed, key=timed.get)
+        result.update(best=best, best_over_default=round(timed[best] / base, 3), best_env=envs[best])
+        if not best.startswith("default"):
+            os.environ.update(envs[best])
+            loaded.forward = CudaForward(loaded.model)
+            result["best_rows"] = row_checks(loaded)
     finally:
         loaded.forward = default
         for name, value in saved.items():
@@ -166,8 +163,34 @@ def step_probe(loaded: Any, deadline_s: float = 90.0, context: int = 512) -> dic
     return result
 
 
-def _variant_env(label: str) -> dict[str, str]:
-    _, attention, mode, programs = next(v for v in VARIANTS if v[0] == label)
+def _measure(loaded: Any, env: dict[str, str], floor_ms: float, context: int,
+             tiles: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One variant: its backend built and its graph captured under `env`, then timed."""
+    from codespec.forward.cuda import CudaForward
+    from codespec.policy.tree import VerifyTree
+
+    os.environ.update(env)  # read as the backend is built and its graph captured
+    prompt = [(7 * i) % loaded.forward.config.vocab_size for i in range(context)]
+    forward = cache = None
+    try:
+        forward = CudaForward(loaded.model, tiles=tiles)
+        cache = _engine(loaded, slots=1).cache  # held here: the bucket's graph lives with it
+        cache.acquire(prompt)
+        forward.prefill(cache, 0, prompt, 0)
+        entry: dict[str, Any] = {
+            "step_ms": _wall_ms(lambda: forward.choices(cache, [(0, context, VerifyTree.chain(11))])),
+            "pass32_ms": _wall_ms(lambda: forward.choices(cache, [(0, context, VerifyTree.chain(11, [13] * 31))]))}
+        graph = forward._buckets[cache].graph
+        entry["device_step_ms"] = round(_time(lambda: [graph.replay() for _ in range(20)], 10) / 20, 4)
+        entry["step_over_floor"] = round(entry["step_ms"] / floor_ms, 2)
+    except Exception as error:  # a mode the device cannot run: say so, go on
+        entry = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
+    forward = cache = None  # the graph and its cache go before the next variant
+    torch.cuda.empty_cache()
+    return entry
+
+
+def _env(attention: str, mode: str, programs: int) -> dict[str, str]:
     return {"CODESPEC_CUDA_ATTENTION": attention, "CODESPEC_CUDA_PREFETCH": mode,
             "CODESPEC_CUDA_PREFETCH_PROGRAMS": str(programs or 32)}
 
