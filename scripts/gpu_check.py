@@ -151,7 +151,7 @@ def kernel_checks() -> dict[str, Any]:
                                context=context[r:r + 1] + len(tail), path=path[r:r + 1].contiguous(),
                                path_len=torch.zeros_like(path_len[r:r + 1]), scale=0.125)
     times = _time(lambda: row_attention(query, keys, values, **meta, scale=0.125))
-    return {**schedules, "relative_error_vs_reference": relative, "row_alone_equal": alone_equal,
+    return {**schedules, **argmax_check(), "relative_error_vs_reference": relative, "row_alone_equal": alone_equal,
             "scattered_equals_contiguous": bool(torch.equal(got[r], contiguous[0])),
             "ms_64_rows_one_layer": times, **rope_store_checks(), "attention_us_by_key_block": key_block_probe()}
 
@@ -176,6 +176,26 @@ def _schedule_check(query: Any, keys: Any, values: Any, meta: dict[str, Any]) ->
         single = f"{type(error).__name__}: {str(error)[:300]}"
     return {"worklist_equals_grid": same, "single_equals_grid_5_times": single,
             "attention_schedule": os.environ.get("CODESPEC_CUDA_ATTENTION", "worklist")}
+
+
+def argmax_check() -> dict[str, Any]:
+    """kernels/row_argmax.py (CODESPEC_CUDA_ARGMAX=rows, session 26) against torch.argmax on
+    the bucket's logits, every row real: random bf16, ties across splits, NaN, -inf rows.
+    The engine's own comparisons cannot catch a wrong choice (both sides would make it)."""
+    from codespec.kernels.row_argmax import row_argmax
+
+    torch.manual_seed(9)
+    logits = torch.randn(64, 151936, device="cuda").to(torch.bfloat16)
+    logits[1, 5] = logits[1, 150000] = 40
+    logits[2, 3071] = logits[2, 3072] = 40  # splits of 3,072 (2,374 rounded up to the block)
+    logits[3] = float("-inf")
+    logits[4, 999] = logits[4, 77777] = float("nan")
+    ones = torch.ones(64, dtype=torch.int64, device="cuda")
+    try:
+        same = bool(torch.equal(row_argmax(logits, ones, 0 * ones), torch.argmax(logits, dim=-1)))
+    except Exception as error:
+        same = f"{type(error).__name__}: {str(error)[:300]}"
+    return {"row_argmax_equals_torch": same}
 
 
 def rope_store_checks() -> dict[str, bool]:

@@ -38,9 +38,9 @@ def key_block_probe() -> dict[str, Any]:
 
 
 def _products(model: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
-    from codespec.forward.cuda import _LayerWeights
+    from codespec.forward.cuda_layers import LayerWeights
 
-    w = _LayerWeights.of(model.model.layers[0])
+    w = LayerWeights.of(model.model.layers[0])
     return {"qkv": (w.qkv, w.qkv_bias), "o": (w.o, w.o_bias), "down": (w.down, None), "gate_up": (w.gate_up, None),
             "lm_head": (model.lm_head.weight.detach(), None)}
 

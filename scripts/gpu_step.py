@@ -7,8 +7,9 @@ missed (a step 4.0-4.3x the weights' read time; bar 3x):
 * `l2`: the layer's products with their weights in L2 against from HBM (the most that
   warming L2 can save);
 * `step`: the backend's step and 32-row pass with each variant (VARIANTS: the attention
-  schedule, L2 warming by mode and programs; the best of each together; down's own
-  tile), side by side, and the winner's rows against its decode steps."""
+  schedule, L2 warming by mode and programs, the real rows' argmax; each family's best
+  together; down's own tile), side by side, and the winner's rows against its decode
+  steps."""
 
 from __future__ import annotations
 
@@ -21,13 +22,16 @@ import torch
 from gpu_measure import _engine, _graph_us, _time, _wall_ms, row_checks, step_floor
 
 PRODUCTS = ("qkv", "o", "gate_up", "down")
-# (label, CODESPEC_CUDA_ATTENTION, CODESPEC_CUDA_PREFETCH, its programs): the default
-# first and last, to see the machine drift between them
-VARIANTS = (("default", "worklist", "off", 0), ("grid attention", "grid", "off", 0),
-            ("single attention", "single", "off", 0),
-            ("sector/16", "worklist", "sector", 16), ("sector/64", "worklist", "sector", 64),
-            ("bulk/8", "worklist", "bulk", 8), ("bulk/32", "worklist", "bulk", 32),
-            ("load/64", "worklist", "load", 64), ("default (again)", "worklist", "off", 0))
+# (label, CODESPEC_CUDA_ATTENTION, CODESPEC_CUDA_PREFETCH, its programs, CODESPEC_CUDA_ARGMAX):
+# the default first and last, to see the machine drift between them
+VARIANTS = (("default", "worklist", "off", 0, "torch"), ("grid attention", "grid", "off", 0, "torch"),
+            ("single attention", "single", "off", 0, "torch"),
+            ("sector/16", "worklist", "sector", 16, "torch"), ("sector/64", "worklist", "sector", 64, "torch"),
+            ("bulk/8", "worklist", "bulk", 8, "torch"), ("bulk/32", "worklist", "bulk", 32, "torch"),
+            ("load/64", "worklist", "load", 64, "torch"), ("rows argmax", "worklist", "off", 0, "rows"),
+            ("default (again)", "worklist", "off", 0, "torch"))
+FAMILIES = {"attention": lambda label: label.endswith("attention"), "warming": lambda label: "/" in label,
+            "argmax": lambda label: label == "rows argmax"}
 
 
 @torch.inference_mode()
@@ -111,8 +115,8 @@ def l2_probe(loaded: Any) -> dict[str, Any]:
 def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> dict[str, Any]:
     """The backend's step (one row) and a 32-row pass at `context` keys (host wall ms,
     medians of 30) with each variant (VARIANTS), and the step's graph replayed
-    20 times back to back (device ms a step, no host between). Then the best attention
-    schedule with the best warming, where each beat the default alone; session 20's
+    20 times back to back (device ms a step, no host between). Then each family's best
+    (FAMILIES) together, where two or more beat the default alone; session 20's
     fastest tile for down (`down tiles`, its row_linear, reported only: tiles have no
     setting); and the fastest variant's rows against its decode steps (a cache hint
     cannot change a value: this checks the side stream's capture)."""
@@ -124,22 +128,23 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
     saved = {name: os.environ.get(name) for name in _env("worklist", "off", 0)}  # the run's own settings
     envs: dict[str, dict[str, str]] = {}
     try:
-        for key, attention, mode, programs in VARIANTS:
+        for key, *settings in VARIANTS:
             if time.perf_counter() - began > deadline_s:
                 result["cut_short"] = True
                 break
-            envs[key] = _env(attention, mode, programs)
+            envs[key] = _env(*settings)
             result["variants"][key] = _measure(loaded, envs[key], floor["floor_ms"], context)
         timed = {k: v["step_ms"] for k, v in result["variants"].items() if "step_ms" in v}
         base = min((v for k, v in timed.items() if k.startswith("default")), default=None)
         if base is None:
             return result
-        schedules = {k: v for k, v in timed.items() if k.endswith("attention") and v < 0.99 * base}
-        warming = {k: v for k, v in timed.items() if "/" in k and v < 0.99 * base}
-        if schedules and warming and time.perf_counter() - began < deadline_s:
-            attention = envs[min(schedules, key=schedules.get)]["CODESPEC_CUDA_ATTENTION"]
-            best_warming = envs[min(warming, key=warming.get)]
-            envs["combined"] = {**best_warming, "CODESPEC_CUDA_ATTENTION": attention}
+        # each family's best where it beat the default by 0.5%, together
+        winners = [min(family, key=timed.get) for family in
+                   ([k for k in timed if of(k) and timed[k] < 0.995 * base] for of in FAMILIES.values()) if family]
+        if len(winners) > 1 and time.perf_counter() - began < deadline_s:
+            envs["combined"] = dict(envs["default"])
+            for winner in winners:  # each family's own settings over the default's
+                envs["combined"].update({k: v for k, v in envs[winner].items() if v != envs["default"][k]})
             result["variants"]["combined"] = _measure(loaded, envs["combined"], floor["floor_ms"], context)
             timed["combined"] = result["variants"]["combined"].get("step_ms", float("inf"))
         if time.perf_counter() - began < deadline_s:
@@ -190,19 +195,23 @@ def _measure(loaded: Any, env: dict[str, str], floor_ms: float, context: int,
     return entry
 
 
-def _env(attention: str, mode: str, programs: int) -> dict[str, str]:
+def _env(attention: str, mode: str, programs: int, argmax: str = "torch") -> dict[str, str]:
     return {"CODESPEC_CUDA_ATTENTION": attention, "CODESPEC_CUDA_PREFETCH": mode,
-            "CODESPEC_CUDA_PREFETCH_PROGRAMS": str(programs or 32)}
+            "CODESPEC_CUDA_PREFETCH_PROGRAMS": str(programs or 32), "CODESPEC_CUDA_ARGMAX": argmax}
 
 
 def winner_env(results: dict[str, Any]) -> dict[str, str] | None:
     """The step stage's winner's settings where it beat the default step by 3% and its
-    rows held (the later stages run again with them); None otherwise."""
+    rows held (the later stages run again with them; the real rows' argmax only where the
+    kernel stage found it torch.argmax's); None otherwise."""
     probe = results.get("step", {})
     best, ratio, rows = probe.get("best", "default"), probe.get("best_over_default", 1.0), probe.get("best_rows", {})
     if best.startswith("default") or ratio > 0.97 or rows.get("rows_differing", 1) != 0:
         return None
-    return dict(probe["best_env"])
+    env = dict(probe["best_env"])
+    if results.get("kernel", {}).get("row_argmax_equals_torch") is not True:
+        env["CODESPEC_CUDA_ARGMAX"] = "torch"  # rows agreeing with each other is not the model's choice
+    return env
 
 
 def plain_probe(loaded: Any, new_tokens: int = 256, context: int = 512, repeat: int = 3) -> dict[str, Any]:

@@ -56,11 +56,13 @@ from codespec.errors import SettingError
 from codespec.forward import profile
 from codespec.forward.base import Moves, Requests, kv_dims
 from codespec.forward.chained import Chained, Collect, next_starts, plain_steps, step_rows
+from codespec.forward.cuda_layers import LayerWeights, add_norm, eps_of, gated, rotary
 from codespec.forward.passlayout import META_FIELDS, PassRows, chain_rows, fill_staging, tree_rows
 from codespec.forward.prefetch import NoPrefetch, Prefetcher
 from codespec.forward.prefetch import settings as prefetch_settings
 from codespec.kernels.compact import keep_paths
 from codespec.kernels.rope_store import rope_store, rope_store_ref
+from codespec.kernels.row_argmax import row_argmax
 from codespec.kernels.row_attention import row_attention
 from codespec.kernels.row_linear import Config, rms_norm, row_linear
 
@@ -133,7 +135,11 @@ class CudaForward:
             raise SettingError(f"CODESPEC_CUDA_CHAIN={chain!r}: expected 1 (queue plain steps ahead) or 0")
         self.chains_steps = chain == "1"  # the verifier asks for it where every next pass is a plain step
         self.chained_taken = self.chained_dropped = 0  # queued steps the engine asked for, and the others
-        self._layers = [_LayerWeights.of(layer) for layer in model.model.layers]
+        argmax = os.environ.get("CODESPEC_CUDA_ARGMAX", "torch") or "torch"
+        if argmax not in ("torch", "rows"):
+            raise SettingError(f"CODESPEC_CUDA_ARGMAX={argmax!r}: expected torch or rows")
+        self.row_argmax = argmax == "rows"  # the greedy choice of real rows alone (kernels/row_argmax.py)
+        self._layers = [LayerWeights.of(layer) for layer in model.model.layers]
         # The products run as they are (cuBLAS, or row_linear's tiles where `tiles` names
         # one) and the work between them as small functions fused by torch.compile on
         # CUDA (one compilation serves every layer): as first written, a step of the
@@ -154,8 +160,8 @@ class CudaForward:
         self.eager_prefill = prefill == "eager"
         self.prefill_exact = not self.eager_prefill  # a replayed prefill row is a decode step
         compile = self.graphs and not self.fused and os.environ.get("CODESPEC_CUDA_COMPILE", "1") != "0"
-        self._add_norm = torch.compile(_add_norm, dynamic=False) if compile else _add_norm
-        self._gated = torch.compile(_gated, dynamic=False) if compile else _gated
+        self._add_norm = torch.compile(add_norm, dynamic=False) if compile else add_norm
+        self._gated = torch.compile(gated, dynamic=False) if compile else gated
         # Weights warmed into L2 on a side stream while the pass runs (forward/prefetch.py):
         # CODESPEC_CUDA_PREFETCH, off until the GPU check shows it pays.
         mode, programs = prefetch_settings()
@@ -326,7 +332,7 @@ class CudaForward:
         path = flat[META_FIELDS * rows:].view(rows, rows)
         model = self.model.model
         hidden = model.embed_tokens(ids)  # [rows, hidden]
-        cos, sin = _rotary(model, hidden, positions)
+        cos, sin = rotary(model, hidden, positions)
 
         def attend(index: int, layer: Any, qkv: torch.Tensor) -> torch.Tensor:
             """Rotary, the rows' K and V stored, and each row over its own keys: [rows, hidden]."""
@@ -336,7 +342,8 @@ class CudaForward:
                                  path_len=path_len, scale=layer.self_attn.scaling).view(rows, -1)
 
         if self.fused:
-            return self._fused_layers(hidden, attend)
+            logits = self._fused_layers(hidden, attend)
+            return logits, self._argmax(logits, context, path_len)
         warm = self.prefetch  # fork points of the side stream that warms L2; joined below
         delta = torch.zeros_like(hidden)  # what the last layer adds to the residual stream
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
@@ -347,14 +354,21 @@ class CudaForward:
             warm.at("mlp", index)
             delta = self._product("down", self._gated(self._product("gate_up", x, w.gate_up)), w.down)
         warm.join()
-        _, x = self._add_norm(hidden, delta, model.norm.weight, _eps(model.norm))
+        _, x = self._add_norm(hidden, delta, model.norm.weight, eps_of(model.norm))
         logits = self._product("lm_head", x, self.model.lm_head.weight, self.model.lm_head.bias)
-        return logits, torch.argmax(logits, dim=-1)
+        return logits, self._argmax(logits, context, path_len)
 
-    def _fused_layers(self, hidden: torch.Tensor, attend: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def _argmax(self, logits: torch.Tensor, context: torch.Tensor, path_len: torch.Tensor) -> torch.Tensor:
+        """The rows' greedy choices: torch.argmax over the bucket, or (CODESPEC_CUDA_ARGMAX=rows)
+        kernels/row_argmax.py over the rows that hold a token (padding rows get 0, never read)."""
+        if self.row_argmax:
+            return row_argmax(logits, context, path_len)
+        return torch.argmax(logits, dim=-1)
+
+    def _fused_layers(self, hidden: torch.Tensor, attend: Any) -> torch.Tensor:
         """The same layers with each product carrying its neighbours: the norm before
         q/k/v and gate/up, SiLU before down, the residual add after o and down (the same
-        roundings, kernels/row_linear.py)."""
+        roundings, kernels/row_linear.py); returns the logits."""
         model, tiles, warm = self.model.model, self.tiles, self.prefetch
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
             warm.at("layer", index)
@@ -365,9 +379,8 @@ class CudaForward:
             hidden = row_linear(gate_up, w.down, gated=True, residual=hidden, config=tiles["down"])
         warm.join()
         head = self.model.lm_head
-        logits = row_linear(hidden, head.weight, head.bias, norm=(model.norm.weight, _eps(model.norm)),
-                            config=tiles["lm_head"])
-        return logits, torch.argmax(logits, dim=-1)
+        return row_linear(hidden, head.weight, head.bias, norm=(model.norm.weight, eps_of(model.norm)),
+                          config=tiles["lm_head"])
 
     def _fused_tiles(self, given: dict[str, Config]) -> dict[str, Config]:
         """Each product's tiles for the fused layers: `given`, else FUSED_TILES, fitted to
@@ -401,7 +414,7 @@ class CudaForward:
         positions = torch.arange(begin, end, device=self.device)
         causal = torch.arange(end, device=self.device)[None, :] <= positions[:, None]  # [n, end]
         hidden = model.embed_tokens(torch.tensor(list(ids), device=self.device))
-        cos, sin = _rotary(model, hidden, positions)
+        cos, sin = rotary(model, hidden, positions)
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
             x = rms_norm(hidden, w.input_norm, w.input_eps)
             q, k, v = rope_store_ref(F.linear(x, w.qkv, w.qkv_bias), cos, sin, self.heads, self.kv_heads,
@@ -412,58 +425,7 @@ class CudaForward:
                 q.transpose(0, 1)[None], cache.keys[index][slot:slot + 1, :, :end],
                 cache.values[index][slot:slot + 1, :, :end], attn_mask=causal, scale=layer.self_attn.scaling,
                 enable_gqa=True)
-            hidden, x = _add_norm(hidden, F.linear(attended[0].transpose(0, 1).reshape(n, -1), w.o, w.o_bias),
+            hidden, x = add_norm(hidden, F.linear(attended[0].transpose(0, 1).reshape(n, -1), w.o, w.o_bias),
                                   w.post_norm, w.post_eps)
-            hidden = hidden + F.linear(_gated(F.linear(x, w.gate_up)), w.down)
+            hidden = hidden + F.linear(gated(F.linear(x, w.gate_up)), w.down)
         return hidden
-
-
-@dataclass
-class _LayerWeights:
-    """One decoder layer's tensors (q, k, v fused into one product, gate and up into one)."""
-
-    input_norm: torch.Tensor
-    input_eps: float
-    qkv: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    o: torch.Tensor
-    o_bias: torch.Tensor | None
-    post_norm: torch.Tensor
-    post_eps: float
-    gate_up: torch.Tensor
-    down: torch.Tensor
-
-    @classmethod
-    def of(cls, layer: Any) -> _LayerWeights:
-        attn, mlp = layer.self_attn, layer.mlp
-        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-        qkv = torch.cat([p.weight for p in projections]).detach()
-        biases = [p.bias for p in projections]
-        qkv_bias = None if any(b is None for b in biases) else torch.cat(biases).detach()
-        gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()
-        return cls(layer.input_layernorm.weight, _eps(layer.input_layernorm), qkv, qkv_bias, attn.o_proj.weight,
-                   attn.o_proj.bias, layer.post_attention_layernorm.weight, _eps(layer.post_attention_layernorm),
-                   gate_up, mlp.down_proj.weight)
-
-
-def _rotary(model: Any, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [rows, head_dim] at `positions` [rows], from the model's own rotary module."""
-    cos, sin = model.rotary_emb(hidden, positions[None])  # [1, rows, head_dim] each
-    return cos[0], sin[0]
-
-
-def _eps(norm: Any) -> float:
-    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
-
-
-def _add_norm(hidden: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
-              eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The residual stream plus a sublayer's output, and its norm (one fused kernel)."""
-    hidden = hidden + delta
-    return hidden, rms_norm(hidden, weight, eps)
-
-
-def _gated(gate_up: torch.Tensor) -> torch.Tensor:
-    """The MLP's SiLU gate on the fused gate/up product."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up

@@ -1,14 +1,9 @@
 """Warming L2 (kernels/l2_prefetch.py): the `load` mode under the Triton interpreter
-covers every grain of every region once and writes nothing but its scratch words; the
-PTX modes, which the interpreter cannot run, compile for an H100 (sm_90) with the
-instructions they name. Whether warming pays is the GPU check's `prefetch` stage."""
+covers every grain of every region once and writes nothing but its scratch words (the
+PTX modes, which the interpreter cannot run, compile for an H100 in
+test_sm90_compile.py). Whether warming pays is the GPU check's `step` stage."""
 
 from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -53,38 +48,3 @@ def test_clear_errors(bad, message):
     args = dict(tensors=weights()[:2], mode="load") | bad
     with pytest.raises(ValueError, match=message):
         l2_prefetch(args.pop("tensors"), torch.zeros(2, dtype=torch.int32), **args)
-
-
-COMPILE = """
-import json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from codespec.kernels import _triton_prefetch
-from codespec.kernels.l2_prefetch import BLOCK, GRAIN
-
-signature = {f"{kind}{i}": type_ for i in range(4) for kind, type_ in (("p", "*u8"), ("n", "i32"))}
-ptx = {}
-for mode, code in _triton_prefetch.MODES.items():
-    source = ASTSource(fn=_triton_prefetch._l2_prefetch_kernel, signature={**signature, "sink_ptr": "*i32"},
-                       constexprs={"MODE": code, "GRAIN": GRAIN[mode], "BLOCK": BLOCK})
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
-    assert compiled.asm["cubin"], mode
-    ptx[mode] = compiled.asm["ptx"]
-json.dump(ptx, sys.stdout)
-"""
-
-
-def test_every_mode_compiles_for_an_h100():
-    """Compiled offline to sm_90 machine code (triton's own ptxas, no GPU needed; in a
-    process of its own, since the interpreter replaces triton.jit here): the inline PTX
-    is valid and the warming is not dropped as dead code."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env, timeout=300)
-    if done.returncode != 0 and "ptxas" in done.stderr and "No such file" in done.stderr:
-        pytest.skip("triton's CUDA toolchain (ptxas) is not installed here")
-    assert done.returncode == 0, done.stderr[-2000:]
-    ptx = json.loads(done.stdout)
-    for mode, instruction in (("sector", "prefetch.global.L2"), ("bulk", "cp.async.bulk.prefetch.L2.global"),
-                              ("load", "ld.global.cg")):
-        assert ptx[mode].count(instruction) >= 4, mode  # each of the four regions issues it

@@ -1,0 +1,64 @@
+"""The cuda backend's layer pieces (forward/cuda.py): each decoder layer's tensors with
+q/k/v and gate/up fused into one product each, the rotary tables, and the small
+functions between the products (torch.compile'd there on CUDA)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from codespec.kernels.row_linear import rms_norm
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer's tensors (q, k, v fused into one product, gate and up into one)."""
+
+    input_norm: torch.Tensor
+    input_eps: float
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    post_eps: float
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+    @classmethod
+    def of(cls, layer: Any) -> LayerWeights:
+        attn, mlp = layer.self_attn, layer.mlp
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        qkv = torch.cat([p.weight for p in projections]).detach()
+        biases = [p.bias for p in projections]
+        qkv_bias = None if any(b is None for b in biases) else torch.cat(biases).detach()
+        gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()
+        return cls(layer.input_layernorm.weight, eps_of(layer.input_layernorm), qkv, qkv_bias, attn.o_proj.weight,
+                   attn.o_proj.bias, layer.post_attention_layernorm.weight, eps_of(layer.post_attention_layernorm),
+                   gate_up, mlp.down_proj.weight)
+
+
+def rotary(model: Any, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [rows, head_dim] at `positions` [rows], from the model's own rotary module."""
+    cos, sin = model.rotary_emb(hidden, positions[None])  # [1, rows, head_dim] each
+    return cos[0], sin[0]
+
+
+def eps_of(norm: Any) -> float:
+    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+
+
+def add_norm(hidden: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+              eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual stream plus a sublayer's output, and its norm (one fused kernel)."""
+    hidden = hidden + delta
+    return hidden, rms_norm(hidden, weight, eps)
+
+
+def gated(gate_up: torch.Tensor) -> torch.Tensor:
+    """The MLP's SiLU gate on the fused gate/up product."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up

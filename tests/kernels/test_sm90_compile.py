@@ -1,0 +1,99 @@
+"""The Triton kernels the cuda backend runs, compiled offline to H100 (sm_90) machine
+code: triton's own ptxas needs no GPU. What the interpreter cannot show: the inline PTX
+is valid, the atomics and barriers lower as meant, the warming is not dropped as dead
+code, and the attention kernels do not spill at the warps they launch with. In a
+process of its own: the interpreter (tests/kernels/conftest.py) replaces triton.jit here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton", reason="triton is a test dependency (pip install -e '.[test]')")
+
+COMPILE = r"""
+import json, os, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from codespec.kernels import _triton, _triton_attention, _triton_prefetch
+from codespec.kernels.l2_prefetch import BLOCK, GRAIN
+
+tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def build(fn, signature, constants, warps=4):
+    compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        usage = subprocess.run([os.path.join(tools, "cuobjdump"), "--dump-resource-usage", cubin.name],
+                               capture_output=True, text=True).stdout
+    stack = [int(part.split(":")[1]) for line in usage.splitlines() for part in line.split() if part.startswith("STACK:")]
+    return {"ptx": compiled.asm["ptx"], "stack": max(stack, default=-1)}
+
+
+out = {}
+regions = {f"{kind}{i}": type_ for i in range(4) for kind, type_ in (("p", "*u8"), ("n", "i32"))}
+for mode, code in _triton_prefetch.MODES.items():
+    out["prefetch " + mode] = build(_triton_prefetch._l2_prefetch_kernel, {**regions, "sink_ptr": "*i32"},
+                                    {"MODE": code, "GRAIN": GRAIN[mode], "BLOCK": BLOCK})
+pointers = [("q_ptr", "*bf16"), ("k_ptr", "*bf16"), ("v_ptr", "*bf16"), ("part_ptr", "*fp32")]
+meta = [("slots_ptr", "*i64"), ("context_ptr", "*i64"), ("path_ptr", "*i64"), ("path_len_ptr", "*i64"),
+        ("scale", "fp32")]
+strides = [(name, "i32") for name in ("s_q_row", "s_q_head", "s_kv_slot", "s_kv_head", "s_kv_pos", "s_path",
+                                       "s_part_row", "s_part_head", "s_part_block")]
+shapes = dict(GROUP=7, GROUP_PAD=16, DIM=64, KEY_BLOCK=128, PRECISION="tf32")
+out["worklist"] = build(_triton_attention._row_attention_work_kernel,
+                        dict(pointers + meta + [("rows", "i32")] + strides), {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64},
+                        warps=8)
+out["single"] = build(_triton_attention._row_attention_single_kernel,
+                      dict(pointers + [("out_ptr", "*bf16"), ("count_ptr", "*i32")] + meta + [("rows", "i32")]
+                           + strides + [("s_out_row", "i32"), ("s_out_head", "i32")]),
+                      {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64, "CHUNK": 16, "HEADS_PAD": 16}, warps=8)
+out["argmax part"] = build(_triton._argmax_part_kernel,
+                           {"logits_ptr": "*bf16", "context_ptr": "*i64", "path_len_ptr": "*i64", "best_ptr": "*fp32",
+                            "index_ptr": "*i32", "nan_ptr": "*i32", "vocab": "i32", "s_row": "i32"},
+                           {"SPLITS": 64, "BLOCK": 1024})
+out["argmax final"] = build(_triton._argmax_final_kernel,
+                            {"best_ptr": "*fp32", "index_ptr": "*i32", "nan_ptr": "*i32", "context_ptr": "*i64",
+                             "path_len_ptr": "*i64", "out_ptr": "*i64", "vocab": "i32"}, {"SPLITS": 64})
+json.dump(out, sys.stdout)
+"""
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[str, dict]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env, timeout=600)
+    if done.returncode != 0 and "ptxas" in done.stderr and "No such file" in done.stderr:
+        pytest.skip("triton's CUDA toolchain (ptxas) is not installed here")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("mode, instruction", [("sector", "prefetch.global.L2"),
+                                               ("bulk", "cp.async.bulk.prefetch.L2.global"),
+                                               ("load", "ld.global.cg")])
+def test_warming_issues_its_instruction_for_every_region(compiled, mode, instruction):
+    assert compiled["prefetch " + mode]["ptx"].count(instruction) >= 4, mode
+
+
+def test_attention_schedules_launch_without_spilling(compiled):
+    assert compiled["worklist"]["stack"] == 0 and compiled["single"]["stack"] == 0
+
+
+def test_the_single_schedule_counts_after_a_barrier_at_gpu_scope(compiled):
+    ptx = compiled["single"]["ptx"]
+    count = ptx.index("atom.global.gpu.acq_rel.add")
+    assert "bar.sync" in ptx[ptx.rindex("st.global", 0, count):count]  # every thread's partial stored first
+    assert ptx.count("ld.global.cg") > 0  # the combine reads other programs' partials past L1
+
+
+def test_argmax_kernels_compile(compiled):
+    assert "max" in compiled["argmax part"]["ptx"] and compiled["argmax final"]["ptx"]
