@@ -76,6 +76,38 @@ def _row_attention_block_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, contex
 
 
 @triton.jit
+def _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD: tl.constexpr, KEY_BLOCK: tl.constexpr):
+    # Each row's key blocks ([ROWS_PAD], 0 past the pass's rows and for padding rows), and
+    # where each row's blocks end in the pass's flat list of blocks.
+    r = tl.arange(0, ROWS_PAD)
+    listed = r < rows
+    blocks = tl.cdiv(tl.load(context_ptr + r, mask=listed, other=0) + tl.load(path_len_ptr + r, mask=listed,
+                                                                              other=0), KEY_BLOCK)
+    return blocks, tl.cumsum(blocks, axis=0)
+
+
+@triton.jit
+def _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr,
+               scale, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head,
+               s_part_block, KV_HEADS: tl.constexpr, ROWS_PAD: tl.constexpr, GROUP: tl.constexpr,
+               GROUP_PAD: tl.constexpr, DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr):
+    # Item `item` of the pass's (row, key block, KV head) list, in that order: its block's
+    # partial. Returns the item's row and KV head.
+    kv_head = item % KV_HEADS
+    flat = item // KV_HEADS
+    row = tl.sum((ends <= flat).to(tl.int32), axis=0)  # the rows whose blocks all come before
+    block = flat - tl.sum(tl.where(tl.arange(0, ROWS_PAD) < row, blocks, 0), axis=0)
+    slot = tl.load(slots_ptr + row)
+    context = tl.load(context_ptr + row)
+    total = context + tl.load(path_len_ptr + row)
+    q = _query_group(q_ptr, row, kv_head, s_q_row, s_q_head, GROUP, GROUP_PAD, DIM)
+    _block_partial(q, k_ptr, v_ptr, part_ptr, path_ptr, row, kv_head, slot, context, total, block, scale,
+                   s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head, s_part_block,
+                   GROUP, GROUP_PAD, DIM, KEY_BLOCK, PRECISION)
+    return row, kv_head
+
+
+@triton.jit
 def _row_attention_work_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr,
                                scale, rows, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path,
                                s_part_row, s_part_head, s_part_block, KV_HEADS: tl.constexpr,
@@ -85,23 +117,11 @@ def _row_attention_work_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context
     # pass's real work, the (row, key block, KV head) items in that order, item i going to
     # program i mod programs. Padding rows have no blocks, so they add no programs: a
     # one-row step over 512 keys is 8 items, not the grid's rows * KV heads * 16 programs.
-    r = tl.arange(0, ROWS_PAD)
-    listed = r < rows
-    blocks = tl.cdiv(tl.load(context_ptr + r, mask=listed, other=0) + tl.load(path_len_ptr + r, mask=listed,
-                                                                              other=0), KEY_BLOCK)
-    ends = tl.cumsum(blocks, axis=0)  # each row's blocks end here in the flat list
+    blocks, ends = _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK)
     for item in range(tl.program_id(0), tl.sum(blocks, axis=0) * KV_HEADS, tl.num_programs(0)):
-        kv_head = item % KV_HEADS
-        flat = item // KV_HEADS
-        row = tl.sum((ends <= flat).to(tl.int32), axis=0)  # the rows whose blocks all come before
-        block = flat - tl.sum(tl.where(r < row, blocks, 0), axis=0)
-        slot = tl.load(slots_ptr + row)
-        context = tl.load(context_ptr + row)
-        total = context + tl.load(path_len_ptr + row)
-        q = _query_group(q_ptr, row, kv_head, s_q_row, s_q_head, GROUP, GROUP_PAD, DIM)
-        _block_partial(q, k_ptr, v_ptr, part_ptr, path_ptr, row, kv_head, slot, context, total, block, scale,
-                       s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head, s_part_block,
-                       GROUP, GROUP_PAD, DIM, KEY_BLOCK, PRECISION)
+        _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr,
+                   scale, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head,
+                   s_part_block, KV_HEADS, ROWS_PAD, GROUP, GROUP_PAD, DIM, KEY_BLOCK, PRECISION)
 
 
 @triton.jit
@@ -153,11 +173,8 @@ def _row_attention_single_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_p
     # The `single` schedule: the worklist's items, then, in the program that finishes a
     # (row, KV head)'s last block (an atomic count per pair, reset by that program), the
     # combine of its query heads: one launch a layer instead of two, the same arithmetic.
+    blocks, ends = _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK)
     r = tl.arange(0, ROWS_PAD)
-    listed = r < rows
-    blocks = tl.cdiv(tl.load(context_ptr + r, mask=listed, other=0) + tl.load(path_len_ptr + r, mask=listed,
-                                                                              other=0), KEY_BLOCK)
-    ends = tl.cumsum(blocks, axis=0)
     g = tl.arange(0, HEADS_PAD)
     d = tl.arange(0, DIM)
     for row in range(tl.program_id(0), rows, tl.num_programs(0)):  # rows with no keys: zeros
@@ -166,18 +183,10 @@ def _row_attention_single_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_p
                      tl.zeros([HEADS_PAD, DIM], tl.float32).to(out_ptr.dtype.element_ty),
                      mask=(g < GROUP * KV_HEADS)[:, None])
     for item in range(tl.program_id(0), tl.sum(blocks, axis=0) * KV_HEADS, tl.num_programs(0)):
-        kv_head = item % KV_HEADS
-        flat = item // KV_HEADS
-        row = tl.sum((ends <= flat).to(tl.int32), axis=0)
-        before = tl.sum(tl.where(r < row, blocks, 0), axis=0)
-        block = flat - before
-        slot = tl.load(slots_ptr + row)
-        context = tl.load(context_ptr + row)
-        total = context + tl.load(path_len_ptr + row)
-        q = _query_group(q_ptr, row, kv_head, s_q_row, s_q_head, GROUP, GROUP_PAD, DIM)
-        _block_partial(q, k_ptr, v_ptr, part_ptr, path_ptr, row, kv_head, slot, context, total, block, scale,
-                       s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head, s_part_block,
-                       GROUP, GROUP_PAD, DIM, KEY_BLOCK, PRECISION)
+        row, kv_head = _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr,
+                                  path_len_ptr, scale, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path,
+                                  s_part_row, s_part_head, s_part_block, KV_HEADS, ROWS_PAD, GROUP, GROUP_PAD, DIM,
+                                  KEY_BLOCK, PRECISION)
         row_blocks = tl.sum(tl.where(r == row, blocks, 0), axis=0)
         tl.debug_barrier()  # every thread's partial stored before the count says so
         counted = tl.atomic_add(count_ptr + row * KV_HEADS + kv_head, 1, sem="acq_rel", scope="gpu")
