@@ -7,9 +7,9 @@ missed (a step 4.0-4.3x the weights' read time; bar 3x):
 * `l2`: the layer's products with their weights in L2 against from HBM (the most that
   warming L2 can save);
 * `step`: the backend's step and 32-row pass with each variant (VARIANTS: the attention
-  schedule, L2 warming by mode and programs, the real rows' argmax; each family's best
-  together; down's own tile), side by side, and the winner's rows against its decode
-  steps."""
+  schedule, L2 warming by mode and programs, the real rows' argmax, cuBLASLt; each
+  family's best together; down's own tile and fp32 split-K reductions, reported only),
+  side by side, and the winner's rows against its decode steps."""
 
 from __future__ import annotations
 
@@ -22,16 +22,16 @@ import torch
 from gpu_measure import _engine, _graph_us, _time, _wall_ms, row_checks, step_floor
 
 PRODUCTS = ("qkv", "o", "gate_up", "down")
-# (label, CODESPEC_CUDA_ATTENTION, CODESPEC_CUDA_PREFETCH, its programs, CODESPEC_CUDA_ARGMAX):
-# the default first and last, to see the machine drift between them
-VARIANTS = (("default", "worklist", "off", 0, "torch"), ("grid attention", "grid", "off", 0, "torch"),
-            ("single attention", "single", "off", 0, "torch"),
-            ("sector/16", "worklist", "sector", 16, "torch"), ("sector/64", "worklist", "sector", 64, "torch"),
-            ("bulk/8", "worklist", "bulk", 8, "torch"), ("bulk/32", "worklist", "bulk", 32, "torch"),
-            ("load/64", "worklist", "load", 64, "torch"), ("rows argmax", "worklist", "off", 0, "rows"),
-            ("default (again)", "worklist", "off", 0, "torch"))
+# (label, CODESPEC_CUDA_ATTENTION, CODESPEC_CUDA_PREFETCH, its programs, CODESPEC_CUDA_ARGMAX,
+# TORCH_BLAS_PREFER_CUBLASLT): the default first and last, to see the machine drift between them
+VARIANTS = (("default", "worklist", "off", 0, "torch", "0"), ("grid attention", "grid", "off", 0, "torch", "0"),
+            ("single attention", "single", "off", 0, "torch", "0"),
+            ("sector/16", "worklist", "sector", 16, "torch", "0"), ("sector/64", "worklist", "sector", 64, "torch", "0"),
+            ("bulk/8", "worklist", "bulk", 8, "torch", "0"), ("bulk/32", "worklist", "bulk", 32, "torch", "0"),
+            ("load/64", "worklist", "load", 64, "torch", "0"), ("rows argmax", "worklist", "off", 0, "rows", "0"),
+            ("cublaslt", "worklist", "off", 0, "torch", "1"), ("default (again)", "worklist", "off", 0, "torch", "0"))
 FAMILIES = {"attention": lambda label: label.endswith("attention"), "warming": lambda label: "/" in label,
-            "argmax": lambda label: label == "rows argmax"}
+            "argmax": lambda label: label == "rows argmax", "blas": lambda label: label == "cublaslt"}
 
 
 @torch.inference_mode()
@@ -152,6 +152,8 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
 
             result["down tiles"] = _measure(loaded, envs["default"], floor["floor_ms"], context,
                                             tiles={"down": Config(64, 32, 64, splits=4)})
+        if time.perf_counter() - began < deadline_s:  # cuBLAS's split-K reduced in fp32: its choice of kernels
+            result["fp32 reductions"] = _measure(loaded, envs["default"], floor["floor_ms"], context, reduction=False)
         best = min(timed, key=timed.get)
         result.update(best=best, best_over_default=round(timed[best] / base, 3), best_env=envs[best])
         if not best.startswith("default"):
@@ -169,15 +171,21 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
 
 
 def _measure(loaded: Any, env: dict[str, str], floor_ms: float, context: int,
-             tiles: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One variant: its backend built and its graph captured under `env`, then timed."""
+             tiles: dict[str, Any] | None = None, reduction: bool | None = None) -> dict[str, Any]:
+    """One variant: its backend built and its graph captured under `env` (and cuBLAS's
+    bf16 reduced-precision reductions allowed or not, where `reduction` says), then timed."""
     from codespec.forward.cuda import CudaForward
     from codespec.policy.tree import VerifyTree
 
     os.environ.update(env)  # read as the backend is built and its graph captured
     prompt = [(7 * i) % loaded.forward.config.vocab_size for i in range(context)]
     forward = cache = None
+    blas = torch.backends.cuda.preferred_blas_library()  # this process read its variable already
     try:
+        if env.get("TORCH_BLAS_PREFER_CUBLASLT") == "1":
+            torch.backends.cuda.preferred_blas_library("cublaslt")
+        if reduction is not None:
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduction
         forward = CudaForward(loaded.model, tiles=tiles)
         cache = _engine(loaded, slots=1).cache  # held here: the bucket's graph lives with it
         cache.acquire(prompt)
@@ -190,14 +198,18 @@ def _measure(loaded: Any, env: dict[str, str], floor_ms: float, context: int,
         entry["step_over_floor"] = round(entry["step_ms"] / floor_ms, 2)
     except Exception as error:  # a mode the device cannot run: say so, go on
         entry = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
+    finally:
+        torch.backends.cuda.preferred_blas_library(blas)
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True  # torch's default
     forward = cache = None  # the graph and its cache go before the next variant
     torch.cuda.empty_cache()
     return entry
 
 
-def _env(attention: str, mode: str, programs: int, argmax: str = "torch") -> dict[str, str]:
+def _env(attention: str, mode: str, programs: int, argmax: str = "torch", cublaslt: str = "0") -> dict[str, str]:
     return {"CODESPEC_CUDA_ATTENTION": attention, "CODESPEC_CUDA_PREFETCH": mode,
-            "CODESPEC_CUDA_PREFETCH_PROGRAMS": str(programs or 32), "CODESPEC_CUDA_ARGMAX": argmax}
+            "CODESPEC_CUDA_PREFETCH_PROGRAMS": str(programs or 32), "CODESPEC_CUDA_ARGMAX": argmax,
+            "TORCH_BLAS_PREFER_CUBLASLT": cublaslt}  # torch reads it at start-up: a later stage's process
 
 
 def winner_env(results: dict[str, Any]) -> dict[str, str] | None:
