@@ -197,22 +197,10 @@ def _row_attention_single_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_p
             tl.atomic_xchg(count_ptr + row * KV_HEADS + kv_head, 0, sem="relaxed", scope="gpu")
 
 
-_COUNTS: dict[tuple[str, int], torch.Tensor] = {}
-
-
-def _counts(device: torch.device, size: int) -> torch.Tensor:
-    """The single schedule's counts, zero between launches (each launch's last programs
-    reset theirs): one buffer per device and size, for every layer and graph."""
-    key = (str(device), size)
-    if key not in _COUNTS:
-        _COUNTS[key] = torch.zeros(size, dtype=torch.int32, device=device)
-    return _COUNTS[key]
-
-
 def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
                   context: torch.Tensor, path: torch.Tensor, path_len: torch.Tensor, scale: float,
                   out: torch.Tensor, key_block: int, block_programs: int, schedule: str, programs: int,
-                  work_warps: int) -> None:
+                  work_warps: int, counts: torch.Tensor) -> None:
     rows, heads, dim = query.shape
     kv_heads = keys.shape[1]
     group = heads // kv_heads
@@ -225,7 +213,7 @@ def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                   PRECISION="ieee" if query.dtype == torch.float32 else "tf32")
     if schedule == "single":
         _row_attention_single_kernel[(programs,)](
-            query, keys, values, part, out, _counts(query.device, rows * kv_heads), slots, context, path, path_len,
+            query, keys, values, part, out, counts, slots, context, path, path_len,
             float(scale), rows, *strides, out.stride(0), out.stride(1), KV_HEADS=kv_heads,
             ROWS_PAD=triton.next_power_of_2(rows), CHUNK=16, HEADS_PAD=triton.next_power_of_2(heads),
             num_warps=work_warps, **shapes)

@@ -69,7 +69,8 @@ def row_attention(
     scale: float,
     out: torch.Tensor | None = None,  # [rows, heads, dim], written in place when given
     force_triton: bool | None = None,
-    schedule: str | None = None,  # worklist or grid (module docstring); None: schedule()
+    schedule: str | None = None,  # worklist, grid or single (module docstring); None: schedule_setting()
+    counts: torch.Tensor | None = None,  # [rows * kv_heads] int32 zeros, the single schedule's (left zero)
 ) -> torch.Tensor:
     """Returns [rows, heads, dim] in the query's dtype (module docstring)."""
     rows, heads, dim = query.shape
@@ -89,7 +90,8 @@ def row_attention(
         schedule = schedule or schedule_setting()
         check(schedule in SCHEDULES, f"attention schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}")
         _triton_attention.row_attention(query, keys, values, slots, context, path, path_len, scale, out, KEY_BLOCK,
-                              BLOCK_PROGRAMS, schedule, wave(query.device), WORK_WARPS)
+                              BLOCK_PROGRAMS, schedule, wave(query.device), WORK_WARPS,
+                              single_counts(rows, keys.shape[1], query.device) if counts is None else counts)
     else:
         out.copy_(row_attention_ref(query, keys, values, slots, context, path, path_len, scale))
     return out
@@ -98,6 +100,13 @@ def row_attention(
 def schedule_setting() -> str:
     """CODESPEC_CUDA_ATTENTION: worklist (default) or grid."""
     return os.environ.get("CODESPEC_CUDA_ATTENTION", "") or "worklist"
+
+
+def single_counts(rows: int, kv_heads: int, device: torch.device) -> torch.Tensor:
+    """The single schedule's count per (row, KV head), zero: a caller that launches it
+    again and again (the cuda backend, a CUDA graph) keeps one and passes it as `counts`;
+    each launch leaves it zero for the next."""
+    return torch.zeros(rows * kv_heads, dtype=torch.int32, device=device)
 
 
 def wave(device: torch.device) -> int:

@@ -58,6 +58,7 @@ def attention_probe() -> dict[str, Any]:
                  "worklist w8 x2": ("worklist", 2, 8), "single w8 x1": ("single", 1, 8),
                  "single w8 x2": ("single", 2, 8)}
     saved = module.PROGRAMS_PER_SM, module.WORK_WARPS
+    counts = module.single_counts(64, 2, query.device)  # kept, as the backend keeps its own: no memset per call
     result: dict[str, Any] = {}
     reference = {name: module.row_attention(query, keys, values, **meta, scale=0.125, schedule="grid")
                  for name, meta in layouts.items()}
@@ -67,9 +68,9 @@ def attention_probe() -> dict[str, Any]:
             entry: dict[str, Any] = {}
             for name, meta in layouts.items():
                 entry[name + "_us"] = _graph_us(lambda m=meta, s=schedule: module.row_attention(
-                    query, keys, values, **m, scale=0.125, schedule=s))
+                    query, keys, values, **m, scale=0.125, schedule=s, counts=counts))
                 entry[name + "_same_bits"] = bool(torch.equal(reference[name], module.row_attention(
-                    query, keys, values, **meta, scale=0.125, schedule=schedule)))
+                    query, keys, values, **meta, scale=0.125, schedule=schedule, counts=counts)))
             result[label] = entry
     finally:
         module.PROGRAMS_PER_SM, module.WORK_WARPS = saved

@@ -63,7 +63,7 @@ from codespec.forward.prefetch import settings as prefetch_settings
 from codespec.kernels.compact import keep_paths
 from codespec.kernels.rope_store import rope_store, rope_store_ref
 from codespec.kernels.row_argmax import row_argmax
-from codespec.kernels.row_attention import row_attention
+from codespec.kernels.row_attention import row_attention, single_counts
 from codespec.kernels.row_linear import Config, rms_norm, row_linear
 
 _log = logging.getLogger(__name__)
@@ -139,6 +139,9 @@ class CudaForward:
         if argmax not in ("torch", "rows"):
             raise SettingError(f"CODESPEC_CUDA_ARGMAX={argmax!r}: expected torch or rows")
         self.row_argmax = argmax == "rows"  # the greedy choice of real rows alone (kernels/row_argmax.py)
+        # attention's `single` schedule counts each (row, KV head)'s finished blocks here;
+        # every launch leaves it zero, so one buffer serves every layer, pass and graph
+        self._counts = single_counts(self.rows, self.kv_heads, self.device)
         self._layers = [LayerWeights.of(layer) for layer in model.model.layers]
         # The products run as they are (cuBLAS, or row_linear's tiles where `tiles` names
         # one) and the work between them as small functions fused by torch.compile on
@@ -339,7 +342,7 @@ class CudaForward:
             q = rope_store(qkv, cos, sin, source, write_slots, write_positions, keys[index], values[index],
                            heads=self.heads, kv_heads=self.kv_heads)
             return row_attention(q, keys[index], values[index], slots=slots, context=context, path=path,
-                                 path_len=path_len, scale=layer.self_attn.scaling).view(rows, -1)
+                                 path_len=path_len, scale=layer.self_attn.scaling, counts=self._counts).view(rows, -1)
 
         if self.fused:
             logits = self._fused_layers(hidden, attend)
