@@ -17,6 +17,7 @@ from codespec.engine.scheduler import Scheduler
 from codespec.errors import SettingError
 from codespec.forward import cuda
 from codespec.forward.cuda import CudaForward
+from codespec.forward.cuda_settings import CudaSettings
 from codespec.forward.passlayout import chain_rows, fill_staging, pass_rows, tree_rows
 from codespec.models.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
@@ -155,12 +156,22 @@ def test_the_pass_layout_is_pass_rows_bucket_by_bucket(seed):
                 assert path[r].tolist() == [0] * bucket
 
 
-def test_bucket_setting_is_checked(monkeypatch):
-    monkeypatch.setenv("CODESPEC_CUDA_ROWS", "lots")
+def test_the_backends_settings_are_checked_at_start_up(monkeypatch):
+    """Every CODESPEC_CUDA_* setting (forward/cuda_settings.py): its default, a good value
+    taken, a bad one a clear error naming it."""
+    assert CudaSettings.from_env({}) == CudaSettings()
+    good = {"ROWS": ("32", 32), "PREFILL": ("eager", "eager"), "FUSED": ("1", True), "COMPILE": ("0", False),
+            "ATTENTION": ("single", "single"), "PREFETCH": ("bulk", "bulk"), "PREFETCH_PROGRAMS": ("8", 8),
+            "CHAIN": ("0", False), "ARGMAX": ("rows", "rows")}
+    for name, (raw, value) in good.items():
+        assert getattr(CudaSettings.from_env({f"CODESPEC_CUDA_{name}": raw}), name.lower()) == value
+        with pytest.raises(SettingError, match=f"CODESPEC_CUDA_{name}='lots'"):
+            CudaSettings.from_env({f"CODESPEC_CUDA_{name}": "lots"})
+    monkeypatch.setenv("CODESPEC_CUDA_ROWS", "0")
     with pytest.raises(SettingError, match="CODESPEC_CUDA_ROWS"):
-        cuda.bucket_rows()
+        CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))  # the environment's bad value, at start-up
     monkeypatch.setenv("CODESPEC_CUDA_ROWS", "32")
-    assert cuda.bucket_rows() == 32
+    assert CudaForward(tiny_model("qwen2", vocab_size=16, seed=3)).rows == 32
 
 
 def test_unsupported_models_are_named():

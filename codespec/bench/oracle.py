@@ -29,7 +29,6 @@ ends, however long the host takes. `codespec bench host` runs it (bench/host_ben
 from __future__ import annotations
 
 import math
-import os
 import time
 from types import SimpleNamespace
 from typing import Any, Callable, Sequence
@@ -37,6 +36,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from codespec.errors import CodespecError
+from codespec.forward.cuda_settings import CudaSettings
 from codespec.policy.tree import VerifyTree
 
 
@@ -65,7 +65,7 @@ class OracleForward:
         self.config = SimpleNamespace(num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
                                       hidden_size=1, head_dim=1, max_position_embeddings=max_context)
         self.generation_config = SimpleNamespace(eos_token_id=eos_id)
-        self.chains_steps = os.environ.get("CODESPEC_CUDA_CHAIN", "1") != "0"  # as the cuda backend
+        self.chains_steps = CudaSettings.from_env().chain  # as the cuda backend
         self.chained_taken = self.chained_dropped = 0
         self._free_at = 0.0  # when the virtual device has run every pass queued on it
         self._queued: tuple[list[tuple[int, int, int]], list[int], float] | None = None  # rows, choices, end

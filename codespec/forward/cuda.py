@@ -44,7 +44,6 @@ the tests check the layout (float64 tiny models; TRITON_INTERPRET=1 for the kern
 from __future__ import annotations
 
 import logging
-import os
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -57,9 +56,9 @@ from codespec.forward import profile
 from codespec.forward.base import Moves, Requests, kv_dims
 from codespec.forward.chained import Chained, Collect, next_starts, plain_steps, step_rows
 from codespec.forward.cuda_layers import LayerWeights, add_norm, eps_of, gated, rotary
+from codespec.forward.cuda_settings import CudaSettings
 from codespec.forward.passlayout import META_FIELDS, PassRows, chain_rows, fill_staging, tree_rows
 from codespec.forward.prefetch import NoPrefetch, Prefetcher
-from codespec.forward.prefetch import settings as prefetch_settings
 from codespec.kernels.compact import keep_paths
 from codespec.kernels.rope_store import rope_store, rope_store_ref
 from codespec.kernels.row_argmax import row_argmax
@@ -72,19 +71,6 @@ _log = logging.getLogger(__name__)
 FUSED_TILES = {"qkv": Config(64, 64, 64, splits=8), "o": Config(64, 16, 128),
                "gate_up": Config(64, 128, 128, num_warps=8, num_stages=3), "down": Config(64, 32, 64, splits=8),
                "lm_head": Config(64, 128, 64)}
-DEFAULT_ROWS = 64  # the bucket: a 32-token draft plus its pending token fits, and 1-row steps stay ~free
-
-
-def bucket_rows() -> int:
-    """CODESPEC_CUDA_ROWS, or the default bucket (a bad value is a clear error)."""
-    raw = os.environ.get("CODESPEC_CUDA_ROWS", "")
-    if not raw:
-        return DEFAULT_ROWS
-    if not raw.isdigit() or not 1 <= int(raw) <= 1024:
-        raise SettingError(f"CODESPEC_CUDA_ROWS={raw!r}: expected a whole number of rows from 1 to 1024")
-    return int(raw)
-
-
 def unsupported(model: Any) -> str | None:
     """Why this backend cannot run `model` (None: it can): the Qwen2/Llama layers it computes."""
     from codespec.forward.rowdecoder import family_unsupported
@@ -116,11 +102,12 @@ class CudaForward:
                  prefetch_programs: int | None = None) -> None:
         why = unsupported(model)
         assert why is None, why  # select.py checks first
+        settings = CudaSettings.from_env()  # CODESPEC_CUDA_* (forward/cuda_settings.py): bad values fail here
         self.model = model
         self.config, self.generation_config = model.config, getattr(model, "generation_config", None)
         embed = model.get_input_embeddings().weight
         self.device, self.kv_dtype = embed.device, embed.dtype
-        self.rows = rows or bucket_rows()
+        self.rows = rows or settings.rows
         self.max_tail = self.rows  # a row's off-chain path fills at most a row of the [rows, rows] path table
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         self.warm_up_pass = self.graphs  # the engine runs a step at start-up: compilation, the graph's capture
@@ -130,15 +117,9 @@ class CudaForward:
         self._buckets: weakref.WeakKeyDictionary[Any, _Bucket] = weakref.WeakKeyDictionary()
         # each KV cache's plain step queued behind the last pass (forward/chained.py)
         self._chained: weakref.WeakKeyDictionary[Any, Chained] = weakref.WeakKeyDictionary()
-        chain = os.environ.get("CODESPEC_CUDA_CHAIN", "1")
-        if chain not in ("0", "1"):
-            raise SettingError(f"CODESPEC_CUDA_CHAIN={chain!r}: expected 1 (queue plain steps ahead) or 0")
-        self.chains_steps = chain == "1"  # the verifier asks for it where every next pass is a plain step
+        self.chains_steps = settings.chain  # the verifier asks for it where every next pass is a plain step
         self.chained_taken = self.chained_dropped = 0  # queued steps the engine asked for, and the others
-        argmax = os.environ.get("CODESPEC_CUDA_ARGMAX", "torch") or "torch"
-        if argmax not in ("torch", "rows"):
-            raise SettingError(f"CODESPEC_CUDA_ARGMAX={argmax!r}: expected torch or rows")
-        self.row_argmax = argmax == "rows"  # the greedy choice of real rows alone (kernels/row_argmax.py)
+        self.row_argmax = settings.argmax == "rows"  # the greedy choice of real rows alone (kernels/row_argmax.py)
         # attention's `single` schedule counts each (row, KV head)'s finished blocks here;
         # every launch leaves it zero, so one buffer serves every layer, pass and graph
         self._counts = single_counts(self.rows, self.kv_heads, self.device)
@@ -154,21 +135,17 @@ class CudaForward:
         self.tiles = dict(tiles or {})
         # `fused` (CODESPEC_CUDA_FUSED=1): every product through row_linear with the norm,
         # SiLU and residual add inside it, no compiled code: ~7 launches a layer, not 11.
-        self.fused = os.environ.get("CODESPEC_CUDA_FUSED", "0") == "1" if fused is None else fused
+        self.fused = settings.fused if fused is None else fused
         if self.fused:
             self.tiles = self._fused_tiles(self.tiles)
-        prefill = os.environ.get("CODESPEC_CUDA_PREFILL", "bucket")
-        if prefill not in ("bucket", "eager"):
-            raise SettingError(f"CODESPEC_CUDA_PREFILL={prefill!r}: expected 'bucket' or 'eager'")
-        self.eager_prefill = prefill == "eager"
+        self.eager_prefill = settings.prefill == "eager"
         self.prefill_exact = not self.eager_prefill  # a replayed prefill row is a decode step
-        compile = self.graphs and not self.fused and os.environ.get("CODESPEC_CUDA_COMPILE", "1") != "0"
+        compile = self.graphs and not self.fused and settings.compile
         self._add_norm = torch.compile(add_norm, dynamic=False) if compile else add_norm
         self._gated = torch.compile(gated, dynamic=False) if compile else gated
         # Weights warmed into L2 on a side stream while the pass runs (forward/prefetch.py):
         # CODESPEC_CUDA_PREFETCH, off until the GPU check shows it pays.
-        mode, programs = prefetch_settings()
-        mode, programs = prefetch or mode, prefetch_programs or programs
+        mode, programs = prefetch or settings.prefetch, prefetch_programs or settings.prefetch_programs
         self.prefetch: Prefetcher | NoPrefetch = (
             NoPrefetch() if mode == "off" else Prefetcher(self._layers, mode, programs, self.device))
 

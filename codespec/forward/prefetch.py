@@ -11,22 +11,19 @@ CUDA graph: parallel branches of it), warms what the next products will read:
 The side stream waits for the pass to reach each point before it warms that window, so
 it never runs a layer ahead and L2 (50 MB on an H100) holds one layer's weights at a
 time. lm_head (260 MB) does not fit and is left alone. CODESPEC_CUDA_PREFETCH picks the
-mode (off by default until the GPU check's `prefetch` stage shows it pays),
-CODESPEC_CUDA_PREFETCH_PROGRAMS the programs of each launch."""
+mode (off by default until the GPU check's `step` stage shows it pays),
+CODESPEC_CUDA_PREFETCH_PROGRAMS the programs of each launch (32 by default: few enough
+to leave the pass's own kernels most of the SMs; forward/cuda_settings.py)."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any, Sequence
 
 import torch
 
 from codespec.errors import SettingError
 from codespec.kernels.l2_prefetch import MODES, l2_prefetch
-
-DEFAULT_PROGRAMS = 32  # few enough to leave the pass's own kernels most of the SMs
-
 
 def plan(layers: int) -> dict[tuple[str, int], list[tuple[int, str]]]:
     """(point, layer) -> the (layer, weight) pairs warmed there, in the order they are read."""
@@ -37,17 +34,6 @@ def plan(layers: int) -> dict[tuple[str, int], list[tuple[int, str]]]:
         if i + 1 < layers:
             windows[("mlp", i)] = [(i + 1, "qkv"), (i + 1, "o")]
     return windows
-
-
-def settings() -> tuple[str, int]:
-    """CODESPEC_CUDA_PREFETCH and CODESPEC_CUDA_PREFETCH_PROGRAMS (clear errors)."""
-    mode = os.environ.get("CODESPEC_CUDA_PREFETCH", "off") or "off"
-    if mode not in ("off", *MODES):
-        raise SettingError(f"CODESPEC_CUDA_PREFETCH={mode!r}: expected off, {', '.join(MODES)}")
-    raw = os.environ.get("CODESPEC_CUDA_PREFETCH_PROGRAMS", "") or str(DEFAULT_PROGRAMS)
-    if not raw.isdigit() or not 1 <= int(raw) <= 4096:
-        raise SettingError(f"CODESPEC_CUDA_PREFETCH_PROGRAMS={raw!r}: expected a whole number from 1 to 4096")
-    return mode, int(raw)
 
 
 class Prefetcher:

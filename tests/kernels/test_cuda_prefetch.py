@@ -33,21 +33,18 @@ def test_each_weight_is_warmed_once_just_before_the_layer_that_reads_it():
                 assert (point, layer) == ("mlp", warmed_layer - 1)
 
 
-def test_settings(monkeypatch):
-    assert prefetch.settings() == ("off", prefetch.DEFAULT_PROGRAMS)
-    monkeypatch.setenv("CODESPEC_CUDA_PREFETCH", "bulk")
-    monkeypatch.setenv("CODESPEC_CUDA_PREFETCH_PROGRAMS", "64")
-    assert prefetch.settings() == ("bulk", 64)
+def test_a_bad_setting_fails_at_start_up(monkeypatch):
+    model = tiny_model("qwen2", vocab_size=16, seed=3)
     monkeypatch.setenv("CODESPEC_CUDA_PREFETCH", "always")
     with pytest.raises(SettingError, match="CODESPEC_CUDA_PREFETCH='always'"):
-        prefetch.settings()
+        CudaForward(model, rows=4)
     monkeypatch.setenv("CODESPEC_CUDA_PREFETCH", "sector")
     monkeypatch.setenv("CODESPEC_CUDA_PREFETCH_PROGRAMS", "0")
     with pytest.raises(SettingError, match="CODESPEC_CUDA_PREFETCH_PROGRAMS"):
-        prefetch.settings()
-    model = tiny_model("qwen2", vocab_size=16, seed=3)
-    with pytest.raises(SettingError, match="CODESPEC_CUDA_PREFETCH_PROGRAMS"):
-        CudaForward(model, rows=4)  # the environment's bad value, at start-up
+        CudaForward(model, rows=4)
+    monkeypatch.setenv("CODESPEC_CUDA_PREFETCH_PROGRAMS", "64")
+    forward = CudaForward(model, rows=4)
+    assert forward.prefetch.mode == "sector" and forward.prefetch.programs == 64
 
 
 @pytest.mark.parametrize("fused", [False, True])

@@ -1,0 +1,62 @@
+"""The cuda backend's settings, read from the environment once per backend
+(forward/cuda.py) and checked there: a bad value is one clear line at start-up.
+
+    setting                         values (default first)  what it does
+    CODESPEC_CUDA_ROWS              64, 1..1024             the bucket: rows of every replay (a pass of more
+                                                            rows is several replays)
+    CODESPEC_CUDA_PREFILL           bucket, eager           prompts as replays of the bucket, or eager passes
+    CODESPEC_CUDA_FUSED             0, 1                    every product through row_linear with its norm,
+                                                            SiLU and residual inside (slower on the H100)
+    CODESPEC_CUDA_COMPILE           1, 0                    the norms and SiLU compiled by torch.compile
+    CODESPEC_CUDA_ATTENTION         worklist, grid, single  attention's launch schedule (kernels/row_attention.py)
+    CODESPEC_CUDA_PREFETCH          off, sector, bulk, load weights warmed into L2 on a side stream
+    CODESPEC_CUDA_PREFETCH_PROGRAMS 32, 1..4096             programs of each warming launch
+    CODESPEC_CUDA_CHAIN             1, 0                    plain steps queued one ahead (forward/chained.py)
+    CODESPEC_CUDA_ARGMAX            torch, rows             the greedy choice over the bucket, or real rows only
+
+>>> CudaSettings.from_env({"CODESPEC_CUDA_ROWS": "32"}).rows
+32
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+from codespec.errors import SettingError
+
+CHOICES = {"prefill": ("bucket", "eager"), "fused": ("0", "1"), "compile": ("1", "0"),
+           "attention": ("worklist", "grid", "single"), "prefetch": ("off", "sector", "bulk", "load"),
+           "chain": ("1", "0"), "argmax": ("torch", "rows")}
+RANGES = {"rows": (64, 1, 1024), "prefetch_programs": (32, 1, 4096)}  # default, least, most
+
+
+@dataclass(frozen=True)
+class CudaSettings:
+    rows: int = 64
+    prefill: str = "bucket"
+    fused: bool = False
+    compile: bool = True
+    attention: str = "worklist"
+    prefetch: str = "off"
+    prefetch_programs: int = 32
+    chain: bool = True
+    argmax: str = "torch"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> CudaSettings:
+        env = os.environ if env is None else env
+        values: dict[str, object] = {}
+        for name, choices in CHOICES.items():
+            raw = env.get(f"CODESPEC_CUDA_{name.upper()}", "") or choices[0]
+            if raw not in choices:
+                raise SettingError(f"CODESPEC_CUDA_{name.upper()}={raw!r}: expected one of {', '.join(choices)}")
+            values[name] = raw == "1" if choices[0] in ("0", "1") else raw
+        for name, (default, least, most) in RANGES.items():
+            raw = env.get(f"CODESPEC_CUDA_{name.upper()}", "") or str(default)
+            if not raw.isdigit() or not least <= int(raw) <= most:
+                raise SettingError(f"CODESPEC_CUDA_{name.upper()}={raw!r}: expected a whole number from {least} "
+                                   f"to {most}")
+            values[name] = int(raw)
+        return cls(**values)
