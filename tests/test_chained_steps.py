@@ -5,8 +5,6 @@ anything else drops it without a trace in what the engine computes."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from codespec.engine import Engine, GenerationConfig
@@ -17,6 +15,7 @@ from codespec.models.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from codespec.policy.tree import VerifyTree
 from tests.test_engine_lossless import hf_greedy, prompts
+from tests.test_scheduler import run_all
 
 PLAIN = GenerationConfig(max_new_tokens=20, speculate=False)
 
@@ -44,8 +43,8 @@ def test_plain_decoding_takes_the_queued_steps_and_is_the_model(monkeypatch):
 
 
 def test_a_batch_whose_runs_end_at_different_times(monkeypatch):
-    """Plain requests of different token limits, some ending on an end token: each change
-    of the batch drops the queued step; every output equals the request decoded alone."""
+    """Plain requests of different token limits, some ending on an end token, admitted one
+    prefill a step: every output equals the request decoded alone."""
     model = tiny_model("qwen2", vocab_size=16, seed=3)
     monkeypatch.setenv("CODESPEC_CUDA_CHAIN", "1")
     batch = [[1, 2, 3, 4] * 2, [6, 7, 8] * 3, [9, 1, 9, 2], [3, 3, 4] * 3, [2, 7, 1]]
@@ -53,25 +52,14 @@ def test_a_batch_whose_runs_end_at_different_times(monkeypatch):
     probe = Engine(CudaForward(model, rows=8), None, eos_token_ids=[])
     end = probe.generate(batch[0], configs[0]).token_ids[6]  # the first request ends by its 7th token
     engine = Engine(CudaForward(model, rows=8), None, eos_token_ids=[end], slots=4)
-    results, done = {}, threading.Event()
-
-    def finished(i):
-        def on_done(outcome):
-            results[i] = outcome
-            if len(results) == len(batch):
-                done.set()
-        return on_done
-
     scheduler = Scheduler(engine, max_active=4, max_waiting=4)
     try:
-        for i, (prompt, config) in enumerate(zip(batch, configs)):
-            scheduler.submit(prompt, config, on_tokens=lambda tokens: None, on_done=finished(i))
-        assert done.wait(120)
+        together = run_all(scheduler, batch, configs)
     finally:
         scheduler.close()
     taken, dropped = engine.forward.chained_taken, engine.forward.chained_dropped
     alone = [engine.generate(p, c).token_ids for p, c in zip(batch, configs)]
-    assert [results[i].token_ids for i in range(len(batch))] == alone
+    assert [out.token_ids for out in together] == alone
     ended = sum(len(a) < c.max_new_tokens for a, c in zip(alone, configs))
     assert ended > 0  # an end token came
     # staggered prefills (one a step) queue nothing to drop; requests that end leave the

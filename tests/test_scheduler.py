@@ -15,6 +15,8 @@ from codespec.forward import of_model
 
 
 def run_all(scheduler, prompts, config):
+    """Every prompt submitted at once, with `config` or each with its own (a list)."""
+    configs = config if isinstance(config, list) else [config] * len(prompts)
     results, done = {}, threading.Event()
 
     def finished(i):
@@ -24,8 +26,8 @@ def run_all(scheduler, prompts, config):
                 done.set()
         return on_done
 
-    for i, prompt in enumerate(prompts):
-        scheduler.submit(prompt, config, on_tokens=lambda tokens: None, on_done=finished(i))
+    for i, (prompt, each) in enumerate(zip(prompts, configs)):
+        scheduler.submit(prompt, each, on_tokens=lambda tokens: None, on_done=finished(i))
     assert done.wait(120)
     return [results[i] for i in range(len(prompts))]
 

@@ -36,6 +36,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from codespec.errors import CodespecError
+from codespec.forward.chained import next_starts, plain_steps, queued_rows
 from codespec.forward.cuda_settings import CudaSettings
 from codespec.policy.tree import VerifyTree
 
@@ -68,7 +69,8 @@ class OracleForward:
         self.chains_steps = CudaSettings.from_env().chain  # as the cuda backend
         self.chained_taken = self.chained_dropped = 0
         self._free_at = 0.0  # when the virtual device has run every pass queued on it
-        self._queued: tuple[list[tuple[int, int, int]], list[int], float] | None = None  # rows, choices, end
+        # a queued plain step: its (slot, start, token) rows, their choices, when it ends
+        self._queued: tuple[list[tuple[int, int, int]], list[int], float] | None = None
 
     def probe(self, stored: tuple[int, bool] | None) -> tuple[int, bool]:
         return self.bucket, False  # as the cuda backend: a pass costs one more replay per bucket
@@ -94,20 +96,20 @@ class OracleForward:
         """The pass queued: its choices are ready once the virtual device has run it, as
         a GPU's asynchronous launch (the host may work meanwhile: engine/ahead.py); with
         `chain_next`, the plain step after it queued behind it (forward/chained.py)."""
-        asked = [(slot, start, tree.tokens[0]) for slot, start, tree in requests if len(tree) == 1]
         queued, self._queued = self._queued, None
-        rows = [queued[0].index(a) if a in queued[0] else None for a in asked] if queued is not None else []
-        if queued is not None and len(asked) == len(requests) and None not in rows:
+        rows = queued_rows(queued[0], requests) if queued is not None else None
+        if rows is not None:
             self.chained_taken += 1  # the queued step (requests ended since: the others' rows)
             picked, until = [queued[1][row] for row in rows], queued[2]
         else:
             self.chained_dropped += queued is not None
             picked = self._choices(requests)
             until = self._queue(self._pass_s(len(picked)))
-        if chain_next and self.chains_steps and len(asked) == len(requests):
-            rows = [(slot, start + 1, token) for (slot, start, _), token in zip(asked, picked)]
-            choices = self._choices([(slot, start, VerifyTree.chain(token)) for slot, start, token in rows])
-            self._queued = (rows, choices, self._queue(self._pass_s(len(rows))))
+        if chain_next and self.chains_steps and plain_steps(requests):
+            slots, starts = next_starts(requests)
+            step = list(zip(slots, starts, picked))
+            choices = self._choices([(slot, start, VerifyTree.chain(token)) for slot, start, token in step])
+            self._queued = (step, choices, self._queue(self._pass_s(len(step))))
 
         def collect() -> list[int]:
             while time.perf_counter() < until:

@@ -64,15 +64,20 @@ class Chained:
         tokens = self.fed_from.result
         if tokens is None:
             return None
-        queued = {(slot, start, token): row for row, (slot, start, token)
-                  in enumerate(zip(self.slots, self.starts, tokens))}
-        rows = []
-        for slot, start, tree in requests:
-            row = queued.get((slot, start, tree.tokens[0])) if len(tree) == 1 else None
-            if row is None:
-                return None
-            rows.append(row)
-        return rows
+        return queued_rows(list(zip(self.slots, self.starts, tokens)), requests)
+
+
+def queued_rows(queued: Sequence[tuple[int, int, int]], requests: Requests) -> list[int] | None:
+    """The rows of a queued plain step, (slot, start, token) each, that `requests` asks
+    for, in its order; None where any request is not one of them (Chained.rows_for)."""
+    where = {row_key: row for row, row_key in enumerate(queued)}
+    rows = []
+    for slot, start, tree in requests:
+        row = where.get((slot, start, tree.tokens[0])) if len(tree) == 1 else None
+        if row is None:
+            return None
+        rows.append(row)
+    return rows
 
 
 def plain_steps(requests: Requests) -> bool:
@@ -80,7 +85,7 @@ def plain_steps(requests: Requests) -> bool:
     return all(len(tree) == 1 for _, _, tree in requests)
 
 
-def next_starts(requests: Requests) -> tuple[Sequence[int], Sequence[int]]:
+def next_starts(requests: Requests) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The slots and starts of the plain step after a plain pass: one position further."""
     return tuple(slot for slot, _, _ in requests), tuple(start + 1 for _, start, _ in requests)
 

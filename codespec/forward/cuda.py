@@ -234,7 +234,7 @@ class CudaForward:
         queued = None
         for bucket, n, _ in self._replays(cache, step_rows(slots, starts), tokens=lambda flat: flat[:k].copy_(choices)):
             queued = bucket.choices[:n].clone()
-        return Chained(tuple(slots), tuple(starts), fed_from, queued)
+        return Chained(slots, starts, fed_from, queued)
 
     def argmax(self, logits: torch.Tensor) -> list[int]:
         return torch.argmax(logits, dim=-1).tolist()  # the first maximum, as the replay's choices
