@@ -1,4 +1,4 @@
-"""The Triton kernels behind `compact`, `tree_mask` and `rope_store` (imported only when
+"""The Triton kernels behind `compact`, `tree_mask`, `rope_store` and `row_argmax` (imported only when
 one runs: on CUDA tensors, or on CPU under `TRITON_INTERPRET=1` in the tests;
 `row_attention`'s are in _triton_attention.py, `row_linear`'s in _triton_linear.py,
 `l2_prefetch`'s in _triton_prefetch.py).
@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from codespec.kernels._triton_pdl import launch_options, pdl_start, pdl_wait
 
 
 @triton.jit
@@ -64,9 +66,11 @@ def tree_mask(parents: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
 @triton.jit
 def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, source_ptr, write_slot_ptr, write_position_ptr, q_ptr, k_ptr, v_ptr,
                        s_qkv, s_rope, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos,
-                       HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr):
+                       HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr, PDL: tl.constexpr):
     # One program per (row, head of q, k or v). Rotary as transformers applies it in the
     # model's dtype: x * cos and rotate_half(x) * sin each rounded, then their sum rounded.
+    pdl_start(PDL)
+    pdl_wait(PDL)
     row = tl.program_id(0)
     head = tl.program_id(1)
     d = tl.arange(0, DIM)
@@ -95,20 +99,22 @@ def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, source_ptr, write_slot_ptr, wr
 
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, source: torch.Tensor,
                write_slots: torch.Tensor, write_positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-               q: torch.Tensor, heads: int, kv_heads: int) -> None:
+               q: torch.Tensor, heads: int, kv_heads: int, pdl: bool = False) -> None:
     rows, dim = q.shape[0], q.shape[2]
     _rope_store_kernel[(rows, heads + 2 * kv_heads)](
         qkv, cos, sin, source, write_slots, write_positions, q, keys, values,
         qkv.stride(0), cos.stride(0), q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
-        HEADS=heads, KV_HEADS=kv_heads, DIM=dim)
+        HEADS=heads, KV_HEADS=kv_heads, DIM=dim, PDL=pdl, **launch_options(pdl))
 
 
 @triton.jit
 def _argmax_part_kernel(logits_ptr, context_ptr, path_len_ptr, best_ptr, index_ptr, nan_ptr, vocab, s_row,
-                        SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+                        SPLITS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     # One program per (row, split of the vocabulary): the split's largest value and its
     # first index, and its first NaN (torch.argmax takes a NaN as the largest). A row with
     # no keys (padding) is skipped: its choice is never read.
+    pdl_start(PDL)
+    pdl_wait(PDL)
     row = tl.program_id(0)
     split = tl.program_id(1)
     if tl.load(context_ptr + row) + tl.load(path_len_ptr + row) > 0:
@@ -138,9 +144,11 @@ def _argmax_part_kernel(logits_ptr, context_ptr, path_len_ptr, best_ptr, index_p
 
 @triton.jit
 def _argmax_final_kernel(best_ptr, index_ptr, nan_ptr, context_ptr, path_len_ptr, out_ptr, vocab,
-                         SPLITS: tl.constexpr):
+                         SPLITS: tl.constexpr, PDL: tl.constexpr):
     # One program per row: the first NaN if any, else the largest value's first index
     # (splits in order, so the smallest index among equal maxima is the first).
+    pdl_start(PDL)
+    pdl_wait(PDL)
     row = tl.program_id(0)
     choice = tl.zeros([], tl.int64)
     if tl.load(context_ptr + row) + tl.load(path_len_ptr + row) > 0:
@@ -155,11 +163,12 @@ def _argmax_final_kernel(best_ptr, index_ptr, nan_ptr, context_ptr, path_len_ptr
 
 
 def row_argmax(logits: torch.Tensor, context: torch.Tensor, path_len: torch.Tensor, out: torch.Tensor,
-               splits: int, block: int) -> None:
+               splits: int, block: int, pdl: bool = False) -> None:
     rows, vocab = logits.shape
     best = torch.empty(rows, splits, dtype=torch.float32, device=logits.device)
     index = torch.empty(rows, splits, dtype=torch.int32, device=logits.device)
     nan = torch.empty(rows, splits, dtype=torch.int32, device=logits.device)
     _argmax_part_kernel[(rows, splits)](logits, context, path_len, best, index, nan, vocab, logits.stride(0),
-                                        SPLITS=splits, BLOCK=block)
-    _argmax_final_kernel[(rows,)](best, index, nan, context, path_len, out, vocab, SPLITS=splits)
+                                        SPLITS=splits, BLOCK=block, PDL=pdl, **launch_options(pdl))
+    _argmax_final_kernel[(rows,)](best, index, nan, context, path_len, out, vocab, SPLITS=splits, PDL=pdl,
+                                  **launch_options(pdl))

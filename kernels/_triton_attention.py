@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from codespec.kernels._triton_pdl import launch_options, pdl_start, pdl_wait
+
 
 @triton.jit
 def _query_group(q_ptr, row, kv_head, s_q_row, s_q_head, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
@@ -60,9 +62,11 @@ def _row_attention_block_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, contex
                                 scale, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path,
                                 s_part_row, s_part_head, s_part_block,
                                 GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, DIM: tl.constexpr,
-                                KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr):
+                                KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
     # The `grid` schedule: one program per (row, KV head, program of the block axis),
     # taking the row's key blocks b = program, program + programs, ...
+    pdl_start(PDL)
+    pdl_wait(PDL)
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     slot = tl.load(slots_ptr + row)
@@ -112,11 +116,14 @@ def _row_attention_work_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context
                                scale, rows, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path,
                                s_part_row, s_part_head, s_part_block, KV_HEADS: tl.constexpr,
                                ROWS_PAD: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                               DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr):
+                               DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr,
+                               PDL: tl.constexpr):
     # The `worklist` schedule: a fixed number of programs (a wave of the device) share the
     # pass's real work, the (row, key block, KV head) items in that order, item i going to
     # program i mod programs. Padding rows have no blocks, so they add no programs: a
     # one-row step over 512 keys is 8 items, not the grid's rows * KV heads * 16 programs.
+    pdl_start(PDL)
+    pdl_wait(PDL)
     blocks, ends = _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK)
     for item in range(tl.program_id(0), tl.sum(blocks, axis=0) * KV_HEADS, tl.num_programs(0)):
         _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr,
@@ -155,8 +162,11 @@ def _combine(out_ptr, part_ptr, row, head, blocks, s_out_row, s_out_head, s_part
 @triton.jit
 def _row_attention_combine_kernel(out_ptr, part_ptr, context_ptr, path_len_ptr, s_out_row, s_out_head,
                                   s_part_row, s_part_head, s_part_block,
-                                  DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+                                  DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, CHUNK: tl.constexpr,
+                                  PDL: tl.constexpr):
     # One program per (row, query head).
+    pdl_start(PDL)
+    pdl_wait(PDL)
     row = tl.program_id(0)
     blocks = tl.cdiv(tl.load(context_ptr + row) + tl.load(path_len_ptr + row), KEY_BLOCK)
     _combine(out_ptr, part_ptr, row, tl.program_id(1), blocks, s_out_row, s_out_head, s_part_row, s_part_head,
@@ -169,10 +179,13 @@ def _row_attention_single_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_p
                                  s_kv_pos, s_path, s_part_row, s_part_head, s_part_block, s_out_row, s_out_head,
                                  KV_HEADS: tl.constexpr, ROWS_PAD: tl.constexpr, GROUP: tl.constexpr,
                                  GROUP_PAD: tl.constexpr, DIM: tl.constexpr, KEY_BLOCK: tl.constexpr,
-                                 PRECISION: tl.constexpr, CHUNK: tl.constexpr, HEADS_PAD: tl.constexpr):
+                                 PRECISION: tl.constexpr, CHUNK: tl.constexpr, HEADS_PAD: tl.constexpr,
+                                 PDL: tl.constexpr):
     # The `single` schedule: the worklist's items, then, in the program that finishes a
     # (row, KV head)'s last block (an atomic count per pair, reset by that program), the
     # combine of its query heads: one launch a layer instead of two, the same arithmetic.
+    pdl_start(PDL)
+    pdl_wait(PDL)
     blocks, ends = _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK)
     r = tl.arange(0, ROWS_PAD)
     g = tl.arange(0, HEADS_PAD)
@@ -200,7 +213,7 @@ def _row_attention_single_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_p
 def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
                   context: torch.Tensor, path: torch.Tensor, path_len: torch.Tensor, scale: float,
                   out: torch.Tensor, key_block: int, block_programs: int, schedule: str, programs: int,
-                  work_warps: int, counts: torch.Tensor) -> None:
+                  work_warps: int, counts: torch.Tensor, pdl: bool = False) -> None:
     rows, heads, dim = query.shape
     kv_heads = keys.shape[1]
     group = heads // kv_heads
@@ -209,6 +222,7 @@ def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     part = torch.empty(rows, heads, blocks, 2 + dim, dtype=torch.float32, device=query.device)
     strides = (query.stride(0), query.stride(1), keys.stride(0), keys.stride(1), keys.stride(2), path.stride(0),
                part.stride(0), part.stride(1), part.stride(2))
+    launch = dict(PDL=pdl, **launch_options(pdl))
     shapes = dict(GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), DIM=dim, KEY_BLOCK=key_block,
                   PRECISION="ieee" if query.dtype == torch.float32 else "tf32")
     if schedule == "single":
@@ -216,15 +230,15 @@ def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
             query, keys, values, part, out, counts, slots, context, path, path_len,
             float(scale), rows, *strides, out.stride(0), out.stride(1), KV_HEADS=kv_heads,
             ROWS_PAD=triton.next_power_of_2(rows), CHUNK=16, HEADS_PAD=triton.next_power_of_2(heads),
-            num_warps=work_warps, **shapes)
+            num_warps=work_warps, **shapes, **launch)
         return
     if schedule == "worklist":
         _row_attention_work_kernel[(programs,)](
             query, keys, values, part, slots, context, path, path_len, float(scale), rows, *strides,
-            KV_HEADS=kv_heads, ROWS_PAD=triton.next_power_of_2(rows), num_warps=work_warps, **shapes)
+            KV_HEADS=kv_heads, ROWS_PAD=triton.next_power_of_2(rows), num_warps=work_warps, **shapes, **launch)
     else:
         _row_attention_block_kernel[(rows, kv_heads, min(blocks, block_programs))](
-            query, keys, values, part, slots, context, path, path_len, float(scale), *strides, **shapes)
+            query, keys, values, part, slots, context, path, path_len, float(scale), *strides, **shapes, **launch)
     _row_attention_combine_kernel[(rows, heads)](
         out, part, context, path_len, out.stride(0), out.stride(1), part.stride(0), part.stride(1), part.stride(2),
-        DIM=dim, KEY_BLOCK=key_block, CHUNK=16)
+        DIM=dim, KEY_BLOCK=key_block, CHUNK=16, **launch)

@@ -9,21 +9,42 @@ import torch
 import triton
 import triton.language as tl
 
+from codespec.kernels._triton_pdl import launch_options, pdl_start, pdl_wait
+from codespec.kernels._triton_prefetch import sector_prefetch
+
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+SECTOR_BYTES = 32  # what one prefetch.global.L2 brings in
 
 
 @triton.jit
-def _operand(x_ptr, norm_ptr, m, k, k_size, s_x, scale, NORM: tl.constexpr, GATED: tl.constexpr):
+def _live_rows(context_ptr, path_len_ptr, m, LIVE: tl.constexpr):
+    # The rows that hold a token (keys to attend to: context + path > 0); every row without LIVE.
+    if LIVE:
+        return tl.load(context_ptr + m) + tl.load(path_len_ptr + m) > 0
+    return tl.full(m.shape, 1, tl.int1)
+
+
+@triton.jit
+def _rows_load(at, live, LIVE: tl.constexpr):
+    # [BLOCK_M, ...] values; a row without a token is not read (zeros)
+    if LIVE:
+        return tl.load(at, mask=live[:, None], other=0.0)
+    return tl.load(at)
+
+
+@triton.jit
+def _operand(x_ptr, norm_ptr, m, k, k_size, s_x, scale, live, NORM: tl.constexpr, GATED: tl.constexpr,
+             LIVE: tl.constexpr):
     """The product's left operand for rows m, columns k, in the model's dtype, rounded
     where transformers' eager code rounds: the norm's normalised x, then its weight times
     that; SiLU(gate), then times up."""
     dtype = x_ptr.dtype.element_ty
     if GATED:  # x holds [gate | up], each k_size wide
-        gate = tl.load(x_ptr + m[:, None] * s_x + k[None, :]).to(tl.float32)
-        up = tl.load(x_ptr + m[:, None] * s_x + k_size + k[None, :]).to(tl.float32)
+        gate = _rows_load(x_ptr + m[:, None] * s_x + k[None, :], live, LIVE).to(tl.float32)
+        up = _rows_load(x_ptr + m[:, None] * s_x + k_size + k[None, :], live, LIVE).to(tl.float32)
         silu = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
         return (silu * up).to(dtype)
-    x = tl.load(x_ptr + m[:, None] * s_x + k[None, :])
+    x = _rows_load(x_ptr + m[:, None] * s_x + k[None, :], live, LIVE)
     if NORM:
         normed = (x.to(tl.float32) * scale[:, None]).to(dtype).to(tl.float32)
         return (normed * tl.load(norm_ptr + k).to(tl.float32)[None, :]).to(dtype)
@@ -31,38 +52,58 @@ def _operand(x_ptr, norm_ptr, m, k, k_size, s_x, scale, NORM: tl.constexpr, GATE
 
 
 @triton.jit
-def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, part_ptr, k_size, eps,
-                       s_x, s_w, s_residual, s_out, s_part_split, s_part,
+def _warm_weights(w_ptr, n_first, k_first, k_last, s_w, BLOCK_N: tl.constexpr, SECTOR: tl.constexpr,
+                  SECTORS: tl.constexpr):
+    # A prefetch into L2 for each SECTOR-element sector of weight rows n_first.. (BLOCK_N
+    # of them), columns k_first..k_last; SECTORS a row, padded to a power of two, and a
+    # row's worth of lanes at a time (all at once, the addresses spill registers).
+    lane = tl.arange(0, SECTORS)
+    column = k_first + lane * SECTOR
+    for row in range(n_first, n_first + BLOCK_N):
+        sector_prefetch(w_ptr + row * s_w + column, column < k_last)
+
+
+@triton.jit
+def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, part_ptr, context_ptr, path_len_ptr,
+                       k_size, eps, s_x, s_w, s_residual, s_out, s_part_split, s_part,
                        STEPS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+                       NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, LIVE: tl.constexpr,
+                       PDL: tl.constexpr, PREFETCH: tl.constexpr, SECTOR: tl.constexpr, SECTORS: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
     # One program per (BLOCK_N outputs, split of K, BLOCK_M rows): its K range is fixed by
     # the split's index alone, walked in BLOCK_K steps; an output row depends on its own
     # input row (a tensor-core product never mixes rows; the norm's sum is per row).
+    pdl_start(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(1)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
-    scale = tl.zeros([BLOCK_M], tl.float32)
-    if NORM:  # RMSNorm's 1 / rms over the whole row, in float32, BLOCK_K at a time
-        squares = tl.zeros([BLOCK_M], tl.float32)
-        for begin in range(0, k_size, BLOCK_K):
-            x = tl.load(x_ptr + m[:, None] * s_x + begin + tl.arange(0, BLOCK_K)[None, :]).to(tl.float32)
-            squares += tl.sum(x * x, axis=1)
-        scale = tl.rsqrt(squares / k_size + eps)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     first = split * STEPS_PER_SPLIT * BLOCK_K
     last = tl.minimum(first + STEPS_PER_SPLIT * BLOCK_K, k_size)
-    for begin in range(first, last, BLOCK_K):
-        k = begin + tl.arange(0, BLOCK_K)
-        a = _operand(x_ptr, norm_ptr, m, k, k_size, s_x, scale, NORM, GATED)
-        w = tl.load(w_ptr + n[:, None] * s_w + k[None, :])
-        if UPCAST:  # the interpreter's bf16 tl.dot returns garbage (triton 3.9): the tests' path
-            a, w = a.to(tl.float32), w.to(tl.float32)
-        acc += tl.dot(a, tl.trans(w))
-    if SPLITS == 1:
-        _finish(acc, bias_ptr, residual_ptr, out_ptr, m, n, s_residual, s_out, HAS_BIAS, RESIDUAL)
-    else:
-        tl.store(part_ptr + split * s_part_split + m[:, None] * s_part + n[None, :], acc)
+    if PREFETCH:  # this program's weights into L2 while the kernel before runs: no pass writes them
+        _warm_weights(w_ptr, tl.program_id(0) * BLOCK_N, first, last, s_w, BLOCK_N, SECTOR, SECTORS)
+    pdl_wait(PDL)
+    live = _live_rows(context_ptr, path_len_ptr, m, LIVE)
+    if tl.max(live.to(tl.int32), axis=0) > 0:  # a block of padding rows computes nothing
+        scale = tl.zeros([BLOCK_M], tl.float32)
+        if NORM:  # RMSNorm's 1 / rms over the whole row, in float32, BLOCK_K at a time
+            squares = tl.zeros([BLOCK_M], tl.float32)
+            for begin in range(0, k_size, BLOCK_K):
+                x = _rows_load(x_ptr + m[:, None] * s_x + begin + tl.arange(0, BLOCK_K)[None, :], live,
+                               LIVE).to(tl.float32)
+                squares += tl.sum(x * x, axis=1)
+            scale = tl.rsqrt(squares / k_size + eps)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for begin in range(first, last, BLOCK_K):
+            k = begin + tl.arange(0, BLOCK_K)
+            a = _operand(x_ptr, norm_ptr, m, k, k_size, s_x, scale, live, NORM, GATED, LIVE)
+            w = tl.load(w_ptr + n[:, None] * s_w + k[None, :])
+            if UPCAST:  # the interpreter's bf16 tl.dot returns garbage (triton 3.9): the tests' path
+                a, w = a.to(tl.float32), w.to(tl.float32)
+            acc += tl.dot(a, tl.trans(w))
+        if SPLITS == 1:
+            _finish(acc, bias_ptr, residual_ptr, out_ptr, m, n, s_residual, s_out, HAS_BIAS, RESIDUAL)
+        else:
+            tl.store(part_ptr + split * s_part_split + m[:, None] * s_part + n[None, :], acc)
 
 
 @triton.jit
@@ -80,38 +121,47 @@ def _finish(acc, bias_ptr, residual_ptr, out_ptr, m, n, s_residual, s_out, HAS_B
 
 
 @triton.jit
-def _row_linear_reduce_kernel(part_ptr, bias_ptr, residual_ptr, out_ptr, s_part_split, s_part, s_residual, s_out,
-                              SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
-                              BLOCK: tl.constexpr):
+def _row_linear_reduce_kernel(part_ptr, bias_ptr, residual_ptr, out_ptr, context_ptr, path_len_ptr, s_part_split,
+                              s_part, s_residual, s_out, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                              RESIDUAL: tl.constexpr, LIVE: tl.constexpr, PDL: tl.constexpr, BLOCK: tl.constexpr):
     # One program per row and BLOCK outputs: the splits' partial sums added in split order.
+    pdl_start(PDL)
+    pdl_wait(PDL)
     m = tl.program_id(1) + tl.zeros([1], tl.int32)
     n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    acc = tl.load(part_ptr + m[:, None] * s_part + n[None, :])
-    for split in range(1, SPLITS):
-        acc += tl.load(part_ptr + split * s_part_split + m[:, None] * s_part + n[None, :])
-    _finish(acc, bias_ptr, residual_ptr, out_ptr, m, n, s_residual, s_out, HAS_BIAS, RESIDUAL)
+    if tl.max(_live_rows(context_ptr, path_len_ptr, m, LIVE).to(tl.int32), axis=0) > 0:
+        acc = tl.load(part_ptr + m[:, None] * s_part + n[None, :])
+        for split in range(1, SPLITS):
+            acc += tl.load(part_ptr + split * s_part_split + m[:, None] * s_part + n[None, :])
+        _finish(acc, bias_ptr, residual_ptr, out_ptr, m, n, s_residual, s_out, HAS_BIAS, RESIDUAL)
 
 
 def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, norm: torch.Tensor | None,
                eps: float, gated: bool, residual: torch.Tensor | None, out: torch.Tensor, block_m: int, block_n: int,
-               block_k: int, splits: int, num_warps: int, num_stages: int) -> None:
+               block_k: int, splits: int, num_warps: int, num_stages: int,
+               live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False,
+               prefetch: bool = False) -> None:
     rows = x.shape[0]
     n_size, k_size = weight.shape
     steps = k_size // block_k
     per_split = triton.cdiv(steps, splits)
     splits = triton.cdiv(steps, per_split)  # no empty split
     part = torch.empty(splits, rows, n_size, dtype=torch.float32, device=x.device) if splits > 1 else out
-    flags = dict(HAS_BIAS=bias is not None, RESIDUAL=residual is not None)
+    flags = dict(HAS_BIAS=bias is not None, RESIDUAL=residual is not None, LIVE=live is not None, PDL=pdl)
     pointers = (bias if bias is not None else out, residual if residual is not None else out)
+    context, path_len = live if live is not None else (out, out)
     s_residual = residual.stride(0) if residual is not None else 0
+    sector = SECTOR_BYTES // weight.element_size()
     _row_linear_kernel[(n_size // block_n, splits, rows // block_m)](
-        x, weight, pointers[0], norm if norm is not None else out, pointers[1], out, part, k_size, float(eps),
-        x.stride(0), weight.stride(0), s_residual, out.stride(0), part.stride(0) if splits > 1 else 0,
+        x, weight, pointers[0], norm if norm is not None else out, pointers[1], out, part, context, path_len, k_size,
+        float(eps), x.stride(0), weight.stride(0), s_residual, out.stride(0), part.stride(0) if splits > 1 else 0,
         part.stride(1) if splits > 1 else 0, STEPS_PER_SPLIT=per_split, SPLITS=splits, NORM=norm is not None,
-        GATED=gated, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        UPCAST=_INTERPRETED and x.dtype != torch.float32, num_warps=num_warps, num_stages=num_stages, **flags)
+        GATED=gated, PREFETCH=prefetch, SECTOR=sector,
+        SECTORS=triton.next_power_of_2(triton.cdiv(per_split * block_k, sector)), BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=_INTERPRETED and x.dtype != torch.float32, num_warps=num_warps,
+        num_stages=num_stages, **flags, **launch_options(pdl))
     if splits > 1:
         block = 128 if n_size % 128 == 0 else block_n
         _row_linear_reduce_kernel[(n_size // block, rows)](
-            part, *pointers, out, part.stride(0), part.stride(1), s_residual, out.stride(0), SPLITS=splits,
-            BLOCK=block, **flags)
+            part, *pointers, out, context, path_len, part.stride(0), part.stride(1), s_residual, out.stride(0),
+            SPLITS=splits, BLOCK=block, **flags, **launch_options(pdl))

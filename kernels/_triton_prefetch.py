@@ -14,6 +14,14 @@ MODES = {"load": 0, "sector": 1, "bulk": 2}
 
 
 @triton.jit
+def sector_prefetch(at, inside):
+    # prefetch.global.L2 at each lane's address where `inside`: its sector comes into L2,
+    # nothing returns to a register (the zeros returned keep the call in the program).
+    return tl.inline_asm_elementwise("@$2 prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l,b", [at, inside],
+                                     dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _region(ptr, nbytes, program, programs, MODE: tl.constexpr, GRAIN: tl.constexpr, BLOCK: tl.constexpr):
     # This program's share of one region, GRAIN bytes per lane and BLOCK lanes at a time;
     # returns what keeps the compiler from dropping the work (0 but for `load`'s sum).
@@ -30,9 +38,7 @@ def _region(ptr, nbytes, program, programs, MODE: tl.constexpr, GRAIN: tl.conste
             # a byte of every GRAIN: the whole sector comes into L2 (.cg: not into L1)
             kept += tl.load(at, mask=inside, other=0, cache_modifier=".cg").to(tl.int32)
         elif MODE == 1:
-            # prefetch.global.L2: one sector a lane, nothing returns to a register
-            kept |= tl.inline_asm_elementwise("@$2 prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l,b",
-                                              [at, inside], dtype=tl.int32, is_pure=False, pack=1)
+            kept |= sector_prefetch(at, inside)
         else:
             # Hopper's bulk prefetch: the copy engine pulls GRAIN bytes per instruction
             size = tl.minimum(nbytes - grain.to(tl.int64) * GRAIN, GRAIN).to(tl.int32)

@@ -30,10 +30,11 @@ from codespec.kernels import check, use_triton
 
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, source: torch.Tensor,
                write_slots: torch.Tensor, write_positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *,
-               heads: int, kv_heads: int, out: torch.Tensor | None = None,
+               heads: int, kv_heads: int, out: torch.Tensor | None = None, pdl: bool = False,
                force_triton: bool | None = None) -> torch.Tensor:
     """q [rows, heads, dim] after rotary; row r's K and V go to
-    keys/values[write_slots[r], :, write_positions[r]] (taken from row source[r])."""
+    keys/values[write_slots[r], :, write_positions[r]] (taken from row source[r]).
+    `pdl`: launched as a programmatic dependent on CUDA (kernels/_triton_pdl.py)."""
     rows = qkv.shape[0]
     dim = keys.shape[3]
     check(qkv.dim() == 2 and qkv.shape[1] == (heads + 2 * kv_heads) * dim and qkv.stride(1) == 1,
@@ -50,7 +51,8 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, source: 
     if use_triton(qkv, force_triton):
         from codespec.kernels import _triton
 
-        _triton.rope_store(qkv, cos, sin, source, write_slots, write_positions, keys, values, out, heads, kv_heads)
+        _triton.rope_store(qkv, cos, sin, source, write_slots, write_positions, keys, values, out, heads, kv_heads,
+                           pdl and qkv.is_cuda)
     else:
         q, k, v = rope_store_ref(qkv, cos, sin, heads, kv_heads, dim)
         out.copy_(q)

@@ -24,8 +24,9 @@ BLOCK = 1024  # logits a program reads at a time
 
 
 def row_argmax(logits: torch.Tensor, context: torch.Tensor, path_len: torch.Tensor, *,
-               out: torch.Tensor | None = None, force_triton: bool | None = None) -> torch.Tensor:
-    """[rows] int64: each row's greedy choice, 0 for rows without keys (module docstring)."""
+               out: torch.Tensor | None = None, pdl: bool = False, force_triton: bool | None = None) -> torch.Tensor:
+    """[rows] int64: each row's greedy choice, 0 for rows without keys (module docstring).
+    `pdl`: launched as programmatic dependents on CUDA (kernels/_triton_pdl.py)."""
     rows = logits.shape[0]
     check(logits.dim() == 2 and logits.stride(1) == 1, "logits must be [rows, vocab], contiguous in vocab")
     check(context.shape == (rows,) and path_len.shape == (rows,), "context and path_len must be [rows]")
@@ -34,7 +35,7 @@ def row_argmax(logits: torch.Tensor, context: torch.Tensor, path_len: torch.Tens
     if use_triton(logits, force_triton):
         from codespec.kernels import _triton
 
-        _triton.row_argmax(logits, context, path_len, out, SPLITS, BLOCK)
+        _triton.row_argmax(logits, context, path_len, out, SPLITS, BLOCK, pdl and logits.is_cuda)
     else:
         out.copy_(row_argmax_ref(logits, context, path_len))
     return out

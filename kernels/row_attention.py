@@ -38,9 +38,9 @@ torch.Size([2, 1, 4])
 
 from __future__ import annotations
 
-import torch
-
 import os
+
+import torch
 
 from codespec.kernels import check, use_triton
 
@@ -71,6 +71,7 @@ def row_attention(
     force_triton: bool | None = None,
     schedule: str | None = None,  # worklist, grid or single (module docstring); None: schedule_setting()
     counts: torch.Tensor | None = None,  # [rows * kv_heads] int32 zeros, the single schedule's (left zero)
+    pdl: bool = False,  # launched as programmatic dependents on CUDA (kernels/_triton_pdl.py)
 ) -> torch.Tensor:
     """Returns [rows, heads, dim] in the query's dtype (module docstring)."""
     rows, heads, dim = query.shape
@@ -91,7 +92,8 @@ def row_attention(
         check(schedule in SCHEDULES, f"attention schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}")
         _triton_attention.row_attention(query, keys, values, slots, context, path, path_len, scale, out, KEY_BLOCK,
                               BLOCK_PROGRAMS, schedule, wave(query.device), WORK_WARPS,
-                              single_counts(rows, keys.shape[1], query.device) if counts is None else counts)
+                              single_counts(rows, keys.shape[1], query.device) if counts is None else counts,
+                              pdl and query.is_cuda)
     else:
         out.copy_(row_attention_ref(query, keys, values, slots, context, path, path_len, scale))
     return out

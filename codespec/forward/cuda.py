@@ -99,7 +99,7 @@ class CudaForward:
 
     def __init__(self, model: Any, *, rows: int | None = None, graphs: bool | None = None,
                  tiles: dict[str, Config] | None = None, fused: bool | None = None, prefetch: str | None = None,
-                 prefetch_programs: int | None = None) -> None:
+                 prefetch_programs: int | None = None, pdl: str | None = None) -> None:
         why = unsupported(model)
         assert why is None, why  # select.py checks first
         settings = CudaSettings.from_env()  # CODESPEC_CUDA_* (forward/cuda_settings.py): bad values fail here
@@ -120,6 +120,13 @@ class CudaForward:
         self.chains_steps = settings.chain  # the verifier asks for it where every next pass is a plain step
         self.chained_taken = self.chained_dropped = 0  # queued steps the engine asked for, and the others
         self.row_argmax = settings.argmax == "rows"  # the greedy choice of real rows alone (kernels/row_argmax.py)
+        # Our kernels launched as programmatic dependents (kernels/_triton_pdl.py), the
+        # products warming their own weights first with `prefetch`: CODESPEC_CUDA_PDL.
+        self.pdl = pdl or settings.pdl
+        if self.pdl != "off" and self.device.type == "cuda" and torch.cuda.get_device_capability(self.device) < (9, 0):
+            raise SettingError(f"CODESPEC_CUDA_PDL={self.pdl}: programmatic dependent launch needs a GPU of compute "
+                               f"capability 9.0 or later (Hopper); this one is "
+                               f"{'.'.join(map(str, torch.cuda.get_device_capability(self.device)))}: unset it")
         # attention's `single` schedule counts each (row, KV head)'s finished blocks here;
         # every launch leaves it zero, so one buffer serves every layer, pass and graph
         self._counts = single_counts(self.rows, self.kv_heads, self.device)
@@ -317,50 +324,59 @@ class CudaForward:
         def attend(index: int, layer: Any, qkv: torch.Tensor) -> torch.Tensor:
             """Rotary, the rows' K and V stored, and each row over its own keys: [rows, hidden]."""
             q = rope_store(qkv, cos, sin, source, write_slots, write_positions, keys[index], values[index],
-                           heads=self.heads, kv_heads=self.kv_heads)
+                           heads=self.heads, kv_heads=self.kv_heads, pdl=pdl)
             return row_attention(q, keys[index], values[index], slots=slots, context=context, path=path,
-                                 path_len=path_len, scale=layer.self_attn.scaling, counts=self._counts).view(rows, -1)
+                                 path_len=path_len, scale=layer.self_attn.scaling, counts=self._counts,
+                                 pdl=pdl).view(rows, -1)
 
+        pdl, live = self.pdl != "off", (context, path_len)  # the rows that hold a token
         if self.fused:
-            logits = self._fused_layers(hidden, attend)
+            logits = self._fused_layers(hidden, attend, live)
             return logits, self._argmax(logits, context, path_len)
         warm = self.prefetch  # fork points of the side stream that warms L2; joined below
         delta = torch.zeros_like(hidden)  # what the last layer adds to the residual stream
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
             warm.at("layer", index)
             hidden, x = self._add_norm(hidden, delta, w.input_norm, w.input_eps)
-            attended = attend(index, layer, self._product("qkv", x, w.qkv, w.qkv_bias))
-            hidden, x = self._add_norm(hidden, self._product("o", attended, w.o, w.o_bias), w.post_norm, w.post_eps)
+            attended = attend(index, layer, self._product("qkv", x, w.qkv, w.qkv_bias, live))
+            hidden, x = self._add_norm(hidden, self._product("o", attended, w.o, w.o_bias, live), w.post_norm,
+                                       w.post_eps)
             warm.at("mlp", index)
-            delta = self._product("down", self._gated(self._product("gate_up", x, w.gate_up)), w.down)
+            delta = self._product("down", self._gated(self._product("gate_up", x, w.gate_up, live=live)), w.down,
+                                  live=live)
         warm.join()
         _, x = self._add_norm(hidden, delta, model.norm.weight, eps_of(model.norm))
-        logits = self._product("lm_head", x, self.model.lm_head.weight, self.model.lm_head.bias)
+        logits = self._product("lm_head", x, self.model.lm_head.weight, self.model.lm_head.bias, live)
         return logits, self._argmax(logits, context, path_len)
 
     def _argmax(self, logits: torch.Tensor, context: torch.Tensor, path_len: torch.Tensor) -> torch.Tensor:
         """The rows' greedy choices: torch.argmax over the bucket, or (CODESPEC_CUDA_ARGMAX=rows)
         kernels/row_argmax.py over the rows that hold a token (padding rows get 0, never read)."""
         if self.row_argmax:
-            return row_argmax(logits, context, path_len)
+            return row_argmax(logits, context, path_len, pdl=self.pdl != "off")
         return torch.argmax(logits, dim=-1)
 
-    def _fused_layers(self, hidden: torch.Tensor, attend: Any) -> torch.Tensor:
+    def _fused_layers(self, hidden: torch.Tensor, attend: Any, live: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """The same layers with each product carrying its neighbours: the norm before
         q/k/v and gate/up, SiLU before down, the residual add after o and down (the same
-        roundings, kernels/row_linear.py); returns the logits."""
+        roundings, kernels/row_linear.py); returns the logits. The products compute the
+        rows in `live` alone (a padding row's hidden state is never read: its K and V
+        come from its source row, its attention is zeros, its logits go unread)."""
         model, tiles, warm = self.model.model, self.tiles, self.prefetch
+        linear = dict(live=live, pdl=self.pdl)
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
             warm.at("layer", index)
-            qkv = row_linear(hidden, w.qkv, w.qkv_bias, norm=(w.input_norm, w.input_eps), config=tiles["qkv"])
-            hidden = row_linear(attend(index, layer, qkv), w.o, w.o_bias, residual=hidden, config=tiles["o"])
+            qkv = row_linear(hidden, w.qkv, w.qkv_bias, norm=(w.input_norm, w.input_eps), config=tiles["qkv"],
+                             **linear)
+            hidden = row_linear(attend(index, layer, qkv), w.o, w.o_bias, residual=hidden, config=tiles["o"],
+                                **linear)
             warm.at("mlp", index)
-            gate_up = row_linear(hidden, w.gate_up, norm=(w.post_norm, w.post_eps), config=tiles["gate_up"])
-            hidden = row_linear(gate_up, w.down, gated=True, residual=hidden, config=tiles["down"])
+            gate_up = row_linear(hidden, w.gate_up, norm=(w.post_norm, w.post_eps), config=tiles["gate_up"], **linear)
+            hidden = row_linear(gate_up, w.down, gated=True, residual=hidden, config=tiles["down"], **linear)
         warm.join()
         head = self.model.lm_head
         return row_linear(hidden, head.weight, head.bias, norm=(model.norm.weight, eps_of(model.norm)),
-                          config=tiles["lm_head"])
+                          config=tiles["lm_head"], **linear)
 
     def _fused_tiles(self, given: dict[str, Config]) -> dict[str, Config]:
         """Each product's tiles for the fused layers: `given`, else FUSED_TILES, fitted to
@@ -378,13 +394,13 @@ class CudaForward:
             tiles[name] = fitted
         return tiles
 
-    def _product(self, name: str, x: torch.Tensor, weight: torch.Tensor,
-                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    def _product(self, name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 live: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """x @ weight.T (+ bias): row_linear's tiles where `tiles` names some for this
-        product and they fit its shape, else F.linear (cuBLAS on CUDA)."""
+        product and they fit its shape (the `live` rows alone), else F.linear (cuBLAS on CUDA)."""
         tiles = self.tiles.get(name)
         if tiles is not None and tiles.fits(x.shape[0], weight.shape[0], x.shape[1]):
-            return row_linear(x, weight, bias, config=tiles)
+            return row_linear(x, weight, bias, config=tiles, live=live, pdl=self.pdl)
         return F.linear(x, weight, bias)
 
     # -- prefill ------------------------------------------------------------------------------

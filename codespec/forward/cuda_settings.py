@@ -13,6 +13,8 @@
     CODESPEC_CUDA_PREFETCH_PROGRAMS 32, 1..4096             programs of each warming launch
     CODESPEC_CUDA_CHAIN             1, 0                    plain steps queued one ahead (forward/chained.py)
     CODESPEC_CUDA_ARGMAX            torch, rows             the greedy choice over the bucket, or real rows only
+    CODESPEC_CUDA_PDL               off, launch, prefetch   our kernels launched as programmatic dependents
+                                                            (sm_90+), products warming their own weights first
 
 >>> CudaSettings.from_env({"CODESPEC_CUDA_ROWS": "32"}).rows
 32
@@ -28,7 +30,7 @@ from codespec.errors import SettingError
 
 CHOICES = {"prefill": ("bucket", "eager"), "fused": ("0", "1"), "compile": ("1", "0"),
            "attention": ("worklist", "grid", "single"), "prefetch": ("off", "sector", "bulk", "load"),
-           "chain": ("1", "0"), "argmax": ("torch", "rows")}
+           "chain": ("1", "0"), "argmax": ("torch", "rows"), "pdl": ("off", "launch", "prefetch")}
 RANGES = {"rows": (64, 1, 1024), "prefetch_programs": (32, 1, 4096)}  # default, least, most
 
 
@@ -43,6 +45,7 @@ class CudaSettings:
     prefetch_programs: int = 32
     chain: bool = True
     argmax: str = "torch"
+    pdl: str = "off"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> CudaSettings:

@@ -92,3 +92,56 @@ def test_configs_fit_shapes_by_halving_blocks():
     assert Config(block_m=64, block_n=128, block_k=256).fitted(64, 896, 4864) == Config(64, 128, 256)
     assert Config(block_m=64, block_n=128, block_k=128).fitted(16, 48, 96) == Config(16, 16, 32)
     assert Config().fitted(64, 100, 64) is None  # 100 outputs: no tile of 16 or more
+
+
+def live_rows(rows: int, holding: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pass's (context, path_len) where only `holding` rows hold a token: some by
+    context, some by path alone (a tree row off the main chain)."""
+    context, path_len = torch.zeros(rows, dtype=torch.int64), torch.zeros(rows, dtype=torch.int64)
+    for i, row in enumerate(holding):
+        if i % 2:
+            path_len[row] = 1 + i
+        else:
+            context[row] = 10 + i
+    return context, path_len
+
+
+@pytest.mark.parametrize("fused", FUSED + [dict()])
+@pytest.mark.parametrize("config", [Config(block_m=16, block_n=16, block_k=16, splits=2),
+                                    Config(block_m=16, block_n=16, block_k=32)])
+def test_live_rows_have_the_bits_of_a_full_pass(fused, config):
+    """Only the rows that hold a token computed (a step's one row of the bucket, a pass's
+    first rows, rows scattered over blocks): theirs are the bits every row gets when all
+    are computed, whatever the others hold; the block of rows 16-31 holds none."""
+    x, weight, kwargs = fused_inputs(torch.bfloat16, **fused)
+    bias = kwargs.pop("bias")
+    full = row_linear(x, weight, bias, **kwargs, config=config, force_triton=True)
+    for holding in ([0], [0, 1, 2, 3, 4], [3, 9, 14]):
+        garbage = x.clone()
+        dead = [r for r in range(32) if r not in holding]
+        garbage[dead] = float("nan")  # never read: a NaN would reach the live rows through any sum
+        got = row_linear(garbage, weight, bias, **kwargs, config=config, live=live_rows(32, holding),
+                         force_triton=True)
+        assert torch.equal(got[holding], full[holding]), holding
+
+
+def test_padding_rows_are_not_computed():
+    """A block of rows without a token is skipped by the product; with a split of K the
+    reduce skips every such row."""
+    x, weight, kwargs = fused_inputs(torch.float32, residual=True)
+    untouched = torch.full((48,), 7.0)
+    for config in (Config(block_m=16, block_n=16, block_k=16), Config(block_m=16, block_n=16, block_k=16, splits=2)):
+        out = torch.full((32, 48), 7.0)
+        row_linear(x, weight, **kwargs, config=config, live=live_rows(32, [2]), out=out, force_triton=True)
+        assert all(torch.equal(out[r], untouched) for r in range(16, 32)), config  # no program for rows 16-31
+        assert not torch.equal(out[2], untouched)
+        assert torch.equal(out[3], untouched) == (config.splits > 1), config
+
+
+def test_bad_live_rows_and_pdl_modes_are_refused():
+    x, weight = torch.randn(16, 32), torch.randn(16, 32)
+    config = Config(block_m=16, block_n=16, block_k=16)
+    with pytest.raises(ValueError, match="live must be"):
+        row_linear(x, weight, config=config, live=live_rows(8, [0]))
+    with pytest.raises(ValueError, match="pdl 'early'"):
+        row_linear(x, weight, config=config, pdl="early")

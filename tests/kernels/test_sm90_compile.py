@@ -20,15 +20,16 @@ import json, os, subprocess, sys, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from codespec.kernels import _triton, _triton_attention, _triton_prefetch
+from codespec.kernels import _triton, _triton_attention, _triton_linear, _triton_prefetch
 from codespec.kernels.l2_prefetch import BLOCK, GRAIN
 
 tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
 def build(fn, signature, constants, warps=4):
+    options = {"num_warps": warps, "launch_pdl": constants.get("PDL", False)}
     compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+                              target=GPUTarget("cuda", 90, 32), options=options)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
         cubin.flush()
@@ -49,20 +50,44 @@ meta = [("slots_ptr", "*i64"), ("context_ptr", "*i64"), ("path_ptr", "*i64"), ("
 strides = [(name, "i32") for name in ("s_q_row", "s_q_head", "s_kv_slot", "s_kv_head", "s_kv_pos", "s_path",
                                        "s_part_row", "s_part_head", "s_part_block")]
 shapes = dict(GROUP=7, GROUP_PAD=16, DIM=64, KEY_BLOCK=128, PRECISION="tf32")
-out["worklist"] = build(_triton_attention._row_attention_work_kernel,
-                        dict(pointers + meta + [("rows", "i32")] + strides), {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64},
-                        warps=8)
+for pdl in (False, True):
+    out["worklist" + " pdl" * pdl] = build(_triton_attention._row_attention_work_kernel,
+                                           dict(pointers + meta + [("rows", "i32")] + strides),
+                                           {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64, "PDL": pdl}, warps=8)
 out["single"] = build(_triton_attention._row_attention_single_kernel,
                       dict(pointers + [("out_ptr", "*bf16"), ("count_ptr", "*i32")] + meta + [("rows", "i32")]
                            + strides + [("s_out_row", "i32"), ("s_out_head", "i32")]),
-                      {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64, "CHUNK": 16, "HEADS_PAD": 16}, warps=8)
+                      {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64, "CHUNK": 16, "HEADS_PAD": 16, "PDL": False}, warps=8)
 out["argmax part"] = build(_triton._argmax_part_kernel,
                            {"logits_ptr": "*bf16", "context_ptr": "*i64", "path_len_ptr": "*i64", "best_ptr": "*fp32",
                             "index_ptr": "*i32", "nan_ptr": "*i32", "vocab": "i32", "s_row": "i32"},
-                           {"SPLITS": 64, "BLOCK": 1024})
+                           {"SPLITS": 64, "BLOCK": 1024, "PDL": True})
 out["argmax final"] = build(_triton._argmax_final_kernel,
                             {"best_ptr": "*fp32", "index_ptr": "*i32", "nan_ptr": "*i32", "context_ptr": "*i64",
-                             "path_len_ptr": "*i64", "out_ptr": "*i64", "vocab": "i32"}, {"SPLITS": 64})
+                             "path_len_ptr": "*i64", "out_ptr": "*i64", "vocab": "i32"}, {"SPLITS": 64, "PDL": True})
+out["rope_store pdl"] = build(_triton._rope_store_kernel,
+                              {**{name: "*bf16" for name in ("qkv_ptr", "cos_ptr", "sin_ptr")},
+                               **{name: "*i64" for name in ("source_ptr", "write_slot_ptr", "write_position_ptr")},
+                               **{name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr")},
+                               **{name: "i32" for name in ("s_qkv", "s_rope", "s_q_row", "s_q_head", "s_kv_slot",
+                                                           "s_kv_head", "s_kv_pos")}},
+                              {"HEADS": 14, "KV_HEADS": 2, "DIM": 64, "PDL": True})
+# the default model's gate/up with its norm, as the fused layers launch it (FUSED_TILES)
+linear = {**{name: "*bf16" for name in ("x_ptr", "w_ptr", "bias_ptr", "norm_ptr", "residual_ptr", "out_ptr")},
+          "part_ptr": "*fp32", "context_ptr": "*i64", "path_len_ptr": "*i64", "k_size": "i32", "eps": "fp32",
+          **{name: "i32" for name in ("s_x", "s_w", "s_residual", "s_out", "s_part_split", "s_part")}}
+for pdl in ("off", "launch", "prefetch"):
+    out["linear " + pdl] = build(_triton_linear._row_linear_kernel, linear,
+                                 {"STEPS_PER_SPLIT": 7, "SPLITS": 1, "HAS_BIAS": False, "NORM": True, "GATED": False,
+                                  "RESIDUAL": False, "LIVE": pdl != "off", "PDL": pdl != "off",
+                                  "PREFETCH": pdl == "prefetch", "SECTOR": 16, "SECTORS": 64, "BLOCK_M": 64,
+                                  "BLOCK_N": 128, "BLOCK_K": 128, "UPCAST": False}, warps=8)
+out["linear reduce pdl"] = build(_triton_linear._row_linear_reduce_kernel,
+                                 {"part_ptr": "*fp32", "bias_ptr": "*bf16", "residual_ptr": "*bf16", "out_ptr": "*bf16",
+                                  "context_ptr": "*i64", "path_len_ptr": "*i64", "s_part_split": "i32", "s_part": "i32",
+                                  "s_residual": "i32", "s_out": "i32"},
+                                 {"SPLITS": 8, "HAS_BIAS": False, "RESIDUAL": True, "LIVE": True, "PDL": True,
+                                  "BLOCK": 128})
 json.dump(out, sys.stdout)
 """
 
@@ -97,3 +122,26 @@ def test_the_single_schedule_counts_after_a_barrier_at_gpu_scope(compiled):
 
 def test_argmax_kernels_compile(compiled):
     assert "max" in compiled["argmax part"]["ptx"] and compiled["argmax final"]["ptx"]
+
+
+def first_load_after_the_wait(ptx: str) -> bool:
+    """The program lets its dependents start, then waits, and reads no memory before it."""
+    start, wait = ptx.find("griddepcontrol.launch_dependents"), ptx.find("griddepcontrol.wait")
+    return 0 <= start < wait and "ld.global" not in ptx[:wait] and "ld.global" in ptx[wait:]
+
+
+@pytest.mark.parametrize("kernel", ["worklist pdl", "argmax part", "argmax final", "rope_store pdl",
+                                    "linear prefetch", "linear reduce pdl"])
+def test_programmatic_dependents_read_nothing_before_they_wait(compiled, kernel):
+    assert first_load_after_the_wait(compiled[kernel]["ptx"]), kernel
+
+
+def test_a_product_warms_its_own_weights_before_it_waits_and_without_it_launches_as_before(compiled):
+    ptx = compiled["linear prefetch"]["ptx"]
+    wait = ptx.index("griddepcontrol.wait")
+    assert ptx[:wait].count("prefetch.global.L2") >= 1 and "prefetch.global.L2" not in ptx[wait:]
+    # the warming spills nothing of its own (this tile spills already: 255 registers a thread)
+    assert compiled["linear prefetch"]["stack"] <= compiled["linear launch"]["stack"]
+    assert "prefetch.global.L2" not in compiled["linear launch"]["ptx"]
+    for kernel in ("linear off", "worklist"):
+        assert "griddepcontrol" not in compiled[kernel]["ptx"], kernel

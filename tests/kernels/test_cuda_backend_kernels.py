@@ -1,0 +1,37 @@
+"""The cuda backend (forward/cuda.py) in its fused layers with the Triton kernels the GPU
+runs, executed by the interpreter on CPU (elsewhere the CPU tests run the kernels'
+torch references through the backend). The products compute only the rows that hold a
+token, a padding row's outputs left undefined: the model's greedy output all the same,
+and speculation lossless against plain decoding. (The argmax kernel, whose interpreted
+run is slow, has its own tests: tests/kernels/test_row_argmax.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from codespec.engine import Engine, GenerationConfig
+from codespec.forward.cuda import CudaForward
+from codespec.models.tiny import tiny_model
+from codespec.policy.proposer import PromptLookupProposer
+from tests.test_engine_lossless import hf_greedy, prompts, speculation_checked
+
+pytest.importorskip("triton", reason="triton is a test dependency (pip install -e '.[test]')")
+
+
+@pytest.mark.parametrize("kernels", ["products", pytest.param("all", marks=pytest.mark.slow)])
+def test_the_fused_kernels_on_live_rows_give_the_models_output_and_stay_lossless(monkeypatch, kernels):
+    """`products`: row_linear's kernel for every product (~1 s a pass interpreted);
+    `all`: rotary, the KV store and attention through theirs too (~3.5 s a pass)."""
+    from codespec.kernels import row_attention, row_linear, rope_store
+
+    for module in (row_linear,) if kernels == "products" else (row_linear, row_attention, rope_store):
+        monkeypatch.setattr(module, "use_triton", lambda tensor, force: True)  # CPU tensors: the interpreter
+    model = tiny_model("qwen2", vocab_size=16, seed=3, dtype=torch.float32)
+    engine = Engine(CudaForward(model, rows=16, fused=True), None, PromptLookupProposer(min_match_tokens=1),
+                    max_draft_tokens=12, eos_token_ids=[])
+    cases = prompts(16, 2, seed=23, repeat=True)
+    assert engine.generate(cases[0], GenerationConfig(max_new_tokens=6, speculate=False)).token_ids == \
+        hf_greedy(model, cases[0], 6)
+    accepted, rejected = speculation_checked(engine, cases, 12)
+    assert accepted > 3 and rejected > 0
