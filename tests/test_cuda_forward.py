@@ -162,7 +162,8 @@ def test_the_backends_settings_are_checked_at_start_up(monkeypatch):
     assert CudaSettings.from_env({}) == CudaSettings()
     good = {"ROWS": ("32", 32), "PREFILL": ("eager", "eager"), "FUSED": ("1", True), "COMPILE": ("0", False),
             "ATTENTION": ("single", "single"), "PREFETCH": ("bulk", "bulk"), "PREFETCH_PROGRAMS": ("8", 8),
-            "CHAIN": ("0", False), "ARGMAX": ("rows", "rows"), "PDL": ("prefetch", "prefetch")}
+            "CHAIN": ("0", False), "ARGMAX": ("rows", "rows"), "PDL": ("prefetch", "prefetch"),
+            "TILE_ROWS": ("16", 16)}
     for name, (raw, value) in good.items():
         assert getattr(CudaSettings.from_env({f"CODESPEC_CUDA_{name}": raw}), name.lower()) == value
         with pytest.raises(SettingError, match=f"CODESPEC_CUDA_{name}='lots'"):
@@ -245,6 +246,8 @@ def test_fused_layers_need_tiles_that_fit(monkeypatch):
         CudaForward(model, rows=8, fused=True)  # 8 rows: no tile of 16 rows or more
     monkeypatch.setenv("CODESPEC_CUDA_FUSED", "1")
     assert CudaForward(model, rows=16).fused
+    monkeypatch.setenv("CODESPEC_CUDA_TILE_ROWS", "16")  # programs of 16 rows in a bucket of 32
+    assert {tile.block_m for tile in CudaForward(model, rows=32).tiles.values()} == {16}
 
 
 class _DeepBranches:

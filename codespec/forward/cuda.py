@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -143,6 +143,7 @@ class CudaForward:
         # `fused` (CODESPEC_CUDA_FUSED=1): every product through row_linear with the norm,
         # SiLU and residual add inside it, no compiled code: ~7 launches a layer, not 11.
         self.fused = settings.fused if fused is None else fused
+        self.tile_rows = settings.tile_rows  # rows a program of the fused products computes
         if self.fused:
             self.tiles = self._fused_tiles(self.tiles)
         self.eager_prefill = settings.prefill == "eager"
@@ -379,15 +380,17 @@ class CudaForward:
                           config=tiles["lm_head"], **linear)
 
     def _fused_tiles(self, given: dict[str, Config]) -> dict[str, Config]:
-        """Each product's tiles for the fused layers: `given`, else FUSED_TILES, fitted to
-        the model's shapes (a clear error where no tile of 16 fits)."""
+        """Each product's tiles for the fused layers: `given`, else FUSED_TILES with
+        CODESPEC_CUDA_TILE_ROWS rows a program, fitted to the model's shapes (a clear error
+        where no tile of 16 fits)."""
         w = self._layers[0]
         head = self.model.lm_head.weight
         shapes = {"qkv": w.qkv.shape, "o": w.o.shape, "gate_up": w.gate_up.shape, "down": w.down.shape,
                   "lm_head": head.shape}
         tiles = {}
         for name, (n_size, k_size) in shapes.items():
-            fitted = given.get(name, FUSED_TILES[name]).fitted(self.rows, n_size, k_size)
+            tile = given.get(name) or replace(FUSED_TILES[name], block_m=self.tile_rows)
+            fitted = tile.fitted(self.rows, n_size, k_size)
             if fitted is None:
                 raise SettingError(f"CODESPEC_CUDA_FUSED: no row_linear tile fits {name} ({n_size}x{k_size}) with "
                                    f"{self.rows} rows (every size must be a multiple of 16); unset it")

@@ -15,6 +15,8 @@
     CODESPEC_CUDA_ARGMAX            torch, rows             the greedy choice over the bucket, or real rows only
     CODESPEC_CUDA_PDL               off, launch, prefetch   our kernels launched as programmatic dependents
                                                             (sm_90+), products warming their own weights first
+    CODESPEC_CUDA_TILE_ROWS         64, 32, 16              rows a program of the fused products computes (a
+                                                            step computes one such block, a pass several)
 
 >>> CudaSettings.from_env({"CODESPEC_CUDA_ROWS": "32"}).rows
 32
@@ -30,7 +32,8 @@ from codespec.errors import SettingError
 
 CHOICES = {"prefill": ("bucket", "eager"), "fused": ("0", "1"), "compile": ("1", "0"),
            "attention": ("worklist", "grid", "single"), "prefetch": ("off", "sector", "bulk", "load"),
-           "chain": ("1", "0"), "argmax": ("torch", "rows"), "pdl": ("off", "launch", "prefetch")}
+           "chain": ("1", "0"), "argmax": ("torch", "rows"), "pdl": ("off", "launch", "prefetch"),
+           "tile_rows": ("64", "32", "16")}
 RANGES = {"rows": (64, 1, 1024), "prefetch_programs": (32, 1, 4096)}  # default, least, most
 
 
@@ -46,6 +49,7 @@ class CudaSettings:
     chain: bool = True
     argmax: str = "torch"
     pdl: str = "off"
+    tile_rows: int = 64
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> CudaSettings:
@@ -55,7 +59,7 @@ class CudaSettings:
             raw = env.get(f"CODESPEC_CUDA_{name.upper()}", "") or choices[0]
             if raw not in choices:
                 raise SettingError(f"CODESPEC_CUDA_{name.upper()}={raw!r}: expected one of {', '.join(choices)}")
-            values[name] = raw == "1" if choices[0] in ("0", "1") else raw
+            values[name] = raw == "1" if choices[0] in ("0", "1") else int(raw) if raw.isdigit() else raw
         for name, (default, least, most) in RANGES.items():
             raw = env.get(f"CODESPEC_CUDA_{name.upper()}", "") or str(default)
             if not raw.isdigit() or not least <= int(raw) <= most:

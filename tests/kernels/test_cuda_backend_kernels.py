@@ -27,8 +27,9 @@ def test_the_fused_kernels_on_live_rows_give_the_models_output_and_stay_lossless
 
     for module in (row_linear,) if kernels == "products" else (row_linear, row_attention, rope_store):
         monkeypatch.setattr(module, "use_triton", lambda tensor, force: True)  # CPU tensors: the interpreter
+    monkeypatch.setenv("CODESPEC_CUDA_TILE_ROWS", "16")  # a bucket of two blocks of rows: a step computes one
     model = tiny_model("qwen2", vocab_size=16, seed=3, dtype=torch.float32)
-    engine = Engine(CudaForward(model, rows=16, fused=True), None, PromptLookupProposer(min_match_tokens=1),
+    engine = Engine(CudaForward(model, rows=32, fused=True), None, PromptLookupProposer(min_match_tokens=1),
                     max_draft_tokens=12, eos_token_ids=[])
     cases = prompts(16, 2, seed=23, repeat=True)
     assert engine.generate(cases[0], GenerationConfig(max_new_tokens=6, speculate=False)).token_ids == \
