@@ -20,6 +20,10 @@ and its real tokenizer (carried). Stages, each timed and each allowed to fail al
    holds the first answer (a random model copies nothing from its prompt: acceptance
    comes from past generations, as the issue asks).
 
+`pdl` (after `kernel`): programmatic dependent launch (CODESPEC_CUDA_PDL) against none,
+a tree pass's logits bit for bit, for the default and the fused layers; where they
+differ, no later stage takes PDL.
+
 Probes: `profile` (kernels and GPU time of a step), `anatomy` (a step's wall time split:
 host before the launch, the launch, the wait, the graph's device time; the graph back to
 back), `attention`, `l2` and `step` (scripts/gpu_step.py: attention's launch schedules,
@@ -63,7 +67,7 @@ from typing import Any, Callable
 import torch
 
 from gpu_measure import _time, cost_curve, profile_step, row_checks, step_anatomy
-from gpu_step import attention_probe, l2_probe, plain_probe, step_probe, winner_env
+from gpu_step import attention_probe, l2_probe, pdl_check, plain_probe, step_probe, winner_env
 from gpu_probes import bucket_probe, fused_probe, fused_tiles_probe, gemm_probe, key_block_probe, tiles_probe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -243,8 +247,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--assets", default=str(ROOT / ".gpu"), help="the default model's config and tokenizer files")
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu-out"))
-    parser.add_argument("--stages", default="kernel,rows,costs,profile,anatomy,attention,l2,step,plain,edit,verify,"
-                                             "stress")
+    parser.add_argument("--stages", default="kernel,pdl,rows,costs,profile,anatomy,attention,l2,step,plain,edit,"
+                                             "verify,stress")
     parser.add_argument("--deadline", type=float, default=DEADLINE_S,
                         help="seconds from the start after which no stage starts (the machine's limit is 600)")
     args = parser.parse_args()
@@ -266,6 +270,8 @@ def main() -> None:
     print(f"[gpu-check] {results['device']}: backend {loaded.backend} ({loaded.reason})", flush=True)
     if "kernel" in wanted:
         stage(results, "kernel", kernel_checks, out)
+    if "pdl" in wanted:
+        stage(results, "pdl", lambda: pdl_check(loaded), out, needs_s=30)
     if "rows" in wanted:
         stage(results, "rows", lambda: row_checks(loaded), out)
     if "costs" in wanted:

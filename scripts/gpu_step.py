@@ -6,10 +6,12 @@ missed (a step 4.0-4.3x the weights' read time; bar 3x):
   64 rows, with their bits against the grid's;
 * `l2`: the layer's products with their weights in L2 against from HBM (the most that
   warming L2 can save);
-* `step`: the backend's step and 32-row pass with each variant (VARIANTS: the attention
-  schedule, L2 warming by mode and programs, the real rows' argmax, cuBLASLt; each
-  family's best together; down's own tile and fp32 split-K reductions, reported only),
-  side by side, and the winner's rows against its decode steps."""
+* `pdl`: programmatic dependent launch against none, a tree pass's logits bit for bit;
+* `step`: the backend's step and 32-row pass with each variant (VARIANTS: programmatic
+  dependent launch, the fused layers in 16- or 64-row programs, the attention schedule,
+  L2 warming by mode and programs, the real rows' argmax, cuBLASLt; each family's best
+  together; down's own tile and fp32 split-K reductions, reported only), side by side,
+  and the winner's rows against its decode steps."""
 
 from __future__ import annotations
 
@@ -22,16 +24,30 @@ import torch
 from gpu_measure import _engine, _graph_us, _time, _wall_ms, row_checks, step_floor
 
 PRODUCTS = ("qkv", "o", "gate_up", "down")
-# (label, CODESPEC_CUDA_ATTENTION, CODESPEC_CUDA_PREFETCH, its programs, CODESPEC_CUDA_ARGMAX,
-# TORCH_BLAS_PREFER_CUBLASLT): the default first and last, to see the machine drift between them
-VARIANTS = (("default", "worklist", "off", 0, "torch", "0"), ("grid attention", "grid", "off", 0, "torch", "0"),
-            ("single attention", "single", "off", 0, "torch", "0"),
-            ("sector/16", "worklist", "sector", 16, "torch", "0"), ("sector/64", "worklist", "sector", 64, "torch", "0"),
-            ("bulk/8", "worklist", "bulk", 8, "torch", "0"), ("bulk/32", "worklist", "bulk", 32, "torch", "0"),
-            ("load/64", "worklist", "load", 64, "torch", "0"), ("rows argmax", "worklist", "off", 0, "rows", "0"),
-            ("cublaslt", "worklist", "off", 0, "torch", "1"), ("default (again)", "worklist", "off", 0, "torch", "0"))
-FAMILIES = {"attention": lambda label: label.endswith("attention"), "warming": lambda label: "/" in label,
-            "argmax": lambda label: label == "rows argmax", "blas": lambda label: label == "cublaslt"}
+# The settings every variant sets (the defaults), and each variant's own over them: the
+# default first and last, to see the machine drift between them. Session 27's first:
+# programmatic dependent launch (`pdl`), and the fused layers with it, their programs of
+# 64 or 16 rows (a step computes one block), their products warming their own weights.
+DEFAULTS = {"CODESPEC_CUDA_ATTENTION": "worklist", "CODESPEC_CUDA_PREFETCH": "off",
+            "CODESPEC_CUDA_PREFETCH_PROGRAMS": "32", "CODESPEC_CUDA_ARGMAX": "torch", "CODESPEC_CUDA_FUSED": "0",
+            "CODESPEC_CUDA_PDL": "off", "CODESPEC_CUDA_TILE_ROWS": "64",
+            "TORCH_BLAS_PREFER_CUBLASLT": "0"}  # torch reads it at start-up: a later stage's process
+FUSED, M16 = {"CODESPEC_CUDA_FUSED": "1"}, {"CODESPEC_CUDA_FUSED": "1", "CODESPEC_CUDA_TILE_ROWS": "16"}
+# In order of what a deadline should keep: the variants whose kernels pdl_check compiled
+# first (Triton compiles each kernel once a process: ~2 s each on the H100 machine).
+VARIANTS: dict[str, dict[str, str]] = {
+    "default": {}, "fused m16 pdl/prefetch": {**M16, "CODESPEC_CUDA_PDL": "prefetch"},
+    "pdl": {"CODESPEC_CUDA_PDL": "launch"}, "fused m16": M16, "rows argmax": {"CODESPEC_CUDA_ARGMAX": "rows"},
+    "single attention": {"CODESPEC_CUDA_ATTENTION": "single"}, "grid attention": {"CODESPEC_CUDA_ATTENTION": "grid"},
+    "sector/32": {"CODESPEC_CUDA_PREFETCH": "sector"}, "bulk/32": {"CODESPEC_CUDA_PREFETCH": "bulk"},
+    "load/64": {"CODESPEC_CUDA_PREFETCH": "load", "CODESPEC_CUDA_PREFETCH_PROGRAMS": "64"},
+    "fused pdl/prefetch": {**FUSED, "CODESPEC_CUDA_PDL": "prefetch"}, "fused": FUSED,
+    "cublaslt": {"TORCH_BLAS_PREFER_CUBLASLT": "1"}, "default (again)": {}}
+NO_PDL = "CODESPEC_GPU_CHECK_NO_PDL"  # set by pdl_check where PDL changed a bit: no stage takes it
+FAMILIES = {"layers": lambda label: label == "pdl" or label.startswith("fused"),
+            "attention": lambda label: label.endswith("attention"), "warming": lambda label: "/" in label
+            and not label.startswith("fused"), "argmax": lambda label: label == "rows argmax",
+            "blas": lambda label: label == "cublaslt"}
 
 
 @torch.inference_mode()
@@ -126,14 +142,17 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
     default, floor = loaded.forward, step_floor(loaded)
     result: dict[str, Any] = {"floor_ms": floor["floor_ms"], "context": context, "variants": {}}
     began = time.perf_counter()
-    saved = {name: os.environ.get(name) for name in _env("worklist", "off", 0)}  # the run's own settings
+    saved = {name: os.environ.get(name) for name in DEFAULTS}  # the run's own settings
     envs: dict[str, dict[str, str]] = {}
     try:
-        for key, *settings in VARIANTS:
+        for key, own in VARIANTS.items():
             if time.perf_counter() - began > deadline_s:
                 result["cut_short"] = True
                 break
-            envs[key] = _env(*settings)
+            if own.get("CODESPEC_CUDA_PDL", "off") != "off" and os.environ.get(NO_PDL):
+                result["variants"][key] = {"skipped": "the pdl stage found PDL's bits not those without it"}
+                continue
+            envs[key] = {**DEFAULTS, **own}
             result["variants"][key] = _measure(loaded, envs[key], floor["floor_ms"], context)
         timed = {k: v["step_ms"] for k, v in result["variants"].items() if "step_ms" in v}
         base = min((v for k, v in timed.items() if k.startswith("default")), default=None)
@@ -163,12 +182,62 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
             result["best_rows"] = row_checks(loaded)
     finally:
         loaded.forward = default
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        _restore(saved)
     return result
+
+
+@torch.inference_mode()
+def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any]:
+    """Programmatic dependent launch (CODESPEC_CUDA_PDL, session 27, never run on a GPU
+    before) changes when kernels start, never what they compute: a prompt prefilled and a
+    64-node tree pass's logits, with PDL (`repeat` times) against without, bit for bit, for
+    the default layers and the fused ones of 16-row programs warming their weights. Where
+    any differ or fail, NO_PDL is set: the step stage skips PDL's variants, no later
+    stage takes it (the fused 64-row variant, unchecked here, is checked as any winner:
+    its rows against its decode steps, then edit, verify and stress)."""
+    from codespec.forward.cuda import CudaForward
+    from codespec.policy.tree import VerifyTree
+
+    generator = torch.Generator().manual_seed(4)
+    vocab = loaded.forward.config.vocab_size
+    prompt = torch.randint(0, vocab, (context,), generator=generator).tolist()
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, 64)]
+    depths = [0]
+    for parent in parents[1:]:
+        depths.append(depths[parent] + 1)
+    tree = VerifyTree(tuple(torch.randint(0, vocab, (64,), generator=generator).tolist()), tuple(parents),
+                      tuple(depths), tuple(range(63)))
+    saved = {name: os.environ.get(name) for name in DEFAULTS}
+    result: dict[str, Any] = {}
+    try:
+        for label, own, mode in (("default", {}, "launch"), ("fused m16", M16, "prefetch")):
+            passes: dict[str, list[torch.Tensor]] = {}
+            for pdl, times in (("off", 1), (mode, repeat)):
+                os.environ.update({**DEFAULTS, **own, "CODESPEC_CUDA_PDL": pdl})
+                forward = CudaForward(loaded.model)
+                cache = _engine(loaded, slots=1).cache
+                cache.acquire(prompt)
+                forward.prefill(cache, 0, prompt, 0)
+                passes[pdl] = [forward.logits(cache, [(0, context, tree)]) for _ in range(times)]
+                forward = cache = None
+            result[label] = all(torch.equal(logits, passes["off"][0]) for logits in passes[mode])
+    except Exception as error:  # a launch the device or this triton refuses: PDL off for the run
+        result["error"] = f"{type(error).__name__}: {str(error)[:300]}"
+    finally:
+        _restore(saved)
+        torch.cuda.empty_cache()
+    result["pdl_exact"] = all(result.get(label) is True for label in ("default", "fused m16"))
+    if not result["pdl_exact"]:
+        os.environ[NO_PDL] = "1"
+    return result
+
+
+def _restore(saved: dict[str, str | None]) -> None:
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _measure(loaded: Any, env: dict[str, str], floor_ms: float, context: int,
@@ -207,12 +276,6 @@ def _measure(loaded: Any, env: dict[str, str], floor_ms: float, context: int,
     return entry
 
 
-def _env(attention: str, mode: str, programs: int, argmax: str = "torch", cublaslt: str = "0") -> dict[str, str]:
-    return {"CODESPEC_CUDA_ATTENTION": attention, "CODESPEC_CUDA_PREFETCH": mode,
-            "CODESPEC_CUDA_PREFETCH_PROGRAMS": str(programs or 32), "CODESPEC_CUDA_ARGMAX": argmax,
-            "TORCH_BLAS_PREFER_CUBLASLT": cublaslt}  # torch reads it at start-up: a later stage's process
-
-
 def winner_env(results: dict[str, Any]) -> dict[str, str] | None:
     """The step stage's winner's settings where it beat the default step by 3% and its
     rows held (the later stages run again with them; the real rows' argmax only where the
@@ -220,6 +283,8 @@ def winner_env(results: dict[str, Any]) -> dict[str, str] | None:
     probe = results.get("step", {})
     best, ratio, rows = probe.get("best", "default"), probe.get("best_over_default", 1.0), probe.get("best_rows", {})
     if best.startswith("default") or ratio > 0.97 or rows.get("rows_differing", 1) != 0:
+        return None
+    if probe["best_env"].get("CODESPEC_CUDA_PDL", "off") != "off" and os.environ.get(NO_PDL):
         return None
     env = dict(probe["best_env"])
     if results.get("kernel", {}).get("row_argmax_equals_torch") is not True:
