@@ -134,9 +134,10 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
     medians of 30) with each variant (VARIANTS), and the step's graph replayed
     20 times back to back (device ms a step, no host between). Then each family's best
     (FAMILIES) together, where two or more beat the default alone; session 20's
-    fastest tile for down (`down tiles`, its row_linear, reported only: tiles have no
-    setting); and the fastest variant's rows against its decode steps (a cache hint
-    cannot change a value: this checks the side stream's capture)."""
+    fastest tile for down (`down tiles`, its row_linear) and the fused 16-row layers with
+    q/k/v and down unsplit (both reported only: tiles have no setting); and the fastest
+    variant's rows against its decode steps (a cache hint cannot change a value: this
+    checks the side stream's capture, and PDL's ordering)."""
     from codespec.forward.cuda import CudaForward
 
     default, floor = loaded.forward, step_floor(loaded)
@@ -167,13 +168,19 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
                 envs["combined"].update({k: v for k, v in envs[winner].items() if v != envs["default"][k]})
             result["variants"]["combined"] = _measure(loaded, envs["combined"], floor["floor_ms"], context)
             timed["combined"] = result["variants"]["combined"].get("step_ms", float("inf"))
-        if time.perf_counter() - began < deadline_s:
-            from codespec.kernels.row_linear import Config
+        from codespec.kernels.row_linear import Config
 
+        if time.perf_counter() - began < deadline_s:
             result["down tiles"] = _measure(loaded, envs["default"], floor["floor_ms"], context,
                                             tiles={"down": Config(64, 32, 64, splits=4)})
         if time.perf_counter() - began < deadline_s:  # cuBLAS's split-K reduced in fp32: its choice of kernels
             result["fp32 reductions"] = _measure(loaded, envs["default"], floor["floor_ms"], context, reduction=False)
+        fused = "fused m16 pdl/prefetch"
+        if fused in envs and time.perf_counter() - began < deadline_s:
+            # q/k/v and down unsplit: no reduce launches (2 a layer), 72 and 56 programs
+            # streaming their weights whole, warmed into L2 while the kernel before runs
+            result[fused + ", unsplit"] = _measure(loaded, envs[fused], floor["floor_ms"], context,
+                                                   tiles={"qkv": Config(16, 16, 128), "down": Config(16, 16, 128)})
         best = min(timed, key=timed.get)
         result.update(best=best, best_over_default=round(timed[best] / base, 3), best_env=envs[best])
         if not best.startswith("default"):
