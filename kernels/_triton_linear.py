@@ -14,6 +14,7 @@ from codespec.kernels._triton_prefetch import sector_prefetch
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 SECTOR_BYTES = 32  # what one prefetch.global.L2 brings in
+WARM_LANES = 512  # prefetches a program issues at a time (a few registers a thread)
 
 
 @triton.jit
@@ -53,14 +54,15 @@ def _operand(x_ptr, norm_ptr, m, k, k_size, s_x, scale, live, NORM: tl.constexpr
 
 @triton.jit
 def _warm_weights(w_ptr, n_first, k_first, k_last, s_w, BLOCK_N: tl.constexpr, SECTOR: tl.constexpr,
-                  SECTORS: tl.constexpr):
+                  SECTORS: tl.constexpr, WARM_ROWS: tl.constexpr):
     # A prefetch into L2 for each SECTOR-element sector of weight rows n_first.. (BLOCK_N
-    # of them), columns k_first..k_last; SECTORS a row, padded to a power of two, and a
-    # row's worth of lanes at a time (all at once, the addresses spill registers).
-    lane = tl.arange(0, SECTORS)
-    column = k_first + lane * SECTOR
-    for row in range(n_first, n_first + BLOCK_N):
-        sector_prefetch(w_ptr + row * s_w + column, column < k_last)
+    # of them), columns k_first..k_last: SECTORS a row (padded to a power of two),
+    # WARM_ROWS rows at a time (all at once, the addresses would spill registers).
+    column = k_first + tl.arange(0, SECTORS) * SECTOR
+    inside = (column[None, :] < k_last) & (tl.arange(0, WARM_ROWS)[:, None] >= 0)
+    for first in range(n_first, n_first + BLOCK_N, WARM_ROWS):
+        row = first + tl.arange(0, WARM_ROWS)
+        sector_prefetch(w_ptr + row[:, None] * s_w + column[None, :], inside)
 
 
 @triton.jit
@@ -69,6 +71,7 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
                        STEPS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
                        NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, LIVE: tl.constexpr,
                        PDL: tl.constexpr, PREFETCH: tl.constexpr, SECTOR: tl.constexpr, SECTORS: tl.constexpr,
+                       WARM_ROWS: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
     # One program per (BLOCK_N outputs, split of K, BLOCK_M rows): its K range is fixed by
     # the split's index alone, walked in BLOCK_K steps; an output row depends on its own
@@ -79,8 +82,10 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     first = split * STEPS_PER_SPLIT * BLOCK_K
     last = tl.minimum(first + STEPS_PER_SPLIT * BLOCK_K, k_size)
-    if PREFETCH:  # this program's weights into L2 while the kernel before runs: no pass writes them
-        _warm_weights(w_ptr, tl.program_id(0) * BLOCK_N, first, last, s_w, BLOCK_N, SECTOR, SECTORS)
+    if PREFETCH and tl.program_id(2) == 0:
+        # this program's weights into L2 while the kernel before runs (no pass writes them),
+        # by the first block of rows (never padding) for the blocks below it too
+        _warm_weights(w_ptr, tl.program_id(0) * BLOCK_N, first, last, s_w, BLOCK_N, SECTOR, SECTORS, WARM_ROWS)
     pdl_wait(PDL)
     live = _live_rows(context_ptr, path_len_ptr, m, LIVE)
     if tl.max(live.to(tl.int32), axis=0) > 0:  # a block of padding rows computes nothing
@@ -152,12 +157,13 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     context, path_len = live if live is not None else (out, out)
     s_residual = residual.stride(0) if residual is not None else 0
     sector = SECTOR_BYTES // weight.element_size()
+    sectors = triton.next_power_of_2(triton.cdiv(per_split * block_k, sector))
     _row_linear_kernel[(n_size // block_n, splits, rows // block_m)](
         x, weight, pointers[0], norm if norm is not None else out, pointers[1], out, part, context, path_len, k_size,
         float(eps), x.stride(0), weight.stride(0), s_residual, out.stride(0), part.stride(0) if splits > 1 else 0,
         part.stride(1) if splits > 1 else 0, STEPS_PER_SPLIT=per_split, SPLITS=splits, NORM=norm is not None,
-        GATED=gated, PREFETCH=prefetch, SECTOR=sector,
-        SECTORS=triton.next_power_of_2(triton.cdiv(per_split * block_k, sector)), BLOCK_M=block_m,
+        GATED=gated, PREFETCH=prefetch, SECTOR=sector, SECTORS=sectors,
+        WARM_ROWS=min(block_n, max(1, WARM_LANES // sectors)), BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=_INTERPRETED and x.dtype != torch.float32, num_warps=num_warps,
         num_stages=num_stages, **flags, **launch_options(pdl))
     if splits > 1:

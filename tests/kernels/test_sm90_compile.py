@@ -80,8 +80,18 @@ for pdl in ("off", "launch", "prefetch"):
     out["linear " + pdl] = build(_triton_linear._row_linear_kernel, linear,
                                  {"STEPS_PER_SPLIT": 7, "SPLITS": 1, "HAS_BIAS": False, "NORM": True, "GATED": False,
                                   "RESIDUAL": False, "LIVE": pdl != "off", "PDL": pdl != "off",
-                                  "PREFETCH": pdl == "prefetch", "SECTOR": 16, "SECTORS": 64, "BLOCK_M": 64,
+                                  "PREFETCH": pdl == "prefetch", "SECTOR": 16, "SECTORS": 64, "WARM_ROWS": 8, "BLOCK_M": 64,
                                   "BLOCK_N": 128, "BLOCK_K": 128, "UPCAST": False}, warps=8)
+# the fused layers' q/k/v, o and down in 16-row programs (CODESPEC_CUDA_TILE_ROWS=16), warming
+for name, (n_tile, k_tile, steps, norm, gated) in {"qkv": (64, 64, 2, True, False), "o": (16, 128, 7, False, False),
+                                                   "down": (32, 64, 10, False, True)}.items():
+    out["linear m16 " + name] = build(_triton_linear._row_linear_kernel, linear,
+                                      {"STEPS_PER_SPLIT": steps, "SPLITS": 1 if name == "o" else 8, "HAS_BIAS": False,
+                                       "NORM": norm, "GATED": gated, "RESIDUAL": not norm, "LIVE": True, "PDL": True,
+                                       "PREFETCH": True, "SECTOR": 16,
+                                       "SECTORS": triton.next_power_of_2(steps * k_tile // 16),
+                                       "WARM_ROWS": min(n_tile, 512 // triton.next_power_of_2(steps * k_tile // 16)),
+                                       "BLOCK_M": 16, "BLOCK_N": n_tile, "BLOCK_K": k_tile, "UPCAST": False})
 out["linear reduce pdl"] = build(_triton_linear._row_linear_reduce_kernel,
                                  {"part_ptr": "*fp32", "bias_ptr": "*bf16", "residual_ptr": "*bf16", "out_ptr": "*bf16",
                                   "context_ptr": "*i64", "path_len_ptr": "*i64", "s_part_split": "i32", "s_part": "i32",
@@ -145,3 +155,10 @@ def test_a_product_warms_its_own_weights_before_it_waits_and_without_it_launches
     assert "prefetch.global.L2" not in compiled["linear launch"]["ptx"]
     for kernel in ("linear off", "worklist"):
         assert "griddepcontrol" not in compiled[kernel]["ptx"], kernel
+
+
+def test_the_fused_16_row_products_do_not_spill(compiled):
+    """The 64-row tiles take 255 registers and spill (the wgmma operand computed in
+    registers); the 16-row ones the GPU check tries first must not."""
+    for name in ("qkv", "o", "down"):
+        assert compiled["linear m16 " + name]["stack"] == 0, name
