@@ -65,14 +65,33 @@ def tree_mask(parents: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, source_ptr, write_slot_ptr, write_position_ptr, q_ptr, k_ptr, v_ptr,
-                       s_qkv, s_rope, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos,
-                       HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr, PDL: tl.constexpr):
-    # One program per (row, head of q, k or v). Rotary as transformers applies it in the
-    # model's dtype: x * cos and rotate_half(x) * sin each rounded, then their sum rounded.
+                       context_ptr, path_len_ptr, s_qkv, s_rope, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos,
+                       HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr, LIVE: tl.constexpr,
+                       PDL: tl.constexpr):
+    # One program per (row, head of q, k or v). With LIVE, a row that holds no token
+    # (context + path 0: padding) does nothing: its K and V would repeat its source row's
+    # store, and its q is never read (no keys: attention writes zeros).
     pdl_start(PDL)
     pdl_wait(PDL)
     row = tl.program_id(0)
     head = tl.program_id(1)
+    if LIVE:
+        if tl.load(context_ptr + row) + tl.load(path_len_ptr + row) > 0:
+            _rope_store_head(qkv_ptr, cos_ptr, sin_ptr, source_ptr, write_slot_ptr, write_position_ptr, q_ptr, k_ptr,
+                             v_ptr, row, head, s_qkv, s_rope, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos,
+                             HEADS, KV_HEADS, DIM)
+    else:
+        _rope_store_head(qkv_ptr, cos_ptr, sin_ptr, source_ptr, write_slot_ptr, write_position_ptr, q_ptr, k_ptr,
+                         v_ptr, row, head, s_qkv, s_rope, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos,
+                         HEADS, KV_HEADS, DIM)
+
+
+@triton.jit
+def _rope_store_head(qkv_ptr, cos_ptr, sin_ptr, source_ptr, write_slot_ptr, write_position_ptr, q_ptr, k_ptr, v_ptr,
+                     row, head, s_qkv, s_rope, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos,
+                     HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr):
+    # Rotary as transformers applies it in the model's dtype: x * cos and rotate_half(x) *
+    # sin each rounded, then their sum rounded.
     d = tl.arange(0, DIM)
     half = DIM // 2
     src = tl.where(head < HEADS, row, tl.load(source_ptr + row))  # padding rows store their source row's K, V
@@ -99,12 +118,16 @@ def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, source_ptr, write_slot_ptr, wr
 
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, source: torch.Tensor,
                write_slots: torch.Tensor, write_positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-               q: torch.Tensor, heads: int, kv_heads: int, pdl: bool = False) -> None:
+               q: torch.Tensor, heads: int, kv_heads: int, live: tuple[torch.Tensor, torch.Tensor] | None = None,
+               pdl: bool = False) -> None:
     rows, dim = q.shape[0], q.shape[2]
+    context, path_len = live if live is not None else (source, source)
+    # one warp a program: a head is DIM (64) values
     _rope_store_kernel[(rows, heads + 2 * kv_heads)](
-        qkv, cos, sin, source, write_slots, write_positions, q, keys, values,
+        qkv, cos, sin, source, write_slots, write_positions, q, keys, values, context, path_len,
         qkv.stride(0), cos.stride(0), q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
-        HEADS=heads, KV_HEADS=kv_heads, DIM=dim, PDL=pdl, **launch_options(pdl))
+        HEADS=heads, KV_HEADS=kv_heads, DIM=dim, LIVE=live is not None, PDL=pdl, num_warps=1,
+        **launch_options(pdl))
 
 
 @triton.jit

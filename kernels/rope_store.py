@@ -30,11 +30,15 @@ from codespec.kernels import check, use_triton
 
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, source: torch.Tensor,
                write_slots: torch.Tensor, write_positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *,
-               heads: int, kv_heads: int, out: torch.Tensor | None = None, pdl: bool = False,
+               heads: int, kv_heads: int, out: torch.Tensor | None = None,
+               live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False,
                force_triton: bool | None = None) -> torch.Tensor:
     """q [rows, heads, dim] after rotary; row r's K and V go to
     keys/values[write_slots[r], :, write_positions[r]] (taken from row source[r]).
-    `pdl`: launched as a programmatic dependent on CUDA (kernels/_triton_pdl.py)."""
+    `live` (the pass's context and path_len): the kernel skips rows that hold no token
+    (padding: their store would repeat their source row's, their q is left undefined);
+    the reference computes every row. `pdl`: launched as a programmatic dependent on CUDA
+    (kernels/_triton_pdl.py)."""
     rows = qkv.shape[0]
     dim = keys.shape[3]
     check(qkv.dim() == 2 and qkv.shape[1] == (heads + 2 * kv_heads) * dim and qkv.stride(1) == 1,
@@ -48,11 +52,13 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, source: 
     if out is None:
         out = torch.empty(rows, heads, dim, dtype=qkv.dtype, device=qkv.device)
     check(out.shape == (rows, heads, dim) and out.stride(2) == 1, "out must be [rows, heads, dim]")
+    check(live is None or all(t.shape == (rows,) and t.device == qkv.device for t in live),
+          "live must be (context, path_len), [rows] each on qkv's device")
     if use_triton(qkv, force_triton):
         from codespec.kernels import _triton
 
         _triton.rope_store(qkv, cos, sin, source, write_slots, write_positions, keys, values, out, heads, kv_heads,
-                           pdl and qkv.is_cuda)
+                           live, pdl and qkv.is_cuda)
     else:
         q, k, v = rope_store_ref(qkv, cos, sin, heads, kv_heads, dim)
         out.copy_(q)

@@ -321,16 +321,16 @@ class CudaForward:
         model = self.model.model
         hidden = model.embed_tokens(ids)  # [rows, hidden]
         cos, sin = rotary(model, hidden, positions)
+        pdl, live = self.pdl != "off", (context, path_len)  # the rows that hold a token
 
         def attend(index: int, layer: Any, qkv: torch.Tensor) -> torch.Tensor:
             """Rotary, the rows' K and V stored, and each row over its own keys: [rows, hidden]."""
             q = rope_store(qkv, cos, sin, source, write_slots, write_positions, keys[index], values[index],
-                           heads=self.heads, kv_heads=self.kv_heads, pdl=pdl)
+                           heads=self.heads, kv_heads=self.kv_heads, live=live, pdl=pdl)
             return row_attention(q, keys[index], values[index], slots=slots, context=context, path=path,
                                  path_len=path_len, scale=layer.self_attn.scaling, counts=self._counts,
                                  pdl=pdl).view(rows, -1)
 
-        pdl, live = self.pdl != "off", (context, path_len)  # the rows that hold a token
         if self.fused:
             logits = self._fused_layers(hidden, attend, live)
             return logits, self._argmax(logits, context, path_len)

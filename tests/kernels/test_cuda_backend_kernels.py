@@ -1,8 +1,8 @@
-"""The cuda backend (forward/cuda.py) in its fused layers with the Triton kernels the GPU
-runs, executed by the interpreter on CPU (elsewhere the CPU tests run the kernels'
-torch references through the backend). The products compute only the rows that hold a
-token, a padding row's outputs left undefined: the model's greedy output all the same,
-and speculation lossless against plain decoding. (The argmax kernel, whose interpreted
+"""The cuda backend (forward/cuda.py) with the Triton kernels the GPU runs, executed by the
+interpreter on CPU (elsewhere the CPU tests run the kernels' torch references through the
+backend). The kernels compute only the rows that hold a token, a padding row's outputs
+left undefined: the model's greedy output all the same, and speculation lossless against
+plain decoding. (The argmax kernel, whose interpreted
 run is slow, has its own tests: tests/kernels/test_row_argmax.py.)"""
 
 from __future__ import annotations
@@ -19,17 +19,19 @@ from tests.test_engine_lossless import hf_greedy, prompts, speculation_checked
 pytest.importorskip("triton", reason="triton is a test dependency (pip install -e '.[test]')")
 
 
-@pytest.mark.parametrize("kernels", ["products", pytest.param("all", marks=pytest.mark.slow)])
-def test_the_fused_kernels_on_live_rows_give_the_models_output_and_stay_lossless(monkeypatch, kernels):
-    """`products`: row_linear's kernel for every product (~1 s a pass interpreted);
-    `all`: rotary, the KV store and attention through theirs too (~3.5 s a pass)."""
+@pytest.mark.parametrize("kernels, fused", [("products", True), pytest.param("all", True, marks=pytest.mark.slow),
+                                            pytest.param("all", False, marks=pytest.mark.slow)])
+def test_the_kernels_on_live_rows_give_the_models_output_and_stay_lossless(monkeypatch, kernels, fused):
+    """`products`: the fused layers with row_linear's kernel for every product (~1 s a
+    pass interpreted); `all`: rotary, the KV store and attention through theirs too (~3.5
+    s a pass), in the fused layers and the default ones (their products in torch here)."""
     from codespec.kernels import row_attention, row_linear, rope_store
 
     for module in (row_linear,) if kernels == "products" else (row_linear, row_attention, rope_store):
         monkeypatch.setattr(module, "use_triton", lambda tensor, force: True)  # CPU tensors: the interpreter
     monkeypatch.setenv("CODESPEC_CUDA_TILE_ROWS", "16")  # a bucket of two blocks of rows: a step computes one
     model = tiny_model("qwen2", vocab_size=16, seed=3, dtype=torch.float32)
-    engine = Engine(CudaForward(model, rows=32, fused=True), None, PromptLookupProposer(min_match_tokens=1),
+    engine = Engine(CudaForward(model, rows=32, fused=fused), None, PromptLookupProposer(min_match_tokens=1),
                     max_draft_tokens=12, eos_token_ids=[])
     cases = prompts(16, 2, seed=23, repeat=True)
     assert engine.generate(cases[0], GenerationConfig(max_new_tokens=6, speculate=False)).token_ids == \

@@ -63,3 +63,20 @@ def test_rotary_is_transformers_own():
     raw_k = qkv[:, HEADS * DIM:(HEADS + KV_HEADS) * DIM].reshape(rows, KV_HEADS, DIM).transpose(0, 1)[None]
     hf_q, hf_k = apply_rotary_pos_emb(raw_q, raw_k, cos[None], sin[None])
     assert torch.equal(hf_q[0].transpose(0, 1), q) and torch.equal(hf_k[0].transpose(0, 1), k)
+
+
+def test_rows_without_a_token_are_skipped_and_the_others_have_the_same_bits():
+    """With `live`, padding rows (3 and 4: no context, no path) leave their q alone (7
+    here) and store nothing; the real rows' q, K and V are what every row gets without it."""
+    qkv, cos, sin, meta = inputs(torch.float32)
+    full = [torch.zeros(2, KV_HEADS, 16, DIM) for _ in range(2)]
+    q_full = rope_store(qkv, cos, sin, *meta.values(), *full, heads=HEADS, kv_heads=KV_HEADS, force_triton=True)
+    live = (torch.tensor([12, 0, 3, 0, 0]), torch.tensor([0, 2, 0, 0, 0]))  # row 1 by its path alone
+    stores = [torch.zeros(2, KV_HEADS, 16, DIM) for _ in range(2)]
+    garbage = qkv.clone()
+    garbage[3:] = float("nan")  # a padding row's own values: never read
+    q = torch.full((5, HEADS, DIM), 7.0)
+    rope_store(garbage, cos, sin, *meta.values(), *stores, heads=HEADS, kv_heads=KV_HEADS, out=q, live=live,
+               force_triton=True)
+    assert torch.equal(q[:3], q_full[:3]) and torch.equal(q[3:], torch.full((2, HEADS, DIM), 7.0))
+    assert torch.equal(stores[0], full[0]) and torch.equal(stores[1], full[1])
