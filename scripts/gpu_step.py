@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from gpu_measure import _engine, _graph_us, _time, _wall_ms, row_checks, step_floor
+from gpu_measure import _engine, _graph_us, _time, _wall_ms, profile_step, row_checks, step_floor
 
 PRODUCTS = ("qkv", "o", "gate_up", "down")
 # The settings every variant sets (the defaults), and each variant's own over them: the
@@ -137,7 +137,7 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
     fastest tile for down (`down tiles`, its row_linear) and the fused 16-row layers with
     q/k/v and down unsplit (both reported only: tiles have no setting); and the fastest
     variant's rows against its decode steps (a cache hint cannot change a value: this
-    checks the side stream's capture, and PDL's ordering)."""
+    checks the side stream's capture, and PDL's ordering) and its step's profile."""
     from codespec.forward.cuda import CudaForward
 
     default, floor = loaded.forward, step_floor(loaded)
@@ -187,6 +187,8 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
             os.environ.update(envs[best])
             loaded.forward = CudaForward(loaded.model)
             result["best_rows"] = row_checks(loaded)
+            if time.perf_counter() - began < deadline_s + 15:  # where the winner's step goes, beside `profile`
+                result["best_profile"] = profile_step(loaded)
     finally:
         loaded.forward = default
         _restore(saved)
