@@ -42,3 +42,18 @@ def test_every_policy_at_every_batch_size_matches_speculation_off():
     assert widest[0] == 2  # three requests, at most two decoding at once
     checks = bar_checks(results)
     assert checks["identical"] and "tiny: goodput aggregate >= none and best fixed (batch 2)" in checks
+
+
+def test_the_tree_bar_is_repository_fims():
+    """Trees against chain-16 is issue 4's bar on repository FIM; an edit's copy is one
+    chain (a 16-node tree spreads over branches it does not need): no check there."""
+    from codespec.bench.batch_bench import BatchResult
+
+    def result(request_set: str, system: str, committed: int) -> BatchResult:
+        return BatchResult(request_set, 1, system, [(1,)], 1.0, [1.0], [0.1], passes=10,
+                           committed_in_passes=committed, draft_tokens=20)
+
+    checks = bar_checks([result(s, system, committed) for s in ("edit", "fim-repo")
+                         for system, committed in (("tree", 19), ("chain-16", 18))])
+    assert checks["fim-repo: tree accepted/pass > chain-16 (batch 1)"] is True
+    assert not any(name.startswith("edit: tree") for name in checks)
