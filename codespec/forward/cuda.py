@@ -14,7 +14,8 @@ the same program over exactly `rows` rows (the bucket, 64 by default):
 * attention goes through kernels/row_attention.py: one program per (row, KV head)
   reducing over the row's own logical keys in fixed blocks;
 * padding rows repeat the first row's token, position and KV write (same values to the
-  same place) and attend to nothing.
+  same place; the Triton kernels skip rows that hold no token, so on a GPU they store
+  nothing, and the fused products leave their outputs undefined) and attend to nothing.
 
 On a GPU a padded row is nearly free: a step reads every weight once either way (the
 default model: ~1 GB per pass, ~0.3 ms at H100 bandwidth; 64 rows add ~64 GFLOP, ~0.1 ms
@@ -31,7 +32,9 @@ needs to be deterministic per pass (kvcache.spans); on a GPU the last chunk is o
 
 With `fused` (CODESPEC_CUDA_FUSED=1) the products carry the work around them
 (kernels/row_linear.py: the norm before q/k/v and gate/up, SiLU before down, the
-residual add after o and down) and nothing is compiled: about 7 launches a layer.
+residual add after o and down) and nothing is compiled: about 7 launches a layer, in
+programs of CODESPEC_CUDA_TILE_ROWS rows. With CODESPEC_CUDA_PDL our kernels launch as
+programmatic dependents (kernels/_triton_pdl.py): each starts while the one before ends.
 
 On a CPU the same code runs eagerly with the attention's torch reference: that is how
 the tests check the layout (float64 tiny models; TRITON_INTERPRET=1 for the kernel).
@@ -357,7 +360,8 @@ class CudaForward:
             return row_argmax(logits, context, path_len, pdl=self.pdl != "off")
         return torch.argmax(logits, dim=-1)
 
-    def _fused_layers(self, hidden: torch.Tensor, attend: Any, live: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def _fused_layers(self, hidden: torch.Tensor, attend: Any,
+                      live: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """The same layers with each product carrying its neighbours: the norm before
         q/k/v and gate/up, SiLU before down, the residual add after o and down (the same
         roundings, kernels/row_linear.py); returns the logits. The products compute the
