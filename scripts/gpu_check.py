@@ -28,18 +28,19 @@ Probes: `profile` (kernels and GPU time of a step), `anatomy` (a step's wall tim
 host before the launch, the launch, the wait, the graph's device time; the graph back to
 back), `attention`, `l2` and `step` (scripts/gpu_step.py: attention's launch schedules,
 the layer's products with their weights in L2 against from HBM, and the step with each
-variant: the attention schedule, warming L2 on a side stream by mode; where a variant
-wins by 3% with its rows exact, edit, verify and stress run again with it as
-`edit_step`, `verify_step`, `stress_step`), `plain` (plain decoding through the engine,
-ms per token with steps queued one ahead and without; where their outputs differ or it
-fails, the later stages run with CODESPEC_CUDA_CHAIN=0), `fused` (the backend with fused
-layers, CODESPEC_CUDA_FUSED: its rows, costs and profile) and `fusedtiles` (each fused
-product by tile, and the fused backend with the fastest), in the default stages;
-`gemm` (the layer's products in CUDA graphs: cuBLAS against kernels/row_linear.py's
-tiles), `tiles` (the backend with the tiles that beat cuBLAS) and `buckets` (buckets of
-16 and 32 rows: the step, the 32-row pass, rows against steps), on request. Edit,
-verify and stress run again with CODESPEC_CUDA_FUSED=1 as `edit_fused`, `verify_fused`
-and `stress_fused` (in the default stages), and with the eager prefill
+variant: PDL, the fused layers, the attention schedule, warming L2 on a side stream by
+mode; where a variant wins by 3% with its rows exact, edit, verify and stress run again
+with it as `edit_step`, `verify_step`, `stress_step`) and `plain` (plain decoding
+through the engine, ms per token with steps queued one ahead and without; where their
+outputs differ or it fails, the later stages run with CODESPEC_CUDA_CHAIN=0), in the
+default stages; `fused` (the backend with fused layers, CODESPEC_CUDA_FUSED: its rows,
+costs and profile), `fusedtiles` (each fused product by tile, and the fused backend with
+the fastest; `fusedtiles16` the same in 16-row programs for a step's one row, with PDL
+warming), `gemm` (the layer's products in CUDA graphs: cuBLAS against
+kernels/row_linear.py's tiles), `tiles` (the backend with the tiles that beat cuBLAS)
+and `buckets` (buckets of 16 and 32 rows: the step, the 32-row pass, rows against
+steps), on request. Edit, verify and stress run again with CODESPEC_CUDA_FUSED=1 as
+`edit_fused`, `verify_fused` and `stress_fused`, and with the eager prefill
 (CODESPEC_CUDA_PREFILL=eager) as `edit_eager`, `verify_eager`, `stress_eager`, and without
 drafting ahead (CODESPEC_LOOK_AHEAD=off) as `verify_noahead` and the like (on request).
 
@@ -67,7 +68,7 @@ from typing import Any, Callable
 import torch
 
 from gpu_measure import _time, cost_curve, profile_step, row_checks, step_anatomy
-from gpu_step import attention_probe, l2_probe, pdl_check, plain_probe, step_probe, winner_env
+from gpu_step import NO_PDL, attention_probe, l2_probe, pdl_check, plain_probe, step_probe, winner_env
 from gpu_probes import bucket_probe, fused_probe, fused_tiles_probe, gemm_probe, key_block_probe, tiles_probe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -301,6 +302,11 @@ def main() -> None:
         stage(results, "tiles", lambda: tiles_probe(loaded, results["gemm"]), out)
     if "fusedtiles" in wanted:
         stage(results, "fusedtiles", lambda: fused_tiles_probe(loaded), out, needs_s=90)
+    if "fusedtiles16" in wanted:  # 16-row programs, a step's one real row, PDL warming the weights
+        os.environ["CODESPEC_CUDA_TILE_ROWS"] = "16"  # the chosen backend's other products
+        stage(results, "fusedtiles16", lambda: fused_tiles_probe(
+            loaded, block_m=16, live_rows=1, pdl="off" if os.environ.get(NO_PDL) else "prefetch"), out, needs_s=90)
+        os.environ.pop("CODESPEC_CUDA_TILE_ROWS")
     del loaded
     torch.cuda.empty_cache()
     env = {**os.environ, "CODESPEC_MODEL": str(model_dir), "CODESPEC_DEVICE": "cuda", "CODESPEC_DTYPE": "bfloat16",

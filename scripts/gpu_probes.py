@@ -93,12 +93,12 @@ def tiles_probe(loaded: Any, gemm: dict[str, Any]) -> dict[str, Any]:
     return _backend_with(loaded, chosen, fused=False)
 
 
-def _backend_with(loaded: Any, chosen: dict[str, Any], fused: bool) -> dict[str, Any]:
+def _backend_with(loaded: Any, chosen: dict[str, Any], fused: bool, pdl: str = "off") -> dict[str, Any]:
     """The backend with `chosen` tiles: passes of 1, 2, 32 and 64 rows at 512 keys (host
     wall ms) and its rows against its decode steps."""
     from codespec.forward.cuda import CudaForward
 
-    forward = CudaForward(loaded.model, tiles=chosen, fused=fused)
+    forward = CudaForward(loaded.model, tiles=chosen, fused=fused, pdl=pdl)
     ms = pass_ms(loaded, forward, (1, 2, 32, 64))
     swapped = loaded.forward
     loaded.forward = forward
@@ -132,11 +132,17 @@ _FUSION = {"qkv": ("norm", "bias"), "o": ("residual",), "gate_up": ("norm",), "d
 
 
 @torch.inference_mode()
-def fused_tiles_probe(loaded: Any, budget_s: float = 60.0) -> dict[str, Any]:
+def fused_tiles_probe(loaded: Any, budget_s: float = 60.0, block_m: int = 64, live_rows: int | None = None,
+                      pdl: str = "off") -> dict[str, Any]:
     """Each fused product (its norm, SiLU or residual inside) by tile, us per call in CUDA
     graphs at the bucket's 64 rows, against forward/cuda.py's FUSED_TILES (chosen from
     the products alone); then the fused backend with each product's fastest tile where it
-    beats FUSED_TILES by 3%: its passes and its rows against its decode steps."""
+    beats FUSED_TILES by 3%: its passes and its rows against its decode steps. `block_m`
+    rows a program (CODESPEC_CUDA_TILE_ROWS), `live_rows` of the 64 holding a token (1:
+    a step; None: every row, without row_linear's `live`), `pdl` its launch (the
+    `fusedtiles16` stage: 16-row programs, a step's one row, PDL warming the weights)."""
+    from dataclasses import replace
+
     from codespec.forward.cuda import FUSED_TILES
     from codespec.kernels.row_linear import Config, row_linear
 
@@ -157,11 +163,16 @@ def fused_tiles_probe(loaded: Any, budget_s: float = 60.0) -> dict[str, Any]:
         if "residual" in fusion:
             kwargs["residual"] = torch.randn(64, n_size, **like)
         out = torch.empty(64, n_size, **like)
+        if live_rows is not None:
+            context = torch.zeros(64, dtype=torch.int64, device=weight.device)
+            context[:live_rows] = 512
+            kwargs.update(live=(context, torch.zeros_like(context)), pdl=pdl)
         run = lambda c: row_linear(x, weight, bias if "bias" in fusion else None, config=c, out=out, **kwargs)  # noqa: E731
-        default = FUSED_TILES[name].fitted(64, n_size, k_size)
+        default = replace(FUSED_TILES[name], block_m=block_m).fitted(64, n_size, k_size)
         entry: dict[str, Any] = {"fusion": list(fusion), "floor_us": round(weight.numel() * 2 / 2.98e12 * 1e6, 2),
                                  "default": default.__dict__, "default_us": _graph_us(lambda: run(default))}
-        swept = _tile_sweep(name, n_size, k_size, run, began + budget_s / len(products), warps=(4, 8))
+        swept = _tile_sweep(name, n_size, k_size, run, began + budget_s / len(products), warps=(4, 8),
+                            block_m=block_m)
         entry["tiles_us"] = timed = {key: us for key, (_, us) in swept.items()}
         best, config = _best(swept)
         if best is not None:
@@ -176,14 +187,15 @@ def fused_tiles_probe(loaded: Any, budget_s: float = 60.0) -> dict[str, Any]:
     result["chosen"] = {name: config.__dict__ for name, config in chosen.items()}
     result["predicted_saving_us_per_step"] = round(saved, 1)
     if chosen:
-        result["backend"] = _backend_with(loaded, chosen, fused=True)
+        result["backend"] = _backend_with(loaded, chosen, fused=True, pdl=pdl)
     return result
 
 
 def _tile_sweep(name: str, n_size: int, k_size: int, run: Any, deadline: float,
-                warps: tuple[int, ...] = (4,)) -> dict[str, tuple[Any, Any]]:
-    """row_linear tiles for one product at the bucket's 64 rows, until `deadline`
-    (perf_counter): key -> (Config, us per call in CUDA graphs, or why it failed)."""
+                warps: tuple[int, ...] = (4,), block_m: int = 64) -> dict[str, tuple[Any, Any]]:
+    """row_linear tiles (`block_m` rows a program) for one product at the bucket's 64
+    rows, until `deadline` (perf_counter): key -> (Config, us per call in CUDA graphs, or
+    why it failed)."""
     from codespec.kernels.row_linear import Config
 
     swept: dict[str, tuple[Any, Any]] = {}
@@ -199,7 +211,7 @@ def _tile_sweep(name: str, n_size: int, k_size: int, run: Any, deadline: float,
                 for num_warps in warps if block_n >= 64 else warps[:1]:
                     if time.perf_counter() > deadline:
                         return swept
-                    config = Config(block_m=64, block_n=block_n, block_k=block_k, splits=splits, num_warps=num_warps,
+                    config = Config(block_m=block_m, block_n=block_n, block_k=block_k, splits=splits, num_warps=num_warps,
                                     num_stages=3 if block_k * block_n >= 256 * 64 else 4)
                     key = f"{block_n}x{block_k}/{splits}/w{num_warps}"
                     try:
