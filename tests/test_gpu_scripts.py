@@ -1,0 +1,61 @@
+"""The GPU check's own logic (scripts/gpu_step.py), on CPU: a device run is a few
+minutes every few sessions, so a typo in a variant's settings or a broken stage must
+show here, not there. What needs CUDA (timings, graphs) is not run."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from codespec.forward.cuda import CudaForward
+from codespec.forward.cuda_settings import CudaSettings
+from codespec.models.tiny import tiny_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+gpu_step = pytest.importorskip("gpu_step")
+
+
+def test_every_variant_is_settings_the_backend_takes():
+    for label, own in gpu_step.VARIANTS.items():
+        env = {**gpu_step.DEFAULTS, **own}
+        settings = CudaSettings.from_env(env)  # a bad name or value fails here
+        names = {name for name in env if name.startswith("CODESPEC_CUDA_")}
+        assert names <= {f"CODESPEC_CUDA_{field.upper()}" for field in CudaSettings.__dataclass_fields__}, label
+        assert label.startswith("default") or own, label
+        assert (settings.pdl != "off") == ("pdl" in label), label
+
+
+def test_each_variant_but_the_default_is_in_one_family():
+    for label in gpu_step.VARIANTS:
+        families = [name for name, of in gpu_step.FAMILIES.items() if of(label)]
+        assert len(families) == (0 if label.startswith("default") else 1), (label, families)
+
+
+def test_a_winner_reruns_the_later_stages_only_where_its_rows_and_pdl_held(monkeypatch):
+    env = {**gpu_step.DEFAULTS, **gpu_step.VARIANTS["fused m16 pdl/prefetch"]}
+    results = {"step": {"best": "fused m16 pdl/prefetch", "best_over_default": 0.8, "best_env": env,
+                        "best_rows": {"rows_differing": 0}}, "kernel": {"row_argmax_equals_torch": True}}
+    monkeypatch.delenv(gpu_step.NO_PDL, raising=False)
+    assert gpu_step.winner_env(results) == env
+    monkeypatch.setenv(gpu_step.NO_PDL, "1")
+    assert gpu_step.winner_env(results) is None  # the pdl stage found a bit changed
+    results["step"]["best_over_default"] = 0.99
+    monkeypatch.delenv(gpu_step.NO_PDL)
+    assert gpu_step.winner_env(results) is None  # not 3% faster
+
+
+def test_the_pdl_stage_runs_and_leaves_the_settings_as_it_found_them(monkeypatch):
+    """On CPU the kernels' references run (no PDL): the stage's plumbing, every layout
+    equal to itself, and the environment restored."""
+    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "grid")
+    model = tiny_model("qwen2", vocab_size=64, seed=3, dtype=torch.float32)
+    loaded = types.SimpleNamespace(model=model, forward=CudaForward(model, rows=64), tokenizer=None)
+    result = gpu_step.pdl_check(loaded, context=40, repeat=2)
+    assert result == {"default": True, "fused m16": True, "pdl_exact": True}
+    import os
+
+    assert os.environ["CODESPEC_CUDA_ATTENTION"] == "grid" and "CODESPEC_CUDA_PDL" not in os.environ
