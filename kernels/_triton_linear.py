@@ -67,11 +67,11 @@ def _warm_weights(w_ptr, n_first, k_first, k_last, s_w, BLOCK_N: tl.constexpr, S
 
 @triton.jit
 def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, part_ptr, context_ptr, path_len_ptr,
-                       k_size, eps, s_x, s_w, s_residual, s_out, s_part_split, s_part,
+                       count_ptr, k_size, eps, s_x, s_w, s_residual, s_out, s_part_split, s_part,
                        STEPS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
                        NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, LIVE: tl.constexpr,
                        PDL: tl.constexpr, PREFETCH: tl.constexpr, SECTOR: tl.constexpr, SECTORS: tl.constexpr,
-                       WARM_ROWS: tl.constexpr,
+                       WARM_ROWS: tl.constexpr, FOLD: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
     # One program per (BLOCK_N outputs, split of K, BLOCK_M rows): its K range is fixed by
     # the split's index alone, walked in BLOCK_K steps; an output row depends on its own
@@ -109,6 +109,16 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
             _finish(acc, bias_ptr, residual_ptr, out_ptr, m, n, s_residual, s_out, HAS_BIAS, RESIDUAL)
         else:
             tl.store(part_ptr + split * s_part_split + m[:, None] * s_part + n[None, :], acc)
+            if FOLD:  # the program that stores a block's last split adds them all, as the reduce kernel does
+                tl.debug_barrier()  # every thread's partial stored before the count says so
+                count = count_ptr + tl.program_id(0) * tl.num_programs(2) + tl.program_id(2)
+                if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+                    total = tl.load(part_ptr + m[:, None] * s_part + n[None, :], cache_modifier=".cg")
+                    for other in range(1, SPLITS):  # in split order: the reduce kernel's sum, bit for bit
+                        total += tl.load(part_ptr + other * s_part_split + m[:, None] * s_part + n[None, :],
+                                         cache_modifier=".cg")
+                    _finish(total, bias_ptr, residual_ptr, out_ptr, m, n, s_residual, s_out, HAS_BIAS, RESIDUAL)
+                    tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")  # zero for the next launch
 
 
 @triton.jit
@@ -145,7 +155,7 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                eps: float, gated: bool, residual: torch.Tensor | None, out: torch.Tensor, block_m: int, block_n: int,
                block_k: int, splits: int, num_warps: int, num_stages: int,
                live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False,
-               prefetch: bool = False) -> None:
+               prefetch: bool = False, counts: torch.Tensor | None = None) -> None:
     rows = x.shape[0]
     n_size, k_size = weight.shape
     steps = k_size // block_k
@@ -158,15 +168,17 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     s_residual = residual.stride(0) if residual is not None else 0
     sector = SECTOR_BYTES // weight.element_size()
     sectors = triton.next_power_of_2(triton.cdiv(per_split * block_k, sector))
+    fold = counts is not None and splits > 1
     _row_linear_kernel[(n_size // block_n, splits, rows // block_m)](
-        x, weight, pointers[0], norm if norm is not None else out, pointers[1], out, part, context, path_len, k_size,
+        x, weight, pointers[0], norm if norm is not None else out, pointers[1], out, part, context, path_len,
+        counts if fold else context, k_size,
         float(eps), x.stride(0), weight.stride(0), s_residual, out.stride(0), part.stride(0) if splits > 1 else 0,
         part.stride(1) if splits > 1 else 0, STEPS_PER_SPLIT=per_split, SPLITS=splits, NORM=norm is not None,
         GATED=gated, PREFETCH=prefetch, SECTOR=sector, SECTORS=sectors,
-        WARM_ROWS=min(block_n, max(1, WARM_LANES // sectors)), BLOCK_M=block_m,
+        WARM_ROWS=min(block_n, max(1, WARM_LANES // sectors)), FOLD=fold, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=_INTERPRETED and x.dtype != torch.float32, num_warps=num_warps,
         num_stages=num_stages, **flags, **launch_options(pdl))
-    if splits > 1:
+    if splits > 1 and not fold:
         block = 128 if n_size % 128 == 0 else block_n
         _row_linear_reduce_kernel[(n_size // block, rows)](
             part, *pointers, out, context, path_len, part.stride(0), part.stride(1), s_residual, out.stride(0),

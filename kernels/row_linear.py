@@ -70,14 +70,17 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                norm: tuple[torch.Tensor, float] | None = None, gated: bool = False,
                residual: torch.Tensor | None = None, config: Config = Config(), out: torch.Tensor | None = None,
                live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: str = "off",
-               force_triton: bool | None = None) -> torch.Tensor:
+               counts: torch.Tensor | None = None, force_triton: bool | None = None) -> torch.Tensor:
     """[rows, K] (or [rows, 2K] when gated) -> [rows, N] in x's dtype (module docstring);
     `norm` is (RMSNorm weight [K], eps). `live` (a pass's context and path_len, [rows]
     each): only the rows that hold a token (context + path > 0) are read and computed,
     the others' outputs are left undefined (the Triton kernels; the reference computes
     every row). `pdl` (launch or prefetch; CUDA, sm_90+): launched as a programmatic
     dependent, and with `prefetch` each program warms its own weights into L2 before it
-    waits for the kernel before (kernels/_triton_pdl.py)."""
+    waits for the kernel before (kernels/_triton_pdl.py). `counts` (int32 zeros, at least
+    one per block of outputs and rows, left zero; CODESPEC_CUDA_REDUCE=fold): a split of K
+    is added up by the program that stores a block's last split, not by a second launch,
+    in the same order (the same bits)."""
     n_size, k_size = weight.shape
     check(x.dim() == 2 and weight.dim() == 2 and x.shape[1] == k_size * (2 if gated else 1),
           "x must be [rows, K] ([rows, 2K] with gated) for a weight [N, K]")
@@ -92,6 +95,9 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     check(live is None or all(t.shape == (x.shape[0],) and t.device == x.device for t in live),
           "live must be (context, path_len), [rows] each on x's device")
     check(pdl in PDL_MODES, f"pdl {pdl!r}: expected one of {', '.join(PDL_MODES)}")
+    blocks = (n_size // config.block_n) * (x.shape[0] // config.block_m)
+    check(counts is None or (counts.dtype == torch.int32 and counts.dim() == 1 and counts.numel() >= blocks
+                             and counts.device == x.device), f"counts must be [>= {blocks}] int32 zeros on x's device")
     if out is None:
         out = torch.empty(x.shape[0], n_size, dtype=x.dtype, device=x.device)
     if use_triton(x, force_triton):
@@ -100,7 +106,7 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         _triton_linear.row_linear(x, weight, bias, None if norm is None else norm[0],
                                   0.0 if norm is None else norm[1], gated, residual, out, config.block_m,
                                   config.block_n, config.block_k, config.splits, config.num_warps, config.num_stages,
-                                  live, pdl != "off" and x.is_cuda, pdl == "prefetch" and x.is_cuda)
+                                  live, pdl != "off" and x.is_cuda, pdl == "prefetch" and x.is_cuda, counts)
     else:
         out.copy_(row_linear_ref(x, weight, bias, norm, gated, residual))
     return out

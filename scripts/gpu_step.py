@@ -30,13 +30,14 @@ PRODUCTS = ("qkv", "o", "gate_up", "down")
 # 64 or 16 rows (a step computes one block), their products warming their own weights.
 DEFAULTS = {"CODESPEC_CUDA_ATTENTION": "worklist", "CODESPEC_CUDA_PREFETCH": "off",
             "CODESPEC_CUDA_PREFETCH_PROGRAMS": "32", "CODESPEC_CUDA_ARGMAX": "torch", "CODESPEC_CUDA_FUSED": "0",
-            "CODESPEC_CUDA_PDL": "off", "CODESPEC_CUDA_TILE_ROWS": "64",
+            "CODESPEC_CUDA_PDL": "off", "CODESPEC_CUDA_TILE_ROWS": "64", "CODESPEC_CUDA_REDUCE": "launch",
             "TORCH_BLAS_PREFER_CUBLASLT": "0"}  # torch reads it at start-up: a later stage's process
 FUSED, M16 = {"CODESPEC_CUDA_FUSED": "1"}, {"CODESPEC_CUDA_FUSED": "1", "CODESPEC_CUDA_TILE_ROWS": "16"}
 # In order of what a deadline should keep: the variants whose kernels pdl_check compiled
 # first (Triton compiles each kernel once a process: ~2 s each on the H100 machine).
 VARIANTS: dict[str, dict[str, str]] = {
     "default": {}, "fused m16 pdl/prefetch": {**M16, "CODESPEC_CUDA_PDL": "prefetch"},
+    "fused m16 pdl/prefetch fold": {**M16, "CODESPEC_CUDA_PDL": "prefetch", "CODESPEC_CUDA_REDUCE": "fold"},
     "pdl": {"CODESPEC_CUDA_PDL": "launch"}, "fused m16": M16, "rows argmax": {"CODESPEC_CUDA_ARGMAX": "rows"},
     "single attention": {"CODESPEC_CUDA_ATTENTION": "single"}, "grid attention": {"CODESPEC_CUDA_ATTENTION": "grid"},
     "sector/32": {"CODESPEC_CUDA_PREFETCH": "sector"}, "bulk/32": {"CODESPEC_CUDA_PREFETCH": "bulk"},
@@ -44,6 +45,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "fused pdl/prefetch": {**FUSED, "CODESPEC_CUDA_PDL": "prefetch"}, "fused": FUSED,
     "cublaslt": {"TORCH_BLAS_PREFER_CUBLASLT": "1"}, "default (again)": {}}
 NO_PDL = "CODESPEC_GPU_CHECK_NO_PDL"  # set by pdl_check where PDL changed a bit: no stage takes it
+NO_FOLD = "CODESPEC_GPU_CHECK_NO_FOLD"  # ... where a folded split did
 FAMILIES = {"layers": lambda label: label == "pdl" or label.startswith("fused"),
             "attention": lambda label: label.endswith("attention"), "warming": lambda label: "/" in label
             and not label.startswith("fused"), "argmax": lambda label: label == "rows argmax",
@@ -150,8 +152,8 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
             if time.perf_counter() - began > deadline_s:
                 result["cut_short"] = True
                 break
-            if own.get("CODESPEC_CUDA_PDL", "off") != "off" and os.environ.get(NO_PDL):
-                result["variants"][key] = {"skipped": "the pdl stage found PDL's bits not those without it"}
+            if _unchecked(own):
+                result["variants"][key] = {"skipped": "the pdl stage found its bits not those without it"}
                 continue
             envs[key] = {**DEFAULTS, **own}
             result["variants"][key] = _measure(loaded, envs[key], floor["floor_ms"], context)
@@ -197,13 +199,15 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
 
 @torch.inference_mode()
 def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any]:
-    """Programmatic dependent launch (CODESPEC_CUDA_PDL, session 27, never run on a GPU
-    before) changes when kernels start, never what they compute: a prompt prefilled and a
-    64-node tree pass's logits, with PDL (`repeat` times) against without, bit for bit, for
-    the default layers and the fused ones of 16-row programs warming their weights. Where
-    any differ or fail, NO_PDL is set: the step stage skips PDL's variants, no later
-    stage takes it (the fused 64-row variant, unchecked here, is checked as any winner:
-    its rows against its decode steps, then edit, verify and stress)."""
+    """Programmatic dependent launch (CODESPEC_CUDA_PDL) and a split summed by its last
+    program (CODESPEC_CUDA_REDUCE=fold), both session 27's and never run on a GPU before,
+    change when and where work runs, never what it computes: a prompt prefilled and a
+    64-node tree pass's logits, with them (`repeat` times) against without, bit for bit,
+    for the default layers (PDL) and the fused ones of 16-row programs (PDL warming the
+    weights; and folded). Where PDL's differ or fail, NO_PDL is set; where the fold's do,
+    NO_FOLD: the step stage skips those variants and no later stage takes them (the fused
+    64-row variant, unchecked here, is checked as any winner: its rows against its decode
+    steps, then edit, verify and stress)."""
     from codespec.forward.cuda import CudaForward
     from codespec.policy.tree import VerifyTree
 
@@ -216,29 +220,43 @@ def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any
         depths.append(depths[parent] + 1)
     tree = VerifyTree(tuple(torch.randint(0, vocab, (64,), generator=generator).tolist()), tuple(parents),
                       tuple(depths), tuple(range(63)))
+
+    def passes(env: dict[str, str], times: int) -> list[torch.Tensor]:
+        os.environ.update(env)
+        forward = CudaForward(loaded.model)
+        cache = _engine(loaded, slots=1).cache  # the graph lives with it: both go when this returns
+        cache.acquire(prompt)
+        forward.prefill(cache, 0, prompt, 0)
+        return [forward.logits(cache, [(0, context, tree)]) for _ in range(times)]
+
+    pdl, fold = {"CODESPEC_CUDA_PDL": "prefetch"}, {"CODESPEC_CUDA_REDUCE": "fold"}
+    checks = {"default": ({}, {"pdl": {"CODESPEC_CUDA_PDL": "launch"}}),
+              "fused m16": (M16, {"pdl": pdl, "pdl fold": {**pdl, **fold}})}
     saved = {name: os.environ.get(name) for name in DEFAULTS}
     result: dict[str, Any] = {}
     try:
-        for label, own, mode in (("default", {}, "launch"), ("fused m16", M16, "prefetch")):
-            passes: dict[str, list[torch.Tensor]] = {}
-            for pdl, times in (("off", 1), (mode, repeat)):
-                os.environ.update({**DEFAULTS, **own, "CODESPEC_CUDA_PDL": pdl})
-                forward = CudaForward(loaded.model)
-                cache = _engine(loaded, slots=1).cache
-                cache.acquire(prompt)
-                forward.prefill(cache, 0, prompt, 0)
-                passes[pdl] = [forward.logits(cache, [(0, context, tree)]) for _ in range(times)]
-                forward = cache = None
-            result[label] = all(torch.equal(logits, passes["off"][0]) for logits in passes[mode])
-    except Exception as error:  # a launch the device or this triton refuses: PDL off for the run
+        for label, (own, candidates) in checks.items():
+            reference = passes({**DEFAULTS, **own}, 1)[0]
+            for name, extra in candidates.items():
+                result[f"{label} {name}"] = all(torch.equal(logits, reference)
+                                                for logits in passes({**DEFAULTS, **own, **extra}, repeat))
+    except Exception as error:  # a launch the device or this triton refuses: both off for the run
         result["error"] = f"{type(error).__name__}: {str(error)[:300]}"
     finally:
         _restore(saved)
         torch.cuda.empty_cache()
-    result["pdl_exact"] = all(result.get(label) is True for label in ("default", "fused m16"))
-    if not result["pdl_exact"]:
-        os.environ[NO_PDL] = "1"
+    result["pdl_exact"] = all(result.get(name) is True for name in ("default pdl", "fused m16 pdl"))
+    result["fold_exact"] = result.get("fused m16 pdl fold") is True
+    for flag, exact in ((NO_PDL, result["pdl_exact"]), (NO_FOLD, result["fold_exact"])):
+        if not exact:
+            os.environ[flag] = "1"
     return result
+
+
+def _unchecked(env: dict[str, str]) -> bool:
+    """Whether `env` takes PDL or the fold where the pdl stage found them changing a bit."""
+    return (env.get("CODESPEC_CUDA_PDL", "off") != "off" and bool(os.environ.get(NO_PDL))) or \
+        (env.get("CODESPEC_CUDA_REDUCE", "launch") == "fold" and bool(os.environ.get(NO_FOLD)))
 
 
 def _restore(saved: dict[str, str | None]) -> None:
@@ -293,7 +311,7 @@ def winner_env(results: dict[str, Any]) -> dict[str, str] | None:
     best, ratio, rows = probe.get("best", "default"), probe.get("best_over_default", 1.0), probe.get("best_rows", {})
     if best.startswith("default") or ratio > 0.97 or rows.get("rows_differing", 1) != 0:
         return None
-    if probe["best_env"].get("CODESPEC_CUDA_PDL", "off") != "off" and os.environ.get(NO_PDL):
+    if _unchecked(probe["best_env"]):
         return None
     env = dict(probe["best_env"])
     if results.get("kernel", {}).get("row_argmax_equals_torch") is not True:

@@ -163,7 +163,7 @@ def test_the_backends_settings_are_checked_at_start_up(monkeypatch):
     good = {"ROWS": ("32", 32), "PREFILL": ("eager", "eager"), "FUSED": ("1", True), "COMPILE": ("0", False),
             "ATTENTION": ("single", "single"), "PREFETCH": ("bulk", "bulk"), "PREFETCH_PROGRAMS": ("8", 8),
             "CHAIN": ("0", False), "ARGMAX": ("rows", "rows"), "PDL": ("prefetch", "prefetch"),
-            "TILE_ROWS": ("16", 16)}
+            "TILE_ROWS": ("16", 16), "REDUCE": ("fold", "fold")}
     for name, (raw, value) in good.items():
         assert getattr(CudaSettings.from_env({f"CODESPEC_CUDA_{name}": raw}), name.lower()) == value
         with pytest.raises(SettingError, match=f"CODESPEC_CUDA_{name}='lots'"):

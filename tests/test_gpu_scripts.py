@@ -40,11 +40,17 @@ def test_a_winner_reruns_the_later_stages_only_where_its_rows_and_pdl_held(monke
     results = {"step": {"best": "fused m16 pdl/prefetch", "best_over_default": 0.8, "best_env": env,
                         "best_rows": {"rows_differing": 0}}, "kernel": {"row_argmax_equals_torch": True}}
     monkeypatch.delenv(gpu_step.NO_PDL, raising=False)
+    monkeypatch.delenv(gpu_step.NO_FOLD, raising=False)
     assert gpu_step.winner_env(results) == env
+    monkeypatch.setenv(gpu_step.NO_FOLD, "1")
+    assert gpu_step.winner_env(results) == env  # it does not fold
     monkeypatch.setenv(gpu_step.NO_PDL, "1")
     assert gpu_step.winner_env(results) is None  # the pdl stage found a bit changed
-    results["step"]["best_over_default"] = 0.99
     monkeypatch.delenv(gpu_step.NO_PDL)
+    results["step"]["best_env"] = {**env, "CODESPEC_CUDA_REDUCE": "fold"}
+    assert gpu_step.winner_env(results) is None  # ... by the fold
+    monkeypatch.delenv(gpu_step.NO_FOLD)
+    results["step"]["best_over_default"] = 0.99
     assert gpu_step.winner_env(results) is None  # not 3% faster
 
 
@@ -55,7 +61,8 @@ def test_the_pdl_stage_runs_and_leaves_the_settings_as_it_found_them(monkeypatch
     model = tiny_model("qwen2", vocab_size=64, seed=3, dtype=torch.float32)
     loaded = types.SimpleNamespace(model=model, forward=CudaForward(model, rows=64), tokenizer=None)
     result = gpu_step.pdl_check(loaded, context=40, repeat=2)
-    assert result == {"default": True, "fused m16": True, "pdl_exact": True}
+    assert result == {"default pdl": True, "fused m16 pdl": True, "fused m16 pdl fold": True, "pdl_exact": True,
+                      "fold_exact": True}
     import os
 
     assert os.environ["CODESPEC_CUDA_ATTENTION"] == "grid" and "CODESPEC_CUDA_PDL" not in os.environ

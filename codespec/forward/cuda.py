@@ -147,6 +147,11 @@ class CudaForward:
         # SiLU and residual add inside it, no compiled code: ~7 launches a layer, not 11.
         self.fused = settings.fused if fused is None else fused
         self.tile_rows = settings.tile_rows  # rows a program of the fused products computes
+        # CODESPEC_CUDA_REDUCE=fold: a split product summed by its last program, counting
+        # in here (a block of 16 outputs and 16 rows at the least; every launch leaves it zero)
+        widest = max(model.get_output_embeddings().weight.shape[0], 2 * model.config.intermediate_size)
+        self._linear_counts = (torch.zeros(widest // 16 * max(1, self.rows // 16), dtype=torch.int32,
+                                           device=self.device) if settings.reduce == "fold" else None)
         if self.fused:
             self.tiles = self._fused_tiles(self.tiles)
         self.eager_prefill = settings.prefill == "eager"
@@ -368,7 +373,7 @@ class CudaForward:
         rows in `live` alone (a padding row's hidden state is never read: its K and V
         come from its source row, its attention is zeros, its logits go unread)."""
         model, tiles, warm = self.model.model, self.tiles, self.prefetch
-        linear = dict(live=live, pdl=self.pdl)
+        linear = dict(live=live, pdl=self.pdl, counts=self._linear_counts)
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
             warm.at("layer", index)
             qkv = row_linear(hidden, w.qkv, w.qkv_bias, norm=(w.input_norm, w.input_eps), config=tiles["qkv"],
@@ -407,7 +412,7 @@ class CudaForward:
         product and they fit its shape (the `live` rows alone), else F.linear (cuBLAS on CUDA)."""
         tiles = self.tiles.get(name)
         if tiles is not None and tiles.fits(x.shape[0], weight.shape[0], x.shape[1]):
-            return row_linear(x, weight, bias, config=tiles, live=live, pdl=self.pdl)
+            return row_linear(x, weight, bias, config=tiles, live=live, pdl=self.pdl, counts=self._linear_counts)
         return F.linear(x, weight, bias)
 
     # -- prefill ------------------------------------------------------------------------------

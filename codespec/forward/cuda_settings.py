@@ -17,6 +17,8 @@
                                                             (sm_90+), products warming their own weights first
     CODESPEC_CUDA_TILE_ROWS         64, 32, 16              rows a program of the fused products computes (a
                                                             step computes one such block, a pass several)
+    CODESPEC_CUDA_REDUCE            launch, fold            a split product's sum: a second launch, or its
+                                                            last program (row_linear's products)
 
 >>> CudaSettings.from_env({"CODESPEC_CUDA_ROWS": "32"}).rows
 32
@@ -33,7 +35,7 @@ from codespec.errors import SettingError
 CHOICES = {"prefill": ("bucket", "eager"), "fused": ("0", "1"), "compile": ("1", "0"),
            "attention": ("worklist", "grid", "single"), "prefetch": ("off", "sector", "bulk", "load"),
            "chain": ("1", "0"), "argmax": ("torch", "rows"), "pdl": ("off", "launch", "prefetch"),
-           "tile_rows": ("64", "32", "16")}
+           "tile_rows": ("64", "32", "16"), "reduce": ("launch", "fold")}
 RANGES = {"rows": (64, 1, 1024), "prefetch_programs": (32, 1, 4096)}  # default, least, most
 
 
@@ -50,6 +52,7 @@ class CudaSettings:
     argmax: str = "torch"
     pdl: str = "off"
     tile_rows: int = 64
+    reduce: str = "launch"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> CudaSettings:

@@ -145,3 +145,27 @@ def test_bad_live_rows_and_pdl_modes_are_refused():
         row_linear(x, weight, config=config, live=live_rows(8, [0]))
     with pytest.raises(ValueError, match="pdl 'early'"):
         row_linear(x, weight, config=config, pdl="early")
+
+
+@pytest.mark.parametrize("fused", FUSED + [dict()])
+def test_a_folded_split_has_the_reduce_kernels_bits_and_leaves_its_counts_zero(fused):
+    """`counts`: the program that stores a block's last split adds the splits up, in split
+    order, instead of a second launch; live rows or all, twice on one counts buffer."""
+    x, weight, kwargs = fused_inputs(torch.bfloat16, **fused)
+    bias = kwargs.pop("bias")
+    config = Config(block_m=16, block_n=16, block_k=16, splits=4)  # K 64: four splits of one step
+    counts = torch.zeros(64, dtype=torch.int32)
+    for live in (None, live_rows(32, [0, 1, 2])):
+        launched = row_linear(x, weight, bias, **kwargs, config=config, live=live, force_triton=True)
+        for _ in range(2):
+            folded = row_linear(x, weight, bias, **kwargs, config=config, live=live, counts=counts, force_triton=True)
+            rows = slice(None) if live is None else slice(0, 3)
+            assert torch.equal(folded[rows], launched[rows])
+            assert not counts.any()
+
+
+def test_counts_too_few_for_the_blocks_are_refused():
+    x, weight = torch.randn(32, 32), torch.randn(48, 32)
+    with pytest.raises(ValueError, match="counts must be"):
+        row_linear(x, weight, config=Config(block_m=16, block_n=16, block_k=16, splits=2),
+                   counts=torch.zeros(5, dtype=torch.int32))  # 3 x 2 blocks

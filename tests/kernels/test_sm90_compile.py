@@ -75,13 +75,15 @@ out["rope_store pdl"] = build(_triton._rope_store_kernel,
                               {"HEADS": 14, "KV_HEADS": 2, "DIM": 64, "LIVE": True, "PDL": True}, warps=1)
 # the default model's gate/up with its norm, as the fused layers launch it (FUSED_TILES)
 linear = {**{name: "*bf16" for name in ("x_ptr", "w_ptr", "bias_ptr", "norm_ptr", "residual_ptr", "out_ptr")},
-          "part_ptr": "*fp32", "context_ptr": "*i64", "path_len_ptr": "*i64", "k_size": "i32", "eps": "fp32",
+          "part_ptr": "*fp32", "context_ptr": "*i64", "path_len_ptr": "*i64", "count_ptr": "*i32", "k_size": "i32",
+          "eps": "fp32",
           **{name: "i32" for name in ("s_x", "s_w", "s_residual", "s_out", "s_part_split", "s_part")}}
 for pdl in ("off", "launch", "prefetch"):
     out["linear " + pdl] = build(_triton_linear._row_linear_kernel, linear,
                                  {"STEPS_PER_SPLIT": 7, "SPLITS": 1, "HAS_BIAS": False, "NORM": True, "GATED": False,
                                   "RESIDUAL": False, "LIVE": pdl != "off", "PDL": pdl != "off",
-                                  "PREFETCH": pdl == "prefetch", "SECTOR": 16, "SECTORS": 64, "WARM_ROWS": 8, "BLOCK_M": 64,
+                                  "PREFETCH": pdl == "prefetch", "SECTOR": 16, "SECTORS": 64, "WARM_ROWS": 8, "FOLD": False,
+                                  "BLOCK_M": 64,
                                   "BLOCK_N": 128, "BLOCK_K": 128, "UPCAST": False}, warps=8)
 # the fused layers' q/k/v, o and down in 16-row programs (CODESPEC_CUDA_TILE_ROWS=16), warming
 for name, (n_tile, k_tile, steps, norm, gated) in {"qkv": (64, 64, 2, True, False), "o": (16, 128, 7, False, False),
@@ -92,7 +94,7 @@ for name, (n_tile, k_tile, steps, norm, gated) in {"qkv": (64, 64, 2, True, Fals
                                        "PREFETCH": True, "SECTOR": 16,
                                        "SECTORS": triton.next_power_of_2(steps * k_tile // 16),
                                        "WARM_ROWS": min(n_tile, 512 // triton.next_power_of_2(steps * k_tile // 16)),
-                                       "BLOCK_M": 16, "BLOCK_N": n_tile, "BLOCK_K": k_tile, "UPCAST": False})
+                                       "FOLD": name == "down", "BLOCK_M": 16, "BLOCK_N": n_tile, "BLOCK_K": k_tile, "UPCAST": False})
 out["linear reduce pdl"] = build(_triton_linear._row_linear_reduce_kernel,
                                  {"part_ptr": "*fp32", "bias_ptr": "*bf16", "residual_ptr": "*bf16", "out_ptr": "*bf16",
                                   "context_ptr": "*i64", "path_len_ptr": "*i64", "s_part_split": "i32", "s_part": "i32",
@@ -163,3 +165,13 @@ def test_the_fused_16_row_products_do_not_spill(compiled):
     registers); the 16-row ones the GPU check tries first must not."""
     for name in ("qkv", "o", "down"):
         assert compiled["linear m16 " + name]["stack"] == 0, name
+
+
+def test_a_folded_split_counts_after_a_barrier_at_gpu_scope_and_reads_past_l1(compiled):
+    """CODESPEC_CUDA_REDUCE=fold (the fused 16-row down): every thread's partial stored
+    before the count, an acq_rel count at GPU scope, the others' partials read past L1."""
+    ptx = compiled["linear m16 down"]["ptx"]
+    count = ptx.index("atom.global.gpu.acq_rel.add")
+    assert "bar.sync" in ptx[ptx.rindex("st.global", 0, count):count]
+    assert "ld.global.cg" in ptx[count:]
+    assert "atom" not in compiled["linear m16 qkv"]["ptx"]  # no fold: the reduce kernel's launch
