@@ -32,11 +32,11 @@ variant: PDL, the fused layers, the attention schedule, warming L2 on a side str
 mode; where a variant wins by 3% with its rows exact, edit, verify and stress run again
 with it as `edit_step`, `verify_step`, `stress_step`) and `plain` (plain decoding
 through the engine, ms per token with steps queued one ahead and without; where their
-outputs differ or it fails, the later stages run with CODESPEC_CUDA_CHAIN=0), in the
-default stages; `fused` (the backend with fused layers, CODESPEC_CUDA_FUSED: its rows,
-costs and profile), `fusedtiles` (each fused product by tile, and the fused backend with
-the fastest; `fusedtiles16` the same in 16-row programs for a step's one row, with PDL
-warming), `gemm` (the layer's products in CUDA graphs: cuBLAS against
+outputs differ or it fails, the later stages run with CODESPEC_CUDA_CHAIN=0; with the
+step stage's winner as `plain_step`), in the default stages; `fused` (the backend with
+fused layers, CODESPEC_CUDA_FUSED: its rows, costs and profile), `fusedtiles` (each
+fused product by tile, and the fused backend with the fastest; `fusedtiles16` the same
+in 16-row programs for a step's one row, with PDL warming), `gemm` (the layer's products in CUDA graphs: cuBLAS against
 kernels/row_linear.py's tiles), `tiles` (the backend with the tiles that beat cuBLAS)
 and `buckets` (buckets of 16 and 32 rows: the step, the 32-row pass, rows against
 steps), on request. Edit, verify and stress run again with CODESPEC_CUDA_FUSED=1 as
@@ -227,6 +227,25 @@ def rope_store_checks() -> dict[str, bool]:
             "rope_store_q_max_difference": float((results[0].float() - results[1].float()).abs().max())}
 
 
+def with_env(loaded: Any, env: dict[str, str], probe: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+    """`probe` on a backend built under `env` (the step stage's winner), then the run's own."""
+    from codespec.forward.cuda import CudaForward
+
+    saved, default = {name: os.environ.get(name) for name in env}, loaded.forward
+    os.environ.update(env)
+    try:
+        loaded.forward = CudaForward(loaded.model)
+        return {"env": env, **probe(loaded)}
+    finally:
+        loaded.forward = default
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        torch.cuda.empty_cache()
+
+
 def subprocess_stage(command: list[str], env: dict[str, str], timeout: int, keep: Path | None = None) -> dict[str, Any]:
     began = time.perf_counter()
     if keep is not None:
@@ -292,6 +311,8 @@ def main() -> None:
         if results["plain"].get("identical") is not True:  # never on a GPU before session 26's run
             os.environ["CODESPEC_CUDA_CHAIN"] = "0"  # the later stages measure the rest, not this
             results["plain"]["chain_off_for_the_rest"] = True
+        if winner_env(results) is not None:  # the bar's plain decoding with the step stage's winner
+            stage(results, "plain_step", lambda: with_env(loaded, winner_env(results), plain_probe), out, needs_s=20)
     if "gemm" in wanted:
         stage(results, "gemm", lambda: gemm_probe(loaded), out)
     if "buckets" in wanted:

@@ -211,8 +211,8 @@ def _tile_sweep(name: str, n_size: int, k_size: int, run: Any, deadline: float,
                 for num_warps in warps if block_n >= 64 else warps[:1]:
                     if time.perf_counter() > deadline:
                         return swept
-                    config = Config(block_m=block_m, block_n=block_n, block_k=block_k, splits=splits, num_warps=num_warps,
-                                    num_stages=3 if block_k * block_n >= 256 * 64 else 4)
+                    config = Config(block_m=block_m, block_n=block_n, block_k=block_k, splits=splits,
+                                    num_warps=num_warps, num_stages=3 if block_k * block_n >= 256 * 64 else 4)
                     key = f"{block_n}x{block_k}/{splits}/w{num_warps}"
                     try:
                         swept[key] = (config, _graph_us(lambda c=config: run(c)))

@@ -66,3 +66,20 @@ def test_the_pdl_stage_runs_and_leaves_the_settings_as_it_found_them(monkeypatch
     import os
 
     assert os.environ["CODESPEC_CUDA_ATTENTION"] == "grid" and "CODESPEC_CUDA_PDL" not in os.environ
+
+
+def test_a_probe_with_the_winners_settings_gets_its_backend_and_leaves_the_run_as_it_was(monkeypatch):
+    """gpu_check.with_env (`plain_step`): the probe sees a backend built under the
+    winner's settings; after it, the run's own backend and environment."""
+    gpu_check = pytest.importorskip("gpu_check")
+    monkeypatch.delenv("CODESPEC_CUDA_TILE_ROWS", raising=False)
+    model = tiny_model("qwen2", vocab_size=16, seed=3, dtype=torch.float32)
+    own = CudaForward(model, rows=16)
+    loaded = types.SimpleNamespace(model=model, forward=own, tokenizer=None)
+    env = {"CODESPEC_CUDA_FUSED": "1", "CODESPEC_CUDA_TILE_ROWS": "16"}
+    seen = gpu_check.with_env(loaded, env, lambda probed: {"fused": probed.forward.fused,
+                                                           "tile_rows": probed.forward.tile_rows})
+    assert seen == {"env": env, "fused": True, "tile_rows": 16}
+    import os
+
+    assert loaded.forward is own and "CODESPEC_CUDA_TILE_ROWS" not in os.environ
