@@ -239,6 +239,8 @@ def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     else:
         _row_attention_block_kernel[(rows, kv_heads, min(blocks, block_programs))](
             query, keys, values, part, slots, context, path, path_len, float(scale), *strides, **shapes, **launch)
+    # at the worklist's warps: `single` runs the same combine inside that kernel, and a
+    # reduction's order on the GPU follows its layout, which follows the warps
     _row_attention_combine_kernel[(rows, heads)](
         out, part, context, path_len, out.stride(0), out.stride(1), part.stride(0), part.stride(1), part.stride(2),
-        DIM=dim, KEY_BLOCK=key_block, CHUNK=16, **launch)
+        DIM=dim, KEY_BLOCK=key_block, CHUNK=16, num_warps=work_warps, **launch)

@@ -78,11 +78,12 @@ def attention_probe() -> dict[str, Any]:
     saved = module.PROGRAMS_PER_SM, module.WORK_WARPS
     counts = module.single_counts(64, 2, query.device)  # kept, as the backend keeps its own: no memset per call
     result: dict[str, Any] = {}
-    reference = {name: module.row_attention(query, keys, values, **meta, scale=0.125, schedule="grid")
-                 for name, meta in layouts.items()}
     try:
         for label, (schedule, per_sm, warps) in schedules.items():
             module.PROGRAMS_PER_SM, module.WORK_WARPS = per_sm, warps
+            # the grid's bits at the same warps: the combine's reduction is laid out by them
+            reference = {name: module.row_attention(query, keys, values, **meta, scale=0.125, schedule="grid")
+                         for name, meta in layouts.items()}
             entry: dict[str, Any] = {}
             for name, meta in layouts.items():
                 entry[name + "_us"] = _graph_us(lambda m=meta, s=schedule: module.row_attention(
