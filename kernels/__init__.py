@@ -38,3 +38,9 @@ def check(condition: bool, message: str) -> None:
     """Wrapper argument checks: a kernel fed a bad shape would read out of bounds."""
     if not condition:
         raise ValueError(message)
+
+
+def check_live(live: tuple[torch.Tensor, torch.Tensor] | None, like: torch.Tensor) -> None:
+    """A kernel's `live` rows: None, or the pass's (context, path_len), one per row of `like`."""
+    check(live is None or all(t.shape == (like.shape[0],) and t.device == like.device for t in live),
+          "live must be (context, path_len), one per row each, on the input's device")

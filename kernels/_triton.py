@@ -64,6 +64,13 @@ def tree_mask(parents: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def holds_token(context_ptr, path_len_ptr, row):
+    # Whether a pass's row holds a token: it attends to something (context + path > 0); a
+    # padding row attends to nothing (forward/passlayout.py).
+    return tl.load(context_ptr + row) + tl.load(path_len_ptr + row) > 0
+
+
+@triton.jit
 def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, source_ptr, write_slot_ptr, write_position_ptr, q_ptr, k_ptr, v_ptr,
                        context_ptr, path_len_ptr, s_qkv, s_rope, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos,
                        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr, LIVE: tl.constexpr,
@@ -76,7 +83,7 @@ def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, source_ptr, write_slot_ptr, wr
     row = tl.program_id(0)
     head = tl.program_id(1)
     if LIVE:
-        if tl.load(context_ptr + row) + tl.load(path_len_ptr + row) > 0:
+        if holds_token(context_ptr, path_len_ptr, row):
             _rope_store_head(qkv_ptr, cos_ptr, sin_ptr, source_ptr, write_slot_ptr, write_position_ptr, q_ptr, k_ptr,
                              v_ptr, row, head, s_qkv, s_rope, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos,
                              HEADS, KV_HEADS, DIM)
@@ -140,7 +147,7 @@ def _argmax_part_kernel(logits_ptr, context_ptr, path_len_ptr, best_ptr, index_p
     pdl_wait(PDL)
     row = tl.program_id(0)
     split = tl.program_id(1)
-    if tl.load(context_ptr + row) + tl.load(path_len_ptr + row) > 0:
+    if holds_token(context_ptr, path_len_ptr, row):
         per = tl.cdiv(tl.cdiv(vocab, SPLITS), BLOCK) * BLOCK
         low = split * per
         high = tl.minimum(low + per, vocab)
@@ -174,7 +181,7 @@ def _argmax_final_kernel(best_ptr, index_ptr, nan_ptr, context_ptr, path_len_ptr
     pdl_wait(PDL)
     row = tl.program_id(0)
     choice = tl.zeros([], tl.int64)
-    if tl.load(context_ptr + row) + tl.load(path_len_ptr + row) > 0:
+    if holds_token(context_ptr, path_len_ptr, row):
         s = tl.arange(0, SPLITS)
         first_nan = tl.min(tl.load(nan_ptr + row * SPLITS + s), axis=0)
         best = tl.load(best_ptr + row * SPLITS + s)

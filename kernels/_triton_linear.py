@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from codespec.kernels._triton import holds_token
 from codespec.kernels._triton_pdl import launch_options, pdl_start, pdl_wait
 from codespec.kernels._triton_prefetch import sector_prefetch
 
@@ -21,7 +22,7 @@ WARM_LANES = 512  # prefetches a program issues at a time (a few registers a thr
 def _live_rows(context_ptr, path_len_ptr, m, LIVE: tl.constexpr):
     # The rows that hold a token (keys to attend to: context + path > 0); every row without LIVE.
     if LIVE:
-        return tl.load(context_ptr + m) + tl.load(path_len_ptr + m) > 0
+        return holds_token(context_ptr, path_len_ptr, m)
     return tl.full(m.shape, 1, tl.int1)
 
 
@@ -113,10 +114,7 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
                 tl.debug_barrier()  # every thread's partial stored before the count says so
                 count = count_ptr + tl.program_id(0) * tl.num_programs(2) + tl.program_id(2)
                 if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-                    total = tl.load(part_ptr + m[:, None] * s_part + n[None, :], cache_modifier=".cg")
-                    for other in range(1, SPLITS):  # in split order: the reduce kernel's sum, bit for bit
-                        total += tl.load(part_ptr + other * s_part_split + m[:, None] * s_part + n[None, :],
-                                         cache_modifier=".cg")
+                    total = _split_sum(part_ptr, m, n, s_part_split, s_part, SPLITS, ".cg")  # the reduce kernel's
                     _finish(total, bias_ptr, residual_ptr, out_ptr, m, n, s_residual, s_out, HAS_BIAS, RESIDUAL)
                     tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")  # zero for the next launch
 
@@ -136,6 +134,17 @@ def _finish(acc, bias_ptr, residual_ptr, out_ptr, m, n, s_residual, s_out, HAS_B
 
 
 @triton.jit
+def _split_sum(part_ptr, m, n, s_part_split, s_part, SPLITS: tl.constexpr, READ: tl.constexpr):
+    # The splits' partial sums of rows m, outputs n, added in split order: the reduce
+    # kernel's and a folded split's one arithmetic. READ: the loads' cache modifier
+    # (".cg" where other programs of the same launch wrote the partials).
+    total = tl.load(part_ptr + m[:, None] * s_part + n[None, :], cache_modifier=READ)
+    for split in range(1, SPLITS):
+        total += tl.load(part_ptr + split * s_part_split + m[:, None] * s_part + n[None, :], cache_modifier=READ)
+    return total
+
+
+@triton.jit
 def _row_linear_reduce_kernel(part_ptr, bias_ptr, residual_ptr, out_ptr, context_ptr, path_len_ptr, s_part_split,
                               s_part, s_residual, s_out, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
                               RESIDUAL: tl.constexpr, LIVE: tl.constexpr, PDL: tl.constexpr, BLOCK: tl.constexpr):
@@ -145,9 +154,7 @@ def _row_linear_reduce_kernel(part_ptr, bias_ptr, residual_ptr, out_ptr, context
     m = tl.program_id(1) + tl.zeros([1], tl.int32)
     n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     if tl.max(_live_rows(context_ptr, path_len_ptr, m, LIVE).to(tl.int32), axis=0) > 0:
-        acc = tl.load(part_ptr + m[:, None] * s_part + n[None, :])
-        for split in range(1, SPLITS):
-            acc += tl.load(part_ptr + split * s_part_split + m[:, None] * s_part + n[None, :])
+        acc = _split_sum(part_ptr, m, n, s_part_split, s_part, SPLITS, "")
         _finish(acc, bias_ptr, residual_ptr, out_ptr, m, n, s_residual, s_out, HAS_BIAS, RESIDUAL)
 
 

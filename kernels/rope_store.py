@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from codespec.kernels import check, use_triton
+from codespec.kernels import check, check_live, use_triton
 
 
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, source: torch.Tensor,
@@ -52,8 +52,7 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, source: 
     if out is None:
         out = torch.empty(rows, heads, dim, dtype=qkv.dtype, device=qkv.device)
     check(out.shape == (rows, heads, dim) and out.stride(2) == 1, "out must be [rows, heads, dim]")
-    check(live is None or all(t.shape == (rows,) and t.device == qkv.device for t in live),
-          "live must be (context, path_len), [rows] each on qkv's device")
+    check_live(live, qkv)
     if use_triton(qkv, force_triton):
         from codespec.kernels import _triton
 

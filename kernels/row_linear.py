@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from codespec.kernels import check, use_triton
+from codespec.kernels import check, check_live, use_triton
 
 
 PDL_MODES = ("off", "launch", "prefetch")  # CODESPEC_CUDA_PDL (kernels/_triton_pdl.py)
@@ -92,8 +92,7 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
           "residual must be [rows, N]")
     check(config.fits(x.shape[0], n_size, k_size),
           f"{config} does not tile rows {x.shape[0]}, N {n_size}, K {k_size}")
-    check(live is None or all(t.shape == (x.shape[0],) and t.device == x.device for t in live),
-          "live must be (context, path_len), [rows] each on x's device")
+    check_live(live, x)
     check(pdl in PDL_MODES, f"pdl {pdl!r}: expected one of {', '.join(PDL_MODES)}")
     blocks = (n_size // config.block_n) * (x.shape[0] // config.block_m)
     check(counts is None or (counts.dtype == torch.int32 and counts.dim() == 1 and counts.numel() >= blocks

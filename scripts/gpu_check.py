@@ -68,7 +68,8 @@ from typing import Any, Callable
 import torch
 
 from gpu_measure import _time, cost_curve, profile_step, row_checks, step_anatomy
-from gpu_step import NO_PDL, attention_probe, l2_probe, pdl_check, plain_probe, step_probe, winner_env
+from gpu_step import (NO_PDL, attention_probe, l2_probe, pdl_check, plain_probe, restore_environment, step_probe,
+                      winner_env)
 from gpu_probes import bucket_probe, fused_probe, fused_tiles_probe, gemm_probe, key_block_probe, tiles_probe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -238,11 +239,7 @@ def with_env(loaded: Any, env: dict[str, str], probe: Callable[[Any], dict[str, 
         return {"env": env, **probe(loaded)}
     finally:
         loaded.forward = default
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        restore_environment(saved)
         torch.cuda.empty_cache()
 
 

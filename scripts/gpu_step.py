@@ -194,7 +194,7 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
                 result["best_profile"] = profile_step(loaded)
     finally:
         loaded.forward = default
-        _restore(saved)
+        restore_environment(saved)
     return result
 
 
@@ -244,7 +244,7 @@ def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any
     except Exception as error:  # a launch the device or this triton refuses: both off for the run
         result["error"] = f"{type(error).__name__}: {str(error)[:300]}"
     finally:
-        _restore(saved)
+        restore_environment(saved)
         torch.cuda.empty_cache()
     result["pdl_exact"] = all(result.get(name) is True for name in ("default pdl", "fused m16 pdl"))
     result["fold_exact"] = result.get("fused m16 pdl fold") is True
@@ -260,7 +260,8 @@ def _unchecked(env: dict[str, str]) -> bool:
         (env.get("CODESPEC_CUDA_REDUCE", "launch") == "fold" and bool(os.environ.get(NO_FOLD)))
 
 
-def _restore(saved: dict[str, str | None]) -> None:
+def restore_environment(saved: dict[str, str | None]) -> None:
+    """The environment's settings back as `saved` had them (None: unset)."""
     for name, value in saved.items():
         if value is None:
             os.environ.pop(name, None)

@@ -17,7 +17,7 @@ from codespec.engine.scheduler import Scheduler
 from codespec.errors import SettingError
 from codespec.forward import cuda
 from codespec.forward.cuda import CudaForward
-from codespec.forward.cuda_settings import CudaSettings
+from codespec.forward.cuda_settings import CudaSettings, require_hopper
 from codespec.forward.passlayout import chain_rows, fill_staging, pass_rows, tree_rows
 from codespec.models.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
@@ -173,6 +173,16 @@ def test_the_backends_settings_are_checked_at_start_up(monkeypatch):
         CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))  # the environment's bad value, at start-up
     monkeypatch.setenv("CODESPEC_CUDA_ROWS", "32")
     assert CudaForward(tiny_model("qwen2", vocab_size=16, seed=3)).rows == 32
+
+
+def test_settings_that_need_hopper_name_the_device_s_capability(monkeypatch):
+    """CODESPEC_CUDA_PDL and CODESPEC_CUDA_PREFETCH=bulk on an older GPU: one clear line."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 6))
+    with pytest.raises(SettingError, match=r"^CODESPEC_CUDA_PDL=launch .* this one is 8\.6: unset it$"):
+        require_hopper(torch.device("cuda"), "CODESPEC_CUDA_PDL=launch (programmatic dependent launch)", "unset it")
+    require_hopper(torch.device("cpu"), "CODESPEC_CUDA_PDL=launch", "unset it")  # no GPU kernels run there
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
+    require_hopper(torch.device("cuda"), "CODESPEC_CUDA_PDL=launch", "unset it")
 
 
 def test_unsupported_models_are_named():

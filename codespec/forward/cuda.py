@@ -59,7 +59,7 @@ from codespec.forward import profile
 from codespec.forward.base import Moves, Requests, kv_dims
 from codespec.forward.chained import Chained, Collect, next_starts, plain_steps, step_rows
 from codespec.forward.cuda_layers import LayerWeights, add_norm, eps_of, gated, rotary
-from codespec.forward.cuda_settings import CudaSettings
+from codespec.forward.cuda_settings import CudaSettings, require_hopper
 from codespec.forward.passlayout import META_FIELDS, PassRows, chain_rows, fill_staging, tree_rows
 from codespec.forward.prefetch import NoPrefetch, Prefetcher
 from codespec.kernels.compact import keep_paths
@@ -126,10 +126,8 @@ class CudaForward:
         # Our kernels launched as programmatic dependents (kernels/_triton_pdl.py), the
         # products warming their own weights first with `prefetch`: CODESPEC_CUDA_PDL.
         self.pdl = pdl or settings.pdl
-        if self.pdl != "off" and self.device.type == "cuda" and torch.cuda.get_device_capability(self.device) < (9, 0):
-            raise SettingError(f"CODESPEC_CUDA_PDL={self.pdl}: programmatic dependent launch needs a GPU of compute "
-                               f"capability 9.0 or later (Hopper); this one is "
-                               f"{'.'.join(map(str, torch.cuda.get_device_capability(self.device)))}: unset it")
+        if self.pdl != "off":
+            require_hopper(self.device, f"CODESPEC_CUDA_PDL={self.pdl} (programmatic dependent launch)", "unset it")
         # attention's `single` schedule counts each (row, KV head)'s finished blocks here;
         # every launch leaves it zero, so one buffer serves every layer, pass and graph
         self._counts = single_counts(self.rows, self.kv_heads, self.device)
@@ -347,15 +345,15 @@ class CudaForward:
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
             warm.at("layer", index)
             hidden, x = self._add_norm(hidden, delta, w.input_norm, w.input_eps)
-            attended = attend(index, layer, self._product("qkv", x, w.qkv, w.qkv_bias, live))
-            hidden, x = self._add_norm(hidden, self._product("o", attended, w.o, w.o_bias, live), w.post_norm,
+            attended = attend(index, layer, self._product("qkv", x, w.qkv, w.qkv_bias, live=live))
+            hidden, x = self._add_norm(hidden, self._product("o", attended, w.o, w.o_bias, live=live), w.post_norm,
                                        w.post_eps)
             warm.at("mlp", index)
             delta = self._product("down", self._gated(self._product("gate_up", x, w.gate_up, live=live)), w.down,
                                   live=live)
         warm.join()
         _, x = self._add_norm(hidden, delta, model.norm.weight, eps_of(model.norm))
-        logits = self._product("lm_head", x, self.model.lm_head.weight, self.model.lm_head.bias, live)
+        logits = self._product("lm_head", x, self.model.lm_head.weight, self.model.lm_head.bias, live=live)
         return logits, self._argmax(logits, context, path_len)
 
     def _argmax(self, logits: torch.Tensor, context: torch.Tensor, path_len: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 from codespec.errors import SettingError
 
@@ -37,6 +37,19 @@ CHOICES = {"prefill": ("bucket", "eager"), "fused": ("0", "1"), "compile": ("1",
            "chain": ("1", "0"), "argmax": ("torch", "rows"), "pdl": ("off", "launch", "prefetch"),
            "tile_rows": ("64", "32", "16"), "reduce": ("launch", "fold")}
 RANGES = {"rows": (64, 1, 1024), "prefetch_programs": (32, 1, 4096)}  # default, least, most
+
+
+def require_hopper(device: Any, setting: str, remedy: str) -> None:
+    """A clear error at start-up where `setting` needs sm_90 (Hopper) or later and
+    `device` is an older GPU (a CPU device: nothing to check, the kernels do not run)."""
+    if device.type != "cuda":
+        return
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (9, 0):
+        raise SettingError(f"{setting} needs a GPU of compute capability 9.0 or later (Hopper); this one is "
+                           f"{major}.{minor}: {remedy}")
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,9 @@ from typing import Any, Sequence
 import torch
 
 from codespec.errors import SettingError
+from codespec.forward.cuda_settings import require_hopper
 from codespec.kernels.l2_prefetch import MODES, l2_prefetch
+
 
 def plan(layers: int) -> dict[tuple[str, int], list[tuple[int, str]]]:
     """(point, layer) -> the (layer, weight) pairs warmed there, in the order they are read."""
@@ -43,9 +45,8 @@ class Prefetcher:
                  force_triton: bool | None = None) -> None:
         if mode not in MODES:
             raise SettingError(f"prefetch mode {mode!r}: expected one of {', '.join(MODES)}")
-        if mode == "bulk" and device.type == "cuda" and torch.cuda.get_device_capability(device) < (9, 0):
-            raise SettingError("CODESPEC_CUDA_PREFETCH=bulk needs an sm_90 GPU or later (Hopper's bulk "
-                               "prefetch); use sector")
+        if mode == "bulk":
+            require_hopper(device, "CODESPEC_CUDA_PREFETCH=bulk (Hopper's bulk prefetch)", "use sector")
         self.mode, self.programs = mode, programs
         self.windows = {point: [getattr(layers[layer], name) for layer, name in pairs]
                         for point, pairs in plan(len(layers)).items()}
