@@ -38,8 +38,6 @@ torch.Size([2, 1, 4])
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from codespec.kernels import check, use_triton
@@ -69,7 +67,7 @@ def row_attention(
     scale: float,
     out: torch.Tensor | None = None,  # [rows, heads, dim], written in place when given
     force_triton: bool | None = None,
-    schedule: str | None = None,  # worklist, grid or single (module docstring); None: schedule_setting()
+    schedule: str = "worklist",  # worklist, grid or single (module docstring; CODESPEC_CUDA_ATTENTION)
     counts: torch.Tensor | None = None,  # [rows * kv_heads] int32 zeros, the single schedule's (left zero)
     pdl: bool = False,  # launched as programmatic dependents on CUDA (kernels/_triton_pdl.py)
 ) -> torch.Tensor:
@@ -88,7 +86,6 @@ def row_attention(
     if use_triton(query, force_triton):
         from codespec.kernels import _triton_attention
 
-        schedule = schedule or schedule_setting()
         check(schedule in SCHEDULES, f"attention schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}")
         _triton_attention.row_attention(query, keys, values, slots, context, path, path_len, scale, out, KEY_BLOCK,
                               BLOCK_PROGRAMS, schedule, wave(query.device), WORK_WARPS,
@@ -97,11 +94,6 @@ def row_attention(
     else:
         out.copy_(row_attention_ref(query, keys, values, slots, context, path, path_len, scale))
     return out
-
-
-def schedule_setting() -> str:
-    """CODESPEC_CUDA_ATTENTION: worklist (default) or grid."""
-    return os.environ.get("CODESPEC_CUDA_ATTENTION", "") or "worklist"
 
 
 def single_counts(rows: int, kv_heads: int, device: torch.device) -> torch.Tensor:

@@ -12,9 +12,10 @@ import torch
 from gpu_measure import _graph_us, cost_curve, pass_ms, profile_step, row_checks, step_floor
 
 
-def key_block_probe() -> dict[str, Any]:
-    """Device us per call of row_attention for one real row among 64 (a decode step), in
-    CUDA graphs, by KEY_BLOCK: whether smaller blocks (more programs at once) pay."""
+def key_block_probe(schedule: str) -> dict[str, Any]:
+    """Device us per call of row_attention (the run's `schedule`) for one real row among 64
+    (a decode step), in CUDA graphs, by KEY_BLOCK: whether smaller blocks (more programs at
+    once) pay."""
     from codespec.kernels import row_attention as module
 
     torch.manual_seed(6)
@@ -31,7 +32,8 @@ def key_block_probe() -> dict[str, Any]:
                 context = zeros.clone()
                 context[0] = keys_in_row
                 result[f"{block}/{keys_in_row}"] = _graph_us(lambda c=context: module.row_attention(
-                    query, keys, values, slots=zeros, context=c, path=path, path_len=zeros, scale=0.125))
+                    query, keys, values, slots=zeros, context=c, path=path, path_len=zeros, scale=0.125,
+                    schedule=schedule))
     finally:
         module.KEY_BLOCK = default
     return result

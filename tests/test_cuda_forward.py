@@ -172,7 +172,9 @@ def test_the_backends_settings_are_checked_at_start_up(monkeypatch):
     with pytest.raises(SettingError, match="CODESPEC_CUDA_ROWS"):
         CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))  # the environment's bad value, at start-up
     monkeypatch.setenv("CODESPEC_CUDA_ROWS", "32")
-    assert CudaForward(tiny_model("qwen2", vocab_size=16, seed=3)).rows == 32
+    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "grid")  # the backend passes it to every attention launch
+    backend = CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))
+    assert (backend.rows, backend.attention) == (32, "grid")
 
 
 def test_settings_that_need_hopper_name_the_device_s_capability(monkeypatch):

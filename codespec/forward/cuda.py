@@ -123,6 +123,7 @@ class CudaForward:
         self.chains_steps = settings.chain  # the verifier asks for it where every next pass is a plain step
         self.chained_taken = self.chained_dropped = 0  # queued steps the engine asked for, and the others
         self.row_argmax = settings.argmax == "rows"  # the greedy choice of real rows alone (kernels/row_argmax.py)
+        self.attention = settings.attention  # attention's launch schedule (kernels/row_attention.py)
         # Our kernels launched as programmatic dependents (kernels/_triton_pdl.py), the
         # products warming their own weights first with `prefetch`: CODESPEC_CUDA_PDL.
         self.pdl = pdl or settings.pdl
@@ -334,8 +335,8 @@ class CudaForward:
             q = rope_store(qkv, cos, sin, source, write_slots, write_positions, keys[index], values[index],
                            heads=self.heads, kv_heads=self.kv_heads, live=live, pdl=pdl)
             return row_attention(q, keys[index], values[index], slots=slots, context=context, path=path,
-                                 path_len=path_len, scale=layer.self_attn.scaling, counts=self._counts,
-                                 pdl=pdl).view(rows, -1)
+                                 path_len=path_len, scale=layer.self_attn.scaling, schedule=self.attention,
+                                 counts=self._counts, pdl=pdl).view(rows, -1)
 
         if self.fused:
             logits = self._fused_layers(hidden, attend, live)

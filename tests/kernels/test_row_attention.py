@@ -113,11 +113,8 @@ def test_both_schedules_give_the_same_bits(dtype, monkeypatch):
         assert torch.equal(row_attention(query, keys, values, **rows, scale=0.125, force_triton=True,
                                          schedule="single", counts=counts), grid)
         assert not counts.any()
-    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "grid")
-    assert module.schedule_setting() == "grid"
-    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "tiles")
     with pytest.raises(ValueError, match="attention schedule 'tiles'"):
-        row_attention(query, keys, values, **rows, scale=0.125, force_triton=True)
+        row_attention(query, keys, values, **rows, scale=0.125, force_triton=True, schedule="tiles")
 
 
 def test_bad_arguments_are_refused():
