@@ -83,3 +83,29 @@ def test_a_probe_with_the_winners_settings_gets_its_backend_and_leaves_the_run_a
     import os
 
     assert loaded.forward is own and "CODESPEC_CUDA_TILE_ROWS" not in os.environ
+
+
+def test_the_exactness_stages_run_the_step_winner_first_with_prompt_lookup_beside_it(monkeypatch, tmp_path):
+    """The winner is what the defaults become: its edit (against transformers' prompt
+    lookup), verify and stress come before the default backend's, so a run cut by the
+    deadline keeps the evidence the issue's bar needs; variants only where asked for."""
+    gpu_check = pytest.importorskip("gpu_check")
+    monkeypatch.setattr(gpu_check, "DEADLINE_S", float("inf"))
+    monkeypatch.delenv("CODESPEC_CUDA_FUSED", raising=False)
+    monkeypatch.setattr(gpu_check, "subprocess_stage",
+                        lambda command, env, timeout, keep=None: {"command": " ".join(command), "env": env})
+    monkeypatch.setattr(gpu_check, "winner_env", lambda results: {"CODESPEC_CUDA_FUSED": "1"})
+    results: dict = {}
+    gpu_check.exactness_stages(results, ["edit", "verify", "stress", "edit_eager"], tmp_path, None)
+    assert list(results) == ["edit_step", "verify_step", "stress_step", "edit", "verify", "stress", "edit_eager"]
+    assert all(results[name]["ok"] for name in results)
+    assert "--systems hf_prompt_lookup,codespec" in results["edit_step"]["command"]
+    assert "--systems hf_prompt_lookup,codespec" in results["edit"]["command"]
+    assert "--systems codespec " in results["edit_eager"]["command"]
+    assert results["stress_step"]["env"]["CODESPEC_CUDA_FUSED"] == "1"
+    assert "CODESPEC_CUDA_FUSED" not in results["stress"]["env"]
+    assert results["edit_eager"]["env"]["CODESPEC_CUDA_PREFILL"] == "eager"
+    results.clear()
+    monkeypatch.setattr(gpu_check, "winner_env", lambda results: None)
+    gpu_check.exactness_stages(results, ["edit", "stress"], tmp_path, None)
+    assert list(results) == ["edit", "stress"]
