@@ -308,3 +308,21 @@ def test_a_path_longer_than_the_bucket_is_refused_not_written():
     staging = np.zeros(cuda.META_FIELDS * 4 + 16, dtype=np.int64)
     with pytest.raises(AssertionError, match="longer than the bucket"):
         fill_staging(staging, rows, 4, 4)  # rows 4..6: the branch's deep end
+
+
+def test_the_machine_profile_is_keyed_by_every_setting_that_changes_a_pass(monkeypatch):
+    """The goodput controller's cost curve is stored under the backend's profile key: a
+    curve measured with one layout (the fused layers, PDL, another attention schedule)
+    must not price the passes of another."""
+    model = tiny_model("qwen2", vocab_size=16, seed=3)
+    key = CudaForward(model).profile_key()
+    assert CudaForward(model).profile_key() == key  # the same settings: the stored curve serves
+    for name, value in (("FUSED", "1"), ("ATTENTION", "grid"), ("PREFETCH", "sector"), ("ARGMAX", "rows"),
+                        ("REDUCE", "fold"), ("ROWS", "32")):
+        monkeypatch.setenv(f"CODESPEC_CUDA_{name}", value)
+        assert CudaForward(model).profile_key() != key, name
+        monkeypatch.delenv(f"CODESPEC_CUDA_{name}")
+    monkeypatch.setenv("CODESPEC_CUDA_FUSED", "1")
+    fused = CudaForward(model).profile_key()
+    monkeypatch.setenv("CODESPEC_CUDA_TILE_ROWS", "16")
+    assert CudaForward(model).profile_key() != fused  # the fused products' programs

@@ -163,6 +163,12 @@ class CudaForward:
         mode, programs = prefetch or settings.prefetch, prefetch_programs or settings.prefetch_programs
         self.prefetch: Prefetcher | NoPrefetch = (
             NoPrefetch() if mode == "off" else Prefetcher(self._layers, mode, programs, self.device))
+        # What a pass runs, for the machine profile's key: a cost curve measured with one
+        # layout must not price another's passes (profile_key).
+        self._kernels = {"rows": self.rows, "graphs": self.graphs, "fused": self.fused, "compile": compile,
+                         "attention": self.attention, "argmax": settings.argmax, "pdl": self.pdl,
+                         "reduce": settings.reduce, "prefetch": mode if mode == "off" else f"{mode}/{programs}",
+                         "tiles": ";".join(f"{name}:{tile}" for name, tile in sorted(self.tiles.items()))}
 
     # -- the Forward protocol --------------------------------------------------------------
     def probe(self, stored: tuple[int, bool] | None) -> tuple[int, bool]:
@@ -170,7 +176,7 @@ class CudaForward:
 
     def profile_key(self) -> dict[str, str]:
         key = profile.torch_key(self.model, self.name)
-        key["layout"] += f",rows={self.rows},graphs={self.graphs}"
+        key["layout"] += "".join(f",{name}={value}" for name, value in self._kernels.items())
         return key
 
     @torch.inference_mode()
