@@ -158,3 +158,25 @@ def test_uncalibrated_controller_drafts_k_for_k_until_its_online_fit_is_ready():
         few.observe(17, 0.03)  # one size only: fixed and per-row cost cannot be told apart
     assert not few.ready
     run.close()
+
+
+def test_the_cpu_is_named_by_its_kind_not_its_architecture(tmp_path, monkeypatch):
+    """A VM may call a Zen 5 "AMD EPYC"; the family and model numbers and the flags that
+    change kernel choices (AMX, AVX-512 BF16) say which kind of x86 it is, in the profile
+    key and in every benchmark's JSON."""
+    from codespec.cli import bench
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
+                    "model name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t\t: fpu avx2 fma avx512f avx512_bf16 "
+                    "amx_bf16 amx_tile\n\nprocessor\t: 1\ncpu family\t: 7\nmodel name\t: other\n")
+    cpu = calibration.cpu_description(str(info))
+    assert (cpu.name, cpu.generation) == ("Intel(R) Xeon(R) Platinum 8480+", "family 6 model 143")
+    assert {"amx_tile", "avx512_bf16"} <= cpu.flags and "other" not in cpu.name
+    monkeypatch.setattr(bench, "cpu_description", lambda: cpu)
+    machine = bench._machine()
+    assert machine["cpu_generation"] == "family 6 model 143"
+    assert machine["cpu_features"] == ["amx_tile", "amx_bf16", "avx512_bf16", "avx512f", "avx2", "fma"]
+    assert bench._cpu_label() == "Intel(R) Xeon(R) Platinum 8480+ (family 6 model 143)"
+    missing = calibration.cpu_description(str(tmp_path / "absent"))
+    assert missing.name and missing.generation == "" and not missing.flags

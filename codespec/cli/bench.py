@@ -21,6 +21,7 @@ from typing import Any
 from codespec.bench.systems import ALIASES, SYSTEM_NAMES
 from codespec.cli.options import MODEL_FIELDS, SPECULATION_FIELDS, add_settings_arguments, settings_from_args
 from codespec.errors import CodespecError
+from codespec.forward.profile import cpu_description
 
 
 
@@ -323,15 +324,33 @@ def run_workloads(args: argparse.Namespace) -> int:
     return 0
 
 
+# The CPU features that change which kernels run (the C row decoder, oneDNN's matrix units).
+KERNEL_FEATURES = ("amx_tile", "amx_bf16", "avx512_bf16", "avx512f", "avx2", "fma", "bf16", "sve")
+
+
+def _cpu_label() -> str:
+    """The CPU for a table's header line: "AMD EPYC (family 26 model 2)"."""
+    cpu = cpu_description()
+    return f"{cpu.name} ({cpu.generation})" if cpu.generation else cpu.name
+
+
 def _machine() -> dict[str, Any]:
+    """What a result was measured on: the CPU's kind (not just its architecture: AMX, AVX-512
+    BF16 and AVX2-only machines pick different kernels) and the GPU where there is one."""
     import torch
 
-    return {
-        "cpu": platform.processor() or platform.machine(),
+    cpu = cpu_description()
+    machine = {
+        "cpu": cpu.name,
+        "cpu_generation": cpu.generation,
+        "cpu_features": [name for name in KERNEL_FEATURES if name in cpu.flags],
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }
+    if torch.cuda.is_available():
+        machine.update(gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda)
+    return machine
 
 
 def _out_dir(value: str | None) -> Path | None:
@@ -410,7 +429,7 @@ def run_verify(args: argparse.Namespace) -> int:
     import torch
 
     print(f"\nmodel {loaded.name} ({loaded.info()['dtype']}, {loaded.forward.device}), {torch.get_num_threads()} threads, "
-          f"{platform.processor() or platform.machine()}; {count} requests per set, up to {new_tokens} new tokens each, "
+          f"{_cpu_label()}; {count} requests per set, up to {new_tokens} new tokens each, "
           f"median of {args.repeat}")
     print(format_verify_table(results))
     for name, ok in checks.items():
@@ -460,7 +479,7 @@ def run_host(args: argparse.Namespace) -> int:
                              chunk=settings.prefill_chunk_tokens,
                              repeat=args.repeat, on_result=progress, look_ahead=look_ahead_of(settings))
     print(f"\nthe engine over {loaded.name}'s replayed greedy outputs, {pass_ms} ms per pass of up to "
-          f"{args.bucket_rows} rows (+{row_us} us a row), {platform.processor() or platform.machine()}; "
+          f"{args.bucket_rows} rows (+{row_us} us a row), {_cpu_label()}; "
           f"{args.requests} requests per set, "
           f"up to {new_tokens} new tokens each, median of {args.repeat}")
     print(format_verify_table(results))

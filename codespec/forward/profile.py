@@ -181,24 +181,46 @@ def save(cache_dir: Path | str, profile: Profile) -> Path | None:
     return path
 
 
+@dataclass(frozen=True)
+class Cpu:
+    """The CPU as /proc/cpuinfo names it: its model name, its x86 family and model numbers
+    (a VM may name only the vendor: "AMD EPYC" with family 26 model 2 is a Zen 5) and its
+    feature flags. Kernel choices differ between CPU kinds of one architecture (AMX,
+    AVX-512 BF16, AVX2 alone), so results name them."""
+
+    name: str
+    generation: str  # "family 26 model 2", or "" where cpuinfo gives none (Arm)
+    flags: frozenset[str]
+
+
+def cpu_description(cpuinfo: str = "/proc/cpuinfo") -> Cpu:
+    """This machine's CPU (the name from `platform`, no flags, where cpuinfo cannot be read).
+
+    >>> cpu = cpu_description()
+    >>> isinstance(cpu.name, str) and bool(cpu.name) and isinstance(cpu.flags, frozenset)
+    True
+    """
+    fields: dict[str, str] = {}
+    try:
+        with open(cpuinfo, encoding="utf-8") as f:
+            for line in f:
+                label, _, value = line.partition(":")
+                fields.setdefault(label.strip(), value.strip())  # the first processor's
+    except OSError:
+        pass
+    family, model = fields.get("cpu family", ""), fields.get("model", "")
+    return Cpu(fields.get("model name") or platform.processor() or platform.machine(),
+               f"family {family} model {model}" if family and model else "",
+               frozenset((fields.get("flags") or fields.get("Features") or "").split()))
+
+
 def _processor(device: Any) -> str:
     if str(device).startswith("cuda"):
         import torch
 
         return f"cuda:{torch.cuda.get_device_name(device)}"
-    name, flags = "", ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                label, _, value = line.partition(":")
-                if label.strip() == "model name" and not name:
-                    name = value.strip()
-                elif label.strip() in ("flags", "Features") and not flags:
-                    flags = _digest(" ".join(sorted(value.split())))
-    except OSError:
-        pass
-    name = name or platform.processor()
-    return f"{name}|{flags}" if flags else name
+    cpu = cpu_description()
+    return f"{cpu.name}|{_digest(' '.join(sorted(cpu.flags)))}" if cpu.flags else cpu.name
 
 
 def _digest(text: str) -> str:
