@@ -327,3 +327,23 @@ def test_prompts_ending_in_the_same_chunk_reuse_its_sub_chunks_losslessly():
         reused.append(out.stats.cached_prompt_tokens)
     # nothing; two chunks and two sub-chunks; four sub-chunks; whole chunks only (it ends past the chunk)
     assert reused == [0, 36, 40, 32], reused
+
+
+def test_the_cache_goes_under_the_name_the_models_forward_takes():
+    """transformers 5.2x renamed `past_key_values` to `cache` (the old name warns, and goes
+    in 5.40); older 5.x versions, such as the GPU machine's 5.17, know only the old one."""
+    import warnings
+
+    from codespec.forward.transformers import cache_keyword
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None, **kwargs):
+            return None
+
+    assert cache_keyword(Old()) == "past_key_values"
+    model = tiny_model("qwen2", dtype=torch.float64)
+    engine = engine_for(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine.generate(prompts(64, 1, seed=5, repeat=True)[0], GenerationConfig(max_new_tokens=4))
+    assert not [w for w in caught if "past_key_values" in str(w.message)]

@@ -24,6 +24,7 @@ near-tie. It is there for devices whose kernels are not batch-invariant anyway.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Sequence
 
 import torch
@@ -33,6 +34,13 @@ from codespec.forward import attention, profile, rowblocks, rowcalls
 from codespec.forward.base import Moves, Requests, kv_dims
 from codespec.kernels.compact import keep_paths
 from codespec.kernels.tree_mask import tree_mask
+
+
+def cache_keyword(model: Any) -> str:
+    """The name under which the model's forward takes the KV cache: `cache` since
+    transformers 5.2x, `past_key_values` before (still taken there, with a FutureWarning,
+    until 5.40)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 class TorchForward:
@@ -60,6 +68,7 @@ class TorchForward:
         self._padded = padded
         # A 4D mask makes transformers skip building one; slot_attention ignores it.
         self._no_mask = torch.zeros(1, 1, 1, 1, dtype=self.kv_dtype, device=self.device)
+        self._cache_keyword = cache_keyword(model)
 
     def probe(self, stored: tuple[int, bool] | None) -> tuple[int, bool]:
         if not self.exact:
@@ -85,8 +94,8 @@ class TorchForward:
                 input_ids=torch.tensor([ids], device=self.device),
                 position_ids=torch.tensor([positions], device=self.device),
                 attention_mask=self._no_mask,
-                past_key_values=cache,
                 use_cache=True,
+                **{self._cache_keyword: cache},
                 **{attention.PLAN_KEY: plan},
                 **kwargs,
             )
