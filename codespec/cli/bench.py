@@ -115,7 +115,7 @@ def run_load(args: argparse.Namespace) -> int:
     print(json.dumps(record))
     out_dir = _out_dir(args.out)
     if out_dir is not None:
-        (out_dir / "load.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        _write_json(out_dir / "load.json", record)
     failed = [f for lv in results for f in lv.failures]
     for failure in failed[:5]:
         print(f"failed: {failure}", file=sys.stderr)
@@ -162,7 +162,7 @@ def run_editor(args: argparse.Namespace) -> int:
               "lsp_options": lsp_options, "results": [r.to_json() for r in results]}
     print(json.dumps(record))
     if out_dir is not None:
-        (out_dir / "editor.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        _write_json(out_dir / "editor.json", record)
     unanswered = [r.system for r in results if any(s.latency_s is None for s in r.samples)]
     if unanswered:
         print(f"unanswered requests: {', '.join(unanswered)}", file=sys.stderr)
