@@ -14,6 +14,11 @@ import triton.language as tl
 from codespec.kernels._triton_pdl import launch_options, pdl_start, pdl_wait
 
 
+# Rotary rounds where transformers' eager code rounds (_rope_store_head): no fused
+# multiply-add may skip a rounding (kernels/_triton_pdl.py, launch_options).
+ROPE_FP_FUSION = False
+
+
 @triton.jit
 def _compact_kernel(kv_ptr, slots_ptr, starts_ptr, src_ptr, n_keep_ptr, heads, max_keep,
                     s_slot, s_head, s_token, head_dim, BLOCK_D: tl.constexpr):
@@ -134,7 +139,7 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, source: 
         qkv, cos, sin, source, write_slots, write_positions, q, keys, values, context, path_len,
         qkv.stride(0), cos.stride(0), q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
         HEADS=heads, KV_HEADS=kv_heads, DIM=dim, LIVE=live is not None, PDL=pdl, num_warps=1,
-        **launch_options(pdl))
+        **launch_options(pdl, fp_fusion=ROPE_FP_FUSION))
 
 
 @triton.jit

@@ -40,6 +40,12 @@ def pdl_wait(PDL: tl.constexpr):
         gdc_wait()
 
 
-def launch_options(pdl: bool) -> dict[str, bool]:
-    """The launch's keyword for Triton: launched as a programmatic dependent."""
-    return {"launch_pdl": True} if pdl else {}
+def launch_options(pdl: bool, fp_fusion: bool = True) -> dict[str, bool]:
+    """Triton's options for each launch of the cuda backend's kernels: launched as a
+    programmatic dependent where `pdl`; `fp_fusion`, whether the compiler may fuse a
+    multiply and an add into one rounding, pinned: Triton's default for it changes in
+    3.10, and a kernel's arithmetic must not change with the version Triton happens to be
+    (on: Triton 3.6's default, what the GPU check measured). A kernel that promises to
+    round where transformers' eager code rounds turns it off: compiled for sm_90 with it
+    on, rotary's `(x * cos).to(bf16) + ...` became one bf16 fma, the product unrounded."""
+    return {"enable_fp_fusion": fp_fusion, **({"launch_pdl": True} if pdl else {})}

@@ -22,12 +22,13 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from codespec.kernels import _triton, _triton_attention, _triton_linear, _triton_prefetch
 from codespec.kernels.l2_prefetch import BLOCK, GRAIN
+from codespec.kernels._triton_pdl import launch_options
 
 tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def build(fn, signature, constants, warps=4):
-    options = {"num_warps": warps, "launch_pdl": constants.get("PDL", False)}
+def build(fn, signature, constants, warps=4, fp_fusion=True):
+    options = {"num_warps": warps, **launch_options(constants.get("PDL", False), fp_fusion)}  # as the wrappers launch
     compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants),
                               target=GPUTarget("cuda", 90, 32), options=options)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
@@ -72,7 +73,8 @@ out["rope_store pdl"] = build(_triton._rope_store_kernel,
                                "context_ptr": "*i64", "path_len_ptr": "*i64",
                                **{name: "i32" for name in ("s_qkv", "s_rope", "s_q_row", "s_q_head", "s_kv_slot",
                                                            "s_kv_head", "s_kv_pos")}},
-                              {"HEADS": 14, "KV_HEADS": 2, "DIM": 64, "LIVE": True, "PDL": True}, warps=1)
+                              {"HEADS": 14, "KV_HEADS": 2, "DIM": 64, "LIVE": True, "PDL": True}, warps=1,
+                              fp_fusion=_triton.ROPE_FP_FUSION)
 # the default model's gate/up with its norm, as the fused layers launch it (FUSED_TILES)
 linear = {**{name: "*bf16" for name in ("x_ptr", "w_ptr", "bias_ptr", "norm_ptr", "residual_ptr", "out_ptr")},
           "part_ptr": "*fp32", "context_ptr": "*i64", "path_len_ptr": "*i64", "count_ptr": "*i32", "k_size": "i32",
@@ -107,7 +109,8 @@ json.dump(out, sys.stdout)
 
 @pytest.fixture(scope="module")
 def compiled() -> dict[str, dict]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # Triton 3.10's default (no fused multiply-add unless asked): the launches pin their own
+    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "TRITON_DEFAULT_FP_FUSION": "0"}
     done = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env, timeout=600)
     if done.returncode != 0 and "ptxas" in done.stderr and "No such file" in done.stderr:
         pytest.skip("triton's CUDA toolchain (ptxas) is not installed here")
@@ -175,3 +178,15 @@ def test_a_folded_split_counts_after_a_barrier_at_gpu_scope_and_reads_past_l1(co
     assert "bar.sync" in ptx[ptx.rindex("st.global", 0, count):count]
     assert "ld.global.cg" in ptx[count:]
     assert "atom" not in compiled["linear m16 qkv"]["ptx"]  # no fold: the reduce kernel's launch
+
+
+def test_fused_multiply_adds_are_pinned_and_rotary_rounds_each_product(compiled):
+    """Under Triton 3.10's default (no fusion) the products still fuse (what the GPU check
+    measured); rotary never does: with fusion its `(x * cos).to(bf16) + ...` became one
+    bf16 fma, the product unrounded, where transformers' eager code rounds it."""
+    assert "fma.rn" in compiled["linear off"]["ptx"]
+    rope = compiled["rope_store pdl"]["ptx"]
+    # `.rn` on every product and sum: PTX may contract an unmarked mul and add into an fma
+    assert "fma.rn" not in rope and "mul.bf16" not in rope
+    assert "mul.rn.bf16" in rope and "add.rn.bf16" in rope
+
