@@ -238,6 +238,17 @@ def rope_store_checks() -> dict[str, bool]:
             "rope_store_q_max_difference": float((results[0].float() - results[1].float()).abs().max())}
 
 
+def take_schedule(loaded: Any, results: dict[str, Any]) -> None:
+    """Where the kernel stage fell back to the grid schedule (CODESPEC_CUDA_ATTENTION, set
+    for the rest of the run), the run's backend takes it too: a backend reads its settings
+    once, when it is built (before the kernel stage), and captures its graph later."""
+    from codespec.forward.cuda import CudaForward
+
+    settled = results.get("kernel", {}).get("attention_schedule")
+    if settled is not None and settled != loaded.forward.attention:
+        loaded.forward = CudaForward(loaded.model)
+
+
 def with_env(loaded: Any, env: dict[str, str], probe: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
     """`probe` on a backend built under `env` (the step stage's winner), then the run's own."""
     from codespec.forward.cuda import CudaForward
@@ -337,6 +348,7 @@ def main() -> None:
     print(f"[gpu-check] {results['device']}: backend {loaded.backend} ({loaded.reason})", flush=True)
     if "kernel" in wanted:
         stage(results, "kernel", kernel_checks, out)
+        take_schedule(loaded, results)
     if "pdl" in wanted:
         stage(results, "pdl", lambda: pdl_check(loaded), out, needs_s=30)
     if "rows" in wanted:

@@ -109,3 +109,19 @@ def test_the_exactness_stages_run_the_step_winner_first_with_prompt_lookup_besid
     monkeypatch.setattr(gpu_check, "winner_env", lambda results: None)
     gpu_check.exactness_stages(results, ["edit", "stress"], tmp_path, None)
     assert list(results) == ["edit", "stress"]
+
+
+def test_the_runs_backend_takes_the_schedule_the_kernel_stage_fell_back_to(monkeypatch):
+    """The backend reads CODESPEC_CUDA_ATTENTION when it is built, before the kernel stage:
+    where that stage falls back to the grid, the run's backend is built again with it."""
+    gpu_check = pytest.importorskip("gpu_check")
+    monkeypatch.delenv("CODESPEC_CUDA_ATTENTION", raising=False)
+    model = tiny_model("qwen2", vocab_size=16, seed=3, dtype=torch.float32)
+    own = CudaForward(model, rows=16)
+    loaded = types.SimpleNamespace(model=model, forward=own, tokenizer=None)
+    gpu_check.take_schedule(loaded, {"kernel": {"attention_schedule": "worklist"}})
+    gpu_check.take_schedule(loaded, {"kernel": {"ok": False}})  # the stage failed before it settled
+    assert loaded.forward is own
+    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "grid")  # what _schedule_check sets on a fallback
+    gpu_check.take_schedule(loaded, {"kernel": {"attention_schedule": "grid"}})
+    assert loaded.forward is not own and loaded.forward.attention == "grid"
