@@ -33,6 +33,17 @@ DEFAULTS = {"CODESPEC_CUDA_ATTENTION": "worklist", "CODESPEC_CUDA_PREFETCH": "of
             "CODESPEC_CUDA_PDL": "off", "CODESPEC_CUDA_TILE_ROWS": "64", "CODESPEC_CUDA_REDUCE": "launch",
             "TORCH_BLAS_PREFER_CUBLASLT": "0"}  # torch reads it at start-up: a later stage's process
 FUSED, M16 = {"CODESPEC_CUDA_FUSED": "1"}, {"CODESPEC_CUDA_FUSED": "1", "CODESPEC_CUDA_TILE_ROWS": "16"}
+
+
+def variant_env(own: dict[str, str]) -> dict[str, str]:
+    """A variant's whole settings: DEFAULTS with attention's schedule as the run settled it
+    (the grid where the worklist failed the kernel stage's check: gpu_check sets it for
+    the whole run), then the variant's own."""
+    settled = {"CODESPEC_CUDA_ATTENTION": os.environ.get("CODESPEC_CUDA_ATTENTION")
+               or DEFAULTS["CODESPEC_CUDA_ATTENTION"]}
+    return {**DEFAULTS, **settled, **own}
+
+
 # In order of what a deadline should keep: the variants whose kernels pdl_check compiled
 # first (Triton compiles each kernel once a process: ~2 s each on the H100 machine).
 VARIANTS: dict[str, dict[str, str]] = {
@@ -156,7 +167,7 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
             if _unchecked(own):
                 result["variants"][key] = {"skipped": "the pdl stage found its bits not those without it"}
                 continue
-            envs[key] = {**DEFAULTS, **own}
+            envs[key] = variant_env(own)
             result["variants"][key] = _measure(loaded, envs[key], floor["floor_ms"], context)
         timed = {k: v["step_ms"] for k, v in result["variants"].items() if "step_ms" in v}
         base = min((v for k, v in timed.items() if k.startswith("default")), default=None)
@@ -237,10 +248,10 @@ def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any
     result: dict[str, Any] = {}
     try:
         for label, (own, candidates) in checks.items():
-            reference = passes({**DEFAULTS, **own}, 1)[0]
+            reference = passes(variant_env(own), 1)[0]
             for name, extra in candidates.items():
                 result[f"{label} {name}"] = all(torch.equal(logits, reference)
-                                                for logits in passes({**DEFAULTS, **own, **extra}, repeat))
+                                                for logits in passes(variant_env({**own, **extra}), repeat))
     except Exception as error:  # a launch the device or this triton refuses: both off for the run
         result["error"] = f"{type(error).__name__}: {str(error)[:300]}"
     finally:

@@ -125,3 +125,13 @@ def test_the_runs_backend_takes_the_schedule_the_kernel_stage_fell_back_to(monke
     monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "grid")  # what _schedule_check sets on a fallback
     gpu_check.take_schedule(loaded, {"kernel": {"attention_schedule": "grid"}})
     assert loaded.forward is not own and loaded.forward.attention == "grid"
+
+
+def test_the_variants_take_the_schedule_the_kernel_stage_settled_on(monkeypatch):
+    """Where the worklist failed the kernel stage's check, every variant (and so the
+    winner that later stages run) starts from the grid, not from DEFAULTS' worklist."""
+    monkeypatch.delenv("CODESPEC_CUDA_ATTENTION", raising=False)
+    assert gpu_step.variant_env({})["CODESPEC_CUDA_ATTENTION"] == "worklist"
+    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "grid")
+    assert gpu_step.variant_env(gpu_step.VARIANTS["fused m16 pdl/prefetch"])["CODESPEC_CUDA_ATTENTION"] == "grid"
+    assert gpu_step.variant_env(gpu_step.VARIANTS["single attention"])["CODESPEC_CUDA_ATTENTION"] == "single"
