@@ -254,13 +254,17 @@ def with_env(loaded: Any, env: dict[str, str], probe: Callable[[Any], dict[str, 
     from codespec.forward.cuda import CudaForward
 
     saved, default = {name: os.environ.get(name) for name in env}, loaded.forward
+    blas = torch.backends.cuda.preferred_blas_library()
     os.environ.update(env)
     try:
+        if env.get("TORCH_BLAS_PREFER_CUBLASLT") == "1":  # torch read the variable at start-up
+            torch.backends.cuda.preferred_blas_library("cublaslt")
         loaded.forward = CudaForward(loaded.model)
         return {"env": env, **probe(loaded)}
     finally:
         loaded.forward = default
         restore_environment(saved)
+        torch.backends.cuda.preferred_blas_library(blas)
         torch.cuda.empty_cache()
 
 

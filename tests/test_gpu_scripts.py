@@ -76,10 +76,14 @@ def test_a_probe_with_the_winners_settings_gets_its_backend_and_leaves_the_run_a
     model = tiny_model("qwen2", vocab_size=16, seed=3, dtype=torch.float32)
     own = CudaForward(model, rows=16)
     loaded = types.SimpleNamespace(model=model, forward=own, tokenizer=None)
-    env = {"CODESPEC_CUDA_FUSED": "1", "CODESPEC_CUDA_TILE_ROWS": "16"}
-    seen = gpu_check.with_env(loaded, env, lambda probed: {"fused": probed.forward.fused,
-                                                           "tile_rows": probed.forward.tile_rows})
-    assert seen == {"env": env, "fused": True, "tile_rows": 16}
+    blas = ["cublas"]  # CPU torch has no cuBLASLt to choose: the choice recorded instead
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library",
+                        lambda backend=None: blas.append(str(backend)) if backend is not None else blas[-1])
+    env = {"CODESPEC_CUDA_FUSED": "1", "CODESPEC_CUDA_TILE_ROWS": "16", "TORCH_BLAS_PREFER_CUBLASLT": "1"}
+    seen = gpu_check.with_env(loaded, env, lambda probed: {
+        "fused": probed.forward.fused, "tile_rows": probed.forward.tile_rows, "blas": blas[-1]})
+    assert seen == {"env": env, "fused": True, "tile_rows": 16, "blas": "cublaslt"}  # torch read the variable
+    assert blas[-1] == "cublas"  # at start-up: the probe's choice set by hand, and undone
     import os
 
     assert loaded.forward is own and "CODESPEC_CUDA_TILE_ROWS" not in os.environ
