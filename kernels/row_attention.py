@@ -24,9 +24,9 @@ bits; `schedule`, CODESPEC_CUDA_ATTENTION):
   yet run on a GPU (a memory-ordering fault would show there alone: the GPU check
   compares its bits with the grid's);
 * `grid`: one program per (row, KV head, program of the block axis): a bucket of 64 rows
-  and a slot of 2,048+ positions is 2,048 programs whatever the pass holds, and the
-  kernel's 255 registers a thread fit two programs on an SM, so a step waits for ~8
-  waves of programs that mostly find a padding row and exit.
+  and a slot of 2,048+ positions is 2,048 programs whatever the pass holds (at 4 warps
+  and ~120-150 registers a thread, three fit an SM: ~5 waves for a step, of programs
+  that mostly find a padding row and exit).
 
 >>> keys = torch.randn(1, 1, 6, 4); values = torch.randn(1, 1, 6, 4); q = torch.randn(2, 1, 4)
 >>> rows = dict(slots=torch.tensor([0, 0]), context=torch.tensor([3, 2]),
@@ -47,10 +47,11 @@ BLOCK_PROGRAMS = 16  # programs per (row, KV head) along the block axis: rows of
 # run all their blocks at once; more programs would be idle ones for most rows (the grid is
 # fixed for a CUDA graph, sized by the slot's length). A launch detail: not in the bits.
 SCHEDULES = ("worklist", "grid", "single")
-# The worklist's wave and warps: compiled offline for sm_90, the kernel takes 216
-# registers a thread at 8 warps (one program fits an SM); at 4 it takes 255 and spills
-# 208 bytes of stack. Launch details, not in the bits of a given build;
-# scripts/gpu_step.py times the alternatives on a GPU.
+# The worklist's wave and warps: compiled offline for sm_90 as a launch specializes it,
+# the kernel takes ~145 registers a thread at 4 or 8 warps and spills at neither (session
+# 26 read 216 and 255 with spills off a build without the specialization). Launch
+# details, not in the bits of a given build; scripts/gpu_step.py times the alternatives
+# on a GPU (8 warps one program an SM, 4 two, 8 two).
 PROGRAMS_PER_SM = 1
 WORK_WARPS = 8
 
