@@ -64,7 +64,7 @@ def _tree_mask_kernel(parents_ptr, sizes_ptr, allow_ptr, max_nodes):
 def tree_mask(parents: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
     batch, max_nodes = parents.shape
     allow = torch.zeros(batch, max_nodes, max_nodes, dtype=torch.int8, device=parents.device)
-    _tree_mask_kernel[(batch * max_nodes,)](parents, sizes, allow, max_nodes)
+    _tree_mask_kernel[(batch * max_nodes,)](parents, sizes, allow, max_nodes, **launch_options(False))
     return allow.bool()
 
 

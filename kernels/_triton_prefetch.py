@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from codespec.kernels._triton_pdl import launch_options
+
 MODES = {"load": 0, "sector": 1, "bulk": 2}
 
 
@@ -66,4 +68,5 @@ def l2_prefetch(regions: list[torch.Tensor], sink: torch.Tensor, mode: str, grai
     padded = [*regions, *[regions[0]] * (4 - len(regions))]
     sizes = [r.numel() for r in regions] + [0] * (4 - len(regions))
     args = [value for region, size in zip(padded, sizes) for value in (region, size)]
-    _l2_prefetch_kernel[(sink.numel(),)](*args, sink, MODE=MODES[mode], GRAIN=grain, BLOCK=block)
+    _l2_prefetch_kernel[(sink.numel(),)](*args, sink, MODE=MODES[mode], GRAIN=grain, BLOCK=block,
+                                         **launch_options(False))
