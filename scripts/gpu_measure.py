@@ -127,11 +127,17 @@ def cost_curve(loaded: Any) -> dict[str, Any]:
             **floor, "step_over_floor": round(step / floor["floor_ms"], 2)}
 
 
+def step_bytes(model: Any) -> int:
+    """The weights' bytes a plain step reads: every weight once, but of the input
+    embeddings only a row, unless lm_head is the same tensor (tied: read whole)."""
+    weights = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+    embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    return weights if embed.data_ptr() == head.data_ptr() else weights - embed.numel() * embed.element_size()
+
+
 def step_floor(loaded: Any) -> dict[str, float]:
     """The weights a step reads over the measured HBM copy bandwidth: a plain step's floor."""
-    weights = sum(p.numel() * p.element_size() for p in {id(p): p for p in loaded.model.parameters()}.values())
-    embed = loaded.model.get_input_embeddings().weight
-    read = weights - embed.numel() * embed.element_size()  # a step gathers a row of the embeddings, reads the rest
+    read = step_bytes(loaded.model)
     bandwidth = hbm_copy_gbs()
     return {"weights_read_per_step_mb": round(read / 2**20, 1), "hbm_copy_gbs": round(bandwidth, 1),
             "floor_ms": round(read / (bandwidth * 1e9) * 1e3, 4)}

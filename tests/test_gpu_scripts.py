@@ -139,3 +139,17 @@ def test_the_variants_take_the_schedule_the_kernel_stage_settled_on(monkeypatch)
     monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "grid")
     assert gpu_step.variant_env(gpu_step.VARIANTS["fused m16 pdl/prefetch"])["CODESPEC_CUDA_ATTENTION"] == "grid"
     assert gpu_step.variant_env(gpu_step.VARIANTS["single attention"])["CODESPEC_CUDA_ATTENTION"] == "single"
+
+
+def test_a_steps_floor_counts_lm_head_whether_or_not_it_is_tied():
+    """The bar's floor: a step reads every weight once and a row of the input embeddings;
+    where lm_head is the embeddings (tied, as in Qwen2.5-0.5B's own checkpoint) it reads
+    that tensor whole."""
+    gpu_measure = pytest.importorskip("gpu_measure")
+    for tied in (False, True):
+        model = tiny_model("qwen2", vocab_size=64, seed=3, dtype=torch.float32, tie_word_embeddings=tied)
+        embed = model.get_input_embeddings().weight
+        head = model.get_output_embeddings().weight
+        assert (embed.data_ptr() == head.data_ptr()) == tied
+        layers = sum(p.numel() * 4 for p in model.model.layers.parameters()) + model.model.norm.weight.numel() * 4
+        assert gpu_measure.step_bytes(model) == layers + head.numel() * 4, tied
