@@ -153,3 +153,15 @@ def test_a_steps_floor_counts_lm_head_whether_or_not_it_is_tied():
         assert (embed.data_ptr() == head.data_ptr()) == tied
         layers = sum(p.numel() * 4 for p in model.model.layers.parameters()) + model.model.norm.weight.numel() * 4
         assert gpu_measure.step_bytes(model) == layers + head.numel() * 4, tied
+
+
+def test_the_row_check_and_the_steps_anatomy_run_against_the_backend_as_it_is():
+    """The `rows` and `anatomy` stages reach into the backend (its passes, its `_replay`):
+    run on CPU, a renamed method or a changed pass fails here, not in the GPU run."""
+    gpu_measure = pytest.importorskip("gpu_measure")
+    model = tiny_model("qwen2", vocab_size=64, seed=3, dtype=torch.float32)
+    loaded = types.SimpleNamespace(model=model, forward=CudaForward(model, rows=16), tokenizer=None)
+    assert gpu_measure.row_checks(loaded) == {"rows_checked": 39, "rows_differing": 0}
+    anatomy = gpu_measure.step_anatomy(loaded, context=20, repeat=3)
+    assert set(anatomy) == {"prepare_us", "launch_us", "wait_us", "wall_us"}  # no graph on CPU
+    assert "_replay" not in vars(loaded.forward)  # the probe's hook undone
