@@ -165,3 +165,37 @@ def test_the_row_check_and_the_steps_anatomy_run_against_the_backend_as_it_is():
     anatomy = gpu_measure.step_anatomy(loaded, context=20, repeat=3)
     assert set(anatomy) == {"prepare_us", "launch_us", "wait_us", "wall_us"}  # no graph on CPU
     assert "_replay" not in vars(loaded.forward)  # the probe's hook undone
+
+
+def test_the_step_stage_builds_and_times_every_variant_and_leaves_the_run_as_it_was(monkeypatch):
+    """scripts/gpu_step.step_probe on CPU (the kernels' references, no graphs; the floor
+    and the graph's replay stubbed): every variant's backend is built and stepped, each
+    family's best combined, the winner's rows checked against its steps; a variant's
+    failure is its own entry (cuBLASLt: CPU torch has none); the environment restored."""
+    import os
+
+    monkeypatch.delenv("CODESPEC_CUDA_ATTENTION", raising=False)
+    monkeypatch.setattr(gpu_step, "step_floor", lambda loaded: {"floor_ms": 1.0})
+    monkeypatch.setattr(gpu_step, "_time", lambda run, repeat=30: 1.0)  # the graph's replay: CUDA only
+    monkeypatch.setattr(gpu_step, "profile_step", lambda loaded: {"profiled": True})
+    model = tiny_model("qwen2", vocab_size=64, seed=3, dtype=torch.float32)
+    own = CudaForward(model, rows=64)
+    loaded = types.SimpleNamespace(model=model, forward=own, tokenizer=None)
+    before = {name: os.environ.get(name) for name in gpu_step.DEFAULTS}
+    result = gpu_step.step_probe(loaded, deadline_s=300, context=40)
+    assert set(result["variants"]) >= set(gpu_step.VARIANTS)
+    failed = {label for label, entry in result["variants"].items() if "step_ms" not in entry}
+    assert failed == {"cublaslt"}, result["variants"]
+    assert result["best"] in result["variants"] and result["best_env"]["CODESPEC_CUDA_ATTENTION"]
+    if not result["best"].startswith("default"):
+        assert result["best_rows"] == {"rows_checked": 39, "rows_differing": 0}
+    assert loaded.forward is own and {name: os.environ.get(name) for name in gpu_step.DEFAULTS} == before
+
+
+def test_the_plain_stage_decodes_with_steps_queued_and_not_and_compares_them(monkeypatch):
+    monkeypatch.setattr(gpu_step, "step_floor", lambda loaded: {"floor_ms": 1.0})
+    model = tiny_model("qwen2", vocab_size=64, seed=3, dtype=torch.float32)
+    loaded = types.SimpleNamespace(model=model, forward=CudaForward(model, rows=16), tokenizer=None)
+    result = gpu_step.plain_probe(loaded, new_tokens=8, context=20, repeat=1)
+    assert result["identical"] is True and result["chained_taken"] > 0
+    assert loaded.forward.chains_steps is True  # the setting as it was
