@@ -180,3 +180,18 @@ def test_the_cpu_is_named_by_its_kind_not_its_architecture(tmp_path, monkeypatch
     assert bench._cpu_label() == "Intel(R) Xeon(R) Platinum 8480+ (family 6 model 143)"
     missing = calibration.cpu_description(str(tmp_path / "absent"))
     assert missing.name and missing.generation == "" and not missing.flags
+
+
+def test_a_benchs_json_names_the_backend_and_its_kernel_layout(monkeypatch):
+    """A GPU run's figures say which CODESPEC_CUDA_* layout made them (the GPU check runs
+    the same bench under several)."""
+    from types import SimpleNamespace
+
+    from codespec.cli import bench
+    from codespec.forward.cuda import CudaForward
+
+    monkeypatch.setenv("CODESPEC_CUDA_FUSED", "1")
+    model = tiny_model("qwen2", vocab_size=16, seed=3)
+    loaded = SimpleNamespace(backend="cuda", reason=None, forward=CudaForward(model))
+    record = bench._backend(loaded)
+    assert record["name"] == "cuda" and "fused=True" in record["layout"] and "attention=worklist" in record["layout"]

@@ -303,6 +303,7 @@ def run_workloads(args: argparse.Namespace) -> int:
         "model": loaded.name,
         "dtype": loaded.info()["dtype"],
         "machine": machine,
+        "backend": _backend(loaded),
         "settings": {"quantize": settings.quantize,
                      "max_draft_tokens": settings.max_draft_tokens, "min_match_tokens": settings.min_match_tokens,
                      "prefill_chunk_tokens": settings.prefill_chunk_tokens},
@@ -326,6 +327,13 @@ def run_workloads(args: argparse.Namespace) -> int:
 
 # The CPU features that change which kernels run (the C row decoder, oneDNN's matrix units).
 KERNEL_FEATURES = ("amx_tile", "amx_bf16", "avx512_bf16", "avx512f", "avx2", "fma", "bf16", "sve")
+
+
+def _backend(loaded: Any) -> dict[str, Any]:
+    """Which backend ran the passes and with what kernel layout (the cuda backend's
+    CODESPEC_CUDA_* settings, the row decoder's kernels): the machine profile's key."""
+    return {"name": loaded.backend, "reason": loaded.reason,
+            "layout": loaded.forward.profile_key().get("layout", "")}
 
 
 def _cpu_label() -> str:
@@ -435,7 +443,7 @@ def run_verify(args: argparse.Namespace) -> int:
     for name, ok in checks.items():
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
     report = {"bench": "verify", "model": loaded.name, "dtype": loaded.info()["dtype"], "machine": _machine(),
-              "results": [r.to_json() for r in results], "checks": checks}
+              "backend": _backend(loaded), "results": [r.to_json() for r in results], "checks": checks}
     if out_dir is not None:
         _write_json(out_dir / "verify.json", report)
         print(f"wrote {out_dir / 'verify.json'}", file=sys.stderr)
