@@ -199,3 +199,24 @@ def test_the_plain_stage_decodes_with_steps_queued_and_not_and_compares_them(mon
     result = gpu_step.plain_probe(loaded, new_tokens=8, context=20, repeat=1)
     assert result["identical"] is True and result["chained_taken"] > 0
     assert loaded.forward.chains_steps is True  # the setting as it was
+
+
+def test_the_fused_tile_sweep_runs_each_tile_and_builds_the_backend_with_the_winners(monkeypatch):
+    """`fusedtiles16` (the follow-up where the fused 16-row layers win): every tile of the
+    sweep runs (its reference on CPU; the timing stubbed, some tiles faster than the
+    default), and the fused backend with the winners passes its row check."""
+    import itertools
+
+    gpu_probes = pytest.importorskip("gpu_probes")
+    order = itertools.count()
+
+    def timed(run, calls=20):
+        run()
+        return 10.0 if next(order) % 7 == 0 else 5.0
+
+    monkeypatch.setattr(gpu_probes, "_graph_us", timed)
+    model = tiny_model("qwen2", vocab_size=64, seed=3, dtype=torch.float32)
+    loaded = types.SimpleNamespace(model=model, forward=CudaForward(model, rows=64), tokenizer=None)
+    result = gpu_probes.fused_tiles_probe(loaded, budget_s=5, block_m=16, live_rows=1, pdl="prefetch")
+    assert result["chosen"] and all(config["block_m"] == 16 for config in result["chosen"].values())
+    assert result["backend"]["rows_checked"] == 39 and result["backend"]["rows_differing"] == 0
