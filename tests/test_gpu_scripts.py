@@ -220,3 +220,51 @@ def test_the_fused_tile_sweep_runs_each_tile_and_builds_the_backend_with_the_win
     result = gpu_probes.fused_tiles_probe(loaded, budget_s=5, block_m=16, live_rows=1, pdl="prefetch")
     assert result["chosen"] and all(config["block_m"] == 16 for config in result["chosen"].values())
     assert result["backend"]["rows_checked"] == 39 and result["backend"]["rows_differing"] == 0
+
+
+def test_the_check_runs_its_stages_in_the_order_that_keeps_the_bar_s_evidence(monkeypatch, tmp_path):
+    """gpu_check.main with every stage stubbed: checks, the step's variants and plain
+    decoding first; where the step stage found a winner, `plain_step`, then the exactness
+    stages, the winner's first; the explaining probes last; the JSON written."""
+    import json
+
+    gpu_check = pytest.importorskip("gpu_check")
+    ran: list[str] = []
+    model = tiny_model("qwen2", vocab_size=16, seed=3, dtype=torch.float32)
+    loaded = types.SimpleNamespace(model=model, forward=CudaForward(model, rows=16), tokenizer=None,
+                                   backend="cuda", reason=None)
+    winner = {**gpu_step.DEFAULTS, **gpu_step.VARIANTS["fused m16"]}
+
+    def stub(name, value=None):
+        return lambda *args, **kwargs: ran.append(name) or (value if value is not None else {})
+
+    monkeypatch.setattr(gpu_check.torch.cuda, "get_device_name", lambda *args: "stub GPU")
+    monkeypatch.setattr(gpu_check, "random_model_dir", lambda assets, where: tmp_path)
+    monkeypatch.setattr(gpu_check, "load", lambda model_dir: loaded)
+    monkeypatch.setattr(gpu_check, "kernel_checks", stub("kernel", {"attention_schedule": "worklist",
+                                                                    "row_argmax_equals_torch": True}))
+    for name in ("pdl_check", "row_checks", "cost_curve", "profile_step", "step_anatomy", "attention_probe",
+                 "l2_probe"):
+        monkeypatch.setattr(gpu_check, name, stub(name))
+    monkeypatch.setattr(gpu_check, "step_probe", stub("step_probe", {
+        "best": "fused m16", "best_over_default": 0.8, "best_env": winner, "best_rows": {"rows_differing": 0}}))
+    monkeypatch.setattr(gpu_check, "plain_probe", stub("plain_probe", {"identical": True}))
+    def fresh_process(command, env, timeout, keep=None):
+        kind = "edit" if "workloads" in command else "verify" if "verify" in command else "stress"
+        ran.append(kind + (" fused m16" if env.get("CODESPEC_CUDA_TILE_ROWS") == "16" else ""))
+        return {}
+
+    monkeypatch.setattr(gpu_check, "subprocess_stage", fresh_process)
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--out", str(tmp_path / "out"), "--deadline", "600"])
+    monkeypatch.setattr(gpu_check, "DEADLINE_S", gpu_check.DEADLINE_S)  # main sets it: restored after the test
+    gpu_check.main()
+    assert ran == ["kernel", "pdl_check", "row_checks", "cost_curve", "profile_step", "step_anatomy", "step_probe",
+                   "plain_probe", "plain_probe",  # plain, then plain_step with the winner
+                   "edit fused m16", "verify fused m16", "stress fused m16",  # the winner's
+                   "edit", "verify", "stress",  # the default backend's
+                   "attention_probe", "l2_probe"]
+    written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
+    assert [name for name in written if name.endswith("_step")] == ["plain_step", "edit_step", "verify_step",
+                                                                     "stress_step"]
+    assert all(written[name]["ok"] for name in written if isinstance(written[name], dict) and "ok" in written[name])
+    assert "total_s" in written
