@@ -76,6 +76,15 @@ def holds_token(context_ptr, path_len_ptr, row):
 
 
 @triton.jit
+def live_rows(context_ptr, path_len_ptr, rows, LIVE: tl.constexpr):
+    # holds_token for `rows` (a row or a block of them) where the launch has the pass's
+    # rows (LIVE); every row otherwise.
+    if LIVE:
+        return holds_token(context_ptr, path_len_ptr, rows)
+    return tl.full(rows.shape, 1, tl.int1)
+
+
+@triton.jit
 def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, source_ptr, write_slot_ptr, write_position_ptr, q_ptr, k_ptr, v_ptr,
                        context_ptr, path_len_ptr, s_qkv, s_rope, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos,
                        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr, LIVE: tl.constexpr,
@@ -87,12 +96,7 @@ def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, source_ptr, write_slot_ptr, wr
     pdl_wait(PDL)
     row = tl.program_id(0)
     head = tl.program_id(1)
-    if LIVE:
-        if holds_token(context_ptr, path_len_ptr, row):
-            _rope_store_head(qkv_ptr, cos_ptr, sin_ptr, source_ptr, write_slot_ptr, write_position_ptr, q_ptr, k_ptr,
-                             v_ptr, row, head, s_qkv, s_rope, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos,
-                             HEADS, KV_HEADS, DIM)
-    else:
+    if live_rows(context_ptr, path_len_ptr, row, LIVE):
         _rope_store_head(qkv_ptr, cos_ptr, sin_ptr, source_ptr, write_slot_ptr, write_position_ptr, q_ptr, k_ptr,
                          v_ptr, row, head, s_qkv, s_rope, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos,
                          HEADS, KV_HEADS, DIM)

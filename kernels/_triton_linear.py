@@ -9,21 +9,13 @@ import torch
 import triton
 import triton.language as tl
 
-from codespec.kernels._triton import holds_token
+from codespec.kernels._triton import live_rows
 from codespec.kernels._triton_pdl import launch_options, pdl_start, pdl_wait
 from codespec.kernels._triton_prefetch import sector_prefetch
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 SECTOR_BYTES = 32  # what one prefetch.global.L2 brings in
 WARM_LANES = 512  # prefetches a program issues at a time (a few registers a thread)
-
-
-@triton.jit
-def _live_rows(context_ptr, path_len_ptr, m, LIVE: tl.constexpr):
-    # The rows that hold a token (keys to attend to: context + path > 0); every row without LIVE.
-    if LIVE:
-        return holds_token(context_ptr, path_len_ptr, m)
-    return tl.full(m.shape, 1, tl.int1)
 
 
 @triton.jit
@@ -88,7 +80,7 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
         # by the first block of rows (never padding) for the blocks below it too
         _warm_weights(w_ptr, tl.program_id(0) * BLOCK_N, first, last, s_w, BLOCK_N, SECTOR, SECTORS, WARM_ROWS)
     pdl_wait(PDL)
-    live = _live_rows(context_ptr, path_len_ptr, m, LIVE)
+    live = live_rows(context_ptr, path_len_ptr, m, LIVE)
     if tl.max(live.to(tl.int32), axis=0) > 0:  # a block of padding rows computes nothing
         scale = tl.zeros([BLOCK_M], tl.float32)
         if NORM:  # RMSNorm's 1 / rms over the whole row, in float32, BLOCK_K at a time
@@ -153,7 +145,7 @@ def _row_linear_reduce_kernel(part_ptr, bias_ptr, residual_ptr, out_ptr, context
     pdl_wait(PDL)
     m = tl.program_id(1) + tl.zeros([1], tl.int32)
     n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    if tl.max(_live_rows(context_ptr, path_len_ptr, m, LIVE).to(tl.int32), axis=0) > 0:
+    if tl.max(live_rows(context_ptr, path_len_ptr, m, LIVE).to(tl.int32), axis=0) > 0:
         acc = _split_sum(part_ptr, m, n, s_part_split, s_part, SPLITS, "")
         _finish(acc, bias_ptr, residual_ptr, out_ptr, m, n, s_residual, s_out, HAS_BIAS, RESIDUAL)
 
