@@ -73,8 +73,8 @@ from typing import Any, Callable
 import torch
 
 from gpu_measure import _time, cost_curve, profile_step, row_checks, step_anatomy
-from gpu_step import (NO_PDL, attention_probe, l2_probe, pdl_check, plain_probe, restore_environment, step_probe,
-                      winner_env)
+from gpu_step import (NO_PDL, attention_probe, blas_of, l2_probe, pdl_check, plain_probe, restore_environment,
+                      step_probe, winner_env)
 from gpu_probes import bucket_probe, fused_probe, fused_tiles_probe, gemm_probe, key_block_probe, tiles_probe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -254,17 +254,14 @@ def with_env(loaded: Any, env: dict[str, str], probe: Callable[[Any], dict[str, 
     from codespec.forward.cuda import CudaForward
 
     saved, default = {name: os.environ.get(name) for name in env}, loaded.forward
-    blas = torch.backends.cuda.preferred_blas_library()
     os.environ.update(env)
     try:
-        if env.get("TORCH_BLAS_PREFER_CUBLASLT") == "1":  # torch read the variable at start-up
-            torch.backends.cuda.preferred_blas_library("cublaslt")
-        loaded.forward = CudaForward(loaded.model)
-        return {"env": env, **probe(loaded)}
+        with blas_of(env):
+            loaded.forward = CudaForward(loaded.model)
+            return {"env": env, **probe(loaded)}
     finally:
         loaded.forward = default
         restore_environment(saved)
-        torch.backends.cuda.preferred_blas_library(blas)
         torch.cuda.empty_cache()
 
 

@@ -69,6 +69,18 @@ def hbm_copy_gbs() -> float:
     return 2 * src.numel() / (_time(lambda: dst.copy_(src), repeat=10) / 1e3) / 1e9
 
 
+def random_tree(generator: torch.Generator, vocab: int, nodes: int = 64) -> Any:
+    """A random draft tree of `nodes` nodes (parents before children) over `vocab`."""
+    from codespec.policy.tree import VerifyTree
+
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, nodes)]
+    depths = [0]
+    for parent in parents[1:]:
+        depths.append(depths[parent] + 1)
+    tokens = torch.randint(0, vocab, (nodes,), generator=generator).tolist()
+    return VerifyTree(tuple(tokens), tuple(parents), tuple(depths), tuple(range(nodes - 1)))
+
+
 def row_checks(loaded: Any) -> dict[str, Any]:
     """Rows of tree passes against one-row decode steps, logits bit for bit."""
     from codespec.policy.tree import VerifyTree
@@ -85,13 +97,8 @@ def row_checks(loaded: Any) -> dict[str, Any]:
             cache.acquire(prompt)
             forward.prefill(cache, slot, prompt, 0)
             cache.release(slot)
-        # a random tree of 64 nodes (parents before children)
-        parents = [-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, 64)]
-        depths = [0]
-        for parent in parents[1:]:
-            depths.append(depths[parent] + 1)
-        tokens = torch.randint(0, vocab, (64,), generator=generator).tolist()
-        tree = VerifyTree(tuple(tokens), tuple(parents), tuple(depths), tuple(range(63)))
+        tree = random_tree(generator, vocab)
+        tokens = tree.tokens
         tree_logits = forward.logits(cache, [(0, context, tree)])
         for node in range(0, 64, 5):  # node's path, decoded token by token in slot 1
             path = tree.path(node)

@@ -15,13 +15,14 @@ missed (a step 4.0-4.3x the weights' read time; bar 3x):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
-from gpu_measure import _engine, _graph_us, _time, _wall_ms, profile_step, row_checks, step_floor
+from gpu_measure import _engine, _graph_us, _time, _wall_ms, profile_step, random_tree, row_checks, step_floor
 
 PRODUCTS = ("qkv", "o", "gate_up", "down")
 # The settings every variant sets (the defaults), and each variant's own over them: the
@@ -221,17 +222,11 @@ def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any
     64-row variant, unchecked here, is checked as any winner: its rows against its decode
     steps, then edit, verify and stress)."""
     from codespec.forward.cuda import CudaForward
-    from codespec.policy.tree import VerifyTree
 
     generator = torch.Generator().manual_seed(4)
     vocab = loaded.forward.config.vocab_size
     prompt = torch.randint(0, vocab, (context,), generator=generator).tolist()
-    parents = [-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, 64)]
-    depths = [0]
-    for parent in parents[1:]:
-        depths.append(depths[parent] + 1)
-    tree = VerifyTree(tuple(torch.randint(0, vocab, (64,), generator=generator).tolist()), tuple(parents),
-                      tuple(depths), tuple(range(63)))
+    tree = random_tree(generator, vocab)
 
     def passes(env: dict[str, str], times: int) -> list[torch.Tensor]:
         os.environ.update(env)
@@ -271,6 +266,19 @@ def _unchecked(env: dict[str, str]) -> bool:
         (env.get("CODESPEC_CUDA_REDUCE", "launch") == "fold" and bool(os.environ.get(NO_FOLD)))
 
 
+@contextlib.contextmanager
+def blas_of(env: dict[str, str]) -> Iterator[None]:
+    """cuBLASLt where `env` asks for it (torch reads TORCH_BLAS_PREFER_CUBLASLT only at
+    start-up: a variant in this process chooses it by hand), the process's choice after."""
+    blas = torch.backends.cuda.preferred_blas_library()
+    try:
+        if env.get("TORCH_BLAS_PREFER_CUBLASLT") == "1":
+            torch.backends.cuda.preferred_blas_library("cublaslt")
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(blas)
+
+
 def restore_environment(saved: dict[str, str | None]) -> None:
     """The environment's settings back as `saved` had them (None: unset)."""
     for name, value in saved.items():
@@ -290,26 +298,24 @@ def _measure(loaded: Any, env: dict[str, str], floor_ms: float, context: int,
     os.environ.update(env)  # read as the backend is built and its graph captured
     prompt = [(7 * i) % loaded.forward.config.vocab_size for i in range(context)]
     forward = cache = None
-    blas = torch.backends.cuda.preferred_blas_library()  # this process read its variable already
     try:
-        if env.get("TORCH_BLAS_PREFER_CUBLASLT") == "1":
-            torch.backends.cuda.preferred_blas_library("cublaslt")
-        if reduction is not None:
-            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduction
-        forward = CudaForward(loaded.model, tiles=tiles)
-        cache = _engine(loaded, slots=1).cache  # held here: the bucket's graph lives with it
-        cache.acquire(prompt)
-        forward.prefill(cache, 0, prompt, 0)
-        entry: dict[str, Any] = {
-            "step_ms": _wall_ms(lambda: forward.choices(cache, [(0, context, VerifyTree.chain(11))])),
-            "pass32_ms": _wall_ms(lambda: forward.choices(cache, [(0, context, VerifyTree.chain(11, [13] * 31))]))}
-        graph = forward._buckets[cache].graph
-        entry["device_step_ms"] = round(_time(lambda: [graph.replay() for _ in range(20)], 10) / 20, 4)
-        entry["step_over_floor"] = round(entry["step_ms"] / floor_ms, 2)
+        with blas_of(env):
+            if reduction is not None:
+                torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduction
+            forward = CudaForward(loaded.model, tiles=tiles)
+            cache = _engine(loaded, slots=1).cache  # held here: the bucket's graph lives with it
+            cache.acquire(prompt)
+            forward.prefill(cache, 0, prompt, 0)
+            entry: dict[str, Any] = {
+                "step_ms": _wall_ms(lambda: forward.choices(cache, [(0, context, VerifyTree.chain(11))])),
+                "pass32_ms": _wall_ms(lambda: forward.choices(cache, [(0, context,
+                                                                       VerifyTree.chain(11, [13] * 31))]))}
+            graph = forward._buckets[cache].graph
+            entry["device_step_ms"] = round(_time(lambda: [graph.replay() for _ in range(20)], 10) / 20, 4)
+            entry["step_over_floor"] = round(entry["step_ms"] / floor_ms, 2)
     except Exception as error:  # a mode the device cannot run: say so, go on
         entry = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
     finally:
-        torch.backends.cuda.preferred_blas_library(blas)
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True  # torch's default
     forward = cache = None  # the graph and its cache go before the next variant
     torch.cuda.empty_cache()
