@@ -19,6 +19,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 gpu_step = pytest.importorskip("gpu_step")
 
 
+def tiny_run(rows: int, vocab_size: int = 64, **extra) -> types.SimpleNamespace:
+    """What gpu_check's `load` hands its stages (the model, its cuda backend, no
+    tokenizer), on a tiny float32 model: the backend runs the kernels' references."""
+    model = tiny_model("qwen2", vocab_size=vocab_size, seed=3, dtype=torch.float32)
+    return types.SimpleNamespace(model=model, forward=CudaForward(model, rows=rows), tokenizer=None, **extra)
+
+
 def test_every_variant_is_settings_the_backend_takes():
     for label, own in gpu_step.VARIANTS.items():
         env = {**gpu_step.DEFAULTS, **own}
@@ -58,8 +65,7 @@ def test_the_pdl_stage_runs_and_leaves_the_settings_as_it_found_them(monkeypatch
     """On CPU the kernels' references run (no PDL): the stage's plumbing, every layout
     equal to itself, and the environment restored."""
     monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "grid")
-    model = tiny_model("qwen2", vocab_size=64, seed=3, dtype=torch.float32)
-    loaded = types.SimpleNamespace(model=model, forward=CudaForward(model, rows=64), tokenizer=None)
+    loaded = tiny_run(rows=64)
     result = gpu_step.pdl_check(loaded, context=40, repeat=2)
     assert result == {"default pdl": True, "fused m16 pdl": True, "fused m16 pdl fold": True, "pdl_exact": True,
                       "fold_exact": True}
@@ -73,9 +79,8 @@ def test_a_probe_with_the_winners_settings_gets_its_backend_and_leaves_the_run_a
     winner's settings; after it, the run's own backend and environment."""
     gpu_check = pytest.importorskip("gpu_check")
     monkeypatch.delenv("CODESPEC_CUDA_TILE_ROWS", raising=False)
-    model = tiny_model("qwen2", vocab_size=16, seed=3, dtype=torch.float32)
-    own = CudaForward(model, rows=16)
-    loaded = types.SimpleNamespace(model=model, forward=own, tokenizer=None)
+    loaded = tiny_run(rows=16, vocab_size=16)
+    own = loaded.forward
     blas = ["cublas"]  # CPU torch has no cuBLASLt to choose: the choice recorded instead
     monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library",
                         lambda backend=None: blas.append(str(backend)) if backend is not None else blas[-1])
@@ -120,9 +125,8 @@ def test_the_runs_backend_takes_the_schedule_the_kernel_stage_fell_back_to(monke
     where that stage falls back to the grid, the run's backend is built again with it."""
     gpu_check = pytest.importorskip("gpu_check")
     monkeypatch.delenv("CODESPEC_CUDA_ATTENTION", raising=False)
-    model = tiny_model("qwen2", vocab_size=16, seed=3, dtype=torch.float32)
-    own = CudaForward(model, rows=16)
-    loaded = types.SimpleNamespace(model=model, forward=own, tokenizer=None)
+    loaded = tiny_run(rows=16, vocab_size=16)
+    own = loaded.forward
     gpu_check.take_schedule(loaded, {"kernel": {"attention_schedule": "worklist"}})
     gpu_check.take_schedule(loaded, {"kernel": {"ok": False}})  # the stage failed before it settled
     assert loaded.forward is own
@@ -159,8 +163,7 @@ def test_the_row_check_and_the_steps_anatomy_run_against_the_backend_as_it_is():
     """The `rows` and `anatomy` stages reach into the backend (its passes, its `_replay`):
     run on CPU, a renamed method or a changed pass fails here, not in the GPU run."""
     gpu_measure = pytest.importorskip("gpu_measure")
-    model = tiny_model("qwen2", vocab_size=64, seed=3, dtype=torch.float32)
-    loaded = types.SimpleNamespace(model=model, forward=CudaForward(model, rows=16), tokenizer=None)
+    loaded = tiny_run(rows=16)
     assert gpu_measure.row_checks(loaded) == {"rows_checked": 39, "rows_differing": 0}
     anatomy = gpu_measure.step_anatomy(loaded, context=20, repeat=3)
     assert set(anatomy) == {"prepare_us", "launch_us", "wait_us", "wall_us"}  # no graph on CPU
@@ -178,9 +181,8 @@ def test_the_step_stage_builds_and_times_every_variant_and_leaves_the_run_as_it_
     monkeypatch.setattr(gpu_step, "step_floor", lambda loaded: {"floor_ms": 1.0})
     monkeypatch.setattr(gpu_step, "_time", lambda run, repeat=30: 1.0)  # the graph's replay: CUDA only
     monkeypatch.setattr(gpu_step, "profile_step", lambda loaded: {"profiled": True})
-    model = tiny_model("qwen2", vocab_size=64, seed=3, dtype=torch.float32)
-    own = CudaForward(model, rows=64)
-    loaded = types.SimpleNamespace(model=model, forward=own, tokenizer=None)
+    loaded = tiny_run(rows=64)
+    own = loaded.forward
     before = {name: os.environ.get(name) for name in gpu_step.DEFAULTS}
     result = gpu_step.step_probe(loaded, deadline_s=300, context=40)
     assert set(result["variants"]) >= set(gpu_step.VARIANTS)
@@ -194,8 +196,7 @@ def test_the_step_stage_builds_and_times_every_variant_and_leaves_the_run_as_it_
 
 def test_the_plain_stage_decodes_with_steps_queued_and_not_and_compares_them(monkeypatch):
     monkeypatch.setattr(gpu_step, "step_floor", lambda loaded: {"floor_ms": 1.0})
-    model = tiny_model("qwen2", vocab_size=64, seed=3, dtype=torch.float32)
-    loaded = types.SimpleNamespace(model=model, forward=CudaForward(model, rows=16), tokenizer=None)
+    loaded = tiny_run(rows=16)
     result = gpu_step.plain_probe(loaded, new_tokens=8, context=20, repeat=1)
     assert result["identical"] is True and result["chained_taken"] > 0
     assert loaded.forward.chains_steps is True  # the setting as it was
@@ -215,8 +216,7 @@ def test_the_fused_tile_sweep_runs_each_tile_and_builds_the_backend_with_the_win
         return 10.0 if next(order) % 7 == 0 else 5.0
 
     monkeypatch.setattr(gpu_probes, "_graph_us", timed)
-    model = tiny_model("qwen2", vocab_size=64, seed=3, dtype=torch.float32)
-    loaded = types.SimpleNamespace(model=model, forward=CudaForward(model, rows=64), tokenizer=None)
+    loaded = tiny_run(rows=64)
     result = gpu_probes.fused_tiles_probe(loaded, budget_s=5, block_m=16, live_rows=1, pdl="prefetch")
     assert result["chosen"] and all(config["block_m"] == 16 for config in result["chosen"].values())
     assert result["backend"]["rows_checked"] == 39 and result["backend"]["rows_differing"] == 0
@@ -230,9 +230,7 @@ def test_the_check_runs_its_stages_in_the_order_that_keeps_the_bar_s_evidence(mo
 
     gpu_check = pytest.importorskip("gpu_check")
     ran: list[str] = []
-    model = tiny_model("qwen2", vocab_size=16, seed=3, dtype=torch.float32)
-    loaded = types.SimpleNamespace(model=model, forward=CudaForward(model, rows=16), tokenizer=None,
-                                   backend="cuda", reason=None)
+    loaded = tiny_run(rows=16, vocab_size=16, backend="cuda", reason=None)
     winner = {**gpu_step.DEFAULTS, **gpu_step.VARIANTS["fused m16"]}
 
     def stub(name, value=None):
