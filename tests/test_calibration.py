@@ -177,7 +177,7 @@ def test_the_cpu_is_named_by_its_kind_not_its_architecture(tmp_path, monkeypatch
     machine = bench._machine()
     assert machine["cpu_generation"] == "family 6 model 143"
     assert machine["cpu_features"] == ["amx_tile", "amx_bf16", "avx512_bf16", "avx512f", "avx2", "fma"]
-    assert bench._cpu_label() == "Intel(R) Xeon(R) Platinum 8480+ (family 6 model 143)"
+    assert bench._cpu_label(machine) == "Intel(R) Xeon(R) Platinum 8480+ (family 6 model 143)"
     missing = calibration.cpu_description(str(tmp_path / "absent"))
     assert missing.name and missing.generation == "" and not missing.flags
 

@@ -336,10 +336,9 @@ def _backend(loaded: Any) -> dict[str, Any]:
             "layout": loaded.forward.profile_key().get("layout", "")}
 
 
-def _cpu_label() -> str:
-    """The CPU for a table's header line: "AMD EPYC (family 26 model 2)"."""
-    cpu = cpu_description()
-    return f"{cpu.name} ({cpu.generation})" if cpu.generation else cpu.name
+def _cpu_label(machine: dict[str, Any]) -> str:
+    """The CPU of a `_machine()` record for a table's header line: "AMD EPYC (family 26 model 2)"."""
+    return f"{machine['cpu']} ({machine['cpu_generation']})" if machine["cpu_generation"] else machine["cpu"]
 
 
 def _machine() -> dict[str, Any]:
@@ -436,13 +435,14 @@ def run_verify(args: argparse.Namespace) -> int:
     checks = bar_checks(results)
     import torch
 
+    machine = _machine()
     print(f"\nmodel {loaded.name} ({loaded.info()['dtype']}, {loaded.forward.device}), {torch.get_num_threads()} threads, "
-          f"{_cpu_label()}; {count} requests per set, up to {new_tokens} new tokens each, "
+          f"{_cpu_label(machine)}; {count} requests per set, up to {new_tokens} new tokens each, "
           f"median of {args.repeat}")
     print(format_verify_table(results))
     for name, ok in checks.items():
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
-    report = {"bench": "verify", "model": loaded.name, "dtype": loaded.info()["dtype"], "machine": _machine(),
+    report = {"bench": "verify", "model": loaded.name, "dtype": loaded.info()["dtype"], "machine": machine,
               "backend": _backend(loaded), "results": [r.to_json() for r in results], "checks": checks}
     if out_dir is not None:
         _write_json(out_dir / "verify.json", report)
@@ -486,8 +486,9 @@ def run_host(args: argparse.Namespace) -> int:
                              pass_s=pass_ms / 1e3, bucket=args.bucket_rows, row_s=row_us / 1e6,
                              chunk=settings.prefill_chunk_tokens,
                              repeat=args.repeat, on_result=progress, look_ahead=look_ahead_of(settings))
+    machine = _machine()
     print(f"\nthe engine over {loaded.name}'s replayed greedy outputs, {pass_ms} ms per pass of up to "
-          f"{args.bucket_rows} rows (+{row_us} us a row), {_cpu_label()}; "
+          f"{args.bucket_rows} rows (+{row_us} us a row), {_cpu_label(machine)}; "
           f"{args.requests} requests per set, "
           f"up to {new_tokens} new tokens each, median of {args.repeat}")
     print(format_verify_table(results))
@@ -496,7 +497,7 @@ def run_host(args: argparse.Namespace) -> int:
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
     report = {"bench": "host", "model": loaded.name, "pass_ms": pass_ms, "row_us": row_us, "bucket_rows": args.bucket_rows,
               "look_ahead": settings.look_ahead,
-              "machine": _machine(), "results": [r.to_json() for r in results], "checks": checks}
+              "machine": machine, "results": [r.to_json() for r in results], "checks": checks}
     if out_dir is not None:
         _write_json(out_dir / "host.json", report)
         print(f"wrote {out_dir / 'host.json'}", file=sys.stderr)
