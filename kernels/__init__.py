@@ -6,7 +6,7 @@ C, built by the system's gcc on first use (native.py) and driven through ctypes,
 * `int8`: int8 weights and their row-exact products; `lmchoice`: the exact greedy choice
   through lm_head's int8 screen.
 Triton, for CUDA tensors (`_triton.py`, `_triton_attention.py`, `_triton_linear.py`,
-`_triton_prefetch.py`, imported only when a kernel runs; tests run them on CPU under
+imported only when a kernel runs; tests run them on CPU under
 `TRITON_INTERPRET=1`; `_triton_pdl.py` holds what the cuda backend's kernels share to
 launch as programmatic dependents), each module a wrapper that checks shapes, dtypes and
 contiguity, and `<op>_ref` in plain torch that CPU tensors use:
@@ -16,9 +16,7 @@ contiguity, and `<op>_ref` in plain torch that CPU tensors use:
   combined in order (the cuda backend's attention);
 * `rope_store.rope_store`: rotary on q and k, and K and V stored in their KV slots;
 * `row_linear.row_linear`: a row-exact product with our own tiles, optionally with the
-  norm or SiLU before it and the residual add after it, over the rows that hold a token;
-* `row_argmax.row_argmax`: the greedy choice of the rows that hold a token;
-* `l2_prefetch.l2_prefetch`: weights warmed into the GPU's L2 (a cache hint; nothing on CPU).
+  norm or SiLU before it and the residual add after it, over the rows that hold a token.
 """
 
 from __future__ import annotations

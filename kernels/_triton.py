@@ -1,7 +1,6 @@
-"""The Triton kernels behind `compact`, `tree_mask`, `rope_store` and `row_argmax` (imported only when
-one runs: on CUDA tensors, or on CPU under `TRITON_INTERPRET=1` in the tests;
-`row_attention`'s are in _triton_attention.py, `row_linear`'s in _triton_linear.py,
-`l2_prefetch`'s in _triton_prefetch.py).
+"""The Triton kernels behind `compact`, `tree_mask` and `rope_store` (imported only when one
+runs: on CUDA tensors, or on CPU under `TRITON_INTERPRET=1` in the tests; `row_attention`'s
+are in _triton_attention.py, `row_linear`'s in _triton_linear.py).
 
 Each launcher takes arguments its wrapper already checked."""
 
@@ -144,70 +143,3 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, source: 
         qkv.stride(0), cos.stride(0), q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
         HEADS=heads, KV_HEADS=kv_heads, DIM=dim, LIVE=live is not None, PDL=pdl, num_warps=1,
         **launch_options(pdl, fp_fusion=ROPE_FP_FUSION))
-
-
-@triton.jit
-def _argmax_part_kernel(logits_ptr, context_ptr, path_len_ptr, best_ptr, index_ptr, nan_ptr, vocab, s_row,
-                        SPLITS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    # One program per (row, split of the vocabulary): the split's largest value and its
-    # first index, and its first NaN (torch.argmax takes a NaN as the largest). A row with
-    # no keys (padding) is skipped: its choice is never read.
-    pdl_start(PDL)
-    pdl_wait(PDL)
-    row = tl.program_id(0)
-    split = tl.program_id(1)
-    if holds_token(context_ptr, path_len_ptr, row):
-        per = tl.cdiv(tl.cdiv(vocab, SPLITS), BLOCK) * BLOCK
-        low = split * per
-        high = tl.minimum(low + per, vocab)
-        none = vocab  # "no index yet": past every real one
-        best = float("-inf")
-        best_index = none
-        first_nan = none
-        for first in range(low, high, BLOCK):
-            at = first + tl.arange(0, BLOCK)
-            inside = at < high
-            x = tl.load(logits_ptr + row * s_row + at, mask=inside, other=float("-inf")).to(tl.float32)
-            nan = inside & (x != x)
-            first_nan = tl.minimum(first_nan, tl.min(tl.where(nan, at, none), axis=0))
-            number = inside & (x == x)
-            top = tl.max(tl.where(number, x, float("-inf")), axis=0)
-            top_index = tl.min(tl.where(number & (x == top), at, none), axis=0)
-            take = (top > best) | ((best_index == none) & (top_index < none))  # blocks in order: ties keep the first
-            best = tl.where(take, top, best)
-            best_index = tl.where(take, top_index, best_index)
-        tl.store(best_ptr + row * SPLITS + split, best)
-        tl.store(index_ptr + row * SPLITS + split, best_index)
-        tl.store(nan_ptr + row * SPLITS + split, first_nan)
-
-
-@triton.jit
-def _argmax_final_kernel(best_ptr, index_ptr, nan_ptr, context_ptr, path_len_ptr, out_ptr, vocab,
-                         SPLITS: tl.constexpr, PDL: tl.constexpr):
-    # One program per row: the first NaN if any, else the largest value's first index
-    # (splits in order, so the smallest index among equal maxima is the first).
-    pdl_start(PDL)
-    pdl_wait(PDL)
-    row = tl.program_id(0)
-    choice = tl.zeros([], tl.int64)
-    if holds_token(context_ptr, path_len_ptr, row):
-        s = tl.arange(0, SPLITS)
-        first_nan = tl.min(tl.load(nan_ptr + row * SPLITS + s), axis=0)
-        best = tl.load(best_ptr + row * SPLITS + s)
-        index = tl.load(index_ptr + row * SPLITS + s)
-        top = tl.max(best, axis=0)
-        first_top = tl.min(tl.where((best == top) & (index < vocab), index, vocab), axis=0)
-        choice = tl.where(first_nan < vocab, first_nan, first_top).to(tl.int64)
-    tl.store(out_ptr + row, choice)
-
-
-def row_argmax(logits: torch.Tensor, context: torch.Tensor, path_len: torch.Tensor, out: torch.Tensor,
-               splits: int, block: int, pdl: bool = False) -> None:
-    rows, vocab = logits.shape
-    best = torch.empty(rows, splits, dtype=torch.float32, device=logits.device)
-    index = torch.empty(rows, splits, dtype=torch.int32, device=logits.device)
-    nan = torch.empty(rows, splits, dtype=torch.int32, device=logits.device)
-    _argmax_part_kernel[(rows, splits)](logits, context, path_len, best, index, nan, vocab, logits.stride(0),
-                                        SPLITS=splits, BLOCK=block, PDL=pdl, **launch_options(pdl))
-    _argmax_final_kernel[(rows,)](best, index, nan, context, path_len, out, vocab, SPLITS=splits, PDL=pdl,
-                                  **launch_options(pdl))

@@ -96,7 +96,7 @@ def _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, con
                s_part_block, KV_HEADS: tl.constexpr, ROWS_PAD: tl.constexpr, GROUP: tl.constexpr,
                GROUP_PAD: tl.constexpr, DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr):
     # Item `item` of the pass's (row, key block, KV head) list, in that order: its block's
-    # partial. Returns the item's row and KV head.
+    # partial.
     kv_head = item % KV_HEADS
     flat = item // KV_HEADS
     row = tl.sum((ends <= flat).to(tl.int32), axis=0)  # the rows whose blocks all come before
@@ -108,7 +108,6 @@ def _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, con
     _block_partial(q, k_ptr, v_ptr, part_ptr, path_ptr, row, kv_head, slot, context, total, block, scale,
                    s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head, s_part_block,
                    GROUP, GROUP_PAD, DIM, KEY_BLOCK, PRECISION)
-    return row, kv_head
 
 
 @triton.jit
@@ -133,26 +132,25 @@ def _row_attention_work_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context
 
 @triton.jit
 def _combine(out_ptr, part_ptr, row, head, blocks, s_out_row, s_out_head, s_part_row, s_part_head, s_part_block,
-             DIM: tl.constexpr, CHUNK: tl.constexpr, READ: tl.constexpr):
+             DIM: tl.constexpr, CHUNK: tl.constexpr):
     # A row's query head: its block partials in block order, CHUNK at a time (a fixed tree
-    # within a chunk, chunks in order): the row's keys fix the order. READ: the loads'
-    # cache modifier (".cg" where other programs of the same launch wrote the partials).
+    # within a chunk, chunks in order): the row's keys fix the order.
     part = part_ptr + row * s_part_row + head * s_part_head
     c = tl.arange(0, CHUNK)
     d = tl.arange(0, DIM)
     best = tl.full([CHUNK], float("-inf"), tl.float32)
     for first in range(0, blocks, CHUNK):
         best = tl.maximum(best, tl.load(part + (first + c) * s_part_block, mask=first + c < blocks,
-                                        other=float("-inf"), cache_modifier=READ))
+                                        other=float("-inf")))
     top = tl.max(best, axis=0)  # a maximum is the same in any order
     total_weight = tl.zeros([CHUNK], tl.float32)
     acc = tl.zeros([DIM], tl.float32)
     for first in range(0, blocks, CHUNK):
         inside = first + c < blocks
         at = part + (first + c) * s_part_block
-        rescale = tl.where(inside, tl.exp(tl.load(at, mask=inside, other=0.0, cache_modifier=READ) - top), 0.0)
-        total_weight += rescale * tl.load(at + 1, mask=inside, other=0.0, cache_modifier=READ)
-        values = tl.load(at[:, None] + 2 + d[None, :], mask=inside[:, None], other=0.0, cache_modifier=READ)
+        rescale = tl.where(inside, tl.exp(tl.load(at, mask=inside, other=0.0) - top), 0.0)
+        total_weight += rescale * tl.load(at + 1, mask=inside, other=0.0)
+        values = tl.load(at[:, None] + 2 + d[None, :], mask=inside[:, None], other=0.0)
         acc += tl.sum(rescale[:, None] * values, axis=0)
     weight = tl.sum(total_weight, axis=0)
     result = acc / tl.where(weight > 0, weight, 1.0)  # no keys (padding): zeros
@@ -170,50 +168,13 @@ def _row_attention_combine_kernel(out_ptr, part_ptr, context_ptr, path_len_ptr, 
     row = tl.program_id(0)
     blocks = tl.cdiv(tl.load(context_ptr + row) + tl.load(path_len_ptr + row), KEY_BLOCK)
     _combine(out_ptr, part_ptr, row, tl.program_id(1), blocks, s_out_row, s_out_head, s_part_row, s_part_head,
-             s_part_block, DIM, CHUNK, "")
-
-
-@triton.jit
-def _row_attention_single_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_ptr, slots_ptr, context_ptr,
-                                 path_ptr, path_len_ptr, scale, rows, s_q_row, s_q_head, s_kv_slot, s_kv_head,
-                                 s_kv_pos, s_path, s_part_row, s_part_head, s_part_block, s_out_row, s_out_head,
-                                 KV_HEADS: tl.constexpr, ROWS_PAD: tl.constexpr, GROUP: tl.constexpr,
-                                 GROUP_PAD: tl.constexpr, DIM: tl.constexpr, KEY_BLOCK: tl.constexpr,
-                                 PRECISION: tl.constexpr, CHUNK: tl.constexpr, HEADS_PAD: tl.constexpr,
-                                 PDL: tl.constexpr):
-    # The `single` schedule: the worklist's items, then, in the program that finishes a
-    # (row, KV head)'s last block (an atomic count per pair, reset by that program), the
-    # combine of its query heads: one launch a layer instead of two, the same arithmetic.
-    pdl_start(PDL)
-    pdl_wait(PDL)
-    blocks, ends = _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK)
-    r = tl.arange(0, ROWS_PAD)
-    g = tl.arange(0, HEADS_PAD)
-    d = tl.arange(0, DIM)
-    for row in range(tl.program_id(0), rows, tl.num_programs(0)):  # rows with no keys: zeros
-        if tl.sum(tl.where(r == row, blocks, 0), axis=0) == 0:
-            tl.store(out_ptr + row * s_out_row + g[:, None] * s_out_head + d[None, :],
-                     tl.zeros([HEADS_PAD, DIM], tl.float32).to(out_ptr.dtype.element_ty),
-                     mask=(g < GROUP * KV_HEADS)[:, None])
-    for item in range(tl.program_id(0), tl.sum(blocks, axis=0) * KV_HEADS, tl.num_programs(0)):
-        row, kv_head = _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr,
-                                  path_len_ptr, scale, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path,
-                                  s_part_row, s_part_head, s_part_block, KV_HEADS, ROWS_PAD, GROUP, GROUP_PAD, DIM,
-                                  KEY_BLOCK, PRECISION)
-        row_blocks = tl.sum(tl.where(r == row, blocks, 0), axis=0)
-        tl.debug_barrier()  # every thread's partial stored before the count says so
-        counted = tl.atomic_add(count_ptr + row * KV_HEADS + kv_head, 1, sem="acq_rel", scope="gpu")
-        if counted == row_blocks - 1:
-            for h in tl.static_range(GROUP):
-                _combine(out_ptr, part_ptr, row, kv_head * GROUP + h, row_blocks, s_out_row, s_out_head,
-                         s_part_row, s_part_head, s_part_block, DIM, CHUNK, ".cg")
-            tl.atomic_xchg(count_ptr + row * KV_HEADS + kv_head, 0, sem="relaxed", scope="gpu")
+             s_part_block, DIM, CHUNK)
 
 
 def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
                   context: torch.Tensor, path: torch.Tensor, path_len: torch.Tensor, scale: float,
                   out: torch.Tensor, key_block: int, block_programs: int, schedule: str, programs: int,
-                  work_warps: int, counts: torch.Tensor, pdl: bool = False) -> None:
+                  work_warps: int, pdl: bool = False) -> None:
     rows, heads, dim = query.shape
     kv_heads = keys.shape[1]
     group = heads // kv_heads
@@ -225,13 +186,6 @@ def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     launch = dict(PDL=pdl, **launch_options(pdl))
     shapes = dict(GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), DIM=dim, KEY_BLOCK=key_block,
                   PRECISION="ieee" if query.dtype == torch.float32 else "tf32")
-    if schedule == "single":
-        _row_attention_single_kernel[(programs,)](
-            query, keys, values, part, out, counts, slots, context, path, path_len,
-            float(scale), rows, *strides, out.stride(0), out.stride(1), KV_HEADS=kv_heads,
-            ROWS_PAD=triton.next_power_of_2(rows), CHUNK=16, HEADS_PAD=triton.next_power_of_2(heads),
-            num_warps=work_warps, **shapes, **launch)
-        return
     if schedule == "worklist":
         _row_attention_work_kernel[(programs,)](
             query, keys, values, part, slots, context, path, path_len, float(scale), rows, *strides,
@@ -239,8 +193,8 @@ def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     else:
         _row_attention_block_kernel[(rows, kv_heads, min(blocks, block_programs))](
             query, keys, values, part, slots, context, path, path_len, float(scale), *strides, **shapes, **launch)
-    # at the worklist's warps: `single` runs the same combine inside that kernel, and a
-    # reduction's order on the GPU follows its layout, which follows the warps
+    # at the worklist's warps whatever the schedule: a reduction's order on the GPU follows
+    # its layout, which follows the warps, and both schedules must give the same bits
     _row_attention_combine_kernel[(rows, heads)](
         out, part, context, path_len, out.stride(0), out.stride(1), part.stride(0), part.stride(1), part.stride(2),
         DIM=dim, KEY_BLOCK=key_block, CHUNK=16, num_warps=work_warps, **launch)

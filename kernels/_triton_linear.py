@@ -11,11 +11,18 @@ import triton.language as tl
 
 from codespec.kernels._triton import live_rows
 from codespec.kernels._triton_pdl import launch_options, pdl_start, pdl_wait
-from codespec.kernels._triton_prefetch import sector_prefetch
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 SECTOR_BYTES = 32  # what one prefetch.global.L2 brings in
 WARM_LANES = 512  # prefetches a program issues at a time (a few registers a thread)
+
+
+@triton.jit
+def sector_prefetch(at, inside):
+    # prefetch.global.L2 at each lane's address where `inside`: its sector comes into L2,
+    # nothing returns to a register (the zeros returned keep the call in the program).
+    return tl.inline_asm_elementwise("@$2 prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l,b", [at, inside],
+                                     dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

@@ -17,12 +17,8 @@ almost no cost.
 
 Two launch schedules of the first kernel run the same code for every block (so the same
 bits; `schedule`, CODESPEC_CUDA_ATTENTION):
-* `worklist` (the default): a wave of programs (one per SM, 8 warps each) shares the
+* `worklist` (the default): a wave of programs (two per SM, 4 warps each) shares the
   pass's (row, key block, KV head) items. A one-row decode step over 512 keys is 8 items;
-* `single`: the worklist, and the combine in the same launch, by the program that
-  finishes a (row, KV head)'s last block (an atomic count): one launch a layer, not
-  yet run on a GPU (a memory-ordering fault would show there alone: the GPU check
-  compares its bits with the grid's);
 * `grid`: one program per (row, KV head, program of the block axis): a bucket of 64 rows
   and a slot of 2,048+ positions is 2,048 programs whatever the pass holds (at 4 warps
   and ~120-150 registers a thread, three fit an SM: ~5 waves for a step, of programs
@@ -46,14 +42,19 @@ KEY_BLOCK = 128  # logical keys per block: part of every row's summation order
 BLOCK_PROGRAMS = 16  # programs per (row, KV head) along the block axis: rows of up to 16 blocks
 # run all their blocks at once; more programs would be idle ones for most rows (the grid is
 # fixed for a CUDA graph, sized by the slot's length). A launch detail: not in the bits.
-SCHEDULES = ("worklist", "grid", "single")
-# The worklist's wave and warps: compiled offline for sm_90 as a launch specializes it,
-# the kernel takes ~145 registers a thread at 4 or 8 warps and spills at neither (session
-# 26 read 216 and 255 with spills off a build without the specialization). Launch
-# details, not in the bits of a given build; scripts/gpu_step.py times the alternatives
-# on a GPU (8 warps one program an SM, 4 two, 8 two).
-PROGRAMS_PER_SM = 1
-WORK_WARPS = 8
+SCHEDULES = ("worklist", "grid")
+# The worklist's wave and warps (the combine's warps too: they lay out its reduction, so
+# they are in the bits, the same for every row of a build). Compiled for sm_90 as a
+# launch specializes it, the kernel takes ~145 registers a thread at 4 or 8 warps and
+# spills at neither. On the H100 (session 29, scripts/gpu_step.py's attention probe, CUDA
+# graphs) 4 warps two programs an SM beat 8 warps one in every layout timed: a step 9.1
+# against 9.6 us at 512 keys and 9.6 against 10.1 at 2,048, 32-row passes 13.8 against
+# 15.5 and 26.1 against 33.2, 64 rows 17.7 against 21.3; 8 warps two programs an SM was
+# slower than both. The `single` schedule (the combine in the same launch, by the
+# program that finished a row's last block) ran 2-7x slower and differed from the grid's
+# bits on passes of 32 and 64 rows there: removed.
+PROGRAMS_PER_SM = 2
+WORK_WARPS = 4
 
 
 def row_attention(
@@ -68,8 +69,7 @@ def row_attention(
     scale: float,
     out: torch.Tensor | None = None,  # [rows, heads, dim], written in place when given
     force_triton: bool | None = None,
-    schedule: str = "worklist",  # worklist, grid or single (module docstring; CODESPEC_CUDA_ATTENTION)
-    counts: torch.Tensor | None = None,  # [rows * kv_heads] int32 zeros, the single schedule's (left zero)
+    schedule: str = "worklist",  # worklist or grid (module docstring; CODESPEC_CUDA_ATTENTION)
     pdl: bool = False,  # launched as programmatic dependents on CUDA (kernels/_triton_pdl.py)
 ) -> torch.Tensor:
     """Returns [rows, heads, dim] in the query's dtype (module docstring)."""
@@ -89,19 +89,10 @@ def row_attention(
 
         check(schedule in SCHEDULES, f"attention schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}")
         _triton_attention.row_attention(query, keys, values, slots, context, path, path_len, scale, out, KEY_BLOCK,
-                              BLOCK_PROGRAMS, schedule, wave(query.device), WORK_WARPS,
-                              single_counts(rows, keys.shape[1], query.device) if counts is None else counts,
-                              pdl and query.is_cuda)
+                              BLOCK_PROGRAMS, schedule, wave(query.device), WORK_WARPS, pdl and query.is_cuda)
     else:
         out.copy_(row_attention_ref(query, keys, values, slots, context, path, path_len, scale))
     return out
-
-
-def single_counts(rows: int, kv_heads: int, device: torch.device) -> torch.Tensor:
-    """The single schedule's count per (row, KV head), zero: a caller that launches it
-    again and again (the cuda backend, a CUDA graph) keeps one and passes it as `counts`;
-    each launch leaves it zero for the next."""
-    return torch.zeros(rows * kv_heads, dtype=torch.int32, device=device)
 
 
 def wave(device: torch.device) -> int:

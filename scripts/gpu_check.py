@@ -20,16 +20,16 @@ and its real tokenizer (carried). Stages, each timed and each allowed to fail al
    holds the first answer (a random model copies nothing from its prompt: acceptance
    comes from past generations, as the issue asks).
 
-`pdl` (after `kernel`): programmatic dependent launch (CODESPEC_CUDA_PDL) against none,
-a tree pass's logits bit for bit, for the default and the fused layers; where they
-differ, no later stage takes PDL.
+`pdl` (after `kernel`): programmatic dependent launch (CODESPEC_CUDA_PDL, the default on
+Hopper) against none, a tree pass's logits bit for bit, for the default and the fused
+layers; where they differ, the rest of the run (the backend, later stages) runs without.
 
 Probes: `profile` (kernels and GPU time of a step), `anatomy` (a step's wall time split:
 host before the launch, the launch, the wait, the graph's device time; the graph back to
 back), `attention`, `l2` and `step` (scripts/gpu_step.py: attention's launch schedules,
 the layer's products with their weights in L2 against from HBM, and the step with each
-variant: PDL, the fused layers, the attention schedule, warming L2 on a side stream by
-mode; where a variant wins by 3% with its rows exact, edit, verify and stress run again
+variant: without PDL, the fused layers, the grid attention schedule, cuBLASLt; where a
+variant wins by 3% with its rows exact, edit, verify and stress run again
 with it as `edit_step`, `verify_step`, `stress_step`) and `plain` (plain decoding
 through the engine, ms per token with steps queued one ahead and without; where their
 outputs differ or it fails, the later stages run with CODESPEC_CUDA_CHAIN=0; with the
@@ -167,7 +167,7 @@ def kernel_checks() -> dict[str, Any]:
                                context=context[r:r + 1] + len(tail), path=path[r:r + 1].contiguous(),
                                path_len=torch.zeros_like(path_len[r:r + 1]), scale=0.125, schedule=meta["schedule"])
     times = _time(lambda: row_attention(query, keys, values, **meta, scale=0.125))
-    return {**schedules, **argmax_check(), "relative_error_vs_reference": relative, "row_alone_equal": alone_equal,
+    return {**schedules, "relative_error_vs_reference": relative, "row_alone_equal": alone_equal,
             "scattered_equals_contiguous": bool(torch.equal(got[r], contiguous[0])), "ms_64_rows_one_layer": times,
             **rope_store_checks(), "attention_us_by_key_block": key_block_probe(meta["schedule"])}
 
@@ -185,33 +185,7 @@ def _schedule_check(query: Any, keys: Any, values: Any, meta: dict[str, Any]) ->
         same = f"{type(error).__name__}: {str(error)[:300]}"
     if same is not True:
         os.environ["CODESPEC_CUDA_ATTENTION"] = "grid"
-    try:  # the single launch (not the default): its atomic count, on a GPU for the first time
-        single = all(bool(torch.equal(row_attention(query, keys, values, **meta, scale=0.125, schedule="single"),
-                                      grid)) for _ in range(5))
-    except Exception as error:
-        single = f"{type(error).__name__}: {str(error)[:300]}"
-    return {"worklist_equals_grid": same, "single_equals_grid_5_times": single,
-            "attention_schedule": os.environ.get("CODESPEC_CUDA_ATTENTION", "worklist")}
-
-
-def argmax_check() -> dict[str, Any]:
-    """kernels/row_argmax.py (CODESPEC_CUDA_ARGMAX=rows, session 26) against torch.argmax on
-    the bucket's logits, every row real: random bf16, ties across splits, NaN, -inf rows.
-    The engine's own comparisons cannot catch a wrong choice (both sides would make it)."""
-    from codespec.kernels.row_argmax import row_argmax
-
-    torch.manual_seed(9)
-    logits = torch.randn(64, 151936, device="cuda").to(torch.bfloat16)
-    logits[1, 5] = logits[1, 150000] = 40
-    logits[2, 3071] = logits[2, 3072] = 40  # splits of 3,072 (2,374 rounded up to the block)
-    logits[3] = float("-inf")
-    logits[4, 999] = logits[4, 77777] = float("nan")
-    ones = torch.ones(64, dtype=torch.int64, device="cuda")
-    try:
-        same = bool(torch.equal(row_argmax(logits, ones, 0 * ones), torch.argmax(logits, dim=-1)))
-    except Exception as error:
-        same = f"{type(error).__name__}: {str(error)[:300]}"
-    return {"row_argmax_equals_torch": same}
+    return {"worklist_equals_grid": same, "attention_schedule": os.environ.get("CODESPEC_CUDA_ATTENTION", "worklist")}
 
 
 def rope_store_checks() -> dict[str, bool]:
@@ -238,14 +212,16 @@ def rope_store_checks() -> dict[str, bool]:
             "rope_store_q_max_difference": float((results[0].float() - results[1].float()).abs().max())}
 
 
-def take_schedule(loaded: Any, results: dict[str, Any]) -> None:
-    """Where the kernel stage fell back to the grid schedule (CODESPEC_CUDA_ATTENTION, set
-    for the rest of the run), the run's backend takes it too: a backend reads its settings
-    once, when it is built (before the kernel stage), and captures its graph later."""
+def take_settled(loaded: Any) -> None:
+    """Where the kernel stage fell back to the grid schedule or the pdl stage to launches
+    without PDL (CODESPEC_CUDA_ATTENTION, CODESPEC_CUDA_PDL, set for the rest of the run),
+    the run's backend takes it too: a backend reads its settings once, when it is built
+    (before those stages), and captures its graph later."""
     from codespec.forward.cuda import CudaForward
 
-    settled = results.get("kernel", {}).get("attention_schedule")
-    if settled is not None and settled != loaded.forward.attention:
+    forward = loaded.forward
+    if os.environ.get("CODESPEC_CUDA_ATTENTION", forward.attention) != forward.attention or \
+            (os.environ.get("CODESPEC_CUDA_PDL") == "off" and forward.pdl != "off"):
         loaded.forward = CudaForward(loaded.model)
 
 
@@ -349,9 +325,10 @@ def main() -> None:
     print(f"[gpu-check] {results['device']}: backend {loaded.backend} ({loaded.reason})", flush=True)
     if "kernel" in wanted:
         stage(results, "kernel", kernel_checks, out)
-        take_schedule(loaded, results)
+        take_settled(loaded)
     if "pdl" in wanted:
         stage(results, "pdl", lambda: pdl_check(loaded), out, needs_s=30)
+        take_settled(loaded)
     if "rows" in wanted:
         stage(results, "rows", lambda: row_checks(loaded), out)
     if "costs" in wanted:

@@ -1,17 +1,17 @@
 """Probes of the plain step's parts for scripts/gpu_check.py, the one bar the H100 runs
 missed (a step 4.0-4.3x the weights' read time; bar 3x):
 
-* `attention`: kernels/row_attention.py's schedules (grid; worklist and single at 4 or 8
-  warps, one or two programs an SM) in CUDA graphs, for a step and for passes of 32 and
-  64 rows, with their bits against the grid's;
+* `attention`: kernels/row_attention.py's schedules (grid; the worklist at 4 or 8 warps,
+  one or two programs an SM) in CUDA graphs, for a step and for passes of 32 and 64 rows,
+  with their bits against the grid's;
 * `l2`: the layer's products with their weights in L2 against from HBM (the most that
   warming L2 can save);
 * `pdl`: programmatic dependent launch against none, a tree pass's logits bit for bit;
-* `step`: the backend's step and 32-row pass with each variant (VARIANTS: programmatic
-  dependent launch, the fused layers in 16- or 64-row programs, the attention schedule,
-  L2 warming by mode and programs, the real rows' argmax, cuBLASLt; each family's best
-  together; down's own tile and fp32 split-K reductions, reported only), side by side,
-  and the winner's rows against its decode steps."""
+* `step`: the backend's step and 32-row pass with each variant (VARIANTS: without
+  programmatic dependent launch, the fused layers in 16- or 64-row programs, the grid
+  attention schedule, cuBLASLt; each family's best together; down's own tile and fp32
+  split-K reductions, reported only), side by side, and the winner's rows against its
+  decode steps."""
 
 from __future__ import annotations
 
@@ -26,42 +26,39 @@ from gpu_measure import _engine, _graph_us, _time, _wall_ms, profile_step, rando
 
 PRODUCTS = ("qkv", "o", "gate_up", "down")
 # The settings every variant sets (the defaults), and each variant's own over them: the
-# default first and last, to see the machine drift between them. Session 27's first:
-# programmatic dependent launch (`pdl`), and the fused layers with it, their programs of
-# 64 or 16 rows (a step computes one block), their products warming their own weights.
-DEFAULTS = {"CODESPEC_CUDA_ATTENTION": "worklist", "CODESPEC_CUDA_PREFETCH": "off",
-            "CODESPEC_CUDA_PREFETCH_PROGRAMS": "32", "CODESPEC_CUDA_ARGMAX": "torch", "CODESPEC_CUDA_FUSED": "0",
-            "CODESPEC_CUDA_PDL": "off", "CODESPEC_CUDA_TILE_ROWS": "64", "CODESPEC_CUDA_REDUCE": "launch",
+# default first and last, to see the machine drift between them. Session 29 made
+# programmatic dependent launch the default on Hopper (`auto`); `no pdl` times without
+# it, and the fused layers with it, their programs of 64 or 16 rows (a step computes one
+# block), their products warming their own weights. Session 29 removed the variants that
+# lost on the H100: L2 warming on a side stream, the real rows' argmax, `single` attention.
+DEFAULTS = {"CODESPEC_CUDA_ATTENTION": "worklist", "CODESPEC_CUDA_FUSED": "0", "CODESPEC_CUDA_PDL": "auto",
+            "CODESPEC_CUDA_TILE_ROWS": "64", "CODESPEC_CUDA_REDUCE": "launch",
             "TORCH_BLAS_PREFER_CUBLASLT": "0"}  # torch reads it at start-up: a later stage's process
 FUSED, M16 = {"CODESPEC_CUDA_FUSED": "1"}, {"CODESPEC_CUDA_FUSED": "1", "CODESPEC_CUDA_TILE_ROWS": "16"}
 
 
 def variant_env(own: dict[str, str]) -> dict[str, str]:
-    """A variant's whole settings: DEFAULTS with attention's schedule as the run settled it
-    (the grid where the worklist failed the kernel stage's check: gpu_check sets it for
-    the whole run), then the variant's own."""
-    settled = {"CODESPEC_CUDA_ATTENTION": os.environ.get("CODESPEC_CUDA_ATTENTION")
-               or DEFAULTS["CODESPEC_CUDA_ATTENTION"]}
+    """A variant's whole settings: DEFAULTS with attention's schedule and PDL as the run
+    settled them (the grid where the worklist failed the kernel stage's check, PDL off
+    where the pdl stage found it changing a bit: gpu_check sets them for the whole run),
+    then the variant's own."""
+    settled = {name: os.environ.get(name) or DEFAULTS[name] for name in SETTLED}
     return {**DEFAULTS, **settled, **own}
 
 
 # In order of what a deadline should keep: the variants whose kernels pdl_check compiled
 # first (Triton compiles each kernel once a process: ~2 s each on the H100 machine).
 VARIANTS: dict[str, dict[str, str]] = {
-    "default": {}, "fused m16 pdl/prefetch": {**M16, "CODESPEC_CUDA_PDL": "prefetch"},
+    "default": {}, "no pdl": {"CODESPEC_CUDA_PDL": "off"}, "fused m16 pdl/prefetch": {**M16, "CODESPEC_CUDA_PDL": "prefetch"},
     "fused m16 pdl/prefetch fold": {**M16, "CODESPEC_CUDA_PDL": "prefetch", "CODESPEC_CUDA_REDUCE": "fold"},
-    "pdl": {"CODESPEC_CUDA_PDL": "launch"}, "fused m16": M16, "rows argmax": {"CODESPEC_CUDA_ARGMAX": "rows"},
-    "single attention": {"CODESPEC_CUDA_ATTENTION": "single"}, "grid attention": {"CODESPEC_CUDA_ATTENTION": "grid"},
-    "sector/32": {"CODESPEC_CUDA_PREFETCH": "sector"}, "bulk/32": {"CODESPEC_CUDA_PREFETCH": "bulk"},
-    "load/64": {"CODESPEC_CUDA_PREFETCH": "load", "CODESPEC_CUDA_PREFETCH_PROGRAMS": "64"},
+    "fused m16": M16, "grid attention": {"CODESPEC_CUDA_ATTENTION": "grid"},
     "fused pdl/prefetch": {**FUSED, "CODESPEC_CUDA_PDL": "prefetch"}, "fused": FUSED,
     "cublaslt": {"TORCH_BLAS_PREFER_CUBLASLT": "1"}, "default (again)": {}}
+SETTLED = ("CODESPEC_CUDA_ATTENTION", "CODESPEC_CUDA_PDL")  # what a failed check turns off for the whole run
 NO_PDL = "CODESPEC_GPU_CHECK_NO_PDL"  # set by pdl_check where PDL changed a bit: no stage takes it
 NO_FOLD = "CODESPEC_GPU_CHECK_NO_FOLD"  # ... where a folded split did
-FAMILIES = {"layers": lambda label: label == "pdl" or label.startswith("fused"),
-            "attention": lambda label: label.endswith("attention"), "warming": lambda label: "/" in label
-            and not label.startswith("fused"), "argmax": lambda label: label == "rows argmax",
-            "blas": lambda label: label == "cublaslt"}
+FAMILIES = {"layers": lambda label: label == "no pdl" or label.startswith("fused"),
+            "attention": lambda label: label.endswith("attention"), "blas": lambda label: label == "cublaslt"}
 
 
 @torch.inference_mode()
@@ -84,11 +81,9 @@ def attention_probe() -> dict[str, Any]:
         path_len[:real] = torch.arange(1, real + 1, device="cuda")  # a chain: row i sees i + 1 drafted keys
         path = (keys_in_row + torch.arange(64, device="cuda")).repeat(64, 1).contiguous()
         layouts[name] = dict(slots=zeros, context=context, path=path, path_len=path_len)
-    schedules = {"grid": ("grid", 1, 8), "worklist w8 x1": ("worklist", 1, 8), "worklist w4 x2": ("worklist", 2, 4),
-                 "worklist w8 x2": ("worklist", 2, 8), "single w8 x1": ("single", 1, 8),
-                 "single w8 x2": ("single", 2, 8)}
+    schedules = {"grid": ("grid", 2, 4), "worklist w4 x2": ("worklist", 2, 4), "worklist w8 x1": ("worklist", 1, 8),
+                 "worklist w8 x2": ("worklist", 2, 8)}
     saved = module.PROGRAMS_PER_SM, module.WORK_WARPS
-    counts = module.single_counts(64, 2, query.device)  # kept, as the backend keeps its own: no memset per call
     result: dict[str, Any] = {}
     try:
         for label, (schedule, per_sm, warps) in schedules.items():
@@ -99,9 +94,9 @@ def attention_probe() -> dict[str, Any]:
             entry: dict[str, Any] = {}
             for name, meta in layouts.items():
                 entry[name + "_us"] = _graph_us(lambda m=meta, s=schedule: module.row_attention(
-                    query, keys, values, **m, scale=0.125, schedule=s, counts=counts))
+                    query, keys, values, **m, scale=0.125, schedule=s))
                 entry[name + "_same_bits"] = bool(torch.equal(reference[name], module.row_attention(
-                    query, keys, values, **meta, scale=0.125, schedule=schedule, counts=counts)))
+                    query, keys, values, **meta, scale=0.125, schedule=schedule)))
             result[label] = entry
     finally:
         module.PROGRAMS_PER_SM, module.WORK_WARPS = saved
@@ -152,7 +147,7 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
     fastest tile for down (`down tiles`, its row_linear) and the fused 16-row layers with
     q/k/v and down unsplit (both reported only: tiles have no setting); and the fastest
     variant's rows against its decode steps (a cache hint cannot change a value: this
-    checks the side stream's capture, and PDL's ordering) and its step's profile."""
+    checks PDL's ordering and the fused products) and its step's profile."""
     from codespec.forward.cuda import CudaForward
 
     default, floor = loaded.forward, step_floor(loaded)
@@ -236,9 +231,9 @@ def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any
         forward.prefill(cache, 0, prompt, 0)
         return [forward.logits(cache, [(0, context, tree)]) for _ in range(times)]
 
-    pdl, fold = {"CODESPEC_CUDA_PDL": "prefetch"}, {"CODESPEC_CUDA_REDUCE": "fold"}
-    checks = {"default": ({}, {"pdl": {"CODESPEC_CUDA_PDL": "launch"}}),
-              "fused m16": (M16, {"pdl": pdl, "pdl fold": {**pdl, **fold}})}
+    off, pdl, fold = {"CODESPEC_CUDA_PDL": "off"}, {"CODESPEC_CUDA_PDL": "prefetch"}, {"CODESPEC_CUDA_REDUCE": "fold"}
+    checks = {"default": (off, {"pdl": {"CODESPEC_CUDA_PDL": "launch"}}),
+              "fused m16": ({**M16, **off}, {"pdl": pdl, "pdl fold": {**pdl, **fold}})}
     saved = {name: os.environ.get(name) for name in DEFAULTS}
     result: dict[str, Any] = {}
     try:
@@ -257,12 +252,14 @@ def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any
     for flag, exact in ((NO_PDL, result["pdl_exact"]), (NO_FOLD, result["fold_exact"])):
         if not exact:
             os.environ[flag] = "1"
+    if not result["pdl_exact"]:
+        os.environ["CODESPEC_CUDA_PDL"] = "off"  # the default's `auto` too, for the whole run
     return result
 
 
 def _unchecked(env: dict[str, str]) -> bool:
     """Whether `env` takes PDL or the fold where the pdl stage found them changing a bit."""
-    return (env.get("CODESPEC_CUDA_PDL", "off") != "off" and bool(os.environ.get(NO_PDL))) or \
+    return (env.get("CODESPEC_CUDA_PDL", "off") not in ("off", "auto") and bool(os.environ.get(NO_PDL))) or \
         (env.get("CODESPEC_CUDA_REDUCE", "launch") == "fold" and bool(os.environ.get(NO_FOLD)))
 
 
@@ -324,18 +321,14 @@ def _measure(loaded: Any, env: dict[str, str], floor_ms: float, context: int,
 
 def winner_env(results: dict[str, Any]) -> dict[str, str] | None:
     """The step stage's winner's settings where it beat the default step by 3% and its
-    rows held (the later stages run again with them; the real rows' argmax only where the
-    kernel stage found it torch.argmax's); None otherwise."""
+    rows held (the later stages run again with them); None otherwise."""
     probe = results.get("step", {})
     best, ratio, rows = probe.get("best", "default"), probe.get("best_over_default", 1.0), probe.get("best_rows", {})
     if best.startswith("default") or ratio > 0.97 or rows.get("rows_differing", 1) != 0:
         return None
     if _unchecked(probe["best_env"]):
         return None
-    env = dict(probe["best_env"])
-    if results.get("kernel", {}).get("row_argmax_equals_torch") is not True:
-        env["CODESPEC_CUDA_ARGMAX"] = "torch"  # rows agreeing with each other is not the model's choice
-    return env
+    return dict(probe["best_env"])
 
 
 def plain_probe(loaded: Any, new_tokens: int = 256, context: int = 512, repeat: int = 3) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from codespec.engine.scheduler import Scheduler
 from codespec.errors import SettingError
 from codespec.forward import cuda
 from codespec.forward.cuda import CudaForward
-from codespec.forward.cuda_settings import CudaSettings, require_hopper
+from codespec.forward.cuda_settings import CudaSettings, is_hopper, require_hopper
 from codespec.forward.passlayout import chain_rows, fill_staging, pass_rows, tree_rows
 from codespec.models.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
@@ -161,8 +161,7 @@ def test_the_backends_settings_are_checked_at_start_up(monkeypatch):
     taken, a bad one a clear error naming it."""
     assert CudaSettings.from_env({}) == CudaSettings()
     good = {"ROWS": ("32", 32), "PREFILL": ("eager", "eager"), "FUSED": ("1", True), "COMPILE": ("0", False),
-            "ATTENTION": ("single", "single"), "PREFETCH": ("bulk", "bulk"), "PREFETCH_PROGRAMS": ("8", 8),
-            "CHAIN": ("0", False), "ARGMAX": ("rows", "rows"), "PDL": ("prefetch", "prefetch"),
+            "ATTENTION": ("grid", "grid"), "CHAIN": ("0", False), "PDL": ("prefetch", "prefetch"),
             "TILE_ROWS": ("16", 16), "REDUCE": ("fold", "fold")}
     for name, (raw, value) in good.items():
         assert getattr(CudaSettings.from_env({f"CODESPEC_CUDA_{name}": raw}), name.lower()) == value
@@ -178,13 +177,20 @@ def test_the_backends_settings_are_checked_at_start_up(monkeypatch):
 
 
 def test_settings_that_need_hopper_name_the_device_s_capability(monkeypatch):
-    """CODESPEC_CUDA_PDL and CODESPEC_CUDA_PREFETCH=bulk on an older GPU: one clear line."""
+    """CODESPEC_CUDA_PDL=launch or prefetch on an older GPU: one clear line; `auto` (the
+    default) launches as programmatic dependents on Hopper alone, never on a CPU."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 6))
     with pytest.raises(SettingError, match=r"^CODESPEC_CUDA_PDL=launch .* this one is 8\.6: unset it$"):
         require_hopper(torch.device("cuda"), "CODESPEC_CUDA_PDL=launch (programmatic dependent launch)", "unset it")
     require_hopper(torch.device("cpu"), "CODESPEC_CUDA_PDL=launch", "unset it")  # no GPU kernels run there
+    assert not is_hopper(torch.device("cuda")) and not is_hopper(torch.device("cpu"))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
     require_hopper(torch.device("cuda"), "CODESPEC_CUDA_PDL=launch", "unset it")
+    assert is_hopper(torch.device("cuda")) and not is_hopper(torch.device("cpu"))
+    model = tiny_model("qwen2", vocab_size=16, seed=3)
+    assert CudaForward(model).pdl == "off"  # a CPU model: auto is off
+    monkeypatch.setenv("CODESPEC_CUDA_PDL", "launch")
+    assert CudaForward(model).pdl == "launch"
 
 
 def test_unsupported_models_are_named():
@@ -218,16 +224,19 @@ def test_row_linear_tiles_serve_the_products_they_fit(monkeypatch):
 
 def test_start_up_runs_one_step_and_leaves_no_reusable_prefix(monkeypatch):
     """A backend with `warm_up_pass` gets one decode step at engine start-up (on CUDA:
-    compilation and the cache's graph capture, outside the first request); the slot it
-    used holds nothing a prompt could reuse, so output is unchanged."""
+    compilation and the cache's graph capture, outside the first request) and one kept
+    path (the KV compaction's kernel); the slot it used holds nothing a prompt could
+    reuse, so output is unchanged."""
     model = tiny_model("qwen2", vocab_size=64, seed=5)
     forward = CudaForward(model, rows=4)
-    calls = []
-    real = forward.choices
+    calls, kept = [], []
+    real, real_keep = forward.choices, forward.keep
     monkeypatch.setattr(forward, "choices", lambda cache, requests: calls.append(requests) or real(cache, requests))
+    monkeypatch.setattr(forward, "keep", lambda cache, moves: kept.append(moves) or real_keep(cache, moves))
     forward.warm_up_pass = True
     engine = Engine(forward, None, eos_token_ids=[])
     assert len(calls) == 1 and engine.cache.free_slots == engine.cache.slots
+    assert kept == [[(0, 0, [1])]]
     prompt = [0, 5, 9, 3]  # starts with the warm-up's token 0: nothing may be reused from that slot
     out = engine.generate(prompt, GenerationConfig(max_new_tokens=12, speculate=False))
     assert out.stats.cached_prompt_tokens == 0
@@ -317,8 +326,8 @@ def test_the_machine_profile_is_keyed_by_every_setting_that_changes_a_pass(monke
     model = tiny_model("qwen2", vocab_size=16, seed=3)
     key = CudaForward(model).profile_key()
     assert CudaForward(model).profile_key() == key  # the same settings: the stored curve serves
-    for name, value in (("FUSED", "1"), ("ATTENTION", "grid"), ("PREFETCH", "sector"), ("ARGMAX", "rows"),
-                        ("REDUCE", "fold"), ("ROWS", "32")):
+    for name, value in (("FUSED", "1"), ("ATTENTION", "grid"), ("PDL", "launch"), ("REDUCE", "fold"),
+                        ("ROWS", "32")):
         monkeypatch.setenv(f"CODESPEC_CUDA_{name}", value)
         assert CudaForward(model).profile_key() != key, name
         monkeypatch.delenv(f"CODESPEC_CUDA_{name}")

@@ -33,7 +33,7 @@ def test_every_variant_is_settings_the_backend_takes():
         names = {name for name in env if name.startswith("CODESPEC_CUDA_")}
         assert names <= {f"CODESPEC_CUDA_{field.upper()}" for field in CudaSettings.__dataclass_fields__}, label
         assert label.startswith("default") or own, label
-        assert (settings.pdl != "off") == ("pdl" in label), label
+        assert (settings.pdl == "off") == (label == "no pdl"), label  # `auto`: PDL on Hopper
 
 
 def test_each_variant_but_the_default_is_in_one_family():
@@ -45,7 +45,7 @@ def test_each_variant_but_the_default_is_in_one_family():
 def test_a_winner_reruns_the_later_stages_only_where_its_rows_and_pdl_held(monkeypatch):
     env = {**gpu_step.DEFAULTS, **gpu_step.VARIANTS["fused m16 pdl/prefetch"]}
     results = {"step": {"best": "fused m16 pdl/prefetch", "best_over_default": 0.8, "best_env": env,
-                        "best_rows": {"rows_differing": 0}}, "kernel": {"row_argmax_equals_torch": True}}
+                        "best_rows": {"rows_differing": 0}}}
     monkeypatch.delenv(gpu_step.NO_PDL, raising=False)
     monkeypatch.delenv(gpu_step.NO_FOLD, raising=False)
     assert gpu_step.winner_env(results) == env
@@ -72,6 +72,30 @@ def test_the_pdl_stage_runs_and_leaves_the_settings_as_it_found_them(monkeypatch
     import os
 
     assert os.environ["CODESPEC_CUDA_ATTENTION"] == "grid" and "CODESPEC_CUDA_PDL" not in os.environ
+
+
+def test_where_pdl_changes_a_bit_the_rest_of_the_run_goes_without_it(monkeypatch):
+    """PDL is the default on Hopper (`auto`): where the pdl stage finds a logit changed,
+    CODESPEC_CUDA_PDL=off for the rest of the run (the variants, the fresh processes of
+    the exactness stages) and the run's backend is built again without it."""
+    gpu_check = pytest.importorskip("gpu_check")
+    for name in ("CODESPEC_CUDA_PDL", gpu_step.NO_PDL, gpu_step.NO_FOLD):
+        monkeypatch.setenv(name, "")  # recorded: the stage's own settings are undone after the test
+        monkeypatch.delenv(name)
+    loaded = tiny_run(rows=16, vocab_size=16)
+    loaded.forward.pdl = "launch"  # as `auto` makes it on an H100
+    real = torch.equal
+    monkeypatch.setattr(torch, "equal", lambda a, b: False)  # every pass with PDL differs
+    result = gpu_step.pdl_check(loaded, context=20, repeat=1)
+    monkeypatch.setattr(torch, "equal", real)
+    import os
+
+    assert result["pdl_exact"] is False and os.environ["CODESPEC_CUDA_PDL"] == "off"
+    assert gpu_step.variant_env({})["CODESPEC_CUDA_PDL"] == "off"
+    assert gpu_step._unchecked(gpu_step.variant_env(gpu_step.VARIANTS["fused m16 pdl/prefetch"]))
+    own = loaded.forward
+    gpu_check.take_settled(loaded)
+    assert loaded.forward is not own and loaded.forward.pdl == "off"
 
 
 def test_a_probe_with_the_winners_settings_gets_its_backend_and_leaves_the_run_as_it_was(monkeypatch):
@@ -125,13 +149,13 @@ def test_the_runs_backend_takes_the_schedule_the_kernel_stage_fell_back_to(monke
     where that stage falls back to the grid, the run's backend is built again with it."""
     gpu_check = pytest.importorskip("gpu_check")
     monkeypatch.delenv("CODESPEC_CUDA_ATTENTION", raising=False)
+    monkeypatch.delenv("CODESPEC_CUDA_PDL", raising=False)
     loaded = tiny_run(rows=16, vocab_size=16)
     own = loaded.forward
-    gpu_check.take_schedule(loaded, {"kernel": {"attention_schedule": "worklist"}})
-    gpu_check.take_schedule(loaded, {"kernel": {"ok": False}})  # the stage failed before it settled
+    gpu_check.take_settled(loaded)  # nothing fell back
     assert loaded.forward is own
     monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "grid")  # what _schedule_check sets on a fallback
-    gpu_check.take_schedule(loaded, {"kernel": {"attention_schedule": "grid"}})
+    gpu_check.take_settled(loaded)
     assert loaded.forward is not own and loaded.forward.attention == "grid"
 
 
@@ -142,7 +166,7 @@ def test_the_variants_take_the_schedule_the_kernel_stage_settled_on(monkeypatch)
     assert gpu_step.variant_env({})["CODESPEC_CUDA_ATTENTION"] == "worklist"
     monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "grid")
     assert gpu_step.variant_env(gpu_step.VARIANTS["fused m16 pdl/prefetch"])["CODESPEC_CUDA_ATTENTION"] == "grid"
-    assert gpu_step.variant_env(gpu_step.VARIANTS["single attention"])["CODESPEC_CUDA_ATTENTION"] == "single"
+    assert gpu_step.variant_env({"CODESPEC_CUDA_ATTENTION": "worklist"})["CODESPEC_CUDA_ATTENTION"] == "worklist"
 
 
 def test_a_steps_floor_counts_lm_head_whether_or_not_it_is_tied():
@@ -239,8 +263,7 @@ def test_the_check_runs_its_stages_in_the_order_that_keeps_the_bar_s_evidence(mo
     monkeypatch.setattr(gpu_check.torch.cuda, "get_device_name", lambda *args: "stub GPU")
     monkeypatch.setattr(gpu_check, "random_model_dir", lambda assets, where: tmp_path)
     monkeypatch.setattr(gpu_check, "load", lambda model_dir: loaded)
-    monkeypatch.setattr(gpu_check, "kernel_checks", stub("kernel", {"attention_schedule": "worklist",
-                                                                    "row_argmax_equals_torch": True}))
+    monkeypatch.setattr(gpu_check, "kernel_checks", stub("kernel", {"attention_schedule": "worklist"}))
     for name in ("pdl_check", "row_checks", "cost_curve", "profile_step", "step_anatomy", "attention_probe",
                  "l2_probe"):
         monkeypatch.setattr(gpu_check, name, stub(name))

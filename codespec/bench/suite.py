@@ -119,6 +119,9 @@ class Result:
             "latency_p95_s": round(_percentile(latencies, 0.95), 3),
             "identical_rate": round(self.identical_rate, 4),
             "identical_per_request": dict(self.identical),
+            # which request was slow, and in how many passes (a first-call cost shows here)
+            "latency_per_request_s": [round(r.latency_s, 3) for r in run.requests],  # in request order
+            "passes_per_request": [r.passes for r in run.requests],
             "token_agreement": round(self.token_agreement, 4),
             "peak_rss_mb": None if run.peak_rss_mb is None else round(run.peak_rss_mb, 1),
             "cached_prompt_tokens": sum(r.cached_prompt_tokens for r in run.requests),

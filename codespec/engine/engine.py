@@ -103,12 +103,16 @@ class Engine:
     def _warm_up_pass(self) -> None:
         """One decode step on a free slot at start-up, for backends whose first pass over a
         KV cache costs seconds (the cuda backend compiles its functions and captures the
-        cache's graph): that cost belongs to start-up, not to the first request."""
+        cache's graph): that cost belongs to start-up, not to the first request. Then a
+        tree's accepted path kept: the KV compaction's kernel is compiled (or loaded from
+        Triton's cache) here too, not in the first request whose draft takes a branch
+        (0.3+ s on the H100 machine's fresh process, session 29)."""
         if not self.cache.free_slots:
             return
         slot, _ = self.cache.acquire([0])
         try:
             self.forward.choices(self.cache, [(slot, 0, VerifyTree.chain(0))])
+            self.forward.keep(self.cache, [(slot, 0, [1])])  # node 1 onto position 1: in place
         finally:
             self.cache.prefilled(slot, [])  # position 0 was written: the slot holds nothing reusable
             self.cache.release(slot)

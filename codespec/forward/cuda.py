@@ -33,8 +33,9 @@ needs to be deterministic per pass (kvcache.spans); on a GPU the last chunk is o
 With `fused` (CODESPEC_CUDA_FUSED=1) the products carry the work around them
 (kernels/row_linear.py: the norm before q/k/v and gate/up, SiLU before down, the
 residual add after o and down) and nothing is compiled: about 7 launches a layer, in
-programs of CODESPEC_CUDA_TILE_ROWS rows. With CODESPEC_CUDA_PDL our kernels launch as
-programmatic dependents (kernels/_triton_pdl.py): each starts while the one before ends.
+programs of CODESPEC_CUDA_TILE_ROWS rows. On Hopper our kernels launch as programmatic
+dependents (CODESPEC_CUDA_PDL, kernels/_triton_pdl.py): each starts while the one before
+ends (a step 5% faster on the H100, session 29).
 
 On a CPU the same code runs eagerly with the attention's torch reference: that is how
 the tests check the layout (float64 tiny models; TRITON_INTERPRET=1 for the kernel).
@@ -59,13 +60,11 @@ from codespec.forward import profile
 from codespec.forward.base import Moves, Requests, kv_dims
 from codespec.forward.chained import Chained, Collect, next_starts, plain_steps, step_rows
 from codespec.forward.cuda_layers import LayerWeights, add_norm, eps_of, gated, rotary
-from codespec.forward.cuda_settings import CudaSettings, require_hopper
+from codespec.forward.cuda_settings import CudaSettings, is_hopper, require_hopper
 from codespec.forward.passlayout import META_FIELDS, PassRows, chain_rows, fill_staging, tree_rows
-from codespec.forward.prefetch import NoPrefetch, Prefetcher
 from codespec.kernels.compact import keep_paths
 from codespec.kernels.rope_store import rope_store, rope_store_ref
-from codespec.kernels.row_argmax import row_argmax
-from codespec.kernels.row_attention import row_attention, single_counts
+from codespec.kernels.row_attention import row_attention
 from codespec.kernels.row_linear import Config, rms_norm, row_linear
 
 _log = logging.getLogger(__name__)
@@ -101,8 +100,7 @@ class CudaForward:
     min_rows = 1  # every pass runs the bucket: one row costs what the bucket costs
 
     def __init__(self, model: Any, *, rows: int | None = None, graphs: bool | None = None,
-                 tiles: dict[str, Config] | None = None, fused: bool | None = None, prefetch: str | None = None,
-                 prefetch_programs: int | None = None, pdl: str | None = None) -> None:
+                 tiles: dict[str, Config] | None = None, fused: bool | None = None, pdl: str | None = None) -> None:
         why = unsupported(model)
         assert why is None, why  # select.py checks first
         settings = CudaSettings.from_env()  # CODESPEC_CUDA_* (forward/cuda_settings.py): bad values fail here
@@ -122,16 +120,16 @@ class CudaForward:
         self._chained: weakref.WeakKeyDictionary[Any, Chained] = weakref.WeakKeyDictionary()
         self.chains_steps = settings.chain  # the verifier asks for it where every next pass is a plain step
         self.chained_taken = self.chained_dropped = 0  # queued steps the engine asked for, and the others
-        self.row_argmax = settings.argmax == "rows"  # the greedy choice of real rows alone (kernels/row_argmax.py)
         self.attention = settings.attention  # attention's launch schedule (kernels/row_attention.py)
         # Our kernels launched as programmatic dependents (kernels/_triton_pdl.py), the
-        # products warming their own weights first with `prefetch`: CODESPEC_CUDA_PDL.
+        # fused products warming their own weights first with `prefetch`: CODESPEC_CUDA_PDL,
+        # `auto` by default: launch on Hopper (the H100's step 0.95x without it, its bits
+        # the same: scripts/gpu_step.py's pdl check, session 29), off on older GPUs and CPUs.
         self.pdl = pdl or settings.pdl
-        if self.pdl != "off":
+        if self.pdl == "auto":
+            self.pdl = "launch" if is_hopper(self.device) else "off"
+        elif self.pdl != "off":
             require_hopper(self.device, f"CODESPEC_CUDA_PDL={self.pdl} (programmatic dependent launch)", "unset it")
-        # attention's `single` schedule counts each (row, KV head)'s finished blocks here;
-        # every launch leaves it zero, so one buffer serves every layer, pass and graph
-        self._counts = single_counts(self.rows, self.kv_heads, self.device)
         self._layers = [LayerWeights.of(layer) for layer in model.model.layers]
         # The products run as they are (cuBLAS, or row_linear's tiles where `tiles` names
         # one) and the work between them as small functions fused by torch.compile on
@@ -158,16 +156,10 @@ class CudaForward:
         compile = self.graphs and not self.fused and settings.compile
         self._add_norm = torch.compile(add_norm, dynamic=False) if compile else add_norm
         self._gated = torch.compile(gated, dynamic=False) if compile else gated
-        # Weights warmed into L2 on a side stream while the pass runs (forward/prefetch.py):
-        # CODESPEC_CUDA_PREFETCH, off until the GPU check shows it pays.
-        mode, programs = prefetch or settings.prefetch, prefetch_programs or settings.prefetch_programs
-        self.prefetch: Prefetcher | NoPrefetch = (
-            NoPrefetch() if mode == "off" else Prefetcher(self._layers, mode, programs, self.device))
         # What a pass runs, for the machine profile's key: a cost curve measured with one
         # layout must not price another's passes (profile_key).
         self._kernels = {"rows": self.rows, "graphs": self.graphs, "fused": self.fused, "compile": compile,
-                         "attention": self.attention, "argmax": settings.argmax, "pdl": self.pdl,
-                         "reduce": settings.reduce, "prefetch": mode if mode == "off" else f"{mode}/{programs}",
+                         "attention": self.attention, "pdl": self.pdl, "reduce": settings.reduce,
                          "tiles": ";".join(f"{name}:{tile}" for name, tile in sorted(self.tiles.items()))}
 
     # -- the Forward protocol --------------------------------------------------------------
@@ -342,33 +334,22 @@ class CudaForward:
                            heads=self.heads, kv_heads=self.kv_heads, live=live, pdl=pdl)
             return row_attention(q, keys[index], values[index], slots=slots, context=context, path=path,
                                  path_len=path_len, scale=layer.self_attn.scaling, schedule=self.attention,
-                                 counts=self._counts, pdl=pdl).view(rows, -1)
+                                 pdl=pdl).view(rows, -1)
 
         if self.fused:
             logits = self._fused_layers(hidden, attend, live)
-            return logits, self._argmax(logits, context, path_len)
-        warm = self.prefetch  # fork points of the side stream that warms L2; joined below
+            return logits, torch.argmax(logits, dim=-1)
         delta = torch.zeros_like(hidden)  # what the last layer adds to the residual stream
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
-            warm.at("layer", index)
             hidden, x = self._add_norm(hidden, delta, w.input_norm, w.input_eps)
             attended = attend(index, layer, self._product("qkv", x, w.qkv, w.qkv_bias, live=live))
             hidden, x = self._add_norm(hidden, self._product("o", attended, w.o, w.o_bias, live=live), w.post_norm,
                                        w.post_eps)
-            warm.at("mlp", index)
             delta = self._product("down", self._gated(self._product("gate_up", x, w.gate_up, live=live)), w.down,
                                   live=live)
-        warm.join()
         _, x = self._add_norm(hidden, delta, model.norm.weight, eps_of(model.norm))
         logits = self._product("lm_head", x, self.model.lm_head.weight, self.model.lm_head.bias, live=live)
-        return logits, self._argmax(logits, context, path_len)
-
-    def _argmax(self, logits: torch.Tensor, context: torch.Tensor, path_len: torch.Tensor) -> torch.Tensor:
-        """The rows' greedy choices: torch.argmax over the bucket, or (CODESPEC_CUDA_ARGMAX=rows)
-        kernels/row_argmax.py over the rows that hold a token (padding rows get 0, never read)."""
-        if self.row_argmax:
-            return row_argmax(logits, context, path_len, pdl=self.pdl != "off")
-        return torch.argmax(logits, dim=-1)
+        return logits, torch.argmax(logits, dim=-1)
 
     def _fused_layers(self, hidden: torch.Tensor, attend: Any,
                       live: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -377,18 +358,15 @@ class CudaForward:
         roundings, kernels/row_linear.py); returns the logits. The products compute the
         rows in `live` alone (a padding row's hidden state is never read: its K and V
         come from its source row, its attention is zeros, its logits go unread)."""
-        model, tiles, warm = self.model.model, self.tiles, self.prefetch
+        model, tiles = self.model.model, self.tiles
         linear = dict(live=live, pdl=self.pdl, counts=self._linear_counts)
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
-            warm.at("layer", index)
             qkv = row_linear(hidden, w.qkv, w.qkv_bias, norm=(w.input_norm, w.input_eps), config=tiles["qkv"],
                              **linear)
             hidden = row_linear(attend(index, layer, qkv), w.o, w.o_bias, residual=hidden, config=tiles["o"],
                                 **linear)
-            warm.at("mlp", index)
             gate_up = row_linear(hidden, w.gate_up, norm=(w.post_norm, w.post_eps), config=tiles["gate_up"], **linear)
             hidden = row_linear(gate_up, w.down, gated=True, residual=hidden, config=tiles["down"], **linear)
-        warm.join()
         head = self.model.lm_head
         return row_linear(hidden, head.weight, head.bias, norm=(model.norm.weight, eps_of(model.norm)),
                           config=tiles["lm_head"], **linear)

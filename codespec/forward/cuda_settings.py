@@ -8,13 +8,11 @@
     CODESPEC_CUDA_FUSED             0, 1                    every product through row_linear with its norm,
                                                             SiLU and residual inside (slower on the H100)
     CODESPEC_CUDA_COMPILE           1, 0                    the norms and SiLU compiled by torch.compile
-    CODESPEC_CUDA_ATTENTION         worklist, grid, single  attention's launch schedule (kernels/row_attention.py)
-    CODESPEC_CUDA_PREFETCH          off, sector, bulk, load weights warmed into L2 on a side stream
-    CODESPEC_CUDA_PREFETCH_PROGRAMS 32, 1..4096             programs of each warming launch
+    CODESPEC_CUDA_ATTENTION         worklist, grid          attention's launch schedule (kernels/row_attention.py)
     CODESPEC_CUDA_CHAIN             1, 0                    plain steps queued one ahead (forward/chained.py)
-    CODESPEC_CUDA_ARGMAX            torch, rows             the greedy choice over the bucket, or real rows only
-    CODESPEC_CUDA_PDL               off, launch, prefetch   our kernels launched as programmatic dependents
-                                                            (sm_90+), products warming their own weights first
+    CODESPEC_CUDA_PDL               auto, off, launch,      our kernels launched as programmatic dependents
+                                    prefetch                (sm_90+; auto: launch there, off before), the
+                                                            fused products warming their own weights first
     CODESPEC_CUDA_TILE_ROWS         64, 32, 16              rows a program of the fused products computes (a
                                                             step computes one such block, a pass several)
     CODESPEC_CUDA_REDUCE            launch, fold            a split product's sum: a second launch, or its
@@ -33,10 +31,19 @@ from typing import Any, Mapping
 from codespec.errors import SettingError
 
 CHOICES = {"prefill": ("bucket", "eager"), "fused": ("0", "1"), "compile": ("1", "0"),
-           "attention": ("worklist", "grid", "single"), "prefetch": ("off", "sector", "bulk", "load"),
-           "chain": ("1", "0"), "argmax": ("torch", "rows"), "pdl": ("off", "launch", "prefetch"),
+           "attention": ("worklist", "grid"), "chain": ("1", "0"), "pdl": ("auto", "off", "launch", "prefetch"),
            "tile_rows": ("64", "32", "16"), "reduce": ("launch", "fold")}
-RANGES = {"rows": (64, 1, 1024), "prefetch_programs": (32, 1, 4096)}  # default, least, most
+RANGES = {"rows": (64, 1, 1024)}  # default, least, most
+
+
+def is_hopper(device: Any) -> bool:
+    """Whether `device` is a GPU of compute capability 9.0 or later (programmatic
+    dependent launch, kernels/_triton_pdl.py)."""
+    if device.type != "cuda":
+        return False
+    import torch
+
+    return torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 def require_hopper(device: Any, setting: str, remedy: str) -> None:
@@ -59,11 +66,8 @@ class CudaSettings:
     fused: bool = False
     compile: bool = True
     attention: str = "worklist"
-    prefetch: str = "off"
-    prefetch_programs: int = 32
     chain: bool = True
-    argmax: str = "torch"
-    pdl: str = "off"
+    pdl: str = "auto"
     tile_rows: int = 64
     reduce: str = "launch"
 

@@ -2,8 +2,7 @@
 interpreter on CPU (elsewhere the CPU tests run the kernels' torch references through the
 backend). The kernels compute only the rows that hold a token, a padding row's outputs
 left undefined: the model's greedy output all the same, and speculation lossless against
-plain decoding. (The argmax kernel, whose interpreted
-run is slow, has its own tests: tests/kernels/test_row_argmax.py.)"""
+plain decoding."""
 
 from __future__ import annotations
 
@@ -25,12 +24,12 @@ def test_the_kernels_on_live_rows_give_the_models_output_and_stay_lossless(monke
     """`products`: the fused layers with row_linear's kernel for every product, splits of
     K summed by their last program (CODESPEC_CUDA_REDUCE=fold; ~1 s a pass interpreted);
     `all`: rotary, the KV store and attention through theirs too (~3.5 s a pass), in the
-    fused layers and the default ones (their products in torch here; attention's `single`
+    fused layers and the default ones (their products in torch here; attention's `grid`
     schedule, CODESPEC_CUDA_ATTENTION, where the fused ones run the default worklist)."""
     if kernels == "products":
         monkeypatch.setenv("CODESPEC_CUDA_REDUCE", "fold")
     if not fused:
-        monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "single")
+        monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "grid")
     from codespec.kernels import row_attention, row_linear, rope_store
 
     for module in (row_linear,) if kernels == "products" else (row_linear, row_attention, rope_store):

@@ -87,32 +87,26 @@ def test_long_rows_split_into_blocks_any_launch_gives_the_same_bits(monkeypatch)
                        wide)
     for programs in (1, 3, 50):  # the worklist's wave: one program takes every item, or many idle
         monkeypatch.setattr(module, "wave", lambda device, n=programs: n)
-        for schedule in ("worklist", "single"):
-            assert torch.equal(row_attention(query, keys, values, **meta, scale=0.125, force_triton=True,
-                                             schedule=schedule), wide)
+        assert torch.equal(row_attention(query, keys, values, **meta, scale=0.125, force_triton=True,
+                                         schedule="worklist"), wide)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_both_schedules_give_the_same_bits(dtype, monkeypatch):
-    """The worklist, the single launch and the grid run the same code for every (row,
-    block, KV head) and combine: a pass of rows over several blocks, paths and padding
-    gets the same bits from all three."""
+    """The worklist and the grid run the same code for every (row, block, KV head) and
+    combine: a pass of rows over several blocks, paths and padding gets the same bits
+    from both, at either warps' layout of the combine."""
     rng = random.Random(7)
     keys, values = (torch.randn(4, KV_HEADS, 420, DIM).to(dtype) for _ in range(2))
     rows = random_rows(rng, 13, 4, 420)
     rows["context"][3], rows["context"][5] = 3 * KEY_BLOCK + 1, 2 * KEY_BLOCK  # rows of several blocks
     query = torch.randn(13, HEADS, DIM).to(dtype)
-    grid = row_attention(query, keys, values, **rows, scale=0.125, force_triton=True, schedule="grid")
     monkeypatch.setattr(module, "wave", lambda device: 5)
-    for schedule in ("worklist", "single"):
+    for warps in (4, 8):
+        monkeypatch.setattr(module, "WORK_WARPS", warps)
+        grid = row_attention(query, keys, values, **rows, scale=0.125, force_triton=True, schedule="grid")
         assert torch.equal(row_attention(query, keys, values, **rows, scale=0.125, force_triton=True,
-                                         schedule=schedule), grid), schedule
-    # the single schedule leaves its counts at zero for the next launch: one buffer, launched again
-    counts = module.single_counts(13, KV_HEADS, query.device)
-    for _ in range(2):
-        assert torch.equal(row_attention(query, keys, values, **rows, scale=0.125, force_triton=True,
-                                         schedule="single", counts=counts), grid)
-        assert not counts.any()
+                                         schedule="worklist"), grid), warps
     with pytest.raises(ValueError, match="attention schedule 'tiles'"):
         row_attention(query, keys, values, **rows, scale=0.125, force_triton=True, schedule="tiles")
 

@@ -1,7 +1,7 @@
 """The Triton kernels the cuda backend runs, compiled offline to H100 (sm_90) machine
 code: triton's own ptxas needs no GPU. What the interpreter cannot show: the inline PTX
-is valid, the atomics and barriers lower as meant, the warming is not dropped as dead
-code, and no kernel spills at the warps it launches with. Each is compiled as a launch
+is valid, the atomics and barriers lower as meant, a product's warming of its own
+weights is not dropped as dead code, and no kernel spills at the warps it launches with. Each is compiled as a launch
 on the GPU specializes it (pointers 16-byte aligned, integers multiples of 16): without
 that, loads neither vectorize nor pipeline, and registers and spills are not the GPU's
 (sessions 26-27 read 255 registers and spills off such builds). In a process of its
@@ -24,8 +24,8 @@ import json, os, subprocess, sys, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from codespec.kernels import _triton, _triton_attention, _triton_linear, _triton_prefetch
-from codespec.kernels.l2_prefetch import BLOCK, GRAIN
+from codespec.kernels import _triton, _triton_attention, _triton_linear
+from codespec.kernels.row_attention import WORK_WARPS
 from codespec.kernels._triton_pdl import launch_options
 
 tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -53,10 +53,6 @@ def build(fn, signature, constants, warps=4, fp_fusion=True):
 
 
 out = {}
-regions = {f"{kind}{i}": type_ for i in range(4) for kind, type_ in (("p", "*u8"), ("n", "i32"))}
-for mode, code in _triton_prefetch.MODES.items():
-    out["prefetch " + mode] = build(_triton_prefetch._l2_prefetch_kernel, {**regions, "sink_ptr": "*i32"},
-                                    {"MODE": code, "GRAIN": GRAIN[mode], "BLOCK": BLOCK})
 pointers = [("q_ptr", "*bf16"), ("k_ptr", "*bf16"), ("v_ptr", "*bf16"), ("part_ptr", "*fp32")]
 meta = [("slots_ptr", "*i64"), ("context_ptr", "*i64"), ("path_ptr", "*i64"), ("path_len_ptr", "*i64"),
         ("scale", "fp32")]
@@ -66,18 +62,7 @@ shapes = dict(GROUP=7, GROUP_PAD=16, DIM=64, KEY_BLOCK=128, PRECISION="tf32")
 for pdl in (False, True):
     out["worklist" + " pdl" * pdl] = build(_triton_attention._row_attention_work_kernel,
                                            dict(pointers + meta + [("rows", "i32")] + strides),
-                                           {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64, "PDL": pdl}, warps=8)
-out["single"] = build(_triton_attention._row_attention_single_kernel,
-                      dict(pointers + [("out_ptr", "*bf16"), ("count_ptr", "*i32")] + meta + [("rows", "i32")]
-                           + strides + [("s_out_row", "i32"), ("s_out_head", "i32")]),
-                      {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64, "CHUNK": 16, "HEADS_PAD": 16, "PDL": False}, warps=8)
-out["argmax part"] = build(_triton._argmax_part_kernel,
-                           {"logits_ptr": "*bf16", "context_ptr": "*i64", "path_len_ptr": "*i64", "best_ptr": "*fp32",
-                            "index_ptr": "*i32", "nan_ptr": "*i32", "vocab": "i32", "s_row": "i32"},
-                           {"SPLITS": 64, "BLOCK": 1024, "PDL": True})
-out["argmax final"] = build(_triton._argmax_final_kernel,
-                            {"best_ptr": "*fp32", "index_ptr": "*i32", "nan_ptr": "*i32", "context_ptr": "*i64",
-                             "path_len_ptr": "*i64", "out_ptr": "*i64", "vocab": "i32"}, {"SPLITS": 64, "PDL": True})
+                                           {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64, "PDL": pdl}, warps=WORK_WARPS)
 out["rope_store pdl"] = build(_triton._rope_store_kernel,
                               {**{name: "*bf16" for name in ("qkv_ptr", "cos_ptr", "sin_ptr")},
                                **{name: "*i64" for name in ("source_ptr", "write_slot_ptr", "write_position_ptr")},
@@ -130,15 +115,8 @@ def compiled() -> dict[str, dict]:
     return json.loads(done.stdout)
 
 
-@pytest.mark.parametrize("mode, instruction", [("sector", "prefetch.global.L2"),
-                                               ("bulk", "cp.async.bulk.prefetch.L2.global"),
-                                               ("load", "ld.global.cg")])
-def test_warming_issues_its_instruction_for_every_region(compiled, mode, instruction):
-    assert compiled["prefetch " + mode]["ptx"].count(instruction) >= 4, mode
-
-
 def test_attention_schedules_launch_without_spilling(compiled):
-    assert compiled["worklist"]["stack"] == 0 and compiled["single"]["stack"] == 0
+    assert compiled["worklist"]["stack"] == 0 and compiled["worklist pdl"]["stack"] == 0
 
 
 def test_loads_vectorize_and_pipeline_as_on_the_gpu(compiled):
@@ -147,17 +125,6 @@ def test_loads_vectorize_and_pipeline_as_on_the_gpu(compiled):
     for kernel in ("linear off", "linear m16 qkv", "linear m16 down", "worklist"):
         assert "cp.async.cg.shared.global" in compiled[kernel]["ptx"], kernel
         assert "ld.global.b16" not in compiled[kernel]["ptx"], kernel
-
-
-def test_the_single_schedule_counts_after_a_barrier_at_gpu_scope(compiled):
-    ptx = compiled["single"]["ptx"]
-    count = ptx.index("atom.global.gpu.acq_rel.add")
-    assert "bar.sync" in ptx[ptx.rindex("st.global", 0, count):count]  # every thread's partial stored first
-    assert ptx.count("ld.global.cg") > 0  # the combine reads other programs' partials past L1
-
-
-def test_argmax_kernels_compile(compiled):
-    assert "max" in compiled["argmax part"]["ptx"] and compiled["argmax final"]["ptx"]
 
 
 GLOBAL_READ = re.compile(r"\b(ld\.global|cp\.async\.(?!bulk\.prefetch)|atom\.)")  # an L2 prefetch reads nothing
@@ -169,8 +136,7 @@ def first_load_after_the_wait(ptx: str) -> bool:
     return 0 <= start < wait and not GLOBAL_READ.search(ptx[:wait]) and bool(GLOBAL_READ.search(ptx[wait:]))
 
 
-@pytest.mark.parametrize("kernel", ["worklist pdl", "argmax part", "argmax final", "rope_store pdl",
-                                    "linear prefetch", "linear reduce pdl"])
+@pytest.mark.parametrize("kernel", ["worklist pdl", "rope_store pdl", "linear prefetch", "linear reduce pdl"])
 def test_programmatic_dependents_read_nothing_before_they_wait(compiled, kernel):
     assert first_load_after_the_wait(compiled[kernel]["ptx"]), kernel
 
