@@ -167,8 +167,13 @@ def test_the_backends_settings_are_checked_at_start_up(monkeypatch):
         assert getattr(CudaSettings.from_env({f"CODESPEC_CUDA_{name}": raw}), name.lower()) == value
         with pytest.raises(SettingError, match=f"CODESPEC_CUDA_{name}='lots'"):
             CudaSettings.from_env({f"CODESPEC_CUDA_{name}": "lots"})
+    assert all(field.description for field in CudaSettings.model_fields.values())  # STYLE 7
+    assert CudaSettings.from_env({"CODESPEC_CUDA_TILE_ROWS": ""}).tile_rows == 64  # empty: the default
+    monkeypatch.setenv("CODESPEC_CUDA_TILE_ROWS", "16")
+    assert CudaSettings().tile_rows == CudaSettings.from_env().tile_rows == 16  # pydantic-settings' own read
+    monkeypatch.delenv("CODESPEC_CUDA_TILE_ROWS")
     monkeypatch.setenv("CODESPEC_CUDA_ROWS", "0")
-    with pytest.raises(SettingError, match="CODESPEC_CUDA_ROWS"):
+    with pytest.raises(SettingError, match="^CODESPEC_CUDA_ROWS='0': input should be greater than or equal to 1$"):
         CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))  # the environment's bad value, at start-up
     monkeypatch.setenv("CODESPEC_CUDA_ROWS", "32")
     monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "grid")  # the backend passes it to every attention launch

@@ -31,7 +31,7 @@ def test_every_variant_is_settings_the_backend_takes():
         env = {**gpu_step.DEFAULTS, **own}
         settings = CudaSettings.from_env(env)  # a bad name or value fails here
         names = {name for name in env if name.startswith("CODESPEC_CUDA_")}
-        assert names <= {f"CODESPEC_CUDA_{field.upper()}" for field in CudaSettings.__dataclass_fields__}, label
+        assert names <= {f"CODESPEC_CUDA_{field.upper()}" for field in CudaSettings.model_fields}, label
         assert label.startswith("default") or own, label
         assert (settings.pdl == "off") == (label == "no pdl"), label  # `auto`: PDL on Hopper
 

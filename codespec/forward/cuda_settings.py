@@ -1,22 +1,8 @@
-"""The cuda backend's settings, read from the environment once per backend
-(forward/cuda.py) and checked there: a bad value is one clear line at start-up.
-
-    setting                         values (default first)  what it does
-    CODESPEC_CUDA_ROWS              64, 1..1024             the bucket: rows of every replay (a pass of more
-                                                            rows is several replays)
-    CODESPEC_CUDA_PREFILL           bucket, eager           prompts as replays of the bucket, or eager passes
-    CODESPEC_CUDA_FUSED             0, 1                    every product through row_linear with its norm,
-                                                            SiLU and residual inside (slower on the H100)
-    CODESPEC_CUDA_COMPILE           1, 0                    the norms and SiLU compiled by torch.compile
-    CODESPEC_CUDA_ATTENTION         worklist, grid          attention's launch schedule (kernels/row_attention.py)
-    CODESPEC_CUDA_CHAIN             1, 0                    plain steps queued one ahead (forward/chained.py)
-    CODESPEC_CUDA_PDL               auto, off, launch,      our kernels launched as programmatic dependents
-                                    prefetch                (sm_90+; auto: launch there, off before), the
-                                                            fused products warming their own weights first
-    CODESPEC_CUDA_TILE_ROWS         64, 32, 16              rows a program of the fused products computes (a
-                                                            step computes one such block, a pass several)
-    CODESPEC_CUDA_REDUCE            launch, fold            a split product's sum: a second launch, or its
-                                                            last program (row_linear's products)
+"""The cuda backend's settings, `CODESPEC_CUDA_*` environment variables (a field `tile_rows`
+is `CODESPEC_CUDA_TILE_ROWS`), each described on its field below; read once per backend
+(forward/cuda.py) and checked there: a bad value is one clear line at start-up. They
+stay out of the CLI's flags: they choose among kernel layouts measured on a GPU
+(docs/benchmarks.md), not what a user asks of a request.
 
 >>> CudaSettings.from_env({"CODESPEC_CUDA_ROWS": "32"}).rows
 32
@@ -25,15 +11,14 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from codespec.errors import SettingError
 
-CHOICES = {"prefill": ("bucket", "eager"), "fused": ("0", "1"), "compile": ("1", "0"),
-           "attention": ("worklist", "grid"), "chain": ("1", "0"), "pdl": ("auto", "off", "launch", "prefetch"),
-           "tile_rows": ("64", "32", "16"), "reduce": ("launch", "fold")}
-RANGES = {"rows": (64, 1, 1024)}  # default, least, most
+PREFIX = "CODESPEC_CUDA_"
 
 
 def is_hopper(device: Any) -> bool:
@@ -59,31 +44,46 @@ def require_hopper(device: Any, setting: str, remedy: str) -> None:
                            f"{major}.{minor}: {remedy}")
 
 
-@dataclass(frozen=True)
-class CudaSettings:
-    rows: int = 64
-    prefill: str = "bucket"
-    fused: bool = False
-    compile: bool = True
-    attention: str = "worklist"
-    chain: bool = True
-    pdl: str = "auto"
-    tile_rows: int = 64
-    reduce: str = "launch"
+class CudaSettings(BaseSettings):
+    """The cuda backend's kernel layout; defaults are what the H100 runs measured fastest
+    with every row exact (docs/decisions.md)."""
+
+    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore", env_ignore_empty=True, frozen=True)
+
+    rows: int = Field(64, ge=1, le=1024, description="The bucket: rows of every replay (a pass of more rows is "
+                      "several replays).")
+    prefill: Literal["bucket", "eager"] = Field(
+        "bucket", description="Prompts as replays of the bucket, or eager passes with causal SDPA.")
+    fused: bool = Field(False, description="Every product through row_linear with its norm, SiLU and residual "
+                        "inside (exact; slower on the H100).")
+    compile: bool = Field(True, description="The norms and SiLU compiled by torch.compile.")
+    attention: Literal["worklist", "grid"] = Field(
+        "worklist", description="Attention's launch schedule (kernels/row_attention.py); both give the same bits.")
+    chain: bool = Field(True, description="Plain steps queued one ahead on the device (forward/chained.py).")
+    pdl: Literal["auto", "off", "launch", "prefetch"] = Field(
+        "auto", description="Our kernels launched as programmatic dependents (sm_90+; 'auto': 'launch' there, "
+        "'off' before); 'prefetch': the fused products also warm their own weights into L2 first.")
+    tile_rows: Literal[64, 32, 16] = Field(
+        64, description="Rows a program of the fused products computes (a step computes one such block, a "
+        "pass several).")
+    reduce: Literal["launch", "fold"] = Field(
+        "launch", description="A split product's sum (row_linear's products): a second launch, or its last "
+        "program.")
+
+    @field_validator("tile_rows", mode="before")
+    @classmethod
+    def _whole_number(cls, value: Any) -> Any:
+        return int(value) if isinstance(value, str) and value.isdigit() else value  # the environment's text
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> CudaSettings:
+        """The settings `env` (default: this process's environment) sets, the rest default;
+        a bad value raises SettingError naming the variable."""
         env = os.environ if env is None else env
-        values: dict[str, object] = {}
-        for name, choices in CHOICES.items():
-            raw = env.get(f"CODESPEC_CUDA_{name.upper()}", "") or choices[0]
-            if raw not in choices:
-                raise SettingError(f"CODESPEC_CUDA_{name.upper()}={raw!r}: expected one of {', '.join(choices)}")
-            values[name] = raw == "1" if choices[0] in ("0", "1") else int(raw) if raw.isdigit() else raw
-        for name, (default, least, most) in RANGES.items():
-            raw = env.get(f"CODESPEC_CUDA_{name.upper()}", "") or str(default)
-            if not raw.isdigit() or not least <= int(raw) <= most:
-                raise SettingError(f"CODESPEC_CUDA_{name.upper()}={raw!r}: expected a whole number from {least} "
-                                   f"to {most}")
-            values[name] = int(raw)
-        return cls(**values)
+        values = {name: env[PREFIX + name.upper()] for name in cls.model_fields if env.get(PREFIX + name.upper())}
+        try:
+            return cls.model_validate(values)
+        except ValidationError as error:
+            first = error.errors()[0]
+            name = PREFIX + str(first["loc"][0]).upper()
+            raise SettingError(f"{name}={values[str(first['loc'][0])]!r}: {first['msg'].lower()}") from None
