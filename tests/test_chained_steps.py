@@ -120,8 +120,8 @@ def test_the_engine_says_when_the_next_pass_is_a_plain_step(monkeypatch):
 
 
 def test_a_bad_setting_is_refused(monkeypatch):
-    monkeypatch.setenv("CODESPEC_CUDA_CHAIN", "yes")
-    with pytest.raises(SettingError, match="CODESPEC_CUDA_CHAIN"):
+    monkeypatch.setenv("CODESPEC_CUDA_CHAIN", "sometimes")  # 0/1, true/false, yes/no, on/off are words it takes
+    with pytest.raises(SettingError, match="CODESPEC_CUDA_CHAIN='sometimes'"):
         CudaForward(tiny_model("qwen2", vocab_size=16, seed=3), rows=4)
 
 
@@ -146,3 +146,78 @@ def test_a_request_that_ended_leaves_the_others_rows_to_take(monkeypatch):
         outs.append((first, second, forward.chained_taken))
     assert outs[0][:2] == outs[1][:2] and outs[0][1][0] != outs[0][1][1]
     assert outs[0][2] == 1 and outs[1][2] == 0
+
+
+def test_a_pass_s_choices_are_copied_back_when_it_is_queued_not_when_they_are_read(monkeypatch):
+    """On CUDA, Collect queues the copy of a pass's choices right behind the pass: asked
+    for later, the copy would sit behind the step chained after the pass (one stream runs
+    in order), and reading a step's choices would wait for the next step too. Faked here:
+    a CUDA tensor that logs its copy, and events that log their record and wait."""
+    import torch
+
+    from codespec.forward import chained
+
+    log: list[str] = []
+
+    class DeviceChoices:
+        is_cuda = True
+
+        def to(self, device, non_blocking=False):
+            log.append(f"copy to {device}, non_blocking={non_blocking}")
+            return torch.tensor([7, 3])
+
+    class Event:
+        def record(self):
+            log.append("record")
+
+        def synchronize(self):
+            log.append("wait")
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    collect = chained.Collect(DeviceChoices())
+    assert log == ["copy to cpu, non_blocking=True", "record"]  # at the launch, before any later step
+    log.append("the next step queued")
+    assert collect() == [7, 3] and collect() == [7, 3]
+    assert log[-2:] == ["the next step queued", "wait"]  # one wait, on the pass's own copy
+    assert chained.Collect(torch.tensor([1, 2]))() == [1, 2]  # CPU: read when asked
+
+
+def test_the_choices_a_launch_hands_back_were_collected_before_the_next_step_was_queued(monkeypatch):
+    """The backend's side of the test above: every Collect that `launch` returns (the
+    pass's own, or the queued step's when it is taken) was made, so its copy queued,
+    before that launch queued the step after it."""
+    from codespec.forward import chained, cuda
+
+    clock, made = [0], {}
+
+    class Logged(chained.Collect):
+        def __init__(self, choices):
+            super().__init__(choices)
+            clock[0] += 1
+            made[id(self)] = clock[0]
+
+    monkeypatch.setattr(cuda, "Collect", Logged)
+    monkeypatch.setattr(chained, "Collect", Logged)
+    model = tiny_model("qwen2", vocab_size=64, seed=5)
+    engine = engine_of(model, "1", monkeypatch)
+    forward, queued_at = engine.forward, []
+    real_queue, real_launch = forward._queue_step, forward.launch
+
+    def queue(*args):
+        clock[0] += 1
+        queued_at.append(clock[0])
+        return real_queue(*args)
+
+    def launch(cache, requests, chain_next=False):
+        queued = len(queued_at)
+        collect = real_launch(cache, requests, chain_next)
+        if len(queued_at) > queued:  # this launch queued a step: its choices were collected first
+            checked.append(made[id(collect)] < queued_at[-1])
+        return collect
+
+    checked: list[bool] = []
+    monkeypatch.setattr(forward, "_queue_step", queue)
+    monkeypatch.setattr(forward, "launch", launch)
+    prompt = prompts(64, 1, seed=1, repeat=False)[0]
+    assert engine.generate(prompt, PLAIN).token_ids == hf_greedy(model, prompt, 20)
+    assert forward.chained_taken == 18 and len(checked) == 18 and all(checked)

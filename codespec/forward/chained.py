@@ -30,15 +30,30 @@ from codespec.forward.passlayout import PassRows
 
 class Collect:
     """What waits for a pass's choices (`Forward.launch`'s result); keeps them once read,
-    so a step queued on them can check that the engine asked for it."""
+    so a step queued on them can check that the engine asked for it.
+
+    On CUDA the copy back is queued when the pass is, right behind it: a copy asked for
+    only when the engine reads the choices would queue behind the step chained after the
+    pass (one stream runs in order) and wait for that step too, so the device would idle
+    through the host's work after every step, which chaining is there to hide (session
+    29: plain decoding 1.58 ms a token on the H100 against a 1.29 ms graph)."""
 
     def __init__(self, choices: Any) -> None:
-        self._choices = choices  # a device tensor of the rows' greedy choices
+        self._choices = choices  # the rows' greedy choices: on CUDA, soon a pinned host copy
+        self._copied: Any = None  # the CUDA event after that copy
+        if getattr(choices, "is_cuda", False):
+            import torch
+
+            self._choices = choices.to("cpu", non_blocking=True)  # pinned: the copy is asynchronous
+            self._copied = torch.cuda.Event()
+            self._copied.record()
         self.result: list[int] | None = None
 
     def __call__(self) -> list[int]:
         if self.result is None:
-            self.result = self._choices.tolist()  # the pass's one sync
+            if self._copied is not None:
+                self._copied.synchronize()  # the pass's one wait: its own end, not a later step's
+            self.result = self._choices.tolist()
         return self.result
 
 
