@@ -49,7 +49,8 @@ def variant_env(own: dict[str, str]) -> dict[str, str]:
 # In order of what a deadline should keep: the variants whose kernels pdl_check compiled
 # first (Triton compiles each kernel once a process: ~2 s each on the H100 machine).
 VARIANTS: dict[str, dict[str, str]] = {
-    "default": {}, "no pdl": {"CODESPEC_CUDA_PDL": "off"}, "fused m16 pdl/prefetch": {**M16, "CODESPEC_CUDA_PDL": "prefetch"},
+    "default": {}, "no pdl": {"CODESPEC_CUDA_PDL": "off"},
+    "fused m16 pdl/prefetch": {**M16, "CODESPEC_CUDA_PDL": "prefetch"},
     "fused m16 pdl/prefetch fold": {**M16, "CODESPEC_CUDA_PDL": "prefetch", "CODESPEC_CUDA_REDUCE": "fold"},
     "fused m16": M16, "grid attention": {"CODESPEC_CUDA_ATTENTION": "grid"},
     "fused pdl/prefetch": {**FUSED, "CODESPEC_CUDA_PDL": "prefetch"}, "fused": FUSED,

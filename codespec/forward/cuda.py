@@ -35,7 +35,7 @@ With `fused` (CODESPEC_CUDA_FUSED=1) the products carry the work around them
 residual add after o and down) and nothing is compiled: about 7 launches a layer, in
 programs of CODESPEC_CUDA_TILE_ROWS rows. On Hopper our kernels launch as programmatic
 dependents (CODESPEC_CUDA_PDL, kernels/_triton_pdl.py): each starts while the one before
-ends (a step 5% faster on the H100, session 29).
+ends (a step 1-5% faster on the H100, session 29's two runs).
 
 On a CPU the same code runs eagerly with the attention's torch reference: that is how
 the tests check the layout (float64 tiny models; TRITON_INTERPRET=1 for the kernel).

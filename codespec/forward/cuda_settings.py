@@ -34,14 +34,13 @@ def is_hopper(device: Any) -> bool:
 def require_hopper(device: Any, setting: str, remedy: str) -> None:
     """A clear error at start-up where `setting` needs sm_90 (Hopper) or later and
     `device` is an older GPU (a CPU device: nothing to check, the kernels do not run)."""
-    if device.type != "cuda":
+    if device.type != "cuda" or is_hopper(device):
         return
     import torch
 
     major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) < (9, 0):
-        raise SettingError(f"{setting} needs a GPU of compute capability 9.0 or later (Hopper); this one is "
-                           f"{major}.{minor}: {remedy}")
+    raise SettingError(f"{setting} needs a GPU of compute capability 9.0 or later (Hopper); this one is "
+                       f"{major}.{minor}: {remedy}")
 
 
 class CudaSettings(BaseSettings):
