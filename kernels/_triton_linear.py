@@ -34,22 +34,37 @@ def _rows_load(at, live, LIVE: tl.constexpr):
 
 
 @triton.jit
-def _operand(x_ptr, norm_ptr, m, k, k_size, s_x, scale, live, NORM: tl.constexpr, GATED: tl.constexpr,
-             LIVE: tl.constexpr):
+def _operand(x_ptr, norm_ptr, m, k, s_x, scale, live, NORM: tl.constexpr, LIVE: tl.constexpr):
     """The product's left operand for rows m, columns k, in the model's dtype, rounded
     where transformers' eager code rounds: the norm's normalised x, then its weight times
-    that; SiLU(gate), then times up."""
+    that."""
     dtype = x_ptr.dtype.element_ty
-    if GATED:  # x holds [gate | up], each k_size wide
-        gate = _rows_load(x_ptr + m[:, None] * s_x + k[None, :], live, LIVE).to(tl.float32)
-        up = _rows_load(x_ptr + m[:, None] * s_x + k_size + k[None, :], live, LIVE).to(tl.float32)
-        silu = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
-        return (silu * up).to(dtype)
     x = _rows_load(x_ptr + m[:, None] * s_x + k[None, :], live, LIVE)
     if NORM:
         normed = (x.to(tl.float32) * scale[:, None]).to(dtype).to(tl.float32)
         return (normed * tl.load(norm_ptr + k).to(tl.float32)[None, :]).to(dtype)
     return x
+
+
+@triton.jit
+def _norm_scale(x_ptr, sq_in_ptr, m, k_size, eps, s_x, s_sq_in, live, LIVE: tl.constexpr, SQUARES_IN: tl.constexpr,
+                SQUARES_PAD: tl.constexpr, BLOCK_K: tl.constexpr):
+    """RMSNorm's 1 / rms for rows m, in float32. With SQUARES_IN, from the row's partial
+    sums of squares that the product which wrote x left (`squares_out`): one load of a
+    few floats. Without, by walking the row BLOCK_K at a time: a chain of dependent loads
+    before the product's own loop starts (the fused layers' first norm alone)."""
+    if SQUARES_IN > 0:
+        b = tl.arange(0, SQUARES_PAD)
+        partial = tl.load(sq_in_ptr + m[:, None] * s_sq_in + b[None, :], mask=live[:, None] & (b < SQUARES_IN)[None, :],
+                          other=0.0)
+        squares = tl.sum(partial, axis=1)
+    else:
+        squares = tl.zeros(m.shape, tl.float32)
+        for begin in range(0, k_size, BLOCK_K):
+            x = _rows_load(x_ptr + m[:, None] * s_x + begin + tl.arange(0, BLOCK_K)[None, :], live,
+                           LIVE).to(tl.float32)
+            squares += tl.sum(x * x, axis=1)
+    return tl.rsqrt(squares / k_size + eps)
 
 
 @triton.jit
@@ -67,9 +82,10 @@ def _warm_weights(w_ptr, n_first, k_first, k_last, s_w, BLOCK_N: tl.constexpr, S
 
 @triton.jit
 def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, part_ptr, context_ptr, path_len_ptr,
-                       count_ptr, k_size, eps, s_x, s_w, s_residual, s_out, s_part_split, s_part,
-                       STEPS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, LIVE: tl.constexpr,
+                       count_ptr, sq_in_ptr, sq_out_ptr, k_size, eps, s_x, s_w, s_residual, s_out, s_part_split, s_part,
+                       s_sq_in, s_sq_out, STEPS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       NORM: tl.constexpr, SQUARES_IN: tl.constexpr, SQUARES_PAD: tl.constexpr,
+                       SQUARES_OUT: tl.constexpr, PAIRS: tl.constexpr, RESIDUAL: tl.constexpr, LIVE: tl.constexpr,
                        PDL: tl.constexpr, PREFETCH: tl.constexpr, SECTOR: tl.constexpr, SECTORS: tl.constexpr,
                        WARM_ROWS: tl.constexpr, FOLD: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
@@ -90,23 +106,21 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
     live = live_rows(context_ptr, path_len_ptr, m, LIVE)
     if tl.max(live.to(tl.int32), axis=0) > 0:  # a block of padding rows computes nothing
         scale = tl.zeros([BLOCK_M], tl.float32)
-        if NORM:  # RMSNorm's 1 / rms over the whole row, in float32, BLOCK_K at a time
-            squares = tl.zeros([BLOCK_M], tl.float32)
-            for begin in range(0, k_size, BLOCK_K):
-                x = _rows_load(x_ptr + m[:, None] * s_x + begin + tl.arange(0, BLOCK_K)[None, :], live,
-                               LIVE).to(tl.float32)
-                squares += tl.sum(x * x, axis=1)
-            scale = tl.rsqrt(squares / k_size + eps)
+        if NORM:
+            scale = _norm_scale(x_ptr, sq_in_ptr, m, k_size, eps, s_x, s_sq_in, live, LIVE, SQUARES_IN, SQUARES_PAD,
+                                BLOCK_K)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for begin in range(first, last, BLOCK_K):
             k = begin + tl.arange(0, BLOCK_K)
-            a = _operand(x_ptr, norm_ptr, m, k, k_size, s_x, scale, live, NORM, GATED, LIVE)
+            a = _operand(x_ptr, norm_ptr, m, k, s_x, scale, live, NORM, LIVE)
             w = tl.load(w_ptr + n[:, None] * s_w + k[None, :])
             if UPCAST:  # the interpreter's bf16 tl.dot returns garbage (triton 3.9): the tests' path
                 a, w = a.to(tl.float32), w.to(tl.float32)
             acc += tl.dot(a, tl.trans(w))
+        n_first = tl.program_id(0) * BLOCK_N
         if SPLITS == 1:
-            _finish(acc, bias_ptr, residual_ptr, out_ptr, m, n, s_residual, s_out, HAS_BIAS, RESIDUAL)
+            _finish(acc, bias_ptr, residual_ptr, out_ptr, sq_out_ptr, m, n_first, s_residual, s_out, s_sq_out, HAS_BIAS,
+                    RESIDUAL, PAIRS, SQUARES_OUT, BLOCK_M, BLOCK_N)
         else:
             tl.store(part_ptr + split * s_part_split + m[:, None] * s_part + n[None, :], acc)
             if FOLD:  # the program that stores a block's last split adds them all, as the reduce kernel does
@@ -114,22 +128,39 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
                 count = count_ptr + tl.program_id(0) * tl.num_programs(2) + tl.program_id(2)
                 if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
                     total = _split_sum(part_ptr, m, n, s_part_split, s_part, SPLITS, ".cg")  # the reduce kernel's
-                    _finish(total, bias_ptr, residual_ptr, out_ptr, m, n, s_residual, s_out, HAS_BIAS, RESIDUAL)
+                    _finish(total, bias_ptr, residual_ptr, out_ptr, sq_out_ptr, m, n_first, s_residual, s_out, s_sq_out,
+                            HAS_BIAS, RESIDUAL, PAIRS, SQUARES_OUT, BLOCK_M, BLOCK_N)
                     tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")  # zero for the next launch
 
 
 @triton.jit
-def _finish(acc, bias_ptr, residual_ptr, out_ptr, m, n, s_residual, s_out, HAS_BIAS: tl.constexpr,
-            RESIDUAL: tl.constexpr):
-    """bias, then the product rounded to the model's dtype, then the residual added and
-    rounded again: transformers' `hidden + linear(x)`."""
+def _finish(acc, bias_ptr, residual_ptr, out_ptr, sq_out_ptr, m, n_first, s_residual, s_out, s_sq_out,
+            HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, PAIRS: tl.constexpr, SQUARES_OUT: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Outputs n_first.. (BLOCK_N of them) of rows m: bias, then the product rounded to
+    the model's dtype, then the residual added and rounded again (transformers' `hidden +
+    linear(x)`); with SQUARES_OUT, the rows' sum of squares of what is stored, one float
+    per row for this block (the next product's norm). PAIRS: the columns are (gate, up)
+    pairs, and what is stored is SiLU(gate) * up, BLOCK_N / 2 outputs from n_first / 2,
+    rounded as transformers' MLP rounds (gate and up, SiLU, the product)."""
     dtype = out_ptr.dtype.element_ty
+    n = n_first + tl.arange(0, BLOCK_N)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + n).to(tl.float32)[None, :]
-    if RESIDUAL:
-        residual = tl.load(residual_ptr + m[:, None] * s_residual + n[None, :]).to(tl.float32)
-        acc = acc.to(dtype).to(tl.float32) + residual
-    tl.store(out_ptr + m[:, None] * s_out + n[None, :], acc.to(dtype))
+    if PAIRS:
+        gate, up = tl.split(tl.reshape(acc.to(dtype).to(tl.float32), [BLOCK_M, BLOCK_N // 2, 2]))
+        silu = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
+        half = n_first // 2 + tl.arange(0, BLOCK_N // 2)
+        tl.store(out_ptr + m[:, None] * s_out + half[None, :], (silu * up).to(dtype))
+    else:
+        if RESIDUAL:
+            residual = tl.load(residual_ptr + m[:, None] * s_residual + n[None, :]).to(tl.float32)
+            acc = acc.to(dtype).to(tl.float32) + residual
+        result = acc.to(dtype)
+        tl.store(out_ptr + m[:, None] * s_out + n[None, :], result)
+        if SQUARES_OUT:
+            stored = result.to(tl.float32)
+            tl.store(sq_out_ptr + m * s_sq_out + n_first // BLOCK_N, tl.sum(stored * stored, axis=1))
 
 
 @triton.jit
@@ -144,48 +175,62 @@ def _split_sum(part_ptr, m, n, s_part_split, s_part, SPLITS: tl.constexpr, READ:
 
 
 @triton.jit
-def _row_linear_reduce_kernel(part_ptr, bias_ptr, residual_ptr, out_ptr, context_ptr, path_len_ptr, s_part_split,
-                              s_part, s_residual, s_out, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
-                              RESIDUAL: tl.constexpr, LIVE: tl.constexpr, PDL: tl.constexpr, BLOCK: tl.constexpr):
+def _row_linear_reduce_kernel(part_ptr, bias_ptr, residual_ptr, out_ptr, sq_out_ptr, context_ptr, path_len_ptr,
+                              s_part_split, s_part, s_residual, s_out, s_sq_out, SPLITS: tl.constexpr,
+                              HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, PAIRS: tl.constexpr,
+                              SQUARES_OUT: tl.constexpr, LIVE: tl.constexpr, PDL: tl.constexpr, BLOCK: tl.constexpr):
     # One program per row and BLOCK outputs: the splits' partial sums added in split order.
     pdl_start(PDL)
     pdl_wait(PDL)
     m = tl.program_id(1) + tl.zeros([1], tl.int32)
-    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    n_first = tl.program_id(0) * BLOCK
     if tl.max(live_rows(context_ptr, path_len_ptr, m, LIVE).to(tl.int32), axis=0) > 0:
-        acc = _split_sum(part_ptr, m, n, s_part_split, s_part, SPLITS, "")
-        _finish(acc, bias_ptr, residual_ptr, out_ptr, m, n, s_residual, s_out, HAS_BIAS, RESIDUAL)
+        acc = _split_sum(part_ptr, m, n_first + tl.arange(0, BLOCK), s_part_split, s_part, SPLITS, "")
+        _finish(acc, bias_ptr, residual_ptr, out_ptr, sq_out_ptr, m, n_first, s_residual, s_out, s_sq_out, HAS_BIAS,
+                RESIDUAL, PAIRS, SQUARES_OUT, 1, BLOCK)
 
 
 def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, norm: torch.Tensor | None,
-               eps: float, gated: bool, residual: torch.Tensor | None, out: torch.Tensor, block_m: int, block_n: int,
-               block_k: int, splits: int, num_warps: int, num_stages: int,
-               live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False,
-               prefetch: bool = False, counts: torch.Tensor | None = None) -> None:
+               eps: float, squares: torch.Tensor | None, pairs: bool, residual: torch.Tensor | None,
+               squares_out: torch.Tensor | None, out: torch.Tensor, block_m: int, block_n: int, block_k: int,
+               splits: int, num_warps: int, num_stages: int, live: tuple[torch.Tensor, torch.Tensor] | None = None,
+               pdl: bool = False, prefetch: bool = False, counts: torch.Tensor | None = None) -> None:
     rows = x.shape[0]
     n_size, k_size = weight.shape
     steps = k_size // block_k
     per_split = triton.cdiv(steps, splits)
     splits = triton.cdiv(steps, per_split)  # no empty split
     part = torch.empty(splits, rows, n_size, dtype=torch.float32, device=x.device) if splits > 1 else out
-    flags = dict(HAS_BIAS=bias is not None, RESIDUAL=residual is not None, LIVE=live is not None, PDL=pdl)
+    flags = dict(HAS_BIAS=bias is not None, RESIDUAL=residual is not None, PAIRS=pairs,
+                 SQUARES_OUT=squares_out is not None, LIVE=live is not None, PDL=pdl)
     pointers = (bias if bias is not None else out, residual if residual is not None else out)
     context, path_len = live if live is not None else (out, out)
+    sq_out, s_sq_out = (squares_out, squares_out.stride(0)) if squares_out is not None else (out, 0)
+    sq_in, s_sq_in = (squares, squares.stride(0)) if squares is not None else (out, 0)
     s_residual = residual.stride(0) if residual is not None else 0
     sector = SECTOR_BYTES // weight.element_size()
     sectors = triton.next_power_of_2(triton.cdiv(per_split * block_k, sector))
     fold = counts is not None and splits > 1
     _row_linear_kernel[(n_size // block_n, splits, rows // block_m)](
         x, weight, pointers[0], norm if norm is not None else out, pointers[1], out, part, context, path_len,
-        counts if fold else context, k_size,
-        float(eps), x.stride(0), weight.stride(0), s_residual, out.stride(0), part.stride(0) if splits > 1 else 0,
-        part.stride(1) if splits > 1 else 0, STEPS_PER_SPLIT=per_split, SPLITS=splits, NORM=norm is not None,
-        GATED=gated, PREFETCH=prefetch, SECTOR=sector, SECTORS=sectors,
+        counts if fold else context, sq_in, sq_out, k_size, float(eps), x.stride(0), weight.stride(0), s_residual,
+        out.stride(0), part.stride(0) if splits > 1 else 0, part.stride(1) if splits > 1 else 0, s_sq_in, s_sq_out,
+        STEPS_PER_SPLIT=per_split, SPLITS=splits, NORM=norm is not None,
+        SQUARES_IN=squares.shape[1] if squares is not None else 0,
+        SQUARES_PAD=triton.next_power_of_2(squares.shape[1]) if squares is not None else 1,
+        PREFETCH=prefetch, SECTOR=sector, SECTORS=sectors,
         WARM_ROWS=min(block_n, max(1, WARM_LANES // sectors)), FOLD=fold, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=_INTERPRETED and x.dtype != torch.float32, num_warps=num_warps,
         num_stages=num_stages, **flags, **launch_options(pdl))
     if splits > 1 and not fold:
-        block = 128 if n_size % 128 == 0 else block_n
+        block = reduce_block(n_size, block_n, squares_out is not None)
         _row_linear_reduce_kernel[(n_size // block, rows)](
-            part, *pointers, out, context, path_len, part.stride(0), part.stride(1), s_residual, out.stride(0),
-            SPLITS=splits, BLOCK=block, **flags, **launch_options(pdl))
+            part, *pointers, out, sq_out, context, path_len, part.stride(0), part.stride(1), s_residual, out.stride(0),
+            s_sq_out, SPLITS=splits, BLOCK=block, **flags, **launch_options(pdl))
+
+
+def reduce_block(n_size: int, block_n: int, squares_out: bool) -> int:
+    """Outputs a program of the reduce kernel finishes: 128 where they tile N; the
+    product's own block_n where the finish writes a sum of squares per block (so every
+    path writes N / block_n of them)."""
+    return 128 if n_size % 128 == 0 and not squares_out else block_n

@@ -1,6 +1,7 @@
 """Row-exact products for the CUDA backend's fixed-shape passes: y = a @ W.T (+ bias)
 (+ residual) in one Triton program per block of outputs, over a fixed split of K, where
-`a` is x itself, RMSNorm(x) (`norm`) or SiLU(gate) * up of x = [gate | up] (`gated`).
+`a` is x itself or RMSNorm(x) (`norm`), and y may be SiLU(gate) * up of interleaved
+(gate, up) outputs (`pairs`).
 
 Why our own. cuBLAS's kernels are exact per shape too (forward/cuda.py runs one shape),
 but a product of its own cannot take the work around it: the norm before q/k/v and
@@ -11,13 +12,23 @@ within a split, the splits added in split order), the norm's sum of squares is p
 and each rounding to the model's dtype falls where transformers' eager code rounds. So
 a row's bits depend on its own input row and the configuration alone.
 
+Nothing serial before the product's loop (the fused layers' second version, session 30).
+Session 23 measured the first fused products at 2-4x cuBLAS's, and their compiled code
+shows why: the norm walked each program's rows of x, BLOCK_K at a time, a chain of
+dependent loads before the weights' pipelined loop began, and SiLU(gate) * up was
+recomputed from both halves by every column block of down. Now the product that writes
+the residual stream (o, down: `squares_out`) also writes each row's sum of squares per
+block of its outputs, and the next product's norm adds those few floats (`squares`);
+and gate/up's weight rows come interleaved, (gate_j, up_j), so its own epilogue stores
+SiLU(gate) * up once (`pairs`), and down reads a plain operand. The sum of squares is
+then added in another order than the walk's: its bits differ from the walk's, but are
+still the row's alone.
+
 Rows without a token. The cuda backend's bucket is 64 rows whatever the pass holds, and
 a plain step holds one. With `live` (the pass's context and path lengths) a program
 reads and computes only the rows that hold a token (the others' loads are masked: no
 bytes move) and a block of padding rows does nothing; a live row's arithmetic is
-unchanged, so are its bits. The fused layers' norm walks each program's rows of x before
-its K loop: 114 KB from L2 a program for 64 rows (session 23 measured those products at
-2-4x cuBLAS's), 1.8 KB for a step's one row.
+unchanged, so are its bits.
 
 `Config` fixes the tiles; `row_linear_ref` is the same arithmetic in plain torch (what
 CPU tensors run).
@@ -67,66 +78,97 @@ class Config:
 
 
 def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-               norm: tuple[torch.Tensor, float] | None = None, gated: bool = False,
-               residual: torch.Tensor | None = None, config: Config = Config(), out: torch.Tensor | None = None,
+               norm: tuple[torch.Tensor, float] | None = None, squares: torch.Tensor | None = None,
+               pairs: bool = False, residual: torch.Tensor | None = None, squares_out: torch.Tensor | None = None,
+               config: Config = Config(), out: torch.Tensor | None = None,
                live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: str = "off",
                counts: torch.Tensor | None = None, force_triton: bool | None = None) -> torch.Tensor:
-    """[rows, K] (or [rows, 2K] when gated) -> [rows, N] in x's dtype (module docstring);
-    `norm` is (RMSNorm weight [K], eps). `live` (a pass's context and path_len, [rows]
-    each): only the rows that hold a token (context + path > 0) are read and computed,
-    the others' outputs are left undefined (the Triton kernels; the reference computes
-    every row). `pdl` (launch or prefetch; CUDA, sm_90+): launched as a programmatic
-    dependent, and with `prefetch` each program warms its own weights into L2 before it
-    waits for the kernel before (kernels/_triton_pdl.py). `counts` (int32 zeros, at least
-    one per block of outputs and rows, left zero; CODESPEC_CUDA_REDUCE=fold): a split of K
-    is added up by the program that stores a block's last split, not by a second launch,
-    in the same order (the same bits)."""
+    """[rows, K] -> [rows, N] ([rows, N / 2] with `pairs`) in x's dtype (module
+    docstring); `norm` is (RMSNorm weight [K], eps). `squares` (float32 [rows, B], B
+    dividing K): x's sum of squares per row in B parts, as a product's `squares_out`
+    wrote them; the norm's scale comes from them, not from a walk over x. `squares_out`
+    (float32 [rows, N / block_n]): written with each block's sum of squares of the
+    stored output row. `pairs`: weight rows are (gate, up) pairs (`gate_up_pairs`) and
+    the output is SiLU(gate) * up. `live` (a pass's context and path_len, [rows] each):
+    only the rows that hold a token (context + path > 0) are read and computed, the
+    others' outputs are left undefined (the Triton kernels; the reference computes every
+    row). `pdl` (launch or prefetch; CUDA, sm_90+): launched as a programmatic dependent,
+    and with `prefetch` each program warms its own weights into L2 before it waits for
+    the kernel before (kernels/_triton_pdl.py). `counts` (int32 zeros, at least one per
+    block of outputs and rows, left zero; CODESPEC_CUDA_REDUCE=fold): a split of K is
+    added up by the program that stores a block's last split, not by a second launch, in
+    the same order (the same bits)."""
     n_size, k_size = weight.shape
-    check(x.dim() == 2 and weight.dim() == 2 and x.shape[1] == k_size * (2 if gated else 1),
-          "x must be [rows, K] ([rows, 2K] with gated) for a weight [N, K]")
-    check(not (gated and norm is not None), "a product takes the norm or the gate, not both")
+    rows = x.shape[0]
+    check(x.dim() == 2 and weight.dim() == 2 and x.shape[1] == k_size, "x must be [rows, K] for a weight [N, K]")
     check(x.stride(1) == 1 and weight.stride(1) == 1, "the last dimension must be contiguous")
     check(bias is None or bias.shape == (n_size,), "bias must be [N]")
     check(norm is None or norm[0].shape == (k_size,), "the norm's weight must be [K]")
-    check(residual is None or (residual.shape == (x.shape[0], n_size) and residual.stride(1) == 1),
+    check(squares is None or (norm is not None and squares.dtype == torch.float32 and squares.dim() == 2
+                              and squares.shape[0] == rows and k_size % squares.shape[1] == 0
+                              and squares.stride(1) == 1),
+          "squares go with a norm: float32 [rows, B] with B dividing K")
+    check(residual is None or (residual.shape == (rows, n_size) and residual.stride(1) == 1),
           "residual must be [rows, N]")
-    check(config.fits(x.shape[0], n_size, k_size),
-          f"{config} does not tile rows {x.shape[0]}, N {n_size}, K {k_size}")
+    check(not pairs or (n_size % 2 == 0 and residual is None and squares_out is None),
+          "pairs (gate, up) take no residual and write no squares")
+    check(config.fits(rows, n_size, k_size),
+          f"{config} does not tile rows {rows}, N {n_size}, K {k_size}")
+    check(squares_out is None or (squares_out.dtype == torch.float32
+                                  and squares_out.shape == (rows, n_size // config.block_n)
+                                  and squares_out.stride(1) == 1),
+          f"squares_out must be float32 [rows, {n_size // config.block_n}] (N / block_n)")
     check_live(live, x)
     check(pdl in PDL_MODES, f"pdl {pdl!r}: expected one of {', '.join(PDL_MODES)}")
-    blocks = (n_size // config.block_n) * (x.shape[0] // config.block_m)
+    blocks = (n_size // config.block_n) * (rows // config.block_m)
     check(counts is None or (counts.dtype == torch.int32 and counts.dim() == 1 and counts.numel() >= blocks
                              and counts.device == x.device), f"counts must be [>= {blocks}] int32 zeros on x's device")
     if out is None:
-        out = torch.empty(x.shape[0], n_size, dtype=x.dtype, device=x.device)
+        out = torch.empty(rows, n_size // 2 if pairs else n_size, dtype=x.dtype, device=x.device)
     if use_triton(x, force_triton):
         from codespec.kernels import _triton_linear
 
         _triton_linear.row_linear(x, weight, bias, None if norm is None else norm[0],
-                                  0.0 if norm is None else norm[1], gated, residual, out, config.block_m,
-                                  config.block_n, config.block_k, config.splits, config.num_warps, config.num_stages,
-                                  live, pdl != "off" and x.is_cuda, pdl == "prefetch" and x.is_cuda, counts)
+                                  0.0 if norm is None else norm[1], squares, pairs, residual, squares_out, out,
+                                  config.block_m, config.block_n, config.block_k, config.splits, config.num_warps,
+                                  config.num_stages, live, pdl != "off" and x.is_cuda, pdl == "prefetch" and x.is_cuda,
+                                  counts)
     else:
-        out.copy_(row_linear_ref(x, weight, bias, norm, gated, residual))
+        out.copy_(row_linear_ref(x, weight, bias, norm, pairs, residual))
+        if squares_out is not None:
+            squares_out.copy_(block_squares(out, squares_out.shape[1]))
     return out
 
 
 def row_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                   norm: tuple[torch.Tensor, float] | None = None, gated: bool = False,
+                   norm: tuple[torch.Tensor, float] | None = None, pairs: bool = False,
                    residual: torch.Tensor | None = None) -> torch.Tensor:
     """The kernel's arithmetic in torch: the operand as transformers computes it, the
-    product in float32 (float64 for float64 inputs), rounded once, then the residual."""
+    product in float32 (float64 for float64 inputs), rounded once, then the residual, or
+    SiLU(gate) * up of the pairs."""
     if norm is not None:
         x = rms_norm(x, *norm)
-    elif gated:
-        gate, up = x.chunk(2, dim=-1)
-        x = F.silu(gate) * up
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
     y = x.to(work) @ weight.to(work).T
     if bias is not None:
         y = y + bias.to(work)
     y = y.to(x.dtype)
+    if pairs:
+        gate, up = y[:, 0::2], y[:, 1::2]
+        return F.silu(gate) * up
     return y if residual is None else residual + y
+
+
+def block_squares(y: torch.Tensor, blocks: int) -> torch.Tensor:
+    """Each row's sum of squares of y in float32, per block of y.shape[1] / blocks columns."""
+    return y.float().pow(2).view(y.shape[0], blocks, -1).sum(-1)
+
+
+def gate_up_pairs(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The MLP's gate and up weights [I, H] each as one [2I, H] of interleaved rows
+    (gate_0, up_0, gate_1, ...): what `pairs` expects, so that every block of outputs
+    holds whole pairs."""
+    return torch.stack([gate, up], dim=1).reshape(2 * gate.shape[0], gate.shape[1]).contiguous()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -128,15 +128,15 @@ def fused_probe(loaded: Any) -> dict[str, Any]:
 
 
 # The fused products' operands (forward/cuda.py's _fused_layers): what each product
-# carries besides x @ W.T.
-_FUSION = {"qkv": ("norm", "bias"), "o": ("residual",), "gate_up": ("norm",), "down": ("gated", "residual"),
-           "lm_head": ("norm",)}
+# carries besides x @ W.T (the norms take the sums of squares o and down leave).
+_FUSION = {"qkv": ("norm", "squares", "bias"), "o": ("residual", "squares_out"), "gate_up": ("norm", "squares", "pairs"),
+           "down": ("residual", "squares_out"), "lm_head": ("norm", "squares")}
 
 
 @torch.inference_mode()
 def fused_tiles_probe(loaded: Any, budget_s: float = 60.0, block_m: int = 64, live_rows: int | None = None,
                       pdl: str = "off") -> dict[str, Any]:
-    """Each fused product (its norm, SiLU or residual inside) by tile, us per call in CUDA
+    """Each fused product (its norm, SiLU pairs or residual inside) by tile, us per call in CUDA
     graphs at the bucket's 64 rows, against forward/cuda.py's FUSED_TILES (chosen from
     the products alone); then the fused backend with each product's fastest tile where it
     beats FUSED_TILES by 3%: its passes and its rows against its decode steps. `block_m`
@@ -156,20 +156,30 @@ def fused_tiles_probe(loaded: Any, budget_s: float = 60.0, block_m: int = 64, li
         began = time.perf_counter()
         n_size, k_size = weight.shape
         fusion = _FUSION[name]
-        gated = "gated" in fusion
         like = dict(device=weight.device, dtype=weight.dtype)
-        x = torch.randn(64, k_size * (2 if gated else 1), **like)
-        kwargs: dict[str, Any] = {"gated": gated}
+        x = torch.randn(64, k_size, **like)
+        kwargs: dict[str, Any] = {"pairs": "pairs" in fusion}
         if "norm" in fusion:
             kwargs["norm"] = (torch.randn(k_size, **like), 1e-6)
+        if "squares" in fusion:  # as down leaves them (FUSED_TILES: 32 outputs a block)
+            kwargs["squares"] = torch.rand(64, k_size // 32, device=weight.device)
         if "residual" in fusion:
             kwargs["residual"] = torch.randn(64, n_size, **like)
-        out = torch.empty(64, n_size, **like)
+        out = torch.empty(64, n_size // 2 if kwargs["pairs"] else n_size, **like)
         if live_rows is not None:
             context = torch.zeros(64, dtype=torch.int64, device=weight.device)
             context[:live_rows] = 512
             kwargs.update(live=(context, torch.zeros_like(context)), pdl=pdl)
-        run = lambda c: row_linear(x, weight, bias if "bias" in fusion else None, config=c, out=out, **kwargs)  # noqa: E731
+        squares_out: dict[int, torch.Tensor] = {}  # by block_n, allocated before any capture
+
+        def run(c: Config, fusion: tuple[str, ...] = fusion, weight: torch.Tensor = weight,
+                bias: torch.Tensor | None = bias, x: torch.Tensor = x, out: torch.Tensor = out,
+                kwargs: dict[str, Any] = kwargs, squares_out: dict[int, torch.Tensor] = squares_out) -> Any:
+            if "squares_out" in fusion:
+                kwargs = {**kwargs, "squares_out": squares_out.setdefault(
+                    c.block_n, torch.empty(64, weight.shape[0] // c.block_n, device=weight.device))}
+            return row_linear(x, weight, bias if "bias" in fusion else None, config=c, out=out, **kwargs)
+
         default = replace(FUSED_TILES[name], block_m=block_m).fitted(64, n_size, k_size)
         entry: dict[str, Any] = {"fusion": list(fusion), "floor_us": round(weight.numel() * 2 / 2.98e12 * 1e6, 2),
                                  "default": default.__dict__, "default_us": _graph_us(lambda: run(default))}

@@ -31,9 +31,9 @@ causal SDPA instead, ~25 ms each on an H100 against ~1.4 ms a replay). A prefill
 needs to be deterministic per pass (kvcache.spans); on a GPU the last chunk is one pass.
 
 With `fused` (CODESPEC_CUDA_FUSED=1) the products carry the work around them
-(kernels/row_linear.py: the norm before q/k/v and gate/up, SiLU before down, the
-residual add after o and down) and nothing is compiled: about 7 launches a layer, in
-programs of CODESPEC_CUDA_TILE_ROWS rows. On Hopper our kernels launch as programmatic
+(kernels/row_linear.py: the norm before q/k/v and gate/up, from the sums of squares the
+product before left; SiLU in gate/up's epilogue; the residual add after o and down) and
+nothing is compiled: about 7 launches a layer, in programs of CODESPEC_CUDA_TILE_ROWS rows. On Hopper our kernels launch as programmatic
 dependents (CODESPEC_CUDA_PDL, kernels/_triton_pdl.py): each starts while the one before
 ends (a step 1-5% faster on the H100, session 29's two runs).
 
@@ -130,7 +130,6 @@ class CudaForward:
             self.pdl = "launch" if is_hopper(self.device) else "off"
         elif self.pdl != "off":
             require_hopper(self.device, f"CODESPEC_CUDA_PDL={self.pdl} (programmatic dependent launch)", "unset it")
-        self._layers = [LayerWeights.of(layer) for layer in model.model.layers]
         # The products run as they are (cuBLAS, or row_linear's tiles where `tiles` names
         # one) and the work between them as small functions fused by torch.compile on
         # CUDA (one compilation serves every layer): as first written, a step of the
@@ -143,6 +142,8 @@ class CudaForward:
         # `fused` (CODESPEC_CUDA_FUSED=1): every product through row_linear with the norm,
         # SiLU and residual add inside it, no compiled code: ~7 launches a layer, not 11.
         self.fused = settings.fused if fused is None else fused
+        # gate/up's rows interleaved for the fused layers' SiLU epilogue (row_linear `pairs`)
+        self._layers = [LayerWeights.of(layer, pairs=self.fused) for layer in model.model.layers]
         self.tile_rows = settings.tile_rows  # rows a program of the fused products computes
         # CODESPEC_CUDA_REDUCE=fold: a split product summed by its last program, counting
         # in here (a block of 16 outputs and 16 rows at the least; every launch leaves it zero)
@@ -354,22 +355,29 @@ class CudaForward:
     def _fused_layers(self, hidden: torch.Tensor, attend: Any,
                       live: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """The same layers with each product carrying its neighbours: the norm before
-        q/k/v and gate/up, SiLU before down, the residual add after o and down (the same
-        roundings, kernels/row_linear.py); returns the logits. The products compute the
-        rows in `live` alone (a padding row's hidden state is never read: its K and V
-        come from its source row, its attention is zeros, its logits go unread)."""
+        q/k/v and gate/up, SiLU after gate/up, the residual add after o and down (the same
+        roundings, kernels/row_linear.py); returns the logits. o and down also leave the
+        residual stream's sum of squares per block of their outputs, which the next norm
+        adds instead of walking the row (the first layer's norm walks it). The products
+        compute the rows in `live` alone (a padding row's hidden state is never read: its
+        K and V come from its source row, its attention is zeros, its logits go unread)."""
         model, tiles = self.model.model, self.tiles
         linear = dict(live=live, pdl=self.pdl, counts=self._linear_counts)
+        rows, width = hidden.shape
+        squares = None  # the embeddings: no product wrote them
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
-            qkv = row_linear(hidden, w.qkv, w.qkv_bias, norm=(w.input_norm, w.input_eps), config=tiles["qkv"],
-                             **linear)
-            hidden = row_linear(attend(index, layer, qkv), w.o, w.o_bias, residual=hidden, config=tiles["o"],
-                                **linear)
-            gate_up = row_linear(hidden, w.gate_up, norm=(w.post_norm, w.post_eps), config=tiles["gate_up"], **linear)
-            hidden = row_linear(gate_up, w.down, gated=True, residual=hidden, config=tiles["down"], **linear)
+            qkv = row_linear(hidden, w.qkv, w.qkv_bias, norm=(w.input_norm, w.input_eps), squares=squares,
+                             config=tiles["qkv"], **linear)
+            squares = hidden.new_empty(rows, width // tiles["o"].block_n, dtype=torch.float32)
+            hidden = row_linear(attend(index, layer, qkv), w.o, w.o_bias, residual=hidden, squares_out=squares,
+                                config=tiles["o"], **linear)
+            activated = row_linear(hidden, w.gate_up, norm=(w.post_norm, w.post_eps), squares=squares, pairs=True,
+                                   config=tiles["gate_up"], **linear)
+            squares = hidden.new_empty(rows, width // tiles["down"].block_n, dtype=torch.float32)
+            hidden = row_linear(activated, w.down, residual=hidden, squares_out=squares, config=tiles["down"], **linear)
         head = self.model.lm_head
         return row_linear(hidden, head.weight, head.bias, norm=(model.norm.weight, eps_of(model.norm)),
-                          config=tiles["lm_head"], **linear)
+                          squares=squares, config=tiles["lm_head"], **linear)
 
     def _fused_tiles(self, given: dict[str, Config]) -> dict[str, Config]:
         """Each product's tiles for the fused layers: `given`, else FUSED_TILES with
@@ -418,5 +426,5 @@ class CudaForward:
                 enable_gqa=True)
             hidden, x = add_norm(hidden, F.linear(attended[0].transpose(0, 1).reshape(n, -1), w.o, w.o_bias),
                                   w.post_norm, w.post_eps)
-            hidden = hidden + F.linear(gated(F.linear(x, w.gate_up)), w.down)
+            hidden = hidden + F.linear(w.activated(F.linear(x, w.gate_up)), w.down)
         return hidden

@@ -10,12 +10,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from codespec.kernels.row_linear import rms_norm
+from codespec.kernels.row_linear import gate_up_pairs, rms_norm
 
 
 @dataclass
 class LayerWeights:
-    """One decoder layer's tensors (q, k, v fused into one product, gate and up into one)."""
+    """One decoder layer's tensors (q, k, v fused into one product, gate and up into one:
+    stacked, or with `pairs` interleaved row by row for row_linear's SiLU epilogue)."""
 
     input_norm: torch.Tensor
     input_eps: float
@@ -27,18 +28,26 @@ class LayerWeights:
     post_eps: float
     gate_up: torch.Tensor
     down: torch.Tensor
+    pairs: bool = False
 
     @classmethod
-    def of(cls, layer: Any) -> LayerWeights:
+    def of(cls, layer: Any, pairs: bool = False) -> LayerWeights:
         attn, mlp = layer.self_attn, layer.mlp
         projections = (attn.q_proj, attn.k_proj, attn.v_proj)
         qkv = torch.cat([p.weight for p in projections]).detach()
         biases = [p.bias for p in projections]
         qkv_bias = None if any(b is None for b in biases) else torch.cat(biases).detach()
-        gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()
+        gate, up = mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()
+        gate_up = gate_up_pairs(gate, up) if pairs else torch.cat([gate, up])
         return cls(layer.input_layernorm.weight, eps_of(layer.input_layernorm), qkv, qkv_bias, attn.o_proj.weight,
                    attn.o_proj.bias, layer.post_attention_layernorm.weight, eps_of(layer.post_attention_layernorm),
-                   gate_up, mlp.down_proj.weight)
+                   gate_up, mlp.down_proj.weight, pairs)
+
+    def activated(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """SiLU(gate) * up of this layer's gate/up product, in either layout."""
+        if self.pairs:
+            return F.silu(gate_up[:, 0::2]) * gate_up[:, 1::2]
+        return gated(gate_up)
 
 
 def rotary(model: Any, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

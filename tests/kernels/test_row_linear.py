@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codespec.kernels.row_linear import Config, row_linear, row_linear_ref
+from codespec.kernels.row_linear import Config, block_squares, gate_up_pairs, row_linear, row_linear_ref
 
 pytest.importorskip("triton", reason="triton is a test dependency (pip install -e '.[test]')")
 
@@ -43,41 +43,84 @@ def test_shapes_the_tiles_do_not_fit_are_refused():
         row_linear(torch.randn(10, 96), torch.randn(64, 96), config=Config(block_m=16, block_n=16, block_k=32))
 
 
-FUSED = [dict(norm=True), dict(gated=True), dict(residual=True), dict(norm=True, residual=True),
-         dict(gated=True, residual=True, bias=True)]
+FUSED = [dict(norm=True), dict(pairs=True), dict(residual=True), dict(norm=True, residual=True),
+         dict(norm=True, squares=True), dict(residual=True, squares_out=True, bias=True),
+         dict(norm=True, squares=True, pairs=True)]
 
 
-def fused_inputs(dtype, norm=False, gated=False, residual=False, bias=False):
+def fused_inputs(dtype, norm=False, squares=False, pairs=False, residual=False, squares_out=False, bias=False,
+                 block_n=16):
     torch.manual_seed(3)
     k_size = 64
-    x = torch.randn(32, 2 * k_size if gated else k_size).to(dtype)
+    x = torch.randn(32, k_size).to(dtype)
     weight = (torch.randn(48, k_size) / 8).to(dtype)
     kwargs = dict(bias=torch.randn(48).to(dtype) if bias else None,
-                  norm=(torch.rand(k_size).to(dtype) + 0.5, 1e-6) if norm else None, gated=gated,
-                  residual=torch.randn(32, 48).to(dtype) if residual else None)
+                  norm=(torch.rand(k_size).to(dtype) + 0.5, 1e-6) if norm else None,
+                  squares=block_squares(x, 4) if squares else None, pairs=pairs,
+                  residual=torch.randn(32, 48).to(dtype) if residual else None,
+                  squares_out=torch.zeros(32, 48 // block_n) if squares_out else None)
     return x, weight, kwargs
+
+
+def product(x, weight, kwargs, **launch):
+    """row_linear under the interpreter; the squares in follow x (a product wrote them for it)."""
+    kwargs = dict(kwargs)
+    if kwargs["squares"] is not None:
+        kwargs["squares"] = block_squares(x, kwargs["squares"].shape[1])
+    if kwargs["squares_out"] is not None:
+        kwargs["squares_out"] = torch.zeros_like(kwargs["squares_out"])
+    out = row_linear(x, weight, kwargs.pop("bias"), **kwargs, **launch, force_triton=True)
+    return out, kwargs["squares_out"]
 
 
 @pytest.mark.parametrize("config", [Config(block_m=16, block_n=16, block_k=32),
                                     Config(block_m=16, block_n=16, block_k=16, splits=3)])
 @pytest.mark.parametrize("fused", FUSED)
-def test_fused_prologues_and_epilogue_match_the_reference(config, fused):
+def test_fused_prologues_and_epilogues_match_the_reference(config, fused):
     """float32: the reference's arithmetic up to summation order; bf16 under the
-    interpreter (which rounds toward zero) within a few roundings."""
+    interpreter (which rounds toward zero) within a few roundings. The sums of squares
+    written are those of the stored output, block by block."""
     for dtype, tolerance in ((torch.float32, 1e-4), (torch.bfloat16, 0.1)):
         x, weight, kwargs = fused_inputs(dtype, **fused)
-        got = row_linear(x, weight, kwargs.pop("bias"), **kwargs, config=config, force_triton=True)
-        x, weight, kwargs = fused_inputs(dtype, **fused)
-        expected = row_linear_ref(x, weight, kwargs.pop("bias"), kwargs["norm"], kwargs["gated"], kwargs["residual"])
+        got, squares = product(x, weight, kwargs, config=config)
+        expected = row_linear_ref(x, weight, kwargs["bias"], kwargs["norm"], kwargs["pairs"], kwargs["residual"])
+        assert got.shape == expected.shape
         assert torch.allclose(got.float(), expected.float(), atol=tolerance, rtol=tolerance), (dtype, fused)
+        if squares is not None:
+            assert torch.allclose(squares, block_squares(got, squares.shape[1]), rtol=1e-5), dtype
+
+
+def test_a_norm_from_squares_is_the_walks_up_to_summation_order():
+    """The norm's scale from a product's sums of squares, or walking x: the same values
+    but for the order of the sum (float32: within its rounding)."""
+    x, weight, kwargs = fused_inputs(torch.float32, norm=True)
+    walked, _ = product(x, weight, kwargs, config=Config(block_m=16, block_n=16, block_k=16))
+    kwargs["squares"] = block_squares(x, 4)
+    summed, _ = product(x, weight, kwargs, config=Config(block_m=16, block_n=16, block_k=16))
+    assert torch.allclose(summed, walked, rtol=1e-5, atol=1e-6)
+
+
+def test_pairs_are_silu_gate_times_up_of_the_stacked_product():
+    """gate_up_pairs interleaves the rows; the epilogue's SiLU(gate) * up is the stacked
+    product's, as the default layers compute it (bf16: the same roundings)."""
+    torch.manual_seed(4)
+    x = torch.randn(16, 32).to(torch.bfloat16)
+    gate, up = (torch.randn(24, 32) / 4).to(torch.bfloat16), (torch.randn(24, 32) / 4).to(torch.bfloat16)
+    stacked = row_linear_ref(x, torch.cat([gate, up]), None)
+    expected = torch.nn.functional.silu(stacked[:, :24]) * stacked[:, 24:]
+    pairs = gate_up_pairs(gate, up)
+    assert torch.equal(pairs[0::2], gate) and torch.equal(pairs[1::2], up)
+    config = Config(block_m=16, block_n=16, block_k=16)
+    assert torch.equal(row_linear(x, pairs, pairs=True, config=config), expected)  # the reference (CPU tensors)
+    got = row_linear(x, pairs, pairs=True, config=config, force_triton=True)
+    assert torch.allclose(got.float(), expected.float(), atol=0.05, rtol=0.05)
 
 
 @pytest.mark.parametrize("fused", FUSED)
 def test_fused_rows_depend_on_their_own_row_alone(fused):
     config = Config(block_m=16, block_n=16, block_k=16, splits=2)
     x, weight, kwargs = fused_inputs(torch.bfloat16, **fused)
-    bias = kwargs.pop("bias")
-    full = row_linear(x, weight, bias, **kwargs, config=config, force_triton=True)
+    full, full_squares = product(x, weight, kwargs, config=config)
     others = torch.randn_like(x)
     others[5] = x[5]
     moved = torch.roll(others, 9, dims=0)
@@ -85,7 +128,10 @@ def test_fused_rows_depend_on_their_own_row_alone(fused):
         residual = torch.randn_like(kwargs["residual"])
         residual[14] = kwargs["residual"][5]
         kwargs["residual"] = residual
-    assert torch.equal(row_linear(moved, weight, bias, **kwargs, config=config, force_triton=True)[14], full[5])
+    got, squares = product(moved, weight, kwargs, config=config)
+    assert torch.equal(got[14], full[5])
+    if squares is not None:
+        assert torch.equal(squares[14], full_squares[5])
 
 
 def test_configs_fit_shapes_by_halving_blocks():
@@ -114,15 +160,15 @@ def test_live_rows_have_the_bits_of_a_full_pass(fused, config):
     first rows, rows scattered over blocks): theirs are the bits every row gets when all
     are computed, whatever the others hold; the block of rows 16-31 holds none."""
     x, weight, kwargs = fused_inputs(torch.bfloat16, **fused)
-    bias = kwargs.pop("bias")
-    full = row_linear(x, weight, bias, **kwargs, config=config, force_triton=True)
+    full, full_squares = product(x, weight, kwargs, config=config)
     for holding in ([0], [0, 1, 2, 3, 4], [3, 9, 14]):
         garbage = x.clone()
         dead = [r for r in range(32) if r not in holding]
         garbage[dead] = float("nan")  # never read: a NaN would reach the live rows through any sum
-        got = row_linear(garbage, weight, bias, **kwargs, config=config, live=live_rows(32, holding),
-                         force_triton=True)
+        got, squares = product(garbage, weight, kwargs, config=config, live=live_rows(32, holding))
         assert torch.equal(got[holding], full[holding]), holding
+        if squares is not None:
+            assert torch.equal(squares[holding], full_squares[holding]), holding
 
 
 def test_padding_rows_are_not_computed():
@@ -152,16 +198,31 @@ def test_a_folded_split_has_the_reduce_kernels_bits_and_leaves_its_counts_zero(f
     """`counts`: the program that stores a block's last split adds the splits up, in split
     order, instead of a second launch; live rows or all, twice on one counts buffer."""
     x, weight, kwargs = fused_inputs(torch.bfloat16, **fused)
-    bias = kwargs.pop("bias")
     config = Config(block_m=16, block_n=16, block_k=16, splits=4)  # K 64: four splits of one step
     counts = torch.zeros(64, dtype=torch.int32)
     for live in (None, live_rows(32, [0, 1, 2])):
-        launched = row_linear(x, weight, bias, **kwargs, config=config, live=live, force_triton=True)
+        launched, launched_squares = product(x, weight, kwargs, config=config, live=live)
         for _ in range(2):
-            folded = row_linear(x, weight, bias, **kwargs, config=config, live=live, counts=counts, force_triton=True)
+            folded, squares = product(x, weight, kwargs, config=config, live=live, counts=counts)
             rows = slice(None) if live is None else slice(0, 3)
             assert torch.equal(folded[rows], launched[rows])
+            if squares is not None:
+                assert torch.equal(squares[rows], launched_squares[rows])
             assert not counts.any()
+
+
+def test_squares_and_pairs_out_of_place_are_refused():
+    x, weight = torch.randn(16, 32), torch.randn(32, 32)
+    config = Config(block_m=16, block_n=16, block_k=16)
+    norm = (torch.ones(32), 1e-6)
+    with pytest.raises(ValueError, match="squares go with a norm"):
+        row_linear(x, weight, squares=torch.zeros(16, 2), config=config)
+    with pytest.raises(ValueError, match="squares go with a norm"):
+        row_linear(x, weight, norm=norm, squares=torch.zeros(16, 3), config=config)  # 3 does not divide K 32
+    with pytest.raises(ValueError, match="pairs"):
+        row_linear(x, weight, pairs=True, residual=torch.zeros(16, 32), config=config)
+    with pytest.raises(ValueError, match=r"squares_out must be float32 \[rows, 2\]"):
+        row_linear(x, weight, squares_out=torch.zeros(16, 4), config=config)
 
 
 def test_counts_too_few_for_the_blocks_are_refused():

@@ -74,32 +74,43 @@ out["rope_store pdl"] = build(_triton._rope_store_kernel,
                               fp_fusion=_triton.ROPE_FP_FUSION)
 # the default model's gate/up with its norm, as the fused layers launch it (FUSED_TILES)
 linear = {**{name: "*bf16" for name in ("x_ptr", "w_ptr", "bias_ptr", "norm_ptr", "residual_ptr", "out_ptr")},
-          "part_ptr": "*fp32", "context_ptr": "*i64", "path_len_ptr": "*i64", "count_ptr": "*i32", "k_size": "i32",
-          "eps": "fp32",
-          **{name: "i32" for name in ("s_x", "s_w", "s_residual", "s_out", "s_part_split", "s_part")}}
+          "part_ptr": "*fp32", "context_ptr": "*i64", "path_len_ptr": "*i64", "count_ptr": "*i32",
+          "sq_in_ptr": "*fp32", "sq_out_ptr": "*fp32", "k_size": "i32", "eps": "fp32",
+          **{name: "i32" for name in ("s_x", "s_w", "s_residual", "s_out", "s_part_split", "s_part", "s_sq_in",
+                                      "s_sq_out")}}
+plain = {"SQUARES_IN": 0, "SQUARES_PAD": 1, "SQUARES_OUT": False, "PAIRS": False}
 for pdl in ("off", "launch", "prefetch"):
     out["linear " + pdl] = build(_triton_linear._row_linear_kernel, linear,
-                                 {"STEPS_PER_SPLIT": 7, "SPLITS": 1, "HAS_BIAS": False, "NORM": True, "GATED": False,
+                                 {"STEPS_PER_SPLIT": 7, "SPLITS": 1, "HAS_BIAS": False, "NORM": True, **plain,
                                   "RESIDUAL": False, "LIVE": pdl != "off", "PDL": pdl != "off",
                                   "PREFETCH": pdl == "prefetch", "SECTOR": 16, "SECTORS": 64, "WARM_ROWS": 8, "FOLD": False,
                                   "BLOCK_M": 64,
                                   "BLOCK_N": 128, "BLOCK_K": 128, "UPCAST": False}, warps=8)
-# the fused layers' q/k/v, o and down in 16-row programs (CODESPEC_CUDA_TILE_ROWS=16), warming
-for name, (n_tile, k_tile, steps, norm, gated) in {"qkv": (64, 64, 2, True, False), "o": (16, 128, 7, False, False),
-                                                   "down": (32, 64, 10, False, True)}.items():
+# the fused layers' products in 16-row programs (CODESPEC_CUDA_TILE_ROWS=16), warming: q/k/v
+# with its norm walked (the first layer) or from the sums of squares o and down leave
+# (`squares`: 896 / 16 of o's, 896 / 32 of down's), o and down leaving them, gate/up's
+# SiLU pairs
+m16 = {"qkv walk": (64, 64, 2, dict(NORM=True)), "qkv": (64, 64, 2, dict(NORM=True, SQUARES_IN=28, SQUARES_PAD=32)),
+       "o": (16, 128, 7, dict(RESIDUAL=True, SQUARES_OUT=True)),
+       "gate_up": (128, 128, 7, dict(NORM=True, SQUARES_IN=56, SQUARES_PAD=64, PAIRS=True)),
+       "gate_up walk": (128, 128, 7, dict(NORM=True, PAIRS=True)),
+       "down": (32, 64, 10, dict(RESIDUAL=True, SQUARES_OUT=True))}
+for name, (n_tile, k_tile, steps, fusion) in m16.items():
+    sectors = triton.next_power_of_2(steps * k_tile // 16)
     out["linear m16 " + name] = build(_triton_linear._row_linear_kernel, linear,
-                                      {"STEPS_PER_SPLIT": steps, "SPLITS": 1 if name == "o" else 8, "HAS_BIAS": False,
-                                       "NORM": norm, "GATED": gated, "RESIDUAL": not norm, "LIVE": True, "PDL": True,
-                                       "PREFETCH": True, "SECTOR": 16,
-                                       "SECTORS": triton.next_power_of_2(steps * k_tile // 16),
-                                       "WARM_ROWS": min(n_tile, 512 // triton.next_power_of_2(steps * k_tile // 16)),
-                                       "FOLD": name == "down", "BLOCK_M": 16, "BLOCK_N": n_tile, "BLOCK_K": k_tile, "UPCAST": False})
+                                      {"STEPS_PER_SPLIT": steps, "SPLITS": 1 if name[:2] in ("o", "ga") else 8,
+                                       "HAS_BIAS": name.startswith("qkv"), "NORM": False, "RESIDUAL": False,
+                                       **plain, **fusion, "LIVE": True, "PDL": True, "PREFETCH": True, "SECTOR": 16,
+                                       "SECTORS": sectors, "WARM_ROWS": min(n_tile, 512 // sectors),
+                                       "FOLD": name == "down", "BLOCK_M": 16, "BLOCK_N": n_tile, "BLOCK_K": k_tile,
+                                       "UPCAST": False})
 out["linear reduce pdl"] = build(_triton_linear._row_linear_reduce_kernel,
                                  {"part_ptr": "*fp32", "bias_ptr": "*bf16", "residual_ptr": "*bf16", "out_ptr": "*bf16",
-                                  "context_ptr": "*i64", "path_len_ptr": "*i64", "s_part_split": "i32", "s_part": "i32",
-                                  "s_residual": "i32", "s_out": "i32"},
-                                 {"SPLITS": 8, "HAS_BIAS": False, "RESIDUAL": True, "LIVE": True, "PDL": True,
-                                  "BLOCK": 128})
+                                  "sq_out_ptr": "*fp32", "context_ptr": "*i64", "path_len_ptr": "*i64",
+                                  "s_part_split": "i32", "s_part": "i32", "s_residual": "i32", "s_out": "i32",
+                                  "s_sq_out": "i32"},
+                                 {"SPLITS": 8, "HAS_BIAS": False, "RESIDUAL": True, "PAIRS": False,
+                                  "SQUARES_OUT": True, "LIVE": True, "PDL": True, "BLOCK": 32})
 json.dump(out, sys.stdout)
 """
 
@@ -180,3 +191,17 @@ def test_fused_multiply_adds_are_pinned_and_rotary_rounds_each_product(compiled)
     assert "fma.rn" not in rope and "mul.bf16" not in rope
     assert "mul.rn.bf16" in rope and "add.rn.bf16" in rope
 
+
+
+def loops(ptx: str) -> int:
+    return ptx.count("Loop Header")
+
+
+def test_a_norm_from_squares_walks_nothing_before_the_products_loop(compiled):
+    """Session 23's fused q/k/v walked its rows of x in a loop of dependent loads before
+    its pipelined loop (ptxas unrolls it by four: ~4 round trips to L2 a product). Fed
+    the sums of squares, the product has its K loop alone, as the plain products do."""
+    assert loops(compiled["linear m16 qkv walk"]["ptx"]) == loops(compiled["linear m16 qkv"]["ptx"]) + 1
+    assert loops(compiled["linear m16 gate_up walk"]["ptx"]) == loops(compiled["linear m16 gate_up"]["ptx"]) + 1
+    for name in ("linear m16 qkv", "linear m16 gate_up", "linear m16 o", "linear m16 down"):
+        assert compiled[name]["stack"] == 0, name

@@ -1,0 +1,65 @@
+"""The cuda backend's fused layers (CODESPEC_CUDA_FUSED) with their products through the
+Triton kernels under the interpreter: the contract between products (o and down leave
+the residual stream's sums of squares, the next norm adds them; gate/up's epilogue
+stores SiLU(gate) * up for down) keeps each row's bits its own across layers, and the
+layers stay the model's. tests/test_cuda_forward.py checks the same layers through the
+kernels' torch references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from codespec.engine import Engine
+from codespec.forward.cuda import CudaForward
+from codespec.kernels import row_linear as row_linear_module
+from codespec.models.tiny import tiny_model
+from codespec.policy.tree import VerifyTree
+
+pytest.importorskip("triton", reason="triton is a test dependency (pip install -e '.[test]')")
+
+
+@pytest.fixture
+def triton_products(monkeypatch):
+    """row_linear runs its Triton kernels on CPU tensors (the interpreter)."""
+    monkeypatch.setattr(row_linear_module, "use_triton", lambda tensor, force: True if force is None else force)
+
+
+def prefilled(forward: CudaForward, prompt: list[int]):
+    engine = Engine(forward, None, eos_token_ids=[], slots=2)
+    for slot in (0, 1):
+        engine.cache.acquire(prompt)
+        forward.prefill(engine.cache, slot, prompt, 0)
+    return engine.cache
+
+
+def test_a_fused_row_equals_its_decode_step_bit_for_bit(triton_products):
+    """A tree row off the main chain gets the bits of the decode step that sees the same
+    keys: the norm's sums of squares, the SiLU pairs and the splits depend on the row
+    alone, layer after layer."""
+    model = tiny_model("qwen2", vocab_size=32, seed=7, dtype=torch.float32)
+    forward = CudaForward(model, rows=16, fused=True)
+    prompt = list(range(1, 20))
+    cache = prefilled(forward, prompt)
+    start = len(prompt)
+    tree = VerifyTree(tokens=(5, 6, 7, 8), parents=(-1, 0, 0, 2), depths=(0, 1, 1, 2), draft_nodes=(0, 1, 2))
+    tree_logits = forward.logits(cache, [(0, start, tree)])
+    steps = [forward.logits(cache, [(1, start + i, VerifyTree.chain(token))]) for i, token in enumerate((5, 7, 8))]
+    assert torch.equal(tree_logits[0], steps[0][0])
+    assert torch.equal(tree_logits[2], steps[1][0])
+    assert torch.equal(tree_logits[3], steps[2][0])
+    assert not torch.equal(tree_logits[1], steps[1][0])
+
+
+def test_fused_layers_through_the_kernels_are_the_references_layers(monkeypatch):
+    """The same pass through the Triton products and through their torch references
+    (float32: equal up to the order of sums)."""
+    model = tiny_model("qwen2", vocab_size=32, seed=9, dtype=torch.float32)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    tree = VerifyTree(tokens=(5, 6, 7), parents=(-1, 0, 1), depths=(0, 1, 2), draft_nodes=(0, 1))
+    expected_forward = CudaForward(model, rows=16, fused=True)
+    expected = expected_forward.logits(prefilled(expected_forward, prompt), [(0, len(prompt), tree)])
+    monkeypatch.setattr(row_linear_module, "use_triton", lambda tensor, force: True)
+    forward = CudaForward(model, rows=16, fused=True)
+    got = forward.logits(prefilled(forward, prompt), [(0, len(prompt), tree)])
+    assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4)
