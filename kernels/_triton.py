@@ -84,10 +84,10 @@ def live_rows(context_ptr, path_len_ptr, rows, LIVE: tl.constexpr):
 
 
 @triton.jit
-def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, source_ptr, write_slot_ptr, write_position_ptr, q_ptr, k_ptr, v_ptr,
-                       context_ptr, path_len_ptr, s_qkv, s_rope, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos,
-                       HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr, LIVE: tl.constexpr,
-                       PDL: tl.constexpr):
+def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, positions_ptr, source_ptr, write_slot_ptr, write_position_ptr, q_ptr,
+                       k_ptr, v_ptr, context_ptr, path_len_ptr, s_qkv, s_rope, s_q_row, s_q_head, s_kv_slot, s_kv_head,
+                       s_kv_pos, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr, TABLES: tl.constexpr,
+                       LIVE: tl.constexpr, PDL: tl.constexpr):
     # One program per (row, head of q, k or v). With LIVE, a row that holds no token
     # (context + path 0: padding) does nothing: its K and V would repeat its source row's
     # store, and its q is never read (no keys: attention writes zeros).
@@ -96,17 +96,18 @@ def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, source_ptr, write_slot_ptr, wr
     row = tl.program_id(0)
     head = tl.program_id(1)
     if live_rows(context_ptr, path_len_ptr, row, LIVE):
-        _rope_store_head(qkv_ptr, cos_ptr, sin_ptr, source_ptr, write_slot_ptr, write_position_ptr, q_ptr, k_ptr,
-                         v_ptr, row, head, s_qkv, s_rope, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos,
-                         HEADS, KV_HEADS, DIM)
+        _rope_store_head(qkv_ptr, cos_ptr, sin_ptr, positions_ptr, source_ptr, write_slot_ptr, write_position_ptr,
+                         q_ptr, k_ptr, v_ptr, row, head, s_qkv, s_rope, s_q_row, s_q_head, s_kv_slot, s_kv_head,
+                         s_kv_pos, HEADS, KV_HEADS, DIM, TABLES)
 
 
 @triton.jit
-def _rope_store_head(qkv_ptr, cos_ptr, sin_ptr, source_ptr, write_slot_ptr, write_position_ptr, q_ptr, k_ptr, v_ptr,
-                     row, head, s_qkv, s_rope, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos,
-                     HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr):
+def _rope_store_head(qkv_ptr, cos_ptr, sin_ptr, positions_ptr, source_ptr, write_slot_ptr, write_position_ptr, q_ptr,
+                     k_ptr, v_ptr, row, head, s_qkv, s_rope, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos,
+                     HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr, TABLES: tl.constexpr):
     # Rotary as transformers applies it in the model's dtype: x * cos and rotate_half(x) *
-    # sin each rounded, then their sum rounded.
+    # sin each rounded, then their sum rounded. TABLES: cos and sin are tables read at the
+    # row's position, else the row's own.
     d = tl.arange(0, DIM)
     half = DIM // 2
     src = tl.where(head < HEADS, row, tl.load(source_ptr + row))  # padding rows store their source row's K, V
@@ -115,8 +116,11 @@ def _rope_store_head(qkv_ptr, cos_ptr, sin_ptr, source_ptr, write_slot_ptr, writ
     if head < HEADS + KV_HEADS:
         partner = tl.load(base + (d + half) % DIM)
         rotated = tl.where(d < half, -partner.to(tl.float32), partner.to(tl.float32)).to(x.dtype)
-        cos = tl.load(cos_ptr + src * s_rope + d)
-        sin = tl.load(sin_ptr + src * s_rope + d)
+        at = src
+        if TABLES:
+            at = tl.load(positions_ptr + src)
+        cos = tl.load(cos_ptr + at * s_rope + d)
+        sin = tl.load(sin_ptr + at * s_rope + d)
         first = (x.to(tl.float32) * cos.to(tl.float32)).to(x.dtype)
         second = (rotated.to(tl.float32) * sin.to(tl.float32)).to(x.dtype)
         x = (first.to(tl.float32) + second.to(tl.float32)).to(x.dtype)
@@ -131,15 +135,16 @@ def _rope_store_head(qkv_ptr, cos_ptr, sin_ptr, source_ptr, write_slot_ptr, writ
             tl.store(v_ptr + at + d, x)
 
 
-def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, source: torch.Tensor,
-               write_slots: torch.Tensor, write_positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-               q: torch.Tensor, heads: int, kv_heads: int, live: tuple[torch.Tensor, torch.Tensor] | None = None,
-               pdl: bool = False) -> None:
+def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor | None,
+               source: torch.Tensor, write_slots: torch.Tensor, write_positions: torch.Tensor, keys: torch.Tensor,
+               values: torch.Tensor, q: torch.Tensor, heads: int, kv_heads: int,
+               live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False) -> None:
     rows, dim = q.shape[0], q.shape[2]
     context, path_len = live if live is not None else (source, source)
     # one warp a program: a head is DIM (64) values
     _rope_store_kernel[(rows, heads + 2 * kv_heads)](
-        qkv, cos, sin, source, write_slots, write_positions, q, keys, values, context, path_len,
-        qkv.stride(0), cos.stride(0), q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
-        HEADS=heads, KV_HEADS=kv_heads, DIM=dim, LIVE=live is not None, PDL=pdl, num_warps=1,
+        qkv, cos, sin, positions if positions is not None else source, source, write_slots, write_positions, q, keys,
+        values, context, path_len, qkv.stride(0), cos.stride(0), q.stride(0), q.stride(1), keys.stride(0),
+        keys.stride(1), keys.stride(2), HEADS=heads, KV_HEADS=kv_heads, DIM=dim, TABLES=positions is not None,
+        LIVE=live is not None, PDL=pdl, num_warps=1,
         **launch_options(pdl, fp_fusion=ROPE_FP_FUSION))

@@ -33,11 +33,13 @@ from codespec.kernels import check, check_live, use_triton
 
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, source: torch.Tensor,
                write_slots: torch.Tensor, write_positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *,
-               heads: int, kv_heads: int, out: torch.Tensor | None = None,
+               heads: int, kv_heads: int, positions: torch.Tensor | None = None, out: torch.Tensor | None = None,
                live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False,
                force_triton: bool | None = None) -> torch.Tensor:
     """q [rows, heads, dim] after rotary; row r's K and V go to
-    keys/values[write_slots[r], :, write_positions[r]] (taken from row source[r]).
+    keys/values[write_slots[r], :, write_positions[r]] (taken from row source[r]). cos and
+    sin are [rows, dim], row r's own; or, with `positions` [rows], tables [P, dim] that
+    row r reads at positions[r] (the cuda backend's: no rotary kernels in a pass).
     `live` (the pass's context and path_len): the kernel skips rows that hold no token
     (padding: their store would repeat their source row's, their q is left undefined);
     the reference computes every row. `pdl`: launched as a programmatic dependent on CUDA
@@ -46,8 +48,11 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, source: 
     dim = keys.shape[3]
     check(qkv.dim() == 2 and qkv.shape[1] == (heads + 2 * kv_heads) * dim and qkv.stride(1) == 1,
           "qkv must be [rows, (heads + 2 * kv_heads) * dim], contiguous in its last dimension")
-    check(cos.shape == (rows, dim) and sin.shape == cos.shape and cos.stride() == sin.stride() and cos.stride(1) == 1,
-          "cos and sin must be [rows, dim] of one layout")
+    check(cos.shape == ((rows, dim) if positions is None else (cos.shape[0], dim)) and sin.shape == cos.shape
+          and cos.stride() == sin.stride() and cos.stride(1) == 1,
+          "cos and sin must be [rows, dim] (tables [P, dim] with positions) of one layout")
+    check(positions is None or (positions.shape == (rows,) and positions.device == qkv.device),
+          "positions must be [rows]")
     check(keys.shape == values.shape and keys.stride() == values.stride() and keys.shape[1] == kv_heads
           and keys.stride(3) == 1, "keys and values must be [slots, kv_heads, positions, dim] of one layout")
     for t in (source, write_slots, write_positions):
@@ -59,9 +64,11 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, source: 
     if use_triton(qkv, force_triton):
         from codespec.kernels import _triton
 
-        _triton.rope_store(qkv, cos, sin, source, write_slots, write_positions, keys, values, out, heads, kv_heads,
-                           live, pdl and qkv.is_cuda)
+        _triton.rope_store(qkv, cos, sin, positions, source, write_slots, write_positions, keys, values, out, heads,
+                           kv_heads, live, pdl and qkv.is_cuda)
     else:
+        if positions is not None:
+            cos, sin = cos.index_select(0, positions), sin.index_select(0, positions)
         q, k, v = rope_store_ref(qkv, cos, sin, heads, kv_heads, dim)
         out.copy_(q)
         keys[write_slots, :, write_positions] = k.index_select(0, source)

@@ -201,6 +201,8 @@ def test_settings_that_need_hopper_name_the_device_s_capability(monkeypatch):
 def test_unsupported_models_are_named():
     assert cuda.unsupported(tiny_model("qwen2", vocab_size=16)) is None
     assert "sliding" in cuda.unsupported(tiny_model("qwen2", vocab_size=16, use_sliding_window=True, sliding_window=8))
+    dynamic = tiny_model("qwen2", vocab_size=16, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    assert "rotary embedding 'dynamic'" in cuda.unsupported(dynamic)  # cos and sin change with the pass
 
 
 def test_row_linear_tiles_serve_the_products_they_fit(monkeypatch):

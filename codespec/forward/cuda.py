@@ -59,7 +59,7 @@ from codespec.errors import SettingError
 from codespec.forward import profile
 from codespec.forward.base import Moves, Requests, kv_dims
 from codespec.forward.chained import Chained, Collect, next_starts, plain_steps, step_rows
-from codespec.forward.cuda_layers import LayerWeights, add_norm, eps_of, gated, rotary
+from codespec.forward.cuda_layers import LayerWeights, add_norm, eps_of, gated, rotary_table
 from codespec.forward.cuda_settings import CudaSettings, is_hopper, require_hopper
 from codespec.forward.passlayout import META_FIELDS, PassRows, chain_rows, fill_staging, tree_rows
 from codespec.kernels.compact import keep_paths
@@ -74,9 +74,16 @@ FUSED_TILES = {"qkv": Config(64, 64, 64, splits=8), "o": Config(64, 16, 128),
                "gate_up": Config(64, 128, 128, num_warps=8, num_stages=3), "down": Config(64, 32, 64, splits=8),
                "lm_head": Config(64, 128, 64)}
 def unsupported(model: Any) -> str | None:
-    """Why this backend cannot run `model` (None: it can): the Qwen2/Llama layers it computes."""
+    """Why this backend cannot run `model` (None: it can): the Qwen2/Llama layers it
+    computes, with a rotary embedding whose cos and sin depend on the position alone (a
+    slot's are computed once; a `dynamic` one changes with the pass's longest position, so
+    a pass's rows would not be its steps' either)."""
+    from codespec.forward.hf_weights import STATIC_ROPE
     from codespec.forward.rowdecoder import family_unsupported
 
+    rope_type = getattr(getattr(model.model, "rotary_emb", None), "rope_type", None)
+    if rope_type not in STATIC_ROPE:
+        return f"rotary embedding {rope_type!r} (the cuda backend takes {', '.join(STATIC_ROPE)})"
     return family_unsupported(model.config, "the cuda backend")
 
 
@@ -86,6 +93,7 @@ class _Bucket:
 
     flat: torch.Tensor  # [META_FIELDS * rows + rows * rows] int64 on the device: meta, then path
     staging: torch.Tensor  # flat's host copy (pinned on CUDA)
+    rope: tuple[torch.Tensor, torch.Tensor]  # cos, sin [slot positions, head_dim]: read at each row's position
     copied: Any = None  # torch.cuda.Event after the last staging copy (staging is reused)
     logits: torch.Tensor | None = None  # [rows, vocab]: the replay's outputs (graph memory)
     choices: torch.Tensor | None = None  # [rows] int64
@@ -290,12 +298,18 @@ class CudaForward:
             size = META_FIELDS * rows + rows * rows
             flat = torch.zeros(size, dtype=torch.int64, device=self.device)
             staging = torch.zeros(size, dtype=torch.int64, pin_memory=self.device.type == "cuda")
-            bucket = _Bucket(flat, staging)
+            bucket = _Bucket(flat, staging, self._rope_table(cache.slot_tokens))
             self._buckets[cache] = bucket
         return bucket
 
+    def _rope_table(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotary's cos and sin for every position of a slot, computed once per KV cache by
+        the model's own module: a pass reads its rows' (rope_store's `positions`) instead
+        of running ~9 small kernels of transformers' rotary each time."""
+        return rotary_table(self.model.model, positions, self.model.get_input_embeddings().weight[:0])
+
     def _replay(self, cache: Any, bucket: _Bucket) -> None:
-        args = (bucket.flat, cache.keys, cache.values)
+        args = (bucket.flat, cache.keys, cache.values, bucket.rope)
         if not self.graphs:
             bucket.logits, bucket.choices = self._rows_forward(*args)
             return
@@ -315,24 +329,24 @@ class CudaForward:
             bucket.graph = graph
         bucket.graph.replay()
 
-    def _rows_forward(self, flat: torch.Tensor, keys: list[torch.Tensor],
-                      values: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rows_forward(self, flat: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                      rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """The bucket's pass over the static metadata `flat` and the cache's per-layer
-        keys and values ([slots, kv_heads, positions, dim] each): logits [rows, vocab],
-        choices [rows]."""
+        keys and values ([slots, kv_heads, positions, dim] each), rotary's tables `rope`:
+        logits [rows, vocab], choices [rows]."""
         rows = self.rows
         ids, positions, write_slots, write_positions, source, slots, context, path_len = \
             flat[: META_FIELDS * rows].view(META_FIELDS, rows)
         path = flat[META_FIELDS * rows:].view(rows, rows)
         model = self.model.model
         hidden = model.embed_tokens(ids)  # [rows, hidden]
-        cos, sin = rotary(model, hidden, positions)
+        cos, sin = rope
         pdl, live = self.pdl != "off", (context, path_len)  # the rows that hold a token
 
         def attend(index: int, layer: Any, qkv: torch.Tensor) -> torch.Tensor:
             """Rotary, the rows' K and V stored, and each row over its own keys: [rows, hidden]."""
             q = rope_store(qkv, cos, sin, source, write_slots, write_positions, keys[index], values[index],
-                           heads=self.heads, kv_heads=self.kv_heads, live=live, pdl=pdl)
+                           heads=self.heads, kv_heads=self.kv_heads, positions=positions, live=live, pdl=pdl)
             return row_attention(q, keys[index], values[index], slots=slots, context=context, path=path,
                                  path_len=path_len, scale=layer.self_attn.scaling, schedule=self.attention,
                                  pdl=pdl).view(rows, -1)
@@ -413,7 +427,7 @@ class CudaForward:
         positions = torch.arange(begin, end, device=self.device)
         causal = torch.arange(end, device=self.device)[None, :] <= positions[:, None]  # [n, end]
         hidden = model.embed_tokens(torch.tensor(list(ids), device=self.device))
-        cos, sin = rotary(model, hidden, positions)
+        cos, sin = (table.index_select(0, positions) for table in self._bucket(cache).rope)
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
             x = rms_norm(hidden, w.input_norm, w.input_eps)
             q, k, v = rope_store_ref(F.linear(x, w.qkv, w.qkv_bias), cos, sin, self.heads, self.kv_heads,

@@ -50,10 +50,13 @@ class LayerWeights:
         return gated(gate_up)
 
 
-def rotary(model: Any, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [rows, head_dim] at `positions` [rows], from the model's own rotary module."""
-    cos, sin = model.rotary_emb(hidden, positions[None])  # [1, rows, head_dim] each
-    return cos[0], sin[0]
+def rotary_table(model: Any, positions: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [positions, head_dim] in `like`'s dtype and device, from the model's own
+    rotary module: what it gives every position from 0 (its rope type static: forward/
+    cuda.py's unsupported)."""
+    at = torch.arange(positions, device=like.device)
+    cos, sin = model.rotary_emb(like, at[None])  # [1, positions, head_dim] each
+    return cos[0].contiguous(), sin[0].contiguous()
 
 
 def eps_of(norm: Any) -> float:

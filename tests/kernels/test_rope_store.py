@@ -80,3 +80,20 @@ def test_rows_without_a_token_are_skipped_and_the_others_have_the_same_bits():
                force_triton=True)
     assert torch.equal(q[:3], q_full[:3]) and torch.equal(q[3:], torch.full((2, HEADS, DIM), 7.0))
     assert torch.equal(stores[0], full[0]) and torch.equal(stores[1], full[1])
+
+
+@pytest.mark.parametrize("force_triton", [True, False])
+def test_tables_read_at_each_rows_position_are_the_rows_own_cos_and_sin(force_triton):
+    """With `positions`, cos and sin are tables read at each row's position (a padding
+    row's at its source row's): the bits of passing each row its own."""
+    qkv, _, _, meta = inputs(torch.float32)
+    table = torch.randn(32, DIM)
+    cos_table, sin_table = table.cos(), table.sin()
+    positions = torch.tensor([20, 3, 9, 20, 20])
+    own = [torch.zeros(2, KV_HEADS, 16, DIM) for _ in range(2)]
+    expected = rope_store(qkv, cos_table[positions], sin_table[positions], *meta.values(), *own, heads=HEADS,
+                          kv_heads=KV_HEADS, force_triton=force_triton)
+    read = [torch.zeros(2, KV_HEADS, 16, DIM) for _ in range(2)]
+    got = rope_store(qkv, cos_table, sin_table, *meta.values(), *read, heads=HEADS, kv_heads=KV_HEADS,
+                     positions=positions, force_triton=force_triton)
+    assert torch.equal(got, expected) and torch.equal(read[0], own[0]) and torch.equal(read[1], own[1])

@@ -65,12 +65,14 @@ for pdl in (False, True):
                                            {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64, "PDL": pdl}, warps=WORK_WARPS)
 out["rope_store pdl"] = build(_triton._rope_store_kernel,
                               {**{name: "*bf16" for name in ("qkv_ptr", "cos_ptr", "sin_ptr")},
-                               **{name: "*i64" for name in ("source_ptr", "write_slot_ptr", "write_position_ptr")},
+                               **{name: "*i64" for name in ("positions_ptr", "source_ptr", "write_slot_ptr",
+                                                            "write_position_ptr")},
                                **{name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr")},
                                "context_ptr": "*i64", "path_len_ptr": "*i64",
                                **{name: "i32" for name in ("s_qkv", "s_rope", "s_q_row", "s_q_head", "s_kv_slot",
                                                            "s_kv_head", "s_kv_pos")}},
-                              {"HEADS": 14, "KV_HEADS": 2, "DIM": 64, "LIVE": True, "PDL": True}, warps=1,
+                              {"HEADS": 14, "KV_HEADS": 2, "DIM": 64, "TABLES": True, "LIVE": True, "PDL": True},
+                              warps=1,
                               fp_fusion=_triton.ROPE_FP_FUSION)
 # the default model's gate/up with its norm, as the fused layers launch it (FUSED_TILES)
 linear = {**{name: "*bf16" for name in ("x_ptr", "w_ptr", "bias_ptr", "norm_ptr", "residual_ptr", "out_ptr")},
