@@ -4,12 +4,13 @@ or on CPU under `TRITON_INTERPRET=1` in the tests). The wrapper checked the argu
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from codespec.kernels._triton import live_rows
+from codespec.kernels._triton import holds_token, live_rows
 from codespec.kernels._triton_pdl import launch_options, pdl_start, pdl_wait
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -82,8 +83,11 @@ def _warm_weights(w_ptr, n_first, k_first, k_last, s_w, BLOCK_N: tl.constexpr, S
 
 @triton.jit
 def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, part_ptr, context_ptr, path_len_ptr,
-                       count_ptr, sq_in_ptr, sq_out_ptr, k_size, eps, s_x, s_w, s_residual, s_out, s_part_split, s_part,
-                       s_sq_in, s_sq_out, STEPS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       count_ptr, sq_in_ptr, sq_out_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr, k_ptr,
+                       v_ptr, k_size, eps, s_x, s_w, s_residual, s_out, s_part_split, s_part, s_sq_in, s_sq_out, s_rope,
+                       s_kv_slot, s_kv_head, s_kv_pos, STEPS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, ROPE: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+                       DIM: tl.constexpr,
                        NORM: tl.constexpr, SQUARES_IN: tl.constexpr, SQUARES_PAD: tl.constexpr,
                        SQUARES_OUT: tl.constexpr, PAIRS: tl.constexpr, RESIDUAL: tl.constexpr, LIVE: tl.constexpr,
                        PDL: tl.constexpr, PREFETCH: tl.constexpr, SECTOR: tl.constexpr, SECTORS: tl.constexpr,
@@ -119,8 +123,9 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
             acc += tl.dot(a, tl.trans(w))
         n_first = tl.program_id(0) * BLOCK_N
         if SPLITS == 1:
-            _finish(acc, bias_ptr, residual_ptr, out_ptr, sq_out_ptr, m, n_first, s_residual, s_out, s_sq_out, HAS_BIAS,
-                    RESIDUAL, PAIRS, SQUARES_OUT, BLOCK_M, BLOCK_N)
+            _finish(acc, bias_ptr, residual_ptr, out_ptr, sq_out_ptr, m, n_first, s_residual, s_out, s_sq_out,
+                    context_ptr, path_len_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr, k_ptr, v_ptr, s_rope, s_kv_slot, s_kv_head, s_kv_pos, HAS_BIAS, RESIDUAL, PAIRS, SQUARES_OUT,
+                    ROPE, HEADS, KV_HEADS, DIM, BLOCK_M, BLOCK_N)
         else:
             tl.store(part_ptr + split * s_part_split + m[:, None] * s_part + n[None, :], acc)
             if FOLD:  # the program that stores a block's last split adds them all, as the reduce kernel does
@@ -129,20 +134,24 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
                 if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
                     total = _split_sum(part_ptr, m, n, s_part_split, s_part, SPLITS, ".cg")  # the reduce kernel's
                     _finish(total, bias_ptr, residual_ptr, out_ptr, sq_out_ptr, m, n_first, s_residual, s_out, s_sq_out,
-                            HAS_BIAS, RESIDUAL, PAIRS, SQUARES_OUT, BLOCK_M, BLOCK_N)
+                            context_ptr, path_len_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr, k_ptr, v_ptr, s_rope, s_kv_slot, s_kv_head, s_kv_pos, HAS_BIAS, RESIDUAL, PAIRS,
+                            SQUARES_OUT, ROPE, HEADS, KV_HEADS, DIM, BLOCK_M, BLOCK_N)
                     tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")  # zero for the next launch
 
 
 @triton.jit
-def _finish(acc, bias_ptr, residual_ptr, out_ptr, sq_out_ptr, m, n_first, s_residual, s_out, s_sq_out,
-            HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, PAIRS: tl.constexpr, SQUARES_OUT: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _finish(acc, bias_ptr, residual_ptr, out_ptr, sq_out_ptr, m, n_first, s_residual, s_out, s_sq_out, context_ptr,
+            path_len_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr, k_ptr, v_ptr, s_rope, s_kv_slot,
+            s_kv_head, s_kv_pos, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, PAIRS: tl.constexpr,
+            SQUARES_OUT: tl.constexpr, ROPE: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+            DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Outputs n_first.. (BLOCK_N of them) of rows m: bias, then the product rounded to
     the model's dtype, then the residual added and rounded again (transformers' `hidden +
     linear(x)`); with SQUARES_OUT, the rows' sum of squares of what is stored, one float
     per row for this block (the next product's norm). PAIRS: the columns are (gate, up)
     pairs, and what is stored is SiLU(gate) * up, BLOCK_N / 2 outputs from n_first / 2,
-    rounded as transformers' MLP rounds (gate and up, SiLU, the product)."""
+    rounded as transformers' MLP rounds (gate and up, SiLU, the product). ROPE: the
+    columns are q, k and v heads; q and k rotated, q stored, K and V into the cache."""
     dtype = out_ptr.dtype.element_ty
     n = n_first + tl.arange(0, BLOCK_N)
     if HAS_BIAS:
@@ -152,6 +161,10 @@ def _finish(acc, bias_ptr, residual_ptr, out_ptr, sq_out_ptr, m, n_first, s_resi
         silu = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
         half = n_first // 2 + tl.arange(0, BLOCK_N // 2)
         tl.store(out_ptr + m[:, None] * s_out + half[None, :], (silu * up).to(dtype))
+    elif ROPE:
+        _rope_epilogue(acc.to(dtype), m, n_first, out_ptr, s_out, context_ptr, path_len_ptr, cos_ptr, sin_ptr,
+                       positions_ptr, wslot_ptr, wpos_ptr, k_ptr, v_ptr, s_rope, s_kv_slot, s_kv_head, s_kv_pos,
+                       HEADS, KV_HEADS, DIM, BLOCK_M, BLOCK_N)
     else:
         if RESIDUAL:
             residual = tl.load(residual_ptr + m[:, None] * s_residual + n[None, :]).to(tl.float32)
@@ -161,6 +174,42 @@ def _finish(acc, bias_ptr, residual_ptr, out_ptr, sq_out_ptr, m, n_first, s_resi
         if SQUARES_OUT:
             stored = result.to(tl.float32)
             tl.store(sq_out_ptr + m * s_sq_out + n_first // BLOCK_N, tl.sum(stored * stored, axis=1))
+
+
+@triton.jit
+def _rope_epilogue(x, m, n_first, q_ptr, s_q, context_ptr, path_len_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr,
+                   wpos_ptr, k_ptr, v_ptr, s_rope, s_kv_slot, s_kv_head, s_kv_pos, HEADS: tl.constexpr,
+                   KV_HEADS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # x: q/k/v outputs n_first.. of rows m in the model's dtype, whole heads of DIM (a
+    # block never straddles q, k and v). Rotary as kernels/_triton.py's _rope_store_head
+    # computes it, each product and the sum rounded (the launch pins fused multiply-adds
+    # off), on the halves of each head: x_lo * cos - x_hi * sin, x_hi * cos + x_lo * sin.
+    dtype = x.dtype
+    H: tl.constexpr = BLOCK_N // DIM
+    HALF: tl.constexpr = DIM // 2
+    if n_first < (HEADS + KV_HEADS) * DIM:
+        lo, hi = tl.split(tl.permute(tl.reshape(x, [BLOCK_M, H, 2, HALF]), (0, 1, 3, 2)))
+        at = tl.load(positions_ptr + m)[:, None, None] * s_rope + tl.arange(0, HALF)[None, None, :]
+        cos_lo, cos_hi = tl.load(cos_ptr + at).to(tl.float32), tl.load(cos_ptr + at + HALF).to(tl.float32)
+        sin_lo, sin_hi = tl.load(sin_ptr + at).to(tl.float32), tl.load(sin_ptr + at + HALF).to(tl.float32)
+        lo32, hi32 = lo.to(tl.float32), hi.to(tl.float32)
+        new_lo = ((lo32 * cos_lo).to(dtype).to(tl.float32) + (-hi32 * sin_lo).to(dtype).to(tl.float32)).to(dtype)
+        new_hi = ((hi32 * cos_hi).to(dtype).to(tl.float32) + (lo32 * sin_hi).to(dtype).to(tl.float32)).to(dtype)
+        x = tl.reshape(tl.permute(tl.join(new_lo, new_hi), (0, 1, 3, 2)), [BLOCK_M, BLOCK_N])
+    n = n_first + tl.arange(0, BLOCK_N)
+    if n_first < HEADS * DIM:
+        tl.store(q_ptr + m[:, None] * s_q + n[None, :], x)
+    else:
+        # a row without a token stores nothing (its source row stores the same K and V)
+        holds = holds_token(context_ptr, path_len_ptr, m)
+        column = n - HEADS * DIM
+        head = (column % (KV_HEADS * DIM)) // DIM
+        at = (tl.load(wslot_ptr + m)[:, None] * s_kv_slot + head[None, :] * s_kv_head
+              + tl.load(wpos_ptr + m)[:, None] * s_kv_pos + (column % DIM)[None, :])
+        if n_first < (HEADS + KV_HEADS) * DIM:
+            tl.store(k_ptr + at, x, mask=holds[:, None])
+        else:
+            tl.store(v_ptr + at, x, mask=holds[:, None])
 
 
 @triton.jit
@@ -176,9 +225,12 @@ def _split_sum(part_ptr, m, n, s_part_split, s_part, SPLITS: tl.constexpr, READ:
 
 @triton.jit
 def _row_linear_reduce_kernel(part_ptr, bias_ptr, residual_ptr, out_ptr, sq_out_ptr, context_ptr, path_len_ptr,
-                              s_part_split, s_part, s_residual, s_out, s_sq_out, SPLITS: tl.constexpr,
-                              HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, PAIRS: tl.constexpr,
-                              SQUARES_OUT: tl.constexpr, LIVE: tl.constexpr, PDL: tl.constexpr, BLOCK: tl.constexpr):
+                              cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr, k_ptr, v_ptr, s_part_split, s_part,
+                              s_residual, s_out, s_sq_out, s_rope, s_kv_slot, s_kv_head, s_kv_pos,
+                              SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
+                              PAIRS: tl.constexpr, SQUARES_OUT: tl.constexpr, ROPE: tl.constexpr, HEADS: tl.constexpr,
+                              KV_HEADS: tl.constexpr, DIM: tl.constexpr, LIVE: tl.constexpr, PDL: tl.constexpr,
+                              BLOCK: tl.constexpr):
     # One program per row and BLOCK outputs: the splits' partial sums added in split order.
     pdl_start(PDL)
     pdl_wait(PDL)
@@ -186,15 +238,17 @@ def _row_linear_reduce_kernel(part_ptr, bias_ptr, residual_ptr, out_ptr, sq_out_
     n_first = tl.program_id(0) * BLOCK
     if tl.max(live_rows(context_ptr, path_len_ptr, m, LIVE).to(tl.int32), axis=0) > 0:
         acc = _split_sum(part_ptr, m, n_first + tl.arange(0, BLOCK), s_part_split, s_part, SPLITS, "")
-        _finish(acc, bias_ptr, residual_ptr, out_ptr, sq_out_ptr, m, n_first, s_residual, s_out, s_sq_out, HAS_BIAS,
-                RESIDUAL, PAIRS, SQUARES_OUT, 1, BLOCK)
+        _finish(acc, bias_ptr, residual_ptr, out_ptr, sq_out_ptr, m, n_first, s_residual, s_out, s_sq_out, context_ptr,
+                path_len_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr, k_ptr, v_ptr, s_rope, s_kv_slot,
+                s_kv_head, s_kv_pos, HAS_BIAS, RESIDUAL, PAIRS, SQUARES_OUT, ROPE, HEADS, KV_HEADS, DIM, 1, BLOCK)
 
 
 def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, norm: torch.Tensor | None,
                eps: float, squares: torch.Tensor | None, pairs: bool, residual: torch.Tensor | None,
-               squares_out: torch.Tensor | None, out: torch.Tensor, block_m: int, block_n: int, block_k: int,
-               splits: int, num_warps: int, num_stages: int, live: tuple[torch.Tensor, torch.Tensor] | None = None,
-               pdl: bool = False, prefetch: bool = False, counts: torch.Tensor | None = None) -> None:
+               squares_out: torch.Tensor | None, rope: Any, out: torch.Tensor, block_m: int, block_n: int,
+               block_k: int, splits: int, num_warps: int, num_stages: int,
+               live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False, prefetch: bool = False,
+               counts: torch.Tensor | None = None) -> None:
     rows = x.shape[0]
     n_size, k_size = weight.shape
     steps = k_size // block_k
@@ -202,35 +256,45 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     splits = triton.cdiv(steps, per_split)  # no empty split
     part = torch.empty(splits, rows, n_size, dtype=torch.float32, device=x.device) if splits > 1 else out
     flags = dict(HAS_BIAS=bias is not None, RESIDUAL=residual is not None, PAIRS=pairs,
-                 SQUARES_OUT=squares_out is not None, LIVE=live is not None, PDL=pdl)
+                 SQUARES_OUT=squares_out is not None, ROPE=rope is not None,
+                 HEADS=rope.heads if rope is not None else 1, KV_HEADS=rope.kv_heads if rope is not None else 1,
+                 DIM=rope.keys.shape[3] if rope is not None else 2, LIVE=live is not None, PDL=pdl)
     pointers = (bias if bias is not None else out, residual if residual is not None else out)
     context, path_len = live if live is not None else (out, out)
     sq_out, s_sq_out = (squares_out, squares_out.stride(0)) if squares_out is not None else (out, 0)
     sq_in, s_sq_in = (squares, squares.stride(0)) if squares is not None else (out, 0)
+    if rope is not None:  # the tables, the rows' positions and KV places, the cache's layer
+        rope_args = (rope.cos, rope.sin, rope.positions, rope.write_slots, rope.write_positions, rope.keys, rope.values,
+                     rope.cos.stride(0), rope.keys.stride(0), rope.keys.stride(1), rope.keys.stride(2))
+    else:
+        rope_args = (out,) * 7 + (0,) * 4
     s_residual = residual.stride(0) if residual is not None else 0
     sector = SECTOR_BYTES // weight.element_size()
     sectors = triton.next_power_of_2(triton.cdiv(per_split * block_k, sector))
     fold = counts is not None and splits > 1
+    # rotary rounds each product and the sum as transformers does: no fused multiply-adds
+    launch = launch_options(pdl, fp_fusion=rope is None)
+    pointer_args, stride_args = rope_args[:7], rope_args[7:]
     _row_linear_kernel[(n_size // block_n, splits, rows // block_m)](
         x, weight, pointers[0], norm if norm is not None else out, pointers[1], out, part, context, path_len,
-        counts if fold else context, sq_in, sq_out, k_size, float(eps), x.stride(0), weight.stride(0), s_residual,
-        out.stride(0), part.stride(0) if splits > 1 else 0, part.stride(1) if splits > 1 else 0, s_sq_in, s_sq_out,
-        STEPS_PER_SPLIT=per_split, SPLITS=splits, NORM=norm is not None,
+        counts if fold else context, sq_in, sq_out, *pointer_args, k_size, float(eps), x.stride(0), weight.stride(0),
+        s_residual, out.stride(0), part.stride(0) if splits > 1 else 0, part.stride(1) if splits > 1 else 0, s_sq_in,
+        s_sq_out, *stride_args, STEPS_PER_SPLIT=per_split, SPLITS=splits, NORM=norm is not None,
         SQUARES_IN=squares.shape[1] if squares is not None else 0,
         SQUARES_PAD=triton.next_power_of_2(squares.shape[1]) if squares is not None else 1,
         PREFETCH=prefetch, SECTOR=sector, SECTORS=sectors,
         WARM_ROWS=min(block_n, max(1, WARM_LANES // sectors)), FOLD=fold, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=_INTERPRETED and x.dtype != torch.float32, num_warps=num_warps,
-        num_stages=num_stages, **flags, **launch_options(pdl))
+        num_stages=num_stages, **flags, **launch)
     if splits > 1 and not fold:
-        block = reduce_block(n_size, block_n, squares_out is not None)
+        block = reduce_block(n_size, block_n, squares_out is not None or rope is not None)
         _row_linear_reduce_kernel[(n_size // block, rows)](
-            part, *pointers, out, sq_out, context, path_len, part.stride(0), part.stride(1), s_residual, out.stride(0),
-            s_sq_out, SPLITS=splits, BLOCK=block, **flags, **launch_options(pdl))
+            part, *pointers, out, sq_out, context, path_len, *pointer_args, part.stride(0), part.stride(1), s_residual,
+            out.stride(0), s_sq_out, *stride_args, SPLITS=splits, BLOCK=block, **flags, **launch)
 
 
-def reduce_block(n_size: int, block_n: int, squares_out: bool) -> int:
+def reduce_block(n_size: int, block_n: int, whole_blocks: bool) -> int:
     """Outputs a program of the reduce kernel finishes: 128 where they tile N; the
-    product's own block_n where the finish writes a sum of squares per block (so every
-    path writes N / block_n of them)."""
-    return 128 if n_size % 128 == 0 and not squares_out else block_n
+    product's own block_n where the finish works on whole blocks (a sum of squares per
+    block, rotary on whole heads)."""
+    return 128 if n_size % 128 == 0 and not whole_blocks else block_n

@@ -52,6 +52,24 @@ PDL_MODES = ("off", "launch", "prefetch")  # CODESPEC_CUDA_PDL (kernels/_triton_
 
 
 @dataclass(frozen=True)
+class Rope:
+    """What q/k/v's epilogue needs for rotary and the KV store (kernels/rope_store.py's
+    arguments, its tables form): the product's outputs are q, k and v heads; q comes back
+    rotated, K and V go into the cache's layer."""
+
+    cos: torch.Tensor  # [positions, dim] tables
+    sin: torch.Tensor
+    positions: torch.Tensor  # [rows]: where each row reads the tables
+    source: torch.Tensor  # [rows]: a padding row's K and V are its source row's (the reference's stores)
+    write_slots: torch.Tensor  # [rows]
+    write_positions: torch.Tensor  # [rows]
+    keys: torch.Tensor  # [slots, kv_heads, positions, dim]: one layer of the cache
+    values: torch.Tensor
+    heads: int
+    kv_heads: int
+
+
+@dataclass(frozen=True)
 class Config:
     block_m: int = 64  # rows per program: the bucket (forward/cuda.py)
     block_n: int = 32
@@ -80,7 +98,7 @@ class Config:
 def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                norm: tuple[torch.Tensor, float] | None = None, squares: torch.Tensor | None = None,
                pairs: bool = False, residual: torch.Tensor | None = None, squares_out: torch.Tensor | None = None,
-               config: Config = Config(), out: torch.Tensor | None = None,
+               rope: Rope | None = None, config: Config = Config(), out: torch.Tensor | None = None,
                live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: str = "off",
                counts: torch.Tensor | None = None, force_triton: bool | None = None) -> torch.Tensor:
     """[rows, K] -> [rows, N] ([rows, N / 2] with `pairs`) in x's dtype (module
@@ -89,7 +107,10 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     wrote them; the norm's scale comes from them, not from a walk over x. `squares_out`
     (float32 [rows, N / block_n]): written with each block's sum of squares of the
     stored output row. `pairs`: weight rows are (gate, up) pairs (`gate_up_pairs`) and
-    the output is SiLU(gate) * up. `live` (a pass's context and path_len, [rows] each):
+    the output is SiLU(gate) * up. `rope`: the outputs are q, k and v heads; returns q
+    [rows, heads * dim] after rotary, and K and V go into the cache for the rows that
+    hold a token (needs `live`; kernels/rope_store.py's arithmetic, the same bits). `live`
+    (a pass's context and path_len, [rows] each):
     only the rows that hold a token (context + path > 0) are read and computed, the
     others' outputs are left undefined (the Triton kernels; the reference computes every
     row). `pdl` (launch or prefetch; CUDA, sm_90+): launched as a programmatic dependent,
@@ -114,6 +135,12 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
           "pairs (gate, up) take no residual and write no squares")
     check(config.fits(rows, n_size, k_size),
           f"{config} does not tile rows {rows}, N {n_size}, K {k_size}")
+    if rope is not None:
+        dim = rope.keys.shape[3]
+        check(live is not None and n_size == (rope.heads + 2 * rope.kv_heads) * dim and residual is None
+              and not pairs and squares_out is None, "rope needs live rows and q/k/v outputs, nothing else after")
+        check(config.block_n % dim == 0 and (rope.heads * dim) % config.block_n == 0
+              and (rope.kv_heads * dim) % config.block_n == 0, f"{config} cuts a head of {dim}: rope needs whole heads")
     check(squares_out is None or (squares_out.dtype == torch.float32
                                   and squares_out.shape == (rows, n_size // config.block_n)
                                   and squares_out.stride(1) == 1),
@@ -124,15 +151,24 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     check(counts is None or (counts.dtype == torch.int32 and counts.dim() == 1 and counts.numel() >= blocks
                              and counts.device == x.device), f"counts must be [>= {blocks}] int32 zeros on x's device")
     if out is None:
-        out = torch.empty(rows, n_size // 2 if pairs else n_size, dtype=x.dtype, device=x.device)
+        width = rope.heads * rope.keys.shape[3] if rope is not None else n_size // 2 if pairs else n_size
+        out = torch.empty(rows, width, dtype=x.dtype, device=x.device)
     if use_triton(x, force_triton):
         from codespec.kernels import _triton_linear
 
         _triton_linear.row_linear(x, weight, bias, None if norm is None else norm[0],
-                                  0.0 if norm is None else norm[1], squares, pairs, residual, squares_out, out,
+                                  0.0 if norm is None else norm[1], squares, pairs, residual, squares_out, rope,
+                                  out,
                                   config.block_m, config.block_n, config.block_k, config.splits, config.num_warps,
                                   config.num_stages, live, pdl != "off" and x.is_cuda, pdl == "prefetch" and x.is_cuda,
                                   counts)
+    elif rope is not None:
+        from codespec.kernels.rope_store import rope_store
+
+        qkv = row_linear_ref(x, weight, bias, norm)
+        q = rope_store(qkv, rope.cos, rope.sin, rope.source, rope.write_slots, rope.write_positions, rope.keys,
+                       rope.values, heads=rope.heads, kv_heads=rope.kv_heads, positions=rope.positions)
+        out.copy_(q.reshape(rows, -1))
     else:
         out.copy_(row_linear_ref(x, weight, bias, norm, pairs, residual))
         if squares_out is not None:

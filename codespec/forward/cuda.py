@@ -65,7 +65,7 @@ from codespec.forward.passlayout import META_FIELDS, PassRows, chain_rows, fill_
 from codespec.kernels.compact import keep_paths
 from codespec.kernels.rope_store import rope_store, rope_store_ref
 from codespec.kernels.row_attention import row_attention
-from codespec.kernels.row_linear import Config, rms_norm, row_linear
+from codespec.kernels.row_linear import Config, Rope, rms_norm, row_linear
 
 _log = logging.getLogger(__name__)
 # The fused layers' tiles: the fastest of each fused product (its norm, SiLU or residual
@@ -343,21 +343,28 @@ class CudaForward:
         cos, sin = rope
         pdl, live = self.pdl != "off", (context, path_len)  # the rows that hold a token
 
-        def attend(index: int, layer: Any, qkv: torch.Tensor) -> torch.Tensor:
-            """Rotary, the rows' K and V stored, and each row over its own keys: [rows, hidden]."""
-            q = rope_store(qkv, cos, sin, source, write_slots, write_positions, keys[index], values[index],
-                           heads=self.heads, kv_heads=self.kv_heads, positions=positions, live=live, pdl=pdl)
-            return row_attention(q, keys[index], values[index], slots=slots, context=context, path=path,
-                                 path_len=path_len, scale=layer.self_attn.scaling, schedule=self.attention,
-                                 pdl=pdl).view(rows, -1)
+        def attend(index: int, layer: Any, q: torch.Tensor) -> torch.Tensor:
+            """Each row over its own keys (q rotated, the pass's K and V stored): [rows, hidden]."""
+            return row_attention(q.view(rows, self.heads, -1), keys[index], values[index], slots=slots,
+                                 context=context, path=path, path_len=path_len, scale=layer.self_attn.scaling,
+                                 schedule=self.attention, pdl=pdl).view(rows, -1)
+
+        def rope_of(index: int) -> Rope:
+            """Rotary and the KV store of layer `index` (rope_store's arguments)."""
+            return Rope(cos, sin, positions, source, write_slots, write_positions, keys[index], values[index],
+                        self.heads, self.kv_heads)
 
         if self.fused:
-            logits = self._fused_layers(hidden, attend, live)
+            logits = self._fused_layers(hidden, attend, rope_of, live)
             return logits, torch.argmax(logits, dim=-1)
         delta = torch.zeros_like(hidden)  # what the last layer adds to the residual stream
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
             hidden, x = self._add_norm(hidden, delta, w.input_norm, w.input_eps)
-            attended = attend(index, layer, self._product("qkv", x, w.qkv, w.qkv_bias, live=live))
+            rope = rope_of(index)
+            q = rope_store(self._product("qkv", x, w.qkv, w.qkv_bias, live=live), cos, sin, source, write_slots,
+                           write_positions, rope.keys, rope.values, heads=self.heads, kv_heads=self.kv_heads,
+                           positions=positions, live=live, pdl=pdl)
+            attended = attend(index, layer, q)
             hidden, x = self._add_norm(hidden, self._product("o", attended, w.o, w.o_bias, live=live), w.post_norm,
                                        w.post_eps)
             delta = self._product("down", self._gated(self._product("gate_up", x, w.gate_up, live=live)), w.down,
@@ -366,11 +373,12 @@ class CudaForward:
         logits = self._product("lm_head", x, self.model.lm_head.weight, self.model.lm_head.bias, live=live)
         return logits, torch.argmax(logits, dim=-1)
 
-    def _fused_layers(self, hidden: torch.Tensor, attend: Any,
+    def _fused_layers(self, hidden: torch.Tensor, attend: Any, rope_of: Callable[[int], Rope],
                       live: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """The same layers with each product carrying its neighbours: the norm before
-        q/k/v and gate/up, SiLU after gate/up, the residual add after o and down (the same
-        roundings, kernels/row_linear.py); returns the logits. o and down also leave the
+        q/k/v and gate/up, rotary and the KV store after q/k/v, SiLU after gate/up, the
+        residual add after o and down (the same roundings, kernels/row_linear.py); returns
+        the logits. o and down also leave the
         residual stream's sum of squares per block of their outputs, which the next norm
         adds instead of walking the row (the first layer's norm walks it). The products
         compute the rows in `live` alone (a padding row's hidden state is never read: its
@@ -380,10 +388,10 @@ class CudaForward:
         rows, width = hidden.shape
         squares = None  # the embeddings: no product wrote them
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
-            qkv = row_linear(hidden, w.qkv, w.qkv_bias, norm=(w.input_norm, w.input_eps), squares=squares,
-                             config=tiles["qkv"], **linear)
+            q = row_linear(hidden, w.qkv, w.qkv_bias, norm=(w.input_norm, w.input_eps), squares=squares,
+                           rope=rope_of(index), config=tiles["qkv"], **linear)
             squares = hidden.new_empty(rows, width // tiles["o"].block_n, dtype=torch.float32)
-            hidden = row_linear(attend(index, layer, qkv), w.o, w.o_bias, residual=hidden, squares_out=squares,
+            hidden = row_linear(attend(index, layer, q), w.o, w.o_bias, residual=hidden, squares_out=squares,
                                 config=tiles["o"], **linear)
             activated = row_linear(hidden, w.gate_up, norm=(w.post_norm, w.post_eps), squares=squares, pairs=True,
                                    config=tiles["gate_up"], **linear)
@@ -404,6 +412,12 @@ class CudaForward:
         tiles = {}
         for name, (n_size, k_size) in shapes.items():
             tile = given.get(name) or replace(FUSED_TILES[name], block_m=self.tile_rows)
+            if name == "qkv":  # rotary in its epilogue: a block holds whole heads of q, of k or of v
+                while tile.block_n > self.head_dim and (self.kv_heads * self.head_dim) % tile.block_n:
+                    tile = replace(tile, block_n=tile.block_n // 2)
+                if tile.block_n % self.head_dim or (self.kv_heads * self.head_dim) % tile.block_n:
+                    raise SettingError(f"CODESPEC_CUDA_FUSED: no q/k/v tile holds whole heads of {self.head_dim} "
+                                       f"(tile {tile.block_n} outputs); unset it")
             fitted = tile.fitted(self.rows, n_size, k_size)
             if fitted is None:
                 raise SettingError(f"CODESPEC_CUDA_FUSED: no row_linear tile fits {name} ({n_size}x{k_size}) with "

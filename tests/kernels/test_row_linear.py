@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codespec.kernels.row_linear import Config, block_squares, gate_up_pairs, row_linear, row_linear_ref
+from codespec.kernels.row_linear import Config, Rope, block_squares, gate_up_pairs, row_linear, row_linear_ref
 
 pytest.importorskip("triton", reason="triton is a test dependency (pip install -e '.[test]')")
 
@@ -230,3 +230,73 @@ def test_counts_too_few_for_the_blocks_are_refused():
     with pytest.raises(ValueError, match="counts must be"):
         row_linear(x, weight, config=Config(block_m=16, block_n=16, block_k=16, splits=2),
                    counts=torch.zeros(5, dtype=torch.int32))  # 3 x 2 blocks
+
+
+def rope_case(dtype, block_n):
+    """q/k/v outputs of 4 query and 2 KV heads of 16, rows 12-15 padding (their source row
+    0), rotary tables of 32 positions, a cache of 2 slots."""
+    torch.manual_seed(6)
+    heads, kv_heads, dim, rows = 4, 2, 16, 16
+    x = torch.randn(rows, 64).to(dtype)
+    weight = (torch.randn((heads + 2 * kv_heads) * dim, 64) / 8).to(dtype)
+    bias = torch.randn(weight.shape[0]).to(dtype)
+    angles = torch.randn(32, dim)
+    context = torch.tensor([9] * 6 + [0] * 10)
+    path_len = torch.tensor([0] * 6 + [3] * 6 + [0] * 4)  # rows 6-11 by their paths alone
+    positions = torch.tensor([9, 10, 11, 12, 13, 14] + [12, 13, 14, 12, 13, 14] + [9] * 4)
+
+    def rope(keys, values):
+        return Rope(cos=angles.cos().to(dtype), sin=angles.sin().to(dtype), positions=positions,
+                    source=torch.tensor(list(range(12)) + [0] * 4), write_slots=torch.tensor([0] * 6 + [1] * 6 + [0] * 4),
+                    write_positions=positions, keys=keys, values=values, heads=heads, kv_heads=kv_heads)
+
+    config = Config(block_m=16, block_n=block_n, block_k=16)
+    return x, weight, bias, rope, (context, path_len), config
+
+
+def empty_cache(dtype):
+    return torch.zeros(2, 2, 32, 16, dtype=dtype), torch.zeros(2, 2, 32, 16, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_n,splits,fold", [(16, 1, False), (32, 1, False), (16, 2, False), (32, 4, True)])
+def test_rope_in_the_epilogue_has_rope_stores_bits(dtype, block_n, splits, fold):
+    """q/k/v's epilogue rotates q and k and stores K and V as the product then rope_store
+    do (kernels/rope_store.py), bit for bit, split or not; padding rows store nothing."""
+    x, weight, bias, rope, live, config = rope_case(dtype, block_n)
+    config = Config(block_m=16, block_n=block_n, block_k=16, splits=splits)
+    counts = torch.zeros(64, dtype=torch.int32) if fold else None
+    fused_cache, apart_cache = empty_cache(dtype), empty_cache(dtype)
+    q = row_linear(x, weight, bias, rope=rope(*fused_cache), config=config, live=live, counts=counts,
+                   force_triton=True)
+    qkv = row_linear(x, weight, bias, config=config, live=live, force_triton=True)
+    from codespec.kernels.rope_store import rope_store
+
+    apart = rope(*apart_cache)
+    expected = rope_store(qkv, apart.cos, apart.sin, apart.source, apart.write_slots, apart.write_positions,
+                          *apart_cache, heads=4, kv_heads=2, positions=apart.positions, live=live, force_triton=True)
+    assert torch.equal(q.view(16, 4, 16)[:12], expected[:12])
+    assert torch.equal(fused_cache[0], apart_cache[0]) and torch.equal(fused_cache[1], apart_cache[1])
+    assert fused_cache[0][1].count_nonzero() > 0 and fused_cache[0][0, :, 9].count_nonzero() > 0
+
+
+def test_rope_in_the_epilogue_through_the_reference_is_rope_stores():
+    x, weight, bias, rope, live, config = rope_case(torch.float32, 32)
+    got_cache, expected_cache = empty_cache(torch.float32), empty_cache(torch.float32)
+    q = row_linear(x, weight, bias, rope=rope(*got_cache), config=config, live=live)
+    from codespec.kernels.rope_store import rope_store
+
+    apart = rope(*expected_cache)
+    expected = rope_store(row_linear_ref(x, weight, bias), apart.cos, apart.sin, apart.source, apart.write_slots,
+                          apart.write_positions, *expected_cache, heads=4, kv_heads=2, positions=apart.positions)
+    assert torch.equal(q.view(16, 4, 16), expected)
+    assert torch.equal(got_cache[0], expected_cache[0]) and torch.equal(got_cache[1], expected_cache[1])
+
+
+def test_rope_in_the_epilogue_needs_whole_heads_and_live_rows():
+    x, weight, bias, rope, live, config = rope_case(torch.float32, 16)
+    cache = empty_cache(torch.float32)
+    with pytest.raises(ValueError, match="whole heads"):
+        row_linear(x, weight, bias, rope=rope(*cache), config=Config(block_m=16, block_n=64, block_k=16), live=live)
+    with pytest.raises(ValueError, match="rope needs live rows"):
+        row_linear(x, weight, bias, rope=rope(*cache), config=config)

@@ -77,10 +77,13 @@ out["rope_store pdl"] = build(_triton._rope_store_kernel,
 # the default model's gate/up with its norm, as the fused layers launch it (FUSED_TILES)
 linear = {**{name: "*bf16" for name in ("x_ptr", "w_ptr", "bias_ptr", "norm_ptr", "residual_ptr", "out_ptr")},
           "part_ptr": "*fp32", "context_ptr": "*i64", "path_len_ptr": "*i64", "count_ptr": "*i32",
-          "sq_in_ptr": "*fp32", "sq_out_ptr": "*fp32", "k_size": "i32", "eps": "fp32",
+          "sq_in_ptr": "*fp32", "sq_out_ptr": "*fp32", "cos_ptr": "*bf16", "sin_ptr": "*bf16",
+          **{name: "*i64" for name in ("positions_ptr", "wslot_ptr", "wpos_ptr")}, "k_ptr": "*bf16", "v_ptr": "*bf16",
+          "k_size": "i32", "eps": "fp32",
           **{name: "i32" for name in ("s_x", "s_w", "s_residual", "s_out", "s_part_split", "s_part", "s_sq_in",
-                                      "s_sq_out")}}
-plain = {"SQUARES_IN": 0, "SQUARES_PAD": 1, "SQUARES_OUT": False, "PAIRS": False}
+                                      "s_sq_out", "s_rope", "s_kv_slot", "s_kv_head", "s_kv_pos")}}
+plain = {"SQUARES_IN": 0, "SQUARES_PAD": 1, "SQUARES_OUT": False, "PAIRS": False, "ROPE": False, "HEADS": 1,
+         "KV_HEADS": 1, "DIM": 2}
 for pdl in ("off", "launch", "prefetch"):
     out["linear " + pdl] = build(_triton_linear._row_linear_kernel, linear,
                                  {"STEPS_PER_SPLIT": 7, "SPLITS": 1, "HAS_BIAS": False, "NORM": True, **plain,
@@ -92,7 +95,9 @@ for pdl in ("off", "launch", "prefetch"):
 # with its norm walked (the first layer) or from the sums of squares o and down leave
 # (`squares`: 896 / 16 of o's, 896 / 32 of down's), o and down leaving them, gate/up's
 # SiLU pairs
-m16 = {"qkv walk": (64, 64, 2, dict(NORM=True)), "qkv": (64, 64, 2, dict(NORM=True, SQUARES_IN=28, SQUARES_PAD=32)),
+rope = dict(ROPE=True, HEADS=14, KV_HEADS=2, DIM=64)  # rotary and the KV store in q/k/v's epilogue
+m16 = {"qkv walk": (64, 64, 2, dict(NORM=True, **rope)),
+       "qkv": (64, 64, 2, dict(NORM=True, SQUARES_IN=28, SQUARES_PAD=32, **rope)),
        "o": (16, 128, 7, dict(RESIDUAL=True, SQUARES_OUT=True)),
        "gate_up": (128, 128, 7, dict(NORM=True, SQUARES_IN=56, SQUARES_PAD=64, PAIRS=True)),
        "gate_up walk": (128, 128, 7, dict(NORM=True, PAIRS=True)),
@@ -105,14 +110,18 @@ for name, (n_tile, k_tile, steps, fusion) in m16.items():
                                        **plain, **fusion, "LIVE": True, "PDL": True, "PREFETCH": True, "SECTOR": 16,
                                        "SECTORS": sectors, "WARM_ROWS": min(n_tile, 512 // sectors),
                                        "FOLD": name == "down", "BLOCK_M": 16, "BLOCK_N": n_tile, "BLOCK_K": k_tile,
-                                       "UPCAST": False})
+                                       "UPCAST": False}, fp_fusion="ROPE" not in fusion)
 out["linear reduce pdl"] = build(_triton_linear._row_linear_reduce_kernel,
                                  {"part_ptr": "*fp32", "bias_ptr": "*bf16", "residual_ptr": "*bf16", "out_ptr": "*bf16",
                                   "sq_out_ptr": "*fp32", "context_ptr": "*i64", "path_len_ptr": "*i64",
-                                  "s_part_split": "i32", "s_part": "i32", "s_residual": "i32", "s_out": "i32",
-                                  "s_sq_out": "i32"},
+                                  "cos_ptr": "*bf16", "sin_ptr": "*bf16", "positions_ptr": "*i64", "wslot_ptr": "*i64",
+                                  "wpos_ptr": "*i64", "k_ptr": "*bf16", "v_ptr": "*bf16",
+                                  **{name: "i32" for name in ("s_part_split", "s_part", "s_residual", "s_out",
+                                                              "s_sq_out", "s_rope", "s_kv_slot", "s_kv_head",
+                                                              "s_kv_pos")}},
                                  {"SPLITS": 8, "HAS_BIAS": False, "RESIDUAL": True, "PAIRS": False,
-                                  "SQUARES_OUT": True, "LIVE": True, "PDL": True, "BLOCK": 32})
+                                  "SQUARES_OUT": True, "ROPE": False, "HEADS": 1, "KV_HEADS": 1, "DIM": 2, "LIVE": True,
+                                  "PDL": True, "BLOCK": 32})
 json.dump(out, sys.stdout)
 """
 
@@ -207,3 +216,11 @@ def test_a_norm_from_squares_walks_nothing_before_the_products_loop(compiled):
     assert loops(compiled["linear m16 gate_up walk"]["ptx"]) == loops(compiled["linear m16 gate_up"]["ptx"]) + 1
     for name in ("linear m16 qkv", "linear m16 gate_up", "linear m16 o", "linear m16 down"):
         assert compiled[name]["stack"] == 0, name
+
+
+def test_rotary_in_q_k_v_s_epilogue_rounds_each_product_and_spills_nothing(compiled):
+    """q/k/v with rotary and the KV store in its epilogue launches without fused
+    multiply-adds, as rope_store does: each product and the sum rounded."""
+    ptx = compiled["linear m16 qkv"]["ptx"]
+    assert "fma.rn" not in ptx and "mma.sync" in ptx
+    assert compiled["linear m16 qkv"]["stack"] == 0 and compiled["linear m16 qkv walk"]["stack"] == 0
