@@ -108,6 +108,7 @@ def _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, con
     _block_partial(q, k_ptr, v_ptr, part_ptr, path_ptr, row, kv_head, slot, context, total, block, scale,
                    s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head, s_part_block,
                    GROUP, GROUP_PAD, DIM, KEY_BLOCK, PRECISION)
+    return row, kv_head
 
 
 @triton.jit
@@ -158,6 +159,79 @@ def _combine(out_ptr, part_ptr, row, head, blocks, s_out_row, s_out_head, s_part
 
 
 @triton.jit
+def _combine_group(out_ptr, part_ptr, row, kv_head, blocks, s_out_row, s_out_head, s_part_row, s_part_head,
+                   s_part_block, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, DIM: tl.constexpr,
+                   CHUNK: tl.constexpr):
+    # The `fold` schedule's combine: a row's GROUP query heads of one KV head at once
+    # ([GROUP_PAD, CHUNK] partials a step), block order fixed by the row's keys, as
+    # _combine does one head at a time (another layout: other bits than the launched
+    # combine's, the same for every row). Reads past L1: other programs wrote the partials.
+    g = tl.arange(0, GROUP_PAD)
+    c = tl.arange(0, CHUNK)
+    d = tl.arange(0, DIM)
+    real = g < GROUP
+    head = kv_head * GROUP + g
+    part = part_ptr + row * s_part_row + head[:, None] * s_part_head  # [GROUP_PAD, 1]
+    best = tl.full([GROUP_PAD, CHUNK], float("-inf"), tl.float32)
+    for first in range(0, blocks, CHUNK):
+        inside = real[:, None] & (first + c < blocks)[None, :]
+        best = tl.maximum(best, tl.load(part + (first + c)[None, :] * s_part_block, mask=inside, other=float("-inf"),
+                                        cache_modifier=".cg"))
+    top = tl.where(real, tl.max(best, axis=1), 0.0)  # a maximum is the same in any order
+    total_weight = tl.zeros([GROUP_PAD, CHUNK], tl.float32)
+    acc = tl.zeros([GROUP_PAD, DIM], tl.float32)
+    for first in range(0, blocks, CHUNK):
+        inside = real[:, None] & (first + c < blocks)[None, :]
+        at = part + (first + c)[None, :] * s_part_block
+        rescale = tl.where(inside, tl.exp(tl.load(at, mask=inside, other=0.0, cache_modifier=".cg") - top[:, None]),
+                           0.0)
+        total_weight += rescale * tl.load(at + 1, mask=inside, other=0.0, cache_modifier=".cg")
+        values = tl.load(at[:, :, None] + 2 + d[None, None, :], mask=inside[:, :, None], other=0.0,
+                         cache_modifier=".cg")
+        acc += tl.sum(rescale[:, :, None] * values, axis=1)
+    weight = tl.sum(total_weight, axis=1)
+    result = acc / tl.where(weight > 0, weight, 1.0)[:, None]
+    tl.store(out_ptr + row * s_out_row + head[:, None] * s_out_head + d[None, :],
+             result.to(out_ptr.dtype.element_ty), mask=real[:, None])
+
+
+@triton.jit
+def _row_attention_fold_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_ptr, slots_ptr, context_ptr, path_ptr,
+                               path_len_ptr, scale, rows, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path,
+                               s_part_row, s_part_head, s_part_block, s_out_row, s_out_head, KV_HEADS: tl.constexpr,
+                               ROWS_PAD: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                               HEADS_PAD: tl.constexpr, DIM: tl.constexpr, KEY_BLOCK: tl.constexpr,
+                               PRECISION: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr):
+    # The `fold` schedule: the worklist's items, then the combine of a (row, KV head)'s
+    # query heads by the program that stored its last block (an atomic count per pair
+    # after a CTA barrier, acq_rel at GPU scope, reset by that program: row_linear's fold),
+    # all GROUP heads at once. One launch a layer, not two; rows with no keys get zeros.
+    pdl_start(PDL)
+    pdl_wait(PDL)
+    blocks, ends = _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK)
+    r = tl.arange(0, ROWS_PAD)
+    h = tl.arange(0, HEADS_PAD)
+    d = tl.arange(0, DIM)
+    for row in range(tl.program_id(0), rows, tl.num_programs(0)):
+        if tl.sum(tl.where(r == row, blocks, 0), axis=0) == 0:
+            tl.store(out_ptr + row * s_out_row + h[:, None] * s_out_head + d[None, :],
+                     tl.zeros([HEADS_PAD, DIM], tl.float32).to(out_ptr.dtype.element_ty),
+                     mask=(h < GROUP * KV_HEADS)[:, None])
+    for item in range(tl.program_id(0), tl.sum(blocks, axis=0) * KV_HEADS, tl.num_programs(0)):
+        row, kv_head = _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr,
+                                  path_len_ptr, scale, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path,
+                                  s_part_row, s_part_head, s_part_block, KV_HEADS, ROWS_PAD, GROUP, GROUP_PAD, DIM,
+                                  KEY_BLOCK, PRECISION)
+        row_blocks = tl.sum(tl.where(r == row, blocks, 0), axis=0)
+        tl.debug_barrier()  # every thread's partial stored before the count says so
+        count = count_ptr + row * KV_HEADS + kv_head
+        if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == row_blocks - 1:
+            _combine_group(out_ptr, part_ptr, row, kv_head, row_blocks, s_out_row, s_out_head, s_part_row,
+                           s_part_head, s_part_block, GROUP, GROUP_PAD, DIM, CHUNK)
+            tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")  # zero for the next launch
+
+
+@triton.jit
 def _row_attention_combine_kernel(out_ptr, part_ptr, context_ptr, path_len_ptr, s_out_row, s_out_head,
                                   s_part_row, s_part_head, s_part_block,
                                   DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, CHUNK: tl.constexpr,
@@ -174,7 +248,8 @@ def _row_attention_combine_kernel(out_ptr, part_ptr, context_ptr, path_len_ptr, 
 def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
                   context: torch.Tensor, path: torch.Tensor, path_len: torch.Tensor, scale: float,
                   out: torch.Tensor, key_block: int, block_programs: int, schedule: str, programs: int,
-                  work_warps: int, pdl: bool = False) -> None:
+                  work_warps: int, pdl: bool = False, counts: torch.Tensor | None = None,
+                  fold_chunk: int = 8) -> None:
     rows, heads, dim = query.shape
     kv_heads = keys.shape[1]
     group = heads // kv_heads
@@ -186,6 +261,12 @@ def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     launch = dict(PDL=pdl, **launch_options(pdl))
     shapes = dict(GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), DIM=dim, KEY_BLOCK=key_block,
                   PRECISION="ieee" if query.dtype == torch.float32 else "tf32")
+    if schedule == "fold":
+        _row_attention_fold_kernel[(programs,)](
+            query, keys, values, part, out, counts, slots, context, path, path_len, float(scale), rows, *strides,
+            out.stride(0), out.stride(1), KV_HEADS=kv_heads, ROWS_PAD=triton.next_power_of_2(rows),
+            HEADS_PAD=triton.next_power_of_2(heads), CHUNK=fold_chunk, num_warps=work_warps, **shapes, **launch)
+        return
     if schedule == "worklist":
         _row_attention_work_kernel[(programs,)](
             query, keys, values, part, slots, context, path, path_len, float(scale), rows, *strides,

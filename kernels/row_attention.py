@@ -15,14 +15,20 @@ bits, whatever else the pass holds: the number of rows, the batch and the tree n
 enter a row's arithmetic. A row with no keys (context 0, path 0: padding) writes zeros at
 almost no cost.
 
-Two launch schedules of the first kernel run the same code for every block (so the same
-bits; `schedule`, CODESPEC_CUDA_ATTENTION):
+Three launch schedules run the same code for every block (`schedule`,
+CODESPEC_CUDA_ATTENTION); the first two then launch the same combine (the same bits):
 * `worklist` (the default): a wave of programs (two per SM, 4 warps each) shares the
   pass's (row, key block, KV head) items. A one-row decode step over 512 keys is 8 items;
 * `grid`: one program per (row, KV head, program of the block axis): a bucket of 64 rows
   and a slot of 2,048+ positions is 2,048 programs whatever the pass holds (at 4 warps
   and ~120-150 registers a thread, three fit an SM: ~5 waves for a step, of programs
-  that mostly find a padding row and exit).
+  that mostly find a padding row and exit);
+* `fold` (session 30, opt-in until an H100 has timed it): the worklist's launch, and the
+  program that stores a (row, KV head)'s last block combines its query heads, all at once
+  (an atomic count per pair, as row_linear's fold: one launch a layer, not two). Its
+  combine's layout is another, so are its bits; a row's are still its keys' alone.
+  Session 26's `single` folded the combine one head at a time (seven chains of dependent
+  loads in one program) and took 2-7x the two launches on the H100.
 
 >>> keys = torch.randn(1, 1, 6, 4); values = torch.randn(1, 1, 6, 4); q = torch.randn(2, 1, 4)
 >>> rows = dict(slots=torch.tensor([0, 0]), context=torch.tensor([3, 2]),
@@ -42,7 +48,8 @@ KEY_BLOCK = 128  # logical keys per block: part of every row's summation order
 BLOCK_PROGRAMS = 16  # programs per (row, KV head) along the block axis: rows of up to 16 blocks
 # run all their blocks at once; more programs would be idle ones for most rows (the grid is
 # fixed for a CUDA graph, sized by the slot's length). A launch detail: not in the bits.
-SCHEDULES = ("worklist", "grid")
+SCHEDULES = ("worklist", "grid", "fold")
+FOLD_CHUNK = 8  # the fold's partials combined per step (a [7 -> 8, 8, 64] float32 tile: ~16 registers a thread)
 # The worklist's wave and warps (the combine's warps too: they lay out its reduction, so
 # they are in the bits, the same for every row of a build). Compiled for sm_90 as a
 # launch specializes it, the kernel takes ~145 registers a thread at 4 or 8 warps and
@@ -69,8 +76,9 @@ def row_attention(
     scale: float,
     out: torch.Tensor | None = None,  # [rows, heads, dim], written in place when given
     force_triton: bool | None = None,
-    schedule: str = "worklist",  # worklist or grid (module docstring; CODESPEC_CUDA_ATTENTION)
+    schedule: str = "worklist",  # worklist, grid or fold (module docstring; CODESPEC_CUDA_ATTENTION)
     pdl: bool = False,  # launched as programmatic dependents on CUDA (kernels/_triton_pdl.py)
+    counts: torch.Tensor | None = None,  # fold: int32 zeros, one per (row, KV head) at least, left zero
 ) -> torch.Tensor:
     """Returns [rows, heads, dim] in the query's dtype (module docstring)."""
     rows, heads, dim = query.shape
@@ -88,8 +96,12 @@ def row_attention(
         from codespec.kernels import _triton_attention
 
         check(schedule in SCHEDULES, f"attention schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}")
+        check(schedule != "fold" or (counts is not None and counts.dtype == torch.int32
+                                     and counts.numel() >= rows * keys.shape[1] and counts.device == query.device),
+              f"the fold schedule needs counts: int32 zeros, at least {rows * keys.shape[1]} (rows x KV heads)")
         _triton_attention.row_attention(query, keys, values, slots, context, path, path_len, scale, out, KEY_BLOCK,
-                              BLOCK_PROGRAMS, schedule, wave(query.device), WORK_WARPS, pdl and query.is_cuda)
+                                        BLOCK_PROGRAMS, schedule, wave(query.device), WORK_WARPS,
+                                        pdl and query.is_cuda, counts, FOLD_CHUNK)
     else:
         out.copy_(row_attention_ref(query, keys, values, slots, context, path, path_len, scale))
     return out

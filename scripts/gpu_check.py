@@ -167,9 +167,31 @@ def kernel_checks() -> dict[str, Any]:
                                context=context[r:r + 1] + len(tail), path=path[r:r + 1].contiguous(),
                                path_len=torch.zeros_like(path_len[r:r + 1]), scale=0.125, schedule=meta["schedule"])
     times = _time(lambda: row_attention(query, keys, values, **meta, scale=0.125))
+    schedules.update(_fold_check(query, keys, values, {k: v for k, v in meta.items() if k != "schedule"}, ref))
     return {**schedules, "relative_error_vs_reference": relative, "row_alone_equal": alone_equal,
             "scattered_equals_contiguous": bool(torch.equal(got[r], contiguous[0])), "ms_64_rows_one_layer": times,
             **rope_store_checks(), "attention_us_by_key_block": key_block_probe(meta["schedule"])}
+
+
+def _fold_check(query: Any, keys: Any, values: Any, meta: dict[str, Any], ref: Any) -> dict[str, Any]:
+    """Attention's `fold` schedule (session 30, opt-in; never run on a GPU before): its
+    error against the reference, each row alone against the pass (its own combine, so its
+    own bits), and its counts left zero; an error is reported, not raised."""
+    from codespec.kernels.row_attention import row_attention
+
+    counts = torch.zeros(query.shape[0] * keys.shape[1], dtype=torch.int32, device="cuda")
+    try:
+        def fold(rows: slice) -> Any:
+            return row_attention(query[rows], keys, values, scale=0.125, schedule="fold", counts=counts,
+                                 **{k: v[rows].contiguous() for k, v in meta.items()})
+
+        got = fold(slice(None))
+        relative = float((got.float() - ref.float()).norm() / ref.float().norm())
+        alone = all(torch.equal(got[r], fold(slice(r, r + 1))[0]) for r in range(0, query.shape[0], 7))
+        return {"fold_relative_error": relative, "fold_row_alone_equal": alone,
+                "fold_counts_left_zero": not bool(counts.any())}
+    except Exception as error:
+        return {"fold_error": f"{type(error).__name__}: {str(error)[:300]}"}
 
 
 def _schedule_check(query: Any, keys: Any, values: Any, meta: dict[str, Any]) -> dict[str, Any]:

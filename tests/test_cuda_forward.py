@@ -179,6 +179,7 @@ def test_the_backends_settings_are_checked_at_start_up(monkeypatch):
     monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "grid")  # the backend passes it to every attention launch
     backend = CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))
     assert (backend.rows, backend.attention) == (32, "grid")
+    assert CudaSettings.from_env({"CODESPEC_CUDA_ATTENTION": "fold"}).attention == "fold"
 
 
 def test_settings_that_need_hopper_name_the_device_s_capability(monkeypatch):

@@ -129,6 +129,10 @@ class CudaForward:
         self.chains_steps = settings.chain  # the verifier asks for it where every next pass is a plain step
         self.chained_taken = self.chained_dropped = 0  # queued steps the engine asked for, and the others
         self.attention = settings.attention  # attention's launch schedule (kernels/row_attention.py)
+        # the fold schedule's counts, one per (row, KV head), left zero by every launch: one
+        # buffer serves every layer (a layer's attention ends before the next one's starts)
+        self._attention_counts = (torch.zeros(self.rows * self.kv_heads, dtype=torch.int32, device=self.device)
+                                  if self.attention == "fold" else None)
         # Our kernels launched as programmatic dependents (kernels/_triton_pdl.py), the
         # fused products warming their own weights first with `prefetch`: CODESPEC_CUDA_PDL,
         # `auto` by default: launch on Hopper (the H100's step 0.95x without it, its bits
@@ -347,7 +351,7 @@ class CudaForward:
             """Each row over its own keys (q rotated, the pass's K and V stored): [rows, hidden]."""
             return row_attention(q.view(rows, self.heads, -1), keys[index], values[index], slots=slots,
                                  context=context, path=path, path_len=path_len, scale=layer.self_attn.scaling,
-                                 schedule=self.attention, pdl=pdl).view(rows, -1)
+                                 schedule=self.attention, pdl=pdl, counts=self._attention_counts).view(rows, -1)
 
         def rope_of(index: int) -> Rope:
             """Rotary and the KV store of layer `index` (rope_store's arguments)."""

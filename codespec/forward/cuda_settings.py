@@ -56,8 +56,9 @@ class CudaSettings(BaseSettings):
     fused: bool = Field(False, description="Every product through row_linear with its norm, SiLU and residual "
                         "inside (exact; slower on the H100).")
     compile: bool = Field(True, description="The norms and SiLU compiled by torch.compile.")
-    attention: Literal["worklist", "grid"] = Field(
-        "worklist", description="Attention's launch schedule (kernels/row_attention.py); both give the same bits.")
+    attention: Literal["worklist", "grid", "fold"] = Field(
+        "worklist", description="Attention's launch schedule (kernels/row_attention.py): worklist and grid give the "
+                                "same bits; fold combines in the same launch (other bits, still each row's own).")
     chain: bool = Field(True, description="Plain steps queued one ahead on the device (forward/chained.py).")
     pdl: Literal["auto", "off", "launch", "prefetch"] = Field(
         "auto", description="Our kernels launched as programmatic dependents (sm_90+; 'auto': 'launch' there, "

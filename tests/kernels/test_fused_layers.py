@@ -36,10 +36,17 @@ def prefilled(forward: CudaForward, prompt: list[int]):
     return engine.cache
 
 
-def test_a_fused_row_equals_its_decode_step_bit_for_bit(triton_products):
+@pytest.mark.parametrize("attention", ["reference", "fold"])
+def test_a_fused_row_equals_its_decode_step_bit_for_bit(triton_products, monkeypatch, attention):
     """A tree row off the main chain gets the bits of the decode step that sees the same
     keys: the norm's sums of squares, the SiLU pairs and the splits depend on the row
-    alone, layer after layer."""
+    alone, layer after layer; with attention's fold schedule too (its Triton kernel, one
+    counts buffer for every layer)."""
+    if attention == "fold":
+        from codespec.kernels import row_attention
+
+        monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "fold")
+        monkeypatch.setattr(row_attention, "use_triton", lambda tensor, force: True)
     model = tiny_model("qwen2", vocab_size=32, seed=7, dtype=torch.float32)
     forward = CudaForward(model, rows=16, fused=True)
     prompt = list(range(1, 20))

@@ -120,3 +120,67 @@ def test_bad_arguments_are_refused():
         row_attention(torch.randn(2, 3, DIM), keys, keys, **good, scale=1.0)
     with pytest.raises(ValueError, match=r"\[rows\]"):
         row_attention(query, keys, keys, **{**good, "context": torch.tensor([1])}, scale=1.0)
+
+
+def fold(query, keys, values, rows, counts=None, **kwargs):
+    counts = torch.zeros(64, dtype=torch.int32) if counts is None else counts
+    return row_attention(query, keys, values, **rows, scale=0.125, force_triton=True, schedule="fold", counts=counts,
+                         **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fold_schedule_matches_the_reference_and_leaves_its_counts_zero(dtype, monkeypatch):
+    """`fold`: the combine by the program that stores a (row, KV head)'s last block, all
+    its query heads at once; rows of several blocks and of more blocks than a combine step
+    (FOLD_CHUNK), paths, a padding row (zeros). Any wave gives the same bits, and the
+    counts are zero after every launch (one buffer, launched again)."""
+    rng = random.Random(9)
+    positions = KEY_BLOCK * 10 + 20
+    keys, values = (torch.randn(3, KV_HEADS, positions, DIM).to(dtype) for _ in range(2))
+    rows = random_rows(rng, 7, 3, positions)
+    rows["context"][1], rows["context"][2] = KEY_BLOCK * 9 + 5, 2 * KEY_BLOCK  # 10 blocks: two combine steps
+    query = torch.randn(7, HEADS, DIM).to(dtype)
+    counts = torch.zeros(64, dtype=torch.int32)
+    expected = row_attention_ref(query, keys, values, *rows.values(), 0.125)
+    results = []
+    for programs in (1, 3, 50):
+        monkeypatch.setattr(module, "wave", lambda device, n=programs: n)
+        results.append(fold(query, keys, values, rows, counts))
+        assert not counts.any(), programs
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    assert torch.allclose(results[0].float(), expected.float(), atol=tolerance, rtol=tolerance)
+    assert all(torch.equal(result, results[0]) for result in results)
+    assert torch.count_nonzero(results[0][-1]) == 0  # the padding row
+
+
+def test_a_folded_rows_bits_depend_on_its_keys_alone():
+    """As for the launched combine: alone, among other rows, keys scattered or contiguous."""
+    torch.manual_seed(2)
+    context, tail = 200, [205, 207, 213]
+    keys, values = (torch.randn(2, KV_HEADS, 256, DIM, dtype=torch.bfloat16) for _ in range(2))
+    for store in (keys, values):
+        store[1, :, :context] = store[0, :, :context]
+        store[1, :, context:context + len(tail)] = store[0, :, tail]
+    query = torch.randn(5, HEADS, DIM, dtype=torch.bfloat16)
+
+    def run(rows, slots, contexts, paths):
+        width = max(len(p) for p in paths) or 1
+        meta = dict(slots=torch.tensor(slots), context=torch.tensor(contexts),
+                    path=torch.tensor([p + [0] * (width - len(p)) for p in paths]),
+                    path_len=torch.tensor([len(p) for p in paths]))
+        return fold(query[rows], keys, values, meta)
+
+    in_a_pass = run([0, 1, 2, 3, 4], [0, 1, 0, 1, 0], [context, 40, 7, 250, 0], [tail, [], [8, 9], [], []])[0]
+    alone = run([0], [0], [context], [tail])[0]
+    decoded = run([0], [1], [context + len(tail)], [[]])[0]
+    assert torch.equal(in_a_pass, alone) and torch.equal(alone, decoded)
+
+
+def test_the_fold_schedule_needs_its_counts():
+    query, keys = torch.randn(2, HEADS, DIM), torch.randn(1, KV_HEADS, 8, DIM)
+    rows = dict(slots=torch.tensor([0, 0]), context=torch.tensor([1, 2]), path=torch.zeros(2, 1, dtype=torch.int64),
+                path_len=torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match="fold schedule needs counts"):
+        row_attention(query, keys, keys, **rows, scale=1.0, force_triton=True, schedule="fold")
+    with pytest.raises(ValueError, match="fold schedule needs counts"):
+        fold(query, keys, keys, rows, counts=torch.zeros(3, dtype=torch.int32))  # 2 rows x 2 KV heads

@@ -63,6 +63,11 @@ for pdl in (False, True):
     out["worklist" + " pdl" * pdl] = build(_triton_attention._row_attention_work_kernel,
                                            dict(pointers + meta + [("rows", "i32")] + strides),
                                            {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64, "PDL": pdl}, warps=WORK_WARPS)
+out["fold pdl"] = build(_triton_attention._row_attention_fold_kernel,
+                       dict(pointers[:4] + [("out_ptr", "*bf16"), ("count_ptr", "*i32")] + meta + [("rows", "i32")]
+                            + strides + [("s_out_row", "i32"), ("s_out_head", "i32")]),
+                       {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64, "HEADS_PAD": 16, "CHUNK": 8, "PDL": True},
+                       warps=WORK_WARPS)
 out["rope_store pdl"] = build(_triton._rope_store_kernel,
                               {**{name: "*bf16" for name in ("qkv_ptr", "cos_ptr", "sin_ptr")},
                                **{name: "*i64" for name in ("positions_ptr", "source_ptr", "write_slot_ptr",
@@ -139,6 +144,7 @@ def compiled() -> dict[str, dict]:
 
 def test_attention_schedules_launch_without_spilling(compiled):
     assert compiled["worklist"]["stack"] == 0 and compiled["worklist pdl"]["stack"] == 0
+    assert compiled["fold pdl"]["stack"] == 0
 
 
 def test_loads_vectorize_and_pipeline_as_on_the_gpu(compiled):
@@ -158,7 +164,8 @@ def first_load_after_the_wait(ptx: str) -> bool:
     return 0 <= start < wait and not GLOBAL_READ.search(ptx[:wait]) and bool(GLOBAL_READ.search(ptx[wait:]))
 
 
-@pytest.mark.parametrize("kernel", ["worklist pdl", "rope_store pdl", "linear prefetch", "linear reduce pdl"])
+@pytest.mark.parametrize("kernel", ["worklist pdl", "fold pdl", "rope_store pdl", "linear prefetch",
+                                    "linear reduce pdl"])
 def test_programmatic_dependents_read_nothing_before_they_wait(compiled, kernel):
     assert first_load_after_the_wait(compiled[kernel]["ptx"]), kernel
 
@@ -224,3 +231,13 @@ def test_rotary_in_q_k_v_s_epilogue_rounds_each_product_and_spills_nothing(compi
     ptx = compiled["linear m16 qkv"]["ptx"]
     assert "fma.rn" not in ptx and "mma.sync" in ptx
     assert compiled["linear m16 qkv"]["stack"] == 0 and compiled["linear m16 qkv walk"]["stack"] == 0
+
+
+def test_attentions_fold_counts_after_a_barrier_at_gpu_scope_and_reads_past_l1(compiled):
+    """The fold schedule's combine, as row_linear's fold (which the H100 ran exact): every
+    thread's partial stored before the count, an acq_rel count at GPU scope, the partials
+    read past L1 after it."""
+    ptx = compiled["fold pdl"]["ptx"]
+    count = ptx.index("atom.global.gpu.acq_rel.add")
+    assert "bar.sync" in ptx[ptx.rindex("st.global", 0, count):count]
+    assert "ld.global.cg" in ptx[count:]
