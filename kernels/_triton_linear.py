@@ -83,16 +83,16 @@ def _warm_weights(w_ptr, n_first, k_first, k_last, s_w, BLOCK_N: tl.constexpr, S
 
 @triton.jit
 def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, part_ptr, context_ptr, path_len_ptr,
-                       count_ptr, sq_in_ptr, sq_out_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr, k_ptr,
-                       v_ptr, k_size, eps, s_x, s_w, s_residual, s_out, s_part_split, s_part, s_sq_in, s_sq_out, s_rope,
-                       s_kv_slot, s_kv_head, s_kv_pos, STEPS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr,
-                       HAS_BIAS: tl.constexpr, ROPE: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
-                       DIM: tl.constexpr,
-                       NORM: tl.constexpr, SQUARES_IN: tl.constexpr, SQUARES_PAD: tl.constexpr,
-                       SQUARES_OUT: tl.constexpr, PAIRS: tl.constexpr, RESIDUAL: tl.constexpr, LIVE: tl.constexpr,
-                       PDL: tl.constexpr, PREFETCH: tl.constexpr, SECTOR: tl.constexpr, SECTORS: tl.constexpr,
-                       WARM_ROWS: tl.constexpr, FOLD: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+                       count_ptr, sq_in_ptr, block_out_ptr, index_out_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr,
+                       wpos_ptr, k_ptr, v_ptr, k_size, eps, s_x, s_w, s_residual, s_out, s_part_split, s_part, s_sq_in,
+                       s_block_out, s_rope, s_kv_slot, s_kv_head, s_kv_pos, STEPS_PER_SPLIT: tl.constexpr,
+                       SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr, SQUARES_IN: tl.constexpr,
+                       SQUARES_PAD: tl.constexpr, SQUARES_OUT: tl.constexpr, CHOICES: tl.constexpr,
+                       PAIRS: tl.constexpr, ROPE: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+                       DIM: tl.constexpr, RESIDUAL: tl.constexpr, LIVE: tl.constexpr, PDL: tl.constexpr,
+                       PREFETCH: tl.constexpr, SECTOR: tl.constexpr, SECTORS: tl.constexpr, WARM_ROWS: tl.constexpr,
+                       FOLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       UPCAST: tl.constexpr):
     # One program per (BLOCK_N outputs, split of K, BLOCK_M rows): its K range is fixed by
     # the split's index alone, walked in BLOCK_K steps; an output row depends on its own
     # input row (a tensor-core product never mixes rows; the norm's sum is per row).
@@ -123,9 +123,10 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
             acc += tl.dot(a, tl.trans(w))
         n_first = tl.program_id(0) * BLOCK_N
         if SPLITS == 1:
-            _finish(acc, bias_ptr, residual_ptr, out_ptr, sq_out_ptr, m, n_first, s_residual, s_out, s_sq_out,
-                    context_ptr, path_len_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr, k_ptr, v_ptr, s_rope, s_kv_slot, s_kv_head, s_kv_pos, HAS_BIAS, RESIDUAL, PAIRS, SQUARES_OUT,
-                    ROPE, HEADS, KV_HEADS, DIM, BLOCK_M, BLOCK_N)
+            _finish(acc, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, m, n_first, s_residual, s_out,
+                    s_block_out, context_ptr, path_len_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr,
+                    k_ptr, v_ptr, s_rope, s_kv_slot, s_kv_head, s_kv_pos, HAS_BIAS, RESIDUAL, PAIRS, SQUARES_OUT,
+                    CHOICES, ROPE, HEADS, KV_HEADS, DIM, BLOCK_M, BLOCK_N)
         else:
             tl.store(part_ptr + split * s_part_split + m[:, None] * s_part + n[None, :], acc)
             if FOLD:  # the program that stores a block's last split adds them all, as the reduce kernel does
@@ -133,25 +134,29 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
                 count = count_ptr + tl.program_id(0) * tl.num_programs(2) + tl.program_id(2)
                 if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
                     total = _split_sum(part_ptr, m, n, s_part_split, s_part, SPLITS, ".cg")  # the reduce kernel's
-                    _finish(total, bias_ptr, residual_ptr, out_ptr, sq_out_ptr, m, n_first, s_residual, s_out, s_sq_out,
-                            context_ptr, path_len_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr, k_ptr, v_ptr, s_rope, s_kv_slot, s_kv_head, s_kv_pos, HAS_BIAS, RESIDUAL, PAIRS,
-                            SQUARES_OUT, ROPE, HEADS, KV_HEADS, DIM, BLOCK_M, BLOCK_N)
+                    _finish(total, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, m, n_first,
+                            s_residual, s_out, s_block_out, context_ptr, path_len_ptr, cos_ptr, sin_ptr, positions_ptr,
+                            wslot_ptr, wpos_ptr, k_ptr, v_ptr, s_rope, s_kv_slot, s_kv_head, s_kv_pos, HAS_BIAS,
+                            RESIDUAL, PAIRS, SQUARES_OUT, CHOICES, ROPE, HEADS, KV_HEADS, DIM, BLOCK_M, BLOCK_N)
                     tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")  # zero for the next launch
 
 
 @triton.jit
-def _finish(acc, bias_ptr, residual_ptr, out_ptr, sq_out_ptr, m, n_first, s_residual, s_out, s_sq_out, context_ptr,
-            path_len_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr, k_ptr, v_ptr, s_rope, s_kv_slot,
-            s_kv_head, s_kv_pos, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, PAIRS: tl.constexpr,
-            SQUARES_OUT: tl.constexpr, ROPE: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
-            DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _finish(acc, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, m, n_first, s_residual, s_out,
+            s_block_out, context_ptr, path_len_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr, k_ptr, v_ptr,
+            s_rope, s_kv_slot, s_kv_head, s_kv_pos, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
+            PAIRS: tl.constexpr, SQUARES_OUT: tl.constexpr, CHOICES: tl.constexpr, ROPE: tl.constexpr,
+            HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr):
     """Outputs n_first.. (BLOCK_N of them) of rows m: bias, then the product rounded to
     the model's dtype, then the residual added and rounded again (transformers' `hidden +
-    linear(x)`); with SQUARES_OUT, the rows' sum of squares of what is stored, one float
-    per row for this block (the next product's norm). PAIRS: the columns are (gate, up)
-    pairs, and what is stored is SiLU(gate) * up, BLOCK_N / 2 outputs from n_first / 2,
-    rounded as transformers' MLP rounds (gate and up, SiLU, the product). ROPE: the
-    columns are q, k and v heads; q and k rotated, q stored, K and V into the cache."""
+    linear(x)`). One float per row for this block into block_out: with SQUARES_OUT the
+    sum of squares of what is stored (the next product's norm); with CHOICES its maximum,
+    and its first index into index_out (the rows' greedy choices, _choices_kernel). PAIRS:
+    the columns are (gate, up) pairs, and what is stored is SiLU(gate) * up, BLOCK_N / 2
+    outputs from n_first / 2, rounded as transformers' MLP rounds (gate and up, SiLU, the
+    product). ROPE: the columns are q, k and v heads; q and k rotated, q stored, K and V
+    into the cache."""
     dtype = out_ptr.dtype.element_ty
     n = n_first + tl.arange(0, BLOCK_N)
     if HAS_BIAS:
@@ -171,9 +176,28 @@ def _finish(acc, bias_ptr, residual_ptr, out_ptr, sq_out_ptr, m, n_first, s_resi
             acc = acc.to(dtype).to(tl.float32) + residual
         result = acc.to(dtype)
         tl.store(out_ptr + m[:, None] * s_out + n[None, :], result)
+        stored = result.to(tl.float32)
+        at = block_out_ptr + m * s_block_out + n_first // BLOCK_N
         if SQUARES_OUT:
-            stored = result.to(tl.float32)
-            tl.store(sq_out_ptr + m * s_sq_out + n_first // BLOCK_N, tl.sum(stored * stored, axis=1))
+            tl.store(at, tl.sum(stored * stored, axis=1))
+        if CHOICES:
+            tl.store(at, tl.max(stored, axis=1))
+            tl.store(index_out_ptr + m * s_block_out + n_first // BLOCK_N,
+                     n_first + tl.argmax(stored, axis=1, tie_break_left=True))
+
+
+@triton.jit
+def _choices_kernel(block_out_ptr, index_out_ptr, choices_ptr, s_block_out, BLOCKS: tl.constexpr,
+                    BLOCKS_PAD: tl.constexpr, PDL: tl.constexpr):
+    # One program per row: the first block holding the row's maximum, in block order, and
+    # that block's first index of it: torch.argmax's first maximum of the stored row.
+    pdl_start(PDL)
+    pdl_wait(PDL)
+    row = tl.program_id(0)
+    b = tl.arange(0, BLOCKS_PAD)
+    best = tl.load(block_out_ptr + row * s_block_out + b, mask=b < BLOCKS, other=float("-inf"))
+    block = tl.argmax(best, axis=0, tie_break_left=True)
+    tl.store(choices_ptr + row, tl.load(index_out_ptr + row * s_block_out + block).to(tl.int64))
 
 
 @triton.jit
@@ -224,13 +248,13 @@ def _split_sum(part_ptr, m, n, s_part_split, s_part, SPLITS: tl.constexpr, READ:
 
 
 @triton.jit
-def _row_linear_reduce_kernel(part_ptr, bias_ptr, residual_ptr, out_ptr, sq_out_ptr, context_ptr, path_len_ptr,
-                              cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr, k_ptr, v_ptr, s_part_split, s_part,
-                              s_residual, s_out, s_sq_out, s_rope, s_kv_slot, s_kv_head, s_kv_pos,
-                              SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
-                              PAIRS: tl.constexpr, SQUARES_OUT: tl.constexpr, ROPE: tl.constexpr, HEADS: tl.constexpr,
-                              KV_HEADS: tl.constexpr, DIM: tl.constexpr, LIVE: tl.constexpr, PDL: tl.constexpr,
-                              BLOCK: tl.constexpr):
+def _row_linear_reduce_kernel(part_ptr, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, context_ptr,
+                              path_len_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr, k_ptr, v_ptr,
+                              s_part_split, s_part, s_residual, s_out, s_block_out, s_rope, s_kv_slot, s_kv_head,
+                              s_kv_pos, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
+                              PAIRS: tl.constexpr, SQUARES_OUT: tl.constexpr, CHOICES: tl.constexpr,
+                              ROPE: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr,
+                              LIVE: tl.constexpr, PDL: tl.constexpr, BLOCK: tl.constexpr):
     # One program per row and BLOCK outputs: the splits' partial sums added in split order.
     pdl_start(PDL)
     pdl_wait(PDL)
@@ -238,15 +262,16 @@ def _row_linear_reduce_kernel(part_ptr, bias_ptr, residual_ptr, out_ptr, sq_out_
     n_first = tl.program_id(0) * BLOCK
     if tl.max(live_rows(context_ptr, path_len_ptr, m, LIVE).to(tl.int32), axis=0) > 0:
         acc = _split_sum(part_ptr, m, n_first + tl.arange(0, BLOCK), s_part_split, s_part, SPLITS, "")
-        _finish(acc, bias_ptr, residual_ptr, out_ptr, sq_out_ptr, m, n_first, s_residual, s_out, s_sq_out, context_ptr,
-                path_len_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr, k_ptr, v_ptr, s_rope, s_kv_slot,
-                s_kv_head, s_kv_pos, HAS_BIAS, RESIDUAL, PAIRS, SQUARES_OUT, ROPE, HEADS, KV_HEADS, DIM, 1, BLOCK)
+        _finish(acc, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, m, n_first, s_residual, s_out,
+                s_block_out, context_ptr, path_len_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr, k_ptr,
+                v_ptr, s_rope, s_kv_slot, s_kv_head, s_kv_pos, HAS_BIAS, RESIDUAL, PAIRS, SQUARES_OUT, CHOICES, ROPE,
+                HEADS, KV_HEADS, DIM, 1, BLOCK)
 
 
 def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, norm: torch.Tensor | None,
                eps: float, squares: torch.Tensor | None, pairs: bool, residual: torch.Tensor | None,
-               squares_out: torch.Tensor | None, rope: Any, out: torch.Tensor, block_m: int, block_n: int,
-               block_k: int, splits: int, num_warps: int, num_stages: int,
+               squares_out: torch.Tensor | None, choices: torch.Tensor | None, rope: Any, out: torch.Tensor,
+               block_m: int, block_n: int, block_k: int, splits: int, num_warps: int, num_stages: int,
                live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False, prefetch: bool = False,
                counts: torch.Tensor | None = None) -> None:
     rows = x.shape[0]
@@ -256,45 +281,58 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     splits = triton.cdiv(steps, per_split)  # no empty split
     part = torch.empty(splits, rows, n_size, dtype=torch.float32, device=x.device) if splits > 1 else out
     flags = dict(HAS_BIAS=bias is not None, RESIDUAL=residual is not None, PAIRS=pairs,
-                 SQUARES_OUT=squares_out is not None, ROPE=rope is not None,
+                 SQUARES_OUT=squares_out is not None, CHOICES=choices is not None, ROPE=rope is not None,
                  HEADS=rope.heads if rope is not None else 1, KV_HEADS=rope.kv_heads if rope is not None else 1,
                  DIM=rope.keys.shape[3] if rope is not None else 2, LIVE=live is not None, PDL=pdl)
     pointers = (bias if bias is not None else out, residual if residual is not None else out)
     context, path_len = live if live is not None else (out, out)
-    sq_out, s_sq_out = (squares_out, squares_out.stride(0)) if squares_out is not None else (out, 0)
+    # one float per row and block of outputs (the sums of squares, or the maxima with their
+    # indices for the choices)
+    blocks = n_size // block_n
+    if choices is not None:
+        block_out = torch.empty(rows, blocks, dtype=torch.float32, device=x.device)
+        index_out = torch.empty(rows, blocks, dtype=torch.int32, device=x.device)
+    else:
+        block_out, index_out = (squares_out if squares_out is not None else out), out
     sq_in, s_sq_in = (squares, squares.stride(0)) if squares is not None else (out, 0)
     if rope is not None:  # the tables, the rows' positions and KV places, the cache's layer
-        rope_args = (rope.cos, rope.sin, rope.positions, rope.write_slots, rope.write_positions, rope.keys, rope.values,
-                     rope.cos.stride(0), rope.keys.stride(0), rope.keys.stride(1), rope.keys.stride(2))
+        rope_pointers = (rope.cos, rope.sin, rope.positions, rope.write_slots, rope.write_positions, rope.keys,
+                         rope.values)
+        rope_strides = (rope.cos.stride(0), rope.keys.stride(0), rope.keys.stride(1), rope.keys.stride(2))
     else:
-        rope_args = (out,) * 7 + (0,) * 4
+        rope_pointers, rope_strides = (out,) * 7, (0,) * 4
     s_residual = residual.stride(0) if residual is not None else 0
     sector = SECTOR_BYTES // weight.element_size()
     sectors = triton.next_power_of_2(triton.cdiv(per_split * block_k, sector))
     fold = counts is not None and splits > 1
     # rotary rounds each product and the sum as transformers does: no fused multiply-adds
     launch = launch_options(pdl, fp_fusion=rope is None)
-    pointer_args, stride_args = rope_args[:7], rope_args[7:]
-    _row_linear_kernel[(n_size // block_n, splits, rows // block_m)](
+    _row_linear_kernel[(blocks, splits, rows // block_m)](
         x, weight, pointers[0], norm if norm is not None else out, pointers[1], out, part, context, path_len,
-        counts if fold else context, sq_in, sq_out, *pointer_args, k_size, float(eps), x.stride(0), weight.stride(0),
-        s_residual, out.stride(0), part.stride(0) if splits > 1 else 0, part.stride(1) if splits > 1 else 0, s_sq_in,
-        s_sq_out, *stride_args, STEPS_PER_SPLIT=per_split, SPLITS=splits, NORM=norm is not None,
-        SQUARES_IN=squares.shape[1] if squares is not None else 0,
+        counts if fold else context, sq_in, block_out, index_out, *rope_pointers, k_size, float(eps), x.stride(0),
+        weight.stride(0), s_residual, out.stride(0), part.stride(0) if splits > 1 else 0,
+        part.stride(1) if splits > 1 else 0, s_sq_in, block_out.stride(0), *rope_strides, STEPS_PER_SPLIT=per_split,
+        SPLITS=splits, NORM=norm is not None, SQUARES_IN=squares.shape[1] if squares is not None else 0,
         SQUARES_PAD=triton.next_power_of_2(squares.shape[1]) if squares is not None else 1,
         PREFETCH=prefetch, SECTOR=sector, SECTORS=sectors,
         WARM_ROWS=min(block_n, max(1, WARM_LANES // sectors)), FOLD=fold, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=_INTERPRETED and x.dtype != torch.float32, num_warps=num_warps,
         num_stages=num_stages, **flags, **launch)
+    whole_blocks = squares_out is not None or choices is not None or rope is not None
     if splits > 1 and not fold:
-        block = reduce_block(n_size, block_n, squares_out is not None or rope is not None)
+        block = reduce_block(n_size, block_n, whole_blocks)
         _row_linear_reduce_kernel[(n_size // block, rows)](
-            part, *pointers, out, sq_out, context, path_len, *pointer_args, part.stride(0), part.stride(1), s_residual,
-            out.stride(0), s_sq_out, *stride_args, SPLITS=splits, BLOCK=block, **flags, **launch)
+            part, *pointers, out, block_out, index_out, context, path_len, *rope_pointers, part.stride(0),
+            part.stride(1), s_residual, out.stride(0), block_out.stride(0), *rope_strides, SPLITS=splits, BLOCK=block,
+            **flags, **launch)
+    if choices is not None:
+        _choices_kernel[(rows,)](block_out, index_out, choices, block_out.stride(0), BLOCKS=blocks,
+                                 BLOCKS_PAD=triton.next_power_of_2(blocks), PDL=pdl, num_warps=4,
+                                 **launch_options(pdl))
 
 
 def reduce_block(n_size: int, block_n: int, whole_blocks: bool) -> int:
     """Outputs a program of the reduce kernel finishes: 128 where they tile N; the
-    product's own block_n where the finish works on whole blocks (a sum of squares per
-    block, rotary on whole heads)."""
+    product's own block_n where the finish works on whole blocks (a sum of squares or a
+    maximum per block, rotary on whole heads)."""
     return 128 if n_size % 128 == 0 and not whole_blocks else block_n

@@ -98,7 +98,8 @@ class Config:
 def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                norm: tuple[torch.Tensor, float] | None = None, squares: torch.Tensor | None = None,
                pairs: bool = False, residual: torch.Tensor | None = None, squares_out: torch.Tensor | None = None,
-               rope: Rope | None = None, config: Config = Config(), out: torch.Tensor | None = None,
+               rope: Rope | None = None, choices: torch.Tensor | None = None, config: Config = Config(),
+               out: torch.Tensor | None = None,
                live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: str = "off",
                counts: torch.Tensor | None = None, force_triton: bool | None = None) -> torch.Tensor:
     """[rows, K] -> [rows, N] ([rows, N / 2] with `pairs`) in x's dtype (module
@@ -109,7 +110,10 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     stored output row. `pairs`: weight rows are (gate, up) pairs (`gate_up_pairs`) and
     the output is SiLU(gate) * up. `rope`: the outputs are q, k and v heads; returns q
     [rows, heads * dim] after rotary, and K and V go into the cache for the rows that
-    hold a token (needs `live`; kernels/rope_store.py's arithmetic, the same bits). `live`
+    hold a token (needs `live`; kernels/rope_store.py's arithmetic, the same bits).
+    `choices` (int64 [rows]): written with each row's first maximum of the stored output,
+    torch.argmax's (lm_head's greedy choices: each block's maximum in the epilogue, then
+    one small launch over the blocks, not a pass over the whole logits). `live`
     (a pass's context and path_len, [rows] each):
     only the rows that hold a token (context + path > 0) are read and computed, the
     others' outputs are left undefined (the Triton kernels; the reference computes every
@@ -141,6 +145,9 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
               and not pairs and squares_out is None, "rope needs live rows and q/k/v outputs, nothing else after")
         check(config.block_n % dim == 0 and (rope.heads * dim) % config.block_n == 0
               and (rope.kv_heads * dim) % config.block_n == 0, f"{config} cuts a head of {dim}: rope needs whole heads")
+    check(choices is None or (choices.dtype == torch.int64 and choices.shape == (rows,) and not pairs
+                              and rope is None and choices.device == x.device),
+          "choices must be int64 [rows] on x's device, of a product that stores its outputs")
     check(squares_out is None or (squares_out.dtype == torch.float32
                                   and squares_out.shape == (rows, n_size // config.block_n)
                                   and squares_out.stride(1) == 1),
@@ -157,8 +164,8 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         from codespec.kernels import _triton_linear
 
         _triton_linear.row_linear(x, weight, bias, None if norm is None else norm[0],
-                                  0.0 if norm is None else norm[1], squares, pairs, residual, squares_out, rope,
-                                  out,
+                                  0.0 if norm is None else norm[1], squares, pairs, residual, squares_out, choices,
+                                  rope, out,
                                   config.block_m, config.block_n, config.block_k, config.splits, config.num_warps,
                                   config.num_stages, live, pdl != "off" and x.is_cuda, pdl == "prefetch" and x.is_cuda,
                                   counts)
@@ -173,6 +180,8 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         out.copy_(row_linear_ref(x, weight, bias, norm, pairs, residual))
         if squares_out is not None:
             squares_out.copy_(block_squares(out, squares_out.shape[1]))
+        if choices is not None:
+            choices.copy_(torch.argmax(out, dim=-1))
     return out
 
 

@@ -359,8 +359,7 @@ class CudaForward:
                         self.heads, self.kv_heads)
 
         if self.fused:
-            logits = self._fused_layers(hidden, attend, rope_of, live)
-            return logits, torch.argmax(logits, dim=-1)
+            return self._fused_layers(hidden, attend, rope_of, live)
         delta = torch.zeros_like(hidden)  # what the last layer adds to the residual stream
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
             hidden, x = self._add_norm(hidden, delta, w.input_norm, w.input_eps)
@@ -378,11 +377,11 @@ class CudaForward:
         return logits, torch.argmax(logits, dim=-1)
 
     def _fused_layers(self, hidden: torch.Tensor, attend: Any, rope_of: Callable[[int], Rope],
-                      live: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+                      live: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """The same layers with each product carrying its neighbours: the norm before
         q/k/v and gate/up, rotary and the KV store after q/k/v, SiLU after gate/up, the
-        residual add after o and down (the same roundings, kernels/row_linear.py); returns
-        the logits. o and down also leave the
+        residual add after o and down, the greedy choices after lm_head (the same
+        roundings, kernels/row_linear.py); returns the logits and the choices. o and down also leave the
         residual stream's sum of squares per block of their outputs, which the next norm
         adds instead of walking the row (the first layer's norm walks it). The products
         compute the rows in `live` alone (a padding row's hidden state is never read: its
@@ -402,8 +401,10 @@ class CudaForward:
             squares = hidden.new_empty(rows, width // tiles["down"].block_n, dtype=torch.float32)
             hidden = row_linear(activated, w.down, residual=hidden, squares_out=squares, config=tiles["down"], **linear)
         head = self.model.lm_head
-        return row_linear(hidden, head.weight, head.bias, norm=(model.norm.weight, eps_of(model.norm)),
-                          squares=squares, config=tiles["lm_head"], **linear)
+        choices = torch.empty(rows, dtype=torch.int64, device=hidden.device)
+        logits = row_linear(hidden, head.weight, head.bias, norm=(model.norm.weight, eps_of(model.norm)),
+                            squares=squares, choices=choices, config=tiles["lm_head"], **linear)
+        return logits, choices
 
     def _fused_tiles(self, given: dict[str, Config]) -> dict[str, Config]:
         """Each product's tiles for the fused layers: `given`, else FUSED_TILES with

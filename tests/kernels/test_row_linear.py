@@ -300,3 +300,33 @@ def test_rope_in_the_epilogue_needs_whole_heads_and_live_rows():
         row_linear(x, weight, bias, rope=rope(*cache), config=Config(block_m=16, block_n=64, block_k=16), live=live)
     with pytest.raises(ValueError, match="rope needs live rows"):
         row_linear(x, weight, bias, rope=rope(*cache), config=config)
+
+
+@pytest.mark.parametrize("split", [dict(), dict(splits=2), dict(splits=4, fold=True)])
+@pytest.mark.parametrize("tied", [(5, 40), (20, 21)])
+def test_choices_are_the_first_maximum_of_the_stored_rows(split, tied):
+    """lm_head's greedy choices from its epilogue: each row's first maximum of the stored
+    (rounded) output, torch.argmax's, with a tie across blocks or inside one, split or
+    not; through the kernel and the reference."""
+    torch.manual_seed(8)
+    x = (torch.rand(32, 64) + 0.1).to(torch.bfloat16)  # positive rows
+    weight = (torch.randn(64, 64) / 8).to(torch.bfloat16)
+    weight[list(tied)] = 1.0  # two equal outputs, the largest of every row
+    config = Config(block_m=16, block_n=16, block_k=16, splits=split.get("splits", 1))
+    counts = torch.zeros(64, dtype=torch.int32) if split.get("fold") else None
+    for force in (True, False):
+        choices = torch.full((32,), -1, dtype=torch.int64)
+        out = row_linear(x, weight, choices=choices, config=config, counts=counts, force_triton=force)
+        assert torch.equal(choices, torch.argmax(out, dim=-1)) and set(choices.tolist()) == {tied[0]}, force
+    random_weight = (torch.randn(64, 64) / 8).to(torch.bfloat16)
+    choices = torch.zeros(32, dtype=torch.int64)
+    out = row_linear(x, random_weight, choices=choices, config=config, counts=counts, force_triton=True)
+    assert torch.equal(choices, torch.argmax(out, dim=-1))
+
+
+def test_choices_are_refused_where_nothing_is_stored_as_computed():
+    x, weight = torch.randn(16, 32), torch.randn(32, 32)
+    with pytest.raises(ValueError, match="choices must be int64"):
+        row_linear(x, weight, choices=torch.zeros(16, dtype=torch.int32), config=Config(16, 16, 16))
+    with pytest.raises(ValueError, match="choices must be int64"):
+        row_linear(x, weight, pairs=True, choices=torch.zeros(16, dtype=torch.int64), config=Config(16, 16, 16))

@@ -82,13 +82,14 @@ out["rope_store pdl"] = build(_triton._rope_store_kernel,
 # the default model's gate/up with its norm, as the fused layers launch it (FUSED_TILES)
 linear = {**{name: "*bf16" for name in ("x_ptr", "w_ptr", "bias_ptr", "norm_ptr", "residual_ptr", "out_ptr")},
           "part_ptr": "*fp32", "context_ptr": "*i64", "path_len_ptr": "*i64", "count_ptr": "*i32",
-          "sq_in_ptr": "*fp32", "sq_out_ptr": "*fp32", "cos_ptr": "*bf16", "sin_ptr": "*bf16",
+          "sq_in_ptr": "*fp32", "block_out_ptr": "*fp32", "index_out_ptr": "*i32", "cos_ptr": "*bf16",
+          "sin_ptr": "*bf16",
           **{name: "*i64" for name in ("positions_ptr", "wslot_ptr", "wpos_ptr")}, "k_ptr": "*bf16", "v_ptr": "*bf16",
           "k_size": "i32", "eps": "fp32",
           **{name: "i32" for name in ("s_x", "s_w", "s_residual", "s_out", "s_part_split", "s_part", "s_sq_in",
-                                      "s_sq_out", "s_rope", "s_kv_slot", "s_kv_head", "s_kv_pos")}}
-plain = {"SQUARES_IN": 0, "SQUARES_PAD": 1, "SQUARES_OUT": False, "PAIRS": False, "ROPE": False, "HEADS": 1,
-         "KV_HEADS": 1, "DIM": 2}
+                                      "s_block_out", "s_rope", "s_kv_slot", "s_kv_head", "s_kv_pos")}}
+plain = {"SQUARES_IN": 0, "SQUARES_PAD": 1, "SQUARES_OUT": False, "CHOICES": False, "PAIRS": False, "ROPE": False,
+         "HEADS": 1, "KV_HEADS": 1, "DIM": 2}
 for pdl in ("off", "launch", "prefetch"):
     out["linear " + pdl] = build(_triton_linear._row_linear_kernel, linear,
                                  {"STEPS_PER_SPLIT": 7, "SPLITS": 1, "HAS_BIAS": False, "NORM": True, **plain,
@@ -106,11 +107,13 @@ m16 = {"qkv walk": (64, 64, 2, dict(NORM=True, **rope)),
        "o": (16, 128, 7, dict(RESIDUAL=True, SQUARES_OUT=True)),
        "gate_up": (128, 128, 7, dict(NORM=True, SQUARES_IN=56, SQUARES_PAD=64, PAIRS=True)),
        "gate_up walk": (128, 128, 7, dict(NORM=True, PAIRS=True)),
-       "down": (32, 64, 10, dict(RESIDUAL=True, SQUARES_OUT=True))}
+       "down": (32, 64, 10, dict(RESIDUAL=True, SQUARES_OUT=True)),
+       "lm_head": (128, 64, 14, dict(NORM=True, SQUARES_IN=28, SQUARES_PAD=32, CHOICES=True))}
 for name, (n_tile, k_tile, steps, fusion) in m16.items():
     sectors = triton.next_power_of_2(steps * k_tile // 16)
     out["linear m16 " + name] = build(_triton_linear._row_linear_kernel, linear,
-                                      {"STEPS_PER_SPLIT": steps, "SPLITS": 1 if name[:2] in ("o", "ga") else 8,
+                                      {"STEPS_PER_SPLIT": steps,
+                                       "SPLITS": 1 if name[:2] in ("o", "ga", "lm") else 8,
                                        "HAS_BIAS": name.startswith("qkv"), "NORM": False, "RESIDUAL": False,
                                        **plain, **fusion, "LIVE": True, "PDL": True, "PREFETCH": True, "SECTOR": 16,
                                        "SECTORS": sectors, "WARM_ROWS": min(n_tile, 512 // sectors),
@@ -118,14 +121,16 @@ for name, (n_tile, k_tile, steps, fusion) in m16.items():
                                        "UPCAST": False}, fp_fusion="ROPE" not in fusion)
 out["linear reduce pdl"] = build(_triton_linear._row_linear_reduce_kernel,
                                  {"part_ptr": "*fp32", "bias_ptr": "*bf16", "residual_ptr": "*bf16", "out_ptr": "*bf16",
-                                  "sq_out_ptr": "*fp32", "context_ptr": "*i64", "path_len_ptr": "*i64",
+                                  "block_out_ptr": "*fp32", "index_out_ptr": "*i32", "context_ptr": "*i64",
+                                  "path_len_ptr": "*i64",
                                   "cos_ptr": "*bf16", "sin_ptr": "*bf16", "positions_ptr": "*i64", "wslot_ptr": "*i64",
                                   "wpos_ptr": "*i64", "k_ptr": "*bf16", "v_ptr": "*bf16",
                                   **{name: "i32" for name in ("s_part_split", "s_part", "s_residual", "s_out",
-                                                              "s_sq_out", "s_rope", "s_kv_slot", "s_kv_head",
+                                                              "s_block_out", "s_rope", "s_kv_slot", "s_kv_head",
                                                               "s_kv_pos")}},
                                  {"SPLITS": 8, "HAS_BIAS": False, "RESIDUAL": True, "PAIRS": False,
-                                  "SQUARES_OUT": True, "ROPE": False, "HEADS": 1, "KV_HEADS": 1, "DIM": 2, "LIVE": True,
+                                  "SQUARES_OUT": True, "CHOICES": False, "ROPE": False, "HEADS": 1, "KV_HEADS": 1,
+                                  "DIM": 2, "LIVE": True,
                                   "PDL": True, "BLOCK": 32})
 json.dump(out, sys.stdout)
 """
@@ -221,7 +226,7 @@ def test_a_norm_from_squares_walks_nothing_before_the_products_loop(compiled):
     the sums of squares, the product has its K loop alone, as the plain products do."""
     assert loops(compiled["linear m16 qkv walk"]["ptx"]) == loops(compiled["linear m16 qkv"]["ptx"]) + 1
     assert loops(compiled["linear m16 gate_up walk"]["ptx"]) == loops(compiled["linear m16 gate_up"]["ptx"]) + 1
-    for name in ("linear m16 qkv", "linear m16 gate_up", "linear m16 o", "linear m16 down"):
+    for name in ("linear m16 qkv", "linear m16 gate_up", "linear m16 o", "linear m16 down", "linear m16 lm_head"):
         assert compiled[name]["stack"] == 0, name
 
 
