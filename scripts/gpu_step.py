@@ -159,8 +159,9 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
     medians of 30) with each variant (VARIANTS), and the step's graph replayed
     20 times back to back (device ms a step, no host between). Then each family's best
     (FAMILIES) together, where two or more beat the default alone; session 20's
-    fastest tile for down (`down tiles`, its row_linear; reported only: tiles have no
-    setting); the fastest variant's rows against its decode steps (a cache hint cannot
+    fastest tiles for down and lm_head (`down tiles`, `lm_head tile`: row_linear, the
+    latter with the greedy choices from its epilogue, no argmax pass; reported only:
+    tiles have no setting); the fastest variant's rows against its decode steps (a cache hint cannot
     change a value: this checks PDL's ordering and the fused products) and its step's
     profile; and the fastest fused variant's profile where it did not win."""
     from codespec.forward.cuda import CudaForward
@@ -198,6 +199,9 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
         if time.perf_counter() - began < deadline_s:
             result["down tiles"] = _measure(loaded, envs["default"], floor["floor_ms"], context,
                                             tiles={"down": Config(64, 32, 64, splits=4)})
+        if time.perf_counter() - began < deadline_s:  # session 20's fastest lm_head tile, its choices in the epilogue
+            result["lm_head tile"] = _measure(loaded, envs["default"], floor["floor_ms"], context,
+                                              tiles={"lm_head": Config(64, 64, 64)})
         if time.perf_counter() - began < deadline_s:  # cuBLAS's split-K reduced in fp32: its choice of kernels
             result["fp32 reductions"] = _measure(loaded, envs["default"], floor["floor_ms"], context, reduction=False)
         best = min(timed, key=timed.get)

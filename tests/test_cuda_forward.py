@@ -222,12 +222,13 @@ def test_row_linear_tiles_serve_the_products_they_fit(monkeypatch):
     monkeypatch.setattr(cuda, "row_linear", counting)
     model = tiny_model("qwen2", vocab_size=16, seed=3)
     tiles = {"qkv": Config(block_m=8, block_n=16, block_k=16), "down": Config(block_m=8, block_n=16, block_k=32),
-             "o": Config(block_m=8, block_n=48, block_k=16)}  # o: 48 does not divide 64 outputs, F.linear
+             "o": Config(block_m=8, block_n=48, block_k=16),  # o: 48 does not divide 64 outputs, F.linear
+             "lm_head": Config(block_m=8, block_n=16, block_k=16)}  # its choices from the epilogue
     engine = Engine(CudaForward(model, rows=8, tiles=tiles), None, PromptLookupProposer(min_match_tokens=1),
                     max_draft_tokens=16, eos_token_ids=[])
     accepted, rejected = speculation_checked(engine, prompts(16, 4, seed=16, repeat=True), 32)
     assert accepted > 0 and rejected > 0
-    assert set(served) == {(model.config.hidden_size + 2 * 2 * 16, 64), (64, 128)}, set(served)
+    assert set(served) == {(model.config.hidden_size + 2 * 2 * 16, 64), (64, 128), (16, 64)}, set(served)
 
 
 def test_start_up_runs_one_step_and_leaves_no_reusable_prefix(monkeypatch):

@@ -373,7 +373,12 @@ class CudaForward:
             delta = self._product("down", self._gated(self._product("gate_up", x, w.gate_up, live=live)), w.down,
                                   live=live)
         _, x = self._add_norm(hidden, delta, model.norm.weight, eps_of(model.norm))
-        logits = self._product("lm_head", x, self.model.lm_head.weight, self.model.lm_head.bias, live=live)
+        head = self.model.lm_head
+        tile = self.tiles.get("lm_head")
+        if tile is not None and tile.fits(rows, head.weight.shape[0], x.shape[1]):  # the choices from its epilogue
+            choices = torch.empty(rows, dtype=torch.int64, device=x.device)
+            return self._product("lm_head", x, head.weight, head.bias, live=live, choices=choices), choices
+        logits = self._product("lm_head", x, head.weight, head.bias, live=live)
         return logits, torch.argmax(logits, dim=-1)
 
     def _fused_layers(self, hidden: torch.Tensor, attend: Any, rope_of: Callable[[int], Rope],
@@ -431,12 +436,16 @@ class CudaForward:
         return tiles
 
     def _product(self, name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                 live: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                 live: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 choices: torch.Tensor | None = None) -> torch.Tensor:
         """x @ weight.T (+ bias): row_linear's tiles where `tiles` names some for this
-        product and they fit its shape (the `live` rows alone), else F.linear (cuBLAS on CUDA)."""
+        product and they fit its shape (the `live` rows alone; `choices`, each row's
+        argmax, from its epilogue), else F.linear (cuBLAS on CUDA)."""
         tiles = self.tiles.get(name)
         if tiles is not None and tiles.fits(x.shape[0], weight.shape[0], x.shape[1]):
-            return row_linear(x, weight, bias, config=tiles, live=live, pdl=self.pdl, counts=self._linear_counts)
+            return row_linear(x, weight, bias, config=tiles, live=live, pdl=self.pdl, counts=self._linear_counts,
+                              choices=choices)
+        assert choices is None, f"{name}: choices come from row_linear's tiles alone"
         return F.linear(x, weight, bias)
 
     # -- prefill ------------------------------------------------------------------------------
