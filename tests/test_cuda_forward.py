@@ -344,3 +344,14 @@ def test_the_machine_profile_is_keyed_by_every_setting_that_changes_a_pass(monke
     fused = CudaForward(model).profile_key()
     monkeypatch.setenv("CODESPEC_CUDA_TILE_ROWS", "16")
     assert CudaForward(model).profile_key() != fused  # the fused products' programs
+
+
+def test_fused_q_k_v_tiles_hold_whole_heads():
+    """Rotary runs in q/k/v's epilogue: its blocks are whole heads of q, k or v, whatever
+    the head size (the default tile's 64 outputs halved for 16-wide heads of one KV
+    head, widened for heads of 128)."""
+    for dim, kv_heads in ((16, 1), (16, 2), (128, 2)):
+        model = tiny_model("qwen2", vocab_size=16, seed=3, num_key_value_heads=kv_heads, head_dim=dim,
+                           hidden_size=4 * dim if dim < 64 else 256)
+        block = CudaForward(model, rows=16, fused=True).tiles["qkv"].block_n
+        assert block % dim == 0 and (kv_heads * dim) % block == 0, (dim, kv_heads, block)

@@ -424,6 +424,7 @@ class CudaForward:
         for name, (n_size, k_size) in shapes.items():
             tile = given.get(name) or replace(FUSED_TILES[name], block_m=self.tile_rows)
             if name == "qkv":  # rotary in its epilogue: a block holds whole heads of q, of k or of v
+                tile = replace(tile, block_n=max(tile.block_n, self.head_dim))
                 while tile.block_n > self.head_dim and (self.kv_heads * self.head_dim) % tile.block_n:
                     tile = replace(tile, block_n=tile.block_n // 2)
                 if tile.block_n % self.head_dim or (self.kv_heads * self.head_dim) % tile.block_n:
