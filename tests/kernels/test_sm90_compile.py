@@ -132,6 +132,9 @@ out["linear reduce pdl"] = build(_triton_linear._row_linear_reduce_kernel,
                                   "SQUARES_OUT": True, "CHOICES": False, "ROPE": False, "HEADS": 1, "KV_HEADS": 1,
                                   "DIM": 2, "LIVE": True,
                                   "PDL": True, "BLOCK": 32})
+out["choices pdl"] = build(_triton_linear._choices_kernel,
+                           {"block_out_ptr": "*fp32", "index_out_ptr": "*i32", "choices_ptr": "*i64",
+                            "s_block_out": "i32"}, {"BLOCKS": 1187, "BLOCKS_PAD": 2048, "PDL": True})
 json.dump(out, sys.stdout)
 """
 
@@ -170,7 +173,7 @@ def first_load_after_the_wait(ptx: str) -> bool:
 
 
 @pytest.mark.parametrize("kernel", ["worklist pdl", "fold pdl", "rope_store pdl", "linear prefetch",
-                                    "linear reduce pdl"])
+                                    "linear reduce pdl", "choices pdl"])
 def test_programmatic_dependents_read_nothing_before_they_wait(compiled, kernel):
     assert first_load_after_the_wait(compiled[kernel]["ptx"]), kernel
 
