@@ -129,24 +129,31 @@ def fused_probe(loaded: Any) -> dict[str, Any]:
 
 # The fused products' operands (forward/cuda.py's _fused_layers): what each product
 # carries besides x @ W.T (the norms take the sums of squares o and down leave).
-_FUSION = {"qkv": ("norm", "squares", "bias"), "o": ("residual", "squares_out"), "gate_up": ("norm", "squares", "pairs"),
-           "down": ("residual", "squares_out"), "lm_head": ("norm", "squares")}
+_FUSION = {"qkv": ("norm", "squares", "bias", "rope"), "o": ("residual", "squares_out"),
+           "gate_up": ("norm", "squares", "pairs"), "down": ("residual", "squares_out"),
+           "lm_head": ("norm", "squares", "choices")}
 
 
 @torch.inference_mode()
 def fused_tiles_probe(loaded: Any, budget_s: float = 60.0, block_m: int = 64, live_rows: int | None = None,
                       pdl: str = "off") -> dict[str, Any]:
-    """Each fused product (its norm, SiLU pairs or residual inside) by tile, us per call in CUDA
+    """Each fused product (what it carries: _FUSION) by tile, us per call in CUDA
     graphs at the bucket's 64 rows, against forward/cuda.py's FUSED_TILES (chosen from
     the products alone); then the fused backend with each product's fastest tile where it
     beats FUSED_TILES by 3%: its passes and its rows against its decode steps. `block_m`
     rows a program (CODESPEC_CUDA_TILE_ROWS), `live_rows` of the 64 holding a token (1:
-    a step; None: every row, without row_linear's `live`), `pdl` its launch (the
-    `fusedtiles16` stage: 16-row programs, a step's one row, PDL warming the weights)."""
+    a step; None: every row, without row_linear's `live` but for q/k/v, whose rotary
+    stores K and V for the rows that hold a token), `pdl` its launch (the `fusedtiles16`
+    stage: 16-row programs, a step's one row, PDL warming the weights). q/k/v's tiles
+    that cut a head fail (rotary needs whole heads), as the backend would refuse them."""
     from dataclasses import replace
 
-    from codespec.forward.cuda import FUSED_TILES
-    from codespec.kernels.row_linear import Config, row_linear
+    from codespec.forward.base import kv_dims
+    from codespec.forward.cuda import FUSED_TILES, whole_heads
+    from codespec.kernels.row_linear import Config, Rope, row_linear
+
+    _, kv_heads, dim = kv_dims(loaded.model.config)
+    heads = loaded.model.config.num_attention_heads
 
     model = loaded.model
     products = _products(model)
@@ -166,10 +173,19 @@ def fused_tiles_probe(loaded: Any, budget_s: float = 60.0, block_m: int = 64, li
         if "residual" in fusion:
             kwargs["residual"] = torch.randn(64, n_size, **like)
         out = torch.empty(64, n_size // 2 if kwargs["pairs"] else n_size, **like)
-        if live_rows is not None:
+        if live_rows is not None or "rope" in fusion:
             context = torch.zeros(64, dtype=torch.int64, device=weight.device)
-            context[:live_rows] = 512
+            context[:64 if live_rows is None else live_rows] = 512
             kwargs.update(live=(context, torch.zeros_like(context)), pdl=pdl)
+        if "rope" in fusion:  # rows at positions 512.., K and V into a slot of 1,024
+            at = 512 + torch.arange(64, device=weight.device)
+            table = torch.randn(1024, dim, **like)
+            cache = [torch.zeros(1, kv_heads, 1024, dim, **like) for _ in range(2)]
+            kwargs["rope"] = Rope(table.cos(), table.sin(), at, torch.arange(64, device=weight.device),
+                                  torch.zeros_like(at), at, *cache, heads, kv_heads)
+            out = torch.empty(64, heads * dim, **like)
+        if "choices" in fusion:
+            kwargs["choices"] = torch.empty(64, dtype=torch.int64, device=weight.device)
         squares_out: dict[int, torch.Tensor] = {}  # by block_n, allocated before any capture
 
         def run(c: Config, fusion: tuple[str, ...] = fusion, weight: torch.Tensor = weight,
@@ -180,7 +196,8 @@ def fused_tiles_probe(loaded: Any, budget_s: float = 60.0, block_m: int = 64, li
                     c.block_n, torch.empty(64, weight.shape[0] // c.block_n, device=weight.device))}
             return row_linear(x, weight, bias if "bias" in fusion else None, config=c, out=out, **kwargs)
 
-        default = replace(FUSED_TILES[name], block_m=block_m).fitted(64, n_size, k_size)
+        default = replace(FUSED_TILES[name], block_m=block_m)
+        default = (whole_heads(default, dim, kv_heads) if name == "qkv" else default).fitted(64, n_size, k_size)
         entry: dict[str, Any] = {"fusion": list(fusion), "floor_us": round(weight.numel() * 2 / 2.98e12 * 1e6, 2),
                                  "default": default.__dict__, "default_us": _graph_us(lambda: run(default))}
         swept = _tile_sweep(name, n_size, k_size, run, began + budget_s / len(products), warps=(4, 8),

@@ -74,6 +74,19 @@ _log = logging.getLogger(__name__)
 FUSED_TILES = {"qkv": Config(64, 64, 64, splits=8), "o": Config(64, 16, 128),
                "gate_up": Config(64, 128, 128, num_warps=8, num_stages=3), "down": Config(64, 32, 64, splits=8),
                "lm_head": Config(64, 128, 64)}
+def whole_heads(tile: Config, head_dim: int, kv_heads: int) -> Config:
+    """q/k/v's tile with rotary in its epilogue: each block of outputs whole heads of q,
+    of k or of v (the tile's outputs widened to a head, or halved until they divide the
+    KV heads' width); a clear error where no such tile exists."""
+    tile = replace(tile, block_n=max(tile.block_n, head_dim))
+    while tile.block_n > head_dim and (kv_heads * head_dim) % tile.block_n:
+        tile = replace(tile, block_n=tile.block_n // 2)
+    if tile.block_n % head_dim or (kv_heads * head_dim) % tile.block_n:
+        raise SettingError(f"CODESPEC_CUDA_FUSED: no q/k/v tile holds whole heads of {head_dim} "
+                           f"(tile {tile.block_n} outputs); unset it")
+    return tile
+
+
 def unsupported(model: Any) -> str | None:
     """Why this backend cannot run `model` (None: it can): the Qwen2/Llama layers it
     computes, with a rotary embedding whose cos and sin depend on the position alone (a
@@ -423,13 +436,8 @@ class CudaForward:
         tiles = {}
         for name, (n_size, k_size) in shapes.items():
             tile = given.get(name) or replace(FUSED_TILES[name], block_m=self.tile_rows)
-            if name == "qkv":  # rotary in its epilogue: a block holds whole heads of q, of k or of v
-                tile = replace(tile, block_n=max(tile.block_n, self.head_dim))
-                while tile.block_n > self.head_dim and (self.kv_heads * self.head_dim) % tile.block_n:
-                    tile = replace(tile, block_n=tile.block_n // 2)
-                if tile.block_n % self.head_dim or (self.kv_heads * self.head_dim) % tile.block_n:
-                    raise SettingError(f"CODESPEC_CUDA_FUSED: no q/k/v tile holds whole heads of {self.head_dim} "
-                                       f"(tile {tile.block_n} outputs); unset it")
+            if name == "qkv":
+                tile = whole_heads(tile, self.head_dim, self.kv_heads)
             fitted = tile.fitted(self.rows, n_size, k_size)
             if fitted is None:
                 raise SettingError(f"CODESPEC_CUDA_FUSED: no row_linear tile fits {name} ({n_size}x{k_size}) with "
