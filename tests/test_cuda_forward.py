@@ -98,11 +98,15 @@ def test_a_row_equals_its_decode_step_bit_for_bit_wherever_its_keys_sit():
     for slot in (0, 1):
         cache.acquire(prompt)
         forward.prefill(cache, slot, prompt, 0)
-    start = len(prompt)
-    # slot 0: a tree 0 -> {1, 2}, 2 -> 3; node 3 sees nodes 0, 2, 3 (positions start, +2, +3)
+    assert_tree_rows_are_steps(forward, cache, len(prompt))
+
+
+def assert_tree_rows_are_steps(forward: CudaForward, cache, start: int) -> None:
+    """Slot 0 verifies a tree 0 -> {1, 2}, 2 -> 3 (node 3 sees nodes 0, 2 and 3, at
+    positions start, +2, +3); slot 1, holding the same prompt, decodes its tokens 5, 7, 8
+    one by one, as plain decoding writes them: each tree row has its step's logits."""
     tree = VerifyTree(tokens=(5, 6, 7, 8), parents=(-1, 0, 0, 2), depths=(0, 1, 1, 2), draft_nodes=(0, 1, 2))
     tree_logits = forward.logits(cache, [(0, start, tree)])
-    # slot 1: the same tokens one by one, as plain decoding writes them: 5, 7, 8
     steps = [forward.logits(cache, [(1, start + i, VerifyTree.chain(token))]) for i, token in enumerate((5, 7, 8))]
     assert torch.equal(tree_logits[0], steps[0][0])
     assert torch.equal(tree_logits[2], steps[1][0])

@@ -15,6 +15,7 @@ from codespec.forward.cuda import CudaForward
 from codespec.kernels import row_linear as row_linear_module
 from codespec.models.tiny import tiny_model
 from codespec.policy.tree import VerifyTree
+from tests.test_cuda_forward import assert_tree_rows_are_steps
 
 pytest.importorskip("triton", reason="triton is a test dependency (pip install -e '.[test]')")
 # Padding rows' outputs are left undefined (uninitialised memory) and never reach a real
@@ -50,15 +51,7 @@ def test_a_fused_row_equals_its_decode_step_bit_for_bit(triton_products, monkeyp
     model = tiny_model("qwen2", vocab_size=32, seed=7, dtype=torch.float32)
     forward = CudaForward(model, rows=16, fused=True)
     prompt = list(range(1, 20))
-    cache = prefilled(forward, prompt)
-    start = len(prompt)
-    tree = VerifyTree(tokens=(5, 6, 7, 8), parents=(-1, 0, 0, 2), depths=(0, 1, 1, 2), draft_nodes=(0, 1, 2))
-    tree_logits = forward.logits(cache, [(0, start, tree)])
-    steps = [forward.logits(cache, [(1, start + i, VerifyTree.chain(token))]) for i, token in enumerate((5, 7, 8))]
-    assert torch.equal(tree_logits[0], steps[0][0])
-    assert torch.equal(tree_logits[2], steps[1][0])
-    assert torch.equal(tree_logits[3], steps[2][0])
-    assert not torch.equal(tree_logits[1], steps[1][0])
+    assert_tree_rows_are_steps(forward, prefilled(forward, prompt), len(prompt))
 
 
 def test_fused_layers_through_the_kernels_are_the_references_layers(monkeypatch):

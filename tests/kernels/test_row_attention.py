@@ -44,12 +44,14 @@ def test_kernel_matches_reference(dtype):
     assert torch.count_nonzero(got[-1]) == 0  # the padding row: no keys, zeros
 
 
-def test_a_rows_bits_depend_on_its_keys_alone():
+@pytest.mark.parametrize("schedule", ["worklist", "fold"])
+def test_a_rows_bits_depend_on_its_keys_alone(schedule):
     """The same query over the same keys gets the same bits: alone or among other rows,
-    and with its keys scattered along a tree path or contiguous after decoding."""
+    and with its keys scattered along a tree path or contiguous after decoding (two key
+    blocks: the combine's order is in them too)."""
     torch.manual_seed(2)
-    context, tail = 90, [95, 97, 103]
-    keys, values = (torch.randn(2, KV_HEADS, 128, DIM, dtype=torch.bfloat16) for _ in range(2))
+    context, tail = 200, [205, 207, 213]
+    keys, values = (torch.randn(2, KV_HEADS, 256, DIM, dtype=torch.bfloat16) for _ in range(2))
     for store in (keys, values):  # slot 1 holds slot 0's logical keys contiguously
         store[1, :, :context] = store[0, :, :context]
         store[1, :, context:context + len(tail)] = store[0, :, tail]
@@ -60,9 +62,10 @@ def test_a_rows_bits_depend_on_its_keys_alone():
         meta = dict(slots=torch.tensor(slots), context=torch.tensor(contexts),
                     path=torch.tensor([p + [0] * (width - len(p)) for p in paths]),
                     path_len=torch.tensor([len(p) for p in paths]))
-        return row_attention(query[rows], keys, values, **meta, scale=0.125, force_triton=True)
+        return row_attention(query[rows], keys, values, **meta, scale=0.125, force_triton=True, schedule=schedule,
+                             counts=torch.zeros(64, dtype=torch.int32))
 
-    in_a_pass = run([0, 1, 2, 3, 4], [0, 1, 0, 1, 0], [context, 40, 7, 128, 1], [tail, [], [8, 9], [], []])[0]
+    in_a_pass = run([0, 1, 2, 3, 4], [0, 1, 0, 1, 0], [context, 40, 7, 250, 0], [tail, [], [8, 9], [], []])[0]
     alone = run([0], [0], [context], [tail])[0]
     decoded = run([0], [1], [context + len(tail)], [[]])[0]  # the decode step after the path was kept
     assert torch.equal(in_a_pass, alone) and torch.equal(alone, decoded)
@@ -151,29 +154,6 @@ def test_the_fold_schedule_matches_the_reference_and_leaves_its_counts_zero(dtyp
     assert torch.allclose(results[0].float(), expected.float(), atol=tolerance, rtol=tolerance)
     assert all(torch.equal(result, results[0]) for result in results)
     assert torch.count_nonzero(results[0][-1]) == 0  # the padding row
-
-
-def test_a_folded_rows_bits_depend_on_its_keys_alone():
-    """As for the launched combine: alone, among other rows, keys scattered or contiguous."""
-    torch.manual_seed(2)
-    context, tail = 200, [205, 207, 213]
-    keys, values = (torch.randn(2, KV_HEADS, 256, DIM, dtype=torch.bfloat16) for _ in range(2))
-    for store in (keys, values):
-        store[1, :, :context] = store[0, :, :context]
-        store[1, :, context:context + len(tail)] = store[0, :, tail]
-    query = torch.randn(5, HEADS, DIM, dtype=torch.bfloat16)
-
-    def run(rows, slots, contexts, paths):
-        width = max(len(p) for p in paths) or 1
-        meta = dict(slots=torch.tensor(slots), context=torch.tensor(contexts),
-                    path=torch.tensor([p + [0] * (width - len(p)) for p in paths]),
-                    path_len=torch.tensor([len(p) for p in paths]))
-        return fold(query[rows], keys, values, meta)
-
-    in_a_pass = run([0, 1, 2, 3, 4], [0, 1, 0, 1, 0], [context, 40, 7, 250, 0], [tail, [], [8, 9], [], []])[0]
-    alone = run([0], [0], [context], [tail])[0]
-    decoded = run([0], [1], [context + len(tail)], [[]])[0]
-    assert torch.equal(in_a_pass, alone) and torch.equal(alone, decoded)
 
 
 def test_the_fold_schedule_needs_its_counts():
