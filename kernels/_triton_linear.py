@@ -331,6 +331,31 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                                  **launch_options(pdl))
 
 
+@triton.jit
+def _embed_squares_kernel(ids_ptr, table_ptr, out_ptr, squares_ptr, s_table, s_out, s_squares, width,
+                          BLOCK: tl.constexpr, BLOCKS_PAD: tl.constexpr, PDL: tl.constexpr):
+    # One program per row: its token's embedding copied, and its sum of squares per BLOCK
+    # columns (the first norm's `squares`, as o and down leave them for the later norms).
+    pdl_start(PDL)
+    pdl_wait(PDL)
+    row = tl.program_id(0)
+    b = tl.arange(0, BLOCKS_PAD)
+    column = b[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]  # [BLOCKS_PAD, BLOCK]
+    inside = column < width
+    x = tl.load(table_ptr + tl.load(ids_ptr + row) * s_table + column, mask=inside, other=0.0)
+    tl.store(out_ptr + row * s_out + column, x, mask=inside)
+    stored = x.to(tl.float32)
+    tl.store(squares_ptr + row * s_squares + b, tl.sum(stored * stored, axis=1), mask=b * BLOCK < width)
+
+
+def embed_squares(ids: torch.Tensor, table: torch.Tensor, out: torch.Tensor, squares: torch.Tensor,
+                  pdl: bool = False) -> None:
+    width, blocks = table.shape[1], squares.shape[1]
+    _embed_squares_kernel[(ids.shape[0],)](ids, table, out, squares, table.stride(0), out.stride(0), squares.stride(0),
+                                           width, BLOCK=width // blocks, BLOCKS_PAD=triton.next_power_of_2(blocks),
+                                           PDL=pdl, **launch_options(pdl))
+
+
 def reduce_block(n_size: int, block_n: int, whole_blocks: bool) -> int:
     """Outputs a program of the reduce kernel finishes: 128 where they tile N; the
     product's own block_n where the finish works on whole blocks (a sum of squares or a

@@ -204,6 +204,29 @@ def row_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return y if residual is None else residual + y
 
 
+def embed_squares(ids: torch.Tensor, table: torch.Tensor, blocks: int, pdl: str = "off",
+                  force_triton: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The embeddings of `ids` [rows] from `table` [vocab, width] and their sums of
+    squares in `blocks` parts a row (float32 [rows, blocks]): the first norm's `squares`,
+    as o and down leave them for the later ones, in the launch that gathers the rows."""
+    rows, width = ids.shape[0], table.shape[1]
+    block = width // blocks
+    check(ids.dim() == 1 and table.dim() == 2 and table.stride(1) == 1, "ids must be [rows], table [vocab, width]")
+    check(width % blocks == 0 and block & (block - 1) == 0, f"{blocks} blocks must cut {width} columns in "
+                                                             "parts of a power of two")
+    check(pdl in PDL_MODES, f"pdl {pdl!r}: expected one of {', '.join(PDL_MODES)}")
+    out = torch.empty(rows, width, dtype=table.dtype, device=table.device)
+    squares = torch.empty(rows, blocks, dtype=torch.float32, device=table.device)
+    if use_triton(table, force_triton):
+        from codespec.kernels import _triton_linear
+
+        _triton_linear.embed_squares(ids, table, out, squares, pdl != "off" and table.is_cuda)
+    else:
+        out.copy_(table.index_select(0, ids))
+        squares.copy_(block_squares(out, blocks))
+    return out, squares
+
+
 def block_squares(y: torch.Tensor, blocks: int) -> torch.Tensor:
     """Each row's sum of squares of y in float32, per block of y.shape[1] / blocks columns."""
     return y.float().pow(2).view(y.shape[0], blocks, -1).sum(-1)

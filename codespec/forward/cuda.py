@@ -66,7 +66,7 @@ from codespec.forward.passlayout import META_FIELDS, PassRows, chain_rows, fill_
 from codespec.kernels.compact import keep_paths
 from codespec.kernels.rope_store import rope_store, rope_store_ref
 from codespec.kernels.row_attention import row_attention
-from codespec.kernels.row_linear import Config, Rope, rms_norm, row_linear
+from codespec.kernels.row_linear import Config, Rope, embed_squares, rms_norm, row_linear
 
 _log = logging.getLogger(__name__)
 # The fused layers' tiles: the fastest of each fused product (its norm, SiLU or residual
@@ -357,7 +357,6 @@ class CudaForward:
             flat[: META_FIELDS * rows].view(META_FIELDS, rows)
         path = flat[META_FIELDS * rows:].view(rows, rows)
         model = self.model.model
-        hidden = model.embed_tokens(ids)  # [rows, hidden]
         cos, sin = rope
         pdl, live = self.pdl != "off", (context, path_len)  # the rows that hold a token
 
@@ -373,7 +372,8 @@ class CudaForward:
                         self.heads, self.kv_heads)
 
         if self.fused:
-            return self._fused_layers(hidden, attend, rope_of, live)
+            return self._fused_layers(ids, attend, rope_of, live)
+        hidden = model.embed_tokens(ids)  # [rows, hidden]
         delta = torch.zeros_like(hidden)  # what the last layer adds to the residual stream
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
             hidden, x = self._add_norm(hidden, delta, w.input_norm, w.input_eps)
@@ -395,20 +395,21 @@ class CudaForward:
         logits = self._product("lm_head", x, head.weight, head.bias, live=live)
         return logits, torch.argmax(logits, dim=-1)
 
-    def _fused_layers(self, hidden: torch.Tensor, attend: Any, rope_of: Callable[[int], Rope],
+    def _fused_layers(self, ids: torch.Tensor, attend: Any, rope_of: Callable[[int], Rope],
                       live: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """The same layers with each product carrying its neighbours: the norm before
         q/k/v and gate/up, rotary and the KV store after q/k/v, SiLU after gate/up, the
         residual add after o and down, the greedy choices after lm_head (the same
-        roundings, kernels/row_linear.py); returns the logits and the choices. o and down also leave the
-        residual stream's sum of squares per block of their outputs, which the next norm
-        adds instead of walking the row (the first layer's norm walks it). The products
+        roundings, kernels/row_linear.py); returns the logits and the choices. The
+        embeddings' gather and o and down also leave the residual stream's sum of squares
+        per block, which the next norm adds instead of walking the row. The products
         compute the rows in `live` alone (a padding row's hidden state is never read: its
         K and V come from its source row, its attention is zeros, its logits go unread)."""
         model, tiles = self.model.model, self.tiles
         linear = dict(live=live, pdl=self.pdl, counts=self._linear_counts)
-        rows, width = hidden.shape
-        squares = None  # the embeddings: no product wrote them
+        width = model.config.hidden_size
+        hidden, squares = embed_squares(ids, model.embed_tokens.weight, width // tiles["down"].block_n, pdl=self.pdl)
+        rows = hidden.shape[0]
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
             q = row_linear(hidden, w.qkv, w.qkv_bias, norm=(w.input_norm, w.input_eps), squares=squares,
                            rope=rope_of(index), config=tiles["qkv"], **linear)

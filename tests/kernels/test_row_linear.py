@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codespec.kernels.row_linear import Config, Rope, block_squares, gate_up_pairs, row_linear, row_linear_ref
+from codespec.kernels.row_linear import (Config, Rope, block_squares, embed_squares, gate_up_pairs, row_linear,
+                                         row_linear_ref)
 
 pytest.importorskip("triton", reason="triton is a test dependency (pip install -e '.[test]')")
 
@@ -330,3 +331,20 @@ def test_choices_are_refused_where_nothing_is_stored_as_computed():
         row_linear(x, weight, choices=torch.zeros(16, dtype=torch.int32), config=Config(16, 16, 16))
     with pytest.raises(ValueError, match="choices must be int64"):
         row_linear(x, weight, pairs=True, choices=torch.zeros(16, dtype=torch.int64), config=Config(16, 16, 16))
+
+
+def test_the_embeddings_come_with_their_sums_of_squares():
+    """The fused layers' first norm: the gathered rows exactly, their sums of squares per
+    block as a product's epilogue leaves them; a width that blocks of a power of two do
+    not cut is refused."""
+    torch.manual_seed(5)
+    table = torch.randn(40, 96).to(torch.bfloat16)
+    ids = torch.tensor([3, 39, 0, 3, 17])
+    hidden, squares = embed_squares(ids, table, 3, force_triton=True)
+    assert torch.equal(hidden, table[ids])
+    assert torch.allclose(squares, block_squares(table[ids], 3), rtol=1e-5)
+    assert torch.equal(squares[0], squares[3])
+    reference = embed_squares(ids, table, 3)
+    assert torch.equal(reference[0], hidden) and torch.allclose(reference[1], squares, rtol=1e-5)
+    with pytest.raises(ValueError, match="power of two"):
+        embed_squares(ids, table, 4)  # parts of 24

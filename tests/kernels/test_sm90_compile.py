@@ -135,6 +135,10 @@ out["linear reduce pdl"] = build(_triton_linear._row_linear_reduce_kernel,
 out["choices pdl"] = build(_triton_linear._choices_kernel,
                            {"block_out_ptr": "*fp32", "index_out_ptr": "*i32", "choices_ptr": "*i64",
                             "s_block_out": "i32"}, {"BLOCKS": 1187, "BLOCKS_PAD": 2048, "PDL": True})
+out["embed pdl"] = build(_triton_linear._embed_squares_kernel,
+                         {"ids_ptr": "*i64", "table_ptr": "*bf16", "out_ptr": "*bf16", "squares_ptr": "*fp32",
+                          "s_table": "i32", "s_out": "i32", "s_squares": "i32", "width": "i32"},
+                         {"BLOCK": 32, "BLOCKS_PAD": 32, "PDL": True})
 json.dump(out, sys.stdout)
 """
 
@@ -173,7 +177,7 @@ def first_load_after_the_wait(ptx: str) -> bool:
 
 
 @pytest.mark.parametrize("kernel", ["worklist pdl", "fold pdl", "rope_store pdl", "linear prefetch",
-                                    "linear reduce pdl", "choices pdl"])
+                                    "linear reduce pdl", "choices pdl", "embed pdl"])
 def test_programmatic_dependents_read_nothing_before_they_wait(compiled, kernel):
     assert first_load_after_the_wait(compiled[kernel]["ptx"]), kernel
 
