@@ -34,9 +34,10 @@ With `fused` (CODESPEC_CUDA_FUSED=1) the products carry the work around them
 (kernels/row_linear.py: the norm before q/k/v and gate/up, from the sums of squares the
 product before left; rotary and the K/V store in q/k/v's epilogue; SiLU in gate/up's; the
 residual add after o and down; the greedy choices in lm_head's) and nothing is compiled:
-six launches a layer, in programs of CODESPEC_CUDA_TILE_ROWS rows. On Hopper our kernels launch as programmatic
-dependents (CODESPEC_CUDA_PDL, kernels/_triton_pdl.py): each starts while the one before
-ends (a step 1-5% faster on the H100, session 29's two runs).
+six launches a layer with CODESPEC_CUDA_REDUCE=fold (eight with q/k/v's and down's
+reduce launches), in programs of CODESPEC_CUDA_TILE_ROWS rows. On Hopper our kernels
+launch as programmatic dependents (CODESPEC_CUDA_PDL, kernels/_triton_pdl.py): each
+starts while the one before ends (a step 1-5% faster on the H100, session 29's two runs).
 
 On a CPU the same code runs eagerly with the attention's torch reference: that is how
 the tests check the layout (float64 tiny models; TRITON_INTERPRET=1 for the kernel).

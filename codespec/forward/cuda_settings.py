@@ -54,8 +54,8 @@ class CudaSettings(BaseSettings):
     prefill: Literal["bucket", "eager"] = Field(
         "bucket", description="Prompts as replays of the bucket, or eager passes with causal SDPA.")
     fused: bool = Field(False, description="Every product through row_linear with the work around it in its "
-                        "prologue or epilogue: six launches a layer (exact; session 30's version not yet timed on "
-                        "a GPU, session 29's was slower on the H100).")
+                        "prologue or epilogue: six launches a layer with reduce=fold, eight without (exact; "
+                        "session 30's version not yet timed on a GPU, session 29's was slower on the H100).")
     compile: bool = Field(True, description="The norms and SiLU compiled by torch.compile.")
     attention: Literal["worklist", "grid", "fold"] = Field(
         "worklist", description="Attention's launch schedule (kernels/row_attention.py): worklist and grid give the "
