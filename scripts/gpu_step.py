@@ -52,6 +52,9 @@ VARIANTS: dict[str, dict[str, str]] = {
     "default": {}, "no pdl": {"CODESPEC_CUDA_PDL": "off"},
     "fused m16 pdl/prefetch": {**M16, "CODESPEC_CUDA_PDL": "prefetch"},
     "fused m16 pdl/prefetch fold": {**M16, "CODESPEC_CUDA_PDL": "prefetch", "CODESPEC_CUDA_REDUCE": "fold"},
+    # five launches a layer (session 30): the fused layers folded, attention's combine folded
+    "fused m16 pdl/prefetch fold, fold attention": {**M16, "CODESPEC_CUDA_PDL": "prefetch",
+                                                    "CODESPEC_CUDA_REDUCE": "fold", "CODESPEC_CUDA_ATTENTION": "fold"},
     "fused m16": M16, "fold attention": {"CODESPEC_CUDA_ATTENTION": "fold"},
     "grid attention": {"CODESPEC_CUDA_ATTENTION": "grid"},
     "fused pdl/prefetch": {**FUSED, "CODESPEC_CUDA_PDL": "prefetch"}, "fused": FUSED,
@@ -60,7 +63,8 @@ SETTLED = ("CODESPEC_CUDA_ATTENTION", "CODESPEC_CUDA_PDL")  # what a failed chec
 NO_PDL = "CODESPEC_GPU_CHECK_NO_PDL"  # set by pdl_check where PDL changed a bit: no stage takes it
 NO_FOLD = "CODESPEC_GPU_CHECK_NO_FOLD"  # ... where a folded split did
 FAMILIES = {"layers": lambda label: label == "no pdl" or label.startswith("fused"),
-            "attention": lambda label: label.endswith("attention"), "blas": lambda label: label == "cublaslt"}
+            "attention": lambda label: label.endswith("attention") and not label.startswith("fused"),
+            "blas": lambda label: label == "cublaslt"}
 
 
 @torch.inference_mode()
