@@ -53,7 +53,7 @@ def _norm_scale(x_ptr, sq_in_ptr, m, k_size, eps, s_x, s_sq_in, live, LIVE: tl.c
     """RMSNorm's 1 / rms for rows m, in float32. With SQUARES_IN, from the row's partial
     sums of squares that the product which wrote x left (`squares_out`): one load of a
     few floats. Without, by walking the row BLOCK_K at a time: a chain of dependent loads
-    before the product's own loop starts (the fused layers' first norm alone)."""
+    before the product's own loop starts (for callers that pass no sums)."""
     if SQUARES_IN > 0:
         b = tl.arange(0, SQUARES_PAD)
         partial = tl.load(sq_in_ptr + m[:, None] * s_sq_in + b[None, :], mask=live[:, None] & (b < SQUARES_IN)[None, :],
