@@ -196,7 +196,8 @@ def _choices_kernel(block_out_ptr, index_out_ptr, choices_ptr, s_block_out, BLOC
     row = tl.program_id(0)
     b = tl.arange(0, BLOCKS_PAD)
     best = tl.load(block_out_ptr + row * s_block_out + b, mask=b < BLOCKS, other=float("-inf"))
-    block = tl.argmax(best, axis=0, tie_break_left=True)
+    # within the row's blocks whatever a padding row's undefined maxima hold (NaN)
+    block = tl.minimum(tl.argmax(best, axis=0, tie_break_left=True), BLOCKS - 1)
     tl.store(choices_ptr + row, tl.load(index_out_ptr + row * s_block_out + block).to(tl.int64))
 
 
