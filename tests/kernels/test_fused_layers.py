@@ -37,12 +37,13 @@ def prefilled(forward: CudaForward, prompt: list[int]):
     return engine.cache
 
 
-@pytest.mark.parametrize("attention", ["reference", "fold"])
-def test_a_fused_row_equals_its_decode_step_bit_for_bit(triton_products, monkeypatch, attention):
+@pytest.mark.parametrize("attention,reduce", [("reference", "launch"), ("fold", "fold")])
+def test_a_fused_row_equals_its_decode_step_bit_for_bit(triton_products, monkeypatch, attention, reduce):
     """A tree row off the main chain gets the bits of the decode step that sees the same
     keys: the norm's sums of squares, the SiLU pairs and the splits depend on the row
-    alone, layer after layer; with attention's fold schedule too (its Triton kernel, one
-    counts buffer for every layer)."""
+    alone, layer after layer; with attention's fold schedule and the products' folded
+    splits too (their Triton kernels, one counts buffer each for every layer)."""
+    monkeypatch.setenv("CODESPEC_CUDA_REDUCE", reduce)
     if attention == "fold":
         from codespec.kernels import row_attention
 
