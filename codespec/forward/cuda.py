@@ -71,10 +71,13 @@ from codespec.kernels.row_linear import Config, Rope, embed_squares, rms_norm, r
 
 _log = logging.getLogger(__name__)
 # The fused layers' tiles: the fastest of each fused product (its norm, SiLU or residual
-# inside) in the session-23 H100 probe (scripts/gpu_check.py's fusedtiles stage).
+# inside) in the session-23 H100 probe (scripts/gpu_check.py's fusedtiles stage), chosen
+# for the first fused layers; the next GPU run's `fusedtiles16` sweeps session 30's.
 FUSED_TILES = {"qkv": Config(64, 64, 64, splits=8), "o": Config(64, 16, 128),
                "gate_up": Config(64, 128, 128, num_warps=8, num_stages=3), "down": Config(64, 32, 64, splits=8),
                "lm_head": Config(64, 128, 64)}
+
+
 def whole_heads(tile: Config, head_dim: int, kv_heads: int) -> Config:
     """q/k/v's tile with rotary in its epilogue: each block of outputs whole heads of q,
     of k or of v (the tile's outputs widened to a head, or halved until they divide the
@@ -166,8 +169,8 @@ class CudaForward:
         # extra kernels a layer). kernels/rope_store.py rotates q and k and stores K and V
         # in one launch. Everything has the bucket's fixed shapes, so rows stay exact.
         self.tiles = dict(tiles or {})
-        # `fused` (CODESPEC_CUDA_FUSED=1): every product through row_linear with the norm,
-        # SiLU and residual add inside it, no compiled code: ~7 launches a layer, not 11.
+        # `fused` (CODESPEC_CUDA_FUSED=1): every product through row_linear with the work
+        # around it in its prologue or epilogue, no compiled code: 6-8 launches a layer, not 11.
         self.fused = settings.fused if fused is None else fused
         # gate/up's rows interleaved for the fused layers' SiLU epilogue (row_linear `pairs`)
         self._layers = [LayerWeights.of(layer, pairs=self.fused) for layer in model.model.layers]
