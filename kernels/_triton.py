@@ -102,6 +102,16 @@ def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, positions_ptr, source_ptr, wri
 
 
 @triton.jit
+def rotary_rounded(x, rotated, cos, sin, dtype: tl.constexpr):
+    # x * cos + rotate_half(x) * sin as transformers' eager code computes it in `dtype`:
+    # each product rounded, then their sum (float32 operands; the launches pin fused
+    # multiply-adds off, so no rounding is skipped). rope_store's and q/k/v's epilogue's.
+    first = (x * cos).to(dtype).to(tl.float32)
+    second = (rotated * sin).to(dtype).to(tl.float32)
+    return (first + second).to(dtype)
+
+
+@triton.jit
 def _rope_store_head(qkv_ptr, cos_ptr, sin_ptr, positions_ptr, source_ptr, write_slot_ptr, write_position_ptr, q_ptr,
                      k_ptr, v_ptr, row, head, s_qkv, s_rope, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos,
                      HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr, TABLES: tl.constexpr):
@@ -121,9 +131,8 @@ def _rope_store_head(qkv_ptr, cos_ptr, sin_ptr, positions_ptr, source_ptr, write
             at = tl.load(positions_ptr + src)
         cos = tl.load(cos_ptr + at * s_rope + d)
         sin = tl.load(sin_ptr + at * s_rope + d)
-        first = (x.to(tl.float32) * cos.to(tl.float32)).to(x.dtype)
-        second = (rotated.to(tl.float32) * sin.to(tl.float32)).to(x.dtype)
-        x = (first.to(tl.float32) + second.to(tl.float32)).to(x.dtype)
+        x = rotary_rounded(x.to(tl.float32), rotated.to(tl.float32), cos.to(tl.float32), sin.to(tl.float32),
+                           x.dtype)
     if head < HEADS:
         tl.store(q_ptr + row * s_q_row + head * s_q_head + d, x)
     else:

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from codespec.kernels._triton import holds_token, live_rows
+from codespec.kernels._triton import holds_token, live_rows, rotary_rounded
 from codespec.kernels._triton_pdl import launch_options, pdl_start, pdl_wait
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -177,13 +177,12 @@ def _finish(acc, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, 
         result = acc.to(dtype)
         tl.store(out_ptr + m[:, None] * s_out + n[None, :], result)
         stored = result.to(tl.float32)
-        at = block_out_ptr + m * s_block_out + n_first // BLOCK_N
+        block = m * s_block_out + n_first // BLOCK_N  # this block's float in each row's list
         if SQUARES_OUT:
-            tl.store(at, tl.sum(stored * stored, axis=1))
+            tl.store(block_out_ptr + block, tl.sum(stored * stored, axis=1))
         if CHOICES:
-            tl.store(at, tl.max(stored, axis=1))
-            tl.store(index_out_ptr + m * s_block_out + n_first // BLOCK_N,
-                     n_first + tl.argmax(stored, axis=1, tie_break_left=True))
+            tl.store(block_out_ptr + block, tl.max(stored, axis=1))
+            tl.store(index_out_ptr + block, n_first + tl.argmax(stored, axis=1, tie_break_left=True))
 
 
 @triton.jit
@@ -206,9 +205,9 @@ def _rope_epilogue(x, m, n_first, q_ptr, s_q, context_ptr, path_len_ptr, cos_ptr
                    wpos_ptr, k_ptr, v_ptr, s_rope, s_kv_slot, s_kv_head, s_kv_pos, HEADS: tl.constexpr,
                    KV_HEADS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # x: q/k/v outputs n_first.. of rows m in the model's dtype, whole heads of DIM (a
-    # block never straddles q, k and v). Rotary as kernels/_triton.py's _rope_store_head
-    # computes it, each product and the sum rounded (the launch pins fused multiply-adds
-    # off), on the halves of each head: x_lo * cos - x_hi * sin, x_hi * cos + x_lo * sin.
+    # block never straddles q, k and v). Rotary as rope_store computes it
+    # (rotary_rounded), on the halves of each head: x_lo * cos - x_hi * sin and
+    # x_hi * cos + x_lo * sin.
     dtype = x.dtype
     H: tl.constexpr = BLOCK_N // DIM
     HALF: tl.constexpr = DIM // 2
@@ -218,8 +217,8 @@ def _rope_epilogue(x, m, n_first, q_ptr, s_q, context_ptr, path_len_ptr, cos_ptr
         cos_lo, cos_hi = tl.load(cos_ptr + at).to(tl.float32), tl.load(cos_ptr + at + HALF).to(tl.float32)
         sin_lo, sin_hi = tl.load(sin_ptr + at).to(tl.float32), tl.load(sin_ptr + at + HALF).to(tl.float32)
         lo32, hi32 = lo.to(tl.float32), hi.to(tl.float32)
-        new_lo = ((lo32 * cos_lo).to(dtype).to(tl.float32) + (-hi32 * sin_lo).to(dtype).to(tl.float32)).to(dtype)
-        new_hi = ((hi32 * cos_hi).to(dtype).to(tl.float32) + (lo32 * sin_hi).to(dtype).to(tl.float32)).to(dtype)
+        new_lo = rotary_rounded(lo32, -hi32, cos_lo, sin_lo, dtype)
+        new_hi = rotary_rounded(hi32, lo32, cos_hi, sin_hi, dtype)
         x = tl.reshape(tl.permute(tl.join(new_lo, new_hi), (0, 1, 3, 2)), [BLOCK_M, BLOCK_N])
     n = n_first + tl.arange(0, BLOCK_N)
     if n_first < HEADS * DIM:

@@ -113,10 +113,9 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     hold a token (needs `live`; kernels/rope_store.py's arithmetic, the same bits).
     `choices` (int64 [rows]): written with each row's first maximum of the stored output,
     torch.argmax's (lm_head's greedy choices: each block's maximum in the epilogue, then
-    one small launch over the blocks, not a pass over the whole logits). `live`
-    (a pass's context and path_len, [rows] each):
-    only the rows that hold a token (context + path > 0) are read and computed, the
-    others' outputs are left undefined (the Triton kernels; the reference computes every
+    one small launch over the blocks, not a pass over the whole logits). `live` (a
+    pass's context and path_len, [rows] each): only the rows that hold a token (context +
+    path > 0) are read and computed, the others' outputs are left undefined (the Triton kernels; the reference computes every
     row). `pdl` (launch or prefetch; CUDA, sm_90+): launched as a programmatic dependent,
     and with `prefetch` each program warms its own weights into L2 before it waits for
     the kernel before (kernels/_triton_pdl.py). `counts` (int32 zeros, at least one per
@@ -165,10 +164,9 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 
         _triton_linear.row_linear(x, weight, bias, None if norm is None else norm[0],
                                   0.0 if norm is None else norm[1], squares, pairs, residual, squares_out, choices,
-                                  rope, out,
-                                  config.block_m, config.block_n, config.block_k, config.splits, config.num_warps,
-                                  config.num_stages, live, pdl != "off" and x.is_cuda, pdl == "prefetch" and x.is_cuda,
-                                  counts)
+                                  rope, out, config.block_m, config.block_n, config.block_k, config.splits,
+                                  config.num_warps, config.num_stages, live, pdl != "off" and x.is_cuda,
+                                  pdl == "prefetch" and x.is_cuda, counts)
     elif rope is not None:
         from codespec.kernels.rope_store import rope_store
 
@@ -181,7 +179,7 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         if squares_out is not None:
             squares_out.copy_(block_squares(out, squares_out.shape[1]))
         if choices is not None:
-            choices.copy_(torch.argmax(out, dim=-1))
+            torch.argmax(out, dim=-1, out=choices)
     return out
 
 
@@ -199,9 +197,14 @@ def row_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         y = y + bias.to(work)
     y = y.to(x.dtype)
     if pairs:
-        gate, up = y[:, 0::2], y[:, 1::2]
-        return F.silu(gate) * up
+        return silu_pairs(y)
     return y if residual is None else residual + y
+
+
+def silu_pairs(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up of a product over `gate_up_pairs` weights: its (gate, up) columns
+    interleaved."""
+    return F.silu(gate_up[:, 0::2]) * gate_up[:, 1::2]
 
 
 def embed_squares(ids: torch.Tensor, table: torch.Tensor, blocks: int, pdl: str = "off",

@@ -381,9 +381,8 @@ class CudaForward:
         delta = torch.zeros_like(hidden)  # what the last layer adds to the residual stream
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
             hidden, x = self._add_norm(hidden, delta, w.input_norm, w.input_eps)
-            rope = rope_of(index)
             q = rope_store(self._product("qkv", x, w.qkv, w.qkv_bias, live=live), cos, sin, source, write_slots,
-                           write_positions, rope.keys, rope.values, heads=self.heads, kv_heads=self.kv_heads,
+                           write_positions, keys[index], values[index], heads=self.heads, kv_heads=self.kv_heads,
                            positions=positions, live=live, pdl=pdl)
             attended = attend(index, layer, q)
             hidden, x = self._add_norm(hidden, self._product("o", attended, w.o, w.o_bias, live=live), w.post_norm,
@@ -392,12 +391,8 @@ class CudaForward:
                                   live=live)
         _, x = self._add_norm(hidden, delta, model.norm.weight, eps_of(model.norm))
         head = self.model.lm_head
-        tile = self.tiles.get("lm_head")
-        if tile is not None and tile.fits(rows, head.weight.shape[0], x.shape[1]):  # the choices from its epilogue
-            choices = torch.empty(rows, dtype=torch.int64, device=x.device)
-            return self._product("lm_head", x, head.weight, head.bias, live=live, choices=choices), choices
-        logits = self._product("lm_head", x, head.weight, head.bias, live=live)
-        return logits, torch.argmax(logits, dim=-1)
+        choices = torch.empty(rows, dtype=torch.int64, device=x.device)
+        return self._product("lm_head", x, head.weight, head.bias, live=live, choices=choices), choices
 
     def _fused_layers(self, ids: torch.Tensor, attend: Any, rope_of: Callable[[int], Rope],
                       live: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -454,14 +449,17 @@ class CudaForward:
                  live: tuple[torch.Tensor, torch.Tensor] | None = None,
                  choices: torch.Tensor | None = None) -> torch.Tensor:
         """x @ weight.T (+ bias): row_linear's tiles where `tiles` names some for this
-        product and they fit its shape (the `live` rows alone; `choices`, each row's
-        argmax, from its epilogue), else F.linear (cuBLAS on CUDA)."""
+        product and they fit its shape (the `live` rows alone), else F.linear (cuBLAS on
+        CUDA). `choices`: written with each row's argmax (the first maximum), from the
+        tiles' epilogue or an argmax pass after cuBLAS."""
         tiles = self.tiles.get(name)
         if tiles is not None and tiles.fits(x.shape[0], weight.shape[0], x.shape[1]):
             return row_linear(x, weight, bias, config=tiles, live=live, pdl=self.pdl, counts=self._linear_counts,
                               choices=choices)
-        assert choices is None, f"{name}: choices come from row_linear's tiles alone"
-        return F.linear(x, weight, bias)
+        y = F.linear(x, weight, bias)
+        if choices is not None:
+            torch.argmax(y, dim=-1, out=choices)
+        return y
 
     # -- prefill ------------------------------------------------------------------------------
     def _prefill_chunk(self, cache: Any, slot: int, ids: Sequence[int], begin: int) -> torch.Tensor:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from codespec.kernels.row_linear import gate_up_pairs, rms_norm
+from codespec.kernels.row_linear import gate_up_pairs, rms_norm, silu_pairs
 
 
 @dataclass
@@ -45,9 +45,7 @@ class LayerWeights:
 
     def activated(self, gate_up: torch.Tensor) -> torch.Tensor:
         """SiLU(gate) * up of this layer's gate/up product, in either layout."""
-        if self.pairs:
-            return F.silu(gate_up[:, 0::2]) * gate_up[:, 1::2]
-        return gated(gate_up)
+        return silu_pairs(gate_up) if self.pairs else gated(gate_up)
 
 
 def rotary_table(model: Any, positions: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
