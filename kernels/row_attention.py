@@ -49,7 +49,7 @@ BLOCK_PROGRAMS = 16  # programs per (row, KV head) along the block axis: rows of
 # run all their blocks at once; more programs would be idle ones for most rows (the grid is
 # fixed for a CUDA graph, sized by the slot's length). A launch detail: not in the bits.
 SCHEDULES = ("worklist", "grid", "fold")
-FOLD_CHUNK = 8  # the fold's partials combined per step (a [7 -> 8, 8, 64] float32 tile: ~16 registers a thread)
+FOLD_CHUNK = 8  # the fold's partials combined per step (a [7 -> 8, 8, 64] float32 tile: 32 registers a thread)
 # The worklist's wave and warps (the combine's warps too: they lay out its reduction, so
 # they are in the bits, the same for every row of a build). Compiled for sm_90 as a
 # launch specializes it, the kernel takes ~145 registers a thread at 4 or 8 warps and
