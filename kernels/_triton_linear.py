@@ -181,12 +181,21 @@ def _finish(acc, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, 
         if SQUARES_OUT:
             tl.store(block_out_ptr + block, tl.sum(stored * stored, axis=1))
         if CHOICES:
-            tl.store(block_out_ptr + block, tl.max(stored, axis=1))
-            tl.store(index_out_ptr + block, n_first + tl.argmax(stored, axis=1, tie_break_left=True))
+            ranked = _nan_largest(stored)
+            tl.store(block_out_ptr + block, tl.max(ranked, axis=1))
+            tl.store(index_out_ptr + block, n_first + tl.argmax(ranked, axis=1, tie_break_left=True))
 
 
 @triton.jit
-def _choices_kernel(block_out_ptr, index_out_ptr, choices_ptr, s_block_out, BLOCKS: tl.constexpr,
+def _nan_largest(x):
+    # A NaN ranks above every number, as torch.argmax ranks it (its first NaN is the
+    # choice). Also what lets the interpreter rank a padding row of NaNs at all: numpy's
+    # nanargmax, which it runs, raises on a slice of NaNs alone.
+    return tl.where(x == x, x, float("inf"))
+
+
+@triton.jit
+def _choices_kernel(block_out_ptr, index_out_ptr, choices_ptr, s_block_out, N: tl.constexpr, BLOCKS: tl.constexpr,
                     BLOCKS_PAD: tl.constexpr, PDL: tl.constexpr):
     # One program per row: the first block holding the row's maximum, in block order, and
     # that block's first index of it: torch.argmax's first maximum of the stored row.
@@ -194,10 +203,12 @@ def _choices_kernel(block_out_ptr, index_out_ptr, choices_ptr, s_block_out, BLOC
     pdl_wait(PDL)
     row = tl.program_id(0)
     b = tl.arange(0, BLOCKS_PAD)
-    best = tl.load(block_out_ptr + row * s_block_out + b, mask=b < BLOCKS, other=float("-inf"))
-    # within the row's blocks whatever a padding row's undefined maxima hold (NaN)
+    best = _nan_largest(tl.load(block_out_ptr + row * s_block_out + b, mask=b < BLOCKS, other=float("-inf")))
+    # a row no program computed (a block of rows without a token) holds whatever memory
+    # held: its block and its index kept within bounds, so its choice is some token
     block = tl.minimum(tl.argmax(best, axis=0, tie_break_left=True), BLOCKS - 1)
-    tl.store(choices_ptr + row, tl.load(index_out_ptr + row * s_block_out + block).to(tl.int64))
+    index = tl.load(index_out_ptr + row * s_block_out + block)
+    tl.store(choices_ptr + row, tl.minimum(tl.maximum(index, 0), N - 1).to(tl.int64))
 
 
 @triton.jit
@@ -326,7 +337,7 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             part.stride(1), s_residual, out.stride(0), block_out.stride(0), *rope_strides, SPLITS=splits, BLOCK=block,
             **flags, **launch)
     if choices is not None:
-        _choices_kernel[(rows,)](block_out, index_out, choices, block_out.stride(0), BLOCKS=blocks,
+        _choices_kernel[(rows,)](block_out, index_out, choices, block_out.stride(0), N=n_size, BLOCKS=blocks,
                                  BLOCKS_PAD=triton.next_power_of_2(blocks), PDL=pdl, num_warps=4,
                                  **launch_options(pdl))
 

@@ -325,6 +325,31 @@ def test_choices_are_the_first_maximum_of_the_stored_rows(split, tied):
     assert torch.equal(choices, torch.argmax(out, dim=-1))
 
 
+@pytest.mark.parametrize("splits", [1, 2])
+def test_choices_of_live_rows_whatever_the_padding_rows_hold(monkeypatch, splits):
+    """A step's choices with rows that hold no token: padding rows of a computed block
+    whose inputs are NaN, and a block of rows never computed whose maxima are whatever
+    torch.empty left (NaN here, as uninitialized memory can hold). The live rows' choices
+    are torch.argmax's; the rest are some index of the vocabulary, and nothing raises."""
+    from codespec.kernels import _triton_linear
+
+    def empty_nan(*shape, dtype=None, **kwargs):  # uninitialized memory at its worst
+        return torch.full(shape, float("nan") if dtype.is_floating_point else -(2 ** 30), dtype=dtype, **kwargs)
+
+    monkeypatch.setattr(_triton_linear.torch, "empty", empty_nan)
+    torch.manual_seed(9)
+    x = torch.randn(32, 64).to(torch.bfloat16)
+    weight = (torch.randn(64, 64) / 8).to(torch.bfloat16)
+    holding = [0, 1, 2]
+    garbage = x.clone()
+    garbage[3:] = float("nan")
+    choices = torch.full((32,), -1, dtype=torch.int64)
+    config = Config(block_m=16, block_n=16, block_k=16, splits=splits)
+    row_linear(garbage, weight, choices=choices, config=config, live=live_rows(32, holding), force_triton=True)
+    assert torch.equal(choices[holding], torch.argmax(row_linear_ref(x, weight, None)[holding], dim=-1))
+    assert all(0 <= c < 64 for c in choices.tolist())
+
+
 def test_choices_are_refused_where_nothing_is_stored_as_computed():
     x, weight = torch.randn(16, 32), torch.randn(32, 32)
     with pytest.raises(ValueError, match="choices must be int64"):

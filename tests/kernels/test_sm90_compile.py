@@ -134,7 +134,7 @@ out["linear reduce pdl"] = build(_triton_linear._row_linear_reduce_kernel,
                                   "PDL": True, "BLOCK": 32})
 out["choices pdl"] = build(_triton_linear._choices_kernel,
                            {"block_out_ptr": "*fp32", "index_out_ptr": "*i32", "choices_ptr": "*i64",
-                            "s_block_out": "i32"}, {"BLOCKS": 1187, "BLOCKS_PAD": 2048, "PDL": True})
+                            "s_block_out": "i32"}, {"N": 151936, "BLOCKS": 1187, "BLOCKS_PAD": 2048, "PDL": True})
 out["embed pdl"] = build(_triton_linear._embed_squares_kernel,
                          {"ids_ptr": "*i64", "table_ptr": "*bf16", "out_ptr": "*bf16", "squares_ptr": "*fp32",
                           "s_table": "i32", "s_out": "i32", "s_squares": "i32", "width": "i32"},
