@@ -204,9 +204,10 @@ def _choices_kernel(block_out_ptr, index_out_ptr, choices_ptr, s_block_out, N: t
     row = tl.program_id(0)
     b = tl.arange(0, BLOCKS_PAD)
     best = _nan_largest(tl.load(block_out_ptr + row * s_block_out + b, mask=b < BLOCKS, other=float("-inf")))
-    # a row no program computed (a block of rows without a token) holds whatever memory
-    # held: its block and its index kept within bounds, so its choice is some token
-    block = tl.minimum(tl.argmax(best, axis=0, tie_break_left=True), BLOCKS - 1)
+    # no NaN left, so the first maximum is one of the row's blocks (a padding block's -inf
+    # ties lose to the first); a row no program computed (a block of rows without a token)
+    # holds whatever memory held: its index kept within bounds, so its choice is some token
+    block = tl.argmax(best, axis=0, tie_break_left=True)
     index = tl.load(index_out_ptr + row * s_block_out + block)
     tl.store(choices_ptr + row, tl.minimum(tl.maximum(index, 0), N - 1).to(tl.int64))
 
