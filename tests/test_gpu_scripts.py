@@ -67,8 +67,10 @@ def test_the_pdl_stage_runs_and_leaves_the_settings_as_it_found_them(monkeypatch
     monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "grid")
     loaded = tiny_run(rows=64)
     result = gpu_step.pdl_check(loaded, context=40, repeat=2)
+    detail = result.pop("fused m16 pdl fold detail")
     assert result == {"default pdl": True, "fused m16 pdl": True, "fused m16 pdl fold": True, "pdl_exact": True,
                       "fold_exact": True}
+    assert detail == {"same_bits_as_launch": True, "steady": True, "relative_error": 0.0}
     import os
 
     assert os.environ["CODESPEC_CUDA_ATTENTION"] == "grid" and "CODESPEC_CUDA_PDL" not in os.environ
