@@ -44,11 +44,16 @@ steps), on request. Edit, verify and stress run again with CODESPEC_CUDA_FUSED=1
 (CODESPEC_CUDA_PREFILL=eager) as `edit_eager`, `verify_eager`, `stress_eager`, and without
 drafting ahead (CODESPEC_LOOK_AHEAD=off) as `verify_noahead` and the like (on request).
 
+`persist` (scripts/gpu_persist.py, session 32): the layer's four products, 24 layers, in
+one persistent launch with grid barriers (and warming each next product's weights)
+against one launch a product: whether a persistent kernel would reach the plain-step bar
+where fewer launches did not.
+
 Order: kernel, pdl, rows, costs, profile, anatomy, step, plain; then the exactness
 stages in fresh processes, the step stage's winner first (`edit_step` with prompt lookup
 beside it, `verify_step`, `stress_step`: what the defaults would become), then the default
-backend's, then the variants asked for; then the probes that only explain (attention, l2,
-and those on request). Stages start only while `--deadline` seconds (from the start)
+backend's, then the variants asked for; then the probes that only explain (persist,
+attention, l2, and those on request). Stages start only while `--deadline` seconds (from the start)
 leave them time, and a fresh process's stage may overrun it by OVERRUN_S: a run cut short
 by the machine's limit still writes what it measured.
 
@@ -76,6 +81,7 @@ from gpu_measure import _time, cost_curve, profile_step, row_checks, step_anatom
 from gpu_step import (NO_PDL, attention_probe, blas_of, l2_probe, pdl_check, plain_probe, restore_environment,
                       step_probe, winner_env)
 from gpu_probes import bucket_probe, fused_probe, fused_tiles_probe, gemm_probe, key_block_probe, tiles_probe
+from gpu_persist import persist_probe
 
 ROOT = Path(__file__).resolve().parent.parent
 ASSET_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -328,7 +334,7 @@ def main() -> None:
     parser.add_argument("--assets", default=str(ROOT / ".gpu"), help="the default model's config and tokenizer files")
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu-out"))
     parser.add_argument("--stages", default="kernel,pdl,rows,costs,profile,anatomy,attention,l2,step,plain,edit,"
-                                             "verify,stress")
+                                             "verify,stress,persist")
     parser.add_argument("--deadline", type=float, default=DEADLINE_S,
                         help="seconds from the start after which no stage starts (the machine's limit is 600)")
     args = parser.parse_args()
@@ -372,6 +378,8 @@ def main() -> None:
         if winner_env(results) is not None:  # the bar's plain decoding with the step stage's winner
             stage(results, "plain_step", lambda: with_env(loaded, winner_env(results), plain_probe), out, needs_s=20)
     exactness_stages(results, wanted, model_dir, out)  # the exactness bar, while time is left
+    if "persist" in wanted:  # first of the probes: whether a persistent kernel would reach the bar
+        stage(results, "persist", persist_probe, out, needs_s=40)
     if "attention" in wanted:
         stage(results, "attention", attention_probe, out)
     if "l2" in wanted:

@@ -287,7 +287,7 @@ def test_the_check_runs_its_stages_in_the_order_that_keeps_the_bar_s_evidence(mo
     monkeypatch.setattr(gpu_check, "load", lambda model_dir: loaded)
     monkeypatch.setattr(gpu_check, "kernel_checks", stub("kernel", {"attention_schedule": "worklist"}))
     for name in ("pdl_check", "row_checks", "cost_curve", "profile_step", "step_anatomy", "attention_probe",
-                 "l2_probe"):
+                 "l2_probe", "persist_probe"):
         monkeypatch.setattr(gpu_check, name, stub(name))
     monkeypatch.setattr(gpu_check, "step_probe", stub("step_probe", {
         "best": "fused m16", "best_over_default": 0.8, "best_env": winner, "best_rows": {"rows_differing": 0}}))
@@ -305,7 +305,7 @@ def test_the_check_runs_its_stages_in_the_order_that_keeps_the_bar_s_evidence(mo
                    "plain_probe", "plain_probe",  # plain, then plain_step with the winner
                    "edit fused m16", "verify fused m16", "stress fused m16",  # the winner's
                    "edit", "verify", "stress",  # the default backend's
-                   "attention_probe", "l2_probe"]
+                   "persist_probe", "attention_probe", "l2_probe"]
     written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     assert [name for name in written if name.endswith("_step")] == ["plain_step", "edit_step", "verify_step",
                                                                      "stress_step"]

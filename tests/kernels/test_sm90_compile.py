@@ -139,6 +139,19 @@ out["embed pdl"] = build(_triton_linear._embed_squares_kernel,
                          {"ids_ptr": "*i64", "table_ptr": "*bf16", "out_ptr": "*bf16", "squares_ptr": "*fp32",
                           "s_table": "i32", "s_out": "i32", "s_squares": "i32", "width": "i32"},
                          {"BLOCK": 32, "BLOCKS_PAD": 32, "PDL": True})
+# the persistent-kernel probe (scripts/gpu_persist.py): one launch with grid barriers,
+# warming each next product's weights; one product a launch as a programmatic dependent
+sys.path.insert(0, os.environ["CODESPEC_SCRIPTS"])
+import gpu_persist
+
+chain = {"w_ptr": "*bf16", **{name: "*fp32" for name in ("a_ptr", "b_ptr", "c_ptr")}, "sync_ptr": "*i32",
+         "flag_ptr": "*i32", "first": "i32", "last": "i32"}
+layer = {f"{axis}{p}": size for p, shape in enumerate(gpu_persist.LAYER) for axis, size in zip("NK", shape)}
+sectors = {f"S{p}": triton.next_power_of_2(k // gpu_persist.SECTOR.value) for p, (_, k) in enumerate(gpu_persist.LAYER)}
+for name, pdl in (("persist prefetch", False), ("persist launched pdl", True)):
+    out[name] = build(gpu_persist._chain_kernel, chain,
+                      {**layer, **sectors, "BLOCK_N": 8, "BLOCK_K": 128, "BLOCK_K_LONG": 256, "WORK": True,
+                       "PREFETCH": True, "PDL": pdl, "SPIN_LIMIT": 1 << 22})
 json.dump(out, sys.stdout)
 """
 
@@ -146,7 +159,8 @@ json.dump(out, sys.stdout)
 @pytest.fixture(scope="module")
 def compiled() -> dict[str, dict]:
     # Triton 3.10's default (no fused multiply-add unless asked): the launches pin their own
-    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "TRITON_DEFAULT_FP_FUSION": "0"}
+    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "TRITON_DEFAULT_FP_FUSION": "0",
+           "CODESPEC_SCRIPTS": os.path.join(os.path.dirname(__file__), "..", "..", "scripts")}
     done = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env, timeout=600)
     if done.returncode != 0 and "ptxas" in done.stderr and "No such file" in done.stderr:
         pytest.skip("triton's CUDA toolchain (ptxas) is not installed here")
@@ -253,3 +267,16 @@ def test_attentions_fold_counts_after_a_barrier_at_gpu_scope_and_reads_past_l1(c
     count = ptx.index("atom.global.gpu.acq_rel.add")
     assert "bar.sync" in ptx[ptx.rindex("st.global", 0, count):count]
     assert "ld.global.cg" in ptx[count:]
+
+
+def test_the_persistent_probe_builds_its_barriers_and_warming_for_the_gpu(compiled):
+    """The probe's one launch: acq_rel arrivals at GPU scope, acquiring reads while it
+    waits, the flag where it gave up, L2 prefetches of the next product's weights, no spills. Launched one product
+    at a time as a programmatic dependent: it warms its weights, then waits, then reads."""
+    ptx = compiled["persist prefetch"]["ptx"]
+    assert "atom.global.gpu.acq_rel.add" in ptx and "ld.global.gpu.acquire" in ptx  # a read of 0 added: a load
+    assert "global.gpu.relaxed.max" in ptx and "prefetch.global.L2" in ptx  # the flag (red or atom); the warming
+    assert compiled["persist prefetch"]["stack"] == 0 and compiled["persist launched pdl"]["stack"] == 0
+    launched = compiled["persist launched pdl"]["ptx"]
+    assert first_load_after_the_wait(launched)
+    assert "prefetch.global.L2" in launched[:launched.index("griddepcontrol.wait")]
