@@ -88,6 +88,7 @@ ASSET_FILES = ("config.json", "generation_config.json", "tokenizer.json", "token
 
 
 STARTED = time.perf_counter()
+CACHE_DIR = "/tmp/codespec-cache"
 DEADLINE_S = 480.0  # main() sets it from --deadline
 # A fresh process's stage may run this long past the deadline (the deadline says when no
 # stage starts): gpu-check.sh's caller kills the run 90 s after the suggested deadline.
@@ -132,12 +133,13 @@ def random_model_dir(assets: Path, where: Path) -> Path:
     return where
 
 
-def load(model_dir: Path) -> Any:
+def load(model: Path | str) -> Any:
+    """The cuda backend on `model`: a directory, or `default` as real_model prepared it."""
     from codespec import forward
     from codespec.settings import Settings
 
-    return forward.load(Settings(model=str(model_dir), device="cuda", dtype="bfloat16"), progress=False,
-                        transformers=True)
+    return forward.load(Settings(model=str(model), device="cuda", dtype="bfloat16", cache_dir=CACHE_DIR),
+                        progress=False, transformers=True)
 
 
 def kernel_checks() -> dict[str, Any]:
@@ -288,18 +290,36 @@ def subprocess_stage(command: list[str], env: dict[str, str], timeout: int, keep
     return result
 
 
-def exactness_stages(results: dict[str, Any], wanted: list[str], model_dir: Path, out: Path) -> None:
+def real_model(pieces: Path) -> Path:
+    """The default model's real weights on a machine without the part packages: the
+    official GGUF from the pieces scripts/gpu-weights.sh carried over (a call each),
+    joined in order, verified by its sha256 and converted as `codespec model prepare`
+    converts it (codespec.models.default.prepare)."""
+    from codespec.models import default
+
+    files = sorted(pieces.glob("gguf.part*"))
+    if not files:
+        raise FileNotFoundError(f"no gguf.part* in {pieces}: run scripts/gpu-weights.sh take N for each piece first")
+    return default.prepare(Path(CACHE_DIR), files=files, progress=False)
+
+
+def exactness_stages(results: dict[str, Any], wanted: list[str], model_dir: Path, out: Path,
+                     real_dir: Path | None = None) -> None:
     """`edit`, `verify` and `stress` in fresh processes (the issue's exactness bar: every
     bench request and the held-out stress set identical to plain decoding at batch 1 and
     8, and codespec against transformers' prompt lookup on edit). Where the step stage
     found a winner, its runs come first (`*_step`, prompt lookup beside it too): it is
     what the defaults become, so a short deadline keeps the evidence for it; then the
-    default backend's, then the variants asked for (`*_fused`, `*_eager`, `*_noahead`)."""
+    default backend's, then the variants asked for (`*_fused`, `*_eager`, `*_noahead`).
+    With `real_dir` (the default model's real weights), `*_real` right after the
+    winner's: real acceptance, real prompt lookup."""
     env = {**os.environ, "CODESPEC_MODEL": str(model_dir), "CODESPEC_DEVICE": "cuda", "CODESPEC_DTYPE": "bfloat16",
-           "CODESPEC_CACHE_DIR": "/tmp/codespec-cache", "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
+           "CODESPEC_CACHE_DIR": CACHE_DIR, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
     bench = [sys.executable, "-m", "codespec", "bench"]
-    model_args = ["--model", str(model_dir), "--device", "cuda", "--dtype", "bfloat16"]
     main_runs = [("", env)]
+    if real_dir is not None:
+        # `default` in CACHE_DIR, where real_model prepared it: the path a user's default takes
+        main_runs.insert(0, ("_real", {**env, "CODESPEC_MODEL": "default"}))
     winner = winner_env(results)  # the step stage's winner, where one beat the default step
     if winner is not None:
         main_runs.insert(0, ("_step", {**env, **winner}))
@@ -311,8 +331,9 @@ def exactness_stages(results: dict[str, Any], wanted: list[str], model_dir: Path
     for kind, suffix, stage_env in ordered:
         if kind + suffix not in wanted:
             continue
+        model_args = ["--model", stage_env["CODESPEC_MODEL"], "--device", "cuda", "--dtype", "bfloat16"]
         if kind == "edit":
-            main_run = suffix in ("", "_step")
+            main_run = suffix in ("", "_step", "_real")
             systems = "hf_prompt_lookup,codespec" if main_run else "codespec"  # plain runs beside either
             stage(results, "edit" + suffix, lambda: subprocess_stage(
                 [*bench, "workloads", "--workloads", "edit", "--systems", systems, "--repeat", "1",
@@ -337,6 +358,9 @@ def main() -> None:
                                              "verify,stress,persist")
     parser.add_argument("--deadline", type=float, default=DEADLINE_S,
                         help="seconds from the start after which no stage starts (the machine's limit is 600)")
+    parser.add_argument("--real", default=None, metavar="DIR",
+                        help="the pieces of the default model's GGUF (scripts/gpu-weights.sh): `rows_real` and the "
+                             "`*_real` exactness stages run on its real weights")
     args = parser.parse_args()
     DEADLINE_S = args.deadline
     out = Path(args.out)
@@ -377,7 +401,14 @@ def main() -> None:
             results["plain"]["chain_off_for_the_rest"] = True
         if winner_env(results) is not None:  # the bar's plain decoding with the step stage's winner
             stage(results, "plain_step", lambda: with_env(loaded, winner_env(results), plain_probe), out, needs_s=20)
-    exactness_stages(results, wanted, model_dir, out)  # the issue's exactness bar, while time is left
+    real_dir = None
+    if args.real and any(name.endswith("_real") for name in wanted):  # ~1 min: the GGUF dequantized on the CPU
+        stage(results, "real_model", lambda: {"path": str(real_model(Path(args.real)))}, out, needs_s=90)
+        if results["real_model"]["ok"]:
+            real_dir = Path(results["real_model"]["path"])
+    if real_dir is not None and "rows_real" in wanted:  # the real weights' tree rows against their decode steps
+        stage(results, "rows_real", lambda: row_checks(load("default")), out, needs_s=30)
+    exactness_stages(results, wanted, model_dir, out, real_dir)  # the issue's exactness bar, while time is left
     if "persist" in wanted:  # first of the probes: whether a persistent kernel would reach the bar
         stage(results, "persist", persist_probe, out, needs_s=40)
     if "attention" in wanted:

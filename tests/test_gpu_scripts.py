@@ -311,3 +311,39 @@ def test_the_check_runs_its_stages_in_the_order_that_keeps_the_bar_s_evidence(mo
                                                                      "stress_step"]
     assert all(written[name]["ok"] for name in written if isinstance(written[name], dict) and "ok" in written[name])
     assert "total_s" in written
+
+
+def test_with_the_real_weights_carried_over_their_stages_run_on_the_default_model(monkeypatch, tmp_path):
+    """`--real DIR`: the pieces joined and converted once (`real_model`), the real
+    weights' rows checked, then edit, verify and stress on `default` from the run's
+    cache, before the random weights' own."""
+    gpu_check = pytest.importorskip("gpu_check")
+    ran: list[tuple[str, str]] = []
+    loaded = tiny_run(rows=16, vocab_size=16, backend="cuda", reason=None)
+    monkeypatch.setattr(gpu_check.torch.cuda, "get_device_name", lambda *args: "stub GPU")
+    monkeypatch.setattr(gpu_check, "random_model_dir", lambda assets, where: tmp_path / "random")
+    monkeypatch.setattr(gpu_check, "load", lambda model: ran.append(("load", str(model))) or loaded)
+    monkeypatch.setattr(gpu_check, "real_model", lambda pieces: ran.append(("real_model", str(pieces))) or tmp_path)
+    monkeypatch.setattr(gpu_check, "row_checks", lambda loaded: ran.append(("rows", "")) or {"rows_differing": 0})
+
+    def fresh_process(command, env, timeout, keep=None):
+        kind = "edit" if "workloads" in command else "verify" if "verify" in command else "stress"
+        if kind != "stress":
+            assert command[command.index("--model") + 1] == env["CODESPEC_MODEL"]
+        ran.append((kind, env["CODESPEC_MODEL"]))
+        return {}
+
+    monkeypatch.setattr(gpu_check, "subprocess_stage", fresh_process)
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--out", str(tmp_path / "out"), "--deadline", "600", "--real",
+                                      "/tmp/gpuw", "--stages", "rows_real,edit_real,verify_real,stress_real,edit"])
+    monkeypatch.setattr(gpu_check, "DEADLINE_S", gpu_check.DEADLINE_S)
+    gpu_check.main()
+    random = str(tmp_path / "random")
+    assert ran == [("load", random), ("real_model", "/tmp/gpuw"), ("load", "default"), ("rows", ""),
+                   ("edit", "default"), ("verify", "default"), ("stress", "default"), ("edit", random)]
+
+
+def test_the_real_weights_need_their_pieces(tmp_path):
+    gpu_check = pytest.importorskip("gpu_check")
+    with pytest.raises(FileNotFoundError, match="gpu-weights.sh take"):
+        gpu_check.real_model(tmp_path)

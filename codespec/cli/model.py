@@ -2,6 +2,7 @@
 
     codespec model prepare            # join + verify + convert the default model, then
                                       # probe and time it on this machine (the profile)
+    codespec model prepare --gguf qwen2.5-coder-0.5b-instruct-q4_k_m.gguf   # from the file
     codespec model info --json        # {"name", "path", "dtype", "parameters", "profile", ...}
 """
 
@@ -11,6 +12,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from codespec.cli.options import MODEL_FIELDS, add_settings_arguments, print_facts, settings_from_args
@@ -26,6 +28,9 @@ def register(commands: Any) -> None:
         "timings the goodput controller starts from)"
     )
     add_settings_arguments(prepare, MODEL_FIELDS)
+    prepare.add_argument("--gguf", nargs="+", metavar="FILE",
+                         help="the default model from these files instead of its part packages: the official "
+                              "GGUF, or pieces of it in order (verified by the official sha256)")
     prepare.add_argument("--json", action="store_true", help="print one JSON object")
     prepare.set_defaults(handler=run_prepare)
 
@@ -41,6 +46,13 @@ def run_prepare(args: argparse.Namespace) -> int:
     from codespec.models.loading import pick_device, pick_dtype, resolve_model_path, write_serving_copy
 
     settings = settings_from_args(args)
+    if args.gguf:
+        from codespec.errors import ModelError
+        from codespec.models import default
+
+        if settings.model not in ("", "default"):
+            raise ModelError(f"--gguf prepares the default model; --model {settings.model} is another")
+        default.prepare(settings.cache_dir, files=[Path(f) for f in args.gguf])
     name, path = resolve_model_path(settings.model, settings)
     if settings.model in ("", "default"):  # only our own cache gets a copy (never a user's directory)
         write_serving_copy(path, pick_dtype(settings.dtype, pick_device(settings.device)))

