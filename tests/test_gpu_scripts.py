@@ -335,11 +335,11 @@ def test_with_the_real_weights_carried_over_their_stages_run_on_the_default_mode
 
     monkeypatch.setattr(gpu_check, "subprocess_stage", fresh_process)
     monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--out", str(tmp_path / "out"), "--deadline", "600", "--real",
-                                      "/tmp/gpuw", "--stages", "rows_real,edit_real,verify_real,stress_real,edit"])
+                                      ".gpuw-in", "--stages", "rows_real,edit_real,verify_real,stress_real,edit"])
     monkeypatch.setattr(gpu_check, "DEADLINE_S", gpu_check.DEADLINE_S)
     gpu_check.main()
     random = str(tmp_path / "random")
-    assert ran == [("load", random), ("real_model", "/tmp/gpuw"), ("load", "default"), ("rows", ""),
+    assert ran == [("load", random), ("real_model", ".gpuw-in"), ("load", "default"), ("rows", ""),
                    ("edit", "default"), ("verify", "default"), ("stress", "default"), ("edit", random)]
 
 
