@@ -40,6 +40,10 @@ from codespec.kernels._triton_pdl import launch_options, pdl_start, pdl_wait
 # gate/up's first 4,864 (no attention, no SiLU: the bytes and the chain are the point).
 LAYER = ((1152, 896), (896, 896), (9728, 896), (896, 4864))
 SECTOR = tl.constexpr(16)  # bf16 elements in a 32-byte sector: one L2 prefetch each
+# Reads of the count before a barrier gives up: a met barrier takes ~10-50 us, a read
+# ~1 us, so 65,536 reads (~60 ms) is a barrier that will not be met, and 95 of them
+# still cost the run seconds, not minutes.
+SPIN_LIMIT = 1 << 16
 
 
 @triton.jit
@@ -181,7 +185,7 @@ class Chain:
         return a
 
     def run(self, programs: int, per_launch: int, work: bool = True, prefetch: bool = False, pdl: bool = False,
-            spin_limit: int = 1 << 22) -> torch.Tensor:
+            spin_limit: int = SPIN_LIMIT) -> torch.Tensor:
         """The whole chain in launches of `per_launch` products (1: one launch each; all
         of them: one persistent launch) of `programs` programs each; the last output."""
         (n0, k0), (n1, k1), (n2, k2), (n3, k3) = self.layer

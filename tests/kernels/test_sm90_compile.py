@@ -151,7 +151,7 @@ sectors = {f"S{p}": triton.next_power_of_2(k // gpu_persist.SECTOR.value) for p,
 for name, pdl in (("persist prefetch", False), ("persist launched pdl", True)):
     out[name] = build(gpu_persist._chain_kernel, chain,
                       {**layer, **sectors, "BLOCK_N": 8, "BLOCK_K": 128, "BLOCK_K_LONG": 256, "WORK": True,
-                       "PREFETCH": True, "PDL": pdl, "SPIN_LIMIT": 1 << 22})
+                       "PREFETCH": True, "PDL": pdl, "SPIN_LIMIT": gpu_persist.SPIN_LIMIT})
 json.dump(out, sys.stdout)
 """
 
