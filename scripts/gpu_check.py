@@ -304,20 +304,20 @@ def real_model(pieces: Path) -> Path:
 
 
 def exactness_stages(results: dict[str, Any], wanted: list[str], model_dir: Path, out: Path,
-                     real_dir: Path | None = None) -> None:
+                     real: bool = False) -> None:
     """`edit`, `verify` and `stress` in fresh processes (the issue's exactness bar: every
     bench request and the held-out stress set identical to plain decoding at batch 1 and
     8, and codespec against transformers' prompt lookup on edit). Where the step stage
     found a winner, its runs come first (`*_step`, prompt lookup beside it too): it is
     what the defaults become, so a short deadline keeps the evidence for it; then the
     default backend's, then the variants asked for (`*_fused`, `*_eager`, `*_noahead`).
-    With `real_dir` (the default model's real weights), `*_real` right after the
-    winner's: real acceptance, real prompt lookup."""
+    With `real` (real_model prepared the default model's real weights), `*_real` right
+    after the winner's: real acceptance, real prompt lookup."""
     env = {**os.environ, "CODESPEC_MODEL": str(model_dir), "CODESPEC_DEVICE": "cuda", "CODESPEC_DTYPE": "bfloat16",
            "CODESPEC_CACHE_DIR": CACHE_DIR, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
     bench = [sys.executable, "-m", "codespec", "bench"]
     main_runs = [("", env)]
-    if real_dir is not None:
+    if real:
         # `default` in CACHE_DIR, where real_model prepared it: the path a user's default takes
         main_runs.insert(0, ("_real", {**env, "CODESPEC_MODEL": "default"}))
     winner = winner_env(results)  # the step stage's winner, where one beat the default step
@@ -401,14 +401,13 @@ def main() -> None:
             results["plain"]["chain_off_for_the_rest"] = True
         if winner_env(results) is not None:  # the bar's plain decoding with the step stage's winner
             stage(results, "plain_step", lambda: with_env(loaded, winner_env(results), plain_probe), out, needs_s=20)
-    real_dir = None
+    real = False
     if args.real and any(name.endswith("_real") for name in wanted):  # ~1 min: the GGUF dequantized on the CPU
         stage(results, "real_model", lambda: {"path": str(real_model(Path(args.real)))}, out, needs_s=90)
-        if results["real_model"]["ok"]:
-            real_dir = Path(results["real_model"]["path"])
-    if real_dir is not None and "rows_real" in wanted:  # the real weights' tree rows against their decode steps
+        real = results["real_model"]["ok"]
+    if real and "rows_real" in wanted:  # the real weights' tree rows against their decode steps
         stage(results, "rows_real", lambda: row_checks(load("default")), out, needs_s=30)
-    exactness_stages(results, wanted, model_dir, out, real_dir)  # the issue's exactness bar, while time is left
+    exactness_stages(results, wanted, model_dir, out, real)  # the issue's exactness bar, while time is left
     if "persist" in wanted:  # first of the probes: whether a persistent kernel would reach the bar
         stage(results, "persist", persist_probe, out, needs_s=40)
     if "attention" in wanted:

@@ -76,37 +76,35 @@ def _warm(w_ptr, pid, programs, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.co
 
 
 @triton.jit
+def _phase(w_ptr, x_ptr, y_ptr, pid, programs, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
+           BLOCK_K: tl.constexpr, SECTORS: tl.constexpr, WORK: tl.constexpr, WARM: tl.constexpr):
+    # One product: computed, or (WARM) its weights warmed.
+    if WARM:
+        _warm(w_ptr, pid, programs, N, K, BLOCK_N, SECTORS)
+    else:
+        _product(w_ptr, x_ptr, y_ptr, pid, programs, N, K, BLOCK_N, BLOCK_K, WORK)
+
+
+@triton.jit
 def _layer_phase(w_ptr, a_ptr, b_ptr, c_ptr, t, pid, programs, N0: tl.constexpr, K0: tl.constexpr,
                  N1: tl.constexpr, K1: tl.constexpr, N2: tl.constexpr, K2: tl.constexpr, N3: tl.constexpr,
                  K3: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_K_LONG: tl.constexpr,
                  WORK: tl.constexpr, WARM: tl.constexpr, S0: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr,
                  S3: tl.constexpr):
-    # Product t of the chain (layer t // 4, its product t % 4): computed, or (WARM) its
-    # weights warmed.
+    # Product t of the chain (layer t // 4, its product t % 4), its weights after the
+    # layer's earlier products': a -> b, b -> a, a -> c, c -> a.
     size: tl.constexpr = N0 * K0 + N1 * K1 + N2 * K2 + N3 * K3
     w = w_ptr + (t // 4) * size  # 24 of the default model's layers: 357M elements, within int32
     p = t % 4
     if p == 0:
-        if WARM:
-            _warm(w, pid, programs, N0, K0, BLOCK_N, S0)
-        else:
-            _product(w, a_ptr, b_ptr, pid, programs, N0, K0, BLOCK_N, BLOCK_K, WORK)
+        _phase(w, a_ptr, b_ptr, pid, programs, N0, K0, BLOCK_N, BLOCK_K, S0, WORK, WARM)
     elif p == 1:
-        if WARM:
-            _warm(w + N0 * K0, pid, programs, N1, K1, BLOCK_N, S1)
-        else:
-            _product(w + N0 * K0, b_ptr, a_ptr, pid, programs, N1, K1, BLOCK_N, BLOCK_K, WORK)
+        _phase(w + N0 * K0, b_ptr, a_ptr, pid, programs, N1, K1, BLOCK_N, BLOCK_K, S1, WORK, WARM)
     elif p == 2:
-        if WARM:
-            _warm(w + N0 * K0 + N1 * K1, pid, programs, N2, K2, BLOCK_N, S2)
-        else:
-            _product(w + N0 * K0 + N1 * K1, a_ptr, c_ptr, pid, programs, N2, K2, BLOCK_N, BLOCK_K, WORK)
+        _phase(w + N0 * K0 + N1 * K1, a_ptr, c_ptr, pid, programs, N2, K2, BLOCK_N, BLOCK_K, S2, WORK, WARM)
     else:
-        if WARM:
-            _warm(w + N0 * K0 + N1 * K1 + N2 * K2, pid, programs, N3, K3, BLOCK_N, S3)
-        else:
-            _product(w + N0 * K0 + N1 * K1 + N2 * K2, c_ptr, a_ptr, pid, programs, N3, K3, BLOCK_N, BLOCK_K_LONG,
-                     WORK)
+        _phase(w + N0 * K0 + N1 * K1 + N2 * K2, c_ptr, a_ptr, pid, programs, N3, K3, BLOCK_N, BLOCK_K_LONG, S3, WORK,
+               WARM)
 
 
 @triton.jit
@@ -158,12 +156,19 @@ class Chain:
 
     def __init__(self, layers: int, device: str, layer: tuple[tuple[int, int], ...] = LAYER, seed: int = 0,
                  block_n: int = 8, block_k: int = 128, block_k_long: int = 256) -> None:
-        generator = torch.Generator(device=device).manual_seed(seed)
+        (n0, k0), (n1, k1), (n2, k2), (n3, k3) = layer
+        for n, _ in layer:
+            assert n % block_n == 0, layer
+        assert k0 % block_k == 0 and k1 % block_k == 0 and k2 % block_k == 0 and k3 % block_k_long == 0, layer
         self.layer, self.layers = layer, layers
         self.block_n, self.block_k, self.block_k_long = block_n, block_k, block_k_long
-        self.weights = [[torch.randn(n, k, generator=generator, device=device).div_(k ** 0.5).to(torch.bfloat16)
-                         for n, k in layer] for _ in range(layers)]
-        self.flat = torch.cat([w.reshape(-1) for weights in self.weights for w in weights])
+        self.sectors = [triton.next_power_of_2(triton.cdiv(k, SECTOR.value)) for _, k in layer]
+        generator = torch.Generator(device=device).manual_seed(seed)
+        self.flat = torch.cat([torch.randn(n * k, generator=generator, device=device).div_(k ** 0.5)
+                               .to(torch.bfloat16) for _ in range(layers) for n, k in layer])
+        pieces = iter(self.flat.split([n * k for _ in range(layers) for n, k in layer]))
+        # each layer's products as views of the flat weights (the reference's)
+        self.weights = [[next(pieces).view(n, k) for n, k in layer] for _ in range(layers)]
         width = max(n for n, _ in layer)
         self.a, self.b, self.c = (torch.zeros(width, device=device) for _ in range(3))
         self.x = torch.randn(layer[0][1], generator=generator, device=device)
@@ -189,11 +194,7 @@ class Chain:
         """The whole chain in launches of `per_launch` products (1: one launch each; all
         of them: one persistent launch) of `programs` programs each; the last output."""
         (n0, k0), (n1, k1), (n2, k2), (n3, k3) = self.layer
-        for shape in self.layer:
-            assert shape[0] % self.block_n == 0, shape
-        assert k0 % self.block_k == 0 and k1 % self.block_k == 0 and k2 % self.block_k == 0, self.layer
-        assert k3 % self.block_k_long == 0, self.layer
-        sectors = [triton.next_power_of_2(triton.cdiv(k, SECTOR.value)) for _, k in self.layer]
+        sectors = self.sectors
         self.a[: k0].copy_(self.x)
         self.sync.zero_()
         total = 4 * self.layers

@@ -55,7 +55,7 @@ class CudaSettings(BaseSettings):
         "bucket", description="Prompts as replays of the bucket, or eager passes with causal SDPA.")
     fused: bool = Field(False, description="Every product through row_linear with the work around it in its "
                         "prologue or epilogue: six launches a layer with reduce=fold, eight without (exact; on "
-                        "session 32's H100 with rows=16-row tiles, PDL prefetch and both folds a step 1.19 against "
+                        "session 32's H100 with tile_rows=16, pdl=prefetch and both folds a step 1.19 against "
                         "1.41 ms, but a 32-row pass 1.40 steps).")
     compile: bool = Field(True, description="The norms and SiLU compiled by torch.compile.")
     attention: Literal["worklist", "grid", "fold"] = Field(
