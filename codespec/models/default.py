@@ -103,16 +103,16 @@ def prepare(cache_dir: Path, model: PackagedModel = DEFAULT_MODEL, *, progress: 
     `files`: the GGUF from local files instead of the part packages, the official file
     or pieces of it in order (a machine without the packages: a GPU machine fed the
     file a piece a call, scripts/gpu-weights.sh); trusted on the same sha256.
-    Idempotent: a prepared model is returned at once.
+    Idempotent: a prepared model is returned at once (named files must still exist).
     """
+    for part in files or ():
+        if not Path(part).is_file():
+            raise ModelError(f"{part} is not a file: name the GGUF, or its pieces in order")
     target = prepared_dir(cache_dir, model)
     if is_prepared(cache_dir, model):
         _serving_copy(target, progress)  # caches prepared before the copy existed get it once
         return target
     parts = part_paths(model) if files is None else [Path(f) for f in files]
-    for part in parts:
-        if not part.is_file():
-            raise ModelError(f"{part} is not a file: name the GGUF, or its pieces in order")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{model.slug}-", dir=target.parent) as tmp:
         work = Path(tmp)

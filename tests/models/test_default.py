@@ -81,7 +81,10 @@ def test_prepare_from_local_files_joins_them_in_order_and_records_them(tmp_path,
     assert not default.prepared_dir(tmp_path / "other", model).exists()
 
 
-def test_prepare_names_a_local_file_that_is_not_there(tmp_path):
+def test_prepare_names_a_local_file_that_is_not_there(tmp_path, monkeypatch):
+    with pytest.raises(ModelError, match="is not a file"):
+        default.prepare(tmp_path / "cache", fake_model("0" * 64, 1), progress=False, files=[tmp_path / "nope.gguf"])
+    monkeypatch.setattr(default, "is_prepared", lambda cache, model: True)  # even where the model is ready
     with pytest.raises(ModelError, match="is not a file"):
         default.prepare(tmp_path / "cache", fake_model("0" * 64, 1), progress=False, files=[tmp_path / "nope.gguf"])
 
