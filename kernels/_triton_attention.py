@@ -5,11 +5,16 @@ The launcher takes arguments its wrapper already checked."""
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
 
 from codespec.kernels._triton_pdl import launch_options, pdl_start, pdl_wait
+from codespec.kernels._triton_trace import ENDED, START, WAITED, program_index, trace_mark, traced
+from codespec.kernels.trace import UNTRACED, TakeTrace
 
 
 @triton.jit
@@ -60,13 +65,17 @@ def _block_partial(q, k_ptr, v_ptr, part_ptr, path_ptr, row, kv_head, slot, cont
 @triton.jit
 def _row_attention_block_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr,
                                 scale, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path,
-                                s_part_row, s_part_head, s_part_block,
+                                s_part_row, s_part_head, s_part_block, trace_ptr, clock_ptr,
                                 GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, DIM: tl.constexpr,
-                                KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+                                KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
+                                CLOCK: tl.constexpr):
     # The `grid` schedule: one program per (row, KV head, program of the block axis),
     # taking the row's key blocks b = program, program + programs, ...
+    program = program_index()
+    trace_mark(trace_ptr, clock_ptr, program, START, CLOCK)
     pdl_start(PDL)
     pdl_wait(PDL)
+    trace_mark(trace_ptr, clock_ptr, program, WAITED, CLOCK)
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     slot = tl.load(slots_ptr + row)
@@ -77,6 +86,7 @@ def _row_attention_block_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, contex
         _block_partial(q, k_ptr, v_ptr, part_ptr, path_ptr, row, kv_head, slot, context, total, block, scale,
                        s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head, s_part_block,
                        GROUP, GROUP_PAD, DIM, KEY_BLOCK, PRECISION)
+    trace_mark(trace_ptr, clock_ptr, program, ENDED, CLOCK)
 
 
 @triton.jit
@@ -114,21 +124,24 @@ def _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, con
 @triton.jit
 def _row_attention_work_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr,
                                scale, rows, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path,
-                               s_part_row, s_part_head, s_part_block, KV_HEADS: tl.constexpr,
+                               s_part_row, s_part_head, s_part_block, trace_ptr, clock_ptr, KV_HEADS: tl.constexpr,
                                ROWS_PAD: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                                DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr,
-                               PDL: tl.constexpr):
+                               PDL: tl.constexpr, CLOCK: tl.constexpr):
     # The `worklist` schedule: a fixed number of programs (a wave of the device) share the
     # pass's real work, the (row, key block, KV head) items in that order, item i going to
     # program i mod programs. Padding rows have no blocks, so they add no programs: a
     # one-row step over 512 keys is 8 items, not the grid's rows * KV heads * 16 programs.
+    trace_mark(trace_ptr, clock_ptr, tl.program_id(0), START, CLOCK)
     pdl_start(PDL)
     pdl_wait(PDL)
+    trace_mark(trace_ptr, clock_ptr, tl.program_id(0), WAITED, CLOCK)
     blocks, ends = _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK)
     for item in range(tl.program_id(0), tl.sum(blocks, axis=0) * KV_HEADS, tl.num_programs(0)):
         _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr,
                    scale, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head,
                    s_part_block, KV_HEADS, ROWS_PAD, GROUP, GROUP_PAD, DIM, KEY_BLOCK, PRECISION)
+    trace_mark(trace_ptr, clock_ptr, tl.program_id(0), ENDED, CLOCK)
 
 
 @triton.jit
@@ -198,16 +211,19 @@ def _combine_group(out_ptr, part_ptr, row, kv_head, blocks, s_out_row, s_out_hea
 @triton.jit
 def _row_attention_fold_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_ptr, slots_ptr, context_ptr, path_ptr,
                                path_len_ptr, scale, rows, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path,
-                               s_part_row, s_part_head, s_part_block, s_out_row, s_out_head, KV_HEADS: tl.constexpr,
-                               ROWS_PAD: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                               HEADS_PAD: tl.constexpr, DIM: tl.constexpr, KEY_BLOCK: tl.constexpr,
-                               PRECISION: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr):
+                               s_part_row, s_part_head, s_part_block, s_out_row, s_out_head, trace_ptr, clock_ptr,
+                               KV_HEADS: tl.constexpr, ROWS_PAD: tl.constexpr, GROUP: tl.constexpr,
+                               GROUP_PAD: tl.constexpr, HEADS_PAD: tl.constexpr, DIM: tl.constexpr,
+                               KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr, CHUNK: tl.constexpr,
+                               PDL: tl.constexpr, CLOCK: tl.constexpr):
     # The `fold` schedule: the worklist's items, then the combine of a (row, KV head)'s
     # query heads by the program that stored its last block (an atomic count per pair
     # after a CTA barrier, acq_rel at GPU scope, reset by that program: row_linear's fold),
     # all GROUP heads at once. One launch a layer, not two; rows with no keys get zeros.
+    trace_mark(trace_ptr, clock_ptr, tl.program_id(0), START, CLOCK)
     pdl_start(PDL)
     pdl_wait(PDL)
+    trace_mark(trace_ptr, clock_ptr, tl.program_id(0), WAITED, CLOCK)
     blocks, ends = _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK)
     r = tl.arange(0, ROWS_PAD)
     h = tl.arange(0, HEADS_PAD)
@@ -229,27 +245,32 @@ def _row_attention_fold_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_ptr
             _combine_group(out_ptr, part_ptr, row, kv_head, row_blocks, s_out_row, s_out_head, s_part_row,
                            s_part_head, s_part_block, GROUP, GROUP_PAD, DIM, CHUNK)
             tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")  # zero for the next launch
+    trace_mark(trace_ptr, clock_ptr, tl.program_id(0), ENDED, CLOCK)
 
 
 @triton.jit
 def _row_attention_combine_kernel(out_ptr, part_ptr, context_ptr, path_len_ptr, s_out_row, s_out_head,
-                                  s_part_row, s_part_head, s_part_block,
+                                  s_part_row, s_part_head, s_part_block, trace_ptr, clock_ptr,
                                   DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, CHUNK: tl.constexpr,
-                                  PDL: tl.constexpr):
+                                  PDL: tl.constexpr, CLOCK: tl.constexpr):
     # One program per (row, query head).
+    program = program_index()
+    trace_mark(trace_ptr, clock_ptr, program, START, CLOCK)
     pdl_start(PDL)
     pdl_wait(PDL)
+    trace_mark(trace_ptr, clock_ptr, program, WAITED, CLOCK)
     row = tl.program_id(0)
     blocks = tl.cdiv(tl.load(context_ptr + row) + tl.load(path_len_ptr + row), KEY_BLOCK)
     _combine(out_ptr, part_ptr, row, tl.program_id(1), blocks, s_out_row, s_out_head, s_part_row, s_part_head,
              s_part_block, DIM, CHUNK)
+    trace_mark(trace_ptr, clock_ptr, program, ENDED, CLOCK)
 
 
 def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
                   context: torch.Tensor, path: torch.Tensor, path_len: torch.Tensor, scale: float,
                   out: torch.Tensor, key_block: int, block_programs: int, schedule: str, programs: int,
                   work_warps: int, pdl: bool = False, counts: torch.Tensor | None = None,
-                  fold_chunk: int = 8) -> None:
+                  fold_chunk: int = 8, trace: TakeTrace | None = None) -> None:
     rows, heads, dim = query.shape
     kv_heads = keys.shape[1]
     group = heads // kv_heads
@@ -261,21 +282,34 @@ def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     launch = dict(PDL=pdl, **launch_options(pdl))
     shapes = dict(GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), DIM=dim, KEY_BLOCK=key_block,
                   PRECISION="ieee" if query.dtype == torch.float32 else "tf32")
+    def region(part_: str, grid: tuple[int, ...]) -> tuple[Any, dict[str, int]]:
+        """A launch's trace pointers and clock (untraced: CLOCK=0)."""
+        taken = trace(part_, math.prod(grid)) if trace is not None else None
+        return traced(taken, out), {"CLOCK": taken.kind if taken is not None else UNTRACED}
+
     if schedule == "fold":
+        pointers, clock = region("", (programs,))
         _row_attention_fold_kernel[(programs,)](
             query, keys, values, part, out, counts, slots, context, path, path_len, float(scale), rows, *strides,
-            out.stride(0), out.stride(1), KV_HEADS=kv_heads, ROWS_PAD=triton.next_power_of_2(rows),
-            HEADS_PAD=triton.next_power_of_2(heads), CHUNK=fold_chunk, num_warps=work_warps, **shapes, **launch)
+            out.stride(0), out.stride(1), *pointers, KV_HEADS=kv_heads, ROWS_PAD=triton.next_power_of_2(rows),
+            HEADS_PAD=triton.next_power_of_2(heads), CHUNK=fold_chunk, num_warps=work_warps, **shapes, **launch,
+            **clock)
         return
     if schedule == "worklist":
+        pointers, clock = region("", (programs,))
         _row_attention_work_kernel[(programs,)](
-            query, keys, values, part, slots, context, path, path_len, float(scale), rows, *strides,
-            KV_HEADS=kv_heads, ROWS_PAD=triton.next_power_of_2(rows), num_warps=work_warps, **shapes, **launch)
+            query, keys, values, part, slots, context, path, path_len, float(scale), rows, *strides, *pointers,
+            KV_HEADS=kv_heads, ROWS_PAD=triton.next_power_of_2(rows), num_warps=work_warps, **shapes, **launch,
+            **clock)
     else:
-        _row_attention_block_kernel[(rows, kv_heads, min(blocks, block_programs))](
-            query, keys, values, part, slots, context, path, path_len, float(scale), *strides, **shapes, **launch)
+        grid = (rows, kv_heads, min(blocks, block_programs))
+        pointers, clock = region("", grid)
+        _row_attention_block_kernel[grid](
+            query, keys, values, part, slots, context, path, path_len, float(scale), *strides, *pointers, **shapes,
+            **launch, **clock)
     # at the worklist's warps whatever the schedule: a reduction's order on the GPU follows
     # its layout, which follows the warps, and both schedules must give the same bits
+    pointers, clock = region("_combine", (rows, heads))
     _row_attention_combine_kernel[(rows, heads)](
         out, part, context, path_len, out.stride(0), out.stride(1), part.stride(0), part.stride(1), part.stride(2),
-        DIM=dim, KEY_BLOCK=key_block, CHUNK=16, num_warps=work_warps, **launch)
+        *pointers, DIM=dim, KEY_BLOCK=key_block, CHUNK=16, num_warps=work_warps, **launch, **clock)

@@ -12,6 +12,9 @@ import triton.language as tl
 
 from codespec.kernels._triton import holds_token, live_rows, rotary_rounded
 from codespec.kernels._triton_pdl import launch_options, pdl_start, pdl_wait
+from codespec.kernels._triton_trace import (COMPUTED, ENDED, REDUCED, START, WAITED, program_index, trace_mark,
+                                            traced)
+from codespec.kernels.trace import UNTRACED, TakeTrace
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 SECTOR_BYTES = 32  # what one prefetch.global.L2 brings in
@@ -84,7 +87,7 @@ def _warm_weights(w_ptr, n_first, k_first, k_last, s_w, BLOCK_N: tl.constexpr, S
 @triton.jit
 def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, part_ptr, context_ptr, path_len_ptr,
                        count_ptr, sq_in_ptr, block_out_ptr, index_out_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr,
-                       wpos_ptr, k_ptr, v_ptr, k_size, eps, s_x, s_w, s_residual, s_out, s_part_split, s_part, s_sq_in,
+                       wpos_ptr, k_ptr, v_ptr, trace_ptr, clock_ptr, k_size, eps, s_x, s_w, s_residual, s_out, s_part_split, s_part, s_sq_in,
                        s_block_out, s_rope, s_kv_slot, s_kv_head, s_kv_pos, STEPS_PER_SPLIT: tl.constexpr,
                        SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr, SQUARES_IN: tl.constexpr,
                        SQUARES_PAD: tl.constexpr, SQUARES_OUT: tl.constexpr, CHOICES: tl.constexpr,
@@ -92,10 +95,13 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
                        DIM: tl.constexpr, RESIDUAL: tl.constexpr, LIVE: tl.constexpr, PDL: tl.constexpr,
                        PREFETCH: tl.constexpr, SECTOR: tl.constexpr, SECTORS: tl.constexpr, WARM_ROWS: tl.constexpr,
                        FOLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       UPCAST: tl.constexpr):
+                       UPCAST: tl.constexpr, CLOCK: tl.constexpr):
     # One program per (BLOCK_N outputs, split of K, BLOCK_M rows): its K range is fixed by
     # the split's index alone, walked in BLOCK_K steps; an output row depends on its own
     # input row (a tensor-core product never mixes rows; the norm's sum is per row).
+    # CLOCK: its time at each phase into trace_ptr (kernels/_triton_trace.py).
+    program = program_index()
+    trace_mark(trace_ptr, clock_ptr, program, START, CLOCK)
     pdl_start(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(1)
@@ -107,6 +113,7 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
         # by the first block of rows (never padding) for the blocks below it too
         _warm_weights(w_ptr, tl.program_id(0) * BLOCK_N, first, last, s_w, BLOCK_N, SECTOR, SECTORS, WARM_ROWS)
     pdl_wait(PDL)
+    trace_mark(trace_ptr, clock_ptr, program, WAITED, CLOCK)
     live = live_rows(context_ptr, path_len_ptr, m, LIVE)
     if tl.max(live.to(tl.int32), axis=0) > 0:  # a block of padding rows computes nothing
         scale = tl.zeros([BLOCK_M], tl.float32)
@@ -121,6 +128,7 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
             if UPCAST:  # the interpreter's bf16 tl.dot returns garbage (triton 3.9): the tests' path
                 a, w = a.to(tl.float32), w.to(tl.float32)
             acc += tl.dot(a, tl.trans(w))
+        trace_mark(trace_ptr, clock_ptr, program, COMPUTED, CLOCK)
         n_first = tl.program_id(0) * BLOCK_N
         if SPLITS == 1:
             _finish(acc, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, m, n_first, s_residual, s_out,
@@ -134,11 +142,13 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
                 count = count_ptr + tl.program_id(0) * tl.num_programs(2) + tl.program_id(2)
                 if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
                     total = _split_sum(part_ptr, m, n, s_part_split, s_part, SPLITS, ".cg")  # the reduce kernel's
+                    trace_mark(trace_ptr, clock_ptr, program, REDUCED, CLOCK)
                     _finish(total, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, m, n_first,
                             s_residual, s_out, s_block_out, context_ptr, path_len_ptr, cos_ptr, sin_ptr, positions_ptr,
                             wslot_ptr, wpos_ptr, k_ptr, v_ptr, s_rope, s_kv_slot, s_kv_head, s_kv_pos, HAS_BIAS,
                             RESIDUAL, PAIRS, SQUARES_OUT, CHOICES, ROPE, HEADS, KV_HEADS, DIM, BLOCK_M, BLOCK_N)
                     tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")  # zero for the next launch
+    trace_mark(trace_ptr, clock_ptr, program, ENDED, CLOCK)
 
 
 @triton.jit
@@ -285,12 +295,12 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                squares_out: torch.Tensor | None, choices: torch.Tensor | None, rope: Any, out: torch.Tensor,
                block_m: int, block_n: int, block_k: int, splits: int, num_warps: int, num_stages: int,
                live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False, prefetch: bool = False,
-               counts: torch.Tensor | None = None) -> None:
+               counts: torch.Tensor | None = None, trace: TakeTrace | None = None) -> None:
     rows = x.shape[0]
     n_size, k_size = weight.shape
     steps = k_size // block_k
     per_split = triton.cdiv(steps, splits)
-    splits = triton.cdiv(steps, per_split)  # no empty split
+    splits = triton.cdiv(steps, per_split)  # no empty split (Config.grid's count)
     part = torch.empty(splits, rows, n_size, dtype=torch.float32, device=x.device) if splits > 1 else out
     flags = dict(HAS_BIAS=bias is not None, RESIDUAL=residual is not None, PAIRS=pairs,
                  SQUARES_OUT=squares_out is not None, CHOICES=choices is not None, ROPE=rope is not None,
@@ -319,17 +329,20 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     fold = counts is not None and splits > 1
     # rotary rounds each product and the sum as transformers does: no fused multiply-adds
     launch = launch_options(pdl, fp_fusion=rope is None)
-    _row_linear_kernel[(blocks, splits, rows // block_m)](
+    grid = (blocks, splits, rows // block_m)
+    region = trace("", grid[0] * grid[1] * grid[2]) if trace is not None else None
+    _row_linear_kernel[grid](
         x, weight, pointers[0], norm if norm is not None else out, pointers[1], out, part, context, path_len,
-        counts if fold else context, sq_in, block_out, index_out, *rope_pointers, k_size, float(eps), x.stride(0),
+        counts if fold else context, sq_in, block_out, index_out, *rope_pointers, *traced(region, out), k_size, float(eps), x.stride(0),
         weight.stride(0), s_residual, out.stride(0), part.stride(0) if splits > 1 else 0,
         part.stride(1) if splits > 1 else 0, s_sq_in, block_out.stride(0), *rope_strides, STEPS_PER_SPLIT=per_split,
         SPLITS=splits, NORM=norm is not None, SQUARES_IN=squares.shape[1] if squares is not None else 0,
         SQUARES_PAD=triton.next_power_of_2(squares.shape[1]) if squares is not None else 1,
         PREFETCH=prefetch, SECTOR=sector, SECTORS=sectors,
         WARM_ROWS=min(block_n, max(1, WARM_LANES // sectors)), FOLD=fold, BLOCK_M=block_m,
-        BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=_INTERPRETED and x.dtype != torch.float32, num_warps=num_warps,
-        num_stages=num_stages, **flags, **launch)
+        BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=_INTERPRETED and x.dtype != torch.float32,
+        CLOCK=region.kind if region is not None else UNTRACED, num_warps=num_warps, num_stages=num_stages, **flags,
+        **launch)
     whole_blocks = squares_out is not None or choices is not None or rope is not None
     if splits > 1 and not fold:
         block = reduce_block(n_size, block_n, whole_blocks)

@@ -43,6 +43,7 @@ from __future__ import annotations
 import torch
 
 from codespec.kernels import check, use_triton
+from codespec.kernels.trace import TakeTrace
 
 KEY_BLOCK = 128  # logical keys per block: part of every row's summation order
 BLOCK_PROGRAMS = 16  # programs per (row, KV head) along the block axis: rows of up to 16 blocks
@@ -79,6 +80,7 @@ def row_attention(
     schedule: str = "worklist",  # worklist, grid or fold (module docstring; CODESPEC_CUDA_ATTENTION)
     pdl: bool = False,  # launched as programmatic dependents on CUDA (kernels/_triton_pdl.py)
     counts: torch.Tensor | None = None,  # fold: int32 zeros, one per (row, KV head) at least, left zero
+    trace: TakeTrace | None = None,  # the Triton launches' time marks (kernels/trace.py)
 ) -> torch.Tensor:
     """Returns [rows, heads, dim] in the query's dtype (module docstring)."""
     rows, heads, dim = query.shape
@@ -101,7 +103,7 @@ def row_attention(
               f"the fold schedule needs counts: int32 zeros, at least {rows * keys.shape[1]} (rows x KV heads)")
         _triton_attention.row_attention(query, keys, values, slots, context, path, path_len, scale, out, KEY_BLOCK,
                                         BLOCK_PROGRAMS, schedule, wave(query.device), WORK_WARPS,
-                                        pdl and query.is_cuda, counts, FOLD_CHUNK)
+                                        pdl and query.is_cuda, counts, FOLD_CHUNK, trace)
     else:
         out.copy_(row_attention_ref(query, keys, values, slots, context, path, path_len, scale))
     return out

@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from codespec.kernels import check, check_live, use_triton
+from codespec.kernels.trace import TakeTrace
 
 
 PDL_MODES = ("off", "launch", "prefetch")  # CODESPEC_CUDA_PDL (kernels/_triton_pdl.py)
@@ -101,7 +102,8 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                rope: Rope | None = None, choices: torch.Tensor | None = None, config: Config = Config(),
                out: torch.Tensor | None = None,
                live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: str = "off",
-               counts: torch.Tensor | None = None, force_triton: bool | None = None) -> torch.Tensor:
+               counts: torch.Tensor | None = None, trace: TakeTrace | None = None,
+               force_triton: bool | None = None) -> torch.Tensor:
     """[rows, K] -> [rows, N] ([rows, N / 2] with `pairs`) in x's dtype (module
     docstring); `norm` is (RMSNorm weight [K], eps). `squares` (float32 [rows, B], B
     dividing K): x's sum of squares per row in B parts, as a product's `squares_out`
@@ -121,7 +123,9 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     the kernel before (kernels/_triton_pdl.py). `counts` (int32 zeros, at least one per
     block of outputs and rows, left zero; CODESPEC_CUDA_REDUCE=fold): a split of K is
     added up by the program that stores a block's last split, not by a second launch, in
-    the same order (the same bits)."""
+    the same order (the same bits). `trace` (the Triton kernel): each program's time at
+    each phase into the region it gives the launch (kernels/trace.py; the reference has
+    no programs to trace)."""
     n_size, k_size = weight.shape
     rows = x.shape[0]
     check(x.dim() == 2 and weight.dim() == 2 and x.shape[1] == k_size, "x must be [rows, K] for a weight [N, K]")
@@ -166,7 +170,7 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                                   0.0 if norm is None else norm[1], squares, pairs, residual, squares_out, choices,
                                   rope, out, config.block_m, config.block_n, config.block_k, config.splits,
                                   config.num_warps, config.num_stages, live, pdl != "off" and x.is_cuda,
-                                  pdl == "prefetch" and x.is_cuda, counts)
+                                  pdl == "prefetch" and x.is_cuda, counts, trace)
     elif rope is not None:
         from codespec.kernels.rope_store import rope_store
 

@@ -47,13 +47,15 @@ drafting ahead (CODESPEC_LOOK_AHEAD=off) as `verify_noahead` and the like (on re
 `persist` (scripts/gpu_persist.py, session 32): the layer's four products, 24 layers, in
 one persistent launch with grid barriers (and warming each next product's weights)
 against one launch a product: whether a persistent kernel would reach the plain-step bar
-where fewer launches did not.
+where fewer launches did not. `trace` (scripts/gpu_trace.py, session 33): the fused
+step's and 32-row pass's timelines from %globaltimer marks in every program of every
+launch (kernels/trace.py): where each launch's share of the step goes.
 
 Order: kernel, pdl, rows, costs, profile, anatomy, step, plain; then the exactness
 stages in fresh processes, the step stage's winner first (`edit_step` with prompt lookup
 beside it, `verify_step`, `stress_step`: what the defaults would become), then the default
 backend's, then the variants asked for; then the probes that only explain (persist,
-attention, l2, and those on request). Stages start only while `--deadline` seconds (from the start)
+trace, attention, l2, and those on request). Stages start only while `--deadline` seconds (from the start)
 leave them time, and a fresh process's stage may overrun it by OVERRUN_S: a run cut short
 by the machine's limit still writes what it measured.
 
@@ -82,6 +84,7 @@ from gpu_step import (NO_PDL, attention_probe, blas_of, l2_probe, pdl_check, pla
                       step_probe, winner_env)
 from gpu_probes import bucket_probe, fused_probe, fused_tiles_probe, gemm_probe, key_block_probe, tiles_probe
 from gpu_persist import persist_probe
+from gpu_trace import trace_probe
 
 ROOT = Path(__file__).resolve().parent.parent
 ASSET_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -355,7 +358,7 @@ def main() -> None:
     parser.add_argument("--assets", default=str(ROOT / ".gpu"), help="the default model's config and tokenizer files")
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu-out"))
     parser.add_argument("--stages", default="kernel,pdl,rows,costs,profile,anatomy,attention,l2,step,plain,edit,"
-                                             "verify,stress,persist")
+                                             "verify,stress,persist,trace")
     parser.add_argument("--deadline", type=float, default=DEADLINE_S,
                         help="seconds from the start after which no stage starts (the machine's limit is 600)")
     parser.add_argument("--real", default=None, metavar="DIR",
@@ -410,6 +413,8 @@ def main() -> None:
     exactness_stages(results, wanted, model_dir, out, real)  # the issue's exactness bar, while time is left
     if "persist" in wanted:  # first of the probes: whether a persistent kernel would reach the bar
         stage(results, "persist", persist_probe, out, needs_s=40)
+    if "trace" in wanted:  # where the fused step's time goes, launch by launch
+        stage(results, "trace", lambda: trace_probe(loaded), out, needs_s=40)
     if "attention" in wanted:
         stage(results, "attention", attention_probe, out)
     if "l2" in wanted:
@@ -431,9 +436,16 @@ def main() -> None:
         os.environ.pop("CODESPEC_CUDA_TILE_ROWS")
     results["total_s"] = round(time.perf_counter() - began, 1)
     (out / "gpu-check.json").write_text(json.dumps(results, indent=1, default=str))
-    summary = {name: {k: v for k, v in value.items() if k not in ("trace", "tail", "json", "tiles_us")}
-               for name, value in results.items() if isinstance(value, dict)}
+    summary = {name: brief(value) for name, value in results.items() if isinstance(value, dict)}
     print(json.dumps(summary, indent=1, default=str))
+
+
+def brief(value: Any) -> Any:
+    """A stage's result for the printed summary: without its long parts (a traceback,
+    output tails, per-tile times, the trace stage's every launch), at any depth."""
+    if isinstance(value, dict):
+        return {k: brief(v) for k, v in value.items() if k not in ("trace", "tail", "json", "tiles_us", "launches")}
+    return value
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import torch
 
@@ -38,12 +38,18 @@ FUSED, M16 = {"CODESPEC_CUDA_FUSED": "1"}, {"CODESPEC_CUDA_FUSED": "1", "CODESPE
 PASS_BAR = 1.3  # issue 30: a 32-row verify pass at most this many steps; a winner must keep it
 
 
-def variant_env(own: dict[str, str]) -> dict[str, str]:
+def variant_env(own: dict[str, str], run: Mapping[str, str | None] | None = None) -> dict[str, str]:
     """A variant's whole settings: DEFAULTS with attention's schedule and PDL as the run
     settled them (the grid where the worklist failed the kernel stage's check, PDL off
     where the pdl stage found it changing a bit: gpu_check sets them for the whole run),
-    then the variant's own."""
-    settled = {name: os.environ.get(name) or DEFAULTS[name] for name in SETTLED}
+    then the variant's own. `run`: the run's settings as a stage found them (default: the
+    environment now). A stage that measures variants one after another passes what it
+    saved at its start: each variant's settings go into the environment, and until
+    session 33 the step stage read the next variant's from there (every variant after
+    `fused m16 pdl/prefetch fold, fold attention` ran with attention folded, and after
+    `grid attention`, the grid; `default (again)` too)."""
+    run = os.environ if run is None else run
+    settled = {name: run.get(name) or DEFAULTS[name] for name in SETTLED}
     return {**DEFAULTS, **settled, **own}
 
 
@@ -196,7 +202,7 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
             if _unchecked(own):
                 result["variants"][key] = {"skipped": "the pdl stage found its bits not those without it"}
                 continue
-            envs[key] = variant_env(own)
+            envs[key] = variant_env(own, saved)
             result["variants"][key] = _measure(loaded, envs[key], floor["floor_ms"], context)
         timed = {k: v["step_ms"] for k, v in result["variants"].items() if "step_ms" in v}
         base = min((v for k, v in timed.items() if k.startswith("default")), default=None)

@@ -287,7 +287,7 @@ def test_the_check_runs_its_stages_in_the_order_that_keeps_the_bar_s_evidence(mo
     monkeypatch.setattr(gpu_check, "load", lambda model_dir: loaded)
     monkeypatch.setattr(gpu_check, "kernel_checks", stub("kernel", {"attention_schedule": "worklist"}))
     for name in ("pdl_check", "row_checks", "cost_curve", "profile_step", "step_anatomy", "attention_probe",
-                 "l2_probe", "persist_probe"):
+                 "l2_probe", "persist_probe", "trace_probe"):
         monkeypatch.setattr(gpu_check, name, stub(name))
     monkeypatch.setattr(gpu_check, "step_probe", stub("step_probe", {
         "best": "fused m16", "best_over_default": 0.8, "best_env": winner, "best_rows": {"rows_differing": 0}}))
@@ -305,7 +305,7 @@ def test_the_check_runs_its_stages_in_the_order_that_keeps_the_bar_s_evidence(mo
                    "plain_probe", "plain_probe",  # plain, then plain_step with the winner
                    "edit fused m16", "verify fused m16", "stress fused m16",  # the winner's
                    "edit", "verify", "stress",  # the default backend's
-                   "persist_probe", "attention_probe", "l2_probe"]
+                   "persist_probe", "trace_probe", "attention_probe", "l2_probe"]
     written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     assert [name for name in written if name.endswith("_step")] == ["plain_step", "edit_step", "verify_step",
                                                                      "stress_step"]
@@ -347,3 +347,45 @@ def test_the_real_weights_need_their_pieces(tmp_path):
     gpu_check = pytest.importorskip("gpu_check")
     with pytest.raises(FileNotFoundError, match="gpu-weights.sh take"):
         gpu_check.real_model(tmp_path)
+
+
+def test_every_traced_variant_builds_a_traced_backend(monkeypatch):
+    """The trace stage's variants (scripts/gpu_trace.py) are fused layers the backend
+    takes with tracing on; the printed summary leaves their every launch out."""
+    gpu_trace = pytest.importorskip("gpu_trace")
+    gpu_check = pytest.importorskip("gpu_check")
+    model = tiny_model("qwen2", vocab_size=32, seed=3, dtype=torch.float32)
+    for label, own in gpu_trace.TRACED.items():
+        for name, value in gpu_step.variant_env(own).items():
+            monkeypatch.setenv(name, value)
+        forward = CudaForward(model, rows=16, trace=True)
+        assert forward.fused and forward.tracer is not None, label
+    stage = {"fused": {"step": {"kinds": {"qkv": {"share": 5.0}}, "launches": [{"label": "qkv.0"}]}}}
+    assert gpu_check.brief(stage) == {"fused": {"step": {"kinds": {"qkv": {"share": 5.0}}}}}
+
+
+
+def test_each_variant_starts_from_the_runs_settings_not_the_last_variants(monkeypatch):
+    """The step stage puts each variant's settings into the environment to build its
+    backend; the next variant still starts from the run's own (session 32's stage read
+    them back: `default (again)` ran with the grid attention of `grid attention`)."""
+    monkeypatch.delenv("CODESPEC_CUDA_ATTENTION", raising=False)
+    monkeypatch.delenv("CODESPEC_CUDA_PDL", raising=False)
+    measured: dict[str, dict[str, str]] = {}
+
+    def measure(loaded, env, floor_ms, context, tiles=None, reduction=None):
+        import os
+
+        os.environ.update(env)  # as _measure does
+        label = next((k for k in gpu_step.VARIANTS if k not in measured), f"after the variants {len(measured)}")
+        measured[label] = dict(env)
+        return {"step_ms": 1.0, "pass32_ms": 1.1, "pass32_over_step": 1.1}
+
+    monkeypatch.setattr(gpu_step, "step_floor", lambda loaded: {"floor_ms": 1.0})
+    monkeypatch.setattr(gpu_step, "_measure", measure)
+    monkeypatch.setattr(gpu_step, "row_checks", lambda loaded: {"rows_checked": 39, "rows_differing": 0})
+    monkeypatch.setattr(gpu_step, "profile_step", lambda loaded: {"profiled": True})
+    gpu_step.step_probe(tiny_run(rows=64), deadline_s=300, context=40)
+    assert measured["default (again)"] == measured["default"]
+    assert measured["fused m32 pdl/prefetch fold"]["CODESPEC_CUDA_ATTENTION"] == "worklist"
+    assert measured["fused"]["CODESPEC_CUDA_PDL"] == "auto"

@@ -68,6 +68,7 @@ from codespec.kernels.compact import keep_paths
 from codespec.kernels.rope_store import rope_store, rope_store_ref
 from codespec.kernels.row_attention import row_attention
 from codespec.kernels.row_linear import Config, Rope, embed_squares, rms_norm, row_linear
+from codespec.kernels.trace import TakeTrace, Tracer
 
 _log = logging.getLogger(__name__)
 # The fused layers' tiles: the fastest of each fused product (its norm, SiLU or residual
@@ -126,7 +127,8 @@ class CudaForward:
     min_rows = 1  # every pass runs the bucket: one row costs what the bucket costs
 
     def __init__(self, model: Any, *, rows: int | None = None, graphs: bool | None = None,
-                 tiles: dict[str, Config] | None = None, fused: bool | None = None, pdl: str | None = None) -> None:
+                 tiles: dict[str, Config] | None = None, fused: bool | None = None, pdl: str | None = None,
+                 trace: bool = False) -> None:
         why = unsupported(model)
         assert why is None, why  # select.py checks first
         settings = CudaSettings.from_env()  # CODESPEC_CUDA_* (forward/cuda_settings.py): bad values fail here
@@ -182,6 +184,11 @@ class CudaForward:
                                            device=self.device) if settings.reduce == "fold" else None)
         if self.fused:
             self.tiles = self._fused_tiles(self.tiles)
+        # `trace`: the fused layers' kernels write each program's time at each phase, for
+        # scripts/gpu_step.py's timeline of a step (kernels/trace.py); no setting: a probe's
+        if trace and not self.fused:
+            raise SettingError("tracing covers the fused layers' kernels alone: set CODESPEC_CUDA_FUSED=1")
+        self.tracer = Tracer(self.device) if trace else None
         self.eager_prefill = settings.prefill == "eager"
         self.prefill_exact = not self.eager_prefill  # a replayed prefill row is a decode step
         compile = self.graphs and not self.fused and settings.compile
@@ -363,12 +370,15 @@ class CudaForward:
         model = self.model.model
         cos, sin = rope
         pdl, live = self.pdl != "off", (context, path_len)  # the rows that hold a token
+        if self.tracer is not None:
+            self.tracer.begin()
 
         def attend(index: int, layer: Any, q: torch.Tensor) -> torch.Tensor:
             """Each row over its own keys (q rotated, the pass's K and V stored): [rows, hidden]."""
             return row_attention(q.view(rows, self.heads, -1), keys[index], values[index], slots=slots,
                                  context=context, path=path, path_len=path_len, scale=layer.self_attn.scaling,
-                                 schedule=self.attention, pdl=pdl, counts=self._attention_counts).view(rows, -1)
+                                 schedule=self.attention, pdl=pdl, counts=self._attention_counts,
+                                 trace=self._trace("attention", index)).view(rows, -1)
 
         def rope_of(index: int) -> Rope:
             """Rotary and the KV store of layer `index` (rope_store's arguments)."""
@@ -411,19 +421,25 @@ class CudaForward:
         rows = hidden.shape[0]
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
             q = row_linear(hidden, w.qkv, w.qkv_bias, norm=(w.input_norm, w.input_eps), squares=squares,
-                           rope=rope_of(index), config=tiles["qkv"], **linear)
+                           rope=rope_of(index), config=tiles["qkv"], trace=self._trace("qkv", index), **linear)
             squares = hidden.new_empty(rows, width // tiles["o"].block_n, dtype=torch.float32)
             hidden = row_linear(attend(index, layer, q), w.o, w.o_bias, residual=hidden, squares_out=squares,
-                                config=tiles["o"], **linear)
+                                config=tiles["o"], trace=self._trace("o", index), **linear)
             activated = row_linear(hidden, w.gate_up, norm=(w.post_norm, w.post_eps), squares=squares, pairs=True,
-                                   config=tiles["gate_up"], **linear)
+                                   config=tiles["gate_up"], trace=self._trace("gate_up", index), **linear)
             squares = hidden.new_empty(rows, width // tiles["down"].block_n, dtype=torch.float32)
-            hidden = row_linear(activated, w.down, residual=hidden, squares_out=squares, config=tiles["down"], **linear)
+            hidden = row_linear(activated, w.down, residual=hidden, squares_out=squares, config=tiles["down"],
+                                trace=self._trace("down", index), **linear)
         head = self.model.lm_head
         choices = torch.empty(rows, dtype=torch.int64, device=hidden.device)
         logits = row_linear(hidden, head.weight, head.bias, norm=(model.norm.weight, eps_of(model.norm)),
-                            squares=squares, choices=choices, config=tiles["lm_head"], **linear)
+                            squares=squares, choices=choices, config=tiles["lm_head"], trace=self._trace("lm_head"),
+                            **linear)
         return logits, choices
+
+    def _trace(self, kind: str, index: int | None = None) -> TakeTrace | None:
+        """Where a traced pass's launch of `kind` (in layer `index`) takes its region."""
+        return self.tracer.launches(kind, index) if self.tracer is not None else None
 
     def _fused_tiles(self, given: dict[str, Config]) -> dict[str, Config]:
         """Each product's tiles for the fused layers: `given`, else FUSED_TILES with

@@ -59,15 +59,19 @@ meta = [("slots_ptr", "*i64"), ("context_ptr", "*i64"), ("path_ptr", "*i64"), ("
 strides = [(name, "i32") for name in ("s_q_row", "s_q_head", "s_kv_slot", "s_kv_head", "s_kv_pos", "s_path",
                                        "s_part_row", "s_part_head", "s_part_block")]
 shapes = dict(GROUP=7, GROUP_PAD=16, DIM=64, KEY_BLOCK=128, PRECISION="tf32")
+trace = [("trace_ptr", "*i64"), ("clock_ptr", "*i64")]  # kernels/_triton_trace.py's marks (CLOCK 0: none)
 for pdl in (False, True):
     out["worklist" + " pdl" * pdl] = build(_triton_attention._row_attention_work_kernel,
-                                           dict(pointers + meta + [("rows", "i32")] + strides),
-                                           {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64, "PDL": pdl}, warps=WORK_WARPS)
-out["fold pdl"] = build(_triton_attention._row_attention_fold_kernel,
-                       dict(pointers[:4] + [("out_ptr", "*bf16"), ("count_ptr", "*i32")] + meta + [("rows", "i32")]
-                            + strides + [("s_out_row", "i32"), ("s_out_head", "i32")]),
-                       {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64, "HEADS_PAD": 16, "CHUNK": 8, "PDL": True},
-                       warps=WORK_WARPS)
+                                           dict(pointers + meta + [("rows", "i32")] + strides + trace),
+                                           {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64, "PDL": pdl, "CLOCK": 0},
+                                           warps=WORK_WARPS)
+for clock in (0, 1):  # untraced, and traced by %globaltimer
+    out["fold pdl" + " traced" * clock] = build(
+        _triton_attention._row_attention_fold_kernel,
+        dict(pointers[:4] + [("out_ptr", "*bf16"), ("count_ptr", "*i32")] + meta + [("rows", "i32")] + strides
+             + [("s_out_row", "i32"), ("s_out_head", "i32")] + trace),
+        {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64, "HEADS_PAD": 16, "CHUNK": 8, "PDL": True, "CLOCK": clock},
+        warps=WORK_WARPS)
 out["rope_store pdl"] = build(_triton._rope_store_kernel,
                               {**{name: "*bf16" for name in ("qkv_ptr", "cos_ptr", "sin_ptr")},
                                **{name: "*i64" for name in ("positions_ptr", "source_ptr", "write_slot_ptr",
@@ -85,7 +89,7 @@ linear = {**{name: "*bf16" for name in ("x_ptr", "w_ptr", "bias_ptr", "norm_ptr"
           "sq_in_ptr": "*fp32", "block_out_ptr": "*fp32", "index_out_ptr": "*i32", "cos_ptr": "*bf16",
           "sin_ptr": "*bf16",
           **{name: "*i64" for name in ("positions_ptr", "wslot_ptr", "wpos_ptr")}, "k_ptr": "*bf16", "v_ptr": "*bf16",
-          "k_size": "i32", "eps": "fp32",
+          **dict(trace), "k_size": "i32", "eps": "fp32",
           **{name: "i32" for name in ("s_x", "s_w", "s_residual", "s_out", "s_part_split", "s_part", "s_sq_in",
                                       "s_block_out", "s_rope", "s_kv_slot", "s_kv_head", "s_kv_pos")}}
 plain = {"SQUARES_IN": 0, "SQUARES_PAD": 1, "SQUARES_OUT": False, "CHOICES": False, "PAIRS": False, "ROPE": False,
@@ -96,7 +100,7 @@ for pdl in ("off", "launch", "prefetch"):
                                   "RESIDUAL": False, "LIVE": pdl != "off", "PDL": pdl != "off",
                                   "PREFETCH": pdl == "prefetch", "SECTOR": 16, "SECTORS": 64, "WARM_ROWS": 8, "FOLD": False,
                                   "BLOCK_M": 64,
-                                  "BLOCK_N": 128, "BLOCK_K": 128, "UPCAST": False}, warps=8)
+                                  "BLOCK_N": 128, "BLOCK_K": 128, "UPCAST": False, "CLOCK": 0}, warps=8)
 # the fused layers' products in 16-row programs (CODESPEC_CUDA_TILE_ROWS=16), warming: q/k/v
 # with its norm walked (the first layer) or from the sums of squares o and down leave
 # (`squares`: 896 / 16 of o's, 896 / 32 of down's), o and down leaving them, gate/up's
@@ -109,7 +113,7 @@ m16 = {"qkv walk": (64, 64, 2, dict(NORM=True, **rope)),
        "gate_up walk": (128, 128, 7, dict(NORM=True, PAIRS=True)),
        "down": (32, 64, 10, dict(RESIDUAL=True, SQUARES_OUT=True)),
        "lm_head": (128, 64, 14, dict(NORM=True, SQUARES_IN=28, SQUARES_PAD=32, CHOICES=True))}
-for name, (n_tile, k_tile, steps, fusion) in m16.items():
+for name, (n_tile, k_tile, steps, fusion) in [*m16.items(), ("down traced", m16["down"])]:
     sectors = triton.next_power_of_2(steps * k_tile // 16)
     out["linear m16 " + name] = build(_triton_linear._row_linear_kernel, linear,
                                       {"STEPS_PER_SPLIT": steps,
@@ -117,8 +121,9 @@ for name, (n_tile, k_tile, steps, fusion) in m16.items():
                                        "HAS_BIAS": name.startswith("qkv"), "NORM": False, "RESIDUAL": False,
                                        **plain, **fusion, "LIVE": True, "PDL": True, "PREFETCH": True, "SECTOR": 16,
                                        "SECTORS": sectors, "WARM_ROWS": min(n_tile, 512 // sectors),
-                                       "FOLD": name == "down", "BLOCK_M": 16, "BLOCK_N": n_tile, "BLOCK_K": k_tile,
-                                       "UPCAST": False}, fp_fusion="ROPE" not in fusion)
+                                       "FOLD": name.startswith("down"), "BLOCK_M": 16, "BLOCK_N": n_tile,
+                                       "BLOCK_K": k_tile, "UPCAST": False, "CLOCK": int(name.endswith("traced"))},
+                                      fp_fusion="ROPE" not in fusion)
 out["linear reduce pdl"] = build(_triton_linear._row_linear_reduce_kernel,
                                  {"part_ptr": "*fp32", "bias_ptr": "*bf16", "residual_ptr": "*bf16", "out_ptr": "*bf16",
                                   "block_out_ptr": "*fp32", "index_out_ptr": "*i32", "context_ptr": "*i64",
@@ -235,6 +240,19 @@ def test_fused_multiply_adds_are_pinned_and_rotary_rounds_each_product(compiled)
     assert "fma.rn" not in rope and "mul.bf16" not in rope
     assert "mul.rn.bf16" in rope and "add.rn.bf16" in rope
 
+
+
+def test_a_traced_kernel_reads_the_global_timer_at_each_phase_and_costs_few_registers(compiled):
+    """kernels/_triton_trace.py: a traced product marks start, waited, computed, reduced
+    and ended (one %globaltimer read each), still reads nothing before it waits, spills
+    nothing; untraced, no mark is left in the build."""
+    for traced, untraced, marks in (("linear m16 down traced", "linear m16 down", 5), ("fold pdl traced", "fold pdl", 3)):
+        ptx = compiled[traced]["ptx"]
+        assert ptx.count("%globaltimer") >= marks, traced
+        assert "%globaltimer" not in compiled[untraced]["ptx"]
+        assert first_load_after_the_wait(ptx), traced
+        assert compiled[traced]["stack"] == 0
+        assert compiled[traced]["registers"] <= compiled[untraced]["registers"] + 16
 
 
 def loops(ptx: str) -> int:

@@ -1,0 +1,57 @@
+"""Time marks inside the cuda backend's kernels: where a product's microseconds go
+(forward/cuda_trace.py reads them; scripts/gpu_step.py's `trace` stage).
+
+Why. Session 32's H100 run cut a step from 273 launches to 125 and saved ~20 us of
+1.2 ms: launches were not the cost, and no profiler says what is. Each program of a
+traced launch writes the time at a few points of its own work, PHASES of them, into its
+row of a region the tracer gave that launch: when it started, when the kernel before had
+ended (after `pdl_wait`), when its products were summed, when a split's sum was done,
+when it stored its last output. Every point is a store of one value by one program, not
+a synchronisation: a traced kernel computes what it computes untraced.
+
+Two clocks (`CLOCK`): on a GPU `%globaltimer`, nanoseconds common to every SM (32 ns
+steps on Hopper); under the interpreter, which cannot run inline PTX and runs programs
+one after another, a logical clock: one shared counter, incremented at each mark, so the
+tests see the marks' order. CLOCK=0 (untraced) compiles every mark away."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import triton
+import triton.language as tl
+
+from codespec.kernels.trace import PHASES, Trace
+
+# each mark's place in a program's row (kernels/trace.py's PHASES)
+START, WAITED, COMPUTED, REDUCED, ENDED = (tl.constexpr(PHASES.index(name)) for name in
+                                           ("start", "waited", "computed", "reduced", "ended"))
+_MARKS = tl.constexpr(len(PHASES))
+
+
+@triton.jit
+def _now(clock_ptr, CLOCK: tl.constexpr):
+    if CLOCK == 1:
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
+                                         pack=1)
+    else:
+        return tl.atomic_add(clock_ptr, 1) + 1
+
+
+@triton.jit
+def trace_mark(trace_ptr, clock_ptr, program, PHASE: tl.constexpr, CLOCK: tl.constexpr):
+    # This program's time at PHASE into its row of the launch's region (nothing untraced).
+    if CLOCK != 0:
+        tl.store(trace_ptr + program * _MARKS + PHASE, _now(clock_ptr, CLOCK))
+
+
+@triton.jit
+def program_index():
+    # The program's row in its launch's region: its grid coordinates, axis 0 fastest.
+    return tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
+
+
+def traced(trace: Trace | None, placeholder: Any) -> tuple[Any, Any]:
+    """A launch's trace and clock pointers: the region's and the clock's, or (untraced,
+    CLOCK=0 compiles the marks away) any tensor of the launch's."""
+    return (trace.region, trace.clock) if trace is not None else (placeholder, placeholder)

@@ -1,0 +1,86 @@
+"""The `trace` stage (session 33): where a step's time goes inside the fused layers, launch
+by launch and inside each launch's programs (kernels/trace.py).
+
+Why. Session 32's H100 run left the plain step at 1.19 ms against a 1.0 ms bar, and
+cutting launches (273 -> 125) did not move it; the products' per-launch times (qkv 6.7
+us for 2 MB, o 4.5 for 1.6, down 10.1 for 8.7) say each is a chain of latencies, not
+which. Here the fused backend's kernels write %globaltimer at each phase of each program
+(start, past `pdl_wait`, products summed, a split's sum folded, last store), and one
+replay of the step's CUDA graph gives, per launch: how long after the launch before it
+ended its first program started (negative: early, as programmatic dependent launch
+allows), its share of the step (its end minus the end before), and the phases of its
+program that ended last. `summary` gives each kind's median over the 24 layers.
+
+Each variant (TRACED) is built twice, traced and not, so the marks' own cost shows as
+the traced graph's device time against the untraced one's. The 32-row pass is traced too
+(the pass bar: where its extra time goes). Without a CUDA graph (the CPU tests, under
+the interpreter's logical clock) a replay is the same pass run again."""
+
+from __future__ import annotations
+
+import os
+import statistics
+from typing import Any
+
+import torch
+
+from gpu_measure import _engine, _time
+from gpu_step import DEFAULTS, M16, restore_environment, variant_env
+
+# The fastest step of session 32 (five launches a layer) and the same layers unfolded
+# (their splits summed by reduce launches, attention's by a combine launch).
+TRACED = {"fused m16 pdl/prefetch fold, fold attention": {**M16, "CODESPEC_CUDA_PDL": "prefetch",
+                                                          "CODESPEC_CUDA_REDUCE": "fold",
+                                                          "CODESPEC_CUDA_ATTENTION": "fold"},
+          "fused m16 pdl/prefetch": {**M16, "CODESPEC_CUDA_PDL": "prefetch"}}
+REPLAYS = 5  # traced replays of each pass; the median one (by its total) is reported
+
+
+def trace_probe(loaded: Any, context: int = 512) -> dict[str, Any]:
+    """Each TRACED variant's step and 32-row pass at `context` keys: the traced replays'
+    median timeline (kind by kind, and each launch), and the graph's device ms traced
+    and untraced."""
+    result: dict[str, Any] = {"context": context}
+    saved = {name: os.environ.get(name) for name in DEFAULTS}
+    try:
+        for name, own in TRACED.items():
+            os.environ.update(variant_env(own, saved))
+            result[name] = _traced(loaded, context)
+    finally:
+        restore_environment(saved)
+    return result
+
+
+def _traced(loaded: Any, context: int) -> dict[str, Any]:
+    from codespec.forward.cuda import CudaForward
+    from codespec.kernels.trace import summary
+    from codespec.policy.tree import VerifyTree
+
+    prompt = [(7 * i) % loaded.forward.config.vocab_size for i in range(context)]
+    step, pass32 = VerifyTree.chain(11), VerifyTree.chain(11, [13] * 31)
+    entry: dict[str, Any] = {}
+    for traced in (False, True):
+        forward = CudaForward(loaded.model, trace=traced)
+        cache = _engine(loaded, slots=1).cache  # held here: the bucket's graph lives with it
+        cache.acquire(prompt)
+        forward.prefill(cache, 0, prompt, 0)
+        for label, tree in (("step", step), ("pass32", pass32)):
+            forward.choices(cache, [(0, context, tree)])  # the graph's metadata: this pass's
+            bucket = forward._buckets[cache]
+            replay = bucket.graph.replay if bucket.graph is not None else lambda: forward._replay(cache, bucket)
+            device_ms = round(_time(lambda: [replay() for _ in range(20)], 10) / 20, 4)
+            part = entry.setdefault(label, {})
+            part["traced_device_ms" if traced else "device_ms"] = device_ms
+            if traced:
+                lines = []
+                for _ in range(REPLAYS):
+                    forward.tracer.clear()
+                    replay()
+                    torch.cuda.synchronize()
+                    lines.append(forward.tracer.timeline())
+                line = sorted(lines, key=lambda one: one["total"])[len(lines) // 2]
+                part.update(totals_us=[one["total"] for one in lines], median_total_us=statistics.median(
+                    one["total"] for one in lines), kinds=summary(line), launches=line["launches"])
+        forward = cache = None  # the graph and its cache go before the next build
+        torch.cuda.empty_cache()
+    return entry
