@@ -87,19 +87,22 @@ def _warm_weights(w_ptr, n_first, k_first, k_last, s_w, BLOCK_N: tl.constexpr, S
 @triton.jit
 def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, part_ptr, context_ptr, path_len_ptr,
                        count_ptr, sq_in_ptr, block_out_ptr, index_out_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr,
-                       wpos_ptr, k_ptr, v_ptr, trace_ptr, clock_ptr, k_size, eps, s_x, s_w, s_residual, s_out, s_part_split, s_part, s_sq_in,
-                       s_block_out, s_rope, s_kv_slot, s_kv_head, s_kv_pos, STEPS_PER_SPLIT: tl.constexpr,
-                       SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr, SQUARES_IN: tl.constexpr,
-                       SQUARES_PAD: tl.constexpr, SQUARES_OUT: tl.constexpr, CHOICES: tl.constexpr,
+                       wpos_ptr, k_ptr, v_ptr, trace_ptr, clock_ptr, k_size, eps, s_x, s_w, s_residual, s_out,
+                       s_part_split, s_part, s_sq_in, s_block_out, s_rope, s_kv_slot, s_kv_head, s_kv_pos,
+                       STEPS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       NORM: tl.constexpr, SQUARES_IN: tl.constexpr, SQUARES_PAD: tl.constexpr,
+                       SQUARES_OUT: tl.constexpr, CHOICES: tl.constexpr,
                        PAIRS: tl.constexpr, ROPE: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
                        DIM: tl.constexpr, RESIDUAL: tl.constexpr, LIVE: tl.constexpr, PDL: tl.constexpr,
                        PREFETCH: tl.constexpr, SECTOR: tl.constexpr, SECTORS: tl.constexpr, WARM_ROWS: tl.constexpr,
                        FOLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       UPCAST: tl.constexpr, CLOCK: tl.constexpr):
+                       UPCAST: tl.constexpr, CLOCK: tl.constexpr, EARLY: tl.constexpr):
     # One program per (BLOCK_N outputs, split of K, BLOCK_M rows): its K range is fixed by
     # the split's index alone, walked in BLOCK_K steps; an output row depends on its own
     # input row (a tensor-core product never mixes rows; the norm's sum is per row).
-    # CLOCK: its time at each phase into trace_ptr (kernels/_triton_trace.py).
+    # CLOCK: its time at each phase into trace_ptr (kernels/_triton_trace.py). EARLY: the
+    # rows that hold a token read before the wait (the pass's metadata: no kernel writes
+    # it), the residual right after it, not in the epilogue (two round trips off the chain).
     program = program_index()
     trace_mark(trace_ptr, clock_ptr, program, START, CLOCK)
     pdl_start(PDL)
@@ -112,10 +115,16 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
         # this program's weights into L2 while the kernel before runs (no pass writes them),
         # by the first block of rows (never padding) for the blocks below it too
         _warm_weights(w_ptr, tl.program_id(0) * BLOCK_N, first, last, s_w, BLOCK_N, SECTOR, SECTORS, WARM_ROWS)
+    if EARLY:
+        live = live_rows(context_ptr, path_len_ptr, m, LIVE)
     pdl_wait(PDL)
     trace_mark(trace_ptr, clock_ptr, program, WAITED, CLOCK)
-    live = live_rows(context_ptr, path_len_ptr, m, LIVE)
+    if not EARLY:
+        live = live_rows(context_ptr, path_len_ptr, m, LIVE)
     if tl.max(live.to(tl.int32), axis=0) > 0:  # a block of padding rows computes nothing
+        residual = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        if EARLY and RESIDUAL:  # in flight during the K loop (an earlier kernel wrote it)
+            residual = _residual(residual_ptr, m, n, s_residual)
         scale = tl.zeros([BLOCK_M], tl.float32)
         if NORM:
             scale = _norm_scale(x_ptr, sq_in_ptr, m, k_size, eps, s_x, s_sq_in, live, LIVE, SQUARES_IN, SQUARES_PAD,
@@ -134,7 +143,7 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
             _finish(acc, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, m, n_first, s_residual, s_out,
                     s_block_out, context_ptr, path_len_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr,
                     k_ptr, v_ptr, s_rope, s_kv_slot, s_kv_head, s_kv_pos, HAS_BIAS, RESIDUAL, PAIRS, SQUARES_OUT,
-                    CHOICES, ROPE, HEADS, KV_HEADS, DIM, BLOCK_M, BLOCK_N)
+                    CHOICES, ROPE, HEADS, KV_HEADS, DIM, BLOCK_M, BLOCK_N, residual, EARLY)
         else:
             tl.store(part_ptr + split * s_part_split + m[:, None] * s_part + n[None, :], acc)
             if FOLD:  # the program that stores a block's last split adds them all, as the reduce kernel does
@@ -146,7 +155,8 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
                     _finish(total, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, m, n_first,
                             s_residual, s_out, s_block_out, context_ptr, path_len_ptr, cos_ptr, sin_ptr, positions_ptr,
                             wslot_ptr, wpos_ptr, k_ptr, v_ptr, s_rope, s_kv_slot, s_kv_head, s_kv_pos, HAS_BIAS,
-                            RESIDUAL, PAIRS, SQUARES_OUT, CHOICES, ROPE, HEADS, KV_HEADS, DIM, BLOCK_M, BLOCK_N)
+                            RESIDUAL, PAIRS, SQUARES_OUT, CHOICES, ROPE, HEADS, KV_HEADS, DIM, BLOCK_M, BLOCK_N,
+                            residual, EARLY)
                     tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")  # zero for the next launch
     trace_mark(trace_ptr, clock_ptr, program, ENDED, CLOCK)
 
@@ -157,10 +167,11 @@ def _finish(acc, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, 
             s_rope, s_kv_slot, s_kv_head, s_kv_pos, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
             PAIRS: tl.constexpr, SQUARES_OUT: tl.constexpr, CHOICES: tl.constexpr, ROPE: tl.constexpr,
             HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-            BLOCK_N: tl.constexpr):
+            BLOCK_N: tl.constexpr, residual, RESIDUAL_READ: tl.constexpr):
     """Outputs n_first.. (BLOCK_N of them) of rows m: bias, then the product rounded to
     the model's dtype, then the residual added and rounded again (transformers' `hidden +
-    linear(x)`). One float per row for this block into block_out: with SQUARES_OUT the
+    linear(x)`; `residual` as the caller read it where RESIDUAL_READ, else read here).
+    One float per row for this block into block_out: with SQUARES_OUT the
     sum of squares of what is stored (the next product's norm); with CHOICES its maximum,
     and its first index into index_out (the rows' greedy choices, _choices_kernel). PAIRS:
     the columns are (gate, up) pairs, and what is stored is SiLU(gate) * up, BLOCK_N / 2
@@ -182,7 +193,8 @@ def _finish(acc, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, 
                        HEADS, KV_HEADS, DIM, BLOCK_M, BLOCK_N)
     else:
         if RESIDUAL:
-            residual = tl.load(residual_ptr + m[:, None] * s_residual + n[None, :]).to(tl.float32)
+            if not RESIDUAL_READ:
+                residual = _residual(residual_ptr, m, n, s_residual)
             acc = acc.to(dtype).to(tl.float32) + residual
         result = acc.to(dtype)
         tl.store(out_ptr + m[:, None] * s_out + n[None, :], result)
@@ -194,6 +206,12 @@ def _finish(acc, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, 
             ranked = _nan_largest(stored)
             tl.store(block_out_ptr + block, tl.max(ranked, axis=1))
             tl.store(index_out_ptr + block, n_first + tl.argmax(ranked, axis=1, tie_break_left=True))
+
+
+@triton.jit
+def _residual(residual_ptr, m, n, s_residual):
+    # The residual stream's rows m, columns n, in float32 (what o's and down's outputs add to).
+    return tl.load(residual_ptr + m[:, None] * s_residual + n[None, :]).to(tl.float32)
 
 
 @triton.jit
@@ -287,7 +305,7 @@ def _row_linear_reduce_kernel(part_ptr, bias_ptr, residual_ptr, out_ptr, block_o
         _finish(acc, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, m, n_first, s_residual, s_out,
                 s_block_out, context_ptr, path_len_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr, k_ptr,
                 v_ptr, s_rope, s_kv_slot, s_kv_head, s_kv_pos, HAS_BIAS, RESIDUAL, PAIRS, SQUARES_OUT, CHOICES, ROPE,
-                HEADS, KV_HEADS, DIM, 1, BLOCK)
+                HEADS, KV_HEADS, DIM, 1, BLOCK, acc, False)
 
 
 def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, norm: torch.Tensor | None,
@@ -295,7 +313,7 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                squares_out: torch.Tensor | None, choices: torch.Tensor | None, rope: Any, out: torch.Tensor,
                block_m: int, block_n: int, block_k: int, splits: int, num_warps: int, num_stages: int,
                live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False, prefetch: bool = False,
-               counts: torch.Tensor | None = None, trace: TakeTrace | None = None) -> None:
+               counts: torch.Tensor | None = None, trace: TakeTrace | None = None, early: bool = False) -> None:
     rows = x.shape[0]
     n_size, k_size = weight.shape
     steps = k_size // block_k
@@ -333,16 +351,16 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     region = trace("", grid[0] * grid[1] * grid[2]) if trace is not None else None
     _row_linear_kernel[grid](
         x, weight, pointers[0], norm if norm is not None else out, pointers[1], out, part, context, path_len,
-        counts if fold else context, sq_in, block_out, index_out, *rope_pointers, *traced(region, out), k_size, float(eps), x.stride(0),
-        weight.stride(0), s_residual, out.stride(0), part.stride(0) if splits > 1 else 0,
+        counts if fold else context, sq_in, block_out, index_out, *rope_pointers, *traced(region, out), k_size,
+        float(eps), x.stride(0), weight.stride(0), s_residual, out.stride(0), part.stride(0) if splits > 1 else 0,
         part.stride(1) if splits > 1 else 0, s_sq_in, block_out.stride(0), *rope_strides, STEPS_PER_SPLIT=per_split,
         SPLITS=splits, NORM=norm is not None, SQUARES_IN=squares.shape[1] if squares is not None else 0,
         SQUARES_PAD=triton.next_power_of_2(squares.shape[1]) if squares is not None else 1,
         PREFETCH=prefetch, SECTOR=sector, SECTORS=sectors,
         WARM_ROWS=min(block_n, max(1, WARM_LANES // sectors)), FOLD=fold, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=_INTERPRETED and x.dtype != torch.float32,
-        CLOCK=region.kind if region is not None else UNTRACED, num_warps=num_warps, num_stages=num_stages, **flags,
-        **launch)
+        CLOCK=region.kind if region is not None else UNTRACED, EARLY=early, num_warps=num_warps,
+        num_stages=num_stages, **flags, **launch)
     whole_blocks = squares_out is not None or choices is not None or rope is not None
     if splits > 1 and not fold:
         block = reduce_block(n_size, block_n, whole_blocks)

@@ -102,7 +102,7 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                rope: Rope | None = None, choices: torch.Tensor | None = None, config: Config = Config(),
                out: torch.Tensor | None = None,
                live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: str = "off",
-               counts: torch.Tensor | None = None, trace: TakeTrace | None = None,
+               counts: torch.Tensor | None = None, trace: TakeTrace | None = None, early: bool = False,
                force_triton: bool | None = None) -> torch.Tensor:
     """[rows, K] -> [rows, N] ([rows, N / 2] with `pairs`) in x's dtype (module
     docstring); `norm` is (RMSNorm weight [K], eps). `squares` (float32 [rows, B], B
@@ -125,7 +125,9 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     added up by the program that stores a block's last split, not by a second launch, in
     the same order (the same bits). `trace` (the Triton kernel): each program's time at
     each phase into the region it gives the launch (kernels/trace.py; the reference has
-    no programs to trace)."""
+    no programs to trace). `early` (CODESPEC_CUDA_EARLY): which rows hold a token read
+    before the wait for the kernel before (the pass's metadata, which no kernel writes),
+    the residual right after it rather than in the epilogue: the same values, read sooner."""
     n_size, k_size = weight.shape
     rows = x.shape[0]
     check(x.dim() == 2 and weight.dim() == 2 and x.shape[1] == k_size, "x must be [rows, K] for a weight [N, K]")
@@ -170,7 +172,7 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                                   0.0 if norm is None else norm[1], squares, pairs, residual, squares_out, choices,
                                   rope, out, config.block_m, config.block_n, config.block_k, config.splits,
                                   config.num_warps, config.num_stages, live, pdl != "off" and x.is_cuda,
-                                  pdl == "prefetch" and x.is_cuda, counts, trace)
+                                  pdl == "prefetch" and x.is_cuda, counts, trace, early)
     elif rope is not None:
         from codespec.kernels.rope_store import rope_store
 

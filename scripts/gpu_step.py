@@ -32,9 +32,12 @@ PRODUCTS = ("qkv", "o", "gate_up", "down")
 # block), their products warming their own weights. Session 29 removed the variants that
 # lost on the H100: L2 warming on a side stream, the real rows' argmax, `single` attention.
 DEFAULTS = {"CODESPEC_CUDA_ATTENTION": "worklist", "CODESPEC_CUDA_FUSED": "0", "CODESPEC_CUDA_PDL": "auto",
-            "CODESPEC_CUDA_TILE_ROWS": "64", "CODESPEC_CUDA_REDUCE": "launch",
+            "CODESPEC_CUDA_TILE_ROWS": "64", "CODESPEC_CUDA_REDUCE": "launch", "CODESPEC_CUDA_EARLY": "0",
             "TORCH_BLAS_PREFER_CUBLASLT": "0"}  # torch reads it at start-up: a later stage's process
 FUSED, M16 = {"CODESPEC_CUDA_FUSED": "1"}, {"CODESPEC_CUDA_FUSED": "1", "CODESPEC_CUDA_TILE_ROWS": "16"}
+# session 32's fastest step: five launches a layer (both folds), 16-row programs, PDL warming
+FIVE_LAUNCHES = {**M16, "CODESPEC_CUDA_PDL": "prefetch", "CODESPEC_CUDA_REDUCE": "fold",
+                 "CODESPEC_CUDA_ATTENTION": "fold"}
 PASS_BAR = 1.3  # issue 30: a 32-row verify pass at most this many steps; a winner must keep it
 
 
@@ -60,8 +63,9 @@ VARIANTS: dict[str, dict[str, str]] = {
     "fused m16 pdl/prefetch": {**M16, "CODESPEC_CUDA_PDL": "prefetch"},
     "fused m16 pdl/prefetch fold": {**M16, "CODESPEC_CUDA_PDL": "prefetch", "CODESPEC_CUDA_REDUCE": "fold"},
     # five launches a layer (session 30): the fused layers folded, attention's combine folded
-    "fused m16 pdl/prefetch fold, fold attention": {**M16, "CODESPEC_CUDA_PDL": "prefetch",
-                                                    "CODESPEC_CUDA_REDUCE": "fold", "CODESPEC_CUDA_ATTENTION": "fold"},
+    "fused m16 pdl/prefetch fold, fold attention": FIVE_LAUNCHES,
+    # ... reading the pass's metadata before PDL's wait, the residual before the K loop (session 33)
+    "fused m16 pdl/prefetch fold, fold attention, early": {**FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY": "1"},
     # 32-row programs: a 32-row pass is one block of rows (16-row programs read every
     # weight twice for it: session 29's 16-row fused pass cost 1.56 steps)
     "fused m32 pdl/prefetch fold": {**FUSED, "CODESPEC_CUDA_TILE_ROWS": "32", "CODESPEC_CUDA_PDL": "prefetch",
@@ -76,6 +80,7 @@ VARIANTS: dict[str, dict[str, str]] = {
 SETTLED = ("CODESPEC_CUDA_ATTENTION", "CODESPEC_CUDA_PDL")  # what a failed check turns off for the whole run
 NO_PDL = "CODESPEC_GPU_CHECK_NO_PDL"  # set by pdl_check where PDL changed a bit: no stage takes it
 NO_FOLD = "CODESPEC_GPU_CHECK_NO_FOLD"  # ... where a folded split did
+NO_EARLY = "CODESPEC_GPU_CHECK_NO_EARLY"  # ... where reading the metadata early did
 # A fold's logits against the reduce kernel's, relative: its own summation order moves a
 # few bf16 roundings (~1e-3); a split lost to a race moves a product by ~1/SPLITS.
 FOLD_TOLERANCE = 0.05
@@ -262,8 +267,10 @@ def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any
     64-node tree pass's logits, with them (`repeat` times) against without, bit for bit,
     for the default layers (PDL) and the fused ones of 16-row programs (PDL warming the
     weights); folded, the same bits each time and within FOLD_TOLERANCE of the reduce
-    kernel's (its own summation order). Where PDL's differ or fail, NO_PDL is set; where
-    the fold's do, NO_FOLD: the step stage skips those variants and no later stage takes them (the fused
+    kernel's (its own summation order); the five-launch layers reading the pass's metadata
+    early (CODESPEC_CUDA_EARLY) against the same read late, bit for bit. Where PDL's differ
+    or fail, NO_PDL is set; where the fold's do, NO_FOLD; where early's, NO_EARLY: the step
+    stage skips those variants and no later stage takes them (the fused
     64-row variant, unchecked here, is checked as any winner: its rows against its decode
     steps, then edit, verify and stress)."""
     from codespec.forward.cuda import CudaForward
@@ -282,8 +289,10 @@ def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any
         return [forward.logits(cache, [(0, context, tree)]) for _ in range(times)]
 
     off, pdl, fold = {"CODESPEC_CUDA_PDL": "off"}, {"CODESPEC_CUDA_PDL": "prefetch"}, {"CODESPEC_CUDA_REDUCE": "fold"}
+    early = {"CODESPEC_CUDA_EARLY": "1", "CODESPEC_CUDA_ATTENTION": "fold"}
     checks = {"default": (off, {"pdl": {"CODESPEC_CUDA_PDL": "launch"}}),
-              "fused m16": ({**M16, **off}, {"pdl": pdl, "pdl fold": {**pdl, **fold}})}
+              "fused m16": ({**M16, **off}, {"pdl": pdl, "pdl fold": {**pdl, **fold},
+                                             "pdl fold early": {**pdl, **fold, **early}})}
     saved = {name: os.environ.get(name) for name in DEFAULTS}
     result: dict[str, Any] = {}
     try:
@@ -292,6 +301,10 @@ def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any
             for name, extra in candidates.items():
                 runs = passes(variant_env({**own, **extra}), repeat)
                 same = all(torch.equal(logits, reference) for logits in runs)
+                if name.endswith("early"):  # the same loads sooner: the same layers' bits read late
+                    late = passes(variant_env({**own, **extra, "CODESPEC_CUDA_EARLY": "0"}), 1)[0]
+                    result[f"{label} {name}"] = all(torch.equal(logits, late) for logits in runs)
+                    continue
                 if "fold" not in name:
                     result[f"{label} {name}"] = same
                     continue
@@ -311,7 +324,9 @@ def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any
         torch.cuda.empty_cache()
     result["pdl_exact"] = all(result.get(name) is True for name in ("default pdl", "fused m16 pdl"))
     result["fold_exact"] = result.get("fused m16 pdl fold") is True
-    for flag, exact in ((NO_PDL, result["pdl_exact"]), (NO_FOLD, result["fold_exact"])):
+    result["early_exact"] = result.get("fused m16 pdl fold early") is True
+    for flag, exact in ((NO_PDL, result["pdl_exact"]), (NO_FOLD, result["fold_exact"]),
+                        (NO_EARLY, result["early_exact"])):
         if not exact:
             os.environ[flag] = "1"
     if not result["pdl_exact"]:
@@ -322,7 +337,8 @@ def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any
 def _unchecked(env: dict[str, str]) -> bool:
     """Whether `env` takes PDL or the fold where the pdl stage found them changing a bit."""
     return (env.get("CODESPEC_CUDA_PDL", "off") not in ("off", "auto") and bool(os.environ.get(NO_PDL))) or \
-        (env.get("CODESPEC_CUDA_REDUCE", "launch") == "fold" and bool(os.environ.get(NO_FOLD)))
+        (env.get("CODESPEC_CUDA_REDUCE", "launch") == "fold" and bool(os.environ.get(NO_FOLD))) or \
+        (env.get("CODESPEC_CUDA_EARLY", "0") == "1" and bool(os.environ.get(NO_EARLY)))
 
 
 @contextlib.contextmanager

@@ -149,6 +149,7 @@ class CudaForward:
         self.chains_steps = settings.chain  # the verifier asks for it where every next pass is a plain step
         self.chained_taken = self.chained_dropped = 0  # queued steps the engine asked for, and the others
         self.attention = settings.attention  # attention's launch schedule (kernels/row_attention.py)
+        self.early = settings.early  # metadata read before PDL's wait (CODESPEC_CUDA_EARLY)
         # the fold schedule's counts, one per (row, KV head), left zero by every launch: one
         # buffer serves every layer (a layer's attention ends before the next one's starts)
         self._attention_counts = (torch.zeros(self.rows * self.kv_heads, dtype=torch.int32, device=self.device)
@@ -197,7 +198,7 @@ class CudaForward:
         # What a pass runs, for the machine profile's key: a cost curve measured with one
         # layout must not price another's passes (profile_key).
         self._kernels = {"rows": self.rows, "graphs": self.graphs, "fused": self.fused, "compile": compile,
-                         "attention": self.attention, "pdl": self.pdl, "reduce": settings.reduce,
+                         "attention": self.attention, "pdl": self.pdl, "reduce": settings.reduce, "early": self.early,
                          "tiles": ";".join(f"{name}:{tile}" for name, tile in sorted(self.tiles.items()))}
 
     # -- the Forward protocol --------------------------------------------------------------
@@ -378,7 +379,7 @@ class CudaForward:
             return row_attention(q.view(rows, self.heads, -1), keys[index], values[index], slots=slots,
                                  context=context, path=path, path_len=path_len, scale=layer.self_attn.scaling,
                                  schedule=self.attention, pdl=pdl, counts=self._attention_counts,
-                                 trace=self._trace("attention", index)).view(rows, -1)
+                                 trace=self._trace("attention", index), early=self.early).view(rows, -1)
 
         def rope_of(index: int) -> Rope:
             """Rotary and the KV store of layer `index` (rope_store's arguments)."""
@@ -415,7 +416,7 @@ class CudaForward:
         compute the rows in `live` alone (a padding row's hidden state is never read: its
         K and V come from its source row, its attention is zeros, its logits go unread)."""
         model, tiles = self.model.model, self.tiles
-        linear = dict(live=live, pdl=self.pdl, counts=self._linear_counts)
+        linear = dict(live=live, pdl=self.pdl, counts=self._linear_counts, early=self.early)
         width = model.config.hidden_size
         hidden, squares = embed_squares(ids, model.embed_tokens.weight, width // tiles["down"].block_n, pdl=self.pdl)
         rows = hidden.shape[0]

@@ -68,6 +68,10 @@ class CudaSettings(BaseSettings):
     tile_rows: Literal[64, 32, 16] = Field(
         64, description="Rows a program of the fused products computes (a step computes one such block, a "
         "pass several).")
+    early: bool = Field(False, description="Attention and the fused products read the pass's metadata (which "
+                        "rows hold a token, their keys) before they wait for the kernel before, and o and down the "
+                        "residual right after it: the same values sooner, a round trip or two off each launch's "
+                        "chain (session 33; not yet timed on a GPU).")
     reduce: Literal["launch", "fold"] = Field(
         "launch", description="A split product's sum (row_linear's products): a second launch, or its last "
         "program.")

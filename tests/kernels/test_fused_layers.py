@@ -67,3 +67,26 @@ def test_fused_layers_through_the_kernels_are_the_references_layers(monkeypatch)
     forward = CudaForward(model, rows=16, fused=True)
     got = forward.logits(prefilled(forward, prompt), [(0, len(prompt), tree)])
     assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("attention", ["worklist", "fold"])
+def test_reading_the_metadata_early_changes_no_bit(monkeypatch, attention):
+    """CODESPEC_CUDA_EARLY moves reads before PDL's wait and the residual's before the K
+    loop: the same values read sooner, so the same logits, bit for bit (the products,
+    their folded splits and attention through the Triton kernels)."""
+    from codespec.kernels import row_attention
+
+    for module in (row_linear_module, row_attention):
+        monkeypatch.setattr(module, "use_triton", lambda tensor, force: True)
+    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", attention)
+    monkeypatch.setenv("CODESPEC_CUDA_REDUCE", "fold")
+    model = tiny_model("qwen2", vocab_size=32, seed=11, dtype=torch.float32)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    tree = VerifyTree(tokens=(5, 6, 7), parents=(-1, 0, 0), depths=(0, 1, 1), draft_nodes=(0, 1))
+    logits = {}
+    for early in ("0", "1"):
+        monkeypatch.setenv("CODESPEC_CUDA_EARLY", early)
+        forward = CudaForward(model, rows=16, fused=True)
+        assert forward.early is (early == "1")
+        logits[early] = forward.logits(prefilled(forward, prompt), [(0, len(prompt), tree)])
+    assert torch.equal(logits["0"], logits["1"])
