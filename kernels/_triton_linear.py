@@ -96,69 +96,161 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
                        DIM: tl.constexpr, RESIDUAL: tl.constexpr, LIVE: tl.constexpr, PDL: tl.constexpr,
                        PREFETCH: tl.constexpr, SECTOR: tl.constexpr, SECTORS: tl.constexpr, WARM_ROWS: tl.constexpr,
                        FOLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       UPCAST: tl.constexpr, CLOCK: tl.constexpr, EARLY: tl.constexpr):
-    # One program per (BLOCK_N outputs, split of K, BLOCK_M rows): its K range is fixed by
-    # the split's index alone, walked in BLOCK_K steps; an output row depends on its own
-    # input row (a tensor-core product never mixes rows; the norm's sum is per row).
-    # CLOCK: its time at each phase into trace_ptr (kernels/_triton_trace.py). EARLY: the
-    # rows that hold a token read before the wait (the pass's metadata: no kernel writes
-    # it), the residual right after it, not in the epilogue (two round trips off the chain).
+                       UPCAST: tl.constexpr, CLOCK: tl.constexpr, EARLY: tl.constexpr, ROW_GROUP: tl.constexpr):
+    # One program per (BLOCK_N outputs, split of K, ROW_GROUP blocks of BLOCK_M rows): its
+    # K range is fixed by the split's index alone, walked in BLOCK_K steps; an output row
+    # depends on its own input row (a tensor-core product never mixes rows; the norm's sum
+    # is per row). Each weight tile serves every block of the group that holds a token,
+    # each block its own [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] dot, as a group of one
+    # computes it. CLOCK: its time at each phase into trace_ptr (kernels/_triton_trace.py).
+    # EARLY: the rows that hold a token read before the wait (the pass's metadata: no
+    # kernel writes it), a group of one's residual right after it, not in the epilogue.
     program = program_index()
     trace_mark(trace_ptr, clock_ptr, program, START, CLOCK)
     pdl_start(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(1)
-    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    m = tl.program_id(2) * (ROW_GROUP * BLOCK_M) + tl.arange(0, BLOCK_M)  # the group's first block
     first = split * STEPS_PER_SPLIT * BLOCK_K
     last = tl.minimum(first + STEPS_PER_SPLIT * BLOCK_K, k_size)
     if PREFETCH and tl.program_id(2) == 0:
         # this program's weights into L2 while the kernel before runs (no pass writes them),
-        # by the first block of rows (never padding) for the blocks below it too
+        # by the first group of rows (never padding) for the groups below it too
         _warm_weights(w_ptr, tl.program_id(0) * BLOCK_N, first, last, s_w, BLOCK_N, SECTOR, SECTORS, WARM_ROWS)
     if EARLY:
-        live = live_rows(context_ptr, path_len_ptr, m, LIVE)
+        live0, live1, live2, live3, used = _group_rows(context_ptr, path_len_ptr, m, LIVE, ROW_GROUP, BLOCK_M)
     pdl_wait(PDL)
     trace_mark(trace_ptr, clock_ptr, program, WAITED, CLOCK)
     if not EARLY:
-        live = live_rows(context_ptr, path_len_ptr, m, LIVE)
-    if tl.max(live.to(tl.int32), axis=0) > 0:  # a block of padding rows computes nothing
+        live0, live1, live2, live3, used = _group_rows(context_ptr, path_len_ptr, m, LIVE, ROW_GROUP, BLOCK_M)
+    if used > 0:  # a group of padding rows computes nothing
         residual = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        if EARLY and RESIDUAL:  # in flight during the K loop (an earlier kernel wrote it)
+        if EARLY and RESIDUAL and ROW_GROUP == 1:  # in flight during the K loop (an earlier kernel wrote it)
             residual = _residual(residual_ptr, m, n, s_residual)
-        scale = tl.zeros([BLOCK_M], tl.float32)
-        if NORM:
-            scale = _norm_scale(x_ptr, sq_in_ptr, m, k_size, eps, s_x, s_sq_in, live, LIVE, SQUARES_IN, SQUARES_PAD,
-                                BLOCK_K)
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for begin in range(first, last, BLOCK_K):
-            k = begin + tl.arange(0, BLOCK_K)
-            a = _operand(x_ptr, norm_ptr, m, k, s_x, scale, live, NORM, LIVE)
-            w = tl.load(w_ptr + n[:, None] * s_w + k[None, :])
-            if UPCAST:  # the interpreter's bf16 tl.dot returns garbage (triton 3.9): the tests' path
-                a, w = a.to(tl.float32), w.to(tl.float32)
-            acc += tl.dot(a, tl.trans(w))
+        # the blocks up to the last that holds a token (a pass's rows come first, padding
+        # after them): a step's one row computes one block, as a group of one does
+        if ROW_GROUP == 1:
+            acc0, acc1, acc2, acc3 = _products(x_ptr, w_ptr, norm_ptr, sq_in_ptr, live0, live1, live2, live3, m, n,
+                                               first, last, k_size, eps, s_x, s_w, s_sq_in, NORM, LIVE, SQUARES_IN,
+                                               SQUARES_PAD, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, 1)
+        else:
+            if used == 1:
+                acc0, acc1, acc2, acc3 = _products(x_ptr, w_ptr, norm_ptr, sq_in_ptr, live0, live1, live2, live3, m, n,
+                                                   first, last, k_size, eps, s_x, s_w, s_sq_in, NORM, LIVE,
+                                                   SQUARES_IN, SQUARES_PAD, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, 1)
+            elif used == 2:
+                acc0, acc1, acc2, acc3 = _products(x_ptr, w_ptr, norm_ptr, sq_in_ptr, live0, live1, live2, live3, m, n,
+                                                   first, last, k_size, eps, s_x, s_w, s_sq_in, NORM, LIVE,
+                                                   SQUARES_IN, SQUARES_PAD, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, 2)
+            else:
+                acc0, acc1, acc2, acc3 = _products(x_ptr, w_ptr, norm_ptr, sq_in_ptr, live0, live1, live2, live3, m, n,
+                                                   first, last, k_size, eps, s_x, s_w, s_sq_in, NORM, LIVE,
+                                                   SQUARES_IN, SQUARES_PAD, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+                                                   ROW_GROUP)
         trace_mark(trace_ptr, clock_ptr, program, COMPUTED, CLOCK)
         n_first = tl.program_id(0) * BLOCK_N
-        if SPLITS == 1:
-            _finish(acc, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, m, n_first, s_residual, s_out,
-                    s_block_out, context_ptr, path_len_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr,
-                    k_ptr, v_ptr, s_rope, s_kv_slot, s_kv_head, s_kv_pos, HAS_BIAS, RESIDUAL, PAIRS, SQUARES_OUT,
-                    CHOICES, ROPE, HEADS, KV_HEADS, DIM, BLOCK_M, BLOCK_N, residual, EARLY)
-        else:
-            tl.store(part_ptr + split * s_part_split + m[:, None] * s_part + n[None, :], acc)
-            if FOLD:  # the program that stores a block's last split adds them all, as the reduce kernel does
-                tl.debug_barrier()  # every thread's partial stored before the count says so
-                count = count_ptr + tl.program_id(0) * tl.num_programs(2) + tl.program_id(2)
-                if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-                    total = _split_sum(part_ptr, m, n, s_part_split, s_part, SPLITS, ".cg")  # the reduce kernel's
-                    trace_mark(trace_ptr, clock_ptr, program, REDUCED, CLOCK)
-                    _finish(total, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, m, n_first,
+        for r in tl.static_range(ROW_GROUP):
+            if r < used:  # this block holds a token
+                if r == 0:
+                    acc = acc0
+                elif r == 1:
+                    acc = acc1
+                elif r == 2:
+                    acc = acc2
+                else:
+                    acc = acc3
+                rows = m + r * BLOCK_M
+                if SPLITS == 1:
+                    _finish(acc, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, rows, n_first,
                             s_residual, s_out, s_block_out, context_ptr, path_len_ptr, cos_ptr, sin_ptr, positions_ptr,
                             wslot_ptr, wpos_ptr, k_ptr, v_ptr, s_rope, s_kv_slot, s_kv_head, s_kv_pos, HAS_BIAS,
                             RESIDUAL, PAIRS, SQUARES_OUT, CHOICES, ROPE, HEADS, KV_HEADS, DIM, BLOCK_M, BLOCK_N,
-                            residual, EARLY)
-                    tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")  # zero for the next launch
+                            residual, EARLY and ROW_GROUP == 1)
+                else:
+                    tl.store(part_ptr + split * s_part_split + rows[:, None] * s_part + n[None, :], acc)
+        if SPLITS > 1 and FOLD:  # the program that stores a group's last split adds them all, as the reduce kernel does
+            tl.debug_barrier()  # every thread's partial stored before the count says so
+            count = count_ptr + tl.program_id(0) * tl.num_programs(2) + tl.program_id(2)
+            if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+                for r in tl.static_range(ROW_GROUP):
+                    if r < used:
+                        rows = m + r * BLOCK_M
+                        # the reduce kernel's sum
+                        total = _split_sum(part_ptr, rows, n, s_part_split, s_part, SPLITS, ".cg")
+                        trace_mark(trace_ptr, clock_ptr, program, REDUCED, CLOCK)
+                        _finish(total, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, rows, n_first,
+                                s_residual, s_out, s_block_out, context_ptr, path_len_ptr, cos_ptr, sin_ptr,
+                                positions_ptr, wslot_ptr, wpos_ptr, k_ptr, v_ptr, s_rope, s_kv_slot, s_kv_head,
+                                s_kv_pos, HAS_BIAS, RESIDUAL, PAIRS, SQUARES_OUT, CHOICES, ROPE, HEADS, KV_HEADS, DIM,
+                                BLOCK_M, BLOCK_N, residual, EARLY and ROW_GROUP == 1)
+                tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")  # zero for the next launch
     trace_mark(trace_ptr, clock_ptr, program, ENDED, CLOCK)
+
+
+@triton.jit
+def _group_rows(context_ptr, path_len_ptr, m, LIVE: tl.constexpr, ROW_GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
+    # Which rows hold a token in each of the group's blocks (from rows m; past ROW_GROUP,
+    # the first block's again), and how many blocks to compute: up to the last that holds
+    # a token (0: none does).
+    live0 = live_rows(context_ptr, path_len_ptr, m, LIVE)
+    live1, live2, live3 = live0, live0, live0
+    if ROW_GROUP > 1:
+        live1 = live_rows(context_ptr, path_len_ptr, m + BLOCK_M, LIVE)
+    if ROW_GROUP > 2:
+        live2 = live_rows(context_ptr, path_len_ptr, m + 2 * BLOCK_M, LIVE)
+        live3 = live_rows(context_ptr, path_len_ptr, m + 3 * BLOCK_M, LIVE)
+    used = tl.where(tl.max(live0.to(tl.int32), axis=0) > 0, 1, 0)
+    if ROW_GROUP > 1:
+        used = tl.where(tl.max(live1.to(tl.int32), axis=0) > 0, 2, used)
+    if ROW_GROUP > 2:
+        used = tl.where(tl.max(live2.to(tl.int32), axis=0) > 0, 3, used)
+        used = tl.where(tl.max(live3.to(tl.int32), axis=0) > 0, 4, used)
+    return live0, live1, live2, live3, used
+
+
+@triton.jit
+def _products(x_ptr, w_ptr, norm_ptr, sq_in_ptr, live0, live1, live2, live3, m, n, first, last, k_size, eps, s_x,
+              s_w, s_sq_in, NORM: tl.constexpr, LIVE: tl.constexpr, SQUARES_IN: tl.constexpr,
+              SQUARES_PAD: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, BLOCKS: tl.constexpr):
+    # The float32 products of the first BLOCKS blocks of BLOCK_M rows from rows m (the rest
+    # zeros; live0.. their rows that hold a token) over K's range first..last, each weight
+    # tile loaded once for all of them.
+    m1, m2, m3 = m + BLOCK_M, m + 2 * BLOCK_M, m + 3 * BLOCK_M
+    scale0 = tl.zeros([BLOCK_M], tl.float32)
+    scale1, scale2, scale3 = scale0, scale0, scale0
+    if NORM:
+        scale0 = _norm_scale(x_ptr, sq_in_ptr, m, k_size, eps, s_x, s_sq_in, live0, LIVE, SQUARES_IN, SQUARES_PAD,
+                             BLOCK_K)
+        if BLOCKS > 1:
+            scale1 = _norm_scale(x_ptr, sq_in_ptr, m1, k_size, eps, s_x, s_sq_in, live1, LIVE, SQUARES_IN,
+                                 SQUARES_PAD, BLOCK_K)
+        if BLOCKS > 2:
+            scale2 = _norm_scale(x_ptr, sq_in_ptr, m2, k_size, eps, s_x, s_sq_in, live2, LIVE, SQUARES_IN,
+                                 SQUARES_PAD, BLOCK_K)
+            scale3 = _norm_scale(x_ptr, sq_in_ptr, m3, k_size, eps, s_x, s_sq_in, live3, LIVE, SQUARES_IN,
+                                 SQUARES_PAD, BLOCK_K)
+    acc0 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc1, acc2, acc3 = acc0, acc0, acc0
+    for begin in range(first, last, BLOCK_K):
+        k = begin + tl.arange(0, BLOCK_K)
+        a = _operand(x_ptr, norm_ptr, m, k, s_x, scale0, live0, NORM, LIVE)
+        w = tl.load(w_ptr + n[:, None] * s_w + k[None, :])
+        acc0 += _dot(a, w, UPCAST)
+        if BLOCKS > 1:
+            acc1 += _dot(_operand(x_ptr, norm_ptr, m1, k, s_x, scale1, live1, NORM, LIVE), w, UPCAST)
+        if BLOCKS > 2:
+            acc2 += _dot(_operand(x_ptr, norm_ptr, m2, k, s_x, scale2, live2, NORM, LIVE), w, UPCAST)
+            acc3 += _dot(_operand(x_ptr, norm_ptr, m3, k, s_x, scale3, live3, NORM, LIVE), w, UPCAST)
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
+def _dot(a, w, UPCAST: tl.constexpr):
+    # A block's operand [BLOCK_M, BLOCK_K] times the weight tile w [BLOCK_N, BLOCK_K]
+    if UPCAST:  # the interpreter's bf16 tl.dot returns garbage (triton 3.9): the tests' path
+        return tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)))
+    return tl.dot(a, tl.trans(w))
 
 
 @triton.jit
@@ -313,7 +405,8 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                squares_out: torch.Tensor | None, choices: torch.Tensor | None, rope: Any, out: torch.Tensor,
                block_m: int, block_n: int, block_k: int, splits: int, num_warps: int, num_stages: int,
                live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False, prefetch: bool = False,
-               counts: torch.Tensor | None = None, trace: TakeTrace | None = None, early: bool = False) -> None:
+               counts: torch.Tensor | None = None, trace: TakeTrace | None = None, early: bool = False,
+               row_group: int = 1) -> None:
     rows = x.shape[0]
     n_size, k_size = weight.shape
     steps = k_size // block_k
@@ -347,7 +440,7 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     fold = counts is not None and splits > 1
     # rotary rounds each product and the sum as transformers does: no fused multiply-adds
     launch = launch_options(pdl, fp_fusion=rope is None)
-    grid = (blocks, splits, rows // block_m)
+    grid = (blocks, splits, rows // (block_m * row_group))
     region = trace("", grid[0] * grid[1] * grid[2]) if trace is not None else None
     _row_linear_kernel[grid](
         x, weight, pointers[0], norm if norm is not None else out, pointers[1], out, part, context, path_len,
@@ -359,7 +452,7 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         PREFETCH=prefetch, SECTOR=sector, SECTORS=sectors,
         WARM_ROWS=min(block_n, max(1, WARM_LANES // sectors)), FOLD=fold, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=_INTERPRETED and x.dtype != torch.float32,
-        CLOCK=region.kind if region is not None else UNTRACED, EARLY=early, num_warps=num_warps,
+        CLOCK=region.kind if region is not None else UNTRACED, EARLY=early, ROW_GROUP=row_group, num_warps=num_warps,
         num_stages=num_stages, **flags, **launch)
     whole_blocks = squares_out is not None or choices is not None or rope is not None
     if splits > 1 and not fold:

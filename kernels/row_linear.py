@@ -78,9 +78,14 @@ class Config:
     splits: int = 1  # K cut into this many fixed ranges, summed in order by a second kernel
     num_warps: int = 4
     num_stages: int = 4
+    # blocks of block_m rows a program computes with each weight tile it loads (1, 2 or 4;
+    # each block its own dot, so a row's bits are a group of one's): a pass of several
+    # blocks reads the weights once, not once a block (CODESPEC_CUDA_ROW_GROUP)
+    row_group: int = 1
 
     def fits(self, rows: int, n_size: int, k_size: int) -> bool:
-        return rows % self.block_m == 0 and n_size % self.block_n == 0 and k_size % self.block_k == 0
+        return (rows % (self.block_m * self.row_group) == 0 and n_size % self.block_n == 0
+                and k_size % self.block_k == 0)
 
     def fitted(self, rows: int, n_size: int, k_size: int) -> Config | None:
         """This config with each block halved (down to 16) until it tiles the shape; None
@@ -93,7 +98,10 @@ class Config:
             if size % block:
                 return None
             changes[name] = block
-        return replace(self, **changes)
+        group = self.row_group
+        while group > 1 and rows % (changes["block_m"] * group):
+            group //= 2
+        return replace(self, **changes, row_group=group)
 
 
 def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -142,6 +150,7 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
           "residual must be [rows, N]")
     check(not pairs or (n_size % 2 == 0 and residual is None and squares_out is None),
           "pairs (gate, up) take no residual and write no squares")
+    check(config.row_group in (1, 2, 4), f"{config}: a row group of 1, 2 or 4 blocks")
     check(config.fits(rows, n_size, k_size),
           f"{config} does not tile rows {rows}, N {n_size}, K {k_size}")
     if rope is not None:
@@ -172,7 +181,7 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                                   0.0 if norm is None else norm[1], squares, pairs, residual, squares_out, choices,
                                   rope, out, config.block_m, config.block_n, config.block_k, config.splits,
                                   config.num_warps, config.num_stages, live, pdl != "off" and x.is_cuda,
-                                  pdl == "prefetch" and x.is_cuda, counts, trace, early)
+                                  pdl == "prefetch" and x.is_cuda, counts, trace, early, config.row_group)
     elif rope is not None:
         from codespec.kernels.rope_store import rope_store
 

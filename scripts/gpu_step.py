@@ -33,6 +33,7 @@ PRODUCTS = ("qkv", "o", "gate_up", "down")
 # lost on the H100: L2 warming on a side stream, the real rows' argmax, `single` attention.
 DEFAULTS = {"CODESPEC_CUDA_ATTENTION": "worklist", "CODESPEC_CUDA_FUSED": "0", "CODESPEC_CUDA_PDL": "auto",
             "CODESPEC_CUDA_TILE_ROWS": "64", "CODESPEC_CUDA_REDUCE": "launch", "CODESPEC_CUDA_EARLY": "0",
+            "CODESPEC_CUDA_ROW_GROUP": "1",
             "TORCH_BLAS_PREFER_CUBLASLT": "0"}  # torch reads it at start-up: a later stage's process
 FUSED, M16 = {"CODESPEC_CUDA_FUSED": "1"}, {"CODESPEC_CUDA_FUSED": "1", "CODESPEC_CUDA_TILE_ROWS": "16"}
 # session 32's fastest step: five launches a layer (both folds), 16-row programs, PDL warming
@@ -64,8 +65,12 @@ VARIANTS: dict[str, dict[str, str]] = {
     "fused m16 pdl/prefetch fold": {**M16, "CODESPEC_CUDA_PDL": "prefetch", "CODESPEC_CUDA_REDUCE": "fold"},
     # five launches a layer (session 30): the fused layers folded, attention's combine folded
     "fused m16 pdl/prefetch fold, fold attention": FIVE_LAUNCHES,
-    # ... reading the pass's metadata before PDL's wait, the residual before the K loop (session 33)
+    # ... reading the pass's metadata before PDL's wait, the residual before the K loop;
+    # computing a bucket's four blocks of rows in one program a weight tile (session 33)
     "fused m16 pdl/prefetch fold, fold attention, early": {**FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY": "1"},
+    "fused m16 pdl/prefetch fold, fold attention, row group": {**FIVE_LAUNCHES, "CODESPEC_CUDA_ROW_GROUP": "4"},
+    "fused m16 pdl/prefetch fold, fold attention, early, row group": {**FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY": "1",
+                                                                      "CODESPEC_CUDA_ROW_GROUP": "4"},
     # 32-row programs: a 32-row pass is one block of rows (16-row programs read every
     # weight twice for it: session 29's 16-row fused pass cost 1.56 steps)
     "fused m32 pdl/prefetch fold": {**FUSED, "CODESPEC_CUDA_TILE_ROWS": "32", "CODESPEC_CUDA_PDL": "prefetch",
@@ -80,7 +85,11 @@ VARIANTS: dict[str, dict[str, str]] = {
 SETTLED = ("CODESPEC_CUDA_ATTENTION", "CODESPEC_CUDA_PDL")  # what a failed check turns off for the whole run
 NO_PDL = "CODESPEC_GPU_CHECK_NO_PDL"  # set by pdl_check where PDL changed a bit: no stage takes it
 NO_FOLD = "CODESPEC_GPU_CHECK_NO_FOLD"  # ... where a folded split did
-NO_EARLY = "CODESPEC_GPU_CHECK_NO_EARLY"  # ... where reading the metadata early did
+# Settings that move reads or share a weight tile among blocks of rows, never a row's
+# arithmetic (session 33): the pdl stage asks the five-launch layers for the same bits with
+# each as without; where one differs, its flag is set and no stage takes it.
+SAME_BITS = {"early": ({"CODESPEC_CUDA_EARLY": "1"}, "CODESPEC_GPU_CHECK_NO_EARLY"),
+             "row group": ({"CODESPEC_CUDA_ROW_GROUP": "4"}, "CODESPEC_GPU_CHECK_NO_GROUP")}
 # A fold's logits against the reduce kernel's, relative: its own summation order moves a
 # few bf16 roundings (~1e-3); a split lost to a race moves a product by ~1/SPLITS.
 FOLD_TOLERANCE = 0.05
@@ -267,10 +276,11 @@ def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any
     64-node tree pass's logits, with them (`repeat` times) against without, bit for bit,
     for the default layers (PDL) and the fused ones of 16-row programs (PDL warming the
     weights); folded, the same bits each time and within FOLD_TOLERANCE of the reduce
-    kernel's (its own summation order); the five-launch layers reading the pass's metadata
-    early (CODESPEC_CUDA_EARLY) against the same read late, bit for bit. Where PDL's differ
-    or fail, NO_PDL is set; where the fold's do, NO_FOLD; where early's, NO_EARLY: the step
-    stage skips those variants and no later stage takes them (the fused
+    kernel's (its own summation order). Then what moves reads or shares tiles, never
+    arithmetic (SAME_BITS): the five-launch layers with each against without, bit for bit.
+    Where PDL's differ or fail, NO_PDL is set; where the fold's do, NO_FOLD; where one of
+    SAME_BITS' does, its flag: the step stage skips those variants and no later stage
+    takes them (the fused
     64-row variant, unchecked here, is checked as any winner: its rows against its decode
     steps, then edit, verify and stress)."""
     from codespec.forward.cuda import CudaForward
@@ -289,10 +299,8 @@ def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any
         return [forward.logits(cache, [(0, context, tree)]) for _ in range(times)]
 
     off, pdl, fold = {"CODESPEC_CUDA_PDL": "off"}, {"CODESPEC_CUDA_PDL": "prefetch"}, {"CODESPEC_CUDA_REDUCE": "fold"}
-    early = {"CODESPEC_CUDA_EARLY": "1", "CODESPEC_CUDA_ATTENTION": "fold"}
     checks = {"default": (off, {"pdl": {"CODESPEC_CUDA_PDL": "launch"}}),
-              "fused m16": ({**M16, **off}, {"pdl": pdl, "pdl fold": {**pdl, **fold},
-                                             "pdl fold early": {**pdl, **fold, **early}})}
+              "fused m16": ({**M16, **off}, {"pdl": pdl, "pdl fold": {**pdl, **fold}})}
     saved = {name: os.environ.get(name) for name in DEFAULTS}
     result: dict[str, Any] = {}
     try:
@@ -301,10 +309,6 @@ def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any
             for name, extra in candidates.items():
                 runs = passes(variant_env({**own, **extra}), repeat)
                 same = all(torch.equal(logits, reference) for logits in runs)
-                if name.endswith("early"):  # the same loads sooner: the same layers' bits read late
-                    late = passes(variant_env({**own, **extra, "CODESPEC_CUDA_EARLY": "0"}), 1)[0]
-                    result[f"{label} {name}"] = all(torch.equal(logits, late) for logits in runs)
-                    continue
                 if "fold" not in name:
                     result[f"{label} {name}"] = same
                     continue
@@ -317,6 +321,10 @@ def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any
                 result[f"{label} {name}"] = steady and relative < FOLD_TOLERANCE
                 result[f"{label} {name} detail"] = {"same_bits_as_launch": same, "steady": steady,
                                                     "relative_error": relative}
+        reference = passes(variant_env(FIVE_LAUNCHES), 1)[0]
+        for name, (extra, _) in SAME_BITS.items():
+            runs = passes(variant_env({**FIVE_LAUNCHES, **extra}), repeat)
+            result[f"five-launch {name}"] = all(torch.equal(logits, reference) for logits in runs)
     except Exception as error:  # a launch the device or this triton refuses: both off for the run
         result["error"] = f"{type(error).__name__}: {str(error)[:300]}"
     finally:
@@ -324,9 +332,9 @@ def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any
         torch.cuda.empty_cache()
     result["pdl_exact"] = all(result.get(name) is True for name in ("default pdl", "fused m16 pdl"))
     result["fold_exact"] = result.get("fused m16 pdl fold") is True
-    result["early_exact"] = result.get("fused m16 pdl fold early") is True
+    result["same_bits"] = {name: result.get(f"five-launch {name}") is True for name in SAME_BITS}
     for flag, exact in ((NO_PDL, result["pdl_exact"]), (NO_FOLD, result["fold_exact"]),
-                        (NO_EARLY, result["early_exact"])):
+                        *((flag, result["same_bits"][name]) for name, (_, flag) in SAME_BITS.items())):
         if not exact:
             os.environ[flag] = "1"
     if not result["pdl_exact"]:
@@ -338,7 +346,8 @@ def _unchecked(env: dict[str, str]) -> bool:
     """Whether `env` takes PDL or the fold where the pdl stage found them changing a bit."""
     return (env.get("CODESPEC_CUDA_PDL", "off") not in ("off", "auto") and bool(os.environ.get(NO_PDL))) or \
         (env.get("CODESPEC_CUDA_REDUCE", "launch") == "fold" and bool(os.environ.get(NO_FOLD))) or \
-        (env.get("CODESPEC_CUDA_EARLY", "0") == "1" and bool(os.environ.get(NO_EARLY)))
+        any(env.get(name, DEFAULTS[name]) != DEFAULTS[name] and bool(os.environ.get(flag))
+            for extra, flag in SAME_BITS.values() for name in extra)
 
 
 @contextlib.contextmanager

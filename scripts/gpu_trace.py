@@ -25,14 +25,15 @@ from typing import Any
 import torch
 
 from gpu_measure import _engine, _time
-from gpu_step import DEFAULTS, FIVE_LAUNCHES, M16, restore_environment, variant_env
+from gpu_step import DEFAULTS, FIVE_LAUNCHES, restore_environment, variant_env
 
 # The fastest step of session 32 (five launches a layer), the same reading the pass's
-# metadata early (CODESPEC_CUDA_EARLY, session 33), and the layers unfolded (their splits
-# summed by reduce launches, attention's by a combine launch).
+# metadata early (CODESPEC_CUDA_EARLY), and with a bucket's four blocks of rows in one
+# program a weight tile as well (CODESPEC_CUDA_ROW_GROUP=4: its 32-row pass), session 33's.
 TRACED = {"fused m16 pdl/prefetch fold, fold attention": FIVE_LAUNCHES,
           "fused m16 pdl/prefetch fold, fold attention, early": {**FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY": "1"},
-          "fused m16 pdl/prefetch": {**M16, "CODESPEC_CUDA_PDL": "prefetch"}}
+          "fused m16 pdl/prefetch fold, fold attention, early, row group": {
+              **FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY": "1", "CODESPEC_CUDA_ROW_GROUP": "4"}}
 REPLAYS = 5  # traced replays of each pass; the median one (by its total) is reported
 
 

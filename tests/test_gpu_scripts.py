@@ -48,7 +48,8 @@ def test_a_winner_reruns_the_later_stages_only_where_its_rows_and_pdl_held(monke
                         "best_rows": {"rows_differing": 0}}}
     monkeypatch.delenv(gpu_step.NO_PDL, raising=False)
     monkeypatch.delenv(gpu_step.NO_FOLD, raising=False)
-    monkeypatch.delenv(gpu_step.NO_EARLY, raising=False)
+    for _, flag in gpu_step.SAME_BITS.values():
+        monkeypatch.delenv(flag, raising=False)
     assert gpu_step.winner_env(results) == env
     monkeypatch.setenv(gpu_step.NO_FOLD, "1")
     assert gpu_step.winner_env(results) == env  # it does not fold
@@ -58,11 +59,14 @@ def test_a_winner_reruns_the_later_stages_only_where_its_rows_and_pdl_held(monke
     results["step"]["best_env"] = {**env, "CODESPEC_CUDA_REDUCE": "fold"}
     assert gpu_step.winner_env(results) is None  # ... by the fold
     monkeypatch.delenv(gpu_step.NO_FOLD)
-    monkeypatch.setenv(gpu_step.NO_EARLY, "1")
-    assert gpu_step.winner_env(results) == results["step"]["best_env"]  # it reads nothing early
-    results["step"]["best_env"] = {**env, "CODESPEC_CUDA_EARLY": "1"}
-    assert gpu_step.winner_env(results) is None  # ... by reading the metadata early
-    monkeypatch.delenv(gpu_step.NO_EARLY)
+    for extra, flag in gpu_step.SAME_BITS.values():
+        monkeypatch.setenv(flag, "1")
+        results["step"]["best_env"] = env
+        assert gpu_step.winner_env(results) == env  # it does not use the setting
+        results["step"]["best_env"] = {**env, **extra}
+        assert gpu_step.winner_env(results) is None  # ... by the setting the pdl stage found changing a bit
+        monkeypatch.delenv(flag)
+    results["step"]["best_env"] = env
     results["step"]["best_over_default"] = 0.99
     assert gpu_step.winner_env(results) is None  # not 3% faster
 
@@ -75,7 +79,8 @@ def test_the_pdl_stage_runs_and_leaves_the_settings_as_it_found_them(monkeypatch
     result = gpu_step.pdl_check(loaded, context=40, repeat=2)
     detail = result.pop("fused m16 pdl fold detail")
     assert result == {"default pdl": True, "fused m16 pdl": True, "fused m16 pdl fold": True,
-                      "fused m16 pdl fold early": True, "pdl_exact": True, "fold_exact": True, "early_exact": True}
+                      "five-launch early": True, "five-launch row group": True, "pdl_exact": True,
+                      "fold_exact": True, "same_bits": {"early": True, "row group": True}}
     assert detail == {"same_bits_as_launch": True, "steady": True, "relative_error": 0.0}
     import os
 
@@ -87,7 +92,8 @@ def test_where_pdl_changes_a_bit_the_rest_of_the_run_goes_without_it(monkeypatch
     CODESPEC_CUDA_PDL=off for the rest of the run (the variants, the fresh processes of
     the exactness stages) and the run's backend is built again without it."""
     gpu_check = pytest.importorskip("gpu_check")
-    for name in ("CODESPEC_CUDA_PDL", gpu_step.NO_PDL, gpu_step.NO_FOLD, gpu_step.NO_EARLY):
+    for name in ("CODESPEC_CUDA_PDL", gpu_step.NO_PDL, gpu_step.NO_FOLD,
+                 *(flag for _, flag in gpu_step.SAME_BITS.values())):
         monkeypatch.setenv(name, "")  # recorded: the stage's own settings are undone after the test
         monkeypatch.delenv(name)
     loaded = tiny_run(rows=16, vocab_size=16)

@@ -35,7 +35,8 @@ With `fused` (CODESPEC_CUDA_FUSED=1) the products carry the work around them
 product before left; rotary and the K/V store in q/k/v's epilogue; SiLU in gate/up's; the
 residual add after o and down; the greedy choices in lm_head's) and nothing is compiled:
 six launches a layer with CODESPEC_CUDA_REDUCE=fold (eight with q/k/v's and down's
-reduce launches), in programs of CODESPEC_CUDA_TILE_ROWS rows. On Hopper our kernels
+reduce launches), in programs of CODESPEC_CUDA_TILE_ROWS rows (CODESPEC_CUDA_ROW_GROUP of
+such blocks a program, each weight tile loaded once for them). On Hopper our kernels
 launch as programmatic dependents (CODESPEC_CUDA_PDL, kernels/_triton_pdl.py): each
 starts while the one before ends (a step 1-5% faster on the H100, session 29's two runs).
 
@@ -178,6 +179,7 @@ class CudaForward:
         # gate/up's rows interleaved for the fused layers' SiLU epilogue (row_linear `pairs`)
         self._layers = [LayerWeights.of(layer, pairs=self.fused) for layer in model.model.layers]
         self.tile_rows = settings.tile_rows  # rows a program of the fused products computes
+        self.row_group = settings.row_group  # ... in how many blocks, each weight tile loaded once for them
         # CODESPEC_CUDA_REDUCE=fold: a split product summed by its last program, counting
         # in here (a block of 16 outputs and 16 rows at the least; every launch leaves it zero)
         widest = max(model.get_output_embeddings().weight.shape[0], 2 * model.config.intermediate_size)
@@ -452,7 +454,7 @@ class CudaForward:
                   "lm_head": head.shape}
         tiles = {}
         for name, (n_size, k_size) in shapes.items():
-            tile = given.get(name) or replace(FUSED_TILES[name], block_m=self.tile_rows)
+            tile = given.get(name) or replace(FUSED_TILES[name], block_m=self.tile_rows, row_group=self.row_group)
             if name == "qkv":
                 tile = whole_heads(tile, self.head_dim, self.kv_heads)
             fitted = tile.fitted(self.rows, n_size, k_size)

@@ -72,11 +72,15 @@ class CudaSettings(BaseSettings):
                         "rows hold a token, their keys) before they wait for the kernel before, and o and down the "
                         "residual right after it: the same values sooner, a round trip or two off each launch's "
                         "chain (session 33; not yet timed on a GPU).")
+    row_group: Literal[1, 2, 4] = Field(
+        1, description="Blocks of tile_rows rows a fused program computes with each weight tile it loads (only "
+        "those up to the last that holds a token; each block its own product, so the bits are a group of one's): a "
+        "32-row pass in 16-row programs reads the weights once, not twice (session 33; not yet timed on a GPU).")
     reduce: Literal["launch", "fold"] = Field(
         "launch", description="A split product's sum (row_linear's products): a second launch, or its last "
         "program.")
 
-    @field_validator("tile_rows", mode="before")
+    @field_validator("tile_rows", "row_group", mode="before")
     @classmethod
     def _whole_number(cls, value: Any) -> Any:
         return int(value) if isinstance(value, str) and value.isdigit() else value  # the environment's text

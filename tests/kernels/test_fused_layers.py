@@ -90,3 +90,23 @@ def test_reading_the_metadata_early_changes_no_bit(monkeypatch, attention):
         assert forward.early is (early == "1")
         logits[early] = forward.logits(prefilled(forward, prompt), [(0, len(prompt), tree)])
     assert torch.equal(logits["0"], logits["1"])
+
+
+def test_a_row_group_keeps_every_row_its_decode_steps_and_a_group_of_ones_bits(triton_products, monkeypatch):
+    """CODESPEC_CUDA_ROW_GROUP=4: the fused products compute a 64-row bucket's four blocks
+    of 16 rows in one program each, each weight tile loaded once: a tree row still equals
+    its decode step, and a pass's logits are those of one block a program, bit for bit."""
+    monkeypatch.setenv("CODESPEC_CUDA_TILE_ROWS", "16")
+    monkeypatch.setenv("CODESPEC_CUDA_REDUCE", "fold")
+    model = tiny_model("qwen2", vocab_size=32, seed=7, dtype=torch.float32)
+    prompt = list(range(1, 20))
+    tree = VerifyTree(tokens=tuple(range(3, 23)), parents=(-1, *range(19)), depths=tuple(range(20)),
+                      draft_nodes=tuple(range(19)))  # 20 rows: two blocks of 16
+    logits = {}
+    for group in ("1", "4"):
+        monkeypatch.setenv("CODESPEC_CUDA_ROW_GROUP", group)
+        forward = CudaForward(model, rows=64, fused=True)
+        assert {tile.row_group for tile in forward.tiles.values()} == {int(group)}
+        logits[group] = forward.logits(prefilled(forward, prompt), [(0, len(prompt), tree)])
+    assert torch.equal(logits["1"], logits["4"])
+    assert_tree_rows_are_steps(forward, prefilled(forward, prompt), len(prompt))

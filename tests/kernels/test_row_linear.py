@@ -260,12 +260,15 @@ def empty_cache(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("block_n,splits,fold", [(16, 1, False), (32, 1, False), (16, 2, False), (32, 4, True)])
-def test_rope_in_the_epilogue_has_rope_stores_bits(dtype, block_n, splits, fold):
+@pytest.mark.parametrize("block_n,splits,fold,group", [(16, 1, False, 1), (32, 1, False, 1), (16, 2, False, 1),
+                                                       (32, 4, True, 1), (32, 4, True, 2)])
+def test_rope_in_the_epilogue_has_rope_stores_bits(dtype, block_n, splits, fold, group):
     """q/k/v's epilogue rotates q and k and stores K and V as the product then rope_store
-    do (kernels/rope_store.py), bit for bit, split or not; padding rows store nothing."""
+    do (kernels/rope_store.py), bit for bit, split or not, in a row group of blocks of 8
+    or not (blocks of 8 rows there: the interpreter's dot takes them); padding rows store
+    nothing."""
     x, weight, bias, rope, live, config = rope_case(dtype, block_n)
-    config = Config(block_m=16, block_n=block_n, block_k=16, splits=splits)
+    config = Config(block_m=16 // group, block_n=block_n, block_k=16, splits=splits, row_group=group)
     counts = torch.zeros(64, dtype=torch.int32) if fold else None
     fused_cache, apart_cache = empty_cache(dtype), empty_cache(dtype)
     q = row_linear(x, weight, bias, rope=rope(*fused_cache), config=config, live=live, counts=counts,
@@ -303,7 +306,8 @@ def test_rope_in_the_epilogue_needs_whole_heads_and_live_rows():
         row_linear(x, weight, bias, rope=rope(*cache), config=config)
 
 
-@pytest.mark.parametrize("split", [dict(), dict(splits=2), dict(splits=4, fold=True)])
+@pytest.mark.parametrize("split", [dict(), dict(splits=2), dict(splits=4, fold=True),
+                                   dict(splits=4, fold=True, group=2)])
 @pytest.mark.parametrize("tied", [(5, 40), (20, 21)])
 def test_choices_are_the_first_maximum_of_the_stored_rows(split, tied):
     """lm_head's greedy choices from its epilogue: each row's first maximum of the stored
@@ -313,7 +317,7 @@ def test_choices_are_the_first_maximum_of_the_stored_rows(split, tied):
     x = (torch.rand(32, 64) + 0.1).to(torch.bfloat16)  # positive rows
     weight = (torch.randn(64, 64) / 8).to(torch.bfloat16)
     weight[list(tied)] = 1.0  # two equal outputs, the largest of every row
-    config = Config(block_m=16, block_n=16, block_k=16, splits=split.get("splits", 1))
+    config = Config(block_m=16, block_n=16, block_k=16, splits=split.get("splits", 1), row_group=split.get("group", 1))
     counts = torch.zeros(64, dtype=torch.int32) if split.get("fold") else None
     for force in (True, False):
         choices = torch.full((32,), -1, dtype=torch.int64)
@@ -373,3 +377,37 @@ def test_the_embeddings_come_with_their_sums_of_squares():
     assert torch.equal(reference[0], hidden) and torch.allclose(reference[1], squares, rtol=1e-5)
     with pytest.raises(ValueError, match="power of two"):
         embed_squares(ids, table, 4)  # parts of 24
+
+
+@pytest.mark.parametrize("fused", FUSED + [dict()])
+@pytest.mark.parametrize("splits,fold", [(1, False), (2, False), (4, True)])
+def test_a_row_group_computes_each_block_as_a_group_of_one(fused, splits, fold):
+    """Config.row_group: a program computes two blocks of 16 rows with each weight tile it
+    loads, each block its own dot; every row that holds a token gets the bits one block a
+    program gives it (all rows, a step's one row, a pass's first 20), and its sums of
+    squares too; the split's sum folded or launched."""
+    from dataclasses import replace
+
+    x, weight, kwargs = fused_inputs(torch.bfloat16, **fused)
+    one = Config(block_m=16, block_n=16, block_k=16, splits=splits)
+    for holding in (None, [0], list(range(20))):
+        live = None if holding is None else live_rows(32, holding)
+        results = []
+        for config in (one, replace(one, row_group=2)):
+            counts = torch.zeros(64, dtype=torch.int32) if fold else None
+            results.append(product(x, weight, kwargs, config=config, live=live, counts=counts))
+            assert counts is None or not counts.any()
+        (expected, expected_squares), (got, squares) = results
+        rows = slice(None) if holding is None else holding
+        assert torch.equal(got[rows], expected[rows]), holding
+        if squares is not None:
+            assert torch.equal(squares[rows], expected_squares[rows]), holding
+
+
+def test_a_row_group_must_be_one_two_or_four_blocks_and_tile_the_rows():
+    x, weight = torch.randn(32, 32), torch.randn(16, 32)
+    with pytest.raises(ValueError, match="row group of 1, 2 or 4"):
+        row_linear(x, weight, config=Config(block_m=16, block_n=16, block_k=16, row_group=3))
+    with pytest.raises(ValueError, match="does not tile rows 32"):
+        row_linear(x, weight, config=Config(block_m=16, block_n=16, block_k=16, row_group=4))
+    assert Config(block_m=16, row_group=4).fitted(32, 16, 32).row_group == 2  # halved to fit the bucket

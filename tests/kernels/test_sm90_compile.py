@@ -102,7 +102,8 @@ for pdl in ("off", "launch", "prefetch"):
                                   "RESIDUAL": False, "LIVE": pdl != "off", "PDL": pdl != "off",
                                   "PREFETCH": pdl == "prefetch", "SECTOR": 16, "SECTORS": 64, "WARM_ROWS": 8, "FOLD": False,
                                   "BLOCK_M": 64,
-                                  "BLOCK_N": 128, "BLOCK_K": 128, "UPCAST": False, "CLOCK": 0, "EARLY": False},
+                                  "BLOCK_N": 128, "BLOCK_K": 128, "UPCAST": False, "CLOCK": 0, "EARLY": False,
+                                  "ROW_GROUP": 1},
                                  warps=8)
 # the fused layers' products in 16-row programs (CODESPEC_CUDA_TILE_ROWS=16), warming: q/k/v
 # with its norm walked (the first layer) or from the sums of squares o and down leave
@@ -116,7 +117,10 @@ m16 = {"qkv walk": (64, 64, 2, dict(NORM=True, **rope)),
        "gate_up walk": (128, 128, 7, dict(NORM=True, PAIRS=True)),
        "down": (32, 64, 10, dict(RESIDUAL=True, SQUARES_OUT=True)),
        "lm_head": (128, 64, 14, dict(NORM=True, SQUARES_IN=28, SQUARES_PAD=32, CHOICES=True))}
-for name, (n_tile, k_tile, steps, fusion) in [*m16.items(), ("down traced", m16["down"]), ("down early", m16["down"])]:
+# ... and traced, reading the metadata early, in groups of four blocks of rows
+variants = [("down traced", m16["down"]), ("down early", m16["down"]), ("down group", m16["down"]),
+            ("gate_up group", m16["gate_up"]), ("qkv group", m16["qkv"])]
+for name, (n_tile, k_tile, steps, fusion) in [*m16.items(), *variants]:
     sectors = triton.next_power_of_2(steps * k_tile // 16)
     out["linear m16 " + name] = build(_triton_linear._row_linear_kernel, linear,
                                       {"STEPS_PER_SPLIT": steps,
@@ -126,8 +130,10 @@ for name, (n_tile, k_tile, steps, fusion) in [*m16.items(), ("down traced", m16[
                                        "SECTORS": sectors, "WARM_ROWS": min(n_tile, 512 // sectors),
                                        "FOLD": name.startswith("down"), "BLOCK_M": 16, "BLOCK_N": n_tile,
                                        "BLOCK_K": k_tile, "UPCAST": False, "CLOCK": int(name.endswith("traced")),
-                                       "EARLY": name.endswith("early")},
-                                      fp_fusion="ROPE" not in fusion)
+                                       "EARLY": name.endswith("early"),
+                                       "ROW_GROUP": 4 if name.endswith("group") else 1},
+                                      fp_fusion="ROPE" not in fusion,
+                                      warps=8 if name == "gate_up group" else 4)  # as FUSED_TILES launch it
 out["linear reduce pdl"] = build(_triton_linear._row_linear_reduce_kernel,
                                  {"part_ptr": "*fp32", "bias_ptr": "*bf16", "residual_ptr": "*bf16", "out_ptr": "*bf16",
                                   "block_out_ptr": "*fp32", "index_out_ptr": "*i32", "context_ptr": "*i64",
@@ -273,6 +279,18 @@ def test_early_kernels_read_the_pass_metadata_alone_before_they_wait(compiled, k
     loads = re.findall(r"ld\.global(\S*)", ptx[:wait])
     assert loads and all(kind.endswith(".b64") for kind in loads), loads  # 8-byte integers: the metadata
     assert compiled[kernel]["stack"] == 0
+
+
+def test_a_row_group_spills_nothing_and_keeps_one_blocks_loop_for_a_step(compiled):
+    """CODESPEC_CUDA_ROW_GROUP=4 (gate/up at its 8 warps): four accumulators of a 16-row
+    block, and the build spills nothing. It holds three K loops, of one, two and four
+    blocks' products a weight tile (seven times a group of one's tensor-core products): a
+    step runs the first, a group of one's loop."""
+    for name in ("down", "gate_up", "qkv"):
+        group = compiled[f"linear m16 {name} group"]
+        assert group["stack"] == 0, name
+        if name != "gate_up":  # built at 4 warps alone
+            assert group["ptx"].count("mma.sync") == 7 * compiled[f"linear m16 {name}"]["ptx"].count("mma.sync")
 
 
 def loops(ptx: str) -> int:

@@ -87,9 +87,9 @@ def test_the_trace_stage_reads_a_timeline_of_every_launch(monkeypatch):
     monkeypatch.setattr(gpu_trace, "_time", lambda run, repeat: 1.0)  # device timings: the GPU's alone
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(gpu_trace, "REPLAYS", 1)
-    monkeypatch.setenv("CODESPEC_CUDA_ROWS", "16")
+    monkeypatch.setenv("CODESPEC_CUDA_ROWS", "32")
     model = tiny_model("qwen2", vocab_size=16, seed=3, dtype=torch.float32)
-    loaded = types.SimpleNamespace(model=model, forward=CudaForward(model, rows=16), tokenizer=None)
+    loaded = types.SimpleNamespace(model=model, forward=CudaForward(model, rows=32), tokenizer=None)
     result = gpu_trace.trace_probe(loaded, context=10)
     for label in gpu_trace.TRACED:
         for part in ("step", "pass32"):
@@ -97,4 +97,7 @@ def test_the_trace_stage_reads_a_timeline_of_every_launch(monkeypatch):
             assert {"qkv", "attention", "o", "gate_up", "down", "lm_head"} <= set(seen["kinds"]), (label, part)
             assert seen["median_total_us"] == seen["kinds"]["total"] > 0
             assert seen["device_ms"] == seen["traced_device_ms"] == 1.0 / 20  # a replay of 20
-    assert "attention_combine" in result["fused m16 pdl/prefetch"]["step"]["kinds"]  # the unfolded schedule
+    # a bucket of 32 rows: two blocks of 16, two programs a column block and split, or one group
+    programs = {label: result[label]["step"]["kinds"]["qkv"]["programs"] for label in gpu_trace.TRACED}
+    assert programs["fused m16 pdl/prefetch fold, fold attention"] == \
+        2 * programs["fused m16 pdl/prefetch fold, fold attention, early, row group"]
