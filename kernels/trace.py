@@ -10,19 +10,20 @@ every time (its shapes are the bucket's), so the regions are handed out in launc
 on the first pass and again to every later one: a CUDA graph captures their addresses.
 
 `timeline` reads the regions after a pass: for each launch, when its first program
-started against when the launch before ended (negative: it started early, as
-programmatic dependent launch allows), when its last program ended, and its share of
-the pass (its end minus the end before: the shares add up to the pass), with the phases
-of its program that ended last (the one the next launch waited for) and the medians over
-its programs. `summary` gathers the launches of each kind (a label's part before the
+started against when the launch before ended (`lead`; negative: it started early, as
+programmatic dependent launch allows), when its first program got past its wait
+(`release`: what ending a launch and releasing its dependents costs), when its last
+program ended, and its share of the pass (its end minus the end before: the shares add
+up to the pass), with the phases of its program that ended last (the one the next launch
+waited for) and the medians over its programs. `summary` gathers the launches of each kind (a label's part before the
 dot: qkv, attention, ...).
 
 >>> import torch
 >>> a = torch.tensor([[10, 12, 15, 0, 16], [11, 12, 14, 0, 18]])   # two programs
 >>> b = torch.tensor([[17, 19, 21, 0, 22]])
 >>> line = timeline([("qkv.0", a), ("o.0", b)], unit=1.0)
->>> [(step["label"], step["share"], step["lead"]) for step in line["launches"]]
-[('qkv.0', 8.0, 0.0), ('o.0', 4.0, -1.0)]
+>>> [(step["label"], step["share"], step["lead"], step["release"]) for step in line["launches"]]
+[('qkv.0', 8.0, 0.0, 2.0), ('o.0', 4.0, -1.0, 1.0)]
 >>> line["launches"][0]["last_program"]
 {'waited': 1.0, 'computed': 2.0, 'ended': 4.0}
 """
@@ -121,10 +122,13 @@ def timeline(regions: list[tuple[str, torch.Tensor]], unit: float) -> dict[str, 
         ends = rows[:, PHASES.index("ended")]
         end = int(ends.max())
         first = int(rows[:, 0].min())
+        waited = rows[:, PHASES.index("waited")]
+        released = int(waited[waited > 0].min()) if (waited > 0).any() else first
         durations = [_durations(row) for row in rows.tolist()]
         medians = {phase: round(statistics.median(d[phase] for d in durations if phase in d) * unit, 3)
                    for phase in PHASES[1:] if any(phase in d for d in durations)}
         launches.append({"label": label, "programs": len(rows), "lead": round((first - previous_end) * unit, 3),
+                         "release": round((released - previous_end) * unit, 3),
                          "end": round((end - origin) * unit, 3), "share": round((end - previous_end) * unit, 3),
                          "last_program": {phase: round(value * unit, 3) for phase, value in
                                           _durations(rows[int(ends.argmax())].tolist()).items()},
@@ -145,8 +149,8 @@ def _durations(marks: list[int]) -> dict[str, float]:
 
 def summary(line: dict[str, Any]) -> dict[str, Any]:
     """The launches of each kind (a label's part before the dot), medians over them: its
-    share of the pass, its lead, and its last program's phases; and each kind's shares
-    added up."""
+    share of the pass, its lead and release, and its last program's phases; and each
+    kind's shares added up."""
     kinds: dict[str, list[dict[str, Any]]] = {}
     for launch in line["launches"]:
         if launch.get("programs"):
@@ -159,5 +163,6 @@ def summary(line: dict[str, Any]) -> dict[str, Any]:
                         "share_sum": round(sum(l["share"] for l in launches), 3),
                         "share": round(statistics.median(l["share"] for l in launches), 3),
                         "lead": round(statistics.median(l["lead"] for l in launches), 3),
+                        "release": round(statistics.median(l["release"] for l in launches), 3),
                         "last_program": phases}
     return result
