@@ -14,7 +14,13 @@ their own weights, one row, fp32 activations; no norm, attention or epilogue):
   (and with PDL, each product warming its own weights before it waits);
 - `persistent`: all 96 products in one launch of one program an SM, a barrier between
   them (and warming the next product's weights before each barrier);
-- `barriers`: the persistent launch without the products: what 96 barriers cost.
+- `barriers`: the persistent launch without the products: what 96 barriers cost;
+- `launched flags` (session 33): one launch a product as a programmatic dependent, but
+  waiting on a count the launch before raises after its stores (release/acquire at GPU
+  scope) instead of `griddepcontrol.wait`, which waits for that launch to end and flush:
+  what a launch boundary costs beyond its last store. PDL launches a kernel only once
+  every program of the one before has started, so its spinning programs never keep the
+  one before from running.
 
 All compute each output the same way (one program a block of outputs, its K in order),
 so the outputs' bits are the same in every mode; the probe reports that and the error
@@ -114,6 +120,13 @@ def _grid_barrier(sync_ptr, flag_ptr, target, SPIN_LIMIT: tl.constexpr):
     # after SPIN_LIMIT reads and raises the flag: wrong numbers, never a hung run.
     tl.debug_barrier()
     arrived = tl.atomic_add(sync_ptr, 1, sem="acq_rel", scope="gpu") + 1
+    _wait_arrivals(sync_ptr, flag_ptr, arrived, target, SPIN_LIMIT)
+
+
+@triton.jit
+def _wait_arrivals(sync_ptr, flag_ptr, arrived, target, SPIN_LIMIT: tl.constexpr):
+    # Read the count (acquiring what the programs that raised it stored) until `target`
+    # have arrived, SPIN_LIMIT reads at most (then the flag: wrong numbers, not a hang).
     spins = 0
     while (arrived < target) & (spins < SPIN_LIMIT):
         arrived = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
@@ -128,17 +141,22 @@ def _chain_kernel(w_ptr, a_ptr, b_ptr, c_ptr, sync_ptr, flag_ptr, first, last, N
                   N1: tl.constexpr, K1: tl.constexpr, N2: tl.constexpr, K2: tl.constexpr, N3: tl.constexpr,
                   K3: tl.constexpr, S0: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr, S3: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_K_LONG: tl.constexpr, WORK: tl.constexpr,
-                  PREFETCH: tl.constexpr, PDL: tl.constexpr, SPIN_LIMIT: tl.constexpr):
+                  PREFETCH: tl.constexpr, PDL: tl.constexpr, SPIN_LIMIT: tl.constexpr, FLAGS: tl.constexpr):
     # Products first..last-1 of the chain, a grid barrier between two (persistent where
     # the launch holds more than one). PREFETCH: this program's weights of its first
     # product warmed before it waits for the launch before (PDL), and of each next one
-    # before each barrier.
+    # before each barrier. FLAGS: it waits for every program of the launches before to
+    # have counted its stores, not for them to end (griddepcontrol.wait), and counts its own.
     pid, programs = tl.program_id(0), tl.num_programs(0)
     pdl_start(PDL)
     if PREFETCH:
         _layer_phase(w_ptr, a_ptr, b_ptr, c_ptr, first, pid, programs, N0, K0, N1, K1, N2, K2, N3, K3, BLOCK_N,
                      BLOCK_K, BLOCK_K_LONG, WORK, True, S0, S1, S2, S3)
-    pdl_wait(PDL)
+    if FLAGS:
+        _wait_arrivals(sync_ptr, flag_ptr, tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu"), first * programs,
+                       SPIN_LIMIT)
+    else:
+        pdl_wait(PDL)
     for t in range(first, last):
         _layer_phase(w_ptr, a_ptr, b_ptr, c_ptr, t, pid, programs, N0, K0, N1, K1, N2, K2, N3, K3, BLOCK_N,
                      BLOCK_K, BLOCK_K_LONG, WORK, False, S0, S1, S2, S3)
@@ -147,6 +165,9 @@ def _chain_kernel(w_ptr, a_ptr, b_ptr, c_ptr, sync_ptr, flag_ptr, first, last, N
                 _layer_phase(w_ptr, a_ptr, b_ptr, c_ptr, t + 1, pid, programs, N0, K0, N1, K1, N2, K2, N3, K3,
                              BLOCK_N, BLOCK_K, BLOCK_K_LONG, WORK, True, S0, S1, S2, S3)
             _grid_barrier(sync_ptr, flag_ptr, (t + 1 - first) * programs, SPIN_LIMIT)
+    if FLAGS:  # this program's stores, then its count (the next launch acquires both)
+        tl.debug_barrier()
+        tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
 
 
 class Chain:
@@ -190,9 +211,12 @@ class Chain:
         return a
 
     def run(self, programs: int, per_launch: int, work: bool = True, prefetch: bool = False, pdl: bool = False,
-            spin_limit: int = SPIN_LIMIT) -> torch.Tensor:
+            spin_limit: int = SPIN_LIMIT, flags: bool = False) -> torch.Tensor:
         """The whole chain in launches of `per_launch` products (1: one launch each; all
-        of them: one persistent launch) of `programs` programs each; the last output."""
+        of them: one persistent launch) of `programs` programs each; the last output.
+        `flags` (one product a launch): each launch waits on the count of the programs
+        before it that stored, not on their end."""
+        assert not flags or per_launch == 1, "flags count launches of one product"
         (n0, k0), (n1, k1), (n2, k2), (n3, k3) = self.layer
         sectors = self.sectors
         self.a[: k0].copy_(self.x)
@@ -204,6 +228,7 @@ class Chain:
                 N0=n0, K0=k0, N1=n1, K1=k1, N2=n2, K2=k2, N3=n3, K3=k3, S0=sectors[0], S1=sectors[1],
                 S2=sectors[2], S3=sectors[3], BLOCK_N=self.block_n, BLOCK_K=self.block_k,
                 BLOCK_K_LONG=self.block_k_long, WORK=work, PREFETCH=prefetch, PDL=pdl, SPIN_LIMIT=spin_limit,
+                FLAGS=flags,
                 num_warps=4, **launch_options(pdl))
         return self.a[: n3]
 
@@ -220,6 +245,8 @@ def persist_probe(layers: int = 24) -> dict[str, Any]:
     reference = chain.reference()
     pdl = torch.cuda.get_device_capability()[0] >= 9
     modes = {"launched": dict(per_launch=1), "launched pdl/prefetch": dict(per_launch=1, pdl=pdl, prefetch=pdl),
+             # the same launches, each waiting on the count of stores before it, not their end
+             "launched flags": dict(per_launch=1, pdl=pdl, prefetch=pdl, flags=True),
              "persistent": dict(per_launch=total), "persistent prefetch": dict(per_launch=total, prefetch=True),
              "barriers": dict(per_launch=total, work=False)}
     result: dict[str, Any] = {"programs": programs, "products": total, "weights_mb": round(chain.bytes / 1e6, 1),

@@ -49,3 +49,16 @@ def test_a_barrier_the_grid_cannot_meet_gives_up_and_says_so():
     chain = small_chain(layers=1)
     chain.run(2, per_launch=4, spin_limit=3)
     assert int(chain.flag) == 1
+
+
+def test_launches_that_wait_on_the_count_of_stores_compute_the_same_bits():
+    """`launched flags`: one launch a product, each waiting for every program of the
+    launches before to have counted its stores (here they have: the interpreter runs
+    launches one after another), then counting its own."""
+    chain = small_chain()
+    launched = chain.run(3, per_launch=1).clone()
+    chain.flag.zero_()
+    assert torch.equal(chain.run(3, per_launch=1, flags=True), launched)
+    assert int(chain.sync) == 8 * 3 and int(chain.flag) == 0  # every program of the eight launches counted
+    with pytest.raises(AssertionError, match="launches of one product"):
+        chain.run(3, per_launch=2, flags=True)

@@ -163,10 +163,11 @@ chain = {"w_ptr": "*bf16", **{name: "*fp32" for name in ("a_ptr", "b_ptr", "c_pt
          "flag_ptr": "*i32", "first": "i32", "last": "i32"}
 layer = {f"{axis}{p}": size for p, shape in enumerate(gpu_persist.LAYER) for axis, size in zip("NK", shape)}
 sectors = {f"S{p}": triton.next_power_of_2(k // gpu_persist.SECTOR.value) for p, (_, k) in enumerate(gpu_persist.LAYER)}
-for name, pdl in (("persist prefetch", False), ("persist launched pdl", True)):
+for name, pdl, flags in (("persist prefetch", False, False), ("persist launched pdl", True, False),
+                         ("persist launched flags", True, True)):
     out[name] = build(gpu_persist._chain_kernel, chain,
                       {**layer, **sectors, "BLOCK_N": 8, "BLOCK_K": 128, "BLOCK_K_LONG": 256, "WORK": True,
-                       "PREFETCH": True, "PDL": pdl, "SPIN_LIMIT": gpu_persist.SPIN_LIMIT})
+                       "PREFETCH": True, "PDL": pdl, "SPIN_LIMIT": gpu_persist.SPIN_LIMIT, "FLAGS": flags})
 json.dump(out, sys.stdout)
 """
 
@@ -291,6 +292,18 @@ def test_a_row_group_spills_nothing_and_keeps_one_blocks_loop_for_a_step(compile
         assert group["stack"] == 0, name
         if name != "gate_up":  # built at 4 warps alone
             assert group["ptx"].count("mma.sync") == 7 * compiled[f"linear m16 {name}"]["ptx"].count("mma.sync")
+
+
+def test_the_probes_flagged_launches_wait_on_the_count_not_the_launch_before(compiled):
+    """`launched flags`: a programmatic dependent that never calls griddepcontrol.wait;
+    it reads the count with acquire at GPU scope before its products, and raises it with
+    release after a CTA barrier."""
+    ptx = compiled["persist launched flags"]["ptx"]
+    assert "griddepcontrol.launch_dependents" in ptx and "griddepcontrol.wait" not in ptx
+    assert "ld.global.gpu.acquire" in ptx
+    count = [found.start() for found in re.finditer(r"(atom|red)\.global\.gpu\.release\.add", ptx)][-1]
+    assert "bar.sync" in ptx[ptx.rindex("st.global", 0, count):count]
+    assert compiled["persist launched flags"]["stack"] == 0
 
 
 def loops(ptx: str) -> int:
