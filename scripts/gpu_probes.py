@@ -127,7 +127,7 @@ def fused_probe(loaded: Any) -> dict[str, Any]:
         loaded.forward = default
 
 
-# The fused products' operands (forward/cuda.py's _fused_layers): what each product
+# The fused products' operands (forward/cuda_fused.py's fused_layers): what each product
 # carries besides x @ W.T (the norms take the sums of squares o and down leave).
 _FUSION = {"qkv": ("norm", "squares", "bias", "rope"), "o": ("residual", "squares_out"),
            "gate_up": ("norm", "squares", "pairs"), "down": ("residual", "squares_out"),
@@ -138,7 +138,7 @@ _FUSION = {"qkv": ("norm", "squares", "bias", "rope"), "o": ("residual", "square
 def fused_tiles_probe(loaded: Any, budget_s: float = 60.0, block_m: int = 64, live_rows: int | None = None,
                       pdl: str = "off") -> dict[str, Any]:
     """Each fused product (what it carries: _FUSION) by tile, us per call in CUDA
-    graphs at the bucket's 64 rows, against forward/cuda.py's FUSED_TILES (chosen from
+    graphs at the bucket's 64 rows, against forward/cuda_fused.py's FUSED_TILES (chosen from
     the products alone); then the fused backend with each product's fastest tile where it
     beats FUSED_TILES by 3%: its passes and its rows against its decode steps. `block_m`
     rows a program (CODESPEC_CUDA_TILE_ROWS), `live_rows` of the 64 holding a token (1:
@@ -149,7 +149,7 @@ def fused_tiles_probe(loaded: Any, budget_s: float = 60.0, block_m: int = 64, li
     from dataclasses import replace
 
     from codespec.forward.base import kv_dims
-    from codespec.forward.cuda import FUSED_TILES, whole_heads
+    from codespec.forward.cuda_fused import FUSED_TILES, whole_heads
     from codespec.kernels.row_linear import Config, Rope, row_linear
 
     _, kv_heads, dim = kv_dims(loaded.model.config)

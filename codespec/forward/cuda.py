@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -62,37 +62,17 @@ from codespec.errors import SettingError
 from codespec.forward import profile
 from codespec.forward.base import Moves, Requests, kv_dims
 from codespec.forward.chained import Chained, Collect, next_starts, plain_steps, step_rows
+from codespec.forward.cuda_fused import fused_layers, fused_tiles
 from codespec.forward.cuda_layers import LayerWeights, add_norm, eps_of, gated, rotary_table
 from codespec.forward.cuda_settings import CudaSettings, is_hopper, require_hopper
 from codespec.forward.passlayout import META_FIELDS, PassRows, chain_rows, fill_staging, tree_rows
 from codespec.kernels.compact import keep_paths
 from codespec.kernels.rope_store import rope_store, rope_store_ref
 from codespec.kernels.row_attention import row_attention
-from codespec.kernels.row_linear import Config, Rope, embed_squares, rms_norm, row_linear
+from codespec.kernels.row_linear import Config, Rope, rms_norm, row_linear
 from codespec.kernels.trace import TakeTrace, Tracer
 
 _log = logging.getLogger(__name__)
-# The fused layers' tiles: the fastest of each fused product (its norm, SiLU or residual
-# inside) in the session-23 H100 probe (scripts/gpu_check.py's fusedtiles stage), chosen
-# for the first fused layers; the next GPU run's `fusedtiles16` sweeps session 30's.
-FUSED_TILES = {"qkv": Config(64, 64, 64, splits=8), "o": Config(64, 16, 128),
-               "gate_up": Config(64, 128, 128, num_warps=8, num_stages=3), "down": Config(64, 32, 64, splits=8),
-               "lm_head": Config(64, 128, 64)}
-
-
-def whole_heads(tile: Config, head_dim: int, kv_heads: int) -> Config:
-    """q/k/v's tile with rotary in its epilogue: each block of outputs whole heads of q,
-    of k or of v (the tile's outputs widened to a head, or halved until they divide the
-    KV heads' width); a clear error where no such tile exists."""
-    tile = replace(tile, block_n=max(tile.block_n, head_dim))
-    while tile.block_n > head_dim and (kv_heads * head_dim) % tile.block_n:
-        tile = replace(tile, block_n=tile.block_n // 2)
-    if tile.block_n % head_dim or (kv_heads * head_dim) % tile.block_n:
-        raise SettingError(f"CODESPEC_CUDA_FUSED: no q/k/v tile holds whole heads of {head_dim} "
-                           f"(tile {tile.block_n} outputs); unset it")
-    return tile
-
-
 def unsupported(model: Any) -> str | None:
     """Why this backend cannot run `model` (None: it can): the Qwen2/Llama layers it
     computes, with a rotary embedding whose cos and sin depend on the position alone (a
@@ -186,7 +166,8 @@ class CudaForward:
         self._linear_counts = (torch.zeros(widest // 16 * max(1, self.rows // 16), dtype=torch.int32,
                                            device=self.device) if settings.reduce == "fold" else None)
         if self.fused:
-            self.tiles = self._fused_tiles(self.tiles)
+            self.tiles = fused_tiles(self._layers[0], model.lm_head.weight, self.tiles, self.rows, self.tile_rows,
+                                     self.row_group, self.head_dim, self.kv_heads)
         # `trace`: the fused layers' kernels write each program's time at each phase, for
         # scripts/gpu_step.py's timeline of a step (kernels/trace.py); no setting: a probe's
         if trace and not self.fused:
@@ -388,8 +369,9 @@ class CudaForward:
             return Rope(cos, sin, positions, source, write_slots, write_positions, keys[index], values[index],
                         self.heads, self.kv_heads)
 
-        if self.fused:
-            return self._fused_layers(ids, attend, rope_of, live)
+        if self.fused:  # forward/cuda_fused.py
+            linear = dict(live=live, pdl=self.pdl, counts=self._linear_counts, early=self.early)
+            return fused_layers(self.model, self._layers, self.tiles, ids, attend, rope_of, linear, self._trace)
         hidden = model.embed_tokens(ids)  # [rows, hidden]
         delta = torch.zeros_like(hidden)  # what the last layer adds to the residual stream
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
@@ -407,62 +389,9 @@ class CudaForward:
         choices = torch.empty(rows, dtype=torch.int64, device=x.device)
         return self._product("lm_head", x, head.weight, head.bias, live=live, choices=choices), choices
 
-    def _fused_layers(self, ids: torch.Tensor, attend: Any, rope_of: Callable[[int], Rope],
-                      live: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The same layers with each product carrying its neighbours: the norm before
-        q/k/v and gate/up, rotary and the KV store after q/k/v, SiLU after gate/up, the
-        residual add after o and down, the greedy choices after lm_head (the same
-        roundings, kernels/row_linear.py); returns the logits and the choices. The
-        embeddings' gather and o and down also leave the residual stream's sum of squares
-        per block, which the next norm adds instead of walking the row. The products
-        compute the rows in `live` alone (a padding row's hidden state is never read: its
-        K and V come from its source row, its attention is zeros, its logits go unread)."""
-        model, tiles = self.model.model, self.tiles
-        linear = dict(live=live, pdl=self.pdl, counts=self._linear_counts, early=self.early)
-        width = model.config.hidden_size
-        hidden, squares = embed_squares(ids, model.embed_tokens.weight, width // tiles["down"].block_n, pdl=self.pdl)
-        rows = hidden.shape[0]
-        for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
-            q = row_linear(hidden, w.qkv, w.qkv_bias, norm=(w.input_norm, w.input_eps), squares=squares,
-                           rope=rope_of(index), config=tiles["qkv"], trace=self._trace("qkv", index), **linear)
-            squares = hidden.new_empty(rows, width // tiles["o"].block_n, dtype=torch.float32)
-            hidden = row_linear(attend(index, layer, q), w.o, w.o_bias, residual=hidden, squares_out=squares,
-                                config=tiles["o"], trace=self._trace("o", index), **linear)
-            activated = row_linear(hidden, w.gate_up, norm=(w.post_norm, w.post_eps), squares=squares, pairs=True,
-                                   config=tiles["gate_up"], trace=self._trace("gate_up", index), **linear)
-            squares = hidden.new_empty(rows, width // tiles["down"].block_n, dtype=torch.float32)
-            hidden = row_linear(activated, w.down, residual=hidden, squares_out=squares, config=tiles["down"],
-                                trace=self._trace("down", index), **linear)
-        head = self.model.lm_head
-        choices = torch.empty(rows, dtype=torch.int64, device=hidden.device)
-        logits = row_linear(hidden, head.weight, head.bias, norm=(model.norm.weight, eps_of(model.norm)),
-                            squares=squares, choices=choices, config=tiles["lm_head"], trace=self._trace("lm_head"),
-                            **linear)
-        return logits, choices
-
     def _trace(self, kind: str, index: int | None = None) -> TakeTrace | None:
         """Where a traced pass's launch of `kind` (in layer `index`) takes its region."""
         return self.tracer.launches(kind, index) if self.tracer is not None else None
-
-    def _fused_tiles(self, given: dict[str, Config]) -> dict[str, Config]:
-        """Each product's tiles for the fused layers: `given`, else FUSED_TILES with
-        CODESPEC_CUDA_TILE_ROWS rows a program, fitted to the model's shapes (a clear error
-        where no tile of 16 fits)."""
-        w = self._layers[0]
-        head = self.model.lm_head.weight
-        shapes = {"qkv": w.qkv.shape, "o": w.o.shape, "gate_up": w.gate_up.shape, "down": w.down.shape,
-                  "lm_head": head.shape}
-        tiles = {}
-        for name, (n_size, k_size) in shapes.items():
-            tile = given.get(name) or replace(FUSED_TILES[name], block_m=self.tile_rows, row_group=self.row_group)
-            if name == "qkv":
-                tile = whole_heads(tile, self.head_dim, self.kv_heads)
-            fitted = tile.fitted(self.rows, n_size, k_size)
-            if fitted is None:
-                raise SettingError(f"CODESPEC_CUDA_FUSED: no row_linear tile fits {name} ({n_size}x{k_size}) with "
-                                   f"{self.rows} rows (every size must be a multiple of 16); unset it")
-            tiles[name] = fitted
-        return tiles
 
     def _product(self, name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  live: tuple[torch.Tensor, torch.Tensor] | None = None,

@@ -1,0 +1,95 @@
+"""The cuda backend's fused layers (CODESPEC_CUDA_FUSED=1, forward/cuda.py): every product
+through kernels/row_linear.py with the work around it in its prologue or epilogue, and
+the tiles each product runs.
+
+Each product carries its neighbours: the norm before q/k/v and gate/up, rotary and the KV
+store after q/k/v, SiLU after gate/up, the residual add after o and down, the greedy
+choices after lm_head (the same roundings as transformers' eager code). The embeddings'
+gather and o and down also leave the residual stream's sum of squares per block, which
+the next norm adds instead of walking the row. The products compute the rows that hold
+a token alone (a padding row's hidden state is never read: its K and V come from its
+source row, its attention is zeros, its logits go unread)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable
+
+import torch
+
+from codespec.errors import SettingError
+from codespec.forward.cuda_layers import LayerWeights, eps_of
+from codespec.kernels.row_linear import Config, Rope, embed_squares, row_linear
+from codespec.kernels.trace import TakeTrace
+
+# The fused layers' tiles: the fastest of each fused product (its norm, SiLU or residual
+# inside) in the session-23 H100 probe (scripts/gpu_check.py's fusedtiles stage), chosen
+# for the first fused layers; the next GPU run's `fusedtiles16` sweeps session 30's.
+FUSED_TILES = {"qkv": Config(64, 64, 64, splits=8), "o": Config(64, 16, 128),
+               "gate_up": Config(64, 128, 128, num_warps=8, num_stages=3), "down": Config(64, 32, 64, splits=8),
+               "lm_head": Config(64, 128, 64)}
+
+
+def whole_heads(tile: Config, head_dim: int, kv_heads: int) -> Config:
+    """q/k/v's tile with rotary in its epilogue: each block of outputs whole heads of q,
+    of k or of v (the tile's outputs widened to a head, or halved until they divide the
+    KV heads' width); a clear error where no such tile exists."""
+    tile = replace(tile, block_n=max(tile.block_n, head_dim))
+    while tile.block_n > head_dim and (kv_heads * head_dim) % tile.block_n:
+        tile = replace(tile, block_n=tile.block_n // 2)
+    if tile.block_n % head_dim or (kv_heads * head_dim) % tile.block_n:
+        raise SettingError(f"CODESPEC_CUDA_FUSED: no q/k/v tile holds whole heads of {head_dim} "
+                           f"(tile {tile.block_n} outputs); unset it")
+    return tile
+
+
+
+def fused_tiles(layer: LayerWeights, head: torch.Tensor, given: dict[str, Config], rows: int, tile_rows: int,
+                row_group: int, head_dim: int, kv_heads: int) -> dict[str, Config]:
+    """Each product's tiles: `given`, else FUSED_TILES with `tile_rows` rows a program in
+    groups of `row_group` blocks, fitted to the model's shapes (`layer`'s and lm_head's)
+    and the bucket's `rows` (a clear error where no tile of 16 fits)."""
+    shapes = {"qkv": layer.qkv.shape, "o": layer.o.shape, "gate_up": layer.gate_up.shape, "down": layer.down.shape,
+              "lm_head": head.shape}
+    tiles = {}
+    for name, (n_size, k_size) in shapes.items():
+        tile = given.get(name) or replace(FUSED_TILES[name], block_m=tile_rows, row_group=row_group)
+        if name == "qkv":
+            tile = whole_heads(tile, head_dim, kv_heads)
+        fitted = tile.fitted(rows, n_size, k_size)
+        if fitted is None:
+            raise SettingError(f"CODESPEC_CUDA_FUSED: no row_linear tile fits {name} ({n_size}x{k_size}) with "
+                               f"{rows} rows (every size must be a multiple of 16); unset it")
+        tiles[name] = fitted
+    return tiles
+
+
+def fused_layers(model: Any, layers: list[LayerWeights], tiles: dict[str, Config], ids: torch.Tensor,
+                 attend: Callable[[int, Any, torch.Tensor], torch.Tensor], rope_of: Callable[[int], Rope],
+                 linear: dict[str, Any], trace: Callable[..., TakeTrace | None]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pass of a transformers Qwen2/Llama `model` over token `ids` (the bucket's rows):
+    its logits and greedy choices. `layers`: its layers' tensors (gate/up in pairs);
+    `attend(index, layer, q)`: attention of layer `index`; `rope_of(index)`: that layer's
+    rotary and KV store; `linear`: every product's launch arguments (live rows, PDL,
+    counts, early); `trace(kind, index)`: where a traced launch takes its region."""
+    body = model.model
+    width = body.config.hidden_size
+    hidden, squares = embed_squares(ids, body.embed_tokens.weight, width // tiles["down"].block_n,
+                                    pdl=linear["pdl"])
+    rows = hidden.shape[0]
+    for index, (layer, w) in enumerate(zip(body.layers, layers)):
+        q = row_linear(hidden, w.qkv, w.qkv_bias, norm=(w.input_norm, w.input_eps), squares=squares,
+                       rope=rope_of(index), config=tiles["qkv"], trace=trace("qkv", index), **linear)
+        squares = hidden.new_empty(rows, width // tiles["o"].block_n, dtype=torch.float32)
+        hidden = row_linear(attend(index, layer, q), w.o, w.o_bias, residual=hidden, squares_out=squares,
+                            config=tiles["o"], trace=trace("o", index), **linear)
+        activated = row_linear(hidden, w.gate_up, norm=(w.post_norm, w.post_eps), squares=squares, pairs=True,
+                               config=tiles["gate_up"], trace=trace("gate_up", index), **linear)
+        squares = hidden.new_empty(rows, width // tiles["down"].block_n, dtype=torch.float32)
+        hidden = row_linear(activated, w.down, residual=hidden, squares_out=squares, config=tiles["down"],
+                            trace=trace("down", index), **linear)
+    head = model.lm_head
+    choices = torch.empty(rows, dtype=torch.int64, device=hidden.device)
+    logits = row_linear(hidden, head.weight, head.bias, norm=(body.norm.weight, eps_of(body.norm)), squares=squares,
+                        choices=choices, config=tiles["lm_head"], trace=trace("lm_head"), **linear)
+    return logits, choices
