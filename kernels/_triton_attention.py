@@ -12,7 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from codespec.kernels._triton_pdl import launch_options, pdl_start, pdl_wait
+from codespec.kernels._triton_pdl import launch_options, pdl_done, pdl_start, pdl_wait_for
+from codespec.kernels.flags import TakeFlag, flagged
 from codespec.kernels._triton_trace import ENDED, START, WAITED, program_index, trace_mark, traced
 from codespec.kernels.trace import UNTRACED, TakeTrace
 
@@ -65,10 +66,10 @@ def _block_partial(q, k_ptr, v_ptr, part_ptr, path_ptr, row, kv_head, slot, cont
 @triton.jit
 def _row_attention_block_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr,
                                 scale, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path,
-                                s_part_row, s_part_head, s_part_block, trace_ptr, clock_ptr,
-                                GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, DIM: tl.constexpr,
+                                s_part_row, s_part_head, s_part_block, trace_ptr, clock_ptr, flags_ptr, launch,
+                                before, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, DIM: tl.constexpr,
                                 KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
-                                CLOCK: tl.constexpr, EARLY: tl.constexpr):
+                                CLOCK: tl.constexpr, EARLY: tl.constexpr, FLAGS: tl.constexpr):
     # The `grid` schedule: one program per (row, KV head, program of the block axis),
     # taking the row's key blocks b = program, program + programs, ... EARLY: the pass's
     # metadata read before the wait (no kernel writes it), as in every kernel below.
@@ -79,7 +80,7 @@ def _row_attention_block_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, contex
     kv_head = tl.program_id(1)
     if EARLY:
         slot, context, total = _row_keys(slots_ptr, context_ptr, path_len_ptr, row)
-    pdl_wait(PDL)
+    pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
     trace_mark(trace_ptr, clock_ptr, program, WAITED, CLOCK)
     if not EARLY:
         slot, context, total = _row_keys(slots_ptr, context_ptr, path_len_ptr, row)
@@ -89,6 +90,7 @@ def _row_attention_block_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, contex
                        s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head, s_part_block,
                        GROUP, GROUP_PAD, DIM, KEY_BLOCK, PRECISION)
     trace_mark(trace_ptr, clock_ptr, program, ENDED, CLOCK)
+    pdl_done(flags_ptr, launch, FLAGS)
 
 
 @triton.jit
@@ -133,10 +135,11 @@ def _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, con
 @triton.jit
 def _row_attention_work_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr,
                                scale, rows, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path,
-                               s_part_row, s_part_head, s_part_block, trace_ptr, clock_ptr, KV_HEADS: tl.constexpr,
-                               ROWS_PAD: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                               DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr,
-                               PDL: tl.constexpr, CLOCK: tl.constexpr, EARLY: tl.constexpr):
+                               s_part_row, s_part_head, s_part_block, trace_ptr, clock_ptr, flags_ptr, launch, before,
+                               KV_HEADS: tl.constexpr, ROWS_PAD: tl.constexpr, GROUP: tl.constexpr,
+                               GROUP_PAD: tl.constexpr, DIM: tl.constexpr, KEY_BLOCK: tl.constexpr,
+                               PRECISION: tl.constexpr, PDL: tl.constexpr, CLOCK: tl.constexpr, EARLY: tl.constexpr,
+                               FLAGS: tl.constexpr):
     # The `worklist` schedule: a fixed number of programs (a wave of the device) share the
     # pass's real work, the (row, key block, KV head) items in that order, item i going to
     # program i mod programs. Padding rows have no blocks, so they add no programs: a
@@ -145,7 +148,7 @@ def _row_attention_work_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context
     pdl_start(PDL)
     if EARLY:
         blocks, ends = _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK)
-    pdl_wait(PDL)
+    pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
     trace_mark(trace_ptr, clock_ptr, tl.program_id(0), WAITED, CLOCK)
     if not EARLY:
         blocks, ends = _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK)
@@ -154,6 +157,7 @@ def _row_attention_work_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context
                    scale, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head,
                    s_part_block, KV_HEADS, ROWS_PAD, GROUP, GROUP_PAD, DIM, KEY_BLOCK, PRECISION)
     trace_mark(trace_ptr, clock_ptr, tl.program_id(0), ENDED, CLOCK)
+    pdl_done(flags_ptr, launch, FLAGS)
 
 
 @triton.jit
@@ -224,10 +228,11 @@ def _combine_group(out_ptr, part_ptr, row, kv_head, blocks, s_out_row, s_out_hea
 def _row_attention_fold_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_ptr, slots_ptr, context_ptr, path_ptr,
                                path_len_ptr, scale, rows, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path,
                                s_part_row, s_part_head, s_part_block, s_out_row, s_out_head, trace_ptr, clock_ptr,
-                               KV_HEADS: tl.constexpr, ROWS_PAD: tl.constexpr, GROUP: tl.constexpr,
-                               GROUP_PAD: tl.constexpr, HEADS_PAD: tl.constexpr, DIM: tl.constexpr,
-                               KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr, CHUNK: tl.constexpr,
-                               PDL: tl.constexpr, CLOCK: tl.constexpr, EARLY: tl.constexpr):
+                               flags_ptr, launch, before, KV_HEADS: tl.constexpr, ROWS_PAD: tl.constexpr,
+                               GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEADS_PAD: tl.constexpr,
+                               DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr,
+                               CHUNK: tl.constexpr, PDL: tl.constexpr, CLOCK: tl.constexpr, EARLY: tl.constexpr,
+                               FLAGS: tl.constexpr):
     # The `fold` schedule: the worklist's items, then the combine of a (row, KV head)'s
     # query heads by the program that stored its last block (an atomic count per pair
     # after a CTA barrier, acq_rel at GPU scope, reset by that program: row_linear's fold),
@@ -236,7 +241,7 @@ def _row_attention_fold_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_ptr
     pdl_start(PDL)
     if EARLY:
         blocks, ends = _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK)
-    pdl_wait(PDL)
+    pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
     trace_mark(trace_ptr, clock_ptr, tl.program_id(0), WAITED, CLOCK)
     if not EARLY:
         blocks, ends = _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK)
@@ -261,13 +266,14 @@ def _row_attention_fold_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_ptr
                            s_part_head, s_part_block, GROUP, GROUP_PAD, DIM, CHUNK)
             tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")  # zero for the next launch
     trace_mark(trace_ptr, clock_ptr, tl.program_id(0), ENDED, CLOCK)
+    pdl_done(flags_ptr, launch, FLAGS)
 
 
 @triton.jit
 def _row_attention_combine_kernel(out_ptr, part_ptr, context_ptr, path_len_ptr, s_out_row, s_out_head,
-                                  s_part_row, s_part_head, s_part_block, trace_ptr, clock_ptr,
-                                  DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, CHUNK: tl.constexpr,
-                                  PDL: tl.constexpr, CLOCK: tl.constexpr, EARLY: tl.constexpr):
+                                  s_part_row, s_part_head, s_part_block, trace_ptr, clock_ptr, flags_ptr, launch,
+                                  before, DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, CHUNK: tl.constexpr,
+                                  PDL: tl.constexpr, CLOCK: tl.constexpr, EARLY: tl.constexpr, FLAGS: tl.constexpr):
     # One program per (row, query head).
     program = program_index()
     trace_mark(trace_ptr, clock_ptr, program, START, CLOCK)
@@ -275,20 +281,22 @@ def _row_attention_combine_kernel(out_ptr, part_ptr, context_ptr, path_len_ptr, 
     row = tl.program_id(0)
     if EARLY:
         blocks = tl.cdiv(tl.load(context_ptr + row) + tl.load(path_len_ptr + row), KEY_BLOCK)
-    pdl_wait(PDL)
+    pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
     trace_mark(trace_ptr, clock_ptr, program, WAITED, CLOCK)
     if not EARLY:
         blocks = tl.cdiv(tl.load(context_ptr + row) + tl.load(path_len_ptr + row), KEY_BLOCK)
     _combine(out_ptr, part_ptr, row, tl.program_id(1), blocks, s_out_row, s_out_head, s_part_row, s_part_head,
              s_part_block, DIM, CHUNK)
     trace_mark(trace_ptr, clock_ptr, program, ENDED, CLOCK)
+    pdl_done(flags_ptr, launch, FLAGS)
 
 
 def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
                   context: torch.Tensor, path: torch.Tensor, path_len: torch.Tensor, scale: float,
                   out: torch.Tensor, key_block: int, block_programs: int, schedule: str, programs: int,
                   work_warps: int, pdl: bool = False, counts: torch.Tensor | None = None,
-                  fold_chunk: int = 8, trace: TakeTrace | None = None, early: bool = False) -> None:
+                  fold_chunk: int = 8, trace: TakeTrace | None = None, early: bool = False,
+                  flags: TakeFlag | None = None) -> None:
     rows, heads, dim = query.shape
     kv_heads = keys.shape[1]
     group = heads // kv_heads
@@ -301,9 +309,13 @@ def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     shapes = dict(GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), DIM=dim, KEY_BLOCK=key_block,
                   PRECISION="ieee" if query.dtype == torch.float32 else "tf32")
     def region(part_: str, grid: tuple[int, ...]) -> tuple[Any, dict[str, int]]:
-        """A launch's trace pointers and clock (untraced: CLOCK=0)."""
-        taken = trace(part_, math.prod(grid)) if trace is not None else None
-        return traced(taken, out), {"CLOCK": taken.kind if taken is not None else UNTRACED}
+        """A launch's trace and count pointers (kernels/trace.py, kernels/flags.py) and
+        their constants (none taken: CLOCK=0, FLAGS=0)."""
+        programs = math.prod(grid)
+        taken = trace(part_, programs) if trace is not None else None
+        flag = flags(programs) if flags is not None else None
+        return (*traced(taken, out), *flagged(flag, out)), {"CLOCK": taken.kind if taken is not None else UNTRACED,
+                                                            "FLAGS": flag is not None}
 
     if schedule == "fold":
         pointers, clock = region("", (programs,))

@@ -11,7 +11,8 @@ import triton
 import triton.language as tl
 
 from codespec.kernels._triton import holds_token, live_rows, rotary_rounded
-from codespec.kernels._triton_pdl import launch_options, pdl_start, pdl_wait
+from codespec.kernels._triton_pdl import launch_options, pdl_done, pdl_start, pdl_wait_for
+from codespec.kernels.flags import TakeFlag, flagged
 from codespec.kernels._triton_trace import (COMPUTED, ENDED, REDUCED, START, WAITED, program_index, trace_mark,
                                             traced)
 from codespec.kernels.trace import UNTRACED, TakeTrace
@@ -87,7 +88,8 @@ def _warm_weights(w_ptr, n_first, k_first, k_last, s_w, BLOCK_N: tl.constexpr, S
 @triton.jit
 def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, part_ptr, context_ptr, path_len_ptr,
                        count_ptr, sq_in_ptr, block_out_ptr, index_out_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr,
-                       wpos_ptr, k_ptr, v_ptr, trace_ptr, clock_ptr, k_size, eps, s_x, s_w, s_residual, s_out,
+                       wpos_ptr, k_ptr, v_ptr, trace_ptr, clock_ptr, flags_ptr, launch, before, k_size, eps, s_x,
+                       s_w, s_residual, s_out,
                        s_part_split, s_part, s_sq_in, s_block_out, s_rope, s_kv_slot, s_kv_head, s_kv_pos,
                        STEPS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
                        NORM: tl.constexpr, SQUARES_IN: tl.constexpr, SQUARES_PAD: tl.constexpr,
@@ -96,7 +98,8 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
                        DIM: tl.constexpr, RESIDUAL: tl.constexpr, LIVE: tl.constexpr, PDL: tl.constexpr,
                        PREFETCH: tl.constexpr, SECTOR: tl.constexpr, SECTORS: tl.constexpr, WARM_ROWS: tl.constexpr,
                        FOLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       UPCAST: tl.constexpr, CLOCK: tl.constexpr, EARLY: tl.constexpr, ROW_GROUP: tl.constexpr):
+                       UPCAST: tl.constexpr, CLOCK: tl.constexpr, EARLY: tl.constexpr, ROW_GROUP: tl.constexpr,
+                       FLAGS: tl.constexpr):
     # One program per (BLOCK_N outputs, split of K, ROW_GROUP blocks of BLOCK_M rows): its
     # K range is fixed by the split's index alone, walked in BLOCK_K steps; an output row
     # depends on its own input row (a tensor-core product never mixes rows; the norm's sum
@@ -119,7 +122,7 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
         _warm_weights(w_ptr, tl.program_id(0) * BLOCK_N, first, last, s_w, BLOCK_N, SECTOR, SECTORS, WARM_ROWS)
     if EARLY:
         live0, live1, live2, live3, used = _group_rows(context_ptr, path_len_ptr, m, LIVE, ROW_GROUP, BLOCK_M)
-    pdl_wait(PDL)
+    pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
     trace_mark(trace_ptr, clock_ptr, program, WAITED, CLOCK)
     if not EARLY:
         live0, live1, live2, live3, used = _group_rows(context_ptr, path_len_ptr, m, LIVE, ROW_GROUP, BLOCK_M)
@@ -185,6 +188,7 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
                                 BLOCK_M, BLOCK_N, residual, EARLY and ROW_GROUP == 1)
                 tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")  # zero for the next launch
     trace_mark(trace_ptr, clock_ptr, program, ENDED, CLOCK)
+    pdl_done(flags_ptr, launch, FLAGS)
 
 
 @triton.jit
@@ -315,12 +319,13 @@ def _nan_largest(x):
 
 
 @triton.jit
-def _choices_kernel(block_out_ptr, index_out_ptr, choices_ptr, s_block_out, N: tl.constexpr, BLOCKS: tl.constexpr,
-                    BLOCKS_PAD: tl.constexpr, PDL: tl.constexpr):
+def _choices_kernel(block_out_ptr, index_out_ptr, choices_ptr, flags_ptr, launch, before, s_block_out,
+                    N: tl.constexpr, BLOCKS: tl.constexpr, BLOCKS_PAD: tl.constexpr, PDL: tl.constexpr,
+                    FLAGS: tl.constexpr):
     # One program per row: the first block holding the row's maximum, in block order, and
     # that block's first index of it: torch.argmax's first maximum of the stored row.
     pdl_start(PDL)
-    pdl_wait(PDL)
+    pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
     row = tl.program_id(0)
     b = tl.arange(0, BLOCKS_PAD)
     best = _nan_largest(tl.load(block_out_ptr + row * s_block_out + b, mask=b < BLOCKS, other=float("-inf")))
@@ -330,6 +335,7 @@ def _choices_kernel(block_out_ptr, index_out_ptr, choices_ptr, s_block_out, N: t
     block = tl.argmax(best, axis=0, tie_break_left=True)
     index = tl.load(index_out_ptr + row * s_block_out + block)
     tl.store(choices_ptr + row, tl.minimum(tl.maximum(index, 0), N - 1).to(tl.int64))
+    pdl_done(flags_ptr, launch, FLAGS)
 
 
 @triton.jit
@@ -382,14 +388,15 @@ def _split_sum(part_ptr, m, n, s_part_split, s_part, SPLITS: tl.constexpr, READ:
 @triton.jit
 def _row_linear_reduce_kernel(part_ptr, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, context_ptr,
                               path_len_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr, k_ptr, v_ptr,
-                              s_part_split, s_part, s_residual, s_out, s_block_out, s_rope, s_kv_slot, s_kv_head,
-                              s_kv_pos, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
-                              PAIRS: tl.constexpr, SQUARES_OUT: tl.constexpr, CHOICES: tl.constexpr,
-                              ROPE: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr,
-                              LIVE: tl.constexpr, PDL: tl.constexpr, BLOCK: tl.constexpr):
+                              flags_ptr, launch, before, s_part_split, s_part, s_residual, s_out, s_block_out, s_rope,
+                              s_kv_slot, s_kv_head, s_kv_pos, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                              RESIDUAL: tl.constexpr, PAIRS: tl.constexpr, SQUARES_OUT: tl.constexpr,
+                              CHOICES: tl.constexpr, ROPE: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+                              DIM: tl.constexpr, LIVE: tl.constexpr, PDL: tl.constexpr, BLOCK: tl.constexpr,
+                              FLAGS: tl.constexpr):
     # One program per row and BLOCK outputs: the splits' partial sums added in split order.
     pdl_start(PDL)
-    pdl_wait(PDL)
+    pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
     m = tl.program_id(1) + tl.zeros([1], tl.int32)
     n_first = tl.program_id(0) * BLOCK
     if tl.max(live_rows(context_ptr, path_len_ptr, m, LIVE).to(tl.int32), axis=0) > 0:
@@ -398,6 +405,7 @@ def _row_linear_reduce_kernel(part_ptr, bias_ptr, residual_ptr, out_ptr, block_o
                 s_block_out, context_ptr, path_len_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr, k_ptr,
                 v_ptr, s_rope, s_kv_slot, s_kv_head, s_kv_pos, HAS_BIAS, RESIDUAL, PAIRS, SQUARES_OUT, CHOICES, ROPE,
                 HEADS, KV_HEADS, DIM, 1, BLOCK, acc, False)
+    pdl_done(flags_ptr, launch, FLAGS)
 
 
 def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, norm: torch.Tensor | None,
@@ -406,14 +414,14 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                block_m: int, block_n: int, block_k: int, splits: int, num_warps: int, num_stages: int,
                live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False, prefetch: bool = False,
                counts: torch.Tensor | None = None, trace: TakeTrace | None = None, early: bool = False,
-               row_group: int = 1) -> None:
+               row_group: int = 1, flags: TakeFlag | None = None) -> None:
     rows = x.shape[0]
     n_size, k_size = weight.shape
     steps = k_size // block_k
     per_split = triton.cdiv(steps, splits)
     splits = triton.cdiv(steps, per_split)  # no empty split (Config.grid's count)
     part = torch.empty(splits, rows, n_size, dtype=torch.float32, device=x.device) if splits > 1 else out
-    flags = dict(HAS_BIAS=bias is not None, RESIDUAL=residual is not None, PAIRS=pairs,
+    fusion = dict(HAS_BIAS=bias is not None, RESIDUAL=residual is not None, PAIRS=pairs,
                  SQUARES_OUT=squares_out is not None, CHOICES=choices is not None, ROPE=rope is not None,
                  HEADS=rope.heads if rope is not None else 1, KV_HEADS=rope.kv_heads if rope is not None else 1,
                  DIM=rope.keys.shape[3] if rope is not None else 2, LIVE=live is not None, PDL=pdl)
@@ -442,9 +450,11 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     launch = launch_options(pdl, fp_fusion=rope is None)
     grid = (blocks, splits, rows // (block_m * row_group))
     region = trace("", grid[0] * grid[1] * grid[2]) if trace is not None else None
+    flag = flags(grid[0] * grid[1] * grid[2]) if flags is not None else None
     _row_linear_kernel[grid](
         x, weight, pointers[0], norm if norm is not None else out, pointers[1], out, part, context, path_len,
-        counts if fold else context, sq_in, block_out, index_out, *rope_pointers, *traced(region, out), k_size,
+        counts if fold else context, sq_in, block_out, index_out, *rope_pointers, *traced(region, out),
+        *flagged(flag, out), k_size,
         float(eps), x.stride(0), weight.stride(0), s_residual, out.stride(0), part.stride(0) if splits > 1 else 0,
         part.stride(1) if splits > 1 else 0, s_sq_in, block_out.stride(0), *rope_strides, STEPS_PER_SPLIT=per_split,
         SPLITS=splits, NORM=norm is not None, SQUARES_IN=squares.shape[1] if squares is not None else 0,
@@ -452,28 +462,32 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         PREFETCH=prefetch, SECTOR=sector, SECTORS=sectors,
         WARM_ROWS=min(block_n, max(1, WARM_LANES // sectors)), FOLD=fold, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=_INTERPRETED and x.dtype != torch.float32,
-        CLOCK=region.kind if region is not None else UNTRACED, EARLY=early, ROW_GROUP=row_group, num_warps=num_warps,
-        num_stages=num_stages, **flags, **launch)
+        CLOCK=region.kind if region is not None else UNTRACED, EARLY=early, ROW_GROUP=row_group,
+        FLAGS=flag is not None, num_warps=num_warps,
+        num_stages=num_stages, **fusion, **launch)
     whole_blocks = squares_out is not None or choices is not None or rope is not None
     if splits > 1 and not fold:
         block = reduce_block(n_size, block_n, whole_blocks)
+        flag = flags(n_size // block * rows) if flags is not None else None
         _row_linear_reduce_kernel[(n_size // block, rows)](
-            part, *pointers, out, block_out, index_out, context, path_len, *rope_pointers, part.stride(0),
-            part.stride(1), s_residual, out.stride(0), block_out.stride(0), *rope_strides, SPLITS=splits, BLOCK=block,
-            **flags, **launch)
+            part, *pointers, out, block_out, index_out, context, path_len, *rope_pointers, *flagged(flag, out),
+            part.stride(0), part.stride(1), s_residual, out.stride(0), block_out.stride(0), *rope_strides,
+            SPLITS=splits, BLOCK=block, FLAGS=flag is not None, **fusion, **launch)
     if choices is not None:
-        _choices_kernel[(rows,)](block_out, index_out, choices, block_out.stride(0), N=n_size, BLOCKS=blocks,
-                                 BLOCKS_PAD=triton.next_power_of_2(blocks), PDL=pdl, num_warps=4,
-                                 **launch_options(pdl))
+        flag = flags(rows) if flags is not None else None
+        _choices_kernel[(rows,)](block_out, index_out, choices, *flagged(flag, out), block_out.stride(0), N=n_size,
+                                 BLOCKS=blocks, BLOCKS_PAD=triton.next_power_of_2(blocks), PDL=pdl,
+                                 FLAGS=flag is not None, num_warps=4, **launch_options(pdl))
 
 
 @triton.jit
-def _embed_squares_kernel(ids_ptr, table_ptr, out_ptr, squares_ptr, s_table, s_out, s_squares, width,
-                          BLOCK: tl.constexpr, BLOCKS_PAD: tl.constexpr, PDL: tl.constexpr):
+def _embed_squares_kernel(ids_ptr, table_ptr, out_ptr, squares_ptr, flags_ptr, launch, before, s_table, s_out,
+                          s_squares, width, BLOCK: tl.constexpr, BLOCKS_PAD: tl.constexpr, PDL: tl.constexpr,
+                          FLAGS: tl.constexpr):
     # One program per row: its token's embedding copied, and its sum of squares per BLOCK
     # columns (the first norm's `squares`, as o and down leave them for the later norms).
     pdl_start(PDL)
-    pdl_wait(PDL)
+    pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
     row = tl.program_id(0)
     b = tl.arange(0, BLOCKS_PAD)
     column = b[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]  # [BLOCKS_PAD, BLOCK]
@@ -482,14 +496,17 @@ def _embed_squares_kernel(ids_ptr, table_ptr, out_ptr, squares_ptr, s_table, s_o
     tl.store(out_ptr + row * s_out + column, x, mask=inside)
     stored = x.to(tl.float32)
     tl.store(squares_ptr + row * s_squares + b, tl.sum(stored * stored, axis=1), mask=b * BLOCK < width)
+    pdl_done(flags_ptr, launch, FLAGS)
 
 
 def embed_squares(ids: torch.Tensor, table: torch.Tensor, out: torch.Tensor, squares: torch.Tensor,
-                  pdl: bool = False) -> None:
+                  pdl: bool = False, flags: TakeFlag | None = None) -> None:
     width, blocks = table.shape[1], squares.shape[1]
-    _embed_squares_kernel[(ids.shape[0],)](ids, table, out, squares, table.stride(0), out.stride(0), squares.stride(0),
-                                           width, BLOCK=width // blocks, BLOCKS_PAD=triton.next_power_of_2(blocks),
-                                           PDL=pdl, **launch_options(pdl))
+    flag = flags(ids.shape[0]) if flags is not None else None
+    _embed_squares_kernel[(ids.shape[0],)](ids, table, out, squares, *flagged(flag, out), table.stride(0),
+                                           out.stride(0), squares.stride(0), width, BLOCK=width // blocks,
+                                           BLOCKS_PAD=triton.next_power_of_2(blocks), PDL=pdl, FLAGS=flag is not None,
+                                           **launch_options(pdl))
 
 
 def reduce_block(n_size: int, block_n: int, whole_blocks: bool) -> int:

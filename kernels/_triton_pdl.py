@@ -16,7 +16,11 @@ transitive because every program of every PDL kernel waits before it ends: a ker
 ends only after the one before it did, so reading what any earlier kernel wrote, or
 writing memory an earlier kernel read (the graph reuses buffers), is safe after the wait.
 
-PDL=False (the interpreter, GPUs before Hopper, the setting off) compiles both calls away."""
+PDL=False (the interpreter, GPUs before Hopper, the setting off) compiles both calls away.
+
+`pdl_wait_for` and `pdl_done` (session 33, CODESPEC_CUDA_PDL=flags, kernels/flags.py): the
+same launches waiting on a count each program of the launch before raises after its
+stores, instead of on that launch's end."""
 
 from __future__ import annotations
 
@@ -38,6 +42,39 @@ def pdl_wait(PDL: tl.constexpr):
     # read of anything a kernel writes, and in every program (the ordering's transitivity).
     if PDL:
         gdc_wait()
+
+
+# Reads of a launch's count before a program gives up on it (~1 us each: seconds). Only a
+# bug gets there: every program it waits for has started (kernels/flags.py).
+FLAG_SPIN_LIMIT = tl.constexpr(1 << 22)
+
+
+@triton.jit
+def pdl_wait_for(counts_ptr, launch, before, PDL: tl.constexpr, FLAGS: tl.constexpr):
+    # Wait for the kernel before (kernels/flags.py): its end and its writes visible
+    # (`pdl_wait`), or with FLAGS every one of its `before` programs' count, which each
+    # raised after its stores (counts_ptr[launch - 1], read with acquire at GPU scope); a
+    # count still short after FLAG_SPIN_LIMIT reads is recorded in counts_ptr[0].
+    if FLAGS:
+        seen = tl.atomic_add(counts_ptr + launch - 1, 0, sem="acquire", scope="gpu")
+        spins = 0
+        while (seen < before) & (spins < FLAG_SPIN_LIMIT):
+            seen = tl.atomic_add(counts_ptr + launch - 1, 0, sem="acquire", scope="gpu")
+            spins += 1
+        if seen < before:
+            tl.atomic_max(counts_ptr, 1, sem="relaxed", scope="gpu")
+        tl.debug_barrier()
+    else:
+        pdl_wait(PDL)
+
+
+@triton.jit
+def pdl_done(counts_ptr, launch, FLAGS: tl.constexpr):
+    # With FLAGS, after the program's last store: every thread's stores, then its count
+    # (release at GPU scope: the next launch's acquire sees them).
+    if FLAGS:
+        tl.debug_barrier()
+        tl.atomic_add(counts_ptr + launch, 1, sem="release", scope="gpu")
 
 
 def launch_options(pdl: bool, fp_fusion: bool = True) -> dict[str, bool]:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import torch
 
 from codespec.kernels import check, use_triton
+from codespec.kernels.flags import TakeFlag
 from codespec.kernels.trace import TakeTrace
 
 KEY_BLOCK = 128  # logical keys per block: part of every row's summation order
@@ -82,6 +83,7 @@ def row_attention(
     counts: torch.Tensor | None = None,  # fold: int32 zeros, one per (row, KV head) at least, left zero
     trace: TakeTrace | None = None,  # the Triton launches' time marks (kernels/trace.py)
     early: bool = False,  # the pass's metadata read before pdl's wait (CODESPEC_CUDA_EARLY)
+    flags: TakeFlag | None = None,  # wait on counts, not the launch before's end (kernels/flags.py)
 ) -> torch.Tensor:
     """Returns [rows, heads, dim] in the query's dtype (module docstring)."""
     rows, heads, dim = query.shape
@@ -104,7 +106,8 @@ def row_attention(
               f"the fold schedule needs counts: int32 zeros, at least {rows * keys.shape[1]} (rows x KV heads)")
         _triton_attention.row_attention(query, keys, values, slots, context, path, path_len, scale, out, KEY_BLOCK,
                                         BLOCK_PROGRAMS, schedule, wave(query.device), WORK_WARPS,
-                                        pdl and query.is_cuda, counts, FOLD_CHUNK, trace, early)
+                                        pdl and query.is_cuda, counts, FOLD_CHUNK, trace, early,
+                                        flags)
     else:
         out.copy_(row_attention_ref(query, keys, values, slots, context, path, path_len, scale))
     return out

@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from codespec.kernels import check, check_live, use_triton
+from codespec.kernels.flags import TakeFlag
 from codespec.kernels.trace import TakeTrace
 
 
@@ -111,7 +112,7 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                out: torch.Tensor | None = None,
                live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: str = "off",
                counts: torch.Tensor | None = None, trace: TakeTrace | None = None, early: bool = False,
-               force_triton: bool | None = None) -> torch.Tensor:
+               flags: TakeFlag | None = None, force_triton: bool | None = None) -> torch.Tensor:
     """[rows, K] -> [rows, N] ([rows, N / 2] with `pairs`) in x's dtype (module
     docstring); `norm` is (RMSNorm weight [K], eps). `squares` (float32 [rows, B], B
     dividing K): x's sum of squares per row in B parts, as a product's `squares_out`
@@ -135,7 +136,9 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     each phase into the region it gives the launch (kernels/trace.py; the reference has
     no programs to trace). `early` (CODESPEC_CUDA_EARLY): which rows hold a token read
     before the wait for the kernel before (the pass's metadata, which no kernel writes),
-    the residual right after it rather than in the epilogue: the same values, read sooner."""
+    the residual right after it rather than in the epilogue: the same values, read sooner.
+    `flags` (CODESPEC_CUDA_PDL=flags): each launch waits on the count the launch before's
+    programs raise after their stores, not on its end (kernels/flags.py)."""
     n_size, k_size = weight.shape
     rows = x.shape[0]
     check(x.dim() == 2 and weight.dim() == 2 and x.shape[1] == k_size, "x must be [rows, K] for a weight [N, K]")
@@ -181,7 +184,8 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                                   0.0 if norm is None else norm[1], squares, pairs, residual, squares_out, choices,
                                   rope, out, config.block_m, config.block_n, config.block_k, config.splits,
                                   config.num_warps, config.num_stages, live, pdl != "off" and x.is_cuda,
-                                  pdl == "prefetch" and x.is_cuda, counts, trace, early, config.row_group)
+                                  pdl == "prefetch" and x.is_cuda, counts, trace, early, config.row_group,
+                                  flags)
     elif rope is not None:
         from codespec.kernels.rope_store import rope_store
 
@@ -222,7 +226,7 @@ def silu_pairs(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate_up[:, 0::2]) * gate_up[:, 1::2]
 
 
-def embed_squares(ids: torch.Tensor, table: torch.Tensor, blocks: int, pdl: str = "off",
+def embed_squares(ids: torch.Tensor, table: torch.Tensor, blocks: int, pdl: str = "off", flags: TakeFlag | None = None,
                   force_triton: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The embeddings of `ids` [rows] from `table` [vocab, width] and their sums of
     squares in `blocks` parts a row (float32 [rows, blocks]): the first norm's `squares`,
@@ -238,7 +242,7 @@ def embed_squares(ids: torch.Tensor, table: torch.Tensor, blocks: int, pdl: str 
     if use_triton(table, force_triton):
         from codespec.kernels import _triton_linear
 
-        _triton_linear.embed_squares(ids, table, out, squares, pdl != "off" and table.is_cuda)
+        _triton_linear.embed_squares(ids, table, out, squares, pdl != "off" and table.is_cuda, flags)
     else:
         out.copy_(table.index_select(0, ids))
         squares.copy_(block_squares(out, blocks))

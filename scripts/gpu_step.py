@@ -71,6 +71,11 @@ VARIANTS: dict[str, dict[str, str]] = {
     "fused m16 pdl/prefetch fold, fold attention, row group": {**FIVE_LAUNCHES, "CODESPEC_CUDA_ROW_GROUP": "4"},
     "fused m16 pdl/prefetch fold, fold attention, early, row group": {**FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY": "1",
                                                                       "CODESPEC_CUDA_ROW_GROUP": "4"},
+    # ... each launch waiting on the count of the stores before it, not on that launch's end
+    "fused m16 pdl/flags fold, fold attention": {**FIVE_LAUNCHES, "CODESPEC_CUDA_PDL": "flags"},
+    "fused m16 pdl/flags fold, fold attention, early, row group": {**FIVE_LAUNCHES, "CODESPEC_CUDA_PDL": "flags",
+                                                                   "CODESPEC_CUDA_EARLY": "1",
+                                                                   "CODESPEC_CUDA_ROW_GROUP": "4"},
     # 32-row programs: a 32-row pass is one block of rows (16-row programs read every
     # weight twice for it: session 29's 16-row fused pass cost 1.56 steps)
     "fused m32 pdl/prefetch fold": {**FUSED, "CODESPEC_CUDA_TILE_ROWS": "32", "CODESPEC_CUDA_PDL": "prefetch",
@@ -89,7 +94,8 @@ NO_FOLD = "CODESPEC_GPU_CHECK_NO_FOLD"  # ... where a folded split did
 # arithmetic (session 33): the pdl stage asks the five-launch layers for the same bits with
 # each as without; where one differs, its flag is set and no stage takes it.
 SAME_BITS = {"early": ({"CODESPEC_CUDA_EARLY": "1"}, "CODESPEC_GPU_CHECK_NO_EARLY"),
-             "row group": ({"CODESPEC_CUDA_ROW_GROUP": "4"}, "CODESPEC_GPU_CHECK_NO_GROUP")}
+             "row group": ({"CODESPEC_CUDA_ROW_GROUP": "4"}, "CODESPEC_GPU_CHECK_NO_GROUP"),
+             "flags": ({"CODESPEC_CUDA_PDL": "flags"}, "CODESPEC_GPU_CHECK_NO_FLAGS")}
 # A fold's logits against the reduce kernel's, relative: its own summation order moves a
 # few bf16 roundings (~1e-3); a split lost to a race moves a product by ~1/SPLITS.
 FOLD_TOLERANCE = 0.05
@@ -346,8 +352,8 @@ def _unchecked(env: dict[str, str]) -> bool:
     """Whether `env` takes PDL or the fold where the pdl stage found them changing a bit."""
     return (env.get("CODESPEC_CUDA_PDL", "off") not in ("off", "auto") and bool(os.environ.get(NO_PDL))) or \
         (env.get("CODESPEC_CUDA_REDUCE", "launch") == "fold" and bool(os.environ.get(NO_FOLD))) or \
-        any(env.get(name, DEFAULTS[name]) != DEFAULTS[name] and bool(os.environ.get(flag))
-            for extra, flag in SAME_BITS.values() for name in extra)
+        any(all(env.get(name) == value for name, value in extra.items()) and bool(os.environ.get(flag))
+            for extra, flag in SAME_BITS.values())
 
 
 @contextlib.contextmanager

@@ -28,12 +28,16 @@ from gpu_measure import _engine, _time
 from gpu_step import DEFAULTS, FIVE_LAUNCHES, restore_environment, variant_env
 
 # The fastest step of session 32 (five launches a layer), the same reading the pass's
-# metadata early (CODESPEC_CUDA_EARLY), and with a bucket's four blocks of rows in one
-# program a weight tile as well (CODESPEC_CUDA_ROW_GROUP=4: its 32-row pass), session 33's.
+# metadata early (CODESPEC_CUDA_EARLY), with a bucket's four blocks of rows in one program
+# a weight tile as well (CODESPEC_CUDA_ROW_GROUP=4: its 32-row pass), and with each launch
+# waiting on the counts of the one before (CODESPEC_CUDA_PDL=flags): session 33's.
 TRACED = {"fused m16 pdl/prefetch fold, fold attention": FIVE_LAUNCHES,
           "fused m16 pdl/prefetch fold, fold attention, early": {**FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY": "1"},
           "fused m16 pdl/prefetch fold, fold attention, early, row group": {
-              **FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY": "1", "CODESPEC_CUDA_ROW_GROUP": "4"}}
+              **FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY": "1", "CODESPEC_CUDA_ROW_GROUP": "4"},
+          "fused m16 pdl/flags fold, fold attention, early, row group": {
+              **FIVE_LAUNCHES, "CODESPEC_CUDA_PDL": "flags", "CODESPEC_CUDA_EARLY": "1",
+              "CODESPEC_CUDA_ROW_GROUP": "4"}}
 REPLAYS = 5  # traced replays of each pass; the median one (by its total) is reported
 
 

@@ -70,6 +70,7 @@ from codespec.kernels.compact import keep_paths
 from codespec.kernels.rope_store import rope_store, rope_store_ref
 from codespec.kernels.row_attention import row_attention
 from codespec.kernels.row_linear import Config, Rope, rms_norm, row_linear
+from codespec.kernels.flags import PassFlags
 from codespec.kernels.trace import TakeTrace, Tracer
 
 _log = logging.getLogger(__name__)
@@ -173,6 +174,14 @@ class CudaForward:
         if trace and not self.fused:
             raise SettingError("tracing covers the fused layers' kernels alone: set CODESPEC_CUDA_FUSED=1")
         self.tracer = Tracer(self.device) if trace else None
+        if self.pdl == "flags" and not self.fused:
+            raise SettingError("CODESPEC_CUDA_PDL=flags counts the fused layers' launches (our kernels alone): set "
+                               "CODESPEC_CUDA_FUSED=1")
+        # `flags`: the kernels launch as with `prefetch`, and each launch of the fused
+        # layers waits on the counts of the launch before (kernels/flags.py)
+        self.flags = PassFlags(self.device) if self.pdl == "flags" else None
+        if self.flags is not None:
+            self.pdl = "prefetch"
         self.eager_prefill = settings.prefill == "eager"
         self.prefill_exact = not self.eager_prefill  # a replayed prefill row is a decode step
         compile = self.graphs and not self.fused and settings.compile
@@ -182,6 +191,7 @@ class CudaForward:
         # layout must not price another's passes (profile_key).
         self._kernels = {"rows": self.rows, "graphs": self.graphs, "fused": self.fused, "compile": compile,
                          "attention": self.attention, "pdl": self.pdl, "reduce": settings.reduce, "early": self.early,
+                         "flags": self.flags is not None,
                          "tiles": ";".join(f"{name}:{tile}" for name, tile in sorted(self.tiles.items()))}
 
     # -- the Forward protocol --------------------------------------------------------------
@@ -356,13 +366,18 @@ class CudaForward:
         pdl, live = self.pdl != "off", (context, path_len)  # the rows that hold a token
         if self.tracer is not None:
             self.tracer.begin()
+        flags = None
+        if self.flags is not None:
+            self.flags.begin()  # the counts zeroed: in the CUDA graph, a memset before the first launch
+            flags = self.flags.take
 
         def attend(index: int, layer: Any, q: torch.Tensor) -> torch.Tensor:
             """Each row over its own keys (q rotated, the pass's K and V stored): [rows, hidden]."""
             return row_attention(q.view(rows, self.heads, -1), keys[index], values[index], slots=slots,
                                  context=context, path=path, path_len=path_len, scale=layer.self_attn.scaling,
                                  schedule=self.attention, pdl=pdl, counts=self._attention_counts,
-                                 trace=self._trace("attention", index), early=self.early).view(rows, -1)
+                                 trace=self._trace("attention", index), early=self.early,
+                                 flags=flags).view(rows, -1)
 
         def rope_of(index: int) -> Rope:
             """Rotary and the KV store of layer `index` (rope_store's arguments)."""
@@ -370,7 +385,7 @@ class CudaForward:
                         self.heads, self.kv_heads)
 
         if self.fused:  # forward/cuda_fused.py
-            linear = dict(live=live, pdl=self.pdl, counts=self._linear_counts, early=self.early)
+            linear = dict(live=live, pdl=self.pdl, counts=self._linear_counts, early=self.early, flags=flags)
             return fused_layers(self.model, self._layers, self.tiles, ids, attend, rope_of, linear, self._trace)
         hidden = model.embed_tokens(ids)  # [rows, hidden]
         delta = torch.zeros_like(hidden)  # what the last layer adds to the residual stream

@@ -62,9 +62,11 @@ class CudaSettings(BaseSettings):
         "worklist", description="Attention's launch schedule (kernels/row_attention.py): worklist and grid give the "
                                 "same bits; fold combines in the same launch (other bits, still each row's own).")
     chain: bool = Field(True, description="Plain steps queued one ahead on the device (forward/chained.py).")
-    pdl: Literal["auto", "off", "launch", "prefetch"] = Field(
+    pdl: Literal["auto", "off", "launch", "prefetch", "flags"] = Field(
         "auto", description="Our kernels launched as programmatic dependents (sm_90+; 'auto': 'launch' there, "
-        "'off' before); 'prefetch': the fused products also warm their own weights into L2 first.")
+        "'off' before); 'prefetch': the fused products also warm their own weights into L2 first; 'flags': "
+        "'prefetch', each launch of the fused layers waiting on a count the launch before's programs raise after "
+        "their stores, not on its end (kernels/flags.py; session 33, not yet timed on a GPU).")
     tile_rows: Literal[64, 32, 16] = Field(
         64, description="Rows a program of the fused products computes (a step computes one such block, a "
         "pass several).")

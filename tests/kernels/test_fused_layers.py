@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from codespec.engine import Engine
+from codespec.errors import SettingError
 from codespec.forward.cuda import CudaForward
 from codespec.kernels import row_linear as row_linear_module
 from codespec.models.tiny import tiny_model
@@ -110,3 +111,40 @@ def test_a_row_group_keeps_every_row_its_decode_steps_and_a_group_of_ones_bits(t
         logits[group] = forward.logits(prefilled(forward, prompt), [(0, len(prompt), tree)])
     assert torch.equal(logits["1"], logits["4"])
     assert_tree_rows_are_steps(forward, prefilled(forward, prompt), len(prompt))
+
+
+@pytest.mark.parametrize("attention,reduce", [("worklist", "launch"), ("fold", "fold")])
+def test_launches_that_wait_on_counts_compute_the_same_bits_and_count_every_program(monkeypatch, attention, reduce):
+    """CODESPEC_CUDA_PDL=flags (kernels/flags.py): every launch of the fused layers (the
+    embeddings, the products and their reduce and choices launches, attention and its
+    combine) waits on the launch before's count, then raises its own after its stores.
+    Under the interpreter launches run in turn, so every count is met: the same logits
+    as without, bit for bit, every launch's count its programs, no wait given up."""
+    from codespec.kernels import row_attention
+
+    for module in (row_linear_module, row_attention):
+        monkeypatch.setattr(module, "use_triton", lambda tensor, force: True)
+    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", attention)
+    monkeypatch.setenv("CODESPEC_CUDA_REDUCE", reduce)
+    model = tiny_model("qwen2", vocab_size=32, seed=13, dtype=torch.float32)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    tree = VerifyTree(tokens=(5, 6, 7), parents=(-1, 0, 0), depths=(0, 1, 1), draft_nodes=(0, 1))
+    logits = {}
+    for pdl in ("off", "flags"):
+        monkeypatch.setenv("CODESPEC_CUDA_PDL", pdl)
+        forward = CudaForward(model, rows=16, fused=True)
+        logits[pdl] = forward.logits(prefilled(forward, prompt), [(0, len(prompt), tree)])
+    assert torch.equal(logits["off"], logits["flags"])
+    flags = forward.flags
+    counts, launches = flags.counts.tolist(), len(flags.programs)
+    # the embeddings, per layer at least q/k/v, attention, o, gate/up and down, then lm_head and its choices
+    assert launches >= 1 + 5 * model.config.num_hidden_layers + 2
+    assert counts[1:launches + 1] == flags.programs and counts[0] == 0 and not any(counts[launches + 1:])
+    assert flags.programs[0] == 16 and flags.errors() == 0  # the embeddings: a program a row of the bucket
+
+
+def test_counted_launches_ask_for_the_fused_layers(monkeypatch):
+    monkeypatch.setenv("CODESPEC_CUDA_PDL", "flags")
+    model = tiny_model("qwen2", vocab_size=32, seed=13, dtype=torch.float32)
+    with pytest.raises(SettingError, match="CODESPEC_CUDA_FUSED=1"):
+        CudaForward(model, rows=16, fused=False)

@@ -60,19 +60,21 @@ strides = [(name, "i32") for name in ("s_q_row", "s_q_head", "s_kv_slot", "s_kv_
                                        "s_part_row", "s_part_head", "s_part_block")]
 shapes = dict(GROUP=7, GROUP_PAD=16, DIM=64, KEY_BLOCK=128, PRECISION="tf32")
 trace = [("trace_ptr", "*i64"), ("clock_ptr", "*i64")]  # kernels/_triton_trace.py's marks (CLOCK 0: none)
+flags = [("flags_ptr", "*i32"), ("launch", "i32"), ("before", "i32")]  # kernels/flags.py's counts (FLAGS 0: none)
 for pdl in (False, True):
     out["worklist" + " pdl" * pdl] = build(_triton_attention._row_attention_work_kernel,
-                                           dict(pointers + meta + [("rows", "i32")] + strides + trace),
+                                           dict(pointers + meta + [("rows", "i32")] + strides + trace + flags),
                                            {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64, "PDL": pdl, "CLOCK": 0,
-                                            "EARLY": False},
+                                            "EARLY": False, "FLAGS": False},
                                            warps=WORK_WARPS)
-for clock, early in ((0, False), (1, False), (0, True)):  # untraced, traced by %globaltimer, metadata early
-    out["fold pdl" + " traced" * clock + " early" * early] = build(
+# untraced, traced by %globaltimer, the metadata read early, waiting on counts
+for clock, early, flagged in ((0, False, False), (1, False, False), (0, True, False), (0, False, True)):
+    out["fold pdl" + " traced" * clock + " early" * early + " flags" * flagged] = build(
         _triton_attention._row_attention_fold_kernel,
         dict(pointers[:4] + [("out_ptr", "*bf16"), ("count_ptr", "*i32")] + meta + [("rows", "i32")] + strides
-             + [("s_out_row", "i32"), ("s_out_head", "i32")] + trace),
+             + [("s_out_row", "i32"), ("s_out_head", "i32")] + trace + flags),
         {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64, "HEADS_PAD": 16, "CHUNK": 8, "PDL": True, "CLOCK": clock,
-         "EARLY": early},
+         "EARLY": early, "FLAGS": flagged},
         warps=WORK_WARPS)
 out["rope_store pdl"] = build(_triton._rope_store_kernel,
                               {**{name: "*bf16" for name in ("qkv_ptr", "cos_ptr", "sin_ptr")},
@@ -91,7 +93,7 @@ linear = {**{name: "*bf16" for name in ("x_ptr", "w_ptr", "bias_ptr", "norm_ptr"
           "sq_in_ptr": "*fp32", "block_out_ptr": "*fp32", "index_out_ptr": "*i32", "cos_ptr": "*bf16",
           "sin_ptr": "*bf16",
           **{name: "*i64" for name in ("positions_ptr", "wslot_ptr", "wpos_ptr")}, "k_ptr": "*bf16", "v_ptr": "*bf16",
-          **dict(trace), "k_size": "i32", "eps": "fp32",
+          **dict(trace), **dict(flags), "k_size": "i32", "eps": "fp32",
           **{name: "i32" for name in ("s_x", "s_w", "s_residual", "s_out", "s_part_split", "s_part", "s_sq_in",
                                       "s_block_out", "s_rope", "s_kv_slot", "s_kv_head", "s_kv_pos")}}
 plain = {"SQUARES_IN": 0, "SQUARES_PAD": 1, "SQUARES_OUT": False, "CHOICES": False, "PAIRS": False, "ROPE": False,
@@ -103,7 +105,7 @@ for pdl in ("off", "launch", "prefetch"):
                                   "PREFETCH": pdl == "prefetch", "SECTOR": 16, "SECTORS": 64, "WARM_ROWS": 8, "FOLD": False,
                                   "BLOCK_M": 64,
                                   "BLOCK_N": 128, "BLOCK_K": 128, "UPCAST": False, "CLOCK": 0, "EARLY": False,
-                                  "ROW_GROUP": 1},
+                                  "ROW_GROUP": 1, "FLAGS": False},
                                  warps=8)
 # the fused layers' products in 16-row programs (CODESPEC_CUDA_TILE_ROWS=16), warming: q/k/v
 # with its norm walked (the first layer) or from the sums of squares o and down leave
@@ -119,7 +121,7 @@ m16 = {"qkv walk": (64, 64, 2, dict(NORM=True, **rope)),
        "lm_head": (128, 64, 14, dict(NORM=True, SQUARES_IN=28, SQUARES_PAD=32, CHOICES=True))}
 # ... and traced, reading the metadata early, in groups of four blocks of rows
 variants = [("down traced", m16["down"]), ("down early", m16["down"]), ("down group", m16["down"]),
-            ("gate_up group", m16["gate_up"]), ("qkv group", m16["qkv"])]
+            ("gate_up group", m16["gate_up"]), ("qkv group", m16["qkv"]), ("down flags", m16["down"])]
 for name, (n_tile, k_tile, steps, fusion) in [*m16.items(), *variants]:
     sectors = triton.next_power_of_2(steps * k_tile // 16)
     out["linear m16 " + name] = build(_triton_linear._row_linear_kernel, linear,
@@ -131,7 +133,8 @@ for name, (n_tile, k_tile, steps, fusion) in [*m16.items(), *variants]:
                                        "FOLD": name.startswith("down"), "BLOCK_M": 16, "BLOCK_N": n_tile,
                                        "BLOCK_K": k_tile, "UPCAST": False, "CLOCK": int(name.endswith("traced")),
                                        "EARLY": name.endswith("early"),
-                                       "ROW_GROUP": 4 if name.endswith("group") else 1},
+                                       "ROW_GROUP": 4 if name.endswith("group") else 1,
+                                       "FLAGS": name.endswith("flags")},
                                       fp_fusion="ROPE" not in fusion,
                                       warps=8 if name == "gate_up group" else 4)  # as FUSED_TILES launch it
 out["linear reduce pdl"] = build(_triton_linear._row_linear_reduce_kernel,
@@ -139,21 +142,22 @@ out["linear reduce pdl"] = build(_triton_linear._row_linear_reduce_kernel,
                                   "block_out_ptr": "*fp32", "index_out_ptr": "*i32", "context_ptr": "*i64",
                                   "path_len_ptr": "*i64",
                                   "cos_ptr": "*bf16", "sin_ptr": "*bf16", "positions_ptr": "*i64", "wslot_ptr": "*i64",
-                                  "wpos_ptr": "*i64", "k_ptr": "*bf16", "v_ptr": "*bf16",
+                                  "wpos_ptr": "*i64", "k_ptr": "*bf16", "v_ptr": "*bf16", **dict(flags),
                                   **{name: "i32" for name in ("s_part_split", "s_part", "s_residual", "s_out",
                                                               "s_block_out", "s_rope", "s_kv_slot", "s_kv_head",
                                                               "s_kv_pos")}},
                                  {"SPLITS": 8, "HAS_BIAS": False, "RESIDUAL": True, "PAIRS": False,
                                   "SQUARES_OUT": True, "CHOICES": False, "ROPE": False, "HEADS": 1, "KV_HEADS": 1,
                                   "DIM": 2, "LIVE": True,
-                                  "PDL": True, "BLOCK": 32})
+                                  "PDL": True, "BLOCK": 32, "FLAGS": False})
 out["choices pdl"] = build(_triton_linear._choices_kernel,
-                           {"block_out_ptr": "*fp32", "index_out_ptr": "*i32", "choices_ptr": "*i64",
-                            "s_block_out": "i32"}, {"N": 151936, "BLOCKS": 1187, "BLOCKS_PAD": 2048, "PDL": True})
+                           {"block_out_ptr": "*fp32", "index_out_ptr": "*i32", "choices_ptr": "*i64", **dict(flags),
+                            "s_block_out": "i32"},
+                           {"N": 151936, "BLOCKS": 1187, "BLOCKS_PAD": 2048, "PDL": True, "FLAGS": False})
 out["embed pdl"] = build(_triton_linear._embed_squares_kernel,
                          {"ids_ptr": "*i64", "table_ptr": "*bf16", "out_ptr": "*bf16", "squares_ptr": "*fp32",
-                          "s_table": "i32", "s_out": "i32", "s_squares": "i32", "width": "i32"},
-                         {"BLOCK": 32, "BLOCKS_PAD": 32, "PDL": True})
+                          **dict(flags), "s_table": "i32", "s_out": "i32", "s_squares": "i32", "width": "i32"},
+                         {"BLOCK": 32, "BLOCKS_PAD": 32, "PDL": True, "FLAGS": False})
 # the persistent-kernel probe (scripts/gpu_persist.py): one launch with grid barriers,
 # warming each next product's weights; one product a launch as a programmatic dependent
 sys.path.insert(0, os.environ["CODESPEC_SCRIPTS"])
@@ -304,6 +308,21 @@ def test_the_probes_flagged_launches_wait_on_the_count_not_the_launch_before(com
     count = [found.start() for found in re.finditer(r"(atom|red)\.global\.gpu\.release\.add", ptx)][-1]
     assert "bar.sync" in ptx[ptx.rindex("st.global", 0, count):count]
     assert compiled["persist launched flags"]["stack"] == 0
+
+
+@pytest.mark.parametrize("kernel", ["linear m16 down flags", "fold pdl flags"])
+def test_counted_launches_wait_on_the_count_before_and_raise_their_own_after_their_stores(compiled, kernel):
+    """CODESPEC_CUDA_PDL=flags (kernels/flags.py): a programmatic dependent that never
+    calls griddepcontrol.wait; it reads the count of the launch before with acquire at
+    GPU scope before anything it reads, and raises its own with release after a CTA
+    barrier, its stores before; it spills nothing."""
+    ptx = compiled[kernel]["ptx"]
+    assert "griddepcontrol.launch_dependents" in ptx and "griddepcontrol.wait" not in ptx
+    acquire = ptx.index("ld.global.gpu.acquire")
+    assert not re.search(r"\b(ld\.global\.(?!gpu\.acquire)|cp\.async\.(?!bulk\.prefetch)|atom\.)", ptx[:acquire])
+    count = [found.start() for found in re.finditer(r"(atom|red)\.global\.gpu\.release\.add", ptx)][-1]
+    assert "bar.sync" in ptx[ptx.rindex("st.global", 0, count):count]
+    assert compiled[kernel]["stack"] == 0
 
 
 def loops(ptx: str) -> int:
