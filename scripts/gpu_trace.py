@@ -86,6 +86,8 @@ def _traced(loaded: Any, context: int) -> dict[str, Any]:
                 line = sorted(lines, key=lambda one: one["total"])[len(lines) // 2]
                 part.update(totals_us=[one["total"] for one in lines], median_total_us=statistics.median(
                     one["total"] for one in lines), kinds=summary(line), launches=line["launches"])
+                if forward.flags is not None:  # a launch that gave up waiting for its count
+                    part["flags_gave_up"] = forward.flags.errors()
         forward = cache = None  # the graph and its cache go before the next build
         torch.cuda.empty_cache()
     return entry
