@@ -112,6 +112,24 @@ def _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD: tl.constexpr, KEY_BL
 
 
 @triton.jit
+def _wave_start(context_ptr, path_len_ptr, rows, trace_ptr, clock_ptr, flags_ptr, launch, before,
+                ROWS_PAD: tl.constexpr, KEY_BLOCK: tl.constexpr, PDL: tl.constexpr, CLOCK: tl.constexpr,
+                EARLY: tl.constexpr, FLAGS: tl.constexpr):
+    # A worklist wave's program up to its work: its start marked, its dependents let go,
+    # the wait for the kernel before, and the pass's blocks (read before the wait where
+    # EARLY: metadata no kernel writes).
+    trace_mark(trace_ptr, clock_ptr, tl.program_id(0), START, CLOCK)
+    pdl_start(PDL)
+    if EARLY:
+        blocks, ends = _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK)
+    pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
+    trace_mark(trace_ptr, clock_ptr, tl.program_id(0), WAITED, CLOCK)
+    if not EARLY:
+        blocks, ends = _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK)
+    return blocks, ends
+
+
+@triton.jit
 def _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr,
                scale, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head,
                s_part_block, KV_HEADS: tl.constexpr, ROWS_PAD: tl.constexpr, GROUP: tl.constexpr,
@@ -144,14 +162,8 @@ def _row_attention_work_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context
     # pass's real work, the (row, key block, KV head) items in that order, item i going to
     # program i mod programs. Padding rows have no blocks, so they add no programs: a
     # one-row step over 512 keys is 8 items, not the grid's rows * KV heads * 16 programs.
-    trace_mark(trace_ptr, clock_ptr, tl.program_id(0), START, CLOCK)
-    pdl_start(PDL)
-    if EARLY:
-        blocks, ends = _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK)
-    pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
-    trace_mark(trace_ptr, clock_ptr, tl.program_id(0), WAITED, CLOCK)
-    if not EARLY:
-        blocks, ends = _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK)
+    blocks, ends = _wave_start(context_ptr, path_len_ptr, rows, trace_ptr, clock_ptr, flags_ptr, launch, before,
+                               ROWS_PAD, KEY_BLOCK, PDL, CLOCK, EARLY, FLAGS)
     for item in range(tl.program_id(0), tl.sum(blocks, axis=0) * KV_HEADS, tl.num_programs(0)):
         _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr,
                    scale, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head,
@@ -237,14 +249,8 @@ def _row_attention_fold_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_ptr
     # query heads by the program that stored its last block (an atomic count per pair
     # after a CTA barrier, acq_rel at GPU scope, reset by that program: row_linear's fold),
     # all GROUP heads at once. One launch a layer, not two; rows with no keys get zeros.
-    trace_mark(trace_ptr, clock_ptr, tl.program_id(0), START, CLOCK)
-    pdl_start(PDL)
-    if EARLY:
-        blocks, ends = _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK)
-    pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
-    trace_mark(trace_ptr, clock_ptr, tl.program_id(0), WAITED, CLOCK)
-    if not EARLY:
-        blocks, ends = _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK)
+    blocks, ends = _wave_start(context_ptr, path_len_ptr, rows, trace_ptr, clock_ptr, flags_ptr, launch, before,
+                               ROWS_PAD, KEY_BLOCK, PDL, CLOCK, EARLY, FLAGS)
     r = tl.arange(0, ROWS_PAD)
     h = tl.arange(0, HEADS_PAD)
     d = tl.arange(0, DIM)

@@ -30,6 +30,26 @@ def triton_products(monkeypatch):
     monkeypatch.setattr(row_linear_module, "use_triton", lambda tensor, force: True if force is None else force)
 
 
+def pass_logits(monkeypatch, attention: str, reduce: str, setting: str, values: tuple[str, ...]):
+    """A tree pass's logits through the Triton kernels (products and attention, under the
+    interpreter) with `setting` at each of `values`, and the backend each built."""
+    from codespec.kernels import row_attention
+
+    for module in (row_linear_module, row_attention):
+        monkeypatch.setattr(module, "use_triton", lambda tensor, force: True)
+    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", attention)
+    monkeypatch.setenv("CODESPEC_CUDA_REDUCE", reduce)
+    model = tiny_model("qwen2", vocab_size=32, seed=11, dtype=torch.float32)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    tree = VerifyTree(tokens=(5, 6, 7), parents=(-1, 0, 0), depths=(0, 1, 1), draft_nodes=(0, 1))
+    logits, forwards = {}, {}
+    for value in values:
+        monkeypatch.setenv(setting, value)
+        forwards[value] = CudaForward(model, rows=16, fused=True)
+        logits[value] = forwards[value].logits(prefilled(forwards[value], prompt), [(0, len(prompt), tree)])
+    return logits, forwards
+
+
 def prefilled(forward: CudaForward, prompt: list[int]):
     engine = Engine(forward, None, eos_token_ids=[], slots=2)
     for slot in (0, 1):
@@ -75,22 +95,9 @@ def test_reading_the_metadata_early_changes_no_bit(monkeypatch, attention):
     """CODESPEC_CUDA_EARLY moves reads before PDL's wait and the residual's before the K
     loop: the same values read sooner, so the same logits, bit for bit (the products,
     their folded splits and attention through the Triton kernels)."""
-    from codespec.kernels import row_attention
-
-    for module in (row_linear_module, row_attention):
-        monkeypatch.setattr(module, "use_triton", lambda tensor, force: True)
-    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", attention)
-    monkeypatch.setenv("CODESPEC_CUDA_REDUCE", "fold")
-    model = tiny_model("qwen2", vocab_size=32, seed=11, dtype=torch.float32)
-    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
-    tree = VerifyTree(tokens=(5, 6, 7), parents=(-1, 0, 0), depths=(0, 1, 1), draft_nodes=(0, 1))
-    logits = {}
-    for early in ("0", "1"):
-        monkeypatch.setenv("CODESPEC_CUDA_EARLY", early)
-        forward = CudaForward(model, rows=16, fused=True)
-        assert forward.early is (early == "1")
-        logits[early] = forward.logits(prefilled(forward, prompt), [(0, len(prompt), tree)])
+    logits, forwards = pass_logits(monkeypatch, attention, "fold", "CODESPEC_CUDA_EARLY", ("0", "1"))
     assert torch.equal(logits["0"], logits["1"])
+    assert [forward.early for forward in forwards.values()] == [False, True]
 
 
 def test_a_row_group_keeps_every_row_its_decode_steps_and_a_group_of_ones_bits(triton_products, monkeypatch):
@@ -120,22 +127,10 @@ def test_launches_that_wait_on_counts_compute_the_same_bits_and_count_every_prog
     combine) waits on the launch before's count, then raises its own after its stores.
     Under the interpreter launches run in turn, so every count is met: the same logits
     as without, bit for bit, every launch's count its programs, no wait given up."""
-    from codespec.kernels import row_attention
-
-    for module in (row_linear_module, row_attention):
-        monkeypatch.setattr(module, "use_triton", lambda tensor, force: True)
-    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", attention)
-    monkeypatch.setenv("CODESPEC_CUDA_REDUCE", reduce)
-    model = tiny_model("qwen2", vocab_size=32, seed=13, dtype=torch.float32)
-    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
-    tree = VerifyTree(tokens=(5, 6, 7), parents=(-1, 0, 0), depths=(0, 1, 1), draft_nodes=(0, 1))
-    logits = {}
-    for pdl in ("off", "flags"):
-        monkeypatch.setenv("CODESPEC_CUDA_PDL", pdl)
-        forward = CudaForward(model, rows=16, fused=True)
-        logits[pdl] = forward.logits(prefilled(forward, prompt), [(0, len(prompt), tree)])
+    logits, forwards = pass_logits(monkeypatch, attention, reduce, "CODESPEC_CUDA_PDL", ("off", "flags"))
     assert torch.equal(logits["off"], logits["flags"])
-    flags = forward.flags
+    flags = forwards["flags"].flags
+    model = forwards["flags"].model
     counts, launches = flags.counts.tolist(), len(flags.programs)
     # the embeddings, per layer at least q/k/v, attention, o, gate/up and down, then lm_head and its choices
     assert launches >= 1 + 5 * model.config.num_hidden_layers + 2
