@@ -91,3 +91,37 @@ def _traced(loaded: Any, context: int) -> dict[str, Any]:
         forward = cache = None  # the graph and its cache go before the next build
         torch.cuda.empty_cache()
     return entry
+
+
+def report(stage: dict[str, Any]) -> str:
+    """The trace stage's result as markdown, a table per variant and pass: each kind's
+    launches, median share of the pass, lead, release and last program's phases (us)."""
+    from codespec.kernels.trace import PHASES
+
+    columns = ["launches", "share", "share_sum", "lead", "release", *PHASES[1:]]
+    out = []
+    for variant, passes in stage.items():
+        if not isinstance(passes, dict):
+            continue
+        for label, part in passes.items():
+            if not isinstance(part, dict) or "kinds" not in part:
+                continue
+            kinds = part["kinds"]
+            out.append(f"**{variant}, {label}**: {part['median_total_us']} us traced "
+                       f"(graph {part.get('traced_device_ms')} ms traced, {part.get('device_ms')} ms untraced)\n")
+            out.append("| kind | " + " | ".join(columns) + " |")
+            out.append("|---" * (len(columns) + 1) + "|")
+            for kind, entry in kinds.items():
+                if kind == "total":
+                    continue
+                values = [entry.get(name, entry["last_program"].get(name, "")) for name in columns]
+                out.append(f"| {kind} | " + " | ".join(str(value) for value in values) + " |")
+            out.append("")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":  # python scripts/gpu_trace.py docs/gpu/<run>.json: the trace stage as tables
+    import json
+    import sys
+
+    print(report(json.load(open(sys.argv[1]))["trace"]))

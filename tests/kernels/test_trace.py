@@ -97,6 +97,9 @@ def test_the_trace_stage_reads_a_timeline_of_every_launch(monkeypatch):
             assert {"qkv", "attention", "o", "gate_up", "down", "lm_head"} <= set(seen["kinds"]), (label, part)
             assert seen["median_total_us"] == seen["kinds"]["total"] > 0
             assert seen["device_ms"] == seen["traced_device_ms"] == 1.0 / 20  # a replay of 20
+    table = gpu_trace.report(result)  # what the docs take: a table per variant and pass
+    assert table.count("| kind | launches | share |") == 2 * len(gpu_trace.TRACED)
+    assert "| qkv | 2 |" in table and "| lm_head | 1 |" in table
     # a bucket of 32 rows: two blocks of 16, two programs a column block and split, or one group
     programs = {label: result[label]["step"]["kinds"]["qkv"]["programs"] for label in gpu_trace.TRACED}
     assert programs["fused m16 pdl/prefetch fold, fold attention"] == \
