@@ -123,5 +123,6 @@ def report(stage: dict[str, Any]) -> str:
 if __name__ == "__main__":  # python scripts/gpu_trace.py docs/gpu/<run>.json: the trace stage as tables
     import json
     import sys
+    from pathlib import Path
 
-    print(report(json.load(open(sys.argv[1]))["trace"]))
+    print(report(json.loads(Path(sys.argv[1]).read_text())["trace"]))
