@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from codespec.kernels._triton_pdl import launch_options, pdl_done, pdl_start, pdl_wait_for
+from codespec.kernels._triton_pdl import COUNTED, launch_options, pdl_done, pdl_start, pdl_wait_for
 from codespec.kernels.flags import TakeFlag, flagged
 from codespec.kernels._triton_trace import ENDED, START, WAITED, program_index, trace_mark, traced
 from codespec.kernels.trace import UNTRACED, TakeTrace
@@ -63,7 +63,7 @@ def _block_partial(q, k_ptr, v_ptr, part_ptr, path_ptr, row, kv_head, slot, cont
     tl.store(at[:, None] + 2 + d[None, :], values, mask=real[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=COUNTED)
 def _row_attention_block_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr,
                                 scale, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path,
                                 s_part_row, s_part_head, s_part_block, trace_ptr, clock_ptr, flags_ptr, launch,
@@ -150,7 +150,7 @@ def _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, con
     return row, kv_head
 
 
-@triton.jit
+@triton.jit(do_not_specialize=COUNTED)
 def _row_attention_work_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr,
                                scale, rows, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path,
                                s_part_row, s_part_head, s_part_block, trace_ptr, clock_ptr, flags_ptr, launch, before,
@@ -236,7 +236,7 @@ def _combine_group(out_ptr, part_ptr, row, kv_head, blocks, s_out_row, s_out_hea
              result.to(out_ptr.dtype.element_ty), mask=real[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=COUNTED)
 def _row_attention_fold_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_ptr, slots_ptr, context_ptr, path_ptr,
                                path_len_ptr, scale, rows, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path,
                                s_part_row, s_part_head, s_part_block, s_out_row, s_out_head, trace_ptr, clock_ptr,
@@ -275,7 +275,7 @@ def _row_attention_fold_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_ptr
     pdl_done(flags_ptr, launch, FLAGS)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=COUNTED)
 def _row_attention_combine_kernel(out_ptr, part_ptr, context_ptr, path_len_ptr, s_out_row, s_out_head,
                                   s_part_row, s_part_head, s_part_block, trace_ptr, clock_ptr, flags_ptr, launch,
                                   before, DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, CHUNK: tl.constexpr,

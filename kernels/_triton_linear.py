@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from codespec.kernels._triton import holds_token, live_rows, rotary_rounded
-from codespec.kernels._triton_pdl import launch_options, pdl_done, pdl_start, pdl_wait_for
+from codespec.kernels._triton_pdl import COUNTED, launch_options, pdl_done, pdl_start, pdl_wait_for
 from codespec.kernels.flags import TakeFlag, flagged
 from codespec.kernels._triton_trace import (COMPUTED, ENDED, REDUCED, START, WAITED, program_index, trace_mark,
                                             traced)
@@ -85,7 +85,7 @@ def _warm_weights(w_ptr, n_first, k_first, k_last, s_w, BLOCK_N: tl.constexpr, S
         sector_prefetch(w_ptr + row[:, None] * s_w + column[None, :], inside)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=COUNTED)
 def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, part_ptr, context_ptr, path_len_ptr,
                        count_ptr, sq_in_ptr, block_out_ptr, index_out_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr,
                        wpos_ptr, k_ptr, v_ptr, trace_ptr, clock_ptr, flags_ptr, launch, before, k_size, eps, s_x,
@@ -318,7 +318,7 @@ def _nan_largest(x):
     return tl.where(x == x, x, float("inf"))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=COUNTED)
 def _choices_kernel(block_out_ptr, index_out_ptr, choices_ptr, flags_ptr, launch, before, s_block_out,
                     N: tl.constexpr, BLOCKS: tl.constexpr, BLOCKS_PAD: tl.constexpr, PDL: tl.constexpr,
                     FLAGS: tl.constexpr):
@@ -385,7 +385,7 @@ def _split_sum(part_ptr, m, n, s_part_split, s_part, SPLITS: tl.constexpr, READ:
     return total
 
 
-@triton.jit
+@triton.jit(do_not_specialize=COUNTED)
 def _row_linear_reduce_kernel(part_ptr, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, context_ptr,
                               path_len_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr, k_ptr, v_ptr,
                               flags_ptr, launch, before, s_part_split, s_part, s_residual, s_out, s_block_out, s_rope,
@@ -480,7 +480,7 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                                  FLAGS=flag is not None, num_warps=4, **launch_options(pdl))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=COUNTED)
 def _embed_squares_kernel(ids_ptr, table_ptr, out_ptr, squares_ptr, flags_ptr, launch, before, s_table, s_out,
                           s_squares, width, BLOCK: tl.constexpr, BLOCKS_PAD: tl.constexpr, PDL: tl.constexpr,
                           FLAGS: tl.constexpr):

@@ -44,6 +44,10 @@ def pdl_wait(PDL: tl.constexpr):
         gdc_wait()
 
 
+# A counted launch's place (kernels/flags.py), runtime integers every launch of a pass
+# passes differently: Triton would compile a kernel again for each divisibility by 16
+# (and for 1) it saw, several builds of each product on the GPU machine, ~2 s each.
+COUNTED = ["launch", "before"]
 # Reads of a launch's count before a program gives up on it (~1 us each: seconds). Only a
 # bug gets there: every program it waits for has started (kernels/flags.py).
 FLAG_SPIN_LIMIT = tl.constexpr(1 << 22)
