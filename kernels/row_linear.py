@@ -30,6 +30,13 @@ reads and computes only the rows that hold a token (the others' loads are masked
 bytes move) and a block of padding rows does nothing; a live row's arithmetic is
 unchanged, so are its bits.
 
+Row groups (`Config.row_group`, session 33). With 16-row programs a pass of 32 rows was
+two programs a block of outputs, each reading the block's weights: the pass read every
+weight twice. A program now computes up to `row_group` blocks of rows with each weight
+tile it loads, each block its own product of the block's shape, and only the blocks up
+to the last that holds a token: a row's bits are a group of one's, and a step's program
+runs a group of one's loop.
+
 `Config` fixes the tiles; `row_linear_ref` is the same arithmetic in plain torch (what
 CPU tensors run).
 

@@ -67,10 +67,10 @@ from codespec.forward.cuda_layers import LayerWeights, add_norm, eps_of, gated, 
 from codespec.forward.cuda_settings import CudaSettings, is_hopper, require_hopper
 from codespec.forward.passlayout import META_FIELDS, PassRows, chain_rows, fill_staging, tree_rows
 from codespec.kernels.compact import keep_paths
+from codespec.kernels.flags import PassFlags
 from codespec.kernels.rope_store import rope_store, rope_store_ref
 from codespec.kernels.row_attention import row_attention
 from codespec.kernels.row_linear import Config, Rope, rms_norm, row_linear
-from codespec.kernels.flags import PassFlags
 from codespec.kernels.trace import TakeTrace, Tracer
 
 _log = logging.getLogger(__name__)
@@ -170,7 +170,7 @@ class CudaForward:
             self.tiles = fused_tiles(self._layers[0], model.lm_head.weight, self.tiles, self.rows, self.tile_rows,
                                      self.row_group, self.head_dim, self.kv_heads)
         # `trace`: the fused layers' kernels write each program's time at each phase, for
-        # scripts/gpu_step.py's timeline of a step (kernels/trace.py); no setting: a probe's
+        # scripts/gpu_trace.py's timeline of a step (kernels/trace.py); no setting: a probe's
         if trace and not self.fused:
             raise SettingError("tracing covers the fused layers' kernels alone: set CODESPEC_CUDA_FUSED=1")
         self.tracer = Tracer(self.device) if trace else None
