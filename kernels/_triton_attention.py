@@ -13,9 +13,9 @@ import triton
 import triton.language as tl
 
 from codespec.kernels._triton_pdl import COUNTED, launch_options, pdl_done, pdl_start, pdl_wait_for
-from codespec.kernels.flags import TakeFlag, flagged
-from codespec.kernels._triton_trace import ENDED, START, WAITED, program_index, trace_mark, traced
-from codespec.kernels.trace import UNTRACED, TakeTrace
+from codespec.kernels._triton_trace import ENDED, START, WAITED, launch_hooks, program_index, trace_mark
+from codespec.kernels.flags import TakeFlag
+from codespec.kernels.trace import TakeTrace
 
 
 @triton.jit
@@ -314,38 +314,33 @@ def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     launch = dict(PDL=pdl, EARLY=early, **launch_options(pdl))
     shapes = dict(GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), DIM=dim, KEY_BLOCK=key_block,
                   PRECISION="ieee" if query.dtype == torch.float32 else "tf32")
-    def region(part_: str, grid: tuple[int, ...]) -> tuple[Any, dict[str, int]]:
-        """A launch's trace and count pointers (kernels/trace.py, kernels/flags.py) and
-        their constants (none taken: CLOCK=0, FLAGS=0)."""
-        programs = math.prod(grid)
-        taken = trace(part_, programs) if trace is not None else None
-        flag = flags(programs) if flags is not None else None
-        return (*traced(taken, out), *flagged(flag, out)), {"CLOCK": taken.kind if taken is not None else UNTRACED,
-                                                            "FLAGS": flag is not None}
+
+    def hooks(part_: str, grid: tuple[int, ...]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return launch_hooks(trace, flags, part_, math.prod(grid), out)  # kernels/_triton_trace.py
 
     if schedule == "fold":
-        pointers, clock = region("", (programs,))
+        pointers, hooked = hooks("", (programs,))
         _row_attention_fold_kernel[(programs,)](
             query, keys, values, part, out, counts, slots, context, path, path_len, float(scale), rows, *strides,
             out.stride(0), out.stride(1), *pointers, KV_HEADS=kv_heads, ROWS_PAD=triton.next_power_of_2(rows),
             HEADS_PAD=triton.next_power_of_2(heads), CHUNK=fold_chunk, num_warps=work_warps, **shapes, **launch,
-            **clock)
+            **hooked)
         return
     if schedule == "worklist":
-        pointers, clock = region("", (programs,))
+        pointers, hooked = hooks("", (programs,))
         _row_attention_work_kernel[(programs,)](
             query, keys, values, part, slots, context, path, path_len, float(scale), rows, *strides, *pointers,
             KV_HEADS=kv_heads, ROWS_PAD=triton.next_power_of_2(rows), num_warps=work_warps, **shapes, **launch,
-            **clock)
+            **hooked)
     else:
         grid = (rows, kv_heads, min(blocks, block_programs))
-        pointers, clock = region("", grid)
+        pointers, hooked = hooks("", grid)
         _row_attention_block_kernel[grid](
             query, keys, values, part, slots, context, path, path_len, float(scale), *strides, *pointers, **shapes,
-            **launch, **clock)
+            **launch, **hooked)
     # at the worklist's warps whatever the schedule: a reduction's order on the GPU follows
     # its layout, which follows the warps, and both schedules must give the same bits
-    pointers, clock = region("_combine", (rows, heads))
+    pointers, hooked = hooks("_combine", (rows, heads))
     _row_attention_combine_kernel[(rows, heads)](
         out, part, context, path_len, out.stride(0), out.stride(1), part.stride(0), part.stride(1), part.stride(2),
-        *pointers, DIM=dim, KEY_BLOCK=key_block, CHUNK=16, num_warps=work_warps, **launch, **clock)
+        *pointers, DIM=dim, KEY_BLOCK=key_block, CHUNK=16, num_warps=work_warps, **launch, **hooked)

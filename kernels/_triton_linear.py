@@ -12,10 +12,10 @@ import triton.language as tl
 
 from codespec.kernels._triton import holds_token, live_rows, rotary_rounded
 from codespec.kernels._triton_pdl import COUNTED, launch_options, pdl_done, pdl_start, pdl_wait_for
+from codespec.kernels._triton_trace import (COMPUTED, ENDED, REDUCED, START, WAITED, launch_hooks, program_index,
+                                            trace_mark)
 from codespec.kernels.flags import TakeFlag, flagged
-from codespec.kernels._triton_trace import (COMPUTED, ENDED, REDUCED, START, WAITED, program_index, trace_mark,
-                                            traced)
-from codespec.kernels.trace import UNTRACED, TakeTrace
+from codespec.kernels.trace import TakeTrace
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 SECTOR_BYTES = 32  # what one prefetch.global.L2 brings in
@@ -419,12 +419,12 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     n_size, k_size = weight.shape
     steps = k_size // block_k
     per_split = triton.cdiv(steps, splits)
-    splits = triton.cdiv(steps, per_split)  # no empty split (Config.grid's count)
+    splits = triton.cdiv(steps, per_split)  # no empty split
     part = torch.empty(splits, rows, n_size, dtype=torch.float32, device=x.device) if splits > 1 else out
     fusion = dict(HAS_BIAS=bias is not None, RESIDUAL=residual is not None, PAIRS=pairs,
-                 SQUARES_OUT=squares_out is not None, CHOICES=choices is not None, ROPE=rope is not None,
-                 HEADS=rope.heads if rope is not None else 1, KV_HEADS=rope.kv_heads if rope is not None else 1,
-                 DIM=rope.keys.shape[3] if rope is not None else 2, LIVE=live is not None, PDL=pdl)
+                  SQUARES_OUT=squares_out is not None, CHOICES=choices is not None, ROPE=rope is not None,
+                  HEADS=rope.heads if rope is not None else 1, KV_HEADS=rope.kv_heads if rope is not None else 1,
+                  DIM=rope.keys.shape[3] if rope is not None else 2, LIVE=live is not None, PDL=pdl)
     pointers = (bias if bias is not None else out, residual if residual is not None else out)
     context, path_len = live if live is not None else (out, out)
     # one float per row and block of outputs (the sums of squares, or the maxima with their
@@ -449,12 +449,10 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     # rotary rounds each product and the sum as transformers does: no fused multiply-adds
     launch = launch_options(pdl, fp_fusion=rope is None)
     grid = (blocks, splits, rows // (block_m * row_group))
-    region = trace("", grid[0] * grid[1] * grid[2]) if trace is not None else None
-    flag = flags(grid[0] * grid[1] * grid[2]) if flags is not None else None
+    hooks, hooked = launch_hooks(trace, flags, "", grid[0] * grid[1] * grid[2], out)
     _row_linear_kernel[grid](
         x, weight, pointers[0], norm if norm is not None else out, pointers[1], out, part, context, path_len,
-        counts if fold else context, sq_in, block_out, index_out, *rope_pointers, *traced(region, out),
-        *flagged(flag, out), k_size,
+        counts if fold else context, sq_in, block_out, index_out, *rope_pointers, *hooks, k_size,
         float(eps), x.stride(0), weight.stride(0), s_residual, out.stride(0), part.stride(0) if splits > 1 else 0,
         part.stride(1) if splits > 1 else 0, s_sq_in, block_out.stride(0), *rope_strides, STEPS_PER_SPLIT=per_split,
         SPLITS=splits, NORM=norm is not None, SQUARES_IN=squares.shape[1] if squares is not None else 0,
@@ -462,9 +460,7 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         PREFETCH=prefetch, SECTOR=sector, SECTORS=sectors,
         WARM_ROWS=min(block_n, max(1, WARM_LANES // sectors)), FOLD=fold, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=_INTERPRETED and x.dtype != torch.float32,
-        CLOCK=region.kind if region is not None else UNTRACED, EARLY=early, ROW_GROUP=row_group,
-        FLAGS=flag is not None, num_warps=num_warps,
-        num_stages=num_stages, **fusion, **launch)
+        EARLY=early, ROW_GROUP=row_group, num_warps=num_warps, num_stages=num_stages, **hooked, **fusion, **launch)
     whole_blocks = squares_out is not None or choices is not None or rope is not None
     if splits > 1 and not fold:
         block = reduce_block(n_size, block_n, whole_blocks)

@@ -60,16 +60,25 @@ def pdl_wait_for(counts_ptr, launch, before, PDL: tl.constexpr, FLAGS: tl.conste
     # raised after its stores (counts_ptr[launch - 1], read with acquire at GPU scope); a
     # count still short after FLAG_SPIN_LIMIT reads is recorded in counts_ptr[0].
     if FLAGS:
-        seen = tl.atomic_add(counts_ptr + launch - 1, 0, sem="acquire", scope="gpu")
-        spins = 0
-        while (seen < before) & (spins < FLAG_SPIN_LIMIT):
-            seen = tl.atomic_add(counts_ptr + launch - 1, 0, sem="acquire", scope="gpu")
-            spins += 1
-        if seen < before:
-            tl.atomic_max(counts_ptr, 1, sem="relaxed", scope="gpu")
-        tl.debug_barrier()
+        count_ptr = counts_ptr + launch - 1
+        wait_count(count_ptr, tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu"), before, counts_ptr,
+                   FLAG_SPIN_LIMIT)
     else:
         pdl_wait(PDL)
+
+
+@triton.jit
+def wait_count(count_ptr, seen, target, error_ptr, SPIN_LIMIT: tl.constexpr):
+    # Read the count from `seen` on (acquire at GPU scope: what the programs that raised
+    # it stored is visible after) until it reaches `target`, SPIN_LIMIT reads at most; one
+    # that stays short raises *error_ptr and goes on (wrong numbers, never a hung GPU).
+    spins = 0
+    while (seen < target) & (spins < SPIN_LIMIT):
+        seen = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
+        spins += 1
+    if seen < target:
+        tl.atomic_max(error_ptr, 1, sem="relaxed", scope="gpu")
+    tl.debug_barrier()
 
 
 @triton.jit

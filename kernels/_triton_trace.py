@@ -1,5 +1,5 @@
 """Time marks inside the cuda backend's kernels: where a product's microseconds go
-(forward/cuda_trace.py reads them; scripts/gpu_step.py's `trace` stage).
+(kernels/trace.py reads them; scripts/gpu_trace.py's `trace` stage).
 
 Why. Session 32's H100 run cut a step from 273 launches to 125 and saved ~20 us of
 1.2 ms: launches were not the cost, and no profiler says what is. Each program of a
@@ -21,7 +21,8 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from codespec.kernels.trace import PHASES, Trace
+from codespec.kernels.flags import TakeFlag, flagged
+from codespec.kernels.trace import PHASES, UNTRACED, TakeTrace, Trace
 
 # each mark's place in a program's row (kernels/trace.py's PHASES)
 START, WAITED, COMPUTED, REDUCED, ENDED = (tl.constexpr(PHASES.index(name)) for name in
@@ -55,3 +56,14 @@ def traced(trace: Trace | None, placeholder: Any) -> tuple[Any, Any]:
     """A launch's trace and clock pointers: the region's and the clock's, or (untraced,
     CLOCK=0 compiles the marks away) any tensor of the launch's."""
     return (trace.region, trace.clock) if trace is not None else (placeholder, placeholder)
+
+
+def launch_hooks(trace: TakeTrace | None, flags: TakeFlag | None, part: str, programs: int,
+                 placeholder: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A launch of `programs` programs' trace and count arguments (trace_ptr, clock_ptr,
+    flags_ptr, launch, before: the region and place it takes, kernels/trace.py and
+    kernels/flags.py) and their constants (CLOCK, FLAGS; none taken: 0 and off)."""
+    region = trace(part, programs) if trace is not None else None
+    flag = flags(programs) if flags is not None else None
+    return (*traced(region, placeholder), *flagged(flag, placeholder)), {
+        "CLOCK": region.kind if region is not None else UNTRACED, "FLAGS": flag is not None}

@@ -55,9 +55,9 @@ Order: kernel, pdl, rows, costs, profile, anatomy, step, plain; then the exactne
 stages in fresh processes, the step stage's winner first (`edit_step` with prompt lookup
 beside it, `verify_step`, `stress_step`: what the defaults would become), then the default
 backend's, then the variants asked for; then the probes that only explain (persist,
-trace, attention, l2, and those on request). Stages start only while `--deadline` seconds (from the start)
-leave them time, and a fresh process's stage may overrun it by OVERRUN_S: a run cut short
-by the machine's limit still writes what it measured.
+trace, attention, l2, and those on request). Stages start only while `--deadline` seconds
+(from the start) leave them time, and a fresh process's stage may overrun it by
+OVERRUN_S: a run cut short by the machine's limit still writes what it measured.
 
 Writes <out>/gpu-check.json and prints a summary table last.
 

@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from codespec.kernels._triton_linear import sector_prefetch
-from codespec.kernels._triton_pdl import launch_options, pdl_start, pdl_wait
+from codespec.kernels._triton_pdl import launch_options, pdl_done, pdl_start, pdl_wait, wait_count
 
 # The default model's layer for one row, (outputs, inputs): q/k/v, o, gate/up, down. The
 # activations run a -> b -> a -> c -> a: o reads q/k/v's first 896 outputs and down
@@ -120,20 +120,7 @@ def _grid_barrier(sync_ptr, flag_ptr, target, SPIN_LIMIT: tl.constexpr):
     # after SPIN_LIMIT reads and raises the flag: wrong numbers, never a hung run.
     tl.debug_barrier()
     arrived = tl.atomic_add(sync_ptr, 1, sem="acq_rel", scope="gpu") + 1
-    _wait_arrivals(sync_ptr, flag_ptr, arrived, target, SPIN_LIMIT)
-
-
-@triton.jit
-def _wait_arrivals(sync_ptr, flag_ptr, arrived, target, SPIN_LIMIT: tl.constexpr):
-    # Read the count (acquiring what the programs that raised it stored) until `target`
-    # have arrived, SPIN_LIMIT reads at most (then the flag: wrong numbers, not a hang).
-    spins = 0
-    while (arrived < target) & (spins < SPIN_LIMIT):
-        arrived = tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
-        spins += 1
-    if arrived < target:
-        tl.atomic_max(flag_ptr, 1, sem="relaxed", scope="gpu")
-    tl.debug_barrier()
+    wait_count(sync_ptr, arrived, target, flag_ptr, SPIN_LIMIT)
 
 
 @triton.jit
@@ -153,8 +140,8 @@ def _chain_kernel(w_ptr, a_ptr, b_ptr, c_ptr, sync_ptr, flag_ptr, first, last, N
         _layer_phase(w_ptr, a_ptr, b_ptr, c_ptr, first, pid, programs, N0, K0, N1, K1, N2, K2, N3, K3, BLOCK_N,
                      BLOCK_K, BLOCK_K_LONG, WORK, True, S0, S1, S2, S3)
     if FLAGS:
-        _wait_arrivals(sync_ptr, flag_ptr, tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu"), first * programs,
-                       SPIN_LIMIT)
+        wait_count(sync_ptr, tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu"), first * programs, flag_ptr,
+                   SPIN_LIMIT)
     else:
         pdl_wait(PDL)
     for t in range(first, last):
@@ -165,9 +152,7 @@ def _chain_kernel(w_ptr, a_ptr, b_ptr, c_ptr, sync_ptr, flag_ptr, first, last, N
                 _layer_phase(w_ptr, a_ptr, b_ptr, c_ptr, t + 1, pid, programs, N0, K0, N1, K1, N2, K2, N3, K3,
                              BLOCK_N, BLOCK_K, BLOCK_K_LONG, WORK, True, S0, S1, S2, S3)
             _grid_barrier(sync_ptr, flag_ptr, (t + 1 - first) * programs, SPIN_LIMIT)
-    if FLAGS:  # this program's stores, then its count (the next launch acquires both)
-        tl.debug_barrier()
-        tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
+    pdl_done(sync_ptr, 0, FLAGS)  # with FLAGS: this program's stores, then its count (the next launch acquires both)
 
 
 class Chain:
