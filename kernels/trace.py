@@ -63,7 +63,7 @@ class Tracer:
         self.device = device
         self.kind = GLOBALTIMER if device.type == "cuda" else LOGICAL
         self.clock = torch.zeros(1, dtype=torch.int64, device=device)
-        self._regions: list[tuple[str, torch.Tensor]] = []
+        self.regions: list[tuple[str, torch.Tensor]] = []  # (label, region) in launch order
         self._next = 0
 
     def begin(self) -> None:
@@ -72,14 +72,14 @@ class Tracer:
 
     def take(self, label: str, programs: int) -> Trace:
         """The next launch's region: `programs` rows, named `label`."""
-        if self._next < len(self._regions):
-            known, region = self._regions[self._next]
+        if self._next < len(self.regions):
+            known, region = self.regions[self._next]
             if known != label or region.shape[0] != programs:
                 raise RuntimeError(f"a traced pass launched {label} ({programs} programs) where the first launched "
                                    f"{known} ({region.shape[0]}): trace one layout per Tracer")
         else:
             region = torch.zeros(programs, len(PHASES), dtype=torch.int64, device=self.device)
-            self._regions.append((label, region))
+            self.regions.append((label, region))
         self._next += 1
         return Trace(region, self.clock, self.kind)
 
@@ -90,12 +90,12 @@ class Tracer:
 
     @property
     def labels(self) -> list[str]:
-        return [label for label, _ in self._regions]
+        return [label for label, _ in self.regions]
 
     def clear(self) -> None:
         """Every mark back to zero (before the pass to read)."""
         with torch.inference_mode():  # the regions were made in a pass's
-            for _, region in self._regions:
+            for _, region in self.regions:
                 region.zero_()
             self.clock.zero_()
 
@@ -103,7 +103,7 @@ class Tracer:
         """The last pass's timeline (the caller synchronised the device), in microseconds
         on a GPU, in ticks of the logical clock elsewhere."""
         unit = 1e-3 if self.kind == GLOBALTIMER else 1.0
-        return timeline([(label, region.cpu()) for label, region in self._regions], unit)
+        return timeline([(label, region.cpu()) for label, region in self.regions], unit)
 
 
 def timeline(regions: list[tuple[str, torch.Tensor]], unit: float) -> dict[str, Any]:

@@ -50,14 +50,13 @@ def test_a_traced_step_marks_every_program_of_every_launch_in_order(monkeypatch,
     assert forward.tracer.labels == [f"{kind}.{i}" for i in range(layers) for kind in kinds] + ["lm_head"]
     line = forward.tracer.timeline()
     previous_end = 0
-    for label, region in zip(forward.tracer.labels, forward.tracer._regions):
-        marks = region[1]
+    for label, marks in forward.tracer.regions:
         assert (marks[:, 0] > previous_end).all(), label  # the interpreter runs launches one after another
         for program in marks.tolist():
             reached = [mark for mark in program if mark > 0]
             assert program[0] > 0 and program[-1] > 0 and reached == sorted(reached), (label, program)
         previous_end = int(marks[:, -1].max())
-    products = [marks for label, (_, marks) in zip(forward.tracer.labels, forward.tracer._regions)
+    products = [marks for label, marks in forward.tracer.regions
                 if label.split(".")[0] in ("qkv", "o", "gate_up", "down", "lm_head")]
     # a step's one row lies in the first block of 16 rows: its programs compute, the other
     # block's (padding) only start, wait and end
