@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from codespec.engine import Engine, GenerationConfig, ahead
-from codespec.engine.kvcache import SlotCache
 from codespec.engine.scheduler import Scheduler
 from codespec.forward import of_model
 from codespec.forward.cuda import CudaForward

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from codespec.engine import Engine, GenerationConfig
+from codespec.engine.kvcache import DEFAULT_CHUNK, SlotCache
 from codespec.forward.cuda import CudaForward
 from codespec.models.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
@@ -36,8 +37,15 @@ def test_the_kernels_on_live_rows_give_the_models_output_and_stay_lossless(monke
         monkeypatch.setattr(module, "use_triton", lambda tensor, force: True)  # CPU tensors: the interpreter
     monkeypatch.setenv("CODESPEC_CUDA_TILE_ROWS", "16")  # a bucket of two blocks of rows: a step computes one
     model = tiny_model("qwen2", vocab_size=16, seed=3, dtype=torch.float32)
-    engine = Engine(CudaForward(model, rows=32, fused=fused), None, PromptLookupProposer(min_match_tokens=1),
-                    max_draft_tokens=12, eos_token_ids=[])
+    # Slots of two key blocks, not the model's whole context (16 blocks): the requests' keys
+    # fill one, and the grid schedule's programs past a row's keys, each interpreted, made
+    # up half the slow step's time (318 s of its 627 on the 2-core VM).
+    cache = SlotCache(model.config, slots=2, slot_tokens=2 * row_attention.KEY_BLOCK, dtype=torch.float32,
+                      device=torch.device("cpu"), chunk=DEFAULT_CHUNK)
+    # the fused products' bucket of two blocks of 16 rows; the default layers' products run
+    # in torch here, so their bucket is one block (half the interpreted programs)
+    engine = Engine(CudaForward(model, rows=32 if fused else 16, fused=fused), None,
+                    PromptLookupProposer(min_match_tokens=1), max_draft_tokens=12, eos_token_ids=[], cache=cache)
     cases = prompts(16, 2, seed=23, repeat=True)
     assert engine.generate(cases[0], GenerationConfig(max_new_tokens=6, speculate=False)).token_ids == \
         hf_greedy(model, cases[0], 6)
