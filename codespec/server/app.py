@@ -119,8 +119,11 @@ def _install_error_handlers(app: FastAPI) -> None:
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
         message = first.get("msg", "invalid request")
         if first.get("type") == "json_invalid":
-            message = "the body is not valid JSON"
-        elif first.get("type") == "model_attributes_type":
+            # its loc is ("body", the character offset), not a field: say where and why
+            why = (first.get("ctx") or {}).get("error")
+            message = f"the body is not valid JSON at character {where or 0}" + (f": {why}" if why else "")
+            return reply(400, message)
+        if first.get("type") == "model_attributes_type":
             message = "the body must be a JSON object (send Content-Type: application/json)"
         return reply(400, f"{where}: {message}" if where else message, param=where or None)
 

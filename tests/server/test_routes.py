@@ -153,7 +153,7 @@ async def test_openai_client_over_a_real_socket(live_server):
 
 
 BAD = [
-    ("post", "/v1/completions", b"{not json", 400, "not valid JSON"),
+    ("post", "/v1/completions", b"{not json", 400, "not valid JSON at character 1: Expecting property name"),
     ("post", "/v1/completions", {"prompt": 5, "max_tokens": 4}, 400, "prompt"),
     ("post", "/v1/completions", {"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
     ("post", "/v1/completions", {"prompt": "x", "max_tokens": 100000}, 400, "limit"),
