@@ -49,7 +49,10 @@ one persistent launch with grid barriers (and warming each next product's weight
 against one launch a product: whether a persistent kernel would reach the plain-step bar
 where fewer launches did not. `trace` (scripts/gpu_trace.py, session 33): the fused
 step's and 32-row pass's timelines from %globaltimer marks in every program of every
-launch (kernels/trace.py): where each launch's share of the step goes.
+launch (kernels/trace.py): where each launch's share of the step goes. `lmscreen`
+(scripts/gpu_lmscreen.py, session 34; on request): an int8 screen of lm_head against the
+bf16 product, at a step's 16 rows and a pass's 32, and the vocab blocks it leaves to the
+exact product.
 
 Order: kernel, pdl, rows, costs, profile, anatomy, step, plain; then the exactness
 stages in fresh processes, the step stage's winner first (`edit_step` with prompt lookup
@@ -83,6 +86,7 @@ from gpu_measure import _time, cost_curve, profile_step, row_checks, step_anatom
 from gpu_step import (NO_PDL, attention_probe, blas_of, l2_probe, pdl_check, plain_probe, restore_environment,
                       step_probe, winner_env)
 from gpu_probes import bucket_probe, fused_probe, fused_tiles_probe, gemm_probe, key_block_probe, tiles_probe
+from gpu_lmscreen import lmscreen_probe
 from gpu_persist import persist_probe
 from gpu_trace import trace_probe
 
@@ -415,6 +419,8 @@ def main() -> None:
         stage(results, "persist", persist_probe, out, needs_s=40)
     if "trace" in wanted:  # where the fused step's time goes, launch by launch
         stage(results, "trace", lambda: trace_probe(loaded), out, needs_s=40)
+    if "lmscreen" in wanted:  # what an int8 lm_head screen would save (~10 s)
+        stage(results, "lmscreen", lambda: lmscreen_probe(loaded), out, needs_s=20)
     if "attention" in wanted:
         stage(results, "attention", attention_probe, out)
     if "l2" in wanted:

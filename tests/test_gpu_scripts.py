@@ -326,6 +326,24 @@ def test_the_check_runs_its_stages_in_the_order_that_keeps_the_bar_s_evidence(mo
     assert "total_s" in written
 
 
+def test_the_lm_screen_stage_runs_on_request_and_lands_in_the_json(monkeypatch, tmp_path):
+    """`--stages lmscreen` (scripts/gpu_lmscreen.py, its own tests in tests/kernels/):
+    the loaded model handed to the probe, its result written."""
+    import json
+
+    gpu_check = pytest.importorskip("gpu_check")
+    loaded = tiny_run(rows=16, vocab_size=16, backend="cuda", reason=None)
+    monkeypatch.setattr(gpu_check.torch.cuda, "get_device_name", lambda *args: "stub GPU")
+    monkeypatch.setattr(gpu_check, "random_model_dir", lambda assets, where: tmp_path)
+    monkeypatch.setattr(gpu_check, "load", lambda model_dir: loaded)
+    monkeypatch.setattr(gpu_check, "lmscreen_probe", lambda given: {"same_model": given is loaded})
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--out", str(tmp_path / "out"), "--stages", "lmscreen"])
+    monkeypatch.setattr(gpu_check, "DEADLINE_S", gpu_check.DEADLINE_S)  # main sets it: restored after the test
+    gpu_check.main()
+    written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
+    assert written["lmscreen"]["same_model"] is True and written["lmscreen"]["ok"]
+
+
 def test_with_the_real_weights_carried_over_their_stages_run_on_the_default_model(monkeypatch, tmp_path):
     """`--real DIR`: the pieces joined and converted once (`real_model`), the real
     weights' rows checked, then edit, verify and stress on `default` from the run's

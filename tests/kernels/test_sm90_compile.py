@@ -172,6 +172,14 @@ for name, pdl, flags in (("persist prefetch", False, False), ("persist launched 
     out[name] = build(gpu_persist._chain_kernel, chain,
                       {**layer, **sectors, "BLOCK_N": 8, "BLOCK_K": 128, "BLOCK_K_LONG": 256, "WORK": True,
                        "PREFETCH": True, "PDL": pdl, "SPIN_LIMIT": gpu_persist.SPIN_LIMIT, "FLAGS": flags})
+# the lm_head screen probe (scripts/gpu_lmscreen.py): int8 tiles into a bf16 tensor-core product
+import gpu_lmscreen
+
+out["lm screen"] = build(gpu_lmscreen._screen_kernel,
+                         {"x_ptr": "*bf16", "q_ptr": "*i8", **{name: "*fp32" for name in (
+                             "scale_ptr", "bound_ptr", "norm_ptr", "hi_ptr", "lo_ptr")},
+                          "s_x": "i32", "s_q": "i32", "s_out": "i32"},
+                         {"K": 896, "BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "UPCAST": False})
 json.dump(out, sys.stdout)
 """
 
@@ -368,3 +376,11 @@ def test_the_persistent_probe_builds_its_barriers_and_warming_for_the_gpu(compil
     launched = compiled["persist launched pdl"]["ptx"]
     assert first_load_after_the_wait(launched)
     assert "prefetch.global.L2" in launched[:launched.index("griddepcontrol.wait")]
+
+
+def test_the_lm_screen_probe_reads_int8_into_a_tensor_core_product_without_spilling(compiled):
+    """The screen's int8 tiles meet x in a bf16 tensor-core product (the bytes unpacked in
+    registers: exact for |q| <= 127), and nothing spills."""
+    screen = compiled["lm screen"]
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in screen["ptx"] or "wgmma" in screen["ptx"]
+    assert screen["stack"] == 0
