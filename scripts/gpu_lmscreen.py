@@ -37,6 +37,9 @@ import triton.language as tl
 from codespec.kernels.row_linear import Config, row_linear
 
 RHO = 2.0 ** -10
+# The screen's pipeline depth, named: the sm_90 build with it copies the int8 tiles in 16
+# bytes at a time, asynchronously (test_sm90_compile.py); a build without it read 4.
+STAGES = 3
 
 
 @triton.jit
@@ -99,7 +102,7 @@ class Screen:
         _screen_kernel[(self.blocks, rows // block_m)](
             x, self.q, self.scale, self.bound, norm, hi, lo, x.stride(0), self.q.stride(0), hi.stride(0), K=k_size,
             BLOCK_M=block_m, BLOCK_N=self.block_n, BLOCK_K=self.block_k,
-            UPCAST=not x.is_cuda and x.dtype != torch.float32, num_warps=4)
+            UPCAST=not x.is_cuda and x.dtype != torch.float32, num_warps=4, num_stages=STAGES)
         return hi, lo
 
     def flagged(self, hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:

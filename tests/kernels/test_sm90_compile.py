@@ -31,8 +31,10 @@ from codespec.kernels._triton_pdl import launch_options
 tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def build(fn, signature, constants, warps=4, fp_fusion=True):
+def build(fn, signature, constants, warps=4, fp_fusion=True, stages=None):
     options = {"num_warps": warps, **launch_options(constants.get("PDL", False), fp_fusion)}  # as the wrappers launch
+    if stages is not None:  # where the launch names its pipeline's depth
+        options["num_stages"] = stages
     # What a launch on the GPU specializes: every pointer 16-byte aligned (torch's
     # allocations) and every integer a multiple of 16 (the default model's strides and
     # sizes): the loads vectorize and pipeline only with it.
@@ -179,7 +181,8 @@ out["lm screen"] = build(gpu_lmscreen._screen_kernel,
                          {"x_ptr": "*bf16", "q_ptr": "*i8", **{name: "*fp32" for name in (
                              "scale_ptr", "bound_ptr", "norm_ptr", "hi_ptr", "lo_ptr")},
                           "s_x": "i32", "s_q": "i32", "s_out": "i32"},
-                         {"K": 896, "BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "UPCAST": False})
+                         {"K": 896, "BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "UPCAST": False},
+                         stages=gpu_lmscreen.STAGES)
 json.dump(out, sys.stdout)
 """
 
@@ -379,8 +382,10 @@ def test_the_persistent_probe_builds_its_barriers_and_warming_for_the_gpu(compil
 
 
 def test_the_lm_screen_probe_reads_int8_into_a_tensor_core_product_without_spilling(compiled):
-    """The screen's int8 tiles meet x in a bf16 tensor-core product (the bytes unpacked in
-    registers: exact for |q| <= 127), and nothing spills."""
+    """The screen's int8 tiles come in through 16-byte asynchronous copies (pipelined, as
+    the products' bf16 tiles) and meet x in a bf16 tensor-core product (the bytes
+    unpacked in registers: exact for |q| <= 127); nothing spills."""
     screen = compiled["lm screen"]
+    assert "cp.async.cg.shared.global" in screen["ptx"]
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in screen["ptx"] or "wgmma" in screen["ptx"]
     assert screen["stack"] == 0
