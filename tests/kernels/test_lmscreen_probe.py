@@ -84,3 +84,26 @@ def test_the_stage_reports_coverage_flags_and_both_timings(monkeypatch):
     assert result["peaked_32"]["flagged_per_row_median"] <= result["random_32"]["flagged_per_row_median"]
     assert len(ran) == 4  # both kernels at both row counts ran
     assert result["int8_mb"] * 2 == pytest.approx(result["bf16_mb"], rel=0.01)
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_on_the_default_models_lm_head_real_rows_flag_a_few_blocks_of_1187(default_model):
+    """The real weights (lm_head is the tied embeddings) and real final hidden states of
+    code: every choice covered, and a row flags a few of the 1,187 blocks (session 34,
+    64 rows: median 2, at most 13), so the exact product would recompute ~0.2% of
+    lm_head for a step."""
+    model, tokenizer = default_model.model, default_model.tokenizer
+    weight = model.get_input_embeddings().weight.detach()
+    screen = gpu_lmscreen.Screen(weight)
+    texts = [Path(gpu_lmscreen.__file__).read_text()[:2000], Path(__file__).read_text()[:2000]]
+    rows = []
+    with torch.no_grad():
+        for text in texts:
+            ids = torch.tensor([tokenizer.encode(text)[:300]])
+            hidden = model.model(ids).last_hidden_state[0]  # after the final norm: lm_head's input
+            rows.append(hidden[torch.linspace(30, hidden.shape[0] - 1, 8).long()])
+    x = torch.cat(rows).to(weight.dtype).contiguous()
+    seen = gpu_lmscreen.check(screen, weight, x, Config(16, 128, 64))
+    assert seen["blocks"] == 1187 and seen["choices_covered"] == 16, seen
+    assert seen["flagged_per_row_median"] <= 8 and seen["flagged_any_row"] <= 100, seen
