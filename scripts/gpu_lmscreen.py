@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from codespec.kernels._triton_linear import _nan_largest
 from codespec.kernels.row_linear import Config, row_linear
 
 RHO = 2.0 ** -10
@@ -54,14 +55,15 @@ def _screen_kernel(x_ptr, q_ptr, scale_ptr, bound_ptr, norm_ptr, hi_ptr, lo_ptr,
         k = first + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + m[:, None] * s_x + k[None, :])
         q = tl.load(q_ptr + n[:, None] * s_q + k[None, :])
-        if UPCAST:  # the interpreter's bf16 tl.dot is not to be trusted (row_linear's _dot)
+        # not row_linear's _dot(x, q.to(bf16)): the interpreter casts int8 to bf16 wrongly
+        # (NaNs), so its path takes int8 straight to float32
+        if UPCAST:
             acc += tl.dot(x.to(tl.float32), tl.trans(q.to(tl.float32)))
         else:  # |q| <= 127 is exact in bf16
             acc += tl.dot(x, tl.trans(q.to(x.dtype)))
     approx = acc * tl.load(scale_ptr + n).to(tl.float32)[None, :]
     margin = tl.load(bound_ptr + n)[None, :] * tl.load(norm_ptr + m)[:, None]
-    hi = approx + margin
-    hi = tl.where(hi == hi, hi, float("inf"))  # a NaN: its block flagged
+    hi = _nan_largest(approx + margin)  # a NaN: its block flagged
     lo = approx - margin
     lo = tl.where(lo == lo, lo, float("-inf"))  # a NaN excludes nothing
     block = tl.program_id(0)

@@ -74,6 +74,8 @@ from codespec.kernels.row_linear import Config, Rope, rms_norm, row_linear
 from codespec.kernels.trace import TakeTrace, Tracer
 
 _log = logging.getLogger(__name__)
+
+
 def unsupported(model: Any) -> str | None:
     """Why this backend cannot run `model` (None: it can): the Qwen2/Llama layers it
     computes, with a rotary embedding whose cos and sin depend on the position alone (a

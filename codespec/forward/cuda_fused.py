@@ -43,7 +43,6 @@ def whole_heads(tile: Config, head_dim: int, kv_heads: int) -> Config:
     return tile
 
 
-
 def fused_tiles(layer: LayerWeights, head: torch.Tensor, given: dict[str, Config], rows: int, tile_rows: int,
                 row_group: int, head_dim: int, kv_heads: int) -> dict[str, Config]:
     """Each product's tiles: `given`, else FUSED_TILES with `tile_rows` rows a program in
