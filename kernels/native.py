@@ -1,6 +1,6 @@
-"""codespec's C kernels (`rowgemm.c`, `int8.c`, `lmchoice.c`, `rowdecoder.c`), built once per machine with the C compiler.
+"""codespec's C kernels (`rowgemm.c` and `amx.c`, `int8.c`, `lmchoice.c`, `rowdecoder.c`), built once per machine with the C compiler.
 
-Build: `gcc -O3 -shared -fPIC -fopenmp -ffp-contract=off rowgemm.c int8.c lmchoice.c attend_avx2.c rowdecoder.c -lm`
+Build: `gcc -O3 -shared -fPIC -fopenmp -ffp-contract=off rowgemm.c amx.c int8.c lmchoice.c attend_avx2.c rowdecoder.c -lm`
 (a couple of seconds) into `<cache>/kernels/codespec-<hash>.so`, the hash covering the
 sources, the flags and the compiler's version; written to a temporary name and renamed,
 so concurrent first uses and interrupted builds leave no broken library. Each build
@@ -36,7 +36,8 @@ from codespec.tempfiles import temp_beside
 log = logging.getLogger("codespec.kernels")
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "rowgemm.c", HERE / "int8.c", HERE / "lmchoice.c", HERE / "attend_avx2.c", HERE / "rowdecoder.c")
+GEMM = (HERE / "rowgemm.c", HERE / "amx.c")  # the products alone: what an older compiler may still build
+SOURCES = (*GEMM, HERE / "int8.c", HERE / "lmchoice.c", HERE / "attend_avx2.c", HERE / "rowdecoder.c")
 HEADERS = (HERE / "bf16.h", HERE / "lanes.h")
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off", "-Wno-psabi")
 LIBS = ("-lm",)
@@ -145,7 +146,7 @@ def library() -> ctypes.CDLL | None:
         _failure.append(f"{type(err).__name__}: {err}")
         return None
     errors = []
-    for sources in (SOURCES, SOURCES[:1]):  # everything, else the GEMM alone
+    for sources in (SOURCES, GEMM):  # everything, else the products alone
         try:
             text = b"".join(path.read_bytes() for path in (*sources, *HEADERS))
             digest = hashlib.sha256(text + " ".join(FLAGS + LIBS).encode() + version.encode()

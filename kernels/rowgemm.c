@@ -227,10 +227,12 @@ static void stripe_avx2(const uint16_t *x, int64_t ldx, const uint16_t *stripe, 
 }
 #endif
 
-/* The path this CPU runs: 2 (AVX-512 BF16), 1 (AVX2 + FMA) or 0 (scalar), at most `cap`. */
+/* The path this CPU runs: 3 (AMX, amx.c), 2 (AVX-512 BF16), 1 (AVX2 + FMA) or 0 (scalar),
+ * at most `cap`. */
 int rowgemm_isa(int cap) {
 #if defined(__x86_64__)
     __builtin_cpu_init();
+    if (cap >= 3 && amx_ready()) return 3;
     if (cap >= 2 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw")) return 2;
     if (cap >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
 #endif
@@ -257,6 +259,10 @@ void rowgemm_bf16(int isa, const uint16_t *x, int64_t ldx, const uint16_t *packe
             stripe_avx512bf16(x, ldx, stripe, bias, out, ldo, M, pairs, n0, columns);
             continue;
         }
+        if (isa == 3) {
+            stripe_amx(x, ldx, stripe, bias, out, ldo, M, pairs, n0, columns);
+            continue;
+        }
 #endif
         stripe_scalar(x, ldx, stripe, bias, out, ldo, M, pairs, n0, columns);
     }
@@ -269,6 +275,10 @@ void rowgemm_stripe_row(int isa, const uint16_t *x, const uint16_t *stripe, uint
 #if defined(__x86_64__)
     if (isa == 2) {
         stripe_avx512bf16(x, K, stripe, NULL, out, columns, 1, K / 2, 0, columns);
+        return;
+    }
+    if (isa == 3) {
+        stripe_amx(x, K, stripe, NULL, out, columns, 1, K / 2, 0, columns);
         return;
     }
     if (isa == 1) {

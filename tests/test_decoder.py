@@ -23,6 +23,7 @@ from codespec.policy.proposer import PromptLookupProposer
 from codespec.policy.tree import VerifyTree
 from codespec.engine.verifier import Verifier
 from codespec.forward import of_model
+from tests.isa_paths import isa_params
 
 def as_tensor(logits):
     """The row decoder's logits (bf16 bits) as a bf16 tensor."""
@@ -51,9 +52,7 @@ def random_ids(count: int, vocab: int, seed: int) -> list[int]:
 
 
 # every path of the C forward this CPU runs: its products and attention differ per path
-ISA_CAPS = [pytest.param(cap, id=name, marks=pytest.mark.skipif(rowgemm.library() is None or rowgemm.isa(cap) != cap,
-                                                               reason=f"CPU without the {name} path"))
-            for cap, name in ((rowgemm.SCALAR, "scalar"), (rowgemm.AVX2, "avx2"), (rowgemm.AVX512_BF16, "avx512"))]
+ISA_CAPS = isa_params()
 
 
 @pytest.mark.parametrize("isa_cap", ISA_CAPS)

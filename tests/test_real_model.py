@@ -87,7 +87,7 @@ def test_model_info_json_path_loads_with_transformers():
     from codespec.kernels import rowgemm
 
     # the backend select.py chose, and why: torch-free where the C forward serves the model
-    c_forward = rowgemm.library() is not None and rowgemm.isa() in (rowgemm.AVX512_BF16, rowgemm.AVX2)
+    c_forward = rowgemm.library() is not None and rowgemm.isa() in (rowgemm.AMX, rowgemm.AVX512_BF16, rowgemm.AVX2)
     assert info["forward"]["backend"] == ("rowdecoder" if c_forward else "transformers"), info["forward"]
     assert info["forward"]["torch_free"] == c_forward and info["forward"]["exact"] and info["forward"]["reason"]
 

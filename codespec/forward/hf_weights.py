@@ -122,7 +122,7 @@ def _module_tables(rotary: Any, embed: torch.Tensor) -> Any:
 
 
 def row_forward(model: Any, *, quantize: str = "none", screen: bool = True,
-                isa_cap: int = rowgemm.AVX512_BF16) -> RowForward:
+                isa_cap: int | None = None) -> RowForward:
     """The `rowdecoder` backend over `model` (check `unsupported` first). Its linear layers
     are packed for rowgemm once (rowblocks.install); one decoder is made per model and
     quantization. `isa_cap=rowgemm.SCALAR`: the portable code (tests, on any CPU)."""
@@ -137,7 +137,7 @@ def row_forward(model: Any, *, quantize: str = "none", screen: bool = True,
     return RowForward(made[quantize, isa_cap], model.config, model.generation_config, key, screen=screen)
 
 
-def new_decoder(model: Any, *, isa_cap: int = rowgemm.AVX512_BF16, quantize: str = "none") -> RowDecoder:
+def new_decoder(model: Any, *, isa_cap: int | None = None, quantize: str = "none") -> RowDecoder:
     """A row decoder over `model`'s packed weights (`isa_cap=rowgemm.SCALAR`: the
     portable path, for tests on any CPU)."""
     lib = rowgemm.library()

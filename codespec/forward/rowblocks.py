@@ -119,7 +119,7 @@ def linear_kernel(dtype: torch.dtype, device: torch.device | str) -> str:
     if wanted in ("", "rowgemm"):
         from codespec.kernels import rowgemm
 
-        if rowgemm.isa() in (rowgemm.AVX512_BF16, rowgemm.AVX2):
+        if rowgemm.isa() in (rowgemm.AMX, rowgemm.AVX512_BF16, rowgemm.AVX2):
             return "rowgemm"
     return "onednn-packed" if _onednn_packs_bf16() else "torch"
 

@@ -9,15 +9,12 @@ import pytest
 from codespec.errors import SettingError
 from codespec.kernels import int8, lmchoice
 from codespec.kernels import rowgemm as kernel
+from tests.isa_paths import isa_params
 from codespec.forward.rowdecoder import bf16_bits, bf16_values
 
 pytestmark = pytest.mark.skipif(kernel.library() is None, reason=f"no kernel build: {kernel.unavailable()}")
 
-PATHS = [pytest.param(kernel.SCALAR, id="scalar"),
-         pytest.param(kernel.AVX2, id="avx2",
-                      marks=pytest.mark.skipif(kernel.isa(kernel.AVX2) != kernel.AVX2, reason="CPU without AVX2")),
-         pytest.param(kernel.AVX512_BF16, id="avx512",
-                      marks=pytest.mark.skipif(kernel.isa() != kernel.AVX512_BF16, reason="CPU without AVX-512 BF16"))]
+PATHS = isa_params()
 
 
 class Head:

@@ -10,14 +10,11 @@ import torch
 from codespec.forward import rowblocks
 from codespec.kernels import native
 from codespec.kernels import rowgemm as kernel
+from tests.isa_paths import isa_params
 
 pytestmark = pytest.mark.skipif(kernel.library() is None, reason=f"no rowgemm build: {kernel.unavailable()}")
 
-PATHS = [pytest.param(kernel.SCALAR, id="scalar"),
-         pytest.param(kernel.AVX2, id="avx2", marks=pytest.mark.skipif(kernel.isa(kernel.AVX2) != kernel.AVX2,
-                                                                         reason="CPU without AVX2 and FMA")),
-         pytest.param(kernel.AVX512_BF16, id="avx512bf16",
-                      marks=pytest.mark.skipif(kernel.isa() != kernel.AVX512_BF16, reason="CPU without AVX-512 BF16"))]
+PATHS = isa_params()
 # K: whole chunks, a short tail, less than a chunk; N: whole tiles, ragged tiles and tasks
 SHAPES = [(37, 96), (64, 100), (5, 31), (130, 896)]
 
@@ -139,7 +136,7 @@ def test_a_compiler_that_fails_on_the_forward_still_builds_the_gemm(tmp_path):
     broken = tmp_path / "rowdecoder.c"
     broken.write_text("this is not C\n")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(native, "SOURCES", (native.SOURCES[0], broken))
+        patch.setattr(native, "SOURCES", (*native.GEMM, broken))
         patch.setattr(native, "_chosen_dir", [tmp_path])
         native.library.cache_clear()
         try:
