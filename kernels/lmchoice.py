@@ -47,6 +47,15 @@ def declare(lib: Any) -> Any:
     return lib
 
 
+def full_rows(lib: Any, isa: int) -> int | None:
+    """The fewest rows of a pass whose lm_head `choices` computes in full rather than
+    screening on path `isa` (on AMX the full product of a few rows costs less than their
+    screen), None where it always screens."""
+    lib.lmchoice_full_rows.argtypes, lib.lmchoice_full_rows.restype = [ctypes.c_int], ctypes.c_int
+    rows = int(lib.lmchoice_full_rows(isa))
+    return None if rows < 0 else rows
+
+
 def choices(lib: Any, isa: int, x: np.ndarray, screen: int8.Int8Matrix, lm_head: int,
             kept: np.ndarray | None = None) -> np.ndarray:
     """The argmax of each row's exact logits bf16(x @ lm_head.T) (x: uint16 bf16 bits

@@ -334,9 +334,11 @@ static int layer(int isa, const Model *m, int64_t index, const Pass *p, uint16_t
     const Layer *L = m->layer + index;
     int64_t rows = p->rows, H = m->hidden, D = m->head_dim, Q = m->heads * D, KV = m->kv_heads * D;
     int64_t NQKV = Q + 2 * KV, I = m->inter, group = m->heads / m->kv_heads;
+#pragma omp parallel for schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) rms_norm(x + r * H, L->norm_in, w.normed + r * H, H, m->eps);
     if (product(isa, w.normed, H, L->qkv, L->qkv_q, L->qkv_s, L->qkv_bias, w.qkv, NQKV, rows, NQKV, H)) return -1;
     uint16_t *keys = p->keys[index], *values = p->values[index];
+#pragma omp parallel for schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) {
         uint16_t *row = w.qkv + r * NQKV;
         const uint16_t *cos = m->cos + p->position[r] * D, *sin = m->sin + p->position[r] * D;
@@ -363,13 +365,17 @@ static int layer(int isa, const Model *m, int64_t index, const Pass *p, uint16_t
         free(scratch);
     }
     if (product(isa, w.attended, Q, L->o, L->o_q, L->o_s, L->o_bias, w.normed, H, rows, H, Q)) return -1;
-    for (int64_t r = 0; r < rows; r++) add_rows(x + r * H, w.normed + r * H, H);
-    for (int64_t r = 0; r < rows; r++) rms_norm(x + r * H, L->norm_post, w.normed + r * H, H, m->eps);
+#pragma omp parallel for schedule(static) if (rows > 1)
+    for (int64_t r = 0; r < rows; r++) {
+        add_rows(x + r * H, w.normed + r * H, H);
+        rms_norm(x + r * H, L->norm_post, w.normed + r * H, H, m->eps);
+    }
     if (product(isa, w.normed, H, L->gate_up, L->gate_up_q, L->gate_up_s, NULL, w.mlp, 2 * I, rows, 2 * I, H))
         return -1;
 #pragma omp parallel for schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) silu_mul(w.mlp + r * 2 * I, w.mlp + r * 2 * I + I, w.gated + r * I, I);
     if (product(isa, w.gated, I, L->down, L->down_q, L->down_s, NULL, w.normed, H, rows, H, I)) return -1;
+#pragma omp parallel for schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) add_rows(x + r * H, w.normed + r * H, H);
     return 0;
 }

@@ -18,6 +18,8 @@
  * takes pair p = 0, 1, 2, ... in order, one VDPBF16PS each (x's pair broadcast), then the
  * bias, then one rounding to bf16 (VCVTNEPS2BF16, nearest even). Nothing crosses lanes,
  * so a row's sums do not depend on the other rows in its tile or on the tile's size.
+ * `rowgemm_isa` == 3 runs the same layout on Intel's tile unit (amx.c), with other bits
+ * (TDPBF16PS sums a block of 32 values its own way), so a machine runs one of 2 and 3.
  * `rowgemm_isa` == 0 is a scalar loop over the same layout (any CPU: tests, and the
  * reference of the contract; the engine does not use it for speed). Threads split the
  * stripes with OpenMP; the library links libgomp.so.1, which resolves to torch's copy.
@@ -246,6 +248,7 @@ int rowgemm_stripe(void) { return STRIPE; }
 void rowgemm_bf16(int isa, const uint16_t *x, int64_t ldx, const uint16_t *packed, const uint16_t *bias, uint16_t *out,
                   int64_t ldo, int64_t M, int64_t N, int64_t K) {
     int64_t stripes = (N + STRIPE - 1) / STRIPE, pairs = K / 2;
+    if (isa == 3 && !amx_ready()) isa = 2; /* a caller that skipped rowgemm_isa: never a SIGILL */
 #pragma omp parallel for schedule(static)
     for (int64_t s = 0; s < stripes; s++) {
         const uint16_t *stripe = packed + s * pairs * STRIPE * 2;
@@ -272,6 +275,7 @@ void rowgemm_bf16(int isa, const uint16_t *x, int64_t ldx, const uint16_t *packe
  * bias, on the calling thread. The bits are those rowgemm_bf16 gives that row and those
  * columns (lmchoice.c computes the few logits it needs this way). */
 void rowgemm_stripe_row(int isa, const uint16_t *x, const uint16_t *stripe, uint16_t *out, int64_t columns, int64_t K) {
+    if (isa == 3 && !amx_ready()) isa = 2;
 #if defined(__x86_64__)
     if (isa == 2) {
         stripe_avx512bf16(x, K, stripe, NULL, out, columns, 1, K / 2, 0, columns);

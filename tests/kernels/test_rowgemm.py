@@ -146,3 +146,15 @@ def test_a_compiler_that_fails_on_the_forward_still_builds_the_gemm(tmp_path):
         finally:
             native.library.cache_clear()
     assert native.has("rowdecoder_forward")  # the real build again
+
+
+def test_codespec_amx_off_keeps_avx512_bf16_and_a_typo_is_an_error(monkeypatch):
+    from codespec.errors import SettingError
+
+    monkeypatch.delenv("CODESPEC_AMX", raising=False)
+    assert kernel.default_cap() == kernel.AMX
+    monkeypatch.setenv("CODESPEC_AMX", "off")
+    assert kernel.default_cap() == kernel.AVX512_BF16
+    monkeypatch.setenv("CODESPEC_AMX", "no")
+    with pytest.raises(SettingError, match="CODESPEC_AMX='no'"):
+        kernel.default_cap()
