@@ -246,11 +246,87 @@ AMX void stripe_amx(const uint16_t *x, int64_t ldx, const uint16_t *stripe, cons
     }
     _tile_release();
 }
+
+/* ---------------------------------------------------------------- attention scores
+ *
+ * rowdecoder.c's attention on isa 3 takes its scores from here: scores[h][j] =
+ * scale * dot(q_h, k_j) for the row's keys j < n (the slot's first `context`
+ * positions, then its path's), through TDPBF16PS: 16 keys are the A operand (as the
+ * slot stores them, or gathered), the row's query heads the B operand (its columns),
+ * and each score takes the head's dimensions in blocks of 32, in order. A score's bits
+ * depend on its query and key alone, never on the pass around the row. Softmax and the
+ * weighted values stay in rowdecoder.c. Needs group <= 16 and dim a multiple of 32, at
+ * most 128 (amx_scores_fit). */
+int amx_scores_fit(int64_t group, int64_t dim) { return group <= 16 && dim % 32 == 0 && dim <= 128; }
+
+AMX void amx_scores(const uint16_t *q, const uint16_t *keys, int64_t context, const int64_t *path, int64_t n,
+                    int64_t padded, int64_t group, int64_t dim, float scale, float *scores) {
+    const int blocks = (int)(dim / 32);
+    uint16_t heads[4][BLOCK_PAIRS * LANES * 2]; /* B: [pair][head][2], heads past `group` zero */
+    uint16_t gathered[TILE_ROWS * 128];
+    float sums[TILE_ROWS * LANES];
+    memset(heads, 0, sizeof heads);
+    for (int64_t h = 0; h < group; h++)
+        for (int64_t d = 0; d < dim; d++) heads[d / 32][(d % 32 / 2) * LANES * 2 + h * 2 + d % 2] = q[h * dim + d];
+    TileConfig c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 2 + blocks; t++) c.rows[t] = TILE_ROWS, c.colsb[t] = 64; /* 0 sums, 1 keys, 2.. heads */
+    _tile_loadconfig(&c);
+    MEMORY_BARRIER();
+    _tile_loadd(2, heads[0], 64);
+    if (blocks > 1) _tile_loadd(3, heads[1], 64);
+    if (blocks > 2) _tile_loadd(4, heads[2], 64);
+    if (blocks > 3) _tile_loadd(5, heads[3], 64);
+    const int64_t stride = dim * (int64_t)sizeof(uint16_t);
+    for (int64_t j0 = 0; j0 < padded; j0 += TILE_ROWS) {
+        const uint16_t *k = keys + j0 * dim;
+        if (j0 + TILE_ROWS > context) { /* path keys, or past n: gather (zeros past n) */
+            for (int l = 0; l < TILE_ROWS; l++) {
+                int64_t j = j0 + l;
+                if (j < n) memcpy(gathered + l * dim, keys + (j < context ? j : path[j - context]) * dim, stride);
+                else memset(gathered + l * dim, 0, stride);
+            }
+            k = gathered;
+            MEMORY_BARRIER();
+        }
+        _tile_zero(0);
+        _tile_loadd(1, k, stride);
+        _tile_dpbf16ps(0, 1, 2);
+        if (blocks > 1) {
+            _tile_loadd(1, k + 32, stride);
+            _tile_dpbf16ps(0, 1, 3);
+        }
+        if (blocks > 2) {
+            _tile_loadd(1, k + 64, stride);
+            _tile_dpbf16ps(0, 1, 4);
+        }
+        if (blocks > 3) {
+            _tile_loadd(1, k + 96, stride);
+            _tile_dpbf16ps(0, 1, 5);
+        }
+        _tile_stored(0, sums, LANES * sizeof(float));
+        for (int64_t h = 0; h < group; h++)
+            for (int l = 0; l < TILE_ROWS; l++) scores[h * padded + j0 + l] = sums[l * LANES + h] * scale;
+    }
+    _tile_release();
+}
 #else
 int amx_ready(void) { return 0; }
 
 void stripe_amx(const uint16_t *x, int64_t ldx, const uint16_t *stripe, const uint16_t *bias, uint16_t *out,
                 int64_t ldo, int64_t M, int64_t pairs, int64_t n0, int64_t columns) {
     (void)x, (void)ldx, (void)stripe, (void)bias, (void)out, (void)ldo, (void)M, (void)pairs, (void)n0, (void)columns;
+}
+
+int amx_scores_fit(int64_t group, int64_t dim) {
+    (void)group, (void)dim;
+    return 0;
+}
+
+void amx_scores(const uint16_t *q, const uint16_t *keys, int64_t context, const int64_t *path, int64_t n,
+                int64_t padded, int64_t group, int64_t dim, float scale, float *scores) {
+    (void)q, (void)keys, (void)context, (void)path, (void)n, (void)padded, (void)group, (void)dim, (void)scale,
+        (void)scores;
 }
 #endif

@@ -29,6 +29,10 @@ void rowgemm_stripe_row(int isa, const uint16_t *x, const uint16_t *stripe, uint
 int amx_ready(void);
 void stripe_amx(const uint16_t *x, int64_t ldx, const uint16_t *stripe, const uint16_t *bias, uint16_t *out,
                 int64_t ldo, int64_t M, int64_t pairs, int64_t n0, int64_t columns);
+/* amx.c: a row's attention scores on the tile unit (rowdecoder.c's attention on isa 3) */
+int amx_scores_fit(int64_t group, int64_t dim);
+void amx_scores(const uint16_t *q, const uint16_t *keys, int64_t context, const int64_t *path, int64_t n,
+                int64_t padded, int64_t group, int64_t dim, float scale, float *scores);
 /* attend_avx2.c: rowdecoder.c's attention of one row's heads of one KV head, for rowgemm's AVX2 path */
 void attend_avx2(const uint16_t *q, uint16_t *out, const uint16_t *keys, const uint16_t *values, int64_t context,
                  const int64_t *path, int64_t path_len, int64_t group, int64_t dim, float scale, float *scratch);

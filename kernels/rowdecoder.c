@@ -243,11 +243,13 @@ INLINE void weigh_heads(const float *p, const uint16_t *values, int64_t context,
  * by the caller). scratch: group * (keys rounded up to 16) floats plus group * dim. */
 CLONES static void attend(const uint16_t *q, uint16_t *out, const uint16_t *keys, const uint16_t *values,
                           int64_t context, const int64_t *path, int64_t path_len, int64_t group, int64_t dim,
-                          float scale, float *scratch) {
+                          float scale, float *scratch, int tiles) {
     int64_t n = context + path_len, padded = (n + W - 1) / W * W;
     int chunks = (int)(dim / W), most = HEADS_AT_ONCE(chunks);
     float *scores = scratch, *acc = scratch + group * padded;
-    for (int64_t h0 = 0; h0 < group; h0 += most) {
+    if (tiles) /* isa 3: the scores from the tile unit (amx.c), other bits than score_heads' */
+        amx_scores(q, keys, context, path, n, padded, group, dim, scale, scores);
+    for (int64_t h0 = 0; h0 < group && !tiles; h0 += most) {
         int hb = group - h0 < most ? (int)(group - h0) : most;
 #define SCORE(HB, CH) score_heads(q + h0 * dim, keys, context, path, n, padded, HB, CH, scale, scores + h0 * padded)
         DISPATCH(SCORE, hb, chunks)
@@ -349,6 +351,7 @@ static int layer(int isa, const Model *m, int64_t index, const Pass *p, uint16_t
             memcpy(values + at, row + Q + KV + g * D, (size_t)D * sizeof *values);
         }
     }
+    const int tiles = isa == 3 && amx_scores_fit(group, D);
 #pragma omp parallel
     {
         size_t bytes = ((size_t)scratch_floats(m, most_keys) * sizeof(float) + 63) / 64 * 64; /* whole 64s */
@@ -358,9 +361,14 @@ static int layer(int isa, const Model *m, int64_t index, const Pass *p, uint16_t
             int64_t r = task / m->kv_heads, g = task % m->kv_heads;
             int64_t base = (p->slot[r] * m->kv_heads + g) * p->capacity * D;
             /* rowgemm's AVX2 path has its own attention (attend_avx2.c: 8 lanes, no spills) */
-            (isa == 1 ? attend_avx2 : attend)(w.qkv + r * NQKV + g * group * D, w.attended + r * Q + g * group * D,
-                                              keys + base, values + base, p->context[r], p->path + p->path_start[r],
-                                              p->path_len[r], group, D, m->scale, scratch);
+            const uint16_t *q = w.qkv + r * NQKV + g * group * D;
+            uint16_t *out = w.attended + r * Q + g * group * D;
+            if (isa == 1)
+                attend_avx2(q, out, keys + base, values + base, p->context[r], p->path + p->path_start[r],
+                            p->path_len[r], group, D, m->scale, scratch);
+            else
+                attend(q, out, keys + base, values + base, p->context[r], p->path + p->path_start[r], p->path_len[r],
+                       group, D, m->scale, scratch, tiles);
         }
         free(scratch);
     }
