@@ -112,12 +112,22 @@ static void tail_weights(const uint16_t *stripe, int64_t whole, int64_t rest, in
 
 /* Ask for the weight lines a block of pairs PREFETCH_STEPS blocks ahead will load: a tile
  * load waits for its lines, and the tile unit has too few registers to run far ahead. */
+int amx_pf_mode = 1; /* TUNING */
 static inline __attribute__((always_inline)) void prefetch_block(const uint16_t *wp, int64_t p0, int64_t whole,
                                                                  int lines) {
     if (PREFETCH_STEPS == 0 || p0 + PREFETCH_STEPS * BLOCK_PAIRS >= whole) return;
     const char *ahead = (const char *)(wp + PREFETCH_STEPS * BLOCK_PAIRS * STRIPE * 2);
     for (int p = 0; p < BLOCK_PAIRS; p++)
         for (int l = 0; l < lines; l++) _mm_prefetch(ahead + p * STRIPE * 4 + l * 64, _MM_HINT_T0);
+}
+
+/* The whole width (4 lines) of a block of pairs at `at`, which may lie past the stripe
+ * (stripes are contiguous: the next one's start) or past the weights (a prefetch never
+ * faults). */
+static inline __attribute__((always_inline)) void prefetch_lines(const uint16_t *at) {
+    const char *a = (const char *)at;
+    for (int p = 0; p < BLOCK_PAIRS; p++)
+        for (int l = 0; l < 4; l++) _mm_prefetch(a + p * STRIPE * 4 + l * 64, _MM_HINT_T0);
 }
 
 /* One block: rows m0..m0+rows-1 against one stripe into sums [rows][STRIPE]. */
@@ -131,7 +141,8 @@ AMX static void one_block(const uint16_t *x, int64_t ldx, const uint16_t *stripe
     _tile_zero(3);
     for (int64_t p0 = 0; p0 < whole; p0 += BLOCK_PAIRS) {
         const uint16_t *wp = stripe + p0 * STRIPE * 2;
-        prefetch_block(wp, p0, whole, 4);
+        if (amx_pf_mode) prefetch_lines(wp + PREFETCH_STEPS * BLOCK_PAIRS * STRIPE * 2);
+        else prefetch_block(wp, p0, whole, 4);
         _tile_loadd(4, xr + 2 * p0, ldx * (int64_t)sizeof(uint16_t));
         _tile_loadd(5, wp, wstride);
         _tile_loadd(6, wp + 1 * LANES * 2, wstride);
@@ -179,7 +190,9 @@ AMX static void two_blocks(const uint16_t *x, int64_t ldx, const uint16_t *strip
         _tile_zero(3);
         for (int64_t p0 = 0; p0 < whole; p0 += BLOCK_PAIRS) {
             const uint16_t *wp = stripe + p0 * STRIPE * 2 + blk * LANES * 2;
-            prefetch_block(wp, p0, whole, 2);
+            if (!amx_pf_mode) prefetch_block(wp, p0, whole, 2);
+            else if (half == 0) prefetch_lines(stripe + (p0 + PREFETCH_STEPS * BLOCK_PAIRS) * STRIPE * 2);
+            else prefetch_lines(stripe + (pairs + p0) * STRIPE * 2); /* the next stripe */
             _tile_loadd(4, x0 + 2 * p0, xstride);
             _tile_loadd(6, wp, wstride);
             _tile_loadd(5, x1 + 2 * p0, xstride);
@@ -311,6 +324,88 @@ AMX void amx_scores(const uint16_t *q, const uint16_t *keys, int64_t context, co
     }
     _tile_release();
 }
+
+/* ---------------------------------------------------------------- attention's weighted values
+ *
+ * acc[h][d] = sum over the row's keys j < n of p[h][j] * v_j[d], for rowdecoder.c's
+ * attention on isa 3 (it divides by the softmax's sums afterwards). The tile unit takes
+ * bf16 operands, so each weight p is split into p_hi = bf16(p) and p_lo = bf16(p - p_hi)
+ * (together ~16 significant bits where fp32 has 24; bf16 alone would keep 8), and the
+ * keys go in blocks of 32: per block and per 16 dimensions, p_hi then p_lo against the
+ * block's values, as TDPBF16PS sums them. The values are re-laid in pairs of keys (the B
+ * operand's layout) per block. Keys past n weigh zero and read nothing. A row's sums
+ * depend on its weights and values alone. Needs group <= 16 and dim a multiple of 64
+ * (amx_weigh_fit). */
+int amx_weigh_fit(int64_t group, int64_t dim) { return group <= 16 && dim % 64 == 0; }
+
+AMX void amx_weigh(const float *p, const uint16_t *values, int64_t context, const int64_t *path, int64_t n,
+                   int64_t padded, int64_t group, int64_t dim, float *acc) {
+    uint16_t hi[TILE_ROWS * 32], lo[TILE_ROWS * 32]; /* A: [head][32 keys] */
+    uint16_t pairs[4][BLOCK_PAIRS * LANES * 2];      /* B per 16 dims: [key pair][dim][2] */
+    const __m512i first = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                           37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i second = _mm512_add_epi16(first, _mm512_set1_epi16(16));
+    TileConfig c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 6; t++) c.rows[t] = (uint8_t)group, c.colsb[t] = 64; /* 0-3 sums, 4 p_hi, 5 p_lo */
+    c.rows[6] = BLOCK_PAIRS, c.colsb[6] = 64;                               /* 6 values */
+    _tile_loadconfig(&c);
+    for (int64_t d0 = 0; d0 < dim; d0 += 64) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t j0 = 0; j0 < n; j0 += 32) {
+            for (int64_t h = 0; h < group; h++)
+                for (int k = 0; k < 32; k++) {
+                    float w = j0 + k < n ? p[h * padded + j0 + k] : 0.0f;
+                    uint16_t top = f32_to_bf16(w);
+                    hi[h * 32 + k] = top;
+                    lo[h * 32 + k] = f32_to_bf16(w - bf16_to_f32(top));
+                }
+            for (int kp = 0; kp < BLOCK_PAIRS; kp++) {
+                __m512i v[2][2]; /* [key of the pair][dims d0..d0+31, d0+32..d0+63] */
+                for (int e = 0; e < 2; e++) {
+                    int64_t j = j0 + 2 * kp + e;
+                    if (j < n) {
+                        const uint16_t *row = values + (j < context ? j : path[j - context]) * dim + d0;
+                        v[e][0] = _mm512_loadu_si512(row);
+                        v[e][1] = _mm512_loadu_si512(row + 32);
+                    } else {
+                        v[e][0] = v[e][1] = _mm512_setzero_si512();
+                    }
+                }
+                for (int half = 0; half < 2; half++) {
+                    _mm512_storeu_si512(pairs[2 * half] + kp * LANES * 2, _mm512_permutex2var_epi16(v[0][half], first, v[1][half]));
+                    _mm512_storeu_si512(pairs[2 * half + 1] + kp * LANES * 2,
+                                        _mm512_permutex2var_epi16(v[0][half], second, v[1][half]));
+                }
+            }
+            MEMORY_BARRIER();
+            _tile_loadd(4, hi, 64);
+            _tile_loadd(5, lo, 64);
+            _tile_loadd(6, pairs[0], 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(0, 5, 6);
+            _tile_loadd(6, pairs[1], 64);
+            _tile_dpbf16ps(1, 4, 6);
+            _tile_dpbf16ps(1, 5, 6);
+            _tile_loadd(6, pairs[2], 64);
+            _tile_dpbf16ps(2, 4, 6);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_loadd(6, pairs[3], 64);
+            _tile_dpbf16ps(3, 4, 6);
+            _tile_dpbf16ps(3, 5, 6);
+        }
+        const int64_t stride = dim * (int64_t)sizeof(float);
+        _tile_stored(0, acc + d0, stride);
+        _tile_stored(1, acc + d0 + 16, stride);
+        _tile_stored(2, acc + d0 + 32, stride);
+        _tile_stored(3, acc + d0 + 48, stride);
+    }
+    _tile_release();
+}
 #else
 int amx_ready(void) { return 0; }
 
@@ -322,6 +417,16 @@ void stripe_amx(const uint16_t *x, int64_t ldx, const uint16_t *stripe, const ui
 int amx_scores_fit(int64_t group, int64_t dim) {
     (void)group, (void)dim;
     return 0;
+}
+
+int amx_weigh_fit(int64_t group, int64_t dim) {
+    (void)group, (void)dim;
+    return 0;
+}
+
+void amx_weigh(const float *p, const uint16_t *values, int64_t context, const int64_t *path, int64_t n,
+               int64_t padded, int64_t group, int64_t dim, float *acc) {
+    (void)p, (void)values, (void)context, (void)path, (void)n, (void)padded, (void)group, (void)dim, (void)acc;
 }
 
 void amx_scores(const uint16_t *q, const uint16_t *keys, int64_t context, const int64_t *path, int64_t n,

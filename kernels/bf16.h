@@ -33,6 +33,9 @@ void stripe_amx(const uint16_t *x, int64_t ldx, const uint16_t *stripe, const ui
 int amx_scores_fit(int64_t group, int64_t dim);
 void amx_scores(const uint16_t *q, const uint16_t *keys, int64_t context, const int64_t *path, int64_t n,
                 int64_t padded, int64_t group, int64_t dim, float scale, float *scores);
+int amx_weigh_fit(int64_t group, int64_t dim);
+void amx_weigh(const float *p, const uint16_t *values, int64_t context, const int64_t *path, int64_t n,
+               int64_t padded, int64_t group, int64_t dim, float *acc);
 /* attend_avx2.c: rowdecoder.c's attention of one row's heads of one KV head, for rowgemm's AVX2 path */
 void attend_avx2(const uint16_t *q, uint16_t *out, const uint16_t *keys, const uint16_t *values, int64_t context,
                  const int64_t *path, int64_t path_len, int64_t group, int64_t dim, float scale, float *scratch);

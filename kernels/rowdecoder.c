@@ -278,7 +278,9 @@ CLONES static void attend(const uint16_t *q, uint16_t *out, const uint16_t *keys
         }
         sums[h] = sum16(total);
     }
-    for (int64_t h0 = 0; h0 < group; h0 += most) {
+    if (tiles) /* and the weighted values (amx.c) */
+        amx_weigh(scores, values, context, path, n, padded, group, dim, acc);
+    for (int64_t h0 = 0; h0 < group && !tiles; h0 += most) {
         int hb = group - h0 < most ? (int)(group - h0) : most;
 #define WEIGH(HB, CH) weigh_heads(scores + h0 * padded, values, context, path, n, padded, HB, CH, acc + h0 * dim)
         DISPATCH(WEIGH, hb, chunks)
@@ -351,7 +353,7 @@ static int layer(int isa, const Model *m, int64_t index, const Pass *p, uint16_t
             memcpy(values + at, row + Q + KV + g * D, (size_t)D * sizeof *values);
         }
     }
-    const int tiles = isa == 3 && amx_scores_fit(group, D);
+    const int tiles = isa == 3 && amx_scores_fit(group, D) && amx_weigh_fit(group, D);
 #pragma omp parallel
     {
         size_t bytes = ((size_t)scratch_floats(m, most_keys) * sizeof(float) + 63) / 64 * 64; /* whole 64s */
