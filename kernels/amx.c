@@ -107,27 +107,19 @@ static void tail_weights(const uint16_t *stripe, int64_t whole, int64_t rest, in
 #define PADDED (BLOCK_PAIRS * 4) /* bytes a row of a padded buffer */
 /* 4: measured on the 2-core Emerald Rapids VM, 32 rows of 60 MLP products cycled
  * through memory (520 MB, past its 300 MB L3), medians of 15 interleaved rounds: 24.7 ms
- * against 27.0 without; one row 19.3 against 20.4; 8 and 16 steps no better. */
+ * against 27.0 without; one row 19.3 against 20.4; 8 and 16 steps no better. Prefetching
+ * on into the next stripe (every line, while the second half of this one runs) lost:
+ * 28.9 ms against 25.1 at 32 rows. */
 #define PREFETCH_STEPS 4
 
 /* Ask for the weight lines a block of pairs PREFETCH_STEPS blocks ahead will load: a tile
  * load waits for its lines, and the tile unit has too few registers to run far ahead. */
-int amx_pf_mode = 1; /* TUNING */
 static inline __attribute__((always_inline)) void prefetch_block(const uint16_t *wp, int64_t p0, int64_t whole,
                                                                  int lines) {
     if (PREFETCH_STEPS == 0 || p0 + PREFETCH_STEPS * BLOCK_PAIRS >= whole) return;
     const char *ahead = (const char *)(wp + PREFETCH_STEPS * BLOCK_PAIRS * STRIPE * 2);
     for (int p = 0; p < BLOCK_PAIRS; p++)
         for (int l = 0; l < lines; l++) _mm_prefetch(ahead + p * STRIPE * 4 + l * 64, _MM_HINT_T0);
-}
-
-/* The whole width (4 lines) of a block of pairs at `at`, which may lie past the stripe
- * (stripes are contiguous: the next one's start) or past the weights (a prefetch never
- * faults). */
-static inline __attribute__((always_inline)) void prefetch_lines(const uint16_t *at) {
-    const char *a = (const char *)at;
-    for (int p = 0; p < BLOCK_PAIRS; p++)
-        for (int l = 0; l < 4; l++) _mm_prefetch(a + p * STRIPE * 4 + l * 64, _MM_HINT_T0);
 }
 
 /* One block: rows m0..m0+rows-1 against one stripe into sums [rows][STRIPE]. */
@@ -141,8 +133,7 @@ AMX static void one_block(const uint16_t *x, int64_t ldx, const uint16_t *stripe
     _tile_zero(3);
     for (int64_t p0 = 0; p0 < whole; p0 += BLOCK_PAIRS) {
         const uint16_t *wp = stripe + p0 * STRIPE * 2;
-        if (amx_pf_mode) prefetch_lines(wp + PREFETCH_STEPS * BLOCK_PAIRS * STRIPE * 2);
-        else prefetch_block(wp, p0, whole, 4);
+        prefetch_block(wp, p0, whole, 4);
         _tile_loadd(4, xr + 2 * p0, ldx * (int64_t)sizeof(uint16_t));
         _tile_loadd(5, wp, wstride);
         _tile_loadd(6, wp + 1 * LANES * 2, wstride);
@@ -190,9 +181,7 @@ AMX static void two_blocks(const uint16_t *x, int64_t ldx, const uint16_t *strip
         _tile_zero(3);
         for (int64_t p0 = 0; p0 < whole; p0 += BLOCK_PAIRS) {
             const uint16_t *wp = stripe + p0 * STRIPE * 2 + blk * LANES * 2;
-            if (!amx_pf_mode) prefetch_block(wp, p0, whole, 2);
-            else if (half == 0) prefetch_lines(stripe + (p0 + PREFETCH_STEPS * BLOCK_PAIRS) * STRIPE * 2);
-            else prefetch_lines(stripe + (pairs + p0) * STRIPE * 2); /* the next stripe */
+            prefetch_block(wp, p0, whole, 2);
             _tile_loadd(4, x0 + 2 * p0, xstride);
             _tile_loadd(6, wp, wstride);
             _tile_loadd(5, x1 + 2 * p0, xstride);
@@ -357,13 +346,17 @@ AMX void amx_weigh(const float *p, const uint16_t *values, int64_t context, cons
         _tile_zero(2);
         _tile_zero(3);
         for (int64_t j0 = 0; j0 < n; j0 += 32) {
-            for (int64_t h = 0; h < group; h++)
-                for (int k = 0; k < 32; k++) {
-                    float w = j0 + k < n ? p[h * padded + j0 + k] : 0.0f;
-                    uint16_t top = f32_to_bf16(w);
-                    hi[h * 32 + k] = top;
-                    lo[h * 32 + k] = f32_to_bf16(w - bf16_to_f32(top));
+            for (int half = 0; half < 2; half++) { /* keys j0 + 16 half .. + 15: VCVTNEPS2BF16 rounds to nearest even */
+                int64_t left = n - j0 - 16 * half;
+                __mmask16 keep = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1u);
+                for (int64_t h = 0; h < group; h++) {
+                    __m512 w = _mm512_maskz_loadu_ps(keep, p + h * padded + j0 + 16 * half);
+                    __m256bh top = _mm512_cvtneps_pbh(w);
+                    __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)top), 16));
+                    _mm256_storeu_si256((__m256i *)(hi + h * 32 + 16 * half), (__m256i)top);
+                    _mm256_storeu_si256((__m256i *)(lo + h * 32 + 16 * half), (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(w, back)));
                 }
+            }
             for (int kp = 0; kp < BLOCK_PAIRS; kp++) {
                 __m512i v[2][2]; /* [key of the pair][dims d0..d0+31, d0+32..d0+63] */
                 for (int e = 0; e < 2; e++) {

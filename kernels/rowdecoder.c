@@ -146,11 +146,16 @@ CLONES static void rms_norm(const uint16_t *x, const uint16_t *weight, uint16_t 
     for (int64_t i = 0; i < n; i += W) store(out + i, widen(weight + i) * round_bf16(widen(x + i) * inv));
 }
 
-/* q * cos + rotate_half(q) * sin, each product and the sum rounded to bf16 */
-static void rotate(uint16_t *v, const uint16_t *cos, const uint16_t *sin, int64_t dim) {
+/* q * cos + rotate_half(q) * sin, each product and the sum rounded to bf16 (16 lanes at
+ * a time where half a head is whole vectors: the same operations per element) */
+CLONES static void rotate(uint16_t *v, const uint16_t *cos, const uint16_t *sin, int64_t dim) {
     uint16_t out[512];
     int64_t half = dim / 2;
-    for (int64_t i = 0; i < dim; i++) {
+    for (int64_t i = 0; half % W == 0 && i < dim; i += W) {
+        v16f turned = i < half ? -widen(v + i + half) : widen(v + i - half);
+        store(out + i, round_bf16(widen(v + i) * widen(cos + i)) + round_bf16(turned * widen(sin + i)));
+    }
+    for (int64_t i = 0; half % W != 0 && i < dim; i++) {
         float turned = i < half ? -bf16_to_f32(v[i + half]) : bf16_to_f32(v[i - half]);
         float a = bf16_to_f32(f32_to_bf16(bf16_to_f32(v[i]) * bf16_to_f32(cos[i])));
         float b = bf16_to_f32(f32_to_bf16(turned * bf16_to_f32(sin[i])));
