@@ -20,19 +20,15 @@
  * multiple of 32 ends in a block padded with zeros (the same for every row count).
  *
  * Linux hands out the tile state only to a process that asks (arch_prctl
- * ARCH_REQ_XCOMP_PERM); `amx_ready` asks once, and a refusal keeps isa 2.
+ * ARCH_REQ_XCOMP_PERM); `amx_ready` asks once, and a refusal keeps isa 2. Attention on
+ * the tile unit: amx_attention.c.
  */
-#include "bf16.h"
+#include "amx.h"
 
 #define STRIPE 64
-#define LANES 16
-#define BLOCK_PAIRS 16 /* pairs of k per tile instruction */
-#define TILE_ROWS 16
 
-/* GCC 11 and clang 12 brought the tile intrinsics; an older compiler builds isa 2 alone */
-#if defined(__x86_64__) && defined(__linux__) && \
-    ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
-#include <immintrin.h>
+#ifdef HAVE_AMX
+#include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -40,21 +36,14 @@
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 
-#define AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
-
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} __attribute__((packed)) TileConfig;
-
 int amx_ready(void) {
     static int ready = -1;
     if (ready >= 0) return ready;
     __builtin_cpu_init();
     ready = 0;
-    if (__builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
-        __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw")) {
+    unsigned a, b, c, d; /* CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE (GCC 11's cpu_supports lacks them) */
+    int tiles = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1) && (d >> 24 & 1);
+    if (tiles && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw")) {
         unsigned long granted = 0;
         if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 &&
             syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM, &granted) == 0 && (granted >> XFEATURE_XTILEDATA) & 1)
@@ -101,9 +90,6 @@ static void tail_weights(const uint16_t *stripe, int64_t whole, int64_t rest, in
     for (int64_t p = 0; p < rest; p++) memcpy(b + p * LANES * 2, stripe + ((whole + p) * STRIPE + blk * LANES) * 2, LANES * 4);
 }
 
-/* GCC's tileloadd tells the compiler of no memory read: without this barrier the
- * copies into a tail's buffers may be dropped as dead (they were: NaNs at -O3) */
-#define MEMORY_BARRIER() __asm__ volatile("" ::: "memory")
 #define PADDED (BLOCK_PAIRS * 4) /* bytes a row of a padded buffer */
 /* 4: measured on the 2-core Emerald Rapids VM, 32 rows of 60 MLP products cycled
  * through memory (520 MB, past its 300 MB L3), medians of 15 interleaved rounds: 24.7 ms
@@ -248,183 +234,11 @@ AMX void stripe_amx(const uint16_t *x, int64_t ldx, const uint16_t *stripe, cons
     }
     _tile_release();
 }
-
-/* ---------------------------------------------------------------- attention scores
- *
- * rowdecoder.c's attention on isa 3 takes its scores from here: scores[h][j] =
- * scale * dot(q_h, k_j) for the row's keys j < n (the slot's first `context`
- * positions, then its path's), through TDPBF16PS: 16 keys are the A operand (as the
- * slot stores them, or gathered), the row's query heads the B operand (its columns),
- * and each score takes the head's dimensions in blocks of 32, in order. A score's bits
- * depend on its query and key alone, never on the pass around the row. Softmax and the
- * weighted values stay in rowdecoder.c. Needs group <= 16 and dim a multiple of 32, at
- * most 128 (amx_scores_fit). */
-int amx_scores_fit(int64_t group, int64_t dim) { return group <= 16 && dim % 32 == 0 && dim <= 128; }
-
-AMX void amx_scores(const uint16_t *q, const uint16_t *keys, int64_t context, const int64_t *path, int64_t n,
-                    int64_t padded, int64_t group, int64_t dim, float scale, float *scores) {
-    const int blocks = (int)(dim / 32);
-    uint16_t heads[4][BLOCK_PAIRS * LANES * 2]; /* B: [pair][head][2], heads past `group` zero */
-    uint16_t gathered[TILE_ROWS * 128];
-    float sums[TILE_ROWS * LANES];
-    memset(heads, 0, sizeof heads);
-    for (int64_t h = 0; h < group; h++)
-        for (int64_t d = 0; d < dim; d++) heads[d / 32][(d % 32 / 2) * LANES * 2 + h * 2 + d % 2] = q[h * dim + d];
-    TileConfig c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 2 + blocks; t++) c.rows[t] = TILE_ROWS, c.colsb[t] = 64; /* 0 sums, 1 keys, 2.. heads */
-    _tile_loadconfig(&c);
-    MEMORY_BARRIER();
-    _tile_loadd(2, heads[0], 64);
-    if (blocks > 1) _tile_loadd(3, heads[1], 64);
-    if (blocks > 2) _tile_loadd(4, heads[2], 64);
-    if (blocks > 3) _tile_loadd(5, heads[3], 64);
-    const int64_t stride = dim * (int64_t)sizeof(uint16_t);
-    for (int64_t j0 = 0; j0 < padded; j0 += TILE_ROWS) {
-        const uint16_t *k = keys + j0 * dim;
-        if (j0 + TILE_ROWS > context) { /* path keys, or past n: gather (zeros past n) */
-            for (int l = 0; l < TILE_ROWS; l++) {
-                int64_t j = j0 + l;
-                if (j < n) memcpy(gathered + l * dim, keys + (j < context ? j : path[j - context]) * dim, stride);
-                else memset(gathered + l * dim, 0, stride);
-            }
-            k = gathered;
-            MEMORY_BARRIER();
-        }
-        _tile_zero(0);
-        _tile_loadd(1, k, stride);
-        _tile_dpbf16ps(0, 1, 2);
-        if (blocks > 1) {
-            _tile_loadd(1, k + 32, stride);
-            _tile_dpbf16ps(0, 1, 3);
-        }
-        if (blocks > 2) {
-            _tile_loadd(1, k + 64, stride);
-            _tile_dpbf16ps(0, 1, 4);
-        }
-        if (blocks > 3) {
-            _tile_loadd(1, k + 96, stride);
-            _tile_dpbf16ps(0, 1, 5);
-        }
-        _tile_stored(0, sums, LANES * sizeof(float));
-        for (int64_t h = 0; h < group; h++)
-            for (int l = 0; l < TILE_ROWS; l++) scores[h * padded + j0 + l] = sums[l * LANES + h] * scale;
-    }
-    _tile_release();
-}
-
-/* ---------------------------------------------------------------- attention's weighted values
- *
- * acc[h][d] = sum over the row's keys j < n of p[h][j] * v_j[d], for rowdecoder.c's
- * attention on isa 3 (it divides by the softmax's sums afterwards). The tile unit takes
- * bf16 operands, so each weight p is split into p_hi = bf16(p) and p_lo = bf16(p - p_hi)
- * (together ~16 significant bits where fp32 has 24; bf16 alone would keep 8), and the
- * keys go in blocks of 32: per block and per 16 dimensions, p_hi then p_lo against the
- * block's values, as TDPBF16PS sums them. The values are re-laid in pairs of keys (the B
- * operand's layout) per block. Keys past n weigh zero and read nothing. A row's sums
- * depend on its weights and values alone. Needs group <= 16 and dim a multiple of 64
- * (amx_weigh_fit). */
-int amx_weigh_fit(int64_t group, int64_t dim) { return group <= 16 && dim % 64 == 0; }
-
-AMX void amx_weigh(const float *p, const uint16_t *values, int64_t context, const int64_t *path, int64_t n,
-                   int64_t padded, int64_t group, int64_t dim, float *acc) {
-    uint16_t hi[TILE_ROWS * 32], lo[TILE_ROWS * 32]; /* A: [head][32 keys] */
-    uint16_t pairs[4][BLOCK_PAIRS * LANES * 2];      /* B per 16 dims: [key pair][dim][2] */
-    const __m512i first = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                                           37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-    const __m512i second = _mm512_add_epi16(first, _mm512_set1_epi16(16));
-    TileConfig c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 6; t++) c.rows[t] = (uint8_t)group, c.colsb[t] = 64; /* 0-3 sums, 4 p_hi, 5 p_lo */
-    c.rows[6] = BLOCK_PAIRS, c.colsb[6] = 64;                               /* 6 values */
-    _tile_loadconfig(&c);
-    for (int64_t d0 = 0; d0 < dim; d0 += 64) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        for (int64_t j0 = 0; j0 < n; j0 += 32) {
-            for (int half = 0; half < 2; half++) { /* keys j0 + 16 half .. + 15: VCVTNEPS2BF16 rounds to nearest even */
-                int64_t left = n - j0 - 16 * half;
-                __mmask16 keep = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1u);
-                for (int64_t h = 0; h < group; h++) {
-                    __m512 w = _mm512_maskz_loadu_ps(keep, p + h * padded + j0 + 16 * half);
-                    __m256bh top = _mm512_cvtneps_pbh(w);
-                    __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)top), 16));
-                    _mm256_storeu_si256((__m256i *)(hi + h * 32 + 16 * half), (__m256i)top);
-                    _mm256_storeu_si256((__m256i *)(lo + h * 32 + 16 * half), (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(w, back)));
-                }
-            }
-            for (int kp = 0; kp < BLOCK_PAIRS; kp++) {
-                __m512i v[2][2]; /* [key of the pair][dims d0..d0+31, d0+32..d0+63] */
-                for (int e = 0; e < 2; e++) {
-                    int64_t j = j0 + 2 * kp + e;
-                    if (j < n) {
-                        const uint16_t *row = values + (j < context ? j : path[j - context]) * dim + d0;
-                        v[e][0] = _mm512_loadu_si512(row);
-                        v[e][1] = _mm512_loadu_si512(row + 32);
-                    } else {
-                        v[e][0] = v[e][1] = _mm512_setzero_si512();
-                    }
-                }
-                for (int half = 0; half < 2; half++) {
-                    _mm512_storeu_si512(pairs[2 * half] + kp * LANES * 2, _mm512_permutex2var_epi16(v[0][half], first, v[1][half]));
-                    _mm512_storeu_si512(pairs[2 * half + 1] + kp * LANES * 2,
-                                        _mm512_permutex2var_epi16(v[0][half], second, v[1][half]));
-                }
-            }
-            MEMORY_BARRIER();
-            _tile_loadd(4, hi, 64);
-            _tile_loadd(5, lo, 64);
-            _tile_loadd(6, pairs[0], 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(0, 5, 6);
-            _tile_loadd(6, pairs[1], 64);
-            _tile_dpbf16ps(1, 4, 6);
-            _tile_dpbf16ps(1, 5, 6);
-            _tile_loadd(6, pairs[2], 64);
-            _tile_dpbf16ps(2, 4, 6);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_loadd(6, pairs[3], 64);
-            _tile_dpbf16ps(3, 4, 6);
-            _tile_dpbf16ps(3, 5, 6);
-        }
-        const int64_t stride = dim * (int64_t)sizeof(float);
-        _tile_stored(0, acc + d0, stride);
-        _tile_stored(1, acc + d0 + 16, stride);
-        _tile_stored(2, acc + d0 + 32, stride);
-        _tile_stored(3, acc + d0 + 48, stride);
-    }
-    _tile_release();
-}
 #else
 int amx_ready(void) { return 0; }
 
 void stripe_amx(const uint16_t *x, int64_t ldx, const uint16_t *stripe, const uint16_t *bias, uint16_t *out,
                 int64_t ldo, int64_t M, int64_t pairs, int64_t n0, int64_t columns) {
     (void)x, (void)ldx, (void)stripe, (void)bias, (void)out, (void)ldo, (void)M, (void)pairs, (void)n0, (void)columns;
-}
-
-int amx_scores_fit(int64_t group, int64_t dim) {
-    (void)group, (void)dim;
-    return 0;
-}
-
-int amx_weigh_fit(int64_t group, int64_t dim) {
-    (void)group, (void)dim;
-    return 0;
-}
-
-void amx_weigh(const float *p, const uint16_t *values, int64_t context, const int64_t *path, int64_t n,
-               int64_t padded, int64_t group, int64_t dim, float *acc) {
-    (void)p, (void)values, (void)context, (void)path, (void)n, (void)padded, (void)group, (void)dim, (void)acc;
-}
-
-void amx_scores(const uint16_t *q, const uint16_t *keys, int64_t context, const int64_t *path, int64_t n,
-                int64_t padded, int64_t group, int64_t dim, float scale, float *scores) {
-    (void)q, (void)keys, (void)context, (void)path, (void)n, (void)padded, (void)group, (void)dim, (void)scale,
-        (void)scores;
 }
 #endif

@@ -1,6 +1,6 @@
-"""codespec's C kernels (`rowgemm.c` and `amx.c`, `int8.c`, `lmchoice.c`, `rowdecoder.c`), built once per machine with the C compiler.
+"""codespec's C kernels (`rowgemm.c`, `amx.c`, `amx_attention.c`, `int8.c`, `lmchoice.c`, `rowdecoder.c`), built once per machine with the C compiler.
 
-Build: `gcc -O3 -shared -fPIC -fopenmp -ffp-contract=off rowgemm.c amx.c int8.c lmchoice.c attend_avx2.c rowdecoder.c -lm`
+Build: `gcc -O3 -shared -fPIC -fopenmp -ffp-contract=off rowgemm.c amx.c amx_attention.c int8.c lmchoice.c attend_avx2.c rowdecoder.c -lm`
 (a couple of seconds) into `<cache>/kernels/codespec-<hash>.so`, the hash covering the
 sources, the flags and the compiler's version; written to a temporary name and renamed,
 so concurrent first uses and interrupted builds leave no broken library. Each build
@@ -37,8 +37,9 @@ log = logging.getLogger("codespec.kernels")
 
 HERE = Path(__file__).parent
 GEMM = (HERE / "rowgemm.c", HERE / "amx.c")  # the products alone: what an older compiler may still build
-SOURCES = (*GEMM, HERE / "int8.c", HERE / "lmchoice.c", HERE / "attend_avx2.c", HERE / "rowdecoder.c")
-HEADERS = (HERE / "bf16.h", HERE / "lanes.h")
+SOURCES = (*GEMM, HERE / "amx_attention.c", HERE / "int8.c", HERE / "lmchoice.c", HERE / "attend_avx2.c",
+           HERE / "rowdecoder.c")
+HEADERS = (HERE / "bf16.h", HERE / "lanes.h", HERE / "amx.h")
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off", "-Wno-psabi")
 LIBS = ("-lm",)
 
