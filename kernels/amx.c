@@ -25,6 +25,8 @@
  */
 #include "amx.h"
 
+#include <stdlib.h>
+
 #define STRIPE 64
 
 #ifdef HAVE_AMX
@@ -108,16 +110,34 @@ static inline __attribute__((always_inline)) void prefetch_block(const uint16_t 
         for (int l = 0; l < lines; l++) _mm_prefetch(ahead + p * STRIPE * 4 + l * 64, _MM_HINT_T0);
 }
 
+/* Pairs [begin, end) of K's `pairs`: the whole of K, or one span of a long K
+ * (rowgemm_amx_spans). begin is a whole block; end too, unless it is `pairs`, whose last
+ * block may be a zero-padded tail. A span that does not start at 0 continues the sums
+ * an earlier span stored: the same instructions in the same order as one long loop. */
+typedef struct {
+    int64_t begin, end, pairs;
+} Span;
+
+static inline int64_t span_whole(Span k) { return k.end == k.pairs ? k.pairs / BLOCK_PAIRS * BLOCK_PAIRS : k.end; }
+
 /* One block: rows m0..m0+rows-1 against one stripe into sums [rows][STRIPE]. */
-AMX static void one_block(const uint16_t *x, int64_t ldx, const uint16_t *stripe, int64_t pairs, int64_t m0,
-                          int rows, float *sums) {
-    const int64_t whole = pairs / BLOCK_PAIRS * BLOCK_PAIRS, wstride = STRIPE * 2 * sizeof(uint16_t);
+AMX static void one_block(const uint16_t *x, int64_t ldx, const uint16_t *stripe, Span k, int64_t m0, int rows,
+                          float *sums) {
+    const int64_t pairs = k.pairs, whole = span_whole(k), wstride = STRIPE * 2 * sizeof(uint16_t);
+    const int64_t sstride = STRIPE * sizeof(float);
     const uint16_t *xr = x + m0 * ldx;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t p0 = 0; p0 < whole; p0 += BLOCK_PAIRS) {
+    if (k.begin == 0) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    } else { /* an earlier span's sums, stored exactly (fp32) */
+        _tile_loadd(0, sums + 0 * LANES, sstride);
+        _tile_loadd(1, sums + 1 * LANES, sstride);
+        _tile_loadd(2, sums + 2 * LANES, sstride);
+        _tile_loadd(3, sums + 3 * LANES, sstride);
+    }
+    for (int64_t p0 = k.begin; p0 < whole; p0 += BLOCK_PAIRS) {
         const uint16_t *wp = stripe + p0 * STRIPE * 2;
         prefetch_block(wp, p0, whole, 4);
         _tile_loadd(4, xr + 2 * p0, ldx * (int64_t)sizeof(uint16_t));
@@ -130,7 +150,7 @@ AMX static void one_block(const uint16_t *x, int64_t ldx, const uint16_t *stripe
         _tile_dpbf16ps(2, 4, 5);
         _tile_dpbf16ps(3, 4, 6);
     }
-    if (whole < pairs) {
+    if (whole < k.end) {
         uint16_t a[TILE_ROWS * BLOCK_PAIRS * 2], b[4][BLOCK_PAIRS * LANES * 2];
         tail_rows(xr, ldx, rows, whole, pairs - whole, a);
         for (int blk = 0; blk < 4; blk++) tail_weights(stripe, whole, pairs - whole, blk, b[blk]);
@@ -145,7 +165,6 @@ AMX static void one_block(const uint16_t *x, int64_t ldx, const uint16_t *stripe
         _tile_loadd(5, b[3], PADDED);
         _tile_dpbf16ps(3, 4, 5);
     }
-    const int64_t sstride = STRIPE * sizeof(float);
     _tile_stored(0, sums + 0 * LANES, sstride);
     _tile_stored(1, sums + 1 * LANES, sstride);
     _tile_stored(2, sums + 2 * LANES, sstride);
@@ -154,18 +173,26 @@ AMX static void one_block(const uint16_t *x, int64_t ldx, const uint16_t *stripe
 
 /* Two blocks: rows m0..m0+15 and m0+16..m0+15+rows1 against one stripe, half a stripe
  * at a time, into sums [16 + rows1][STRIPE]. */
-AMX static void two_blocks(const uint16_t *x, int64_t ldx, const uint16_t *stripe, int64_t pairs, int64_t m0,
-                           int rows1, float *sums) {
-    const int64_t whole = pairs / BLOCK_PAIRS * BLOCK_PAIRS, wstride = STRIPE * 2 * sizeof(uint16_t);
+AMX static void two_blocks(const uint16_t *x, int64_t ldx, const uint16_t *stripe, Span k, int64_t m0, int rows1,
+                           float *sums) {
+    const int64_t pairs = k.pairs, whole = span_whole(k), wstride = STRIPE * 2 * sizeof(uint16_t);
     const int64_t xstride = ldx * (int64_t)sizeof(uint16_t), sstride = STRIPE * sizeof(float);
     const uint16_t *x0 = x + m0 * ldx, *x1 = x0 + TILE_ROWS * ldx;
     for (int half = 0; half < 2; half++) {
         const int blk = 2 * half;
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        for (int64_t p0 = 0; p0 < whole; p0 += BLOCK_PAIRS) {
+        float *s0 = sums + blk * LANES, *s1 = s0 + TILE_ROWS * STRIPE;
+        if (k.begin == 0) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+        } else {
+            _tile_loadd(0, s0, sstride);
+            _tile_loadd(1, s0 + LANES, sstride);
+            _tile_loadd(2, s1, sstride);
+            _tile_loadd(3, s1 + LANES, sstride);
+        }
+        for (int64_t p0 = k.begin; p0 < whole; p0 += BLOCK_PAIRS) {
             const uint16_t *wp = stripe + p0 * STRIPE * 2 + blk * LANES * 2;
             prefetch_block(wp, p0, whole, 2);
             _tile_loadd(4, x0 + 2 * p0, xstride);
@@ -177,7 +204,7 @@ AMX static void two_blocks(const uint16_t *x, int64_t ldx, const uint16_t *strip
             _tile_dpbf16ps(1, 4, 7);
             _tile_dpbf16ps(3, 5, 7);
         }
-        if (whole < pairs) {
+        if (whole < k.end) {
             uint16_t a0[TILE_ROWS * BLOCK_PAIRS * 2], a1[TILE_ROWS * BLOCK_PAIRS * 2];
             uint16_t b0[BLOCK_PAIRS * LANES * 2], b1[BLOCK_PAIRS * LANES * 2];
             tail_rows(x0, ldx, TILE_ROWS, whole, pairs - whole, a0);
@@ -194,13 +221,44 @@ AMX static void two_blocks(const uint16_t *x, int64_t ldx, const uint16_t *strip
             _tile_dpbf16ps(1, 4, 7);
             _tile_dpbf16ps(3, 5, 7);
         }
-        float *s0 = sums + blk * LANES, *s1 = s0 + TILE_ROWS * STRIPE;
         _tile_stored(0, s0, sstride);
         _tile_stored(1, s0 + LANES, sstride);
         _tile_stored(2, s1, sstride);
         _tile_stored(3, s1 + LANES, sstride);
     }
 }
+
+/* bf16(sums + bias) of rows m0..m0+rows-1 into out's columns n0..n0+columns-1 */
+AMX static void finish(const float *sums, const uint16_t *bias, uint16_t *out, int64_t ldo, int64_t m0, int rows,
+                       int64_t n0, int64_t columns) {
+    for (int b = 0; b < 4; b++) {
+        int64_t c0 = b * LANES;
+        if (c0 >= columns) break;
+        __mmask16 keep = columns - c0 >= LANES ? (__mmask16)0xffff : (__mmask16)((1u << (columns - c0)) - 1u);
+        __m512 add = _mm512_setzero_ps();
+        if (bias)
+            add = _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(keep, bias + n0 + c0)), 16));
+        for (int i = 0; i < rows; i++) {
+            __m256bh h = _mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(sums + i * STRIPE + c0), add));
+            _mm256_mask_storeu_epi16(out + (m0 + i) * ldo + n0 + c0, keep, (__m256i)h);
+        }
+    }
+}
+
+/* Rows 0..M-1 against one stripe over span k, the sums of rows m0.. at sums(m0) */
+#define BLOCKS(k, SUMS)                                                                                             \
+    for (int64_t m0 = 0; m0 < M;) {                                                                                 \
+        int left = M - m0 < 2 * TILE_ROWS ? (int)(M - m0) : 2 * TILE_ROWS;                                         \
+        int rows0 = left < TILE_ROWS ? left : TILE_ROWS, rows1 = left - rows0, shape = rows0 * 64 + rows1;         \
+        if (shape != configured) configure(rows0, rows1), configured = shape;                                     \
+        if (rows1)                                                                                                  \
+            two_blocks(x, ldx, stripe, k, m0, rows1, SUMS);                                                         \
+        else                                                                                                        \
+            one_block(x, ldx, stripe, k, m0, rows0, SUMS);                                                          \
+        AFTER;                                                                                                      \
+        m0 += left;                                                                                                 \
+    }
 
 /* rowgemm.c's stripe call on the tile unit: rows 0..M-1 of x against one stripe, into
  * out's columns n0..n0+columns-1. Configures the tiles itself (an OpenMP thread may
@@ -209,33 +267,59 @@ AMX void stripe_amx(const uint16_t *x, int64_t ldx, const uint16_t *stripe, cons
                     int64_t ldo, int64_t M, int64_t pairs, int64_t n0, int64_t columns) {
     float sums[2 * TILE_ROWS * STRIPE];
     int configured = -1;
-    for (int64_t m0 = 0; m0 < M;) {
-        int left = M - m0 < 2 * TILE_ROWS ? (int)(M - m0) : 2 * TILE_ROWS;
-        int rows0 = left < TILE_ROWS ? left : TILE_ROWS, rows1 = left - rows0, shape = rows0 * 64 + rows1;
-        if (shape != configured) configure(rows0, rows1), configured = shape;
-        if (rows1)
-            two_blocks(x, ldx, stripe, pairs, m0, rows1, sums);
-        else
-            one_block(x, ldx, stripe, pairs, m0, rows0, sums);
-        for (int b = 0; b < 4; b++) {
-            int64_t c0 = b * LANES;
-            if (c0 >= columns) break;
-            __mmask16 keep = columns - c0 >= LANES ? (__mmask16)0xffff : (__mmask16)((1u << (columns - c0)) - 1u);
-            __m512 add = _mm512_setzero_ps();
-            if (bias)
-                add = _mm512_castsi512_ps(_mm512_slli_epi32(
-                    _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(keep, bias + n0 + c0)), 16));
-            for (int i = 0; i < left; i++) {
-                __m256bh h = _mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(sums + i * STRIPE + c0), add));
-                _mm256_mask_storeu_epi16(out + (m0 + i) * ldo + n0 + c0, keep, (__m256i)h);
-            }
-        }
-        m0 += left;
-    }
+    Span all = {0, pairs, pairs};
+#define AFTER finish(sums, bias, out, ldo, m0, left, n0, columns)
+    BLOCKS(all, sums)
+#undef AFTER
     _tile_release();
+}
+
+/* A long K in spans of SPAN_PAIRS, every stripe's sums kept in fp32 between them, so a
+ * span's rows (256 rows x 1,024 values: 512 KB) stay in L2 while every stripe passes
+ * over them, where one pass over K read each 32-row block's 9.7 KB rows from L3 again
+ * for every stripe (the MLP's down product: K = 4,864). The same instructions per
+ * output in the same order as stripe_amx: the same bits. Returns -1 (nothing written)
+ * where it does not pay (32 rows or fewer read the weights once anyway; K within one
+ * span) or without memory for the sums. */
+#define SPAN_PAIRS 512
+AMX int rowgemm_amx_spans(const uint16_t *x, int64_t ldx, const uint16_t *packed, const uint16_t *bias, uint16_t *out,
+                      int64_t ldo, int64_t M, int64_t N, int64_t K) {
+    int64_t stripes = (N + STRIPE - 1) / STRIPE, pairs = K / 2;
+    if (M <= 2 * TILE_ROWS || pairs <= SPAN_PAIRS) return -1;
+    float *all = malloc((size_t)(stripes * M * STRIPE) * sizeof *all);
+    if (!all) return -1;
+    for (int64_t begin = 0; begin < pairs; begin += SPAN_PAIRS) {
+        Span k = {begin, begin + SPAN_PAIRS < pairs ? begin + SPAN_PAIRS : pairs, pairs};
+#pragma omp parallel for schedule(static)
+        for (int64_t s = 0; s < stripes; s++) {
+            const uint16_t *stripe = packed + s * pairs * STRIPE * 2;
+            float *sums = all + s * M * STRIPE;
+            int configured = -1;
+#define AFTER (void)0
+            BLOCKS(k, sums + m0 * STRIPE)
+#undef AFTER
+            _tile_release();
+        }
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t s = 0; s < stripes; s++) {
+        int64_t n0 = s * STRIPE, columns = N - n0 < STRIPE ? N - n0 : STRIPE;
+        for (int64_t m0 = 0; m0 < M; m0 += TILE_ROWS) {
+            int rows = M - m0 < TILE_ROWS ? (int)(M - m0) : TILE_ROWS;
+            finish(all + (s * M + m0) * STRIPE, bias, out, ldo, m0, rows, n0, columns);
+        }
+    }
+    free(all);
+    return 0;
 }
 #else
 int amx_ready(void) { return 0; }
+
+int rowgemm_amx_spans(const uint16_t *x, int64_t ldx, const uint16_t *packed, const uint16_t *bias, uint16_t *out,
+                      int64_t ldo, int64_t M, int64_t N, int64_t K) {
+    (void)x, (void)ldx, (void)packed, (void)bias, (void)out, (void)ldo, (void)M, (void)N, (void)K;
+    return -1;
+}
 
 void stripe_amx(const uint16_t *x, int64_t ldx, const uint16_t *stripe, const uint16_t *bias, uint16_t *out,
                 int64_t ldo, int64_t M, int64_t pairs, int64_t n0, int64_t columns) {

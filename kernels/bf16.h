@@ -29,6 +29,8 @@ void rowgemm_stripe_row(int isa, const uint16_t *x, const uint16_t *stripe, uint
 int amx_ready(void);
 void stripe_amx(const uint16_t *x, int64_t ldx, const uint16_t *stripe, const uint16_t *bias, uint16_t *out,
                 int64_t ldo, int64_t M, int64_t pairs, int64_t n0, int64_t columns);
+int rowgemm_amx_spans(const uint16_t *x, int64_t ldx, const uint16_t *packed, const uint16_t *bias, uint16_t *out,
+                      int64_t ldo, int64_t M, int64_t N, int64_t K);
 /* amx.c: a row's attention scores on the tile unit (rowdecoder.c's attention on isa 3) */
 int amx_scores_fit(int64_t group, int64_t dim);
 void amx_scores(const uint16_t *q, const uint16_t *keys, int64_t context, const int64_t *path, int64_t n,

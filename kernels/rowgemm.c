@@ -249,6 +249,9 @@ void rowgemm_bf16(int isa, const uint16_t *x, int64_t ldx, const uint16_t *packe
                   int64_t ldo, int64_t M, int64_t N, int64_t K) {
     int64_t stripes = (N + STRIPE - 1) / STRIPE, pairs = K / 2;
     if (isa == 3 && !amx_ready()) isa = 2; /* a caller that skipped rowgemm_isa: never a SIGILL */
+    /* many rows over a long K: amx.c's spans, the same bits (256 rows of the default
+     * model's down product, 2 threads: 860 GMAC/s against 276 in one pass over K) */
+    if (isa == 3 && rowgemm_amx_spans(x, ldx, packed, bias, out, ldo, M, N, K) == 0) return;
 #pragma omp parallel for schedule(static)
     for (int64_t s = 0; s < stripes; s++) {
         const uint16_t *stripe = packed + s * pairs * STRIPE * 2;

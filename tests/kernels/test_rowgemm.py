@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(kernel.library() is None, reason=f"no rowgemm bu
 
 PATHS = isa_params()
 # K: whole chunks, a short tail, less than a chunk; N: whole tiles, ragged tiles and tasks
-SHAPES = [(37, 96), (64, 100), (5, 31), (130, 896)]
+SHAPES = [(37, 96), (64, 100), (5, 31), (130, 896), (40, 1090)]  # 1090: AMX's spans of K, the last with a tail
 
 
 def operands(n: int, k: int, rows: int = 70, seed: int = 0):
