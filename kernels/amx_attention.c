@@ -132,18 +132,16 @@ AMX void amx_weigh(const float *p, const uint16_t *values, int64_t context, cons
             MEMORY_BARRIER();
             _tile_loadd(4, hi, 64);
             _tile_loadd(5, lo, 64);
-            _tile_loadd(6, pairs[0], 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(0, 5, 6);
-            _tile_loadd(6, pairs[1], 64);
-            _tile_dpbf16ps(1, 4, 6);
-            _tile_dpbf16ps(1, 5, 6);
-            _tile_loadd(6, pairs[2], 64);
-            _tile_dpbf16ps(2, 4, 6);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_loadd(6, pairs[3], 64);
-            _tile_dpbf16ps(3, 4, 6);
-            _tile_dpbf16ps(3, 5, 6);
+/* 16 dimensions (tile numbers are immediates): p_hi, then p_lo, against their values */
+#define WEIGH_DIMS(T)                                                                                               \
+    _tile_loadd(6, pairs[T], 64);                                                                                   \
+    _tile_dpbf16ps(T, 4, 6);                                                                                        \
+    _tile_dpbf16ps(T, 5, 6)
+            WEIGH_DIMS(0);
+            WEIGH_DIMS(1);
+            WEIGH_DIMS(2);
+            WEIGH_DIMS(3);
+#undef WEIGH_DIMS
         }
         const int64_t stride = dim * (int64_t)sizeof(float);
         _tile_stored(0, acc + d0, stride);
