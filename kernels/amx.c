@@ -246,7 +246,8 @@ AMX static void finish(const float *sums, const uint16_t *bias, uint16_t *out, i
     }
 }
 
-/* Rows 0..M-1 against one stripe over span k, the sums of rows m0.. at sums(m0) */
+/* Rows 0..M-1 against one stripe over span k, the sums of rows m0.. at SUMS (an
+ * expression of m0), then the statement the caller defines as AFTER */
 #define BLOCKS(k, SUMS)                                                                                             \
     for (int64_t m0 = 0; m0 < M;) {                                                                                 \
         int left = M - m0 < 2 * TILE_ROWS ? (int)(M - m0) : 2 * TILE_ROWS;                                         \
@@ -283,7 +284,7 @@ AMX void stripe_amx(const uint16_t *x, int64_t ldx, const uint16_t *stripe, cons
  * span) or without memory for the sums. */
 #define SPAN_PAIRS 512
 AMX int rowgemm_amx_spans(const uint16_t *x, int64_t ldx, const uint16_t *packed, const uint16_t *bias, uint16_t *out,
-                      int64_t ldo, int64_t M, int64_t N, int64_t K) {
+                          int64_t ldo, int64_t M, int64_t N, int64_t K) {
     int64_t stripes = (N + STRIPE - 1) / STRIPE, pairs = K / 2;
     if (M <= 2 * TILE_ROWS || pairs <= SPAN_PAIRS) return -1;
     float *all = malloc((size_t)(stripes * M * STRIPE) * sizeof *all);
