@@ -89,7 +89,8 @@ static void tail_rows(const uint16_t *xr, int64_t ldx, int rows, int64_t whole, 
 
 static void tail_weights(const uint16_t *stripe, int64_t whole, int64_t rest, int blk, uint16_t *b) {
     memset(b, 0, BLOCK_PAIRS * LANES * 2 * sizeof *b);
-    for (int64_t p = 0; p < rest; p++) memcpy(b + p * LANES * 2, stripe + ((whole + p) * STRIPE + blk * LANES) * 2, LANES * 4);
+    for (int64_t p = 0; p < rest; p++)
+        memcpy(b + p * LANES * 2, stripe + ((whole + p) * STRIPE + blk * LANES) * 2, LANES * 4);
 }
 
 #define PADDED (BLOCK_PAIRS * 4) /* bytes a row of a padded buffer */

@@ -1,8 +1,12 @@
 /* rowdecoder.c's attention on Intel's tile unit (isa 3): a row's scores and its weighted
- * values, each a function of that row's query, keys, weights and values alone. */
+ * values, each a function of that row's query, keys, weights and values alone. Both
+ * need group <= 16 and dim a multiple of 64, at most 128 (amx_attention_fit); the
+ * softmax between them stays in rowdecoder.c. */
 #include "amx.h"
 
 #ifdef HAVE_AMX
+int amx_attention_fit(int64_t group, int64_t dim) { return group <= 16 && dim % 64 == 0 && dim <= 128; }
+
 /* ---------------------------------------------------------------- scores
  *
  * rowdecoder.c's attention on isa 3 takes its scores from here: scores[h][j] =
@@ -10,11 +14,7 @@
  * positions, then its path's), through TDPBF16PS: 16 keys are the A operand (as the
  * slot stores them, or gathered), the row's query heads the B operand (its columns),
  * and each score takes the head's dimensions in blocks of 32, in order. A score's bits
- * depend on its query and key alone, never on the pass around the row. Softmax and the
- * weighted values stay in rowdecoder.c. Needs group <= 16 and dim a multiple of 32, at
- * most 128 (amx_scores_fit). */
-int amx_scores_fit(int64_t group, int64_t dim) { return group <= 16 && dim % 32 == 0 && dim <= 128; }
-
+ * depend on its query and key alone, never on the pass around the row. */
 AMX void amx_scores(const uint16_t *q, const uint16_t *keys, int64_t context, const int64_t *path, int64_t n,
                     int64_t padded, int64_t group, int64_t dim, float scale, float *scores) {
     const int blocks = (int)(dim / 32);
@@ -77,10 +77,7 @@ AMX void amx_scores(const uint16_t *q, const uint16_t *keys, int64_t context, co
  * keys go in blocks of 32: per block and per 16 dimensions, p_hi then p_lo against the
  * block's values, as TDPBF16PS sums them. The values are re-laid in pairs of keys (the B
  * operand's layout) per block. Keys past n weigh zero and read nothing. A row's sums
- * depend on its weights and values alone. Needs group <= 16 and dim a multiple of 64
- * (amx_weigh_fit). */
-int amx_weigh_fit(int64_t group, int64_t dim) { return group <= 16 && dim % 64 == 0; }
-
+ * depend on its weights and values alone. */
 AMX void amx_weigh(const float *p, const uint16_t *values, int64_t context, const int64_t *path, int64_t n,
                    int64_t padded, int64_t group, int64_t dim, float *acc) {
     uint16_t hi[TILE_ROWS * 32], lo[TILE_ROWS * 32]; /* A: [head][32 keys] */
@@ -108,7 +105,8 @@ AMX void amx_weigh(const float *p, const uint16_t *values, int64_t context, cons
                     __m256bh top = _mm512_cvtneps_pbh(w);
                     __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)top), 16));
                     _mm256_storeu_si256((__m256i *)(hi + h * 32 + 16 * half), (__m256i)top);
-                    _mm256_storeu_si256((__m256i *)(lo + h * 32 + 16 * half), (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(w, back)));
+                    __m256bh rest = _mm512_cvtneps_pbh(_mm512_sub_ps(w, back));
+                    _mm256_storeu_si256((__m256i *)(lo + h * 32 + 16 * half), (__m256i)rest);
                 }
             }
             for (int kp = 0; kp < BLOCK_PAIRS; kp++) {
@@ -124,7 +122,8 @@ AMX void amx_weigh(const float *p, const uint16_t *values, int64_t context, cons
                     }
                 }
                 for (int half = 0; half < 2; half++) {
-                    _mm512_storeu_si512(pairs[2 * half] + kp * LANES * 2, _mm512_permutex2var_epi16(v[0][half], first, v[1][half]));
+                    _mm512_storeu_si512(pairs[2 * half] + kp * LANES * 2,
+                                        _mm512_permutex2var_epi16(v[0][half], first, v[1][half]));
                     _mm512_storeu_si512(pairs[2 * half + 1] + kp * LANES * 2,
                                         _mm512_permutex2var_epi16(v[0][half], second, v[1][half]));
                 }
@@ -152,12 +151,7 @@ AMX void amx_weigh(const float *p, const uint16_t *values, int64_t context, cons
     _tile_release();
 }
 #else
-int amx_scores_fit(int64_t group, int64_t dim) {
-    (void)group, (void)dim;
-    return 0;
-}
-
-int amx_weigh_fit(int64_t group, int64_t dim) {
+int amx_attention_fit(int64_t group, int64_t dim) {
     (void)group, (void)dim;
     return 0;
 }

@@ -31,11 +31,11 @@ void stripe_amx(const uint16_t *x, int64_t ldx, const uint16_t *stripe, const ui
                 int64_t ldo, int64_t M, int64_t pairs, int64_t n0, int64_t columns);
 int rowgemm_amx_spans(const uint16_t *x, int64_t ldx, const uint16_t *packed, const uint16_t *bias, uint16_t *out,
                       int64_t ldo, int64_t M, int64_t N, int64_t K);
-/* amx.c: a row's attention scores on the tile unit (rowdecoder.c's attention on isa 3) */
-int amx_scores_fit(int64_t group, int64_t dim);
+/* amx_attention.c: a row's attention scores and weighted values on the tile unit
+ * (rowdecoder.c's attention on isa 3, for the shapes amx_attention_fit accepts) */
+int amx_attention_fit(int64_t group, int64_t dim);
 void amx_scores(const uint16_t *q, const uint16_t *keys, int64_t context, const int64_t *path, int64_t n,
                 int64_t padded, int64_t group, int64_t dim, float scale, float *scores);
-int amx_weigh_fit(int64_t group, int64_t dim);
 void amx_weigh(const float *p, const uint16_t *values, int64_t context, const int64_t *path, int64_t n,
                int64_t padded, int64_t group, int64_t dim, float *acc);
 /* attend_avx2.c: rowdecoder.c's attention of one row's heads of one KV head, for rowgemm's AVX2 path */

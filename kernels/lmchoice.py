@@ -44,6 +44,7 @@ def declare(lib: Any) -> Any:
     lib.lmchoice_choose.argtypes = [ctypes.c_int, _pointer, _size, _size, _pointer, _pointer, _pointer, _pointer,
                                     _pointer, _size, _size, _pointer, _pointer, _pointer]
     lib.lmchoice_choose.restype = ctypes.c_int
+    lib.lmchoice_full_rows.argtypes, lib.lmchoice_full_rows.restype = [ctypes.c_int], ctypes.c_int
     return lib
 
 
@@ -51,8 +52,7 @@ def full_rows(lib: Any, isa: int) -> int | None:
     """The fewest rows of a pass whose lm_head `choices` computes in full rather than
     screening on path `isa` (on AMX the full product of a few rows costs less than their
     screen), None where it always screens."""
-    lib.lmchoice_full_rows.argtypes, lib.lmchoice_full_rows.restype = [ctypes.c_int], ctypes.c_int
-    rows = int(lib.lmchoice_full_rows(isa))
+    rows = int(declare(lib).lmchoice_full_rows(isa))
     return None if rows < 0 else rows
 
 

@@ -252,7 +252,7 @@ CLONES static void attend(const uint16_t *q, uint16_t *out, const uint16_t *keys
     int64_t n = context + path_len, padded = (n + W - 1) / W * W;
     int chunks = (int)(dim / W), most = HEADS_AT_ONCE(chunks);
     float *scores = scratch, *acc = scratch + group * padded;
-    if (tiles) /* isa 3: the scores from the tile unit (amx.c), other bits than score_heads' */
+    if (tiles) /* isa 3: the scores from the tile unit (amx_attention.c), other bits than score_heads' */
         amx_scores(q, keys, context, path, n, padded, group, dim, scale, scores);
     for (int64_t h0 = 0; h0 < group && !tiles; h0 += most) {
         int hb = group - h0 < most ? (int)(group - h0) : most;
@@ -283,7 +283,7 @@ CLONES static void attend(const uint16_t *q, uint16_t *out, const uint16_t *keys
         }
         sums[h] = sum16(total);
     }
-    if (tiles) /* and the weighted values (amx.c) */
+    if (tiles) /* and the weighted values (amx_attention.c) */
         amx_weigh(scores, values, context, path, n, padded, group, dim, acc);
     for (int64_t h0 = 0; h0 < group && !tiles; h0 += most) {
         int hb = group - h0 < most ? (int)(group - h0) : most;
@@ -358,7 +358,7 @@ static int layer(int isa, const Model *m, int64_t index, const Pass *p, uint16_t
             memcpy(values + at, row + Q + KV + g * D, (size_t)D * sizeof *values);
         }
     }
-    const int tiles = isa == 3 && amx_scores_fit(group, D) && amx_weigh_fit(group, D);
+    const int tiles = isa == 3 && amx_attention_fit(group, D);
 #pragma omp parallel
     {
         size_t bytes = ((size_t)scratch_floats(m, most_keys) * sizeof(float) + 63) / 64 * 64; /* whole 64s */
