@@ -43,20 +43,61 @@
 
 /* ---------------------------------------------------------------- the choice */
 
-/* torch.argmax over bf16 logits: the first maximum, a NaN above everything */
-static int64_t first_max(const uint16_t *logits, int64_t n) {
-    int64_t best = 0;
-    float top = bf16_to_f32(logits[0]);
-    if (top != top) return 0;
-    for (int64_t j = 1; j < n; j++) {
-        float v = bf16_to_f32(logits[j]);
-        if (v != v) return j;
-        if (v > top) top = v, best = j;
-    }
-    return best;
-}
-
 #define W 16
+
+/* torch.argmax over bf16 logits: the first maximum, a NaN above everything. One pass of
+ * 2 x 16 lanes, each lane keeping its maximum and where it first saw it (a strict `>`),
+ * then the lowest index holding the row's maximum (float equality: +0 and -0 tie, as
+ * the one-at-a-time `>` keeps the first of them); a row with a NaN is scanned again for
+ * its first. A verify pass of 32 rows took ~4 ms over the default vocabulary one value
+ * at a time, ~5% of the pass on the AMX VM. One lane's step: */
+#define FIRST_MAX_STEP(top, at, v, index)                                                                            \
+    do {                                                                                                             \
+        v16i more = v > top;                                                                                         \
+        top = pick(more, v, top);                                                                                    \
+        at = (more & (index)) | (~more & at);                                                                        \
+    } while (0)
+
+CLONES int64_t lmchoice_first_max(const uint16_t *logits, int64_t n) {
+    const v16i lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    v16f top0 = splat(-INFINITY), top1 = top0;
+    v16i at0 = lane - lane, at1 = at0;
+    v16h nan = {0}; /* bit 15 set where a NaN passed: bf16 b is a NaN iff (b & 0x7fff) + 0x7f >= 0x8000 */
+    int64_t j = 0;
+    for (; j + 2 * W <= n; j += 2 * W) { /* two chains: a compare and a blend wait on the last */
+        v16h bits[2];
+        memcpy(bits, logits + j, sizeof bits);
+        nan |= ((bits[0] & 0x7fff) + 0x7f) | ((bits[1] & 0x7fff) + 0x7f);
+        v16f a = (v16f)(__builtin_convertvector(bits[0], v16u) << 16);
+        v16f b = (v16f)(__builtin_convertvector(bits[1], v16u) << 16);
+        FIRST_MAX_STEP(top0, at0, a, lane + (int32_t)j);
+        FIRST_MAX_STEP(top1, at1, b, lane + (int32_t)(j + W));
+    }
+    v16f top[2] = {top0, top1};
+    v16i at[2] = {at0, at1};
+    float best = -INFINITY;
+    int64_t first = 0;
+    int any = 0;
+    uint16_t flags[W];
+    memcpy(flags, &nan, sizeof flags);
+    for (int i = 0; i < W; i++) any |= flags[i] >> 15;
+    for (int h = 0; h < 2; h++) {
+        float values[W];
+        int32_t where[W];
+        memcpy(values, &top[h], sizeof values), memcpy(where, &at[h], sizeof where);
+        for (int i = 0; i < W; i++)
+            if (values[i] > best || (values[i] == best && where[i] < first)) best = values[i], first = where[i];
+    }
+    for (int64_t i = j; i < n; i++) { /* the tail, after every lane's index */
+        float v = bf16_to_f32(logits[i]);
+        any |= v != v;
+        if (v > best) best = v, first = i;
+    }
+    if (any)
+        for (int64_t i = 0; i < n; i++)
+            if (bf16_to_f32(logits[i]) != bf16_to_f32(logits[i])) return i;
+    return first;
+}
 
 /* B_j, 16 outputs at a time and one at a time (the same formula: lmchoice.c's top) */
 static inline v16f bounds16(v16f a, v16f slack, v16f qslack, float X, float D) {
@@ -168,7 +209,7 @@ int lmchoice_choose(int isa, const uint16_t *x, int64_t ldx, int64_t M, const in
         rowgemm_bf16(isa, x, ldx, lm_head, NULL, logits, N, M, N, K);
 #pragma omp parallel for schedule(static)
         for (int64_t m = 0; m < M; m++) {
-            choices[m] = first_max(logits + m * N, N);
+            choices[m] = lmchoice_first_max(logits + m * N, N);
             if (kept) kept[m] = N;
         }
         return 0;
@@ -195,7 +236,7 @@ int lmchoice_choose(int isa, const uint16_t *x, int64_t ldx, int64_t M, const in
         if (choice < 0) { /* the full row, into its own scores (2N bytes of its 4N) */
             uint16_t *logits = (uint16_t *)(scores + m * N);
             rowgemm_bf16(isa, x + m * ldx, K, lm_head, NULL, logits, N, 1, N, K);
-            choice = first_max(logits, N);
+            choice = lmchoice_first_max(logits, N);
             count = N;
         }
         choices[m] = choice;

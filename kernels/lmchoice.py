@@ -45,6 +45,7 @@ def declare(lib: Any) -> Any:
                                     _pointer, _size, _size, _pointer, _pointer, _pointer]
     lib.lmchoice_choose.restype = ctypes.c_int
     lib.lmchoice_full_rows.argtypes, lib.lmchoice_full_rows.restype = [ctypes.c_int], ctypes.c_int
+    lib.lmchoice_first_max.argtypes, lib.lmchoice_first_max.restype = [_pointer, _size], ctypes.c_int64
     return lib
 
 

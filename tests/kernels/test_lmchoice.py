@@ -137,3 +137,35 @@ def test_the_env_switch(monkeypatch):
     monkeypatch.setenv("CODESPEC_LM_SCREEN", "no")
     with pytest.raises(SettingError, match="CODESPEC_LM_SCREEN"):
         lmchoice.wanted()
+
+
+def first_max_c(logits: np.ndarray) -> int:
+    logits = np.ascontiguousarray(logits, dtype=np.uint16)
+    return int(lmchoice.declare(kernel.library()).lmchoice_first_max(logits.ctypes.data, logits.size))
+
+
+@pytest.mark.parametrize("n", [1, 5, 16, 17, 48, 151936])
+def test_the_vectorized_first_maximum_is_torchs_argmax(n):
+    """lmchoice.c's first_max (the full rows' argmax) against numpy's, which torch's
+    matches: the first maximum, a NaN above everything, -0 tying +0, at every length."""
+    rng = np.random.default_rng(n)
+    base = gaussian((n,), 2.0, seed=n)
+    cases = [base, np.full(n, 0xFF80, np.uint16)]  # all -inf
+    for at in {0, n // 2, n - 1}:
+        tie = base.copy()
+        top = bf16_bits(np.array([100.0], np.float32))[0]
+        tie[at] = tie[-1 - at // 3] = top  # two equal maxima: the first wins
+        cases.append(tie)
+        nan = base.copy()
+        nan[at] = 0x7FC0
+        nan[rng.integers(0, n)] = 0x7FC1  # a second NaN payload, maybe earlier
+        cases.append(nan)
+        inf = base.copy()
+        inf[at] = 0x7F80
+        cases.append(inf)
+        zeros = np.full(n, 0xBF80, np.uint16)  # -1 everywhere but a -0 and a +0
+        zeros[at] = 0x8000
+        zeros[n - 1] = 0x0000
+        cases.append(zeros)
+    for logits in cases:
+        assert first_max_c(logits) == int(lmchoice.first_max(logits[None, :])[0])
