@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from codespec.forward import hf_weights, rowblocks, select
+from codespec.forward import rowdecoder as rowdecoder_module
 from codespec.forward.rows import plan_rows
 from codespec.engine import Engine, GenerationConfig
 from codespec.errors import ModelError
@@ -210,6 +211,27 @@ def test_int8_computes_the_int8_model(arch):
         ours = as_tensor(verifier.forward.decoder.forward(prompt[-8:], rows, path, verifier.forward._slots(cache))).float()
         errors[quantize] = ((ours - expected).abs().mean() / expected.abs().mean()).item()
     assert errors["int8"] < 0.05 and errors["int8"] < 0.8 * errors["none"], errors
+
+
+@pytest.mark.parametrize("isa_cap", ISA_CAPS)
+def test_prefill_passes_of_any_size_write_the_same_kv_and_logits(isa_cap, monkeypatch):
+    """rowdecoder.PREFILL_ROWS lets a path prefill in passes longer than the cache's
+    chunk (AMX: 1,024 rows): the KV and the last row's logits are the same bits however
+    the prompt is cut into passes."""
+    model = bf16_model("qwen2", vocab=64, seed=5)
+    prompt = random_ids(150, 64, 9)
+    written = []
+    for longest in (0, 48, 1024):  # the chunk's 16-row passes; 48-row passes; one pass
+        monkeypatch.setattr(rowdecoder_module, "PREFILL_ROWS", {isa_cap: longest})
+        cache = SlotCache(model.config, slots=1, slot_tokens=256, dtype=torch.bfloat16, chunk=16)
+        verifier = Verifier(hf_weights.row_forward(model, isa_cap=isa_cap), cache)
+        slot, _ = cache.acquire(prompt)
+        logits = verifier.prefill(slot, prompt)
+        kv = [layer[slot, :, :len(prompt)].clone() for layer in (*cache.keys, *cache.values)]
+        written.append((logits.copy(), kv))
+    for logits, kv in written[1:]:
+        assert (logits == written[0][0]).all()
+        assert all(torch.equal(a, b) for a, b in zip(kv, written[0][1]))
 
 
 @pytest.mark.parametrize("isa_cap", ISA_CAPS)

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from codespec.kernels import int8, lmchoice
-from codespec.kernels.rowgemm import STRIPE
+from codespec.kernels.rowgemm import AMX, STRIPE
 from codespec.forward.base import Preempted, kv_dims
 
 FAMILIES = ("qwen2", "llama")
@@ -48,6 +48,14 @@ class _Model(ctypes.Structure):
 
 _Stop = ctypes.CFUNCTYPE(ctypes.c_int)  # rowdecoder.c's Pass.stop: asked before each layer
 STOPPED = -2  # rowdecoder_forward's answer when `stop` ended the pass
+# The most prompt rows one prefill pass takes, per product path, where more than the
+# cache's chunk pays: a row's bits do not depend on its pass, so this is speed alone.
+# AMX (isa 3): the products are compute-bound at 256 rows, but every pass reads the
+# layers' 716 MB again; on the 2-core Emerald Rapids VM, interleaved medians, 1,024-row
+# passes prefilled 1,024 tokens 12-16% faster than 256-row ones, 2,048 tokens 18%
+# (2,048-row passes: the same) and 512 tokens 12% (docs/benchmarks.md, session 36). The
+# AVX-512 and AVX2 paths keep the chunk (256 was the fastest 1k-token prefill on them).
+PREFILL_ROWS = {AMX: 1024}
 
 
 class _Pass(ctypes.Structure):
@@ -227,14 +235,15 @@ class RowDecoder:
 
     def prefill(self, prompt: Sequence[int], slot: int, start: int, chunk: int, slots: tuple[Any, Any, int],
                 preempted: Callable[[], bool] | None = None) -> np.ndarray:
-        """Write the KV of prompt[start:] into `slot` in chunks of `chunk` rows on the
-        absolute grid (each row sees the slot up to itself, so the chunking bounds the
-        work buffer and changes no bit); returns the logits (bf16 bits) after the last
+        """Write the KV of prompt[start:] into `slot` in passes of `chunk` rows from
+        `start`, or of PREFILL_ROWS where this path has more (each row sees the slot up
+        to itself, so the passes bound the work buffer and change no bit); returns the logits (bf16 bits) after the last
         token: [1, vocab]. `preempted` is asked before each layer; True raises Preempted
         (a background prefill gives way to a request: SlotCache.preempted)."""
         logits = None
-        for begin in range(start, len(prompt), chunk):
-            end = min(begin + chunk, len(prompt))
+        rows_per_pass = max(chunk, PREFILL_ROWS.get(self.isa, 0))
+        for begin in range(start, len(prompt), rows_per_pass):
+            end = min(begin + rows_per_pass, len(prompt))
             rows, path = prefill_rows(slot, begin, end)
             logits = self.forward(prompt[begin:end], rows, path, slots, logits_from=end - begin - 1,
                                   preempted=preempted)
