@@ -25,12 +25,15 @@ void rowgemm_bf16(int isa, const uint16_t *x, int64_t ldx, const uint16_t *packe
                   int64_t ldo, int64_t M, int64_t N, int64_t K);
 /* rowgemm.c: one row against one stripe (`stripe` points at it), on the calling thread */
 void rowgemm_stripe_row(int isa, const uint16_t *x, const uint16_t *stripe, uint16_t *out, int64_t columns, int64_t K);
-/* amx.c: whether this process may use the tile unit (asked once), and rowgemm's stripe on it */
+/* amx.c: whether this process may use the tile unit (asked once), rowgemm's stripe on it, and
+ * rowgemm_bf16's isa 3 (one long K in spans; every stripe) */
 int amx_ready(void);
 void stripe_amx(const uint16_t *x, int64_t ldx, const uint16_t *stripe, const uint16_t *bias, uint16_t *out,
                 int64_t ldo, int64_t M, int64_t pairs, int64_t n0, int64_t columns);
 int rowgemm_amx_spans(const uint16_t *x, int64_t ldx, const uint16_t *packed, const uint16_t *bias, uint16_t *out,
                       int64_t ldo, int64_t M, int64_t N, int64_t K);
+void rowgemm_amx(const uint16_t *x, int64_t ldx, const uint16_t *packed, const uint16_t *bias, uint16_t *out,
+                 int64_t ldo, int64_t M, int64_t N, int64_t K);
 /* amx_attention.c: a row's attention scores and weighted values on the tile unit
  * (rowdecoder.c's attention on isa 3, for the shapes amx_attention_fit accepts) */
 int amx_attention_fit(int64_t group, int64_t dim);

@@ -252,6 +252,10 @@ void rowgemm_bf16(int isa, const uint16_t *x, int64_t ldx, const uint16_t *packe
     /* many rows over a long K: amx.c's spans, the same bits (256 rows of the default
      * model's down product, 2 threads: 860 GMAC/s against 276 in one pass over K) */
     if (isa == 3 && rowgemm_amx_spans(x, ldx, packed, bias, out, ldo, M, N, K) == 0) return;
+    if (isa == 3) {
+        rowgemm_amx(x, ldx, packed, bias, out, ldo, M, N, K);
+        return;
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t s = 0; s < stripes; s++) {
         const uint16_t *stripe = packed + s * pairs * STRIPE * 2;
@@ -263,10 +267,6 @@ void rowgemm_bf16(int isa, const uint16_t *x, int64_t ldx, const uint16_t *packe
         }
         if (isa == 2) {
             stripe_avx512bf16(x, ldx, stripe, bias, out, ldo, M, pairs, n0, columns);
-            continue;
-        }
-        if (isa == 3) {
-            stripe_amx(x, ldx, stripe, bias, out, ldo, M, pairs, n0, columns);
             continue;
         }
 #endif
