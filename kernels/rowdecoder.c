@@ -361,19 +361,14 @@ static int product(int isa, const uint16_t *x, int64_t ldx, const uint16_t *w, c
     return 0;
 }
 
-double phase_s[8];
-#define MARK(i) do { double _t = omp_get_wtime(); phase_s[i] += _t - _t0; _t0 = _t; } while (0)
 /* One layer over every row of the pass; -1 when a product failed (no memory) */
 static int layer(int isa, const Model *m, int64_t index, const Pass *p, uint16_t *x, Work w, int64_t most_keys) {
-    double _t0 = omp_get_wtime();
     const Layer *L = m->layer + index;
     int64_t rows = p->rows, H = m->hidden, D = m->head_dim, Q = m->heads * D, KV = m->kv_heads * D;
     int64_t NQKV = Q + 2 * KV, I = m->inter, group = m->heads / m->kv_heads;
 #pragma omp parallel for schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) rms_norm(x + r * H, L->norm_in, w.normed + r * H, H, m->eps);
-    MARK(0);
     if (product(isa, w.normed, H, L->qkv, L->qkv_q, L->qkv_s, L->qkv_bias, w.qkv, NQKV, rows, NQKV, H)) return -1;
-    MARK(1);
     uint16_t *keys = p->keys[index], *values = p->values[index];
 #pragma omp parallel for schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) {
@@ -386,7 +381,6 @@ static int layer(int isa, const Model *m, int64_t index, const Pass *p, uint16_t
             memcpy(values + at, row + Q + KV + g * D, (size_t)D * sizeof *values);
         }
     }
-    MARK(2);
     const int tiles = isa == 3 && amx_attention_fit(group, D);
 #pragma omp parallel
     {
@@ -408,24 +402,19 @@ static int layer(int isa, const Model *m, int64_t index, const Pass *p, uint16_t
         }
         free(scratch);
     }
-    MARK(3);
     if (product(isa, w.attended, Q, L->o, L->o_q, L->o_s, L->o_bias, w.normed, H, rows, H, Q)) return -1;
 #pragma omp parallel for schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) {
         add_rows(x + r * H, w.normed + r * H, H);
         rms_norm(x + r * H, L->norm_post, w.normed + r * H, H, m->eps);
     }
-    MARK(4);
     if (product(isa, w.normed, H, L->gate_up, L->gate_up_q, L->gate_up_s, NULL, w.mlp, 2 * I, rows, 2 * I, H))
         return -1;
-    MARK(5);
 #pragma omp parallel for schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) silu_mul(w.mlp + r * 2 * I, w.mlp + r * 2 * I + I, w.gated + r * I, I);
-    MARK(6);
     if (product(isa, w.gated, I, L->down, L->down_q, L->down_s, NULL, w.normed, H, rows, H, I)) return -1;
 #pragma omp parallel for schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) add_rows(x + r * H, w.normed + r * H, H);
-    MARK(7);
     return 0;
 }
 
