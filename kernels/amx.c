@@ -15,8 +15,8 @@
  * differently). A machine runs one path for every pass, chosen once (`rowgemm_isa`).
  *
  * The packed stripes (rowgemm.c) are already the tile unit's layout for its B operand:
- * 16 consecutive pairs of 16 consecutive columns are a 16 x 64-byte tile at a row stride
- * of STRIPE * 4 bytes. x's rows are the A operand as they are. A K that is not a
+ * 16 consecutive pairs of 16 consecutive columns of a half stripe are a 16 x 64-byte
+ * tile at a row stride of HALF * 4 bytes. x's rows are the A operand as they are. A K that is not a
  * multiple of 32 ends in a block padded with zeros (the same for every row count).
  *
  * Linux hands out the tile state only to a process that asks (arch_prctl
@@ -28,6 +28,7 @@
 #include <stdlib.h>
 
 #define STRIPE 64
+#define HALF 32 /* rowgemm.c: a stripe is two halves of 32 columns, each its pairs in order */
 
 #ifdef HAVE_AMX
 #include <cpuid.h>
@@ -87,10 +88,10 @@ static void tail_rows(const uint16_t *xr, int64_t ldx, int rows, int64_t whole, 
     for (int i = 0; i < rows; i++) memcpy(a + i * BLOCK_PAIRS * 2, xr + i * ldx + 2 * whole, rest * 4);
 }
 
-static void tail_weights(const uint16_t *stripe, int64_t whole, int64_t rest, int blk, uint16_t *b) {
+static void tail_weights(const uint16_t *stripe, int64_t pairs, int64_t whole, int64_t rest, int blk, uint16_t *b) {
     memset(b, 0, BLOCK_PAIRS * LANES * 2 * sizeof *b);
     for (int64_t p = 0; p < rest; p++)
-        memcpy(b + p * LANES * 2, stripe + ((whole + p) * STRIPE + blk * LANES) * 2, LANES * 4);
+        memcpy(b + p * LANES * 2, stripe + ((blk / 2 * pairs + whole + p) * HALF + blk % 2 * LANES) * 2, LANES * 4);
 }
 
 #define PADDED (BLOCK_PAIRS * 4) /* bytes a row of a padded buffer */
@@ -101,14 +102,13 @@ static void tail_weights(const uint16_t *stripe, int64_t whole, int64_t rest, in
  * 28.9 ms against 25.1 at 32 rows. */
 #define PREFETCH_STEPS 4
 
-/* Ask for the weight lines a block of pairs PREFETCH_STEPS blocks ahead will load: a tile
- * load waits for its lines, and the tile unit has too few registers to run far ahead. */
-static inline __attribute__((always_inline)) void prefetch_block(const uint16_t *wp, int64_t p0, int64_t whole,
-                                                                 int lines) {
+/* Ask for the lines of a half stripe's block of pairs PREFETCH_STEPS blocks ahead (wp: the
+ * half at pair p0; 2 KB in a row): a tile load waits for its lines, and the tile unit
+ * has too few registers to run far ahead. */
+static inline __attribute__((always_inline)) void prefetch_block(const uint16_t *wp, int64_t p0, int64_t whole) {
     if (PREFETCH_STEPS == 0 || p0 + PREFETCH_STEPS * BLOCK_PAIRS >= whole) return;
-    const char *ahead = (const char *)(wp + PREFETCH_STEPS * BLOCK_PAIRS * STRIPE * 2);
-    for (int p = 0; p < BLOCK_PAIRS; p++)
-        for (int l = 0; l < lines; l++) _mm_prefetch(ahead + p * STRIPE * 4 + l * 64, _MM_HINT_T0);
+    const char *ahead = (const char *)(wp + PREFETCH_STEPS * BLOCK_PAIRS * HALF * 2);
+    for (int l = 0; l < BLOCK_PAIRS * HALF * 4 / 64; l++) _mm_prefetch(ahead + l * 64, _MM_HINT_T0);
 }
 
 /* Pairs [begin, end) of K's `pairs`: the whole of K, or one span of a long K
@@ -124,9 +124,9 @@ static inline int64_t span_whole(Span k) { return k.end == k.pairs ? k.pairs / B
 /* One block: rows m0..m0+rows-1 against one stripe into sums [rows][STRIPE]. */
 AMX static void one_block(const uint16_t *x, int64_t ldx, const uint16_t *stripe, Span k, int64_t m0, int rows,
                           float *sums) {
-    const int64_t pairs = k.pairs, whole = span_whole(k), wstride = STRIPE * 2 * sizeof(uint16_t);
+    const int64_t pairs = k.pairs, whole = span_whole(k), wstride = HALF * 2 * sizeof(uint16_t);
     const int64_t sstride = STRIPE * sizeof(float);
-    const uint16_t *xr = x + m0 * ldx;
+    const uint16_t *xr = x + m0 * ldx, *second = stripe + pairs * HALF * 2;
     if (k.begin == 0) {
         _tile_zero(0);
         _tile_zero(1);
@@ -139,22 +139,23 @@ AMX static void one_block(const uint16_t *x, int64_t ldx, const uint16_t *stripe
         _tile_loadd(3, sums + 3 * LANES, sstride);
     }
     for (int64_t p0 = k.begin; p0 < whole; p0 += BLOCK_PAIRS) {
-        const uint16_t *wp = stripe + p0 * STRIPE * 2;
-        prefetch_block(wp, p0, whole, 4);
+        const uint16_t *w0 = stripe + p0 * HALF * 2, *w1 = second + p0 * HALF * 2;
+        prefetch_block(w0, p0, whole);
+        prefetch_block(w1, p0, whole);
         _tile_loadd(4, xr + 2 * p0, ldx * (int64_t)sizeof(uint16_t));
-        _tile_loadd(5, wp, wstride);
-        _tile_loadd(6, wp + 1 * LANES * 2, wstride);
+        _tile_loadd(5, w0, wstride);
+        _tile_loadd(6, w0 + LANES * 2, wstride);
         _tile_dpbf16ps(0, 4, 5);
-        _tile_loadd(5, wp + 2 * LANES * 2, wstride);
+        _tile_loadd(5, w1, wstride);
         _tile_dpbf16ps(1, 4, 6);
-        _tile_loadd(6, wp + 3 * LANES * 2, wstride);
+        _tile_loadd(6, w1 + LANES * 2, wstride);
         _tile_dpbf16ps(2, 4, 5);
         _tile_dpbf16ps(3, 4, 6);
     }
     if (whole < k.end) {
         uint16_t a[TILE_ROWS * BLOCK_PAIRS * 2], b[4][BLOCK_PAIRS * LANES * 2];
         tail_rows(xr, ldx, rows, whole, pairs - whole, a);
-        for (int blk = 0; blk < 4; blk++) tail_weights(stripe, whole, pairs - whole, blk, b[blk]);
+        for (int blk = 0; blk < 4; blk++) tail_weights(stripe, pairs, whole, pairs - whole, blk, b[blk]);
         MEMORY_BARRIER();
         _tile_loadd(4, a, PADDED);
         _tile_loadd(5, b[0], PADDED);
@@ -172,11 +173,11 @@ AMX static void one_block(const uint16_t *x, int64_t ldx, const uint16_t *stripe
     _tile_stored(3, sums + 3 * LANES, sstride);
 }
 
-/* Two blocks: rows m0..m0+15 and m0+16..m0+15+rows1 against one stripe, half a stripe
- * at a time, into sums [16 + rows1][STRIPE]. */
+/* Two blocks: rows m0..m0+15 and m0+16..m0+15+rows1 against one stripe, a half at a
+ * time, into sums [16 + rows1][STRIPE]. */
 AMX static void two_blocks(const uint16_t *x, int64_t ldx, const uint16_t *stripe, Span k, int64_t m0, int rows1,
                            float *sums) {
-    const int64_t pairs = k.pairs, whole = span_whole(k), wstride = STRIPE * 2 * sizeof(uint16_t);
+    const int64_t pairs = k.pairs, whole = span_whole(k), wstride = HALF * 2 * sizeof(uint16_t);
     const int64_t xstride = ldx * (int64_t)sizeof(uint16_t), sstride = STRIPE * sizeof(float);
     const uint16_t *x0 = x + m0 * ldx, *x1 = x0 + TILE_ROWS * ldx;
     for (int half = 0; half < 2; half++) {
@@ -194,8 +195,8 @@ AMX static void two_blocks(const uint16_t *x, int64_t ldx, const uint16_t *strip
             _tile_loadd(3, s1 + LANES, sstride);
         }
         for (int64_t p0 = k.begin; p0 < whole; p0 += BLOCK_PAIRS) {
-            const uint16_t *wp = stripe + p0 * STRIPE * 2 + blk * LANES * 2;
-            prefetch_block(wp, p0, whole, 2);
+            const uint16_t *wp = stripe + (half * pairs + p0) * HALF * 2;
+            prefetch_block(wp, p0, whole);
             _tile_loadd(4, x0 + 2 * p0, xstride);
             _tile_loadd(6, wp, wstride);
             _tile_loadd(5, x1 + 2 * p0, xstride);
@@ -210,8 +211,8 @@ AMX static void two_blocks(const uint16_t *x, int64_t ldx, const uint16_t *strip
             uint16_t b0[BLOCK_PAIRS * LANES * 2], b1[BLOCK_PAIRS * LANES * 2];
             tail_rows(x0, ldx, TILE_ROWS, whole, pairs - whole, a0);
             tail_rows(x1, ldx, rows1, whole, pairs - whole, a1);
-            tail_weights(stripe, whole, pairs - whole, blk, b0);
-            tail_weights(stripe, whole, pairs - whole, blk + 1, b1);
+            tail_weights(stripe, pairs, whole, pairs - whole, blk, b0);
+            tail_weights(stripe, pairs, whole, pairs - whole, blk + 1, b1);
             MEMORY_BARRIER();
             _tile_loadd(4, a0, PADDED);
             _tile_loadd(5, a1, PADDED);

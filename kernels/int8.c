@@ -4,7 +4,7 @@
  * choice) and the `--quantize int8` option (every linear layer and lm_head in int8:
  * half the bytes per decode step, other output than bf16).
  *
- * Weights: rowgemm's stripe layout in int8, q[s][p][c][e] = q of output s * STRIPE + c,
+ * Weights: int8 in stripes of whole rows of pairs, q[s][p][c][e] = q of output s * STRIPE + c,
  * input 2p + e, with one step per output: w = scale * q + e, |q| <= 127, q = round(w /
  * scale), scale = max |w| / 127 (`int8_pack`, from the bf16 stripes).
  *
@@ -36,8 +36,12 @@
 
 typedef int8_t v16b __attribute__((vector_size(16)));
 
-/* The int8 form of a matrix packed by rowgemm_pack ([stripes][pairs][STRIPE][2] bf16, N
- * outputs, K padded even): q in the same layout, scale, and the error terms slack and
+/* Lanes 16i..16i+15 of pair p's 64 columns in a bf16 stripe: rowgemm.c keeps a stripe as
+ * two halves of 32 columns ([h][pairs][32][2]); the int8 form keeps whole rows of pairs */
+#define BF16_AT(p, i) ((((i) / 4) * pairs + (p)) * (STRIPE / 2) * 2 + ((i) % 4) * 16)
+
+/* The int8 form of a matrix packed by rowgemm_pack ([stripes][2][pairs][STRIPE / 2][2] bf16, N
+ * outputs, K padded even): q [stripes][pairs][STRIPE][2], scale, and the error terms slack and
  * qslack per output (lmchoice.c's bound; the product's own roundings included).
  * Lanes are (column, half of the pair) and a column's two lanes are merged; 16 at a time
  * (~40 ms for the default model's 136M weights on two threads, pages already touched). */
@@ -57,7 +61,7 @@ CLONES void int8_pack(const uint16_t *packed, int64_t N, int64_t K, int8_t *q, f
         for (int i = 0; i < V; i++) most[i] = worst[i] = (v16f){0}, total[i] = (v16i){0};
         for (int64_t p = 0; p < pairs; p++)
             for (int i = 0; i < V; i++) {
-                v16f v = absolute(widen(w + p * L + i * 16));
+                v16f v = absolute(widen(w + BF16_AT(p, i)));
                 most[i] = pick(v > most[i], v, most[i]);
             }
         for (int i = 0; i < V; i++) { /* a column's two lanes (2c, 2c + 1) share its maximum */
@@ -69,7 +73,7 @@ CLONES void int8_pack(const uint16_t *packed, int64_t N, int64_t K, int8_t *q, f
         }
         for (int64_t p = 0; p < pairs; p++)
             for (int i = 0; i < V; i++) {
-                v16f v = widen(w + p * L + i * 16);
+                v16f v = widen(w + BF16_AT(p, i));
                 v16f r = (v * inverse[i] + 12582912.0f) - 12582912.0f; /* nearest integer (|.| < 2^22) */
                 r = pick(r > (float)Q_MAX, splat(Q_MAX), r);
                 r = pick(r < -(float)Q_MAX, splat(-Q_MAX), r);

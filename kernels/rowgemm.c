@@ -8,11 +8,17 @@
  * construction, on any CPU (oneDNN had to be probed for that, and on one machine it
  * changed kernels past 32 rows).
  *
- * Weights are packed once (rowgemm.py `pack`) into stripes of STRIPE output columns:
- *   packed[s][p][c][e] = w[s * STRIPE + c, 2 * p + e]   (zero-padded to whole stripes, even K)
- * so one 64-byte load holds 16 columns x one pair of k, and a stripe is one sequential
- * stream (a decode step reads the weights at memory speed: ~26 GB/s on the 2-core EPYC
- * VM, where oneDNN's two-row GEMM reads ~16 GB/s).
+ * Weights are packed once (rowgemm.py `pack`) into stripes of STRIPE output columns,
+ * each in two halves of HALF columns:
+ *   packed[s][h][p][c][e] = w[s * STRIPE + h * HALF + c, 2 * p + e]   (zero-padded to whole
+ *   stripes, even K)
+ * so one 64-byte load holds 16 columns x one pair of k, and a stripe is two sequential
+ * streams (a decode step reads the weights at memory speed: ~26 GB/s on the 2-core EPYC
+ * VM, where oneDNN's two-row GEMM reads ~16 GB/s). Halves, rather than whole 64-column
+ * rows of pairs, because the tile unit (amx.c) takes a 32-row pass half a stripe at a
+ * time: each half then streams contiguously. On the AMX VM, products with the weights in
+ * memory, medians of 11 interleaved: 4864 x 896 one row 25.4 -> 22.5 ms for 24, 32 rows
+ * 39.1 -> 38.1; 896 x 4864 one row 14.1 -> 11.7, 32 rows 21.9 -> 19.5 (session 36).
  *
  * The dot product (`rowgemm_isa` == 2, AVX-512 BF16): lane c of an fp32 accumulator
  * takes pair p = 0, 1, 2, ... in order, one VDPBF16PS each (x's pair broadcast), then the
@@ -31,6 +37,7 @@
 #include <alloca.h>
 
 #define STRIPE 64 /* output columns per stripe: BLOCKS x 16 fp32 lanes */
+#define HALF 32   /* columns per half stripe: its pairs are contiguous */
 #define BLOCKS 4
 #define LANES 16
 #define TM 6 /* rows of x per tile: TM x BLOCKS accumulators + BLOCKS + 1 in 32 registers */
@@ -44,7 +51,7 @@ static void stripe_scalar(const uint16_t *x, int64_t ldx, const uint16_t *stripe
             const uint16_t *xr = x + m * ldx;
             float sum = 0.0f;
             for (int64_t p = 0; p < pairs; p++) {
-                const uint16_t *wp = stripe + (p * STRIPE + c) * 2;
+                const uint16_t *wp = stripe + ((c / HALF * pairs + p) * HALF + c % HALF) * 2;
                 sum += bf16_to_f32(xr[2 * p]) * bf16_to_f32(wp[0]) + bf16_to_f32(xr[2 * p + 1]) * bf16_to_f32(wp[1]);
             }
             if (bias) sum += bf16_to_f32(bias[n0 + c]);
@@ -70,10 +77,11 @@ AVX512BF16 static INLINE void tile(const uint16_t *x, int64_t ldx, const uint16_
         for (int b = 0; b < BLOCKS; b++) acc[i][b] = _mm512_setzero_ps();
     const uint16_t *xr[TM];
     for (int i = 0; i < mt; i++) xr[i] = x + (m0 + i) * ldx;
-    const uint16_t *wp = stripe;
-    for (int64_t p = 0; p < pairs; p++, wp += STRIPE * 2) {
+    const uint16_t *half[2] = {stripe, stripe + pairs * HALF * 2};
+    for (int64_t p = 0; p < pairs; p++) {
         __m512bh wv[BLOCKS];
-        for (int b = 0; b < BLOCKS; b++) wv[b] = (__m512bh)_mm512_loadu_si512(wp + b * LANES * 2);
+        for (int b = 0; b < BLOCKS; b++)
+            wv[b] = (__m512bh)_mm512_loadu_si512(half[b / 2] + (p * HALF + b % 2 * LANES) * 2);
         for (int i = 0; i < mt; i++) {
             int32_t pair;
             memcpy(&pair, xr[i] + 2 * p, sizeof pair);
@@ -133,17 +141,17 @@ AVX512BF16 static void stripe_avx512bf16(const uint16_t *x, int64_t ldx, const u
                  * 4864x896 at 256 rows, 2 threads, AVX2 EPYC VM: 4 rows 24.8 ms, 5 rows 19.3, 6 rows 22.2 */
 #endif
 
-/* Rows m0..m0+mt-1 against 8-column blocks b0..b0+nb-1 of a stripe, weights first: the
- * nb blocks of a pair widened once, then every row's two broadcasts. */
+/* Rows m0..m0+mt-1 against 8-column blocks b0..b0+nb-1 of a stripe (one half's), weights
+ * first: the nb blocks of a pair widened once, then every row's two broadcasts. */
 AVX2 static INLINE void tile_w(const float *x32, int64_t K, const uint16_t *stripe, float *acc_out,
                                int64_t pairs, int64_t m0, const int mt, const int b0, const int nb) {
     __m256 acc[TM2][2];
     const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
     for (int i = 0; i < mt; i++)
         for (int b = 0; b < nb; b++) acc[i][b] = _mm256_setzero_ps();
-    const uint16_t *wp = stripe + b0 * LANES8 * 2;
+    const uint16_t *wp = stripe + (b0 * LANES8 / HALF * pairs * HALF + b0 * LANES8 % HALF) * 2;
     const float *xr = x32 + m0 * K;
-    for (int64_t p = 0; p < pairs; p++, wp += STRIPE * 2) {
+    for (int64_t p = 0; p < pairs; p++, wp += HALF * 2) {
         __m256 we[2], wo[2];
         for (int b = 0; b < nb; b++) {
             __m256i raw = _mm256_loadu_si256((const __m256i *)(wp + b * LANES8 * 2));
@@ -162,23 +170,26 @@ AVX2 static INLINE void tile_w(const float *x32, int64_t K, const uint16_t *stri
         for (int b = 0; b < nb; b++) _mm256_storeu_ps(acc_out + i * STRIPE + (b0 + b) * LANES8, acc[i][b]);
 }
 
-/* Rows first: each row's two broadcasts once, then the nb blocks widened one at a time
- * (one or two rows against the whole stripe: a decode step streams it once). */
+/* Rows first: each row's two broadcasts once, then the nb 8-column blocks from block b0
+ * widened one at a time (one or two rows against the whole stripe: a decode step
+ * streams it once). */
 AVX2 static INLINE void tile_x(const float *x32, int64_t K, const uint16_t *stripe, float *acc_out,
-                               int64_t pairs, int64_t m0, const int mt, const int nb) {
+                               int64_t pairs, int64_t m0, const int mt, const int b0, const int nb) {
     __m256 acc[2][8];
     for (int i = 0; i < mt; i++)
         for (int b = 0; b < nb; b++) acc[i][b] = _mm256_setzero_ps();
-    const uint16_t *wp = stripe;
+    const uint16_t *half[2] = {stripe, stripe + pairs * HALF * 2};
     const float *xr = x32 + m0 * K;
-    for (int64_t p = 0; p < pairs; p++, wp += STRIPE * 2) {
+    for (int64_t p = 0; p < pairs; p++) {
         __m256 xe[2], xo[2];
         for (int i = 0; i < mt; i++) {
             xe[i] = _mm256_broadcast_ss(xr + i * K + 2 * p);
             xo[i] = _mm256_broadcast_ss(xr + i * K + 2 * p + 1);
         }
         for (int b = 0; b < nb; b++) {
-            __m256i raw = _mm256_loadu_si256((const __m256i *)(wp + b * LANES8 * 2));
+            int c = (b0 + b) * LANES8; /* the block's first column in the stripe */
+            const uint16_t *wp = half[c / HALF] + (p * HALF + c % HALF) * 2;
+            __m256i raw = _mm256_loadu_si256((const __m256i *)wp);
             __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
             __m256 wo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(raw, 16), 16));
             for (int i = 0; i < mt; i++) {
@@ -188,16 +199,16 @@ AVX2 static INLINE void tile_x(const float *x32, int64_t K, const uint16_t *stri
         }
     }
     for (int i = 0; i < mt; i++)
-        for (int b = 0; b < nb; b++) _mm256_storeu_ps(acc_out + i * STRIPE + b * LANES8, acc[i][b]);
+        for (int b = 0; b < nb; b++) _mm256_storeu_ps(acc_out + i * STRIPE + (b0 + b) * LANES8, acc[i][b]);
 }
 
 /* The sums of `rows` rows (at most TM2) into acc [rows][STRIPE]: the whole stripe. */
 AVX2 static void stripe_sums_avx2(const float *x32, int64_t K, const uint16_t *stripe, float *acc, int64_t pairs,
                                   int64_t m0, int rows) {
-    if (rows == 1) { tile_x(x32, K, stripe, acc, pairs, m0, 1, 8); return; }
-    if (rows == 2) { tile_x(x32, K, stripe, acc, pairs, m0, 2, 4); tile_x(x32, K, stripe + 4 * LANES8 * 2,
-                                                                          acc + 4 * LANES8, pairs, m0, 2, 4); return; }
-    for (int b0 = 0; b0 < 8; b0 += 2) /* 16 columns: one cache line of each pair's row */
+    if (rows == 1) { tile_x(x32, K, stripe, acc, pairs, m0, 1, 0, 8); return; }
+    if (rows == 2) { tile_x(x32, K, stripe, acc, pairs, m0, 2, 0, 4); tile_x(x32, K, stripe, acc, pairs, m0, 2, 4, 4);
+                     return; }
+    for (int b0 = 0; b0 < 8; b0 += 2) /* 16 columns: one cache line of each pair's row in a half */
         switch (rows) {
         case 3: tile_w(x32, K, stripe, acc, pairs, m0, 3, b0, 2); break;
 #if TM2 >= 5
@@ -309,7 +320,7 @@ void rowgemm_pack(const uint16_t *w, int64_t N, int64_t K, int64_t ldw, uint16_t
             for (int64_t c = 0; c < STRIPE; c++) {
                 int64_t n = s * STRIPE + c, end = p0 + 64 < pairs ? p0 + 64 : pairs;
                 for (int64_t p = p0; p < end; p++) {
-                    uint16_t *dst = stripe + (p * STRIPE + c) * 2;
+                    uint16_t *dst = stripe + ((c / HALF * pairs + p) * HALF + c % HALF) * 2;
                     dst[0] = n < N ? w[n * ldw + 2 * p] : 0;
                     dst[1] = n < N && 2 * p + 1 < K ? w[n * ldw + 2 * p + 1] : 0;
                 }

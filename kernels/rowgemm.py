@@ -85,8 +85,9 @@ def isa(cap: int | None = None) -> int | None:
 
 @dataclass(frozen=True)
 class Packed:
-    """A weight [N, K] in rowgemm.c's stripes: `data` [stripes, K/2, STRIPE, 2] bf16,
-    zero-padded to whole stripes and an even K."""
+    """A weight [N, K] in rowgemm.c's stripes: `data` [stripes, 2, K/2, STRIPE/2, 2] bf16
+    (each stripe two halves of columns, each its pairs in order), zero-padded to whole
+    stripes and an even K."""
 
     data: torch.Tensor
     out_features: int  # N
@@ -118,16 +119,16 @@ def pack(weight: torch.Tensor, out: torch.Tensor | None = None) -> Packed:
     check(lib is not None, f"the rowgemm kernel is not available: {unavailable()}")
     assert lib is not None
     source = weight.detach() if weight.stride(1) == 1 else weight.detach().contiguous()
-    data = torch.empty(stripes, pairs, STRIPE, 2, dtype=torch.bfloat16) if out is None else out.view(
-        stripes, pairs, STRIPE, 2)
+    layout = (stripes, 2, pairs, STRIPE // 2, 2)
+    data = torch.empty(layout, dtype=torch.bfloat16) if out is None else out.view(layout)
     lib.rowgemm_pack(source.data_ptr(), n, k, source.stride(0), data.data_ptr())
     return Packed(data, n, k)
 
 
 def unpack(packed: Packed) -> torch.Tensor:
     """The weight [N, K] back from its stripes (a copy)."""
-    stripes, pairs = packed.data.shape[:2]
-    full = packed.data.permute(0, 2, 1, 3).reshape(stripes * STRIPE, pairs * 2)
+    stripes, _, pairs = packed.data.shape[:3]
+    full = packed.data.permute(0, 1, 3, 2, 4).reshape(stripes * STRIPE, pairs * 2)
     return full[: packed.out_features, : packed.in_features].contiguous()
 
 

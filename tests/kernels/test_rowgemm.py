@@ -31,7 +31,10 @@ def operands(n: int, k: int, rows: int = 70, seed: int = 0):
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_packing_keeps_every_weight(n, k):
     _, packed, _, weight = operands(n, k)
-    assert packed.shape == (n, k) and packed.data.shape[2] == kernel.STRIPE
+    stripes, halves, pairs, columns, two = packed.data.shape  # each stripe's halves hold their pairs in order
+    assert packed.shape == (n, k) and (halves, columns, two) == (2, kernel.STRIPE // 2, 2)
+    assert (stripes, pairs) == (-(-n // kernel.STRIPE), -(-k // 2))
+    assert packed.data[0, 1, 0, 0, 0] == weight[32, 0] if n > 32 else True  # column 32 opens the second half
     assert torch.equal(kernel.unpack(packed), weight)
 
 
