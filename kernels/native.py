@@ -166,6 +166,13 @@ def library() -> ctypes.CDLL | None:
     return None
 
 
+def build_id() -> str:
+    """The loaded library's digest (its sources, flags and compiler): what a pass costs
+    changes with it, so the machine profile's key holds it; "" without a library."""
+    lib = library()
+    return Path(lib._name).stem.removeprefix("codespec-") if lib is not None else ""
+
+
 def has(symbol: str) -> bool:
     """Whether the library was built and holds `symbol` (e.g. "rowdecoder_forward")."""
     lib = library()

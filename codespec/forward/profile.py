@@ -111,11 +111,14 @@ def model_source(model: Any, dtype_name: str) -> str:
 def rows_key(config: Any, source: str, threads: int, quantize: str = "none", isa: int = 2) -> dict[str, str]:
     """The key of the C row decoder (rows.py): the same whichever way its weights were
     loaded (safetensors or a transformers model: the same bits and the same kernels).
-    `isa`: rowgemm's path (AVX-512 BF16 2, AVX2 1, scalar 0): other costs, other bits."""
+    `isa`: rowgemm's path (AMX 3, AVX-512 BF16 2, AVX2 1, scalar 0): other costs, other
+    bits; `kernels`: the C library's build (new kernels, new pass costs: measured again)."""
     from codespec.forward import rowplan
+    from codespec.kernels import native
 
     return _key(config, source, "bfloat16", "cpu", threads,
-                f"key_block={rowplan.KEY_BLOCK},forward=rowdecoder,lm={_lm_head()},quantize={quantize},isa={isa}")
+                f"key_block={rowplan.KEY_BLOCK},forward=rowdecoder,lm={_lm_head()},quantize={quantize},isa={isa},"
+                f"kernels={native.build_id()}")
 
 
 def _lm_head() -> str:
