@@ -16,8 +16,9 @@
  *
  * The packed stripes (rowgemm.c) are already the tile unit's layout for its B operand:
  * 16 consecutive pairs of 16 consecutive columns of a half stripe are a 16 x 64-byte
- * tile at a row stride of HALF * 4 bytes. x's rows are the A operand as they are. A K that is not a
- * multiple of 32 ends in a block padded with zeros (the same for every row count).
+ * tile at a row stride of HALF * 4 bytes. x's rows are the A operand as they are. A K
+ * that is not a multiple of 32 ends in a block padded with zeros (the same for every
+ * row count).
  *
  * Linux hands out the tile state only to a process that asks (arch_prctl
  * ARCH_REQ_XCOMP_PERM); `amx_ready` asks once, and a refusal keeps isa 2. Attention on
@@ -99,7 +100,8 @@ static void tail_weights(const uint16_t *stripe, int64_t pairs, int64_t whole, i
  * through memory (520 MB, past its 300 MB L3), medians of 15 interleaved rounds: 24.7 ms
  * against 27.0 without; one row 19.3 against 20.4; 8 and 16 steps no better. Prefetching
  * on into the next stripe (every line, while the second half of this one runs) lost:
- * 28.9 ms against 25.1 at 32 rows. */
+ * 28.9 ms against 25.1 at 32 rows (session 35, whole 64-column rows of pairs; with
+ * halves, an L2 prefetch 8-16 blocks further was within the noise, session 36). */
 #define PREFETCH_STEPS 4
 
 /* Ask for the lines of a half stripe's block of pairs PREFETCH_STEPS blocks ahead (wp: the
