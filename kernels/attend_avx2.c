@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #include "bf16.h"
-#include "lanes.h" /* EXP_*: Cephes' constants */
+#include "lanes.h" /* EXP_*: exp16's constants */
 
 #define AVX2 __attribute__((target("avx2,fma")))
 #define INLINE static inline __attribute__((always_inline))
@@ -51,7 +51,7 @@ AVX2 INLINE float sum8(__m256 v) { /* the same tree as reduce8 gives lane 0 */
     return _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
 }
 
-/* e^x by Cephes' expf in 8 lanes (lanes.h's constants; no FMA: mul, then add) */
+/* e^x, rowdecoder.c's exp16 in 8 lanes (lanes.h's constants; no FMA: mul, then add) */
 AVX2 INLINE __m256 exp8(__m256 x) {
     x = _mm256_min_ps(x, _mm256_set1_ps(EXP_MAX));
     x = _mm256_max_ps(x, _mm256_set1_ps(EXP_MIN));

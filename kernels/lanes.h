@@ -32,8 +32,8 @@ LANE v16f pick(v16i mask, v16f yes, v16f no) { return (v16f)(((v16i)yes & mask) 
 
 LANE v16f absolute(v16f v) { return (v16f)((v16i)v & 0x7fffffff); }
 
-/* e^x: the clamp, log2(e) and ln 2 in two parts (rowdecoder.c's exp_neg16, attend_avx2.c's
- * exp8), and Cephes' expf polynomial's coefficients, highest first (exp8) */
+/* e^x by Cephes' expf, its constants for rowdecoder.c's exp16 and attend_avx2.c's exp8:
+ * the clamp, log2(e), ln 2 in two parts, and the polynomial's coefficients, highest first */
 #define EXP_MAX 88.3762626647949f
 #define EXP_MIN (-87.3365447505531f)
 #define EXP_LOG2E 1.44269504088896341f

@@ -99,6 +99,23 @@ INLINE float sum16(v16f v) { /* a fixed tree: lanes (i, i+8), (i, i+4), (i, i+2)
     return t[0];
 }
 
+/* e^x, Cephes' expf polynomial: same bits on every clone (only +, -, *, conversions) */
+INLINE v16f exp16(v16f x) {
+    x = pick(x > EXP_MAX, splat(EXP_MAX), x);
+    x = pick(x < EXP_MIN, splat(EXP_MIN), x);
+    v16f fx = x * EXP_LOG2E + 0.5f;
+    v16f whole = __builtin_convertvector(__builtin_convertvector(fx, v16i), v16f); /* toward zero */
+    whole = whole - pick(whole > fx, splat(1.0f), splat(0.0f));                   /* floor */
+    x = x - whole * EXP_LN2_HI;
+    x = x - whole * EXP_LN2_LO;
+    v16f z = x * x;
+    v16f y = splat(EXP_POLY[0]);
+    for (int i = 1; i < EXP_TERMS; i++) y = y * x + EXP_POLY[i];
+    y = y * z + x + 1.0f;
+    v16i n = __builtin_convertvector(whole, v16i);
+    return y * (v16f)((n + 127) << 23);
+}
+
 /* 16 vectors of partial sums (one per key) -> one vector of 16 sums, each key's lanes
  * added in the same tree wherever it sits: (i, i+8), (i, i+4), (i, i+2), (i, i+1). */
 INLINE v16f reduce16(const v16f *p) {
@@ -148,34 +165,10 @@ CLONES static void rotate(uint16_t *v, const uint16_t *cos, const uint16_t *sin,
 }
 
 /* bf16(bf16(silu(g)) * u), silu(g) = g / (1 + e^-g) */
-/* e^x for x <= 0 (below EXP_MIN as EXP_MIN): rounding to the nearest integer by the
- * 1.5 x 2^23 trick, then Taylor's degree 5 on [-ln2/2, ln2/2]; relative error at most
- * 3.3e-6, below what silu's bf16 result and the tile unit's bf16 hi + lo split of the
- * softmax's weights keep. Only +, - and *: both clones give the same bits. Cephes'
- * degree 7 (~1e-7) with a floor cost ~2x: 0.95 against ~0.5 ns an element. */
-INLINE v16f exp_neg16(v16f x) {
-    x = pick(x < EXP_MIN, splat(EXP_MIN), x);
-    v16f n = (x * EXP_LOG2E + 12582912.0f) - 12582912.0f;
-    v16f r = x - n * EXP_LN2_HI;
-    r = r - n * EXP_LN2_LO;
-    v16f p = splat(1.0f / 120.0f);
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    return p * (v16f)((__builtin_convertvector(n, v16i) + 127) << 23);
-}
-
-/* silu(g) * up, silu(g) = g * sigmoid(g) rounded to bf16 as torch's bf16 silu is; the
- * sigmoid from t = e^-|g|: 1 / (1 + t), or t / (1 + t) for a negative g. On the AMX VM
- * 1.43 ns an element against 2.21 with Cephes' e^x and g / (1 + e^-g) (silu was 9% of a
- * 1,024-token prefill); 0.15% of the outputs move by one bf16 step. */
 CLONES static void silu_mul(const uint16_t *gate, const uint16_t *up, uint16_t *out, int64_t n) {
     for (int64_t i = 0; i < n; i += W) {
-        v16f g = widen(gate + i), t = exp_neg16(-absolute(g));
-        v16f sigmoid = pick(g >= 0.0f, splat(1.0f), t) / (1.0f + t);
-        store(out + i, round_bf16(g * sigmoid) * widen(up + i));
+        v16f g = widen(gate + i);
+        store(out + i, round_bf16(g / (1.0f + exp16(-g))) * widen(up + i));
     }
 }
 
@@ -284,7 +277,7 @@ CLONES static void attend(const uint16_t *q, uint16_t *out, const uint16_t *keys
         for (int64_t j = 0; j < padded; j += W) {
             v16f v;
             memcpy(&v, s + j, sizeof v);
-            v16f e = pick(v == -INFINITY, splat(0.0f), exp_neg16(v - best)); /* keys past the row's: nothing */
+            v16f e = pick(v == -INFINITY, splat(0.0f), exp16(v - best)); /* keys past the row's: nothing */
             memcpy(s + j, &e, sizeof e);
             total = total + e;
         }
