@@ -28,8 +28,6 @@
 
 #include <stdlib.h>
 
-#define STRIPE 64
-#define HALF 32 /* rowgemm.c: a stripe is two halves of 32 columns, each its pairs in order */
 
 #ifdef HAVE_AMX
 #include <cpuid.h>
@@ -92,7 +90,7 @@ static void tail_rows(const uint16_t *xr, int64_t ldx, int rows, int64_t whole, 
 static void tail_weights(const uint16_t *stripe, int64_t pairs, int64_t whole, int64_t rest, int blk, uint16_t *b) {
     memset(b, 0, BLOCK_PAIRS * LANES * 2 * sizeof *b);
     for (int64_t p = 0; p < rest; p++)
-        memcpy(b + p * LANES * 2, stripe + ((blk / 2 * pairs + whole + p) * HALF + blk % 2 * LANES) * 2, LANES * 4);
+        memcpy(b + p * LANES * 2, stripe + stripe_at(pairs, whole + p, blk * LANES), LANES * 4);
 }
 
 #define PADDED (BLOCK_PAIRS * 4) /* bytes a row of a padded buffer */
@@ -128,7 +126,7 @@ AMX static void one_block(const uint16_t *x, int64_t ldx, const uint16_t *stripe
                           float *sums) {
     const int64_t pairs = k.pairs, whole = span_whole(k), wstride = HALF * 2 * sizeof(uint16_t);
     const int64_t sstride = STRIPE * sizeof(float);
-    const uint16_t *xr = x + m0 * ldx, *second = stripe + pairs * HALF * 2;
+    const uint16_t *xr = x + m0 * ldx;
     if (k.begin == 0) {
         _tile_zero(0);
         _tile_zero(1);
@@ -141,7 +139,7 @@ AMX static void one_block(const uint16_t *x, int64_t ldx, const uint16_t *stripe
         _tile_loadd(3, sums + 3 * LANES, sstride);
     }
     for (int64_t p0 = k.begin; p0 < whole; p0 += BLOCK_PAIRS) {
-        const uint16_t *w0 = stripe + p0 * HALF * 2, *w1 = second + p0 * HALF * 2;
+        const uint16_t *w0 = stripe + stripe_at(pairs, p0, 0), *w1 = stripe + stripe_at(pairs, p0, HALF);
         prefetch_block(w0, p0, whole);
         prefetch_block(w1, p0, whole);
         _tile_loadd(4, xr + 2 * p0, ldx * (int64_t)sizeof(uint16_t));
@@ -197,7 +195,7 @@ AMX static void two_blocks(const uint16_t *x, int64_t ldx, const uint16_t *strip
             _tile_loadd(3, s1 + LANES, sstride);
         }
         for (int64_t p0 = k.begin; p0 < whole; p0 += BLOCK_PAIRS) {
-            const uint16_t *wp = stripe + (half * pairs + p0) * HALF * 2;
+            const uint16_t *wp = stripe + stripe_at(pairs, p0, half * HALF);
             prefetch_block(wp, p0, whole);
             _tile_loadd(4, x0 + 2 * p0, xstride);
             _tile_loadd(6, wp, wstride);
@@ -265,17 +263,26 @@ AMX static void finish(const float *sums, const uint16_t *bias, uint16_t *out, i
         m0 += left;                                                                                                 \
     }
 
-/* rowgemm.c's stripe call on the tile unit: rows 0..M-1 of x against one stripe, into
- * out's columns n0..n0+columns-1. Configures the tiles itself (an OpenMP thread may
- * never have used them) and releases them on return. */
-AMX void stripe_amx(const uint16_t *x, int64_t ldx, const uint16_t *stripe, const uint16_t *bias, uint16_t *out,
-                    int64_t ldo, int64_t M, int64_t pairs, int64_t n0, int64_t columns) {
+/* Rows 0..M-1 of x against one stripe, into out's columns n0..n0+columns-1, with the
+ * tiles as *configured says they are (-1: not yet); updates it. */
+AMX static void whole_stripe(const uint16_t *x, int64_t ldx, const uint16_t *stripe, const uint16_t *bias,
+                             uint16_t *out, int64_t ldo, int64_t M, int64_t pairs, int64_t n0, int64_t columns,
+                             int *configuredp) {
     float sums[2 * TILE_ROWS * STRIPE];
-    int configured = -1;
+    int configured = *configuredp;
     Span all = {0, pairs, pairs};
 #define AFTER finish(sums, bias, out, ldo, m0, left, n0, columns)
     BLOCKS(all, sums)
 #undef AFTER
+    *configuredp = configured;
+}
+
+/* rowgemm.c's stripe call on the tile unit (one row's stripe for lmchoice.c): configures
+ * the tiles itself (an OpenMP thread may never have used them) and releases them. */
+AMX void stripe_amx(const uint16_t *x, int64_t ldx, const uint16_t *stripe, const uint16_t *bias, uint16_t *out,
+                    int64_t ldo, int64_t M, int64_t pairs, int64_t n0, int64_t columns) {
+    int configured = -1;
+    whole_stripe(x, ldx, stripe, bias, out, ldo, M, pairs, n0, columns, &configured);
     _tile_release();
 }
 
@@ -288,16 +295,11 @@ AMX void rowgemm_amx(const uint16_t *x, int64_t ldx, const uint16_t *packed, con
     int64_t stripes = (N + STRIPE - 1) / STRIPE, pairs = K / 2;
 #pragma omp parallel
     {
-        float sums[2 * TILE_ROWS * STRIPE];
         int configured = -1;
-        Span all = {0, pairs, pairs};
 #pragma omp for schedule(static)
         for (int64_t s = 0; s < stripes; s++) {
-            const uint16_t *stripe = packed + s * pairs * STRIPE * 2;
             int64_t n0 = s * STRIPE, columns = N - n0 < STRIPE ? N - n0 : STRIPE;
-#define AFTER finish(sums, bias, out, ldo, m0, left, n0, columns)
-            BLOCKS(all, sums)
-#undef AFTER
+            whole_stripe(x, ldx, packed + s * pairs * STRIPE * 2, bias, out, ldo, M, pairs, n0, columns, &configured);
         }
         _tile_release();
     }

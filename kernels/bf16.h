@@ -20,6 +20,15 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even; NaN stay
     return (uint16_t)(u >> 16);
 }
 
+/* rowgemm.c's packed weights: stripes of STRIPE output columns (BLOCKS x 16 fp32 lanes),
+ * each two halves of HALF columns holding their pairs of k in order. stripe_at: where
+ * (in bf16 values) column c's pair p sits in a stripe of `pairs` pairs. */
+#define STRIPE 64
+#define HALF 32
+static inline int64_t stripe_at(int64_t pairs, int64_t p, int64_t c) {
+    return ((c / HALF * pairs + p) * HALF + c % HALF) * 2;
+}
+
 /* rowgemm.c: out[m, n] = bf16(dot(x[m], w[n]) + bias[n]) for weights packed in stripes */
 void rowgemm_bf16(int isa, const uint16_t *x, int64_t ldx, const uint16_t *packed, const uint16_t *bias, uint16_t *out,
                   int64_t ldo, int64_t M, int64_t N, int64_t K);

@@ -24,7 +24,6 @@
 #include "bf16.h"
 #include "lanes.h"
 
-#define STRIPE 64
 #define BLOCKS 4
 #define LANES 16
 #define TM 6
@@ -35,10 +34,6 @@
 /* ---------------------------------------------------------------- packing */
 
 typedef int8_t v16b __attribute__((vector_size(16)));
-
-/* Lanes 16i..16i+15 of pair p's 64 columns in a bf16 stripe: rowgemm.c keeps a stripe as
- * two halves of 32 columns ([h][pairs][32][2]); the int8 form keeps whole rows of pairs */
-#define BF16_AT(p, i) ((((i) / 4) * pairs + (p)) * (STRIPE / 2) * 2 + ((i) % 4) * 16)
 
 /* The int8 form of a matrix packed by rowgemm_pack ([stripes][2][pairs][STRIPE / 2][2] bf16, N
  * outputs, K padded even): q [stripes][pairs][STRIPE][2], scale, and the error terms slack and
@@ -61,7 +56,7 @@ CLONES void int8_pack(const uint16_t *packed, int64_t N, int64_t K, int8_t *q, f
         for (int i = 0; i < V; i++) most[i] = worst[i] = (v16f){0}, total[i] = (v16i){0};
         for (int64_t p = 0; p < pairs; p++)
             for (int i = 0; i < V; i++) {
-                v16f v = absolute(widen(w + BF16_AT(p, i)));
+                v16f v = absolute(widen(w + stripe_at(pairs, p, 8 * i))); /* columns 8i..8i+7 */
                 most[i] = pick(v > most[i], v, most[i]);
             }
         for (int i = 0; i < V; i++) { /* a column's two lanes (2c, 2c + 1) share its maximum */
@@ -73,7 +68,7 @@ CLONES void int8_pack(const uint16_t *packed, int64_t N, int64_t K, int8_t *q, f
         }
         for (int64_t p = 0; p < pairs; p++)
             for (int i = 0; i < V; i++) {
-                v16f v = widen(w + BF16_AT(p, i));
+                v16f v = widen(w + stripe_at(pairs, p, 8 * i));
                 v16f r = (v * inverse[i] + 12582912.0f) - 12582912.0f; /* nearest integer (|.| < 2^22) */
                 r = pick(r > (float)Q_MAX, splat(Q_MAX), r);
                 r = pick(r < -(float)Q_MAX, splat(-Q_MAX), r);

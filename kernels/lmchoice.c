@@ -36,7 +36,6 @@
 #include "bf16.h"
 #include "lanes.h"
 
-#define STRIPE 64
 #define QB 128                        /* int8.c's row block */
 #define ROUNDING_SLACK (1.0f / 64.0f) /* two bf16 steps, relative */
 #define ABSOLUTE_SLACK 1e-20f         /* subnormals flushed by VDPBF16PS, a few per sum at most */

@@ -36,8 +36,6 @@
 #include "bf16.h"
 #include <alloca.h>
 
-#define STRIPE 64 /* output columns per stripe: BLOCKS x 16 fp32 lanes */
-#define HALF 32   /* columns per half stripe: its pairs are contiguous */
 #define BLOCKS 4
 #define LANES 16
 #define TM 6 /* rows of x per tile: TM x BLOCKS accumulators + BLOCKS + 1 in 32 registers */
@@ -51,7 +49,7 @@ static void stripe_scalar(const uint16_t *x, int64_t ldx, const uint16_t *stripe
             const uint16_t *xr = x + m * ldx;
             float sum = 0.0f;
             for (int64_t p = 0; p < pairs; p++) {
-                const uint16_t *wp = stripe + ((c / HALF * pairs + p) * HALF + c % HALF) * 2;
+                const uint16_t *wp = stripe + stripe_at(pairs, p, c);
                 sum += bf16_to_f32(xr[2 * p]) * bf16_to_f32(wp[0]) + bf16_to_f32(xr[2 * p + 1]) * bf16_to_f32(wp[1]);
             }
             if (bias) sum += bf16_to_f32(bias[n0 + c]);
@@ -77,7 +75,7 @@ AVX512BF16 static INLINE void tile(const uint16_t *x, int64_t ldx, const uint16_
         for (int b = 0; b < BLOCKS; b++) acc[i][b] = _mm512_setzero_ps();
     const uint16_t *xr[TM];
     for (int i = 0; i < mt; i++) xr[i] = x + (m0 + i) * ldx;
-    const uint16_t *half[2] = {stripe, stripe + pairs * HALF * 2};
+    const uint16_t *half[2] = {stripe, stripe + stripe_at(pairs, 0, HALF)};
     for (int64_t p = 0; p < pairs; p++) {
         __m512bh wv[BLOCKS];
         for (int b = 0; b < BLOCKS; b++)
@@ -149,7 +147,7 @@ AVX2 static INLINE void tile_w(const float *x32, int64_t K, const uint16_t *stri
     const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
     for (int i = 0; i < mt; i++)
         for (int b = 0; b < nb; b++) acc[i][b] = _mm256_setzero_ps();
-    const uint16_t *wp = stripe + (b0 * LANES8 / HALF * pairs * HALF + b0 * LANES8 % HALF) * 2;
+    const uint16_t *wp = stripe + stripe_at(pairs, 0, b0 * LANES8);
     const float *xr = x32 + m0 * K;
     for (int64_t p = 0; p < pairs; p++, wp += HALF * 2) {
         __m256 we[2], wo[2];
@@ -178,7 +176,7 @@ AVX2 static INLINE void tile_x(const float *x32, int64_t K, const uint16_t *stri
     __m256 acc[2][8];
     for (int i = 0; i < mt; i++)
         for (int b = 0; b < nb; b++) acc[i][b] = _mm256_setzero_ps();
-    const uint16_t *half[2] = {stripe, stripe + pairs * HALF * 2};
+    const uint16_t *half[2] = {stripe, stripe + stripe_at(pairs, 0, HALF)};
     const float *xr = x32 + m0 * K;
     for (int64_t p = 0; p < pairs; p++) {
         __m256 xe[2], xo[2];
@@ -320,7 +318,7 @@ void rowgemm_pack(const uint16_t *w, int64_t N, int64_t K, int64_t ldw, uint16_t
             for (int64_t c = 0; c < STRIPE; c++) {
                 int64_t n = s * STRIPE + c, end = p0 + 64 < pairs ? p0 + 64 : pairs;
                 for (int64_t p = p0; p < end; p++) {
-                    uint16_t *dst = stripe + ((c / HALF * pairs + p) * HALF + c % HALF) * 2;
+                    uint16_t *dst = stripe + stripe_at(pairs, p, c);
                     dst[0] = n < N ? w[n * ldw + 2 * p] : 0;
                     dst[1] = n < N && 2 * p + 1 < K ? w[n * ldw + 2 * p + 1] : 0;
                 }

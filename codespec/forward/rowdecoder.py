@@ -237,8 +237,8 @@ class RowDecoder:
                 preempted: Callable[[], bool] | None = None) -> np.ndarray:
         """Write the KV of prompt[start:] into `slot` in passes of `chunk` rows from
         `start`, or of PREFILL_ROWS where this path has more (each row sees the slot up
-        to itself, so the passes bound the work buffer and change no bit); returns the logits (bf16 bits) after the last
-        token: [1, vocab]. `preempted` is asked before each layer; True raises Preempted
+        to itself, so the passes bound the work buffer and change no bit); returns the
+        logits (bf16 bits) after the last token: [1, vocab]. `preempted` is asked before each layer; True raises Preempted
         (a background prefill gives way to a request: SlotCache.preempted)."""
         logits = None
         rows_per_pass = max(chunk, PREFILL_ROWS.get(self.isa, 0))
