@@ -10,20 +10,24 @@ int amx_attention_fit(int64_t group, int64_t dim) { return group <= 16 && dim % 
 /* ---------------------------------------------------------------- scores
  *
  * rowdecoder.c's attention on isa 3 takes its scores from here: scores[h][j] =
- * scale * dot(q_h, k_j) for the row's keys j < n (the slot's first `context`
- * positions, then its path's), through TDPBF16PS: 16 keys are the A operand (as the
- * slot stores them, or gathered), the row's query heads the B operand (its columns),
- * and each score takes the head's dimensions in blocks of 32, in order. A score's bits
- * depend on its query and key alone, never on the pass around the row. */
-AMX void amx_scores(const uint16_t *q, const uint16_t *keys, int64_t context, const int64_t *path, int64_t n,
-                    int64_t padded, int64_t group, int64_t dim, float scale, float *scores) {
+ * scale * dot(q_h, k_j) for the keys j < n (the slot's first `context` positions, then
+ * the path's), through TDPBF16PS: 16 keys are the A operand (as the slot stores them,
+ * or gathered), the query heads of one row, or of two rows that see the same keys
+ * (q[0], q[1]: rows * group <= 16), the B operand (its columns), and each score takes
+ * the head's dimensions in blocks of 32, in order. A score's bits depend on its query
+ * and key alone, never on the column it sits in or the pass around the row. */
+AMX void amx_scores(const uint16_t *const *q, int64_t rows, const uint16_t *keys, int64_t context,
+                    const int64_t *path, int64_t n, int64_t padded, int64_t group, int64_t dim, float scale,
+                    float *scores) {
     const int blocks = (int)(dim / 32);
-    uint16_t heads[4][BLOCK_PAIRS * LANES * 2]; /* B: [pair][head][2], heads past `group` zero */
+    uint16_t heads[4][BLOCK_PAIRS * LANES * 2]; /* B: [pair][head][2], columns past the heads zero */
     uint16_t gathered[TILE_ROWS * 128];
     float sums[TILE_ROWS * LANES];
     memset(heads, 0, sizeof heads);
-    for (int64_t h = 0; h < group; h++)
-        for (int64_t d = 0; d < dim; d++) heads[d / 32][(d % 32 / 2) * LANES * 2 + h * 2 + d % 2] = q[h * dim + d];
+    for (int64_t r = 0; r < rows; r++) /* row r's heads in columns r * group .. */
+        for (int64_t h = 0; h < group; h++)
+            for (int64_t d = 0; d < dim; d++)
+                heads[d / 32][(d % 32 / 2) * LANES * 2 + (r * group + h) * 2 + d % 2] = q[r][h * dim + d];
     TileConfig c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
@@ -62,7 +66,7 @@ AMX void amx_scores(const uint16_t *q, const uint16_t *keys, int64_t context, co
             _tile_dpbf16ps(0, 1, 5);
         }
         _tile_stored(0, sums, LANES * sizeof(float));
-        for (int64_t h = 0; h < group; h++)
+        for (int64_t h = 0; h < rows * group; h++)
             for (int l = 0; l < TILE_ROWS; l++) scores[h * padded + j0 + l] = sums[l * LANES + h] * scale;
     }
     _tile_release();
@@ -70,8 +74,10 @@ AMX void amx_scores(const uint16_t *q, const uint16_t *keys, int64_t context, co
 
 /* ---------------------------------------------------------------- attention's weighted values
  *
- * acc[h][d] = sum over the row's keys j < n of p[h][j] * v_j[d], for rowdecoder.c's
- * attention on isa 3 (it divides by the softmax's sums afterwards). The tile unit takes
+ * acc[h][d] = sum over the keys j < n of p[h][j] * v_j[d] for `heads` (<= 16) heads,
+ * for rowdecoder.c's attention on isa 3 (it divides by the softmax's sums afterwards).
+ * A row paired with a later one (amx_scores) weighs the keys past its own with zeros:
+ * each adds an exact +-0 to a sum that starts at +0 and leaves it as it was. The tile unit takes
  * bf16 operands, so each weight p is split into p_hi = bf16(p) and p_lo = bf16(p - p_hi)
  * (together ~16 significant bits where fp32 has 24; bf16 alone would keep 8), and the
  * keys go in blocks of 32: per block and per 16 dimensions, p_hi then p_lo against the
@@ -79,7 +85,7 @@ AMX void amx_scores(const uint16_t *q, const uint16_t *keys, int64_t context, co
  * operand's layout) per block. Keys past n weigh zero and read nothing. A row's sums
  * depend on its weights and values alone. */
 AMX void amx_weigh(const float *p, const uint16_t *values, int64_t context, const int64_t *path, int64_t n,
-                   int64_t padded, int64_t group, int64_t dim, float *acc) {
+                   int64_t padded, int64_t heads, int64_t dim, float *acc) {
     uint16_t hi[TILE_ROWS * 32], lo[TILE_ROWS * 32]; /* A: [head][32 keys] */
     uint16_t pairs[4][BLOCK_PAIRS * LANES * 2];      /* B per 16 dims: [key pair][dim][2] */
     const __m512i first = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
@@ -88,7 +94,7 @@ AMX void amx_weigh(const float *p, const uint16_t *values, int64_t context, cons
     TileConfig c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
-    for (int t = 0; t < 6; t++) c.rows[t] = (uint8_t)group, c.colsb[t] = 64; /* 0-3 sums, 4 p_hi, 5 p_lo */
+    for (int t = 0; t < 6; t++) c.rows[t] = (uint8_t)heads, c.colsb[t] = 64; /* 0-3 sums, 4 p_hi, 5 p_lo */
     c.rows[6] = BLOCK_PAIRS, c.colsb[6] = 64;                               /* 6 values */
     _tile_loadconfig(&c);
     for (int64_t d0 = 0; d0 < dim; d0 += 64) {
@@ -100,7 +106,7 @@ AMX void amx_weigh(const float *p, const uint16_t *values, int64_t context, cons
             for (int half = 0; half < 2; half++) { /* keys j0 + 16 half .. + 15: VCVTNEPS2BF16 rounds to nearest even */
                 int64_t left = n - j0 - 16 * half;
                 __mmask16 keep = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1u);
-                for (int64_t h = 0; h < group; h++) {
+                for (int64_t h = 0; h < heads; h++) {
                     __m512 w = _mm512_maskz_loadu_ps(keep, p + h * padded + j0 + 16 * half);
                     __m256bh top = _mm512_cvtneps_pbh(w);
                     __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)top), 16));
@@ -157,13 +163,13 @@ int amx_attention_fit(int64_t group, int64_t dim) {
 }
 
 void amx_weigh(const float *p, const uint16_t *values, int64_t context, const int64_t *path, int64_t n,
-               int64_t padded, int64_t group, int64_t dim, float *acc) {
-    (void)p, (void)values, (void)context, (void)path, (void)n, (void)padded, (void)group, (void)dim, (void)acc;
+               int64_t padded, int64_t heads, int64_t dim, float *acc) {
+    (void)p, (void)values, (void)context, (void)path, (void)n, (void)padded, (void)heads, (void)dim, (void)acc;
 }
 
-void amx_scores(const uint16_t *q, const uint16_t *keys, int64_t context, const int64_t *path, int64_t n,
-                int64_t padded, int64_t group, int64_t dim, float scale, float *scores) {
-    (void)q, (void)keys, (void)context, (void)path, (void)n, (void)padded, (void)group, (void)dim, (void)scale,
-        (void)scores;
+void amx_scores(const uint16_t *const *q, int64_t rows, const uint16_t *keys, int64_t context, const int64_t *path,
+                int64_t n, int64_t padded, int64_t group, int64_t dim, float scale, float *scores) {
+    (void)q, (void)rows, (void)keys, (void)context, (void)path, (void)n, (void)padded, (void)group, (void)dim,
+        (void)scale, (void)scores;
 }
 #endif

@@ -43,13 +43,13 @@ int rowgemm_amx_spans(const uint16_t *x, int64_t ldx, const uint16_t *packed, co
                       int64_t ldo, int64_t M, int64_t N, int64_t K);
 void rowgemm_amx(const uint16_t *x, int64_t ldx, const uint16_t *packed, const uint16_t *bias, uint16_t *out,
                  int64_t ldo, int64_t M, int64_t N, int64_t K);
-/* amx_attention.c: a row's attention scores and weighted values on the tile unit
- * (rowdecoder.c's attention on isa 3, for the shapes amx_attention_fit accepts) */
+/* amx_attention.c: one or two rows' attention scores and weighted values on the tile
+ * unit (rowdecoder.c's attention on isa 3, for the shapes amx_attention_fit accepts) */
 int amx_attention_fit(int64_t group, int64_t dim);
-void amx_scores(const uint16_t *q, const uint16_t *keys, int64_t context, const int64_t *path, int64_t n,
-                int64_t padded, int64_t group, int64_t dim, float scale, float *scores);
+void amx_scores(const uint16_t *const *q, int64_t rows, const uint16_t *keys, int64_t context, const int64_t *path,
+                int64_t n, int64_t padded, int64_t group, int64_t dim, float scale, float *scores);
 void amx_weigh(const float *p, const uint16_t *values, int64_t context, const int64_t *path, int64_t n,
-               int64_t padded, int64_t group, int64_t dim, float *acc);
+               int64_t padded, int64_t heads, int64_t dim, float *acc);
 /* attend_avx2.c: rowdecoder.c's attention of one row's heads of one KV head, for rowgemm's AVX2 path */
 void attend_avx2(const uint16_t *q, uint16_t *out, const uint16_t *keys, const uint16_t *values, int64_t context,
                  const int64_t *path, int64_t path_len, int64_t group, int64_t dim, float scale, float *scratch);

@@ -30,6 +30,7 @@
 #include "lanes.h"
 
 #define W 16 /* lanes */
+#define TILE_COLUMNS 16 /* a tile's fp32 columns: the most query heads amx_scores takes */
 #define INLINE static inline __attribute__((always_inline))
 
 typedef struct {
@@ -243,17 +244,30 @@ INLINE void weigh_heads(const float *p, const uint16_t *values, int64_t context,
     default: call(2, 8); break;                                                                                    \
     }
 
-/* One row's query heads of one KV head against the row's keys. q: the row's rotated
- * queries of this group ([group][dim] bf16); out likewise. dim is 64 or 128 (checked
- * by the caller). scratch: group * (keys rounded up to 16) floats plus group * dim. */
-CLONES static void attend(const uint16_t *q, uint16_t *out, const uint16_t *keys, const uint16_t *values,
-                          int64_t context, const int64_t *path, int64_t path_len, int64_t group, int64_t dim,
-                          float scale, float *scratch, int tiles) {
-    int64_t n = context + path_len, padded = (n + W - 1) / W * W;
+/* The query heads of one KV head of one row, or, on the tile unit, of two rows of a
+ * slot that both see only the slot's first keys (`pair_rows`): a pair takes one pass
+ * over the later row's keys, both rows' heads in each tile. */
+typedef struct {
+    int count;            /* rows: 1, or 2 (tiles only) */
+    const uint16_t *q[2]; /* each row's rotated queries of this group: [group][dim] bf16 */
+    uint16_t *out[2];     /* likewise */
+    int64_t n[2];         /* each row's keys */
+} Heads;
+
+/* The rows' heads against their keys: the slot's first `context` keys, then `path`'s
+ * (one row alone; a pair's context is its later row's keys and it has no path). dim is
+ * 64 or 128 (checked by the caller). scratch: count * group * (keys rounded up to 16)
+ * floats plus count * group * dim. A paired row's bits are its own: its scores past its
+ * keys are dropped (-inf, so e^x adds exact zeros to its sum) and weigh zero. */
+CLONES static void attend(const Heads *r, const uint16_t *keys, const uint16_t *values, int64_t context,
+                          const int64_t *path, int64_t path_len, int64_t group, int64_t dim, float scale,
+                          float *scratch, int tiles) {
+    int64_t n = context + path_len, padded = (n + W - 1) / W * W, heads = r->count * group;
     int chunks = (int)(dim / W), most = HEADS_AT_ONCE(chunks);
-    float *scores = scratch, *acc = scratch + group * padded;
+    float *scores = scratch, *acc = scratch + heads * padded;
+    const uint16_t *q = r->q[0];
     if (tiles) /* isa 3: the scores from the tile unit (amx_attention.c), other bits than score_heads' */
-        amx_scores(q, keys, context, path, n, padded, group, dim, scale, scores);
+        amx_scores(r->q, r->count, keys, context, path, n, padded, group, dim, scale, scores);
     for (int64_t h0 = 0; h0 < group && !tiles; h0 += most) {
         int hb = group - h0 < most ? (int)(group - h0) : most;
 #define SCORE(HB, CH) score_heads(q + h0 * dim, keys, context, path, n, padded, HB, CH, scale, scores + h0 * padded)
@@ -261,9 +275,9 @@ CLONES static void attend(const uint16_t *q, uint16_t *out, const uint16_t *keys
 #undef SCORE
     }
     float sums[16];
-    for (int64_t h = 0; h < group; h++) {
+    for (int64_t h = 0; h < heads; h++) {
         float *s = scores + h * padded;
-        for (int64_t j = n; j < padded; j++) s[j] = -INFINITY;
+        for (int64_t j = r->n[h / group]; j < padded; j++) s[j] = -INFINITY;
         v16f top = splat(-INFINITY);
         for (int64_t j = 0; j < padded; j += W) {
             v16f v;
@@ -284,18 +298,18 @@ CLONES static void attend(const uint16_t *q, uint16_t *out, const uint16_t *keys
         sums[h] = sum16(total);
     }
     if (tiles) /* and the weighted values (amx_attention.c) */
-        amx_weigh(scores, values, context, path, n, padded, group, dim, acc);
+        amx_weigh(scores, values, context, path, n, padded, heads, dim, acc);
     for (int64_t h0 = 0; h0 < group && !tiles; h0 += most) {
         int hb = group - h0 < most ? (int)(group - h0) : most;
 #define WEIGH(HB, CH) weigh_heads(scores + h0 * padded, values, context, path, n, padded, HB, CH, acc + h0 * dim)
         DISPATCH(WEIGH, hb, chunks)
 #undef WEIGH
     }
-    for (int64_t h = 0; h < group; h++)
+    for (int64_t h = 0; h < heads; h++)
         for (int c = 0; c < chunks; c++) {
-            v16f r;
-            memcpy(&r, acc + h * dim + c * W, sizeof r);
-            store(out + h * dim + c * W, r / sums[h]);
+            v16f v;
+            memcpy(&v, acc + h * dim + c * W, sizeof v);
+            store(r->out[h / group] + h % group * dim + c * W, v / sums[h]);
         }
 }
 
@@ -323,10 +337,20 @@ int64_t rowdecoder_work(const Model *m, int64_t rows) {
 }
 
 /* floats of attention scratch one thread needs for rows seeing at most `keys` keys
- * (attend's; attend_avx2 needs 2 * dim + 1 a head besides the scores) */
+ * (attend's, for a pair of rows; attend_avx2 needs 2 * dim + 1 a head besides the
+ * scores) */
 static int64_t scratch_floats(const Model *m, int64_t keys) {
     int64_t group = m->heads / m->kv_heads;
-    return group * ((keys + W - 1) / W * W + 2 * m->head_dim + 1);
+    return 2 * group * ((keys + W - 1) / W * W + 2 * m->head_dim + 1);
+}
+
+/* Whether rows r and r + 1 attend as a pair on the tile unit: one slot, both seeing the
+ * slot's first keys alone (a prefill pass's rows, a verify pass's main path), and both
+ * rows' heads in one tile's 16 columns. Pairs halve the tile instructions of the
+ * attention and share each key's loads. */
+static int pair_rows(const Pass *p, int64_t r, int64_t group, int tiles) {
+    return tiles && 2 * group <= TILE_COLUMNS && r + 1 < p->rows && p->slot[r] == p->slot[r + 1] &&
+           p->path_len[r] == 0 && p->path_len[r + 1] == 0;
 }
 
 /* out = x . w^T + bias through the bf16 stripes, or their int8 form where given;
@@ -359,26 +383,35 @@ static int layer(int isa, const Model *m, int64_t index, const Pass *p, uint16_t
         }
     }
     const int tiles = isa == 3 && amx_attention_fit(group, D);
+    int64_t *lead = malloc((size_t)rows * sizeof *lead), leads = 0; /* each task's first row */
+    if (!lead) return -1;
+    for (int64_t r = 0; r < rows; r += pair_rows(p, r, group, tiles) ? 2 : 1) lead[leads++] = r;
 #pragma omp parallel
     {
         size_t bytes = ((size_t)scratch_floats(m, most_keys) * sizeof(float) + 63) / 64 * 64; /* whole 64s */
         float *scratch = aligned_alloc(64, bytes);
 #pragma omp for schedule(dynamic)
-        for (int64_t task = 0; task < rows * m->kv_heads; task++) {
-            int64_t r = task / m->kv_heads, g = task % m->kv_heads;
+        for (int64_t task = 0; task < leads * m->kv_heads; task++) {
+            int64_t r = lead[task / m->kv_heads], g = task % m->kv_heads;
             int64_t base = (p->slot[r] * m->kv_heads + g) * p->capacity * D;
+            Heads h = {.count = pair_rows(p, r, group, tiles) ? 2 : 1};
+            for (int i = 0; i < h.count; i++) {
+                h.q[i] = w.qkv + (r + i) * NQKV + g * group * D;
+                h.out[i] = w.attended + (r + i) * Q + g * group * D;
+                h.n[i] = p->context[r + i] + p->path_len[r + i];
+            }
+            int64_t context = h.count == 2 && h.n[1] > h.n[0] ? h.n[1] : p->context[r]; /* a pair: no path */
             /* rowgemm's AVX2 path has its own attention (attend_avx2.c: 8 lanes, no spills) */
-            const uint16_t *q = w.qkv + r * NQKV + g * group * D;
-            uint16_t *out = w.attended + r * Q + g * group * D;
             if (isa == 1)
-                attend_avx2(q, out, keys + base, values + base, p->context[r], p->path + p->path_start[r],
+                attend_avx2(h.q[0], h.out[0], keys + base, values + base, p->context[r], p->path + p->path_start[r],
                             p->path_len[r], group, D, m->scale, scratch);
             else
-                attend(q, out, keys + base, values + base, p->context[r], p->path + p->path_start[r], p->path_len[r],
-                       group, D, m->scale, scratch, tiles);
+                attend(&h, keys + base, values + base, context, p->path + p->path_start[r], p->path_len[r], group, D,
+                       m->scale, scratch, tiles);
         }
         free(scratch);
     }
+    free(lead);
     if (product(isa, w.attended, Q, L->o, L->o_q, L->o_s, L->o_bias, w.normed, H, rows, H, Q)) return -1;
 #pragma omp parallel for schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) {
