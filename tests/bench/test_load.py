@@ -7,6 +7,7 @@ import io
 import os
 
 from codespec.bench import load
+from tests.caches import fresh_cache
 from tests.lsp.tiny_fim import tiny_fim_model
 
 
@@ -25,7 +26,7 @@ def test_the_requests_are_short_mixed_and_fixed():
 def test_two_levels_against_a_real_server(tmp_path):
     model = tiny_fim_model(tmp_path / "model")
     reqs = [r for r in load.requests(6) if not r.name.endswith(":chat")]  # the tiny model has no chat template
-    env = {**os.environ, "CODESPEC_MODEL": str(model), "CODESPEC_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**os.environ, "CODESPEC_MODEL": str(model), "CODESPEC_CACHE_DIR": fresh_cache(tmp_path / "cache")}
     lines: list[str] = []
     levels = load.run_load(reqs, (1, 2), lines.append, env=env)
     assert [lv.concurrency for lv in levels] == [1, 2] and len(lines) == 2

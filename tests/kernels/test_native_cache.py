@@ -21,10 +21,19 @@ LOAD = ("import json, warnings; warnings.simplefilter('error'); from codespec.ke
         "'rowgemm': native.has('rowgemm_bf16')}))")
 
 
-def run_fresh(cache: Path) -> tuple[dict, str]:
+def quick_compiler(folder: Path) -> str:
+    """The C compiler with optimization off (its last -O wins over the build's -O3): the
+    tests below are about the cache, not the code, and four -O3 builds took ~90 s of CI."""
+    wrapper = folder / "cc-O0"
+    wrapper.write_text(f'#!/bin/sh\nexec {native._compiler()} "$@" -O0\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def run_fresh(cache: Path, **env: str) -> tuple[dict, str]:
     """library() in a new process (as every `codespec` run starts) over `cache`."""
     done = subprocess.run([sys.executable, "-c", LOAD], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "CODESPEC_CACHE_DIR": str(cache)})
+                          env={**os.environ, "CODESPEC_CACHE_DIR": str(cache), **env})
     assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"  # a bus error is -7 / 135
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
@@ -35,7 +44,8 @@ def library_file(cache: Path) -> Path:
 
 
 def test_a_truncated_or_garbage_library_is_rebuilt_not_mapped(tmp_path):
-    first, _ = run_fresh(tmp_path)
+    cc = quick_compiler(tmp_path)
+    first, _ = run_fresh(tmp_path, CC=cc)
     assert first["loaded"], first
     lib = library_file(tmp_path)
     record = json.loads(lib.with_suffix(".json").read_text())
@@ -47,7 +57,7 @@ def test_a_truncated_or_garbage_library_is_rebuilt_not_mapped(tmp_path):
         lib.write_bytes(damage)
         if expected == "no build record":  # a cache from before the records
             lib.with_suffix(".json").unlink()
-        again, log = run_fresh(tmp_path)
+        again, log = run_fresh(tmp_path, CC=cc)
         assert again == first, (expected, again)
         assert expected in log and "rebuilding" in log  # said, in the start-up log
         assert lib.read_bytes() == good or native.damage(lib) is None

@@ -8,6 +8,7 @@ import torch
 
 from codespec.kernels.row_linear import (Config, Rope, block_squares, embed_squares, gate_up_pairs, row_linear,
                                          row_linear_ref)
+from tests.covering import covering
 
 pytest.importorskip("triton", reason="triton is a test dependency (pip install -e '.[test]')")
 
@@ -74,9 +75,8 @@ def product(x, weight, kwargs, **launch):
     return out, kwargs["squares_out"]
 
 
-@pytest.mark.parametrize("config", [Config(block_m=16, block_n=16, block_k=32),
-                                    Config(block_m=16, block_n=16, block_k=16, splits=3)])
-@pytest.mark.parametrize("fused", FUSED)
+@pytest.mark.parametrize("fused,config", covering(FUSED, [Config(block_m=16, block_n=16, block_k=32),
+                                                           Config(block_m=16, block_n=16, block_k=16, splits=3)]))
 def test_fused_prologues_and_epilogues_match_the_reference(config, fused):
     """float32: the reference's arithmetic up to summation order; bf16 under the
     interpreter (which rounds toward zero) within a few roundings. The sums of squares
@@ -153,9 +153,9 @@ def live_rows(rows: int, holding: list[int]) -> tuple[torch.Tensor, torch.Tensor
     return context, path_len
 
 
-@pytest.mark.parametrize("fused", FUSED + [dict()])
-@pytest.mark.parametrize("config", [Config(block_m=16, block_n=16, block_k=16, splits=2),
-                                    Config(block_m=16, block_n=16, block_k=32)])
+@pytest.mark.parametrize("fused,config", covering(FUSED + [dict()],
+                                                  [Config(block_m=16, block_n=16, block_k=16, splits=2),
+                                                   Config(block_m=16, block_n=16, block_k=32)]))
 def test_live_rows_have_the_bits_of_a_full_pass(fused, config):
     """Only the rows that hold a token computed (a step's one row of the bucket, a pass's
     first rows, rows scattered over blocks): theirs are the bits every row gets when all
@@ -259,9 +259,9 @@ def empty_cache(dtype):
     return torch.zeros(2, 2, 32, 16, dtype=dtype), torch.zeros(2, 2, 32, 16, dtype=dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("block_n,splits,fold,group", [(16, 1, False, 1), (32, 1, False, 1), (16, 2, False, 1),
-                                                       (32, 4, True, 1), (32, 4, True, 2)])
+@pytest.mark.parametrize("block_n,splits,fold,group,dtype", covering(
+    [(16, 1, False, 1), (32, 1, False, 1), (16, 2, False, 1), (32, 4, True, 1), (32, 4, True, 2)],
+    [torch.float32, torch.bfloat16], spread=[0]))
 def test_rope_in_the_epilogue_has_rope_stores_bits(dtype, block_n, splits, fold, group):
     """q/k/v's epilogue rotates q and k and stores K and V as the product then rope_store
     do (kernels/rope_store.py), bit for bit, split or not, in a row group of blocks of 8
@@ -306,9 +306,8 @@ def test_rope_in_the_epilogue_needs_whole_heads_and_live_rows():
         row_linear(x, weight, bias, rope=rope(*cache), config=config)
 
 
-@pytest.mark.parametrize("split", [dict(), dict(splits=2), dict(splits=4, fold=True),
-                                   dict(splits=4, fold=True, group=2)])
-@pytest.mark.parametrize("tied", [(5, 40), (20, 21)])
+@pytest.mark.parametrize("split,tied", covering([dict(), dict(splits=2), dict(splits=4, fold=True),
+                                                  dict(splits=4, fold=True, group=2)], [(5, 40), (20, 21)]))
 def test_choices_are_the_first_maximum_of_the_stored_rows(split, tied):
     """lm_head's greedy choices from its epilogue: each row's first maximum of the stored
     (rounded) output, torch.argmax's, with a tie across blocks or inside one, split or
@@ -379,8 +378,8 @@ def test_the_embeddings_come_with_their_sums_of_squares():
         embed_squares(ids, table, 4)  # parts of 24
 
 
-@pytest.mark.parametrize("fused", FUSED + [dict()])
-@pytest.mark.parametrize("splits,fold", [(1, False), (2, False), (4, True)])
+@pytest.mark.parametrize("fused,splits,fold", covering(FUSED + [dict()], [(1, False), (2, False), (4, True)],
+                                                       spread=[1]))
 def test_a_row_group_computes_each_block_as_a_group_of_one(fused, splits, fold):
     """Config.row_group: a program computes two blocks of 16 rows with each weight tile it
     loads, each block its own dot; every row that holds a token gets the bits one block a

@@ -22,6 +22,7 @@ from pygls.lsp.client import LanguageClient
 
 import codespec
 from codespec.bench.editor import stop_client
+from tests.caches import fresh_cache
 from tests.lsp.test_replay import ready_event, ask
 from tests.lsp.tiny_fim import tiny_fim_model
 
@@ -97,7 +98,7 @@ def session(tmp_path_factory):
 
     async def start() -> None:
         await client.start_io(sys.executable, "-m", "codespec", "lsp", "--model", str(model),
-                              env={**os.environ, "CODESPEC_CACHE_DIR": str(tmp / "cache")})
+                              env={**os.environ, "CODESPEC_CACHE_DIR": fresh_cache(tmp / "cache")})
         await client.initialize_async(types.InitializeParams(
             capabilities=types.ClientCapabilities(), workspace_folders=[types.WorkspaceFolder(root.as_uri(), "ws")],
             initialization_options={"maxTokens": 8, "latencyBudgetMs": 0}))

@@ -23,6 +23,7 @@ from pygls.exceptions import JsonRpcException
 from pygls.lsp.client import LanguageClient
 
 from codespec.bench.editor import stop_client
+from tests.caches import fresh_cache
 from tests.lsp.tiny_fim import tiny_fim_model
 
 ANSWER_S = 60  # a generous bound: an unanswered request used to wait forever
@@ -62,7 +63,7 @@ async def tiny_lsp(tmp_path: Path, options: dict):
     """A `codespec lsp` over the tiny FIM model, initialized with `options` and ready; shut
     down and stopped after."""
     model = tiny_fim_model(tmp_path / "model")
-    env = {**os.environ, "CODESPEC_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**os.environ, "CODESPEC_CACHE_DIR": fresh_cache(tmp_path / "cache")}
     client = LanguageClient("tiny", "1")
     ready = ready_event(client)
     await client.start_io(sys.executable, "-m", "codespec", "lsp", "--model", str(model), env=env)
@@ -95,7 +96,7 @@ async def _session(tmp_path: Path) -> None:
     root.mkdir()
     (root / "geometry.py").write_text(SOURCE)
     (root / "other.py").write_text("def other():\n    return 1\n")
-    env = {**os.environ, "CODESPEC_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**os.environ, "CODESPEC_CACHE_DIR": fresh_cache(tmp_path / "cache")}
     client = LanguageClient("replay", "1")
     statuses: list[tuple[str, str]] = []
     ready = asyncio.Event()

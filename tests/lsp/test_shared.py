@@ -23,6 +23,7 @@ from codespec.tempfiles import alive
 from codespec.server.app import create_app
 from codespec.server.backend import Backend
 from codespec.settings import Settings
+from tests.caches import fresh_cache
 from tests.lsp.test_replay import answered, ask
 from tests.lsp.tiny_fim import tiny_fim_model
 
@@ -66,7 +67,7 @@ def test_two_windows_share_one_server_that_ends_after_them(tmp_path):
 
 async def _two_windows(tmp_path: Path) -> None:
     model = tiny_fim_model(tmp_path / "model")
-    env = {**os.environ, "CODESPEC_CACHE_DIR": str(tmp_path / "cache"), "CODESPEC_SHARED_GRACE_S": "2"}
+    env = {**os.environ, "CODESPEC_CACHE_DIR": fresh_cache(tmp_path / "cache"), "CODESPEC_SHARED_GRACE_S": "2"}
     roots = []
     for name in ("one", "two"):
         root = tmp_path / name
@@ -130,7 +131,7 @@ def test_a_shared_server_that_cannot_start_is_one_error_line(tmp_path):
 
 
 async def _cannot_start(tmp_path: Path) -> None:
-    env = {**os.environ, "CODESPEC_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**os.environ, "CODESPEC_CACHE_DIR": fresh_cache(tmp_path / "cache")}
     root = tmp_path / "ws"
     root.mkdir()
     client, statuses = await editor(root, tmp_path / "no-such-model", env)

@@ -20,6 +20,7 @@ import torch
 
 from codespec.kernels import rowgemm
 from codespec.models.tiny import tiny_model
+from tests.caches import fresh_cache
 
 pytestmark = pytest.mark.skipif(rowgemm.library() is None or not hasattr(rowgemm.library(), "rowdecoder_forward"),
                                 reason=f"no C forward: {rowgemm.unavailable()}")
@@ -59,7 +60,7 @@ def test_serve_answers_without_importing_torch(tmp_path):
     model = tiny_model_dir(tmp_path / "model")
     (tmp_path / "repo").mkdir()
     port = free_port()
-    env = {**os.environ, "CODESPEC_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**os.environ, "CODESPEC_CACHE_DIR": fresh_cache(tmp_path / "cache")}
     if rowgemm.isa() == rowgemm.SCALAR:
         env["CODESPEC_FORWARD"] = "rowdecoder"  # the portable C code: exact, slow, any CPU
     server = subprocess.Popen([sys.executable, "-m", "codespec", "serve", "--model", str(model), "--port", str(port),
