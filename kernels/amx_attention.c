@@ -7,6 +7,33 @@
 #ifdef HAVE_AMX
 int amx_attention_fit(int64_t group, int64_t dim) { return group <= 16 && dim % 64 == 0 && dim <= 128; }
 
+/* out[i] = column i of the 16 x 16 floats at `in` (row-major): in-lane pairs, then
+ * quads, then 128-bit lanes twice */
+AMX static inline void transpose16(const float *in, __m512 out[TILE_ROWS]) {
+    __m512 t[TILE_ROWS];
+    for (int i = 0; i < TILE_ROWS; i++) out[i] = _mm512_loadu_ps(in + LANES * i);
+    for (int i = 0; i < TILE_ROWS; i += 2) {
+        t[i] = _mm512_unpacklo_ps(out[i], out[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(out[i], out[i + 1]);
+    }
+    for (int i = 0; i < TILE_ROWS; i += 4) {
+        out[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+        out[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xee);
+        out[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        out[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_f32x4(out[i], out[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_f32x4(out[i], out[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_f32x4(out[i + 8], out[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_f32x4(out[i + 8], out[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 8; i++) {
+        out[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        out[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    }
+}
+
 /* ---------------------------------------------------------------- scores
  *
  * rowdecoder.c's attention on isa 3 takes its scores from here: scores[h][j] =
@@ -66,8 +93,10 @@ AMX void amx_scores(const uint16_t *const *q, int64_t rows, const uint16_t *keys
             _tile_dpbf16ps(0, 1, 5);
         }
         _tile_stored(0, sums, LANES * sizeof(float));
+        __m512 heads_keys[TILE_ROWS]; /* sums is [key][head]; scores want [head][key] */
+        transpose16(sums, heads_keys);
         for (int64_t h = 0; h < rows * group; h++)
-            for (int l = 0; l < TILE_ROWS; l++) scores[h * padded + j0 + l] = sums[l * LANES + h] * scale;
+            _mm512_storeu_ps(scores + h * padded + j0, _mm512_mul_ps(heads_keys[h], _mm512_set1_ps(scale)));
     }
     _tile_release();
 }
