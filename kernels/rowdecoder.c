@@ -30,7 +30,6 @@
 #include "lanes.h"
 
 #define W 16 /* lanes */
-#define TILE_COLUMNS 16 /* a tile's fp32 columns: the most query heads amx_scores takes */
 #define INLINE static inline __attribute__((always_inline))
 
 typedef struct {
@@ -344,13 +343,14 @@ static int64_t scratch_floats(const Model *m, int64_t keys) {
     return 2 * group * ((keys + W - 1) / W * W + 2 * m->head_dim + 1);
 }
 
-/* Whether rows r and r + 1 attend as a pair on the tile unit: one slot, both seeing the
- * slot's first keys alone (a prefill pass's rows, a verify pass's main path), and both
- * rows' heads in one tile's 16 columns. Pairs halve the tile instructions of the
- * attention and share each key's loads. */
-static int pair_rows(const Pass *p, int64_t r, int64_t group, int tiles) {
-    return tiles && 2 * group <= TILE_COLUMNS && r + 1 < p->rows && p->slot[r] == p->slot[r + 1] &&
-           p->path_len[r] == 0 && p->path_len[r + 1] == 0;
+/* Whether rows r and r + 1 attend as a pair on the tile unit (`paired`: the tile unit
+ * runs this layer's attention and takes both rows' heads at once, amx_attention_fit):
+ * one slot, both seeing the slot's first keys alone (a prefill pass's rows, a verify
+ * pass's main path). Pairs halve the tile instructions of the attention and share each
+ * key's loads. */
+static int pair_rows(const Pass *p, int64_t r, int paired) {
+    return paired && r + 1 < p->rows && p->slot[r] == p->slot[r + 1] && p->path_len[r] == 0 &&
+           p->path_len[r + 1] == 0;
 }
 
 /* out = x . w^T + bias through the bf16 stripes, or their int8 form where given;
@@ -382,10 +382,11 @@ static int layer(int isa, const Model *m, int64_t index, const Pass *p, uint16_t
             memcpy(values + at, row + Q + KV + g * D, (size_t)D * sizeof *values);
         }
     }
-    const int tiles = isa == 3 && amx_attention_fit(group, D);
-    int64_t *lead = malloc((size_t)rows * sizeof *lead), leads = 0; /* each task's first row */
+    const int tiles = isa == 3 && amx_attention_fit(group, D), paired = tiles && amx_attention_fit(2 * group, D);
+    int64_t *lead = malloc((size_t)(rows + 1) * sizeof *lead), leads = 0; /* each task's first row, then `rows` */
     if (!lead) return -1;
-    for (int64_t r = 0; r < rows; r += pair_rows(p, r, group, tiles) ? 2 : 1) lead[leads++] = r;
+    for (int64_t r = 0; r < rows; r += pair_rows(p, r, paired) ? 2 : 1) lead[leads++] = r;
+    lead[leads] = rows;
 #pragma omp parallel
     {
         size_t bytes = ((size_t)scratch_floats(m, most_keys) * sizeof(float) + 63) / 64 * 64; /* whole 64s */
@@ -394,7 +395,7 @@ static int layer(int isa, const Model *m, int64_t index, const Pass *p, uint16_t
         for (int64_t task = 0; task < leads * m->kv_heads; task++) {
             int64_t r = lead[task / m->kv_heads], g = task % m->kv_heads;
             int64_t base = (p->slot[r] * m->kv_heads + g) * p->capacity * D;
-            Heads h = {.count = pair_rows(p, r, group, tiles) ? 2 : 1};
+            Heads h = {.count = (int)(lead[task / m->kv_heads + 1] - r)};
             for (int i = 0; i < h.count; i++) {
                 h.q[i] = w.qkv + (r + i) * NQKV + g * group * D;
                 h.out[i] = w.attended + (r + i) * Q + g * group * D;
