@@ -80,12 +80,45 @@ def test_the_pdl_stage_runs_and_leaves_the_settings_as_it_found_them(monkeypatch
     detail = result.pop("fused m16 pdl fold detail")
     assert result == {"default pdl": True, "fused m16 pdl": True, "fused m16 pdl fold": True,
                       "five-launch early": True, "five-launch row group": True, "five-launch flags": True,
-                      "pdl_exact": True, "fold_exact": True, "flags_gave_up": 0,
-                      "same_bits": {"early": True, "row group": True, "flags": True}}
+                      "five-launch early, row group": True, "pdl_exact": True, "fold_exact": True,
+                      "flags_gave_up": 0,
+                      "same_bits": {"early": True, "row group": True, "flags": True, "early, row group": True}}
     assert detail == {"same_bits_as_launch": True, "steady": True, "relative_error": 0.0}
     import os
 
     assert os.environ["CODESPEC_CUDA_ATTENTION"] == "grid" and "CODESPEC_CUDA_PDL" not in os.environ
+
+
+def test_a_setting_that_fails_alone_is_taken_in_the_combination_that_held(monkeypatch):
+    """The H200 found `early` changing bits (session 38): its variants are skipped, except
+    where they take early with a row group and that pair held the bits."""
+    for _, flag in gpu_step.SAME_BITS.values():
+        monkeypatch.delenv(flag, raising=False)
+    monkeypatch.delenv(gpu_step.NO_PDL, raising=False)
+    monkeypatch.delenv(gpu_step.NO_FOLD, raising=False)
+    early = gpu_step.variant_env(gpu_step.VARIANTS["fused m16 pdl/prefetch fold, fold attention, early"])
+    pair = gpu_step.variant_env(gpu_step.VARIANTS["fused m16 pdl/prefetch fold, fold attention, early, row group"])
+    monkeypatch.setenv(gpu_step.SAME_BITS["early"][1], "1")
+    assert gpu_step._unchecked(early) and not gpu_step._unchecked(pair)
+    monkeypatch.setenv(gpu_step.SAME_BITS["early, row group"][1], "1")
+    assert gpu_step._unchecked(pair)
+    monkeypatch.delenv(gpu_step.SAME_BITS["early"][1])
+    assert gpu_step._unchecked(pair) and not gpu_step._unchecked(early)
+
+
+def test_where_a_setting_parts_from_the_five_launch_layers_names_the_first_layer_and_rows():
+    generator = torch.Generator().manual_seed(0)
+    reference = torch.randn(8, 32, generator=generator)
+    moved = reference.clone()
+    moved[3, 5] += 1.0
+    kv = [[(torch.randn(1, 2, 16, 4, generator=generator), torch.randn(1, 2, 16, 4, generator=generator))
+           for _ in range(3)] for _ in range(2)]  # after the prefill, after the passes
+    theirs = [[(k.clone(), v.clone()) for k, v in layers] for layers in kv]
+    theirs[1][2][1][0, 1, 15, 0] += 1.0  # layer 2's values, after the passes alone
+    detail = gpu_step.where_bits_part(reference, [moved, moved.clone()], kv, theirs)
+    assert detail["steady"] and detail["rows_differing"] == 1 and detail["relative_error"] > 0
+    assert detail["prefill_first_layer_apart"] is None and detail["passes_first_layer_apart"] == "2 values"
+    assert not gpu_step.where_bits_part(reference, [moved, reference], kv, kv)["steady"]
 
 
 def test_where_pdl_changes_a_bit_the_rest_of_the_run_goes_without_it(monkeypatch):
