@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from codespec.kernels._triton import metadata
 from codespec.kernels._triton_pdl import COUNTED, launch_options, pdl_done, pdl_start, pdl_wait_for
 from codespec.kernels._triton_trace import ENDED, START, WAITED, launch_hooks, program_index, trace_mark
 from codespec.kernels.flags import TakeFlag
@@ -79,11 +80,11 @@ def _row_attention_block_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, contex
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     if EARLY:
-        slot, context, total = _row_keys(slots_ptr, context_ptr, path_len_ptr, row)
+        slot, context, total = _row_keys(slots_ptr, context_ptr, path_len_ptr, row, True)
     pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
     trace_mark(trace_ptr, clock_ptr, program, WAITED, CLOCK)
     if not EARLY:
-        slot, context, total = _row_keys(slots_ptr, context_ptr, path_len_ptr, row)
+        slot, context, total = _row_keys(slots_ptr, context_ptr, path_len_ptr, row, False)
     q = _query_group(q_ptr, row, kv_head, s_q_row, s_q_head, GROUP, GROUP_PAD, DIM)
     for block in range(tl.program_id(2), tl.cdiv(total, KEY_BLOCK), tl.num_programs(2)):
         _block_partial(q, k_ptr, v_ptr, part_ptr, path_ptr, row, kv_head, slot, context, total, block, scale,
@@ -94,20 +95,27 @@ def _row_attention_block_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, contex
 
 
 @triton.jit
-def _row_keys(slots_ptr, context_ptr, path_len_ptr, row):
-    # A row's slot, its contiguous keys and all its keys (the pass's metadata).
-    context = tl.load(context_ptr + row)
-    return tl.load(slots_ptr + row), context, context + tl.load(path_len_ptr + row)
+def _row_keys(slots_ptr, context_ptr, path_len_ptr, row, EARLY: tl.constexpr):
+    # A row's slot, its contiguous keys and all its keys (the pass's metadata; EARLY: read
+    # before pdl's wait, _triton.metadata).
+    context = metadata(context_ptr + row, EARLY)
+    return metadata(slots_ptr + row, EARLY), context, context + metadata(path_len_ptr + row, EARLY)
 
 
 @triton.jit
-def _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD: tl.constexpr, KEY_BLOCK: tl.constexpr):
+def _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD: tl.constexpr, KEY_BLOCK: tl.constexpr,
+                 EARLY: tl.constexpr):
     # Each row's key blocks ([ROWS_PAD], 0 past the pass's rows and for padding rows), and
-    # where each row's blocks end in the pass's flat list of blocks.
+    # where each row's blocks end in the pass's flat list of blocks. EARLY: read before
+    # pdl's wait, through L2 (_triton.metadata).
     r = tl.arange(0, ROWS_PAD)
     listed = r < rows
-    blocks = tl.cdiv(tl.load(context_ptr + r, mask=listed, other=0) + tl.load(path_len_ptr + r, mask=listed,
-                                                                              other=0), KEY_BLOCK)
+    if EARLY:
+        keys = (tl.load(context_ptr + r, mask=listed, other=0, cache_modifier=".cg")
+                + tl.load(path_len_ptr + r, mask=listed, other=0, cache_modifier=".cg"))
+    else:
+        keys = tl.load(context_ptr + r, mask=listed, other=0) + tl.load(path_len_ptr + r, mask=listed, other=0)
+    blocks = tl.cdiv(keys, KEY_BLOCK)
     return blocks, tl.cumsum(blocks, axis=0)
 
 
@@ -121,11 +129,11 @@ def _wave_start(context_ptr, path_len_ptr, rows, trace_ptr, clock_ptr, flags_ptr
     trace_mark(trace_ptr, clock_ptr, tl.program_id(0), START, CLOCK)
     pdl_start(PDL)
     if EARLY:
-        blocks, ends = _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK)
+        blocks, ends = _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK, True)
     pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
     trace_mark(trace_ptr, clock_ptr, tl.program_id(0), WAITED, CLOCK)
     if not EARLY:
-        blocks, ends = _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK)
+        blocks, ends = _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK, False)
     return blocks, ends
 
 
@@ -286,7 +294,7 @@ def _row_attention_combine_kernel(out_ptr, part_ptr, context_ptr, path_len_ptr, 
     pdl_start(PDL)
     row = tl.program_id(0)
     if EARLY:
-        blocks = tl.cdiv(tl.load(context_ptr + row) + tl.load(path_len_ptr + row), KEY_BLOCK)
+        blocks = tl.cdiv(metadata(context_ptr + row, True) + metadata(path_len_ptr + row, True), KEY_BLOCK)
     pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
     trace_mark(trace_ptr, clock_ptr, program, WAITED, CLOCK)
     if not EARLY:

@@ -121,11 +121,12 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
         # by the first group of rows (never padding) for the groups below it too
         _warm_weights(w_ptr, tl.program_id(0) * BLOCK_N, first, last, s_w, BLOCK_N, SECTOR, SECTORS, WARM_ROWS)
     if EARLY:
-        live0, live1, live2, live3, used = _group_rows(context_ptr, path_len_ptr, m, LIVE, ROW_GROUP, BLOCK_M)
+        live0, live1, live2, live3, used = _group_rows(context_ptr, path_len_ptr, m, LIVE, ROW_GROUP, BLOCK_M, True)
     pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
     trace_mark(trace_ptr, clock_ptr, program, WAITED, CLOCK)
     if not EARLY:
-        live0, live1, live2, live3, used = _group_rows(context_ptr, path_len_ptr, m, LIVE, ROW_GROUP, BLOCK_M)
+        live0, live1, live2, live3, used = _group_rows(context_ptr, path_len_ptr, m, LIVE, ROW_GROUP, BLOCK_M,
+                                                       False)
     if used > 0:  # a group of padding rows computes nothing
         residual = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         if EARLY and RESIDUAL and ROW_GROUP == 1:  # in flight during the K loop (an earlier kernel wrote it)
@@ -192,17 +193,18 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
 
 
 @triton.jit
-def _group_rows(context_ptr, path_len_ptr, m, LIVE: tl.constexpr, ROW_GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
+def _group_rows(context_ptr, path_len_ptr, m, LIVE: tl.constexpr, ROW_GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+                EARLY: tl.constexpr):
     # Which rows hold a token in each of the group's blocks (from rows m; past ROW_GROUP,
     # the first block's again), and how many blocks to compute: up to the last that holds
-    # a token (0: none does).
-    live0 = live_rows(context_ptr, path_len_ptr, m, LIVE)
+    # a token (0: none does). EARLY: read before pdl's wait (_triton.metadata).
+    live0 = live_rows(context_ptr, path_len_ptr, m, LIVE, EARLY)
     live1, live2, live3 = live0, live0, live0
     if ROW_GROUP > 1:
-        live1 = live_rows(context_ptr, path_len_ptr, m + BLOCK_M, LIVE)
+        live1 = live_rows(context_ptr, path_len_ptr, m + BLOCK_M, LIVE, EARLY)
     if ROW_GROUP > 2:
-        live2 = live_rows(context_ptr, path_len_ptr, m + 2 * BLOCK_M, LIVE)
-        live3 = live_rows(context_ptr, path_len_ptr, m + 3 * BLOCK_M, LIVE)
+        live2 = live_rows(context_ptr, path_len_ptr, m + 2 * BLOCK_M, LIVE, EARLY)
+        live3 = live_rows(context_ptr, path_len_ptr, m + 3 * BLOCK_M, LIVE, EARLY)
     used = tl.where(tl.max(live0.to(tl.int32), axis=0) > 0, 1, 0)
     if ROW_GROUP > 1:
         used = tl.where(tl.max(live1.to(tl.int32), axis=0) > 0, 2, used)
@@ -363,7 +365,7 @@ def _rope_epilogue(x, m, n_first, q_ptr, s_q, context_ptr, path_len_ptr, cos_ptr
         tl.store(q_ptr + m[:, None] * s_q + n[None, :], x)
     else:
         # a row without a token stores nothing (its source row stores the same K and V)
-        holds = holds_token(context_ptr, path_len_ptr, m)
+        holds = holds_token(context_ptr, path_len_ptr, m, False)
         column = n - HEADS * DIM
         head = (column % (KV_HEADS * DIM)) // DIM
         at = (tl.load(wslot_ptr + m)[:, None] * s_kv_slot + head[None, :] * s_kv_head
@@ -399,7 +401,7 @@ def _row_linear_reduce_kernel(part_ptr, bias_ptr, residual_ptr, out_ptr, block_o
     pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
     m = tl.program_id(1) + tl.zeros([1], tl.int32)
     n_first = tl.program_id(0) * BLOCK
-    if tl.max(live_rows(context_ptr, path_len_ptr, m, LIVE).to(tl.int32), axis=0) > 0:
+    if tl.max(live_rows(context_ptr, path_len_ptr, m, LIVE, False).to(tl.int32), axis=0) > 0:
         acc = _split_sum(part_ptr, m, n_first + tl.arange(0, BLOCK), s_part_split, s_part, SPLITS, "")
         _finish(acc, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, m, n_first, s_residual, s_out,
                 s_block_out, context_ptr, path_len_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr, k_ptr,

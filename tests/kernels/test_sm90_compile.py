@@ -123,12 +123,14 @@ m16 = {"qkv walk": (64, 64, 2, dict(NORM=True, **rope)),
        "lm_head": (128, 64, 14, dict(NORM=True, SQUARES_IN=28, SQUARES_PAD=32, CHOICES=True))}
 # ... and traced, reading the metadata early, in groups of four blocks of rows
 variants = [("down traced", m16["down"]), ("down early", m16["down"]), ("down group", m16["down"]),
-            ("gate_up group", m16["gate_up"]), ("qkv group", m16["qkv"]), ("down flags", m16["down"])]
+            ("gate_up group", m16["gate_up"]), ("qkv group", m16["qkv"]), ("down flags", m16["down"]),
+            ("o early", m16["o"]), ("qkv early", m16["qkv"]), ("gate_up early", m16["gate_up"]),
+            ("lm_head early", m16["lm_head"])]
 for name, (n_tile, k_tile, steps, fusion) in [*m16.items(), *variants]:
     sectors = triton.next_power_of_2(steps * k_tile // 16)
     out["linear m16 " + name] = build(_triton_linear._row_linear_kernel, linear,
                                       {"STEPS_PER_SPLIT": steps,
-                                       "SPLITS": 1 if name[:2] in ("o", "ga", "lm") else 8,
+                                       "SPLITS": 1 if name.split()[0] in ("o", "gate_up", "lm_head") else 8,
                                        "HAS_BIAS": name.startswith("qkv"), "NORM": False, "RESIDUAL": False,
                                        **plain, **fusion, "LIVE": True, "PDL": True, "PREFETCH": True, "SECTOR": 16,
                                        "SECTORS": sectors, "WARM_ROWS": min(n_tile, 512 // sectors),
@@ -283,17 +285,19 @@ def test_a_traced_kernel_reads_the_global_timer_at_each_phase_and_spills_nothing
         assert compiled[traced]["stack"] == 0
 
 
-@pytest.mark.parametrize("kernel", ["linear m16 down early", "fold pdl early"])
+@pytest.mark.parametrize("kernel", ["linear m16 down early", "linear m16 o early", "linear m16 qkv early",
+                                    "linear m16 gate_up early", "linear m16 lm_head early", "fold pdl early"])
 def test_early_kernels_read_the_pass_metadata_alone_before_they_wait(compiled, kernel):
     """CODESPEC_CUDA_EARLY: the rows that hold a token (int64 metadata, which the host's
-    copy writes before the graph's first kernel) come in before `griddepcontrol.wait`;
-    nothing a kernel writes is read before it, and nothing spills."""
+    copy writes before the graph's first kernel) come in before `griddepcontrol.wait`,
+    through L2 (`.cg`: no line an SM's L1 kept from an earlier replay's metadata, session
+    38); nothing a kernel writes is read before it, and nothing spills."""
     ptx = compiled[kernel]["ptx"]
     wait = ptx.index("griddepcontrol.wait")
     early = GLOBAL_READ.findall(ptx[:wait])
     assert early and all(read == "ld.global" for read in early), early  # no async copy, no atomic
     loads = re.findall(r"ld\.global(\S*)", ptx[:wait])
-    assert loads and all(kind.endswith(".b64") for kind in loads), loads  # 8-byte integers: the metadata
+    assert loads and all(kind.startswith(".cg") and kind.endswith(".b64") for kind in loads), loads
     assert compiled[kernel]["stack"] == 0
 
 
