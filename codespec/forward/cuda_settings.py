@@ -66,18 +66,21 @@ class CudaSettings(BaseSettings):
         "auto", description="Our kernels launched as programmatic dependents (sm_90+; 'auto': 'launch' there, "
         "'off' before); 'prefetch': the fused products also warm their own weights into L2 first; 'flags': "
         "'prefetch', each launch of the fused layers waiting on a count the launch before's programs raise after "
-        "their stores, not on its end (kernels/flags.py; session 33, not yet timed on a GPU).")
+        "their stores, not on its end (kernels/flags.py; session 33; session 38's H200: the same bits, a step 10% "
+        "slower).")
     tile_rows: Literal[64, 32, 16] = Field(
         64, description="Rows a program of the fused products computes (a step computes one such block, a "
         "pass several).")
     early: bool = Field(False, description="Attention and the fused products read the pass's metadata (which "
                         "rows hold a token, their keys) before they wait for the kernel before, and o and down the "
                         "residual right after it: the same values sooner, a round trip or two off each launch's "
-                        "chain (session 33; not yet timed on a GPU).")
+                        "chain (session 33; session 38's H200: a step 5% faster but bits changed, so the early reads "
+                        "now go through L2, not yet run on a GPU).")
     row_group: Literal[1, 2, 4] = Field(
         1, description="Blocks of tile_rows rows a fused program computes with each weight tile it loads (only "
         "those up to the last that holds a token; each block its own product, so the bits are a group of one's): a "
-        "32-row pass in 16-row programs reads the weights once, not twice (session 33; not yet timed on a GPU).")
+        "32-row pass in 16-row programs reads the weights once, not twice (session 33; session 38's H200: the "
+        "same bits, a step 8% slower, a 32-row pass 7% slower).")
     reduce: Literal["launch", "fold"] = Field(
         "launch", description="A split product's sum (row_linear's products): a second launch, or its last "
         "program.")
