@@ -46,7 +46,6 @@ def register(commands: Any) -> None:
 def run_prepare(args: argparse.Namespace) -> int:
     from codespec import forward
     from codespec.engine import Engine
-    from codespec.engine.engine import QUIET_SHARE
     from codespec.models.loading import pick_device, pick_dtype, resolve_model_path, write_serving_copy
 
     settings = settings_from_args(args)
@@ -66,7 +65,7 @@ def run_prepare(args: argparse.Namespace) -> int:
           f"{loaded.forward.device}) ...", file=sys.stderr)
     goodput = settings.model_copy(update={"draft_policy": "goodput"})
     engine = Engine.from_settings(loaded.forward, loaded.tokenizer, goodput)
-    engine.calibrate(again=args.recalibrate)
+    engine.calibrate(again=args.recalibrate)  # warns where the machine was too busy to store the timings
     share = engine.calibration_share
     facts = {"name": name, "path": path, "forward": loaded.info()["forward"], "profile": _profile_facts(engine),
              "profile_s": round(time.perf_counter() - began, 2),
@@ -76,10 +75,6 @@ def run_prepare(args: argparse.Namespace) -> int:
     else:
         print(f"{name} is ready at {path} ({loaded.backend} backend); machine profile: {facts['profile']['path']} "
               f"({facts['profile_s']:.1f} s)")
-        if share is not None and share < QUIET_SHARE:
-            print(f"codespec: the verify-pass timings were not stored: other processes held the cores while they "
-                  f"ran ({100 * share:.0f}% of them ours); run `codespec model prepare` again when the machine is "
-                  f"quiet (serve and lsp also time them at start)", file=sys.stderr)
     return 0
 
 

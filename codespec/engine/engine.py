@@ -345,8 +345,8 @@ class Engine:
         self.calibration_share = busy_share(self.profile_key, *spent)
         if self.calibration_share is not None and self.calibration_share < QUIET_SHARE:
             log.warning("the machine was busy while codespec timed its verify passes (they had %.0f%% of the cores "
-                        "they run on): the timings steer this process only and are measured again at the next "
-                        "start", 100 * self.calibration_share)
+                        "they run on): the timings steer this process only, and are timed again at the next start "
+                        "(`codespec model prepare`, serve or lsp) on a quiet machine", 100 * self.calibration_share)
             timings = []
         self._store_profile(timings)
 
