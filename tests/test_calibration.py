@@ -225,7 +225,23 @@ def test_timings_taken_while_the_machine_was_busy_steer_this_engine_and_are_not_
     monkeypatch.setattr(engine_module, "busy_share", lambda key, wall, cpu: 0.97)
     counter = PassCounter(monkeypatch, second)
     second.calibrate()  # quiet now: timed again, and stored
-    assert counter.calibrations == 1 and len(calibration.load(tmp_path, second.profile_key).timings) >= 4
+    stored = calibration.load(tmp_path, second.profile_key)
+    assert counter.calibrations == 1 and len(stored.timings) >= 4 and stored.share == 0.97
+
+
+def test_a_profile_of_the_format_before_the_busy_check_is_timed_again(tmp_path, caplog):
+    """Format 1 stored timings without knowing whether the machine was busy: such a file
+    is ignored once (with a warning) and the engine starts as on a new machine."""
+    first = engine_on(tiny_model("qwen2", vocab_size=16, seed=3), tmp_path)
+    first.calibrate()
+    path = calibration.profile_path(tmp_path, first.profile_key)
+    old = json.loads(path.read_text())
+    old["format"] = 1
+    del old["share"]
+    path.write_text(json.dumps(old))
+    with caplog.at_level("WARNING"):
+        second = engine_on(tiny_model("qwen2", vocab_size=16, seed=3), tmp_path)
+    assert not second.cost.calibrated and "format 1" in caplog.text
 
 
 def test_the_busy_share_is_this_process_s_cpu_time_over_its_threads_wall_time():

@@ -354,7 +354,8 @@ class Engine:
         if self.profile_dir is None or self.profile_key is None:
             return
         profile.save(self.profile_dir, profile.Profile(
-            self.profile_key, self.verifier.row_block, self.verifier.padded_rows, timings))
+            self.profile_key, self.verifier.row_block, self.verifier.padded_rows, timings,
+            share=self.calibration_share))
 
     @property
     def profile_path(self) -> Path | None:

@@ -40,7 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-FORMAT = 1  # bump when what a profile means changes (cost features, probe semantics)
+# Bump when what a profile means changes (cost features, probe semantics). 2 (session
+# 38): the share of the cores the timed passes had is recorded, and timings taken on a busy
+# machine are not stored (engine.busy_share); a format-1 file may hold such timings, so it
+# is measured again once.
+FORMAT = 2
 SUBDIR = "calibration"
 # Environment variables that change which kernels oneDNN, MKL or ATen pick.
 KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
@@ -61,10 +65,11 @@ class Profile:
     padded_rows: bool  # rowcalls.probe
     timings: list[tuple[int, int, float]] = field(default_factory=list)  # (rows, attended keys, seconds)
     created: float = field(default_factory=time.time)  # Unix time
+    share: float | None = None  # of the cores the timed passes had (engine.busy_share; None: not measured)
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "key": self.key, "row_block": self.row_block, "padded_rows": self.padded_rows,
-                "timings": [list(t) for t in self.timings], "created": self.created}
+                "timings": [list(t) for t in self.timings], "created": self.created, "share": self.share}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Profile:
@@ -73,8 +78,10 @@ class Profile:
         timings = [(int(rows), int(keys), float(seconds)) for rows, keys, seconds in data["timings"]]
         if any(rows < 1 or keys < 0 or not seconds > 0 for rows, keys, seconds in timings):
             raise ValueError("a timing is out of range")
+        share = data.get("share")
         return cls({str(k): str(v) for k, v in data["key"].items()}, int(data["row_block"]),
-                   bool(data["padded_rows"]), timings, float(data["created"]))
+                   bool(data["padded_rows"]), timings, float(data["created"]),
+                   None if share is None else float(share))
 
 
 def torch_key(model: Any, backend: str) -> dict[str, str]:
