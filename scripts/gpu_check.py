@@ -33,7 +33,9 @@ variant wins by 3% with its rows exact, edit, verify and stress run again
 with it as `edit_step`, `verify_step`, `stress_step`) and `plain` (plain decoding
 through the engine, ms per token with steps queued one ahead and without; where their
 outputs differ or it fails, the later stages run with CODESPEC_CUDA_CHAIN=0; with the
-step stage's winner as `plain_step`), in the default stages; `fused` (the backend with
+step stage's winner as `plain_step`), in the default stages; `plain_five` (session 38:
+the same with the five-launch layers, and with them reading early unless the pdl stage
+found that changing a bit: the plain bar's candidates, without the step stage); `fused` (the backend with
 fused layers, CODESPEC_CUDA_FUSED: its rows, costs and profile), `fusedtiles` (each
 fused product by tile, and the fused backend with the fastest; `fusedtiles16` the same
 in 16-row programs for a step's one row, with PDL warming), `gemm` (the layer's products in CUDA graphs: cuBLAS against
@@ -83,8 +85,8 @@ from typing import Any, Callable
 import torch
 
 from gpu_measure import _time, cost_curve, profile_step, row_checks, step_anatomy
-from gpu_step import (NO_PDL, attention_probe, blas_of, l2_probe, pdl_check, plain_probe, restore_environment,
-                      step_probe, winner_env)
+from gpu_step import (FIVE_LAUNCHES, NO_PDL, unchecked, attention_probe, blas_of, l2_probe, pdl_check, plain_probe,
+                      restore_environment, step_probe, variant_env, winner_env)
 from gpu_probes import bucket_probe, fused_probe, fused_tiles_probe, gemm_probe, key_block_probe, tiles_probe
 from gpu_lmscreen import lmscreen_probe
 from gpu_persist import persist_probe
@@ -97,6 +99,12 @@ ASSET_FILES = ("config.json", "generation_config.json", "tokenizer.json", "token
 STARTED = time.perf_counter()
 CACHE_DIR = "/tmp/codespec-cache"
 DEADLINE_S = 480.0  # main() sets it from --deadline
+# Every stage --stages may name: a name outside them stops the run before it touches the
+# GPU (a typo would otherwise skip its stage silently, found only after the lease).
+PROBES = ("kernel", "pdl", "rows", "costs", "profile", "anatomy", "attention", "l2", "step", "plain", "plain_five",
+          "persist", "trace", "lmscreen", "fused", "fusedtiles", "fusedtiles16", "gemm", "tiles", "buckets", "rows_real")
+STAGES = frozenset(PROBES) | {kind + suffix for kind in ("edit", "verify", "stress")
+                              for suffix in ("", "_fused", "_eager", "_noahead", "_real")}
 # A fresh process's stage may run this long past the deadline (the deadline says when no
 # stage starts): gpu-check.sh's caller kills the run 90 s after the suggested deadline.
 OVERRUN_S = 45.0
@@ -373,6 +381,9 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     wanted = args.stages.split(",")
+    unknown = sorted(set(wanted) - STAGES)
+    if unknown:
+        parser.error(f"no stage {', '.join(unknown)}; the stages: {', '.join(sorted(STAGES))}")
     results: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                "cuda": torch.version.cuda}
     import transformers
@@ -408,6 +419,13 @@ def main() -> None:
             results["plain"]["chain_off_for_the_rest"] = True
         if winner_env(results) is not None:  # the bar's plain decoding with the step stage's winner
             stage(results, "plain_step", lambda: with_env(loaded, winner_env(results), plain_probe), out, needs_s=20)
+    if "plain_five" in wanted:  # the plain bar's candidates: the five-launch layers, with early reads where they held
+        for name, extra in (("plain_five", {}), ("plain_five_early", {"CODESPEC_CUDA_EARLY": "1"})):
+            env = variant_env({**FIVE_LAUNCHES, **extra})
+            if unchecked(env):
+                results[name] = {"ok": False, "error": "skipped: the pdl stage found these settings changing a bit"}
+                continue
+            stage(results, name, lambda env=env: with_env(loaded, env, plain_probe), out, needs_s=20)
     real = False
     if args.real and any(name.endswith("_real") for name in wanted):  # ~1 min: the GGUF dequantized on the CPU
         stage(results, "real_model", lambda: {"path": str(real_model(Path(args.real)))}, out, needs_s=90)

@@ -224,7 +224,7 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
             if time.perf_counter() - began > deadline_s:
                 result["cut_short"] = True
                 break
-            if _unchecked(own):
+            if unchecked(own):
                 result["variants"][key] = {"skipped": "the pdl stage found its bits not those without it"}
                 continue
             envs[key] = variant_env(own, saved)
@@ -400,7 +400,7 @@ def where_bits_part(reference: torch.Tensor, runs: list[torch.Tensor], reference
             "passes_first_layer_apart": _first_layer_apart(kv[1], reference_kv[1])}
 
 
-def _unchecked(env: dict[str, str]) -> bool:
+def unchecked(env: dict[str, str]) -> bool:
     """Whether `env` takes PDL, the fold or a SAME_BITS setting where the pdl stage found
     it changing a bit. A setting found changing one is taken where a combination of
     settings that holds it and the env takes was found changing none ("early, row group"
@@ -478,7 +478,7 @@ def winner_env(results: dict[str, Any]) -> dict[str, str] | None:
     best, ratio, rows = probe.get("best", "default"), probe.get("best_over_default", 1.0), probe.get("best_rows", {})
     if best.startswith("default") or ratio > 0.97 or rows.get("rows_differing", 1) != 0:
         return None
-    if _unchecked(probe["best_env"]):
+    if unchecked(probe["best_env"]):
         return None
     return dict(probe["best_env"])
 

@@ -99,11 +99,11 @@ def test_a_setting_that_fails_alone_is_taken_in_the_combination_that_held(monkey
     early = gpu_step.variant_env(gpu_step.VARIANTS["fused m16 pdl/prefetch fold, fold attention, early"])
     pair = gpu_step.variant_env(gpu_step.VARIANTS["fused m16 pdl/prefetch fold, fold attention, early, row group"])
     monkeypatch.setenv(gpu_step.SAME_BITS["early"][1], "1")
-    assert gpu_step._unchecked(early) and not gpu_step._unchecked(pair)
+    assert gpu_step.unchecked(early) and not gpu_step.unchecked(pair)
     monkeypatch.setenv(gpu_step.SAME_BITS["early, row group"][1], "1")
-    assert gpu_step._unchecked(pair)
+    assert gpu_step.unchecked(pair)
     monkeypatch.delenv(gpu_step.SAME_BITS["early"][1])
-    assert gpu_step._unchecked(pair) and not gpu_step._unchecked(early)
+    assert gpu_step.unchecked(pair) and not gpu_step.unchecked(early)
 
 
 def test_where_a_setting_parts_from_the_five_launch_layers_names_the_first_layer_and_rows():
@@ -140,7 +140,7 @@ def test_where_pdl_changes_a_bit_the_rest_of_the_run_goes_without_it(monkeypatch
 
     assert result["pdl_exact"] is False and os.environ["CODESPEC_CUDA_PDL"] == "off"
     assert gpu_step.variant_env({})["CODESPEC_CUDA_PDL"] == "off"
-    assert gpu_step._unchecked(gpu_step.variant_env(gpu_step.VARIANTS["fused m16 pdl/prefetch"]))
+    assert gpu_step.unchecked(gpu_step.variant_env(gpu_step.VARIANTS["fused m16 pdl/prefetch"]))
     own = loaded.forward
     gpu_check.take_settled(loaded)
     assert loaded.forward is not own and loaded.forward.pdl == "off"
@@ -375,6 +375,46 @@ def test_the_lm_screen_stage_runs_on_request_and_lands_in_the_json(monkeypatch, 
     gpu_check.main()
     written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     assert written["lmscreen"]["same_model"] is True and written["lmscreen"]["ok"]
+
+
+def test_plain_five_times_the_five_launch_layers_and_early_only_where_the_pdl_stage_kept_its_bits(monkeypatch,
+                                                                                                   tmp_path):
+    """`--stages plain_five` (session 38): the plain bar's candidates, plain decoding with
+    the five-launch layers and with them reading early; early's skipped, saying why, where
+    the pdl stage found it changing a bit."""
+    import json
+
+    gpu_check = pytest.importorskip("gpu_check")
+    loaded = tiny_run(rows=16, vocab_size=16, backend="cuda", reason=None)
+    seen: list[tuple[bool, bool]] = []
+    monkeypatch.setattr(gpu_check.torch.cuda, "get_device_name", lambda *args: "stub GPU")
+    monkeypatch.setattr(gpu_check, "random_model_dir", lambda assets, where: tmp_path)
+    monkeypatch.setattr(gpu_check, "load", lambda model_dir: loaded)
+    monkeypatch.setattr(gpu_check, "plain_probe", lambda given: seen.append(
+        (given.forward.fused, given.forward.early)) or {"identical": True})
+    for name in ("CODESPEC_CUDA_PDL", gpu_step.NO_PDL, gpu_step.NO_FOLD,
+                 *(flag for _, flag in gpu_step.SAME_BITS.values())):
+        monkeypatch.setenv(name, "")  # recorded: the stage's own settings are undone after the test
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(gpu_check, "DEADLINE_S", gpu_check.DEADLINE_S)  # main sets it: restored after the test
+    argv = ["gpu_check.py", "--out", str(tmp_path / "out"), "--stages", "plain_five"]
+    monkeypatch.setattr(sys, "argv", argv)
+    gpu_check.main()
+    assert seen == [(True, False), (True, True)]
+    monkeypatch.setenv(gpu_step.SAME_BITS["early"][1], "1")  # as the pdl stage leaves it where early failed
+    gpu_check.main()
+    assert seen[2:] == [(True, False)]
+    written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
+    assert written["plain_five"]["ok"] and "changing a bit" in written["plain_five_early"]["error"]
+
+
+def test_a_stage_name_the_check_does_not_know_stops_it_before_the_gpu(monkeypatch, tmp_path, capsys):
+    gpu_check = pytest.importorskip("gpu_check")
+    monkeypatch.setattr(gpu_check.torch.cuda, "get_device_name", lambda *args: pytest.fail("touched the GPU"))
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--out", str(tmp_path), "--stages", "kernel,rows_rael"])
+    with pytest.raises(SystemExit):
+        gpu_check.main()
+    assert "no stage rows_rael" in capsys.readouterr().err
 
 
 def test_with_the_real_weights_carried_over_their_stages_run_on_the_default_model(monkeypatch, tmp_path):
