@@ -102,7 +102,8 @@ DEADLINE_S = 480.0  # main() sets it from --deadline
 # Every stage --stages may name: a name outside them stops the run before it touches the
 # GPU (a typo would otherwise skip its stage silently, found only after the lease).
 PROBES = ("kernel", "pdl", "rows", "costs", "profile", "anatomy", "attention", "l2", "step", "plain", "plain_five",
-          "persist", "trace", "lmscreen", "fused", "fusedtiles", "fusedtiles16", "gemm", "tiles", "buckets", "rows_real")
+          "persist", "trace", "lmscreen", "fused", "fusedtiles", "fusedtiles16", "gemm", "tiles", "buckets",
+          "rows_real")
 STAGES = frozenset(PROBES) | {kind + suffix for kind in ("edit", "verify", "stress")
                               for suffix in ("", "_fused", "_eager", "_noahead", "_real")}
 # A fresh process's stage may run this long past the deadline (the deadline says when no

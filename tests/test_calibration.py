@@ -244,20 +244,45 @@ def test_a_profile_of_the_format_before_the_busy_check_is_timed_again(tmp_path, 
     assert not second.cost.calibrated and "format 1" in caplog.text
 
 
-def test_the_busy_share_is_this_process_s_cpu_time_over_its_threads_wall_time():
+def test_the_busy_share_is_the_passes_thread_s_cpu_time_over_their_wall_time():
     key = {"device": "cpu", "threads": "2"}
-    assert engine_module.busy_share(key, wall=1.0, cpu=1.96) == pytest.approx(0.98)
-    assert engine_module.busy_share(key, wall=4.0, cpu=4.0) == pytest.approx(0.5)  # two hogs beside it
+    assert engine_module.busy_share(key, wall=1.0, cpu=0.99) == pytest.approx(0.99)
+    assert engine_module.busy_share(key, wall=4.0, cpu=2.0) == pytest.approx(0.5)  # two hogs beside it
     assert engine_module.busy_share({"device": "cuda:0", "threads": "2"}, 1.0, 0.1) is None  # a GPU's passes
     assert engine_module.busy_share(None, 1.0, 1.0) is None
-    assert engine_module.busy_share({"device": "cpu"}, 1.0, 1.0) is None
     assert engine_module.busy_share(key, 0.0, 0.0) is None
 
 
-def test_a_real_calibration_on_a_quiet_tiny_model_measures_a_share_near_one(tmp_path):
-    """The share as calibrate measures it: each pass's threads busy (torch's or the row
-    decoder's); on a 2-core VM 0.97-1.00 quiet, 0.49 beside two busy processes. Here it
-    is only checked to be measured and in range (the machine may be busy)."""
+def test_a_busy_thread_of_this_very_process_counts_as_a_busy_machine(tmp_path):
+    """The signal is the passes' own thread, not the process: threads of this process
+    busy beside them (an index build, say) hold the cores as other processes would."""
+    import hashlib
+    import os
+    import threading
+
+    engine = engine_on(tiny_model("qwen2", vocab_size=16, seed=3), tmp_path)
+    stop = threading.Event()
+    block = os.urandom(1 << 20)
+
+    def spin() -> None:
+        while not stop.is_set():
+            hashlib.sha256(block).digest()  # in C without the GIL: a core taken, the interpreter free
+
+    spinners = [threading.Thread(target=spin, daemon=True) for _ in range(2 * (os.cpu_count() or 1))]
+    for spinner in spinners:
+        spinner.start()
+    try:
+        engine.calibrate()
+    finally:
+        stop.set()
+        for spinner in spinners:
+            spinner.join()
+    assert engine.calibration_share is not None and engine.calibration_share < 0.8
+
+
+def test_a_real_calibration_measures_the_share(tmp_path):
+    """The share as calibrate measures it (1.00 on a quiet 2-core VM, 0.50 beside two
+    busy processes): here only measured and in range, the machine may be busy."""
     engine = engine_on(tiny_model("qwen2", vocab_size=16, seed=3), tmp_path)
     engine.calibrate()
-    assert engine.calibration_share is not None and 0.0 < engine.calibration_share <= 1.5
+    assert engine.calibration_share is not None and 0.0 < engine.calibration_share <= 1.05

@@ -40,10 +40,12 @@ from codespec.settings import Settings
 log = logging.getLogger(__name__)
 COST_ROWS = (2, 4, 8, 16, 32, 48, 64)  # verify pass sizes timed when the controller starts,
 COST_CONTEXTS = (512, 2048)  # at these context lengths (two, to tell row cost from key cost)
-# A CPU pass's threads are busy the whole pass when the machine is quiet: this process's
-# CPU time over the passes' wall time times their threads came to 0.97-1.00 on the 2-core
-# VMs (row decoder and transformers), and to 0.50 with two busy processes beside it
-# (passes 3.4x slower). Under this share the calibration's timings are not stored.
+# On a quiet machine the thread that runs a CPU pass is on a core the whole pass (the row
+# decoder's OpenMP master, transformers' caller): its CPU time over the pass's wall time
+# came to 1.00 on the 2-core VM (row decoder and transformers), 0.50 with two busy
+# processes beside it (passes 3.4x slower), and 0.62 / 0.09 with a busy Python thread in
+# the same process (which the process's CPU time over its threads missed: 0.99 on the row
+# decoder). Under this share the calibration's timings are not stored.
 QUIET_SHARE = 0.8
 
 
@@ -314,9 +316,9 @@ class Engine:
         controller, and store them in the machine profile: start-up work (`codespec
         model prepare`, `serve` and `lsp` call it; requests never do). A no-op when a
         stored profile already calibrated the cost model, unless `again` (`model prepare
-        --recalibrate`). On a CPU, timings taken while other processes held the cores
-        (`busy_share`) price this process's passes and are not stored: the next start
-        measures again."""
+        --recalibrate`). On a CPU, timings taken while other processes or threads held
+        the cores (`busy_share`) price this process's passes and are not stored: the next
+        start measures again."""
         if again and self.draft_policy == "goodput" and self.cache.free_slots:
             self.cost = controller.CostModel(block=self.cost.block, padded=self.cost.padded,
                                              min_rows=self.cost.min_rows)
@@ -325,17 +327,17 @@ class Engine:
         slot, _ = self.cache.acquire([0])
         # Passes attend to contexts of typical lengths (their KV values do not matter).
         contexts = sorted({min(c, self.cache.slot_tokens // 2) for c in COST_CONTEXTS})
-        spent = [0.0, 0.0]  # the passes' wall seconds and this process's CPU seconds in them
+        spent = [0.0, 0.0]  # the passes' wall seconds, and the CPU seconds of the thread that ran them
         try:
             limit = self.cache.slot_tokens - max(contexts) - 2
 
             def timed(rows: int, context: int) -> float:
                 self.cache.prefilled(slot, [0] * context)
-                began, used = time.perf_counter(), time.process_time()
+                began, used = time.perf_counter(), time.thread_time()
                 self.verifier.verify([Item(slot, VerifyTree.chain(0, [0] * (rows - 1)))])
                 wall = time.perf_counter() - began
                 spent[0] += wall
-                spent[1] += time.process_time() - used
+                spent[1] += time.thread_time() - used
                 return wall
 
             timings = self.cost.measure(timed, [n for n in COST_ROWS if n < limit], contexts)
@@ -344,9 +346,9 @@ class Engine:
             self.cache.release(slot)
         self.calibration_share = busy_share(self.profile_key, *spent)
         if self.calibration_share is not None and self.calibration_share < QUIET_SHARE:
-            log.warning("the machine was busy while codespec timed its verify passes (they had %.0f%% of the cores "
-                        "they run on): the timings steer this process only, and are timed again at the next start "
-                        "(`codespec model prepare`, serve or lsp) on a quiet machine", 100 * self.calibration_share)
+            log.warning("the machine was busy while codespec timed its verify passes (they ran %.0f%% of the time): "
+                        "the timings steer this process only, and are timed again at the next start (`codespec "
+                        "model prepare`, serve or lsp) on a quiet machine", 100 * self.calibration_share)
             timings = []
         self._store_profile(timings)
 
@@ -374,14 +376,10 @@ __all__ = ["CacheFull", "Engine", "Generation", "GenerationConfig", "Run"]
 
 
 def busy_share(key: dict[str, str] | None, wall: float, cpu: float) -> float | None:
-    """The share of its cores a CPU backend's timed passes had (`cpu` seconds of this
-    process over `wall` seconds times the threads in the profile key): ~1 on a quiet
-    machine, lower while other processes hold the cores. None where it says nothing: a
-    GPU's passes, or no key or time to go by."""
+    """The share of their wall time a CPU backend's timed passes ran: `cpu` seconds of the
+    thread that ran them (time.thread_time) over `wall` seconds. ~1 on a quiet machine,
+    lower while other processes or this process's other threads hold the cores. None
+    where it says nothing: a GPU's passes (the device's time), or no key or time."""
     if key is None or not key.get("device", "").startswith("cpu") or wall <= 0:
         return None
-    try:
-        threads = int(key["threads"])
-    except (KeyError, ValueError):
-        return None
-    return cpu / (wall * threads) if threads > 0 else None
+    return cpu / wall
