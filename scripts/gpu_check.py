@@ -85,8 +85,8 @@ from typing import Any, Callable
 import torch
 
 from gpu_measure import _time, cost_curve, profile_step, row_checks, step_anatomy
-from gpu_step import (FIVE_LAUNCHES, NO_PDL, unchecked, attention_probe, blas_of, l2_probe, pdl_check, plain_probe,
-                      restore_environment, step_probe, variant_env, winner_env)
+from gpu_step import (FIVE_LAUNCHES, NO_PDL, attention_probe, blas_of, l2_probe, pdl_check, plain_probe,
+                      restore_environment, step_probe, unchecked, variant_env, winner_env)
 from gpu_probes import bucket_probe, fused_probe, fused_tiles_probe, gemm_probe, key_block_probe, tiles_probe
 from gpu_lmscreen import lmscreen_probe
 from gpu_persist import persist_probe

@@ -117,7 +117,7 @@ def _stored_profile_facts(cache_dir: Any, key: dict[str, str]) -> dict[str, Any]
         "row_block": profile.row_block,
         "padded_attention": profile.padded_rows,
         "timing_points": len(profile.timings),
-        "timed_share_of_cores": None if profile.share is None else round(profile.share, 3),
+        "calibration_share": None if profile.share is None else round(profile.share, 3),
         "cost_model_ms": None if not profile.timings else {
             "per_pass": round(a * 1e3, 3), "per_row": round(b * 1e3, 3), "per_1k_keys": round(c * 1e6, 3),
             "per_extra_block": round(d * 1e3, 3)},

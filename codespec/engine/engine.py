@@ -319,10 +319,12 @@ class Engine:
         --recalibrate`). On a CPU, timings taken while other processes or threads held
         the cores (`busy_share`) price this process's passes and are not stored: the next
         start measures again."""
-        if again and self.draft_policy == "goodput" and self.cache.free_slots:
+        if self.draft_policy != "goodput" or not self.cache.free_slots:
+            return
+        if again:
             self.cost = controller.CostModel(block=self.cost.block, padded=self.cost.padded,
                                              min_rows=self.cost.min_rows)
-        if self.draft_policy != "goodput" or self.cost.calibrated or not self.cache.free_slots:
+        elif self.cost.calibrated:
             return
         slot, _ = self.cache.acquire([0])
         # Passes attend to contexts of typical lengths (their KV values do not matter).

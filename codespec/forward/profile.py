@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any
 
 # Bump when what a profile means changes (cost features, probe semantics). 2 (session
-# 38): the share of the cores the timed passes had is recorded, and timings taken on a busy
-# machine are not stored (engine.busy_share); a format-1 file may hold such timings, so it
+# 38): the share of their wall time the timed passes ran is recorded, and timings taken on a
+# busy machine are not stored (engine.busy_share); a format-1 file may hold such timings, so it
 # is measured again once.
 FORMAT = 2
 SUBDIR = "calibration"
@@ -65,7 +65,7 @@ class Profile:
     padded_rows: bool  # rowcalls.probe
     timings: list[tuple[int, int, float]] = field(default_factory=list)  # (rows, attended keys, seconds)
     created: float = field(default_factory=time.time)  # Unix time
-    share: float | None = None  # of the cores the timed passes had (engine.busy_share; None: not measured)
+    share: float | None = None  # of their wall time the timed passes ran (engine.busy_share; None: not measured)
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "key": self.key, "row_block": self.row_block, "padded_rows": self.padded_rows,
