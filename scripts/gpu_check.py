@@ -182,7 +182,9 @@ def kernel_checks() -> dict[str, Any]:
                       for r in range(0, rows, 7))
     # before the keys of other slots change below (session 32's run compared the fold
     # against this reference after they had: a relative error of 0.63 that was the check's)
-    fold = _fold_check(query, keys, values, {k: v for k, v in meta.items() if k != "schedule"}, ref)
+    own = {k: v for k, v in meta.items() if k != "schedule"}
+    fold = {**_own_bits_check("fold", query, keys, values, own, ref),
+            **_own_bits_check("walk", query, keys, values, own, ref)}
     # scattered path keys against the same keys laid out contiguously in another slot
     r = int(torch.argmax(path_len))
     n, tail = int(context[r]), path[r, : int(path_len[r])]
@@ -200,25 +202,27 @@ def kernel_checks() -> dict[str, Any]:
             **rope_store_checks(), "attention_us_by_key_block": key_block_probe(meta["schedule"])}
 
 
-def _fold_check(query: Any, keys: Any, values: Any, meta: dict[str, Any], ref: Any) -> dict[str, Any]:
-    """Attention's `fold` schedule (session 30, opt-in; never run on a GPU before): its
-    error against the reference, each row alone against the pass (its own combine, so its
-    own bits), and its counts left zero; an error is reported, not raised."""
+def _own_bits_check(schedule: str, query: Any, keys: Any, values: Any, meta: dict[str, Any],
+                    ref: Any) -> dict[str, Any]:
+    """An attention schedule of its own bits, `fold` (session 30) or `walk` (session 39,
+    never run on a GPU before): its error against the reference, each row alone against
+    the pass, and its counts left zero, as `{schedule}_...`; an error is reported, not
+    raised."""
     from codespec.kernels.row_attention import row_attention
 
     counts = torch.zeros(query.shape[0] * keys.shape[1], dtype=torch.int32, device="cuda")
     try:
-        def fold(rows: slice) -> Any:
-            return row_attention(query[rows], keys, values, scale=0.125, schedule="fold", counts=counts,
+        def run(rows: slice) -> Any:
+            return row_attention(query[rows], keys, values, scale=0.125, schedule=schedule, counts=counts,
                                  **{k: v[rows].contiguous() for k, v in meta.items()})
 
-        got = fold(slice(None))
+        got = run(slice(None))
         relative = float((got.float() - ref.float()).norm() / ref.float().norm())
-        alone = all(torch.equal(got[r], fold(slice(r, r + 1))[0]) for r in range(0, query.shape[0], 7))
-        return {"fold_relative_error": relative, "fold_row_alone_equal": alone,
-                "fold_counts_left_zero": not bool(counts.any())}
+        alone = all(torch.equal(got[r], run(slice(r, r + 1))[0]) for r in range(0, query.shape[0], 7))
+        return {f"{schedule}_relative_error": relative, f"{schedule}_row_alone_equal": alone,
+                f"{schedule}_counts_left_zero": not bool(counts.any())}
     except Exception as error:
-        return {"fold_error": f"{type(error).__name__}: {str(error)[:300]}"}
+        return {f"{schedule}_error": f"{type(error).__name__}: {str(error)[:300]}"}
 
 
 def _schedule_check(query: Any, keys: Any, values: Any, meta: dict[str, Any]) -> dict[str, Any]:
@@ -272,6 +276,12 @@ def take_settled(loaded: Any) -> None:
     if os.environ.get("CODESPEC_CUDA_ATTENTION", forward.attention) != forward.attention or \
             (os.environ.get("CODESPEC_CUDA_PDL") == "off" and forward.pdl != "off"):
         loaded.forward = CudaForward(loaded.model)
+
+
+def rows_and_plain(loaded: Any) -> dict[str, Any]:
+    """A backend's tree rows against its decode steps (a new schedule's exactness), then
+    its plain decoding."""
+    return {**row_checks(loaded), **plain_probe(loaded)}
 
 
 def with_env(loaded: Any, env: dict[str, str], probe: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
@@ -420,13 +430,16 @@ def main() -> None:
             results["plain"]["chain_off_for_the_rest"] = True
         if winner_env(results) is not None:  # the bar's plain decoding with the step stage's winner
             stage(results, "plain_step", lambda: with_env(loaded, winner_env(results), plain_probe), out, needs_s=20)
-    if "plain_five" in wanted:  # the plain bar's candidates: the five-launch layers, with early reads where they held
-        for name, extra in (("plain_five", {}), ("plain_five_early", {"CODESPEC_CUDA_EARLY": "1"})):
+    if "plain_five" in wanted:  # the plain bar's candidates: the five-launch layers, with early reads where they held,
+        # and with attention walked (session 39: its tree rows against its decode steps first)
+        for name, extra, probe in (("plain_five", {}, plain_probe),
+                                   ("plain_five_early", {"CODESPEC_CUDA_EARLY": "1"}, plain_probe),
+                                   ("plain_five_walk", {"CODESPEC_CUDA_ATTENTION": "walk"}, rows_and_plain)):
             env = variant_env({**FIVE_LAUNCHES, **extra})
             if unchecked(env):
                 results[name] = {"ok": False, "error": "skipped: the pdl stage found these settings changing a bit"}
                 continue
-            stage(results, name, lambda env=env: with_env(loaded, env, plain_probe), out, needs_s=20)
+            stage(results, name, lambda env=env, probe=probe: with_env(loaded, env, probe), out, needs_s=20)
     real = False
     if args.real and any(name.endswith("_real") for name in wanted):  # ~1 min: the GGUF dequantized on the CPU
         stage(results, "real_model", lambda: {"path": str(real_model(Path(args.real)))}, out, needs_s=90)

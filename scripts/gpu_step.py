@@ -65,6 +65,8 @@ VARIANTS: dict[str, dict[str, str]] = {
     "fused m16 pdl/prefetch fold": {**M16, "CODESPEC_CUDA_PDL": "prefetch", "CODESPEC_CUDA_REDUCE": "fold"},
     # five launches a layer (session 30): the fused layers folded, attention's combine folded
     "fused m16 pdl/prefetch fold, fold attention": FIVE_LAUNCHES,
+    # ... attention walked: a row of 512 keys by one program, no partials (session 39)
+    "fused m16 pdl/prefetch fold, walk attention": {**FIVE_LAUNCHES, "CODESPEC_CUDA_ATTENTION": "walk"},
     # ... reading the pass's metadata before PDL's wait, the residual before the K loop;
     # computing a bucket's four blocks of rows in one program a weight tile (session 33)
     "fused m16 pdl/prefetch fold, fold attention, early": {**FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY": "1"},
@@ -84,12 +86,14 @@ VARIANTS: dict[str, dict[str, str]] = {
                                                     "CODESPEC_CUDA_PDL": "prefetch", "CODESPEC_CUDA_REDUCE": "fold",
                                                     "CODESPEC_CUDA_ATTENTION": "fold"},
     "fused m16": M16, "fold attention": {"CODESPEC_CUDA_ATTENTION": "fold"},
+    "walk attention": {"CODESPEC_CUDA_ATTENTION": "walk"},
     "grid attention": {"CODESPEC_CUDA_ATTENTION": "grid"},
     "fused pdl/prefetch": {**FUSED, "CODESPEC_CUDA_PDL": "prefetch"}, "fused": FUSED,
     "cublaslt": {"TORCH_BLAS_PREFER_CUBLASLT": "1"}, "default (again)": {}}
 SETTLED = ("CODESPEC_CUDA_ATTENTION", "CODESPEC_CUDA_PDL")  # what a failed check turns off for the whole run
 NO_PDL = "CODESPEC_GPU_CHECK_NO_PDL"  # set by pdl_check where PDL changed a bit: no stage takes it
 NO_FOLD = "CODESPEC_GPU_CHECK_NO_FOLD"  # ... where a folded split did
+NO_WALK = "CODESPEC_GPU_CHECK_NO_WALK"  # ... where the walk with PDL (warming its keys) did
 # Settings that move reads or share a weight tile among blocks of rows, never a row's
 # arithmetic (session 33): the pdl stage asks the five-launch layers for the same bits with
 # each as without; where one differs, its flag is set and no stage takes it.
@@ -101,6 +105,8 @@ SAME_BITS = {"early": ({"CODESPEC_CUDA_EARLY": "1"}, "CODESPEC_GPU_CHECK_NO_EARL
              "flags": ({"CODESPEC_CUDA_PDL": "flags"}, "CODESPEC_GPU_CHECK_NO_FLAGS"),
              "early, row group": ({"CODESPEC_CUDA_EARLY": "1", "CODESPEC_CUDA_ROW_GROUP": "4"},
                                   "CODESPEC_GPU_CHECK_NO_EARLY_GROUP")}
+# Every flag the pdl stage may set for the rest of the run
+CHECK_FLAGS = (NO_PDL, NO_FOLD, NO_WALK, *(flag for _, flag in SAME_BITS.values()))
 # A fold's logits against the reduce kernel's, relative: its own summation order moves a
 # few bf16 roundings (~1e-3); a split lost to a race moves a product by ~1/SPLITS.
 FOLD_TOLERANCE = 0.05
@@ -115,9 +121,10 @@ def attention_probe() -> dict[str, Any]:
     default model's heads), in CUDA graphs: a step (one real row) at 512 and 2048 keys,
     passes of 32 chain rows at 512 and 2048 and of 64 at 512, by schedule; whether the
     worklist's rows have the grid's bits (the same code per block and combine: they
-    should); the fold's (session 30: its own combine, so its own bits) within bf16's
+    should); the fold's (session 30: its own combine, so its own bits) and the walk's
+    (session 39, chunks of 2, 4 and 8 key blocks: its own arithmetic) within bf16's
     rounding of the grid's, and a pass's first row with the bits of the step over the
-    same keys."""
+    same keys. No PDL here, so the walk warms nothing: the step stage times that."""
     from codespec.kernels import row_attention as module
 
     torch.manual_seed(8)
@@ -133,12 +140,14 @@ def attention_probe() -> dict[str, Any]:
         path_len[:real] = torch.arange(1, real + 1, device="cuda")  # a chain: row i sees i + 1 drafted keys
         path = (keys_in_row + torch.arange(64, device="cuda")).repeat(64, 1).contiguous()
         layouts[name] = dict(slots=zeros, context=context, path=path, path_len=path_len)
-    schedules = {"grid": ("grid", 2, 4), "worklist w4 x2": ("worklist", 2, 4), "fold w4 x2": ("fold", 2, 4)}
-    saved = module.PROGRAMS_PER_SM, module.WORK_WARPS
+    # the walk (session 39) at its chunk of 4 key blocks, and of 2 and 8 (WALK_BLOCKS)
+    schedules = {"grid": ("grid", 2, 4, 4), "worklist w4 x2": ("worklist", 2, 4, 4), "fold w4 x2": ("fold", 2, 4, 4),
+                 "walk w4 x2": ("walk", 2, 4, 4), "walk2 w4 x2": ("walk", 2, 4, 2), "walk8 w4 x2": ("walk", 2, 4, 8)}
+    saved = module.PROGRAMS_PER_SM, module.WORK_WARPS, module.WALK_BLOCKS
     result: dict[str, Any] = {}
     try:
-        for label, (schedule, per_sm, warps) in schedules.items():
-            module.PROGRAMS_PER_SM, module.WORK_WARPS = per_sm, warps
+        for label, (schedule, per_sm, warps, walk) in schedules.items():
+            module.PROGRAMS_PER_SM, module.WORK_WARPS, module.WALK_BLOCKS = per_sm, warps, walk
             # the grid's bits at the same warps: the combine's reduction is laid out by them
             reference = {name: module.row_attention(query, keys, values, **meta, scale=0.125, schedule="grid")
                          for name, meta in layouts.items()}
@@ -149,7 +158,7 @@ def attention_probe() -> dict[str, Any]:
             for name in layouts:
                 entry[name + "_us"] = _graph_us(run[name])
                 got = run[name]()
-                if schedule == "fold":
+                if schedule in ("fold", "walk"):  # their own bits
                     entry[name + "_close_to_grid"] = bool(torch.allclose(got.float(), reference[name].float(),
                                                                          atol=1e-2, rtol=1e-2))
                 else:
@@ -160,7 +169,7 @@ def attention_probe() -> dict[str, Any]:
             entry["counts_left_zero"] = not bool(counts.any())
             result[label] = entry
     finally:
-        module.PROGRAMS_PER_SM, module.WORK_WARPS = saved
+        module.PROGRAMS_PER_SM, module.WORK_WARPS, module.WALK_BLOCKS = saved
     return result
 
 
@@ -287,9 +296,11 @@ def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any
     64-node tree pass's logits, with them (`repeat` times) against without, bit for bit,
     for the default layers (PDL) and the fused ones of 16-row programs (PDL warming the
     weights); folded, the same bits each time and within FOLD_TOLERANCE of the reduce
-    kernel's (its own summation order). Then what moves reads or shares tiles, never
-    arithmetic (SAME_BITS): the five-launch layers with each against without, bit for bit.
-    Where PDL's differ or fail, NO_PDL is set; where the fold's do, NO_FOLD; where one of
+    kernel's (its own summation order); the five-launch layers with attention walked
+    (session 39: its keys warmed in L2 before the wait) with PDL against without, bit for
+    bit. Then what moves reads or shares tiles, never arithmetic (SAME_BITS): the
+    five-launch layers with each against without, bit for bit. Where PDL's differ or
+    fail, NO_PDL is set; where the fold's do, NO_FOLD; where the walk's, NO_WALK; where one of
     SAME_BITS' does, its flag: the step stage skips those variants and no later stage
     takes them (the fused
     64-row variant, unchecked here, is checked as any winner: its rows against its decode
@@ -322,8 +333,12 @@ def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any
         return logits
 
     off, pdl, fold = {"CODESPEC_CUDA_PDL": "off"}, {"CODESPEC_CUDA_PDL": "prefetch"}, {"CODESPEC_CUDA_REDUCE": "fold"}
+    walk = {**FIVE_LAUNCHES, "CODESPEC_CUDA_ATTENTION": "walk"}
     checks = {"default": (off, {"pdl": {"CODESPEC_CUDA_PDL": "launch"}}),
-              "fused m16": ({**M16, **off}, {"pdl": pdl, "pdl fold": {**pdl, **fold}})}
+              "fused m16": ({**M16, **off}, {"pdl": pdl, "pdl fold": {**pdl, **fold}}),
+              # session 39: the walk warming its keys (and the products their weights) before
+              # the wait, against neither (its own bits: no other schedule's to compare)
+              "walk": ({**walk, **off}, {"pdl": walk})}
     saved = {name: os.environ.get(name) for name in DEFAULTS}
     result: dict[str, Any] = {}
     try:
@@ -359,8 +374,9 @@ def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any
         torch.cuda.empty_cache()
     result["pdl_exact"] = all(result.get(name) is True for name in ("default pdl", "fused m16 pdl"))
     result["fold_exact"] = result.get("fused m16 pdl fold") is True
+    result["walk_exact"] = result.get("walk pdl") is True
     result["same_bits"] = {name: result.get(f"five-launch {name}") is True for name in SAME_BITS}
-    for flag, exact in ((NO_PDL, result["pdl_exact"]), (NO_FOLD, result["fold_exact"]),
+    for flag, exact in ((NO_PDL, result["pdl_exact"]), (NO_FOLD, result["fold_exact"]), (NO_WALK, result["walk_exact"]),
                         *((flag, result["same_bits"][name]) for name, (_, flag) in SAME_BITS.items())):
         if not exact:
             os.environ[flag] = "1"
@@ -401,12 +417,14 @@ def where_bits_part(reference: torch.Tensor, runs: list[torch.Tensor], reference
 
 
 def unchecked(env: dict[str, str]) -> bool:
-    """Whether `env` takes PDL, the fold or a SAME_BITS setting where the pdl stage found
-    it changing a bit. A setting found changing one is taken where a combination of
+    """Whether `env` takes PDL, the fold, the walk with PDL or a SAME_BITS setting where
+    the pdl stage found it changing a bit. A setting found changing one is taken where a combination of
     settings that holds it and the env takes was found changing none ("early, row group"
     where "early" alone failed)."""
     if (env.get("CODESPEC_CUDA_PDL", "off") not in ("off", "auto") and bool(os.environ.get(NO_PDL))) or \
-            (env.get("CODESPEC_CUDA_REDUCE", "launch") == "fold" and bool(os.environ.get(NO_FOLD))):
+            (env.get("CODESPEC_CUDA_REDUCE", "launch") == "fold" and bool(os.environ.get(NO_FOLD))) or \
+            (env.get("CODESPEC_CUDA_ATTENTION") == "walk" and env.get("CODESPEC_CUDA_PDL", "off") != "off"
+             and bool(os.environ.get(NO_WALK))):
         return True
     taken = [(extra, bool(os.environ.get(flag))) for extra, flag in SAME_BITS.values()
              if all(env.get(name) == value for name, value in extra.items())]

@@ -32,6 +32,8 @@ from gpu_step import DEFAULTS, FIVE_LAUNCHES, restore_environment, variant_env
 # a weight tile as well (CODESPEC_CUDA_ROW_GROUP=4: its 32-row pass), and with each launch
 # waiting on the counts of the one before (CODESPEC_CUDA_PDL=flags): session 33's.
 TRACED = {"fused m16 pdl/prefetch fold, fold attention": FIVE_LAUNCHES,
+          # session 39: attention walked (kernels/_triton_walk.py), its keys warmed in L2
+          "fused m16 pdl/prefetch fold, walk attention": {**FIVE_LAUNCHES, "CODESPEC_CUDA_ATTENTION": "walk"},
           "fused m16 pdl/prefetch fold, fold attention, early": {**FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY": "1"},
           "fused m16 pdl/prefetch fold, fold attention, early, row group": {
               **FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY": "1", "CODESPEC_CUDA_ROW_GROUP": "4"},

@@ -81,6 +81,7 @@ def test_the_pdl_stage_runs_and_leaves_the_settings_as_it_found_them(monkeypatch
     assert result == {"default pdl": True, "fused m16 pdl": True, "fused m16 pdl fold": True,
                       "five-launch early": True, "five-launch row group": True, "five-launch flags": True,
                       "five-launch early, row group": True, "pdl_exact": True, "fold_exact": True,
+                      "walk pdl": True, "walk_exact": True,
                       "flags_gave_up": 0,
                       "same_bits": {"early": True, "row group": True, "flags": True, "early, row group": True}}
     assert detail == {"same_bits_as_launch": True, "steady": True, "relative_error": 0.0}
@@ -126,8 +127,7 @@ def test_where_pdl_changes_a_bit_the_rest_of_the_run_goes_without_it(monkeypatch
     CODESPEC_CUDA_PDL=off for the rest of the run (the variants, the fresh processes of
     the exactness stages) and the run's backend is built again without it."""
     gpu_check = pytest.importorskip("gpu_check")
-    for name in ("CODESPEC_CUDA_PDL", gpu_step.NO_PDL, gpu_step.NO_FOLD,
-                 *(flag for _, flag in gpu_step.SAME_BITS.values())):
+    for name in ("CODESPEC_CUDA_PDL", *gpu_step.CHECK_FLAGS):
         monkeypatch.setenv(name, "")  # recorded: the stage's own settings are undone after the test
         monkeypatch.delenv(name)
     loaded = tiny_run(rows=16, vocab_size=16)
@@ -380,32 +380,37 @@ def test_the_lm_screen_stage_runs_on_request_and_lands_in_the_json(monkeypatch, 
 def test_plain_five_times_the_five_launch_layers_and_early_only_where_the_pdl_stage_kept_its_bits(monkeypatch,
                                                                                                    tmp_path):
     """`--stages plain_five` (session 38): the plain bar's candidates, plain decoding with
-    the five-launch layers and with them reading early; early's skipped, saying why, where
-    the pdl stage found it changing a bit."""
+    the five-launch layers, with them reading early, and with attention walked (session
+    39: its tree rows against its decode steps first); early's skipped, saying why, where
+    the pdl stage found it changing a bit, and the walk where its PDL did."""
     import json
 
     gpu_check = pytest.importorskip("gpu_check")
     loaded = tiny_run(rows=16, vocab_size=16, backend="cuda", reason=None)
-    seen: list[tuple[bool, bool]] = []
+    seen: list[tuple[bool, bool, str]] = []
     monkeypatch.setattr(gpu_check.torch.cuda, "get_device_name", lambda *args: "stub GPU")
     monkeypatch.setattr(gpu_check, "random_model_dir", lambda assets, where: tmp_path)
     monkeypatch.setattr(gpu_check, "load", lambda model_dir: loaded)
     monkeypatch.setattr(gpu_check, "plain_probe", lambda given: seen.append(
-        (given.forward.fused, given.forward.early)) or {"identical": True})
-    for name in ("CODESPEC_CUDA_PDL", gpu_step.NO_PDL, gpu_step.NO_FOLD,
-                 *(flag for _, flag in gpu_step.SAME_BITS.values())):
+        (given.forward.fused, given.forward.early, given.forward.attention)) or {"identical": True})
+    monkeypatch.setattr(gpu_check, "row_checks", lambda given: {"rows_differing": 0, "schedule": given.forward.attention})
+    for name in ("CODESPEC_CUDA_PDL", *gpu_step.CHECK_FLAGS):
         monkeypatch.setenv(name, "")  # recorded: the stage's own settings are undone after the test
         monkeypatch.delenv(name)
     monkeypatch.setattr(gpu_check, "DEADLINE_S", gpu_check.DEADLINE_S)  # main sets it: restored after the test
     argv = ["gpu_check.py", "--out", str(tmp_path / "out"), "--stages", "plain_five"]
     monkeypatch.setattr(sys, "argv", argv)
     gpu_check.main()
-    assert seen == [(True, False), (True, True)]
-    monkeypatch.setenv(gpu_step.SAME_BITS["early"][1], "1")  # as the pdl stage leaves it where early failed
+    assert seen == [(True, False, "fold"), (True, True, "fold"), (True, False, "walk")]
+    written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
+    assert written["plain_five_walk"]["schedule"] == "walk" and written["plain_five_walk"]["identical"]
+    monkeypatch.setenv(gpu_step.SAME_BITS["early"][1], "1")  # as the pdl stage leaves these where they failed
+    monkeypatch.setenv(gpu_step.NO_WALK, "1")
     gpu_check.main()
-    assert seen[2:] == [(True, False)]
+    assert seen[3:] == [(True, False, "fold")]
     written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     assert written["plain_five"]["ok"] and "changing a bit" in written["plain_five_early"]["error"]
+    assert "changing a bit" in written["plain_five_walk"]["error"]
 
 
 def test_a_stage_name_the_check_does_not_know_stops_it_before_the_gpu(monkeypatch, tmp_path, capsys):

@@ -134,10 +134,10 @@ class CudaForward:
         self.chained_taken = self.chained_dropped = 0  # queued steps the engine asked for, and the others
         self.attention = settings.attention  # attention's launch schedule (kernels/row_attention.py)
         self.early = settings.early  # metadata read before PDL's wait (CODESPEC_CUDA_EARLY)
-        # the fold schedule's counts, one per (row, KV head), left zero by every launch: one
-        # buffer serves every layer (a layer's attention ends before the next one's starts)
+        # the fold's and the walk's counts, one per (row, KV head), left zero by every launch:
+        # one buffer serves every layer (a layer's attention ends before the next one's starts)
         self._attention_counts = (torch.zeros(self.rows * self.kv_heads, dtype=torch.int32, device=self.device)
-                                  if self.attention == "fold" else None)
+                                  if self.attention in ("fold", "walk") else None)
         # Our kernels launched as programmatic dependents (kernels/_triton_pdl.py), the
         # fused products warming their own weights first with `prefetch`: CODESPEC_CUDA_PDL,
         # `auto` by default: launch on Hopper (the H100's step 0.95x without it, its bits

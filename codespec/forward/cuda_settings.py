@@ -58,9 +58,12 @@ class CudaSettings(BaseSettings):
                         "session 32's H100 with tile_rows=16, pdl=prefetch and both folds a step 1.19 against "
                         "1.41 ms, but a 32-row pass 1.40 steps).")
     compile: bool = Field(True, description="The norms and SiLU compiled by torch.compile.")
-    attention: Literal["worklist", "grid", "fold"] = Field(
+    attention: Literal["worklist", "grid", "fold", "walk"] = Field(
         "worklist", description="Attention's launch schedule (kernels/row_attention.py): worklist and grid give the "
-                                "same bits; fold combines in the same launch (other bits, still each row's own).")
+                                "same bits; fold combines in the same launch (other bits, still each row's own); "
+                                "walk has one program walk a row's 512 keys in order and write its output, no "
+                                "partials, and warms them into L2 while the kernel before runs (session 39, not yet "
+                                "run on a GPU; its own bits, each row's own).")
     chain: bool = Field(True, description="Plain steps queued one ahead on the device (forward/chained.py).")
     pdl: Literal["auto", "off", "launch", "prefetch", "flags"] = Field(
         "auto", description="Our kernels launched as programmatic dependents (sm_90+; 'auto': 'launch' there, "

@@ -58,21 +58,27 @@ def prefilled(forward: CudaForward, prompt: list[int]):
     return engine.cache
 
 
-@pytest.mark.parametrize("attention,reduce", [("reference", "launch"), ("fold", "fold")])
-def test_a_fused_row_equals_its_decode_step_bit_for_bit(triton_products, monkeypatch, attention, reduce):
+@pytest.mark.parametrize("attention,reduce,prompt_len", [
+    ("reference", "launch", 19), ("fold", "fold", 19), ("walk", "fold", 19),
+    pytest.param("walk", "fold", 131, marks=pytest.mark.slow)])  # ~45 s: nine replays of the prefill
+def test_a_fused_row_equals_its_decode_step_bit_for_bit(triton_products, monkeypatch, attention, reduce, prompt_len):
     """A tree row off the main chain gets the bits of the decode step that sees the same
     keys: the norm's sums of squares, the SiLU pairs and the splits depend on the row
-    alone, layer after layer; with attention's fold schedule and the products' folded
-    splits too (their Triton kernels, one counts buffer each for every layer)."""
+    alone, layer after layer; with attention's fold or walk schedule and the products'
+    folded splits too (their Triton kernels, one counts buffer each for every layer). The
+    walk over 131 keys in chunks of one key block: rows of one chunk written directly,
+    rows past the first block folding two."""
     monkeypatch.setenv("CODESPEC_CUDA_REDUCE", reduce)
-    if attention == "fold":
+    if attention != "reference":
         from codespec.kernels import row_attention
 
-        monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "fold")
+        monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", attention)
         monkeypatch.setattr(row_attention, "use_triton", lambda tensor, force: True)
+        if prompt_len > row_attention.KEY_BLOCK:
+            monkeypatch.setattr(row_attention, "WALK_BLOCKS", 1)
     model = tiny_model("qwen2", vocab_size=32, seed=7, dtype=torch.float32)
     forward = CudaForward(model, rows=16, fused=True)
-    prompt = list(range(1, 20))
+    prompt = [1 + i % 31 for i in range(prompt_len)]  # ids of the 32-token vocabulary
     assert_tree_rows_are_steps(forward, prefilled(forward, prompt), len(prompt))
 
 

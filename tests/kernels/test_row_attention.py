@@ -44,8 +44,8 @@ def test_kernel_matches_reference(dtype):
     assert torch.count_nonzero(got[-1]) == 0  # the padding row: no keys, zeros
 
 
-@pytest.mark.parametrize("schedule", ["worklist", "fold"])
-def test_a_rows_bits_depend_on_its_keys_alone(schedule):
+@pytest.mark.parametrize("schedule", ["worklist", "fold", "walk"])
+def test_a_rows_bits_depend_on_its_keys_alone(schedule, monkeypatch):
     """The same query over the same keys gets the same bits: alone or among other rows,
     and with its keys scattered along a tree path or contiguous after decoding (two key
     blocks: the combine's order is in them too)."""
@@ -65,10 +65,12 @@ def test_a_rows_bits_depend_on_its_keys_alone(schedule):
         return row_attention(query[rows], keys, values, **meta, scale=0.125, force_triton=True, schedule=schedule,
                              counts=torch.zeros(64, dtype=torch.int32))
 
-    in_a_pass = run([0, 1, 2, 3, 4], [0, 1, 0, 1, 0], [context, 40, 7, 250, 0], [tail, [], [8, 9], [], []])[0]
-    alone = run([0], [0], [context], [tail])[0]
-    decoded = run([0], [1], [context + len(tail)], [[]])[0]  # the decode step after the path was kept
-    assert torch.equal(in_a_pass, alone) and torch.equal(alone, decoded)
+    for walk in (module.WALK_BLOCKS, 1):  # the walk's row in one chunk, and in two folded
+        monkeypatch.setattr(module, "WALK_BLOCKS", walk)
+        in_a_pass = run([0, 1, 2, 3, 4], [0, 1, 0, 1, 0], [context, 40, 7, 250, 0], [tail, [], [8, 9], [], []])[0]
+        alone = run([0], [0], [context], [tail])[0]
+        decoded = run([0], [1], [context + len(tail)], [[]])[0]  # the decode step after the path was kept
+        assert torch.equal(in_a_pass, alone) and torch.equal(alone, decoded)
 
 
 def test_long_rows_split_into_blocks_any_launch_gives_the_same_bits(monkeypatch):
@@ -164,9 +166,60 @@ def test_the_fold_schedule_needs_its_counts():
         row_attention(query, keys, keys, **rows, scale=1.0, force_triton=True, schedule="fold")
     with pytest.raises(ValueError, match="fold schedule needs counts"):
         fold(query, keys, keys, rows, counts=torch.zeros(3, dtype=torch.int32))  # 2 rows x 2 KV heads
+    with pytest.raises(ValueError, match="walk schedule needs counts"):
+        row_attention(query, keys, keys, **rows, scale=1.0, force_triton=True, schedule="walk")
 
 
-@pytest.mark.parametrize("schedule", ["grid", "worklist", "fold"])
+def walk(query, keys, values, rows, counts):
+    return row_attention(query, keys, values, **rows, scale=0.125, force_triton=True, schedule="walk", counts=counts)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_walk_schedule_matches_the_reference_and_leaves_its_counts_zero(dtype, monkeypatch):
+    """`walk`: a (row, KV head)'s chunks of WALK_BLOCKS key blocks each walked in order by
+    one program, a row of one chunk written directly, a longer row's chunks folded (of
+    more chunks than a combine step, FOLD_CHUNK, too), paths, a padding row (zeros). Any
+    wave gives the same bits, and the counts are zero after every launch."""
+    rng = random.Random(13)
+    positions = KEY_BLOCK * 10 + 20
+    keys, values = (torch.randn(3, KV_HEADS, positions, DIM).to(dtype) for _ in range(2))
+    rows = random_rows(rng, 7, 3, positions)
+    rows["context"][1], rows["context"][2] = KEY_BLOCK * 9 + 5, 4 * KEY_BLOCK + 1  # three and two chunks
+    query = torch.randn(7, HEADS, DIM).to(dtype)
+    counts = torch.zeros(64, dtype=torch.int32)
+    expected = row_attention_ref(query, keys, values, *rows.values(), 0.125)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    for blocks in (module.WALK_BLOCKS, 1):  # one block a chunk: ten chunks, two combine steps
+        monkeypatch.setattr(module, "WALK_BLOCKS", blocks)
+        results = []
+        for programs in (1, 3, 50):
+            monkeypatch.setattr(module, "wave", lambda device, n=programs: n)
+            results.append(walk(query, keys, values, rows, counts))
+            assert not counts.any(), programs
+        assert torch.allclose(results[0].float(), expected.float(), atol=tolerance, rtol=tolerance), blocks
+        assert all(torch.equal(result, results[0]) for result in results), blocks
+        assert torch.count_nonzero(results[0][-1]) == 0  # the padding row
+
+
+def test_a_walk_of_one_block_a_chunk_is_the_fold():
+    """A chunk of one block walked is that block's partial as the fold computes it (the
+    online softmax's first step rescales nothing), and a row's partials fold in the same
+    combine: the walk at WALK_BLOCKS=1 gives the fold's bits, whatever WALK_BLOCKS is for
+    the build (pinning both schedules' arithmetic to each other)."""
+    rng = random.Random(17)
+    positions = KEY_BLOCK * 4 + 9
+    keys, values = (torch.randn(2, KV_HEADS, positions, DIM, dtype=torch.bfloat16) for _ in range(2))
+    rows = random_rows(rng, 6, 2, positions)
+    rows["context"][0] = 3 * KEY_BLOCK + 2
+    query = torch.randn(6, HEADS, DIM, dtype=torch.bfloat16)
+    counts = torch.zeros(64, dtype=torch.int32)
+    folded = fold(query, keys, values, rows, counts)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(module, "WALK_BLOCKS", 1)
+        assert torch.equal(walk(query, keys, values, rows, counts), folded)
+
+
+@pytest.mark.parametrize("schedule", ["grid", "worklist", "fold", "walk"])
 def test_reading_the_metadata_early_gives_the_same_bits(schedule, monkeypatch):
     """`early` (CODESPEC_CUDA_EARLY): each schedule reads the pass's metadata before PDL's
     wait, the same values sooner: the same bits over rows of several blocks, paths and
