@@ -130,7 +130,7 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
     if used > 0:  # a group of padding rows computes nothing
         residual = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         if EARLY and RESIDUAL and ROW_GROUP == 1:  # in flight during the K loop (an earlier kernel wrote it)
-            residual = _residual(residual_ptr, m, n, s_residual)
+            residual = _residual(residual_ptr, m, n, s_residual, True)
         # the blocks up to the last that holds a token (a pass's rows come first, padding
         # after them): a step's one row computes one block, as a group of one does
         if ROW_GROUP == 1:
@@ -292,7 +292,7 @@ def _finish(acc, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, 
     else:
         if RESIDUAL:
             if not RESIDUAL_READ:
-                residual = _residual(residual_ptr, m, n, s_residual)
+                residual = _residual(residual_ptr, m, n, s_residual, False)
             acc = acc.to(dtype).to(tl.float32) + residual
         result = acc.to(dtype)
         tl.store(out_ptr + m[:, None] * s_out + n[None, :], result)
@@ -307,9 +307,17 @@ def _finish(acc, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, 
 
 
 @triton.jit
-def _residual(residual_ptr, m, n, s_residual):
-    # The residual stream's rows m, columns n, in float32 (what o's and down's outputs add to).
-    return tl.load(residual_ptr + m[:, None] * s_residual + n[None, :]).to(tl.float32)
+def _residual(residual_ptr, m, n, s_residual, EARLY: tl.constexpr):
+    # The residual stream's rows m, columns n, in float32 (what o's and down's outputs add
+    # to). EARLY: read by every split's program right after the wait, not by the last one
+    # in its epilogue, so through L2 (.cg): no SM's L1 keeps a line of it that a later
+    # launch's program, already resident there under PDL, would read once the buffer holds
+    # another tensor (session 38's H200 found early changing bits; a stale L1 line is the
+    # suspect, of the metadata or of this).
+    at = residual_ptr + m[:, None] * s_residual + n[None, :]
+    if EARLY:
+        return tl.load(at, cache_modifier=".cg").to(tl.float32)
+    return tl.load(at).to(tl.float32)
 
 
 @triton.jit

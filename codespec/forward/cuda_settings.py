@@ -78,7 +78,8 @@ class CudaSettings(BaseSettings):
                         "rows hold a token, their keys) before they wait for the kernel before, and o and down the "
                         "residual right after it: the same values sooner, a round trip or two off each launch's "
                         "chain (session 33; session 38's H200: a step 5% faster but bits changed, so the early reads "
-                        "now go through L2, not yet run on a GPU).")
+                        "of the metadata and, since session 39, of the residual go through L2, not yet run on a "
+                        "GPU).")
     row_group: Literal[1, 2, 4] = Field(
         1, description="Blocks of tile_rows rows a fused program computes with each weight tile it loads (only "
         "those up to the last that holds a token; each block its own product, so the bits are a group of one's): a "

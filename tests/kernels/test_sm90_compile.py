@@ -334,6 +334,23 @@ def test_early_kernels_read_the_pass_metadata_alone_before_they_wait(compiled, k
     assert compiled[kernel]["stack"] == 0
 
 
+@pytest.mark.parametrize("kernel", ["linear m16 down", "linear m16 o"])
+def test_an_early_residual_is_read_through_l2_before_the_products_loop(compiled, kernel):
+    """With early, o's and down's every program reads its residual tile right after the
+    wait (without it, the program that stores the tile, in its epilogue): through L2, so
+    no SM's L1 keeps a line of it that a program of a later launch, resident there under
+    PDL, would read after the buffer holds another tensor (session 39; a suspect in
+    session 38's early bits). Without early, nothing but metadata comes before the loop."""
+    for early in (True, False):
+        ptx = compiled[kernel + " early" * early]["ptx"]
+        wait = ptx.index("griddepcontrol.wait")
+        between = re.findall(r"ld\.global(\S*)", ptx[wait:ptx.index("cp.async", wait)])
+        if early:
+            assert between and all(kind.startswith(".cg") and not kind.endswith(".b64") for kind in between)
+        else:
+            assert all(kind == ".b64" for kind in between), between
+
+
 def test_a_row_group_spills_nothing_and_keeps_one_blocks_loop_for_a_step(compiled):
     """CODESPEC_CUDA_ROW_GROUP=4 (gate/up at its 8 warps): four accumulators of a 16-row
     block, and the build spills nothing. It holds three K loops, of one, two and four
