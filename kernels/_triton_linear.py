@@ -131,6 +131,15 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
         residual = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         if EARLY and RESIDUAL and ROW_GROUP == 1:  # in flight during the K loop (an earlier kernel wrote it)
             residual = _residual(residual_ptr, m, n, s_residual, True)
+        inputs = None
+        if ROW_GROUP == 1:
+            # what the epilogue reads that no kernel writes (the bias, rotary's tables at the
+            # rows' positions, where K and V go), in flight during the K loop: off the chain
+            # of the program that stores the outputs (session 38's trace: q/k/v's epilogue
+            # 1.3 us, its two dependent reads of positions then tables)
+            inputs = _epilogue_inputs(m, tl.program_id(0) * BLOCK_N, bias_ptr, context_ptr, path_len_ptr, cos_ptr,
+                                      sin_ptr, positions_ptr, wslot_ptr, wpos_ptr, s_rope, s_kv_slot, s_kv_head,
+                                      s_kv_pos, HAS_BIAS, ROPE, HEADS, KV_HEADS, DIM, BLOCK_M, BLOCK_N)
         # the blocks up to the last that holds a token (a pass's rows come first, padding
         # after them): a step's one row computes one block, as a group of one does
         if ROW_GROUP == 1:
@@ -169,7 +178,7 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
                             s_residual, s_out, s_block_out, context_ptr, path_len_ptr, cos_ptr, sin_ptr, positions_ptr,
                             wslot_ptr, wpos_ptr, k_ptr, v_ptr, s_rope, s_kv_slot, s_kv_head, s_kv_pos, HAS_BIAS,
                             RESIDUAL, PAIRS, SQUARES_OUT, CHOICES, ROPE, HEADS, KV_HEADS, DIM, BLOCK_M, BLOCK_N,
-                            residual, EARLY and ROW_GROUP == 1)
+                            residual, EARLY and ROW_GROUP == 1, inputs, ROW_GROUP == 1)
                 else:
                     tl.store(part_ptr + split * s_part_split + rows[:, None] * s_part + n[None, :], acc)
         if SPLITS > 1 and FOLD:  # the program that stores a group's last split adds them all, as the reduce kernel does
@@ -186,7 +195,7 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
                                 s_residual, s_out, s_block_out, context_ptr, path_len_ptr, cos_ptr, sin_ptr,
                                 positions_ptr, wslot_ptr, wpos_ptr, k_ptr, v_ptr, s_rope, s_kv_slot, s_kv_head,
                                 s_kv_pos, HAS_BIAS, RESIDUAL, PAIRS, SQUARES_OUT, CHOICES, ROPE, HEADS, KV_HEADS, DIM,
-                                BLOCK_M, BLOCK_N, residual, EARLY and ROW_GROUP == 1)
+                                BLOCK_M, BLOCK_N, residual, EARLY and ROW_GROUP == 1, inputs, ROW_GROUP == 1)
                 tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")  # zero for the next launch
     trace_mark(trace_ptr, clock_ptr, program, ENDED, CLOCK)
     pdl_done(flags_ptr, launch, FLAGS)
@@ -265,7 +274,7 @@ def _finish(acc, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, 
             s_rope, s_kv_slot, s_kv_head, s_kv_pos, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
             PAIRS: tl.constexpr, SQUARES_OUT: tl.constexpr, CHOICES: tl.constexpr, ROPE: tl.constexpr,
             HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-            BLOCK_N: tl.constexpr, residual, RESIDUAL_READ: tl.constexpr):
+            BLOCK_N: tl.constexpr, residual, RESIDUAL_READ: tl.constexpr, inputs, INPUTS_READ: tl.constexpr):
     """Outputs n_first.. (BLOCK_N of them) of rows m: bias, then the product rounded to
     the model's dtype, then the residual added and rounded again (transformers' `hidden +
     linear(x)`; `residual` as the caller read it where RESIDUAL_READ, else read here).
@@ -275,20 +284,25 @@ def _finish(acc, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, 
     the columns are (gate, up) pairs, and what is stored is SiLU(gate) * up, BLOCK_N / 2
     outputs from n_first / 2, rounded as transformers' MLP rounds (gate and up, SiLU, the
     product). ROPE: the columns are q, k and v heads; q and k rotated, q stored, K and V
-    into the cache."""
+    into the cache. `inputs`: what the epilogue reads that no kernel writes
+    (_epilogue_inputs), as the caller read it where INPUTS_READ, else read here."""
     dtype = out_ptr.dtype.element_ty
     n = n_first + tl.arange(0, BLOCK_N)
+    if not INPUTS_READ:
+        inputs = _epilogue_inputs(m, n_first, bias_ptr, context_ptr, path_len_ptr, cos_ptr, sin_ptr, positions_ptr,
+                                  wslot_ptr, wpos_ptr, s_rope, s_kv_slot, s_kv_head, s_kv_pos, HAS_BIAS, ROPE, HEADS,
+                                  KV_HEADS, DIM, BLOCK_M, BLOCK_N)
+    bias, cos_lo, cos_hi, sin_lo, sin_hi, kv_at, holds = inputs
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + n).to(tl.float32)[None, :]
+        acc += bias[None, :]
     if PAIRS:
         gate, up = tl.split(tl.reshape(acc.to(dtype).to(tl.float32), [BLOCK_M, BLOCK_N // 2, 2]))
         silu = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
         half = n_first // 2 + tl.arange(0, BLOCK_N // 2)
         tl.store(out_ptr + m[:, None] * s_out + half[None, :], (silu * up).to(dtype))
     elif ROPE:
-        _rope_epilogue(acc.to(dtype), m, n_first, out_ptr, s_out, context_ptr, path_len_ptr, cos_ptr, sin_ptr,
-                       positions_ptr, wslot_ptr, wpos_ptr, k_ptr, v_ptr, s_rope, s_kv_slot, s_kv_head, s_kv_pos,
-                       HEADS, KV_HEADS, DIM, BLOCK_M, BLOCK_N)
+        _rope_epilogue(acc.to(dtype), m, n_first, out_ptr, s_out, k_ptr, v_ptr, cos_lo, cos_hi, sin_lo, sin_hi, kv_at,
+                       holds, HEADS, KV_HEADS, DIM, BLOCK_M, BLOCK_N)
     else:
         if RESIDUAL:
             if not RESIDUAL_READ:
@@ -349,21 +363,57 @@ def _choices_kernel(block_out_ptr, index_out_ptr, choices_ptr, flags_ptr, launch
 
 
 @triton.jit
-def _rope_epilogue(x, m, n_first, q_ptr, s_q, context_ptr, path_len_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr,
-                   wpos_ptr, k_ptr, v_ptr, s_rope, s_kv_slot, s_kv_head, s_kv_pos, HEADS: tl.constexpr,
-                   KV_HEADS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _epilogue_inputs(m, n_first, bias_ptr, context_ptr, path_len_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr,
+                     wpos_ptr, s_rope, s_kv_slot, s_kv_head, s_kv_pos, HAS_BIAS: tl.constexpr, ROPE: tl.constexpr,
+                     HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+    # What the epilogue of outputs n_first.. of rows m reads that no kernel writes: the
+    # bias, and with ROPE the rotary tables at the rows' positions (q and k blocks; each
+    # [BLOCK_M, 1, DIM // 2]), where the rows' K or V go in the cache and which rows hold a
+    # token (k and v blocks). Zeros where the block has none of it: a v block is not
+    # rotated, a q block not stored in the cache.
+    n = n_first + tl.arange(0, BLOCK_N)
+    bias = tl.zeros([BLOCK_N], tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + n).to(tl.float32)
+    HALF: tl.constexpr = DIM // 2
+    cos_lo = tl.zeros([BLOCK_M, 1, HALF], tl.float32)
+    cos_hi, sin_lo, sin_hi = cos_lo, cos_lo, cos_lo
+    kv_at = tl.zeros([BLOCK_M, BLOCK_N], tl.int64)
+    holds = tl.zeros([BLOCK_M], tl.int1)
+    if ROPE:
+        block = m * 0 + n_first  # [BLOCK_M] (a scalar's & with a tensor: a mask the interpreter refuses)
+        rotated = block < (HEADS + KV_HEADS) * DIM  # a q or k block
+        at = (tl.load(positions_ptr + m, mask=rotated, other=0)[:, None, None] * s_rope
+              + tl.arange(0, HALF)[None, None, :])
+        inside = rotated[:, None, None]
+        cos_lo = tl.load(cos_ptr + at, mask=inside, other=0.0).to(tl.float32)
+        cos_hi = tl.load(cos_ptr + at + HALF, mask=inside, other=0.0).to(tl.float32)
+        sin_lo = tl.load(sin_ptr + at, mask=inside, other=0.0).to(tl.float32)
+        sin_hi = tl.load(sin_ptr + at + HALF, mask=inside, other=0.0).to(tl.float32)
+        cached = block >= HEADS * DIM  # a k or v block
+        column = n - HEADS * DIM
+        head = (column % (KV_HEADS * DIM)) // DIM
+        kv_at = (tl.load(wslot_ptr + m, mask=cached, other=0)[:, None] * s_kv_slot + head[None, :] * s_kv_head
+                 + tl.load(wpos_ptr + m, mask=cached, other=0)[:, None] * s_kv_pos + (column % DIM)[None, :])
+        # a row without a token stores nothing (its source row stores the same K and V)
+        holds = holds_token(context_ptr, path_len_ptr, m, False) & cached
+    return bias, cos_lo, cos_hi, sin_lo, sin_hi, kv_at, holds
+
+
+@triton.jit
+def _rope_epilogue(x, m, n_first, q_ptr, s_q, k_ptr, v_ptr, cos_lo, cos_hi, sin_lo, sin_hi, kv_at, holds,
+                   HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
     # x: q/k/v outputs n_first.. of rows m in the model's dtype, whole heads of DIM (a
-    # block never straddles q, k and v). Rotary as rope_store computes it
-    # (rotary_rounded), on the halves of each head: x_lo * cos - x_hi * sin and
-    # x_hi * cos + x_lo * sin.
+    # block never straddles q, k and v), and the epilogue's inputs (_epilogue_inputs).
+    # Rotary as rope_store computes it (rotary_rounded), on the halves of each head:
+    # x_lo * cos - x_hi * sin and x_hi * cos + x_lo * sin.
     dtype = x.dtype
     H: tl.constexpr = BLOCK_N // DIM
     HALF: tl.constexpr = DIM // 2
     if n_first < (HEADS + KV_HEADS) * DIM:
         lo, hi = tl.split(tl.permute(tl.reshape(x, [BLOCK_M, H, 2, HALF]), (0, 1, 3, 2)))
-        at = tl.load(positions_ptr + m)[:, None, None] * s_rope + tl.arange(0, HALF)[None, None, :]
-        cos_lo, cos_hi = tl.load(cos_ptr + at).to(tl.float32), tl.load(cos_ptr + at + HALF).to(tl.float32)
-        sin_lo, sin_hi = tl.load(sin_ptr + at).to(tl.float32), tl.load(sin_ptr + at + HALF).to(tl.float32)
         lo32, hi32 = lo.to(tl.float32), hi.to(tl.float32)
         new_lo = rotary_rounded(lo32, -hi32, cos_lo, sin_lo, dtype)
         new_hi = rotary_rounded(hi32, lo32, cos_hi, sin_hi, dtype)
@@ -371,17 +421,10 @@ def _rope_epilogue(x, m, n_first, q_ptr, s_q, context_ptr, path_len_ptr, cos_ptr
     n = n_first + tl.arange(0, BLOCK_N)
     if n_first < HEADS * DIM:
         tl.store(q_ptr + m[:, None] * s_q + n[None, :], x)
+    elif n_first < (HEADS + KV_HEADS) * DIM:
+        tl.store(k_ptr + kv_at, x, mask=holds[:, None])
     else:
-        # a row without a token stores nothing (its source row stores the same K and V)
-        holds = holds_token(context_ptr, path_len_ptr, m, False)
-        column = n - HEADS * DIM
-        head = (column % (KV_HEADS * DIM)) // DIM
-        at = (tl.load(wslot_ptr + m)[:, None] * s_kv_slot + head[None, :] * s_kv_head
-              + tl.load(wpos_ptr + m)[:, None] * s_kv_pos + (column % DIM)[None, :])
-        if n_first < (HEADS + KV_HEADS) * DIM:
-            tl.store(k_ptr + at, x, mask=holds[:, None])
-        else:
-            tl.store(v_ptr + at, x, mask=holds[:, None])
+        tl.store(v_ptr + kv_at, x, mask=holds[:, None])
 
 
 @triton.jit
@@ -414,7 +457,7 @@ def _row_linear_reduce_kernel(part_ptr, bias_ptr, residual_ptr, out_ptr, block_o
         _finish(acc, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, m, n_first, s_residual, s_out,
                 s_block_out, context_ptr, path_len_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr, k_ptr,
                 v_ptr, s_rope, s_kv_slot, s_kv_head, s_kv_pos, HAS_BIAS, RESIDUAL, PAIRS, SQUARES_OUT, CHOICES, ROPE,
-                HEADS, KV_HEADS, DIM, 1, BLOCK, acc, False)
+                HEADS, KV_HEADS, DIM, 1, BLOCK, acc, False, None, False)
     pdl_done(flags_ptr, launch, FLAGS)
 
 

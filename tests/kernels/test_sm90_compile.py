@@ -137,7 +137,7 @@ m16 = {"qkv walk": (64, 64, 2, dict(NORM=True, **rope)),
 variants = [("down traced", m16["down"]), ("down early", m16["down"]), ("down group", m16["down"]),
             ("gate_up group", m16["gate_up"]), ("qkv group", m16["qkv"]), ("down flags", m16["down"]),
             ("o early", m16["o"]), ("qkv early", m16["qkv"]), ("gate_up early", m16["gate_up"]),
-            ("lm_head early", m16["lm_head"])]
+            ("lm_head early", m16["lm_head"]), ("qkv fold", m16["qkv"])]
 for name, (n_tile, k_tile, steps, fusion) in [*m16.items(), *variants]:
     sectors = triton.next_power_of_2(steps * k_tile // 16)
     out["linear m16 " + name] = build(_triton_linear._row_linear_kernel, linear,
@@ -146,7 +146,8 @@ for name, (n_tile, k_tile, steps, fusion) in [*m16.items(), *variants]:
                                        "HAS_BIAS": name.startswith("qkv"), "NORM": False, "RESIDUAL": False,
                                        **plain, **fusion, "LIVE": True, "PDL": True, "PREFETCH": True, "SECTOR": 16,
                                        "SECTORS": sectors, "WARM_ROWS": min(n_tile, 512 // sectors),
-                                       "FOLD": name.startswith("down"), "BLOCK_M": 16, "BLOCK_N": n_tile,
+                                       "FOLD": name.startswith("down") or name.endswith("fold"), "BLOCK_M": 16,
+                                       "BLOCK_N": n_tile,
                                        "BLOCK_K": k_tile, "UPCAST": False, "CLOCK": int(name.endswith("traced")),
                                        "EARLY": name.endswith("early"),
                                        "ROW_GROUP": 4 if name.endswith("group") else 1,
@@ -349,6 +350,21 @@ def test_an_early_residual_is_read_through_l2_before_the_products_loop(compiled,
             assert between and all(kind.startswith(".cg") and not kind.endswith(".b64") for kind in between)
         else:
             assert all(kind == ".b64" for kind in between), between
+
+
+def test_a_folded_q_k_v_reads_its_epilogues_inputs_before_its_loop(compiled):
+    """The five-launch layers' q/k/v (its split folded): the bias, the positions, rotary's
+    tables at them and where K and V go come in right after the wait, in flight during
+    the K loop; past the count, the program that stores the outputs reads the partials
+    alone (session 38's H200 trace: the epilogue's dependent reads 1.3 us of q/k/v's 6.4)."""
+    ptx = compiled["linear m16 qkv fold"]["ptx"]
+    wait = ptx.index("griddepcontrol.wait")
+    loop = ptx.index("cp.async", wait)
+    count = ptx.index("atom.global.gpu.acq_rel.add")
+    assert len(re.findall(r"ld\.global", ptx[wait:loop])) >= 10  # metadata, bias, tables, KV places
+    after = re.findall(r"ld\.global(\S*)", ptx[count:])
+    assert after and all(kind.startswith(".cg") for kind in after), after
+    assert compiled["linear m16 qkv fold"]["stack"] == 0
 
 
 def test_a_row_group_spills_nothing_and_keeps_one_blocks_loop_for_a_step(compiled):
