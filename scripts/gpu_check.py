@@ -54,7 +54,9 @@ step's and 32-row pass's timelines from %globaltimer marks in every program of e
 launch (kernels/trace.py): where each launch's share of the step goes. `lmscreen`
 (scripts/gpu_lmscreen.py, session 34; on request): an int8 screen of lm_head against the
 bf16 product, at a step's 16 rows and a pass's 32, and the vocab blocks it leaves to the
-exact product.
+exact product. `gateup` (scripts/gpu_gateup.py, session 39; on request): the fused
+layers' gate/up with each of what it adds to a bare product taken away in turn, cold
+and hot in L2, beside cuBLAS's.
 
 Order: kernel, pdl, rows, costs, profile, anatomy, step, plain; then the exactness
 stages in fresh processes, the step stage's winner first (`edit_step` with prompt lookup
@@ -88,6 +90,7 @@ from gpu_measure import _time, cost_curve, profile_step, row_checks, step_anatom
 from gpu_step import (FIVE_LAUNCHES, NO_PDL, attention_probe, blas_of, l2_probe, pdl_check, plain_probe,
                       restore_environment, step_probe, unchecked, variant_env, winner_env)
 from gpu_probes import bucket_probe, fused_probe, fused_tiles_probe, gemm_probe, key_block_probe, tiles_probe
+from gpu_gateup import gateup_probe
 from gpu_lmscreen import lmscreen_probe
 from gpu_persist import persist_probe
 from gpu_trace import trace_probe
@@ -102,7 +105,7 @@ DEADLINE_S = 480.0  # main() sets it from --deadline
 # Every stage --stages may name: a name outside them stops the run before it touches the
 # GPU (a typo would otherwise skip its stage silently, found only after the lease).
 PROBES = ("kernel", "pdl", "rows", "costs", "profile", "anatomy", "attention", "l2", "step", "plain", "plain_five",
-          "persist", "trace", "lmscreen", "fused", "fusedtiles", "fusedtiles16", "gemm", "tiles", "buckets",
+          "persist", "trace", "lmscreen", "gateup", "fused", "fusedtiles", "fusedtiles16", "gemm", "tiles", "buckets",
           "rows_real")
 STAGES = frozenset(PROBES) | {kind + suffix for kind in ("edit", "verify", "stress")
                               for suffix in ("", "_fused", "_eager", "_noahead", "_real")}
@@ -453,6 +456,8 @@ def main() -> None:
         stage(results, "trace", lambda: trace_probe(loaded), out, needs_s=40)
     if "lmscreen" in wanted:  # what an int8 lm_head screen would save (~10 s)
         stage(results, "lmscreen", lambda: lmscreen_probe(loaded), out, needs_s=20)
+    if "gateup" in wanted:  # why the fused gate/up takes twice its bytes (~40 s)
+        stage(results, "gateup", lambda: gateup_probe(loaded), out, needs_s=40)
     if "attention" in wanted:
         stage(results, "attention", attention_probe, out)
     if "l2" in wanted:

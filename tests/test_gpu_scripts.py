@@ -413,6 +413,21 @@ def test_plain_five_times_the_five_launch_layers_and_early_only_where_the_pdl_st
     assert "changing a bit" in written["plain_five_walk"]["error"]
 
 
+def test_the_gate_up_probe_runs_each_variant_and_cublas(monkeypatch):
+    """scripts/gpu_gateup.py on CPU (row_linear's reference; the graphs' timing stubbed
+    to one call): every variant's product runs on every layer's weights, none fails, and
+    the counts a folded split takes are left zero."""
+    gpu_gateup = pytest.importorskip("gpu_gateup")
+    calls: list[int] = []
+    monkeypatch.setattr(gpu_gateup, "_graph_us", lambda run, calls_=1, **kw: calls.append(len(run())) or 1.0)
+    loaded = tiny_run(rows=64)
+    result = gpu_gateup.gateup_probe(loaded)
+    layers = len(loaded.forward._layers)
+    for name in [*gpu_gateup.VARIANTS, "cublas one row"]:
+        assert result[name] == {"cold_us": round(1.0 / layers, 2), "hot_us": round(1.0 / layers, 2)}, name
+    assert calls == [layers] * (2 * len(gpu_gateup.VARIANTS) + 2) and result["counts_left_zero"]
+
+
 def test_a_stage_name_the_check_does_not_know_stops_it_before_the_gpu(monkeypatch, tmp_path, capsys):
     gpu_check = pytest.importorskip("gpu_check")
     monkeypatch.setattr(gpu_check.torch.cuda, "get_device_name", lambda *args: pytest.fail("touched the GPU"))
