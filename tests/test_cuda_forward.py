@@ -184,6 +184,9 @@ def test_the_backends_settings_are_checked_at_start_up(monkeypatch):
     backend = CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))
     assert (backend.rows, backend.attention) == (32, "grid")
     assert CudaSettings.from_env({"CODESPEC_CUDA_ATTENTION": "fold"}).attention == "fold"
+    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "walk")  # session 39: its counts, one per (row, KV head)
+    backend = CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))
+    assert backend.attention == "walk" and backend._attention_counts.shape == (32 * backend.kv_heads,)
 
 
 def test_settings_that_need_hopper_name_the_device_s_capability(monkeypatch):
