@@ -244,6 +244,21 @@ def _combine_group(out_ptr, part_ptr, row, kv_head, blocks, s_out_row, s_out_hea
              result.to(out_ptr.dtype.element_ty), mask=real[:, None])
 
 
+@triton.jit
+def zero_keyless_rows(out_ptr, per_row, rows, s_out_row, s_out_head, HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
+                      DIM: tl.constexpr, ROWS_PAD: tl.constexpr):
+    # Zeros for the rows with no keys (padding: `per_row`, their blocks or chunks, is 0),
+    # row i by program i mod programs: what the launches that combine in place write for
+    # them (a reader of every row finds numbers, never what memory held).
+    r = tl.arange(0, ROWS_PAD)
+    h = tl.arange(0, HEADS_PAD)
+    d = tl.arange(0, DIM)
+    for row in range(tl.program_id(0), rows, tl.num_programs(0)):
+        if tl.sum(tl.where(r == row, per_row, 0), axis=0) == 0:
+            tl.store(out_ptr + row * s_out_row + h[:, None] * s_out_head + d[None, :],
+                     tl.zeros([HEADS_PAD, DIM], tl.float32).to(out_ptr.dtype.element_ty), mask=(h < HEADS)[:, None])
+
+
 @triton.jit(do_not_specialize=COUNTED)
 def _row_attention_fold_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_ptr, slots_ptr, context_ptr, path_ptr,
                                path_len_ptr, scale, rows, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path,
@@ -259,14 +274,8 @@ def _row_attention_fold_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_ptr
     # all GROUP heads at once. One launch a layer, not two; rows with no keys get zeros.
     blocks, ends = _wave_start(context_ptr, path_len_ptr, rows, trace_ptr, clock_ptr, flags_ptr, launch, before,
                                ROWS_PAD, KEY_BLOCK, PDL, CLOCK, EARLY, FLAGS)
+    zero_keyless_rows(out_ptr, blocks, rows, s_out_row, s_out_head, GROUP * KV_HEADS, HEADS_PAD, DIM, ROWS_PAD)
     r = tl.arange(0, ROWS_PAD)
-    h = tl.arange(0, HEADS_PAD)
-    d = tl.arange(0, DIM)
-    for row in range(tl.program_id(0), rows, tl.num_programs(0)):
-        if tl.sum(tl.where(r == row, blocks, 0), axis=0) == 0:
-            tl.store(out_ptr + row * s_out_row + h[:, None] * s_out_head + d[None, :],
-                     tl.zeros([HEADS_PAD, DIM], tl.float32).to(out_ptr.dtype.element_ty),
-                     mask=(h < GROUP * KV_HEADS)[:, None])
     for item in range(tl.program_id(0), tl.sum(blocks, axis=0) * KV_HEADS, tl.num_programs(0)):
         row, kv_head = _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr,
                                   path_len_ptr, scale, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path,

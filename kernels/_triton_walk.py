@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from codespec.kernels._triton import metadata
-from codespec.kernels._triton_attention import _combine_group, _pass_blocks, _query_group
+from codespec.kernels._triton_attention import _combine_group, _pass_blocks, _query_group, zero_keyless_rows
 from codespec.kernels._triton_linear import sector_prefetch
 from codespec.kernels._triton_pdl import COUNTED, pdl_done, pdl_start, pdl_wait_for
 from codespec.kernels._triton_trace import ENDED, START, WAITED, program_index, trace_mark
@@ -145,15 +145,10 @@ def _row_attention_walk_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_ptr
     trace_mark(trace_ptr, clock_ptr, program, WAITED, CLOCK)
     if not EARLY:
         chunks, ends = _pass_chunks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK, WALK, False)
+    zero_keyless_rows(out_ptr, chunks, rows, s_out_row, s_out_head, GROUP * KV_HEADS, HEADS_PAD, DIM, ROWS_PAD)
     r = tl.arange(0, ROWS_PAD)
     g = tl.arange(0, GROUP_PAD)
-    h = tl.arange(0, HEADS_PAD)
     d = tl.arange(0, DIM)
-    for row in range(tl.program_id(0), rows, tl.num_programs(0)):  # a row with no keys: zeros
-        if tl.sum(tl.where(r == row, chunks, 0), axis=0) == 0:
-            tl.store(out_ptr + row * s_out_row + h[:, None] * s_out_head + d[None, :],
-                     tl.zeros([HEADS_PAD, DIM], tl.float32).to(out_ptr.dtype.element_ty),
-                     mask=(h < GROUP * KV_HEADS)[:, None])
     for item in range(tl.program_id(0), tl.sum(chunks, axis=0) * KV_HEADS, tl.num_programs(0)):
         row, chunk, kv_head = _item(item, chunks, ends, KV_HEADS, ROWS_PAD)
         row_chunks = tl.sum(tl.where(r == row, chunks, 0), axis=0)
