@@ -7,7 +7,7 @@ path, the keys and values from HBM, the partials stored, the count's atomic, the
 partials read back twice, the output), not bytes (256 KB a layer). Here a program walks
 a *chunk* of WALK key blocks of a (row, KV head) in order, each block's keys and values
 loaded by the loop's pipeline while the block before computes, with an online softmax
-in registers: a row of at most WALK blocks (512 keys at WALK=4) writes its output
+in registers: a row of at most WALK blocks (1,024 keys at WALK=8) writes its output
 directly, with no partial, no count and no combine. A longer row's chunks fold as the
 `fold` schedule's blocks do (the program that stores its last chunk combines them).
 With PDL each program also warms its first item's keys and values into L2 while the

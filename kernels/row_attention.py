@@ -32,7 +32,7 @@ code for every block, and the first two then launch the same combine (the same b
 * `walk` (session 39, opt-in until a GPU has timed it; kernels/_triton_walk.py): the
   worklist's wave over (row, chunk, KV head) items, a chunk WALK_BLOCKS key blocks that
   one program walks in order with an online softmax (the loop's pipeline loading the
-  next block while one computes); a row of one chunk (512 keys) writes its output with
+  next block while one computes); a row of one chunk (1,024 keys) writes its output with
   no partial, count or combine, a longer row folds its chunks as `fold` folds blocks.
   With PDL each program warms its first item's keys and values into L2 while the kernel
   before runs. Its own bits again, each row's its keys' alone.
@@ -60,8 +60,12 @@ BLOCK_PROGRAMS = 16  # programs per (row, KV head) along the block axis: rows of
 SCHEDULES = ("worklist", "grid", "fold", "walk")
 # The walk's chunk (session 39, kernels/_triton_walk.py): key blocks one program walks in
 # order, an online softmax; a row of more folds its chunks. Part of a walked row's
-# summation order, the same for every row of a build.
-WALK_BLOCKS = 4
+# summation order, the same for every row of a build. 8: a row of up to 1,024 keys in
+# one chunk, so the plain bar's steps (a 512-token prompt, 256 tokens decoded: 513-768
+# keys, five or six blocks) and a 32-row pass over them fold nothing; at 4 they would
+# fold two chunks. Session 20 found one program walking all of a row's 16 blocks 1.5x
+# slower at 2,048 keys: a row that long folds two chunks here.
+WALK_BLOCKS = 8
 FOLD_CHUNK = 8  # the fold's partials combined per step (a [7 -> 8, 8, 64] float32 tile: 32 registers a thread)
 # The worklist's wave and warps (the combine's warps too: they lay out its reduction, so
 # they are in the bits, the same for every row of a build). Compiled for sm_90 as a

@@ -65,7 +65,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "fused m16 pdl/prefetch fold": {**M16, "CODESPEC_CUDA_PDL": "prefetch", "CODESPEC_CUDA_REDUCE": "fold"},
     # five launches a layer (session 30): the fused layers folded, attention's combine folded
     "fused m16 pdl/prefetch fold, fold attention": FIVE_LAUNCHES,
-    # ... attention walked: a row of 512 keys by one program, no partials (session 39)
+    # ... attention walked: a row of up to 1,024 keys by one program, no partials (session 39)
     "fused m16 pdl/prefetch fold, walk attention": {**FIVE_LAUNCHES, "CODESPEC_CUDA_ATTENTION": "walk"},
     # ... reading the pass's metadata before PDL's wait, the residual before the K loop;
     # computing a bucket's four blocks of rows in one program a weight tile (session 33)
@@ -122,7 +122,7 @@ def attention_probe() -> dict[str, Any]:
     passes of 32 chain rows at 512 and 2048 and of 64 at 512, by schedule; whether the
     worklist's rows have the grid's bits (the same code per block and combine: they
     should); the fold's (session 30: its own combine, so its own bits) and the walk's
-    (session 39, chunks of 2, 4 and 8 key blocks: its own arithmetic) within bf16's
+    (session 39, chunks of 4, 8 and 16 key blocks: its own arithmetic) within bf16's
     rounding of the grid's, and a pass's first row with the bits of the step over the
     same keys. No PDL here, so the walk warms nothing: the step stage times that."""
     from codespec.kernels import row_attention as module
@@ -140,9 +140,10 @@ def attention_probe() -> dict[str, Any]:
         path_len[:real] = torch.arange(1, real + 1, device="cuda")  # a chain: row i sees i + 1 drafted keys
         path = (keys_in_row + torch.arange(64, device="cuda")).repeat(64, 1).contiguous()
         layouts[name] = dict(slots=zeros, context=context, path=path, path_len=path_len)
-    # the walk (session 39) at its chunk of 4 key blocks, and of 2 and 8 (WALK_BLOCKS)
-    schedules = {"grid": ("grid", 2, 4, 4), "worklist w4 x2": ("worklist", 2, 4, 4), "fold w4 x2": ("fold", 2, 4, 4),
-                 "walk w4 x2": ("walk", 2, 4, 4), "walk2 w4 x2": ("walk", 2, 4, 2), "walk8 w4 x2": ("walk", 2, 4, 8)}
+    # the walk (session 39) at its chunk of 8 key blocks, and of 4 and 16 (WALK_BLOCKS)
+    schedules = {"grid": ("grid", 2, 4, 8), "worklist w4 x2": ("worklist", 2, 4, 8), "fold w4 x2": ("fold", 2, 4, 8),
+                 "walk w4 x2": ("walk", 2, 4, 8), "walk4 w4 x2": ("walk", 2, 4, 4),
+                 "walk16 w4 x2": ("walk", 2, 4, 16)}
     saved = module.PROGRAMS_PER_SM, module.WORK_WARPS, module.WALK_BLOCKS
     result: dict[str, Any] = {}
     try:

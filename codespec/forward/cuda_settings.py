@@ -61,7 +61,7 @@ class CudaSettings(BaseSettings):
     attention: Literal["worklist", "grid", "fold", "walk"] = Field(
         "worklist", description="Attention's launch schedule (kernels/row_attention.py): worklist and grid give the "
                                 "same bits; fold combines in the same launch (other bits, still each row's own); "
-                                "walk has one program walk a row's 512 keys in order and write its output, no "
+                                "walk has one program walk a row's 1,024 keys in order and write its output, no "
                                 "partials, and warms them into L2 while the kernel before runs (session 39, not yet "
                                 "run on a GPU; its own bits, each row's own).")
     chain: bool = Field(True, description="Plain steps queued one ahead on the device (forward/chained.py).")

@@ -184,12 +184,12 @@ def test_the_walk_schedule_matches_the_reference_and_leaves_its_counts_zero(dtyp
     positions = KEY_BLOCK * 10 + 20
     keys, values = (torch.randn(3, KV_HEADS, positions, DIM).to(dtype) for _ in range(2))
     rows = random_rows(rng, 7, 3, positions)
-    rows["context"][1], rows["context"][2] = KEY_BLOCK * 9 + 5, 4 * KEY_BLOCK + 1  # three and two chunks
+    rows["context"][1], rows["context"][2] = KEY_BLOCK * 9 + 5, 4 * KEY_BLOCK + 1  # ten and five blocks
     query = torch.randn(7, HEADS, DIM).to(dtype)
     counts = torch.zeros(64, dtype=torch.int32)
     expected = row_attention_ref(query, keys, values, *rows.values(), 0.125)
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2
-    for blocks in (module.WALK_BLOCKS, 1):  # one block a chunk: ten chunks, two combine steps
+    for blocks in (module.WALK_BLOCKS, 4, 1):  # chunks of 4: three and two; of 1: ten, two combine steps
         monkeypatch.setattr(module, "WALK_BLOCKS", blocks)
         results = []
         for programs in (1, 3, 50):
