@@ -80,6 +80,14 @@ def metadata(ptr, EARLY: tl.constexpr):
 
 
 @triton.jit
+def masked_metadata(ptr, mask, EARLY: tl.constexpr):
+    # `metadata` at the lanes of `mask`, 0 at the others.
+    if EARLY:
+        return tl.load(ptr, mask=mask, other=0, cache_modifier=".cg")
+    return tl.load(ptr, mask=mask, other=0)
+
+
+@triton.jit
 def holds_token(context_ptr, path_len_ptr, row, EARLY: tl.constexpr):
     # Whether a pass's row holds a token: it attends to something (context + path > 0); a
     # padding row attends to nothing (forward/passlayout.py). EARLY: as `metadata`.

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from codespec.kernels._triton import metadata
+from codespec.kernels._triton import masked_metadata, metadata
 from codespec.kernels._triton_pdl import COUNTED, launch_options, pdl_done, pdl_start, pdl_wait_for
 from codespec.kernels._triton_trace import ENDED, START, WAITED, launch_hooks, program_index, trace_mark
 from codespec.kernels.flags import TakeFlag
@@ -110,11 +110,7 @@ def _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD: tl.constexpr, KEY_BL
     # pdl's wait, through L2 (_triton.metadata).
     r = tl.arange(0, ROWS_PAD)
     listed = r < rows
-    if EARLY:
-        keys = (tl.load(context_ptr + r, mask=listed, other=0, cache_modifier=".cg")
-                + tl.load(path_len_ptr + r, mask=listed, other=0, cache_modifier=".cg"))
-    else:
-        keys = tl.load(context_ptr + r, mask=listed, other=0) + tl.load(path_len_ptr + r, mask=listed, other=0)
+    keys = masked_metadata(context_ptr + r, listed, EARLY) + masked_metadata(path_len_ptr + r, listed, EARLY)
     blocks = tl.cdiv(keys, KEY_BLOCK)
     return blocks, tl.cumsum(blocks, axis=0)
 

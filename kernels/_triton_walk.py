@@ -25,7 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from codespec.kernels._triton import metadata
+from codespec.kernels._triton import masked_metadata, metadata
 from codespec.kernels._triton_attention import _combine_group, _pass_blocks, _query_group, zero_keyless_rows
 from codespec.kernels._triton_linear import sector_prefetch
 from codespec.kernels._triton_pdl import COUNTED, pdl_done, pdl_start, pdl_wait_for
@@ -35,17 +35,14 @@ SECTOR = tl.constexpr(16)  # elements of a 32-byte sector (bf16): prefetch.globa
 
 
 @triton.jit
-def _block_positions(path_ptr, row, context, total, block, s_path, KEY_BLOCK: tl.constexpr, LATE: tl.constexpr):
+def _block_positions(path_ptr, row, context, total, block, s_path, KEY_BLOCK: tl.constexpr, EARLY: tl.constexpr):
     # Block `block`'s logical keys: their positions in the slot (the context's contiguous,
-    # then the path's) and which are keys at all. LATE: the path read past L1 (before the
-    # wait: an address, never a value).
+    # then the path's) and which are keys at all. EARLY: the path read before the wait,
+    # through L2 (_triton.metadata; for the warming: an address, never a value).
     t = block * KEY_BLOCK + tl.arange(0, KEY_BLOCK)
     inside = t < total
     on_path = t >= context
-    if LATE:
-        step = tl.load(path_ptr + row * s_path + (t - context), mask=inside & on_path, other=0, cache_modifier=".cg")
-    else:
-        step = tl.load(path_ptr + row * s_path + (t - context), mask=inside & on_path, other=0)
+    step = masked_metadata(path_ptr + row * s_path + (t - context), inside & on_path, EARLY)
     return tl.where(on_path, step, t), inside
 
 
