@@ -218,22 +218,37 @@ def _combine_group(out_ptr, part_ptr, row, kv_head, blocks, s_out_row, s_out_hea
     head = kv_head * GROUP + g
     part = part_ptr + row * s_part_row + head[:, None] * s_part_head  # [GROUP_PAD, 1]
     best = tl.full([GROUP_PAD, CHUNK], float("-inf"), tl.float32)
-    for first in range(0, blocks, CHUNK):
-        inside = real[:, None] & (first + c < blocks)[None, :]
-        best = tl.maximum(best, tl.load(part + (first + c)[None, :] * s_part_block, mask=inside, other=float("-inf"),
-                                        cache_modifier=".cg"))
-    top = tl.where(real, tl.max(best, axis=1), 0.0)  # a maximum is the same in any order
     total_weight = tl.zeros([GROUP_PAD, CHUNK], tl.float32)
     acc = tl.zeros([GROUP_PAD, DIM], tl.float32)
-    for first in range(0, blocks, CHUNK):
-        inside = real[:, None] & (first + c < blocks)[None, :]
-        at = part + (first + c)[None, :] * s_part_block
-        rescale = tl.where(inside, tl.exp(tl.load(at, mask=inside, other=0.0, cache_modifier=".cg") - top[:, None]),
-                           0.0)
-        total_weight += rescale * tl.load(at + 1, mask=inside, other=0.0, cache_modifier=".cg")
+    if blocks <= CHUNK:
+        # one chunk (a fold's row of up to CHUNK blocks, a walk's of up to CHUNK chunks):
+        # maxima, sums and values in one round trip, then the loops' arithmetic below for
+        # their one step, in the same order (the same bits)
+        inside = real[:, None] & (c < blocks)[None, :]
+        at = part + c[None, :] * s_part_block
+        maxima = tl.load(at, mask=inside, other=float("-inf"), cache_modifier=".cg")
+        sums = tl.load(at + 1, mask=inside, other=0.0, cache_modifier=".cg")
         values = tl.load(at[:, :, None] + 2 + d[None, None, :], mask=inside[:, :, None], other=0.0,
                          cache_modifier=".cg")
+        top = tl.where(real, tl.max(tl.maximum(best, maxima), axis=1), 0.0)
+        rescale = tl.where(inside, tl.exp(maxima - top[:, None]), 0.0)
+        total_weight += rescale * sums
         acc += tl.sum(rescale[:, :, None] * values, axis=1)
+    else:
+        for first in range(0, blocks, CHUNK):
+            inside = real[:, None] & (first + c < blocks)[None, :]
+            best = tl.maximum(best, tl.load(part + (first + c)[None, :] * s_part_block, mask=inside,
+                                            other=float("-inf"), cache_modifier=".cg"))
+        top = tl.where(real, tl.max(best, axis=1), 0.0)  # a maximum is the same in any order
+        for first in range(0, blocks, CHUNK):
+            inside = real[:, None] & (first + c < blocks)[None, :]
+            at = part + (first + c)[None, :] * s_part_block
+            rescale = tl.where(inside, tl.exp(tl.load(at, mask=inside, other=0.0, cache_modifier=".cg")
+                                              - top[:, None]), 0.0)
+            total_weight += rescale * tl.load(at + 1, mask=inside, other=0.0, cache_modifier=".cg")
+            values = tl.load(at[:, :, None] + 2 + d[None, None, :], mask=inside[:, :, None], other=0.0,
+                             cache_modifier=".cg")
+            acc += tl.sum(rescale[:, :, None] * values, axis=1)
     weight = tl.sum(total_weight, axis=1)
     result = acc / tl.where(weight > 0, weight, 1.0)[:, None]
     tl.store(out_ptr + row * s_out_row + head[:, None] * s_out_head + d[None, :],
