@@ -437,7 +437,9 @@ def main() -> None:
         # and with attention walked (session 39: its tree rows against its decode steps first)
         for name, extra, probe in (("plain_five", {}, plain_probe),
                                    ("plain_five_early", {"CODESPEC_CUDA_EARLY": "1"}, plain_probe),
-                                   ("plain_five_walk", {"CODESPEC_CUDA_ATTENTION": "walk"}, rows_and_plain)):
+                                   ("plain_five_walk", {"CODESPEC_CUDA_ATTENTION": "walk"}, rows_and_plain),
+                                   ("plain_five_walk_early",
+                                    {"CODESPEC_CUDA_ATTENTION": "walk", "CODESPEC_CUDA_EARLY": "1"}, plain_probe)):
             env = variant_env({**FIVE_LAUNCHES, **extra})
             if unchecked(env):
                 results[name] = {"ok": False, "error": "skipped: the pdl stage found these settings changing a bit"}

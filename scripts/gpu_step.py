@@ -67,6 +67,8 @@ VARIANTS: dict[str, dict[str, str]] = {
     "fused m16 pdl/prefetch fold, fold attention": FIVE_LAUNCHES,
     # ... attention walked: a row of up to 1,024 keys by one program, no partials (session 39)
     "fused m16 pdl/prefetch fold, walk attention": {**FIVE_LAUNCHES, "CODESPEC_CUDA_ATTENTION": "walk"},
+    "fused m16 pdl/prefetch fold, walk attention, early": {**FIVE_LAUNCHES, "CODESPEC_CUDA_ATTENTION": "walk",
+                                                           "CODESPEC_CUDA_EARLY": "1"},
     # ... reading the pass's metadata before PDL's wait, the residual before the K loop;
     # computing a bucket's four blocks of rows in one program a weight tile (session 33)
     "fused m16 pdl/prefetch fold, fold attention, early": {**FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY": "1"},

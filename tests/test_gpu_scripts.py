@@ -401,16 +401,17 @@ def test_plain_five_times_the_five_launch_layers_and_early_only_where_the_pdl_st
     argv = ["gpu_check.py", "--out", str(tmp_path / "out"), "--stages", "plain_five"]
     monkeypatch.setattr(sys, "argv", argv)
     gpu_check.main()
-    assert seen == [(True, False, "fold"), (True, True, "fold"), (True, False, "walk")]
+    assert seen == [(True, False, "fold"), (True, True, "fold"), (True, False, "walk"), (True, True, "walk")]
     written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     assert written["plain_five_walk"]["schedule"] == "walk" and written["plain_five_walk"]["identical"]
     monkeypatch.setenv(gpu_step.SAME_BITS["early"][1], "1")  # as the pdl stage leaves these where they failed
     monkeypatch.setenv(gpu_step.NO_WALK, "1")
     gpu_check.main()
-    assert seen[3:] == [(True, False, "fold")]
+    assert seen[4:] == [(True, False, "fold")]
     written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     assert written["plain_five"]["ok"] and "changing a bit" in written["plain_five_early"]["error"]
     assert "changing a bit" in written["plain_five_walk"]["error"]
+    assert "changing a bit" in written["plain_five_walk_early"]["error"]
 
 
 def test_the_gate_up_probe_runs_each_variant_and_cublas(monkeypatch):
