@@ -20,6 +20,11 @@ and its real tokenizer (carried). Stages, each timed and each allowed to fail al
    holds the first answer (a random model copies nothing from its prompt: acceptance
    comes from past generations, as the issue asks).
 
+`smoke` (first, session 39; scripts/gpu_smoke.py): the kernels no GPU has run yet (the
+walk, the fused layers as they now read their epilogue inputs and combine), each once in
+a process of its own; what fails is off for the rest of the run, in this process never
+launched (a device fault there would end every stage after it).
+
 `pdl` (after `kernel`): programmatic dependent launch (CODESPEC_CUDA_PDL, the default on
 Hopper) against none, a tree pass's logits bit for bit, for the default and the fused
 layers; where they differ, the rest of the run (the backend, later stages) runs without.
@@ -87,7 +92,7 @@ from typing import Any, Callable
 import torch
 
 from gpu_measure import _time, cost_curve, profile_step, row_checks, step_anatomy
-from gpu_step import (FIVE_LAUNCHES, NO_PDL, attention_probe, blas_of, l2_probe, pdl_check, plain_probe,
+from gpu_step import (FIVE_LAUNCHES, NO_FUSED, NO_PDL, NO_WALK, WALK_FAILED, attention_probe, blas_of, l2_probe, pdl_check, plain_probe,
                       restore_environment, step_probe, unchecked, variant_env, winner_env)
 from gpu_probes import bucket_probe, fused_probe, fused_tiles_probe, gemm_probe, key_block_probe, tiles_probe
 from gpu_gateup import gateup_probe
@@ -104,7 +109,7 @@ CACHE_DIR = "/tmp/codespec-cache"
 DEADLINE_S = 480.0  # main() sets it from --deadline
 # Every stage --stages may name: a name outside them stops the run before it touches the
 # GPU (a typo would otherwise skip its stage silently, found only after the lease).
-PROBES = ("kernel", "pdl", "rows", "costs", "profile", "anatomy", "attention", "l2", "step", "plain", "plain_five",
+PROBES = ("smoke", "kernel", "pdl", "rows", "costs", "profile", "anatomy", "attention", "l2", "step", "plain", "plain_five",
           "persist", "trace", "lmscreen", "gateup", "fused", "fusedtiles", "fusedtiles16", "gemm", "tiles", "buckets",
           "rows_real")
 STAGES = frozenset(PROBES) | {kind + suffix for kind in ("edit", "verify", "stress")
@@ -187,7 +192,8 @@ def kernel_checks() -> dict[str, Any]:
     # against this reference after they had: a relative error of 0.63 that was the check's)
     own = {k: v for k, v in meta.items() if k != "schedule"}
     fold = {**_own_bits_check("fold", query, keys, values, own, ref),
-            **_own_bits_check("walk", query, keys, values, own, ref)}
+            **(_own_bits_check("walk", query, keys, values, own, ref) if not os.environ.get(WALK_FAILED)
+               else {"walk_error": "skipped: the walk failed its smoke"})}
     # scattered path keys against the same keys laid out contiguously in another slot
     r = int(torch.argmax(path_len))
     n, tail = int(context[r]), path[r, : int(path_len[r])]
@@ -279,6 +285,32 @@ def take_settled(loaded: Any) -> None:
     if os.environ.get("CODESPEC_CUDA_ATTENTION", forward.attention) != forward.attention or \
             (os.environ.get("CODESPEC_CUDA_PDL") == "off" and forward.pdl != "off"):
         loaded.forward = CudaForward(loaded.model)
+
+
+def smoke_stage(model_dir: Path) -> dict[str, Any]:
+    """scripts/gpu_smoke.py's parts, each in a fresh process before this one launches
+    them: where the walk fails, WALK_FAILED and NO_WALK; where the fused layers do,
+    NO_FUSED (no stage of this process launches them: a device fault would end every
+    stage after it)."""
+    result: dict[str, Any] = {}
+    for part in ("walk", "fused"):
+        began = time.perf_counter()
+        try:
+            done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_smoke.py"), part, str(model_dir)],
+                                  cwd=ROOT, capture_output=True, text=True, timeout=150,
+                                  env={**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"})
+            lines = done.stdout.strip().splitlines()
+            entry = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {
+                "ok": False, "error": f"exit {done.returncode}: {(done.stdout + done.stderr)[-600:]}"}
+        except subprocess.TimeoutExpired:
+            entry = {"ok": False, "error": "timed out after 150 s"}
+        entry["wall_s"] = round(time.perf_counter() - began, 1)
+        result[part] = entry
+    if not result["walk"].get("ok"):
+        os.environ[WALK_FAILED] = os.environ[NO_WALK] = "1"
+    if not result["fused"].get("ok"):
+        os.environ[NO_FUSED] = "1"
+    return result
 
 
 def rows_and_plain(loaded: Any) -> dict[str, Any]:
@@ -410,6 +442,8 @@ def main() -> None:
     results["backend"] = {"name": loaded.backend, "reason": loaded.reason, "rows": getattr(loaded.forward, "rows", None),
                           "setup_s": round(time.perf_counter() - began, 1)}
     print(f"[gpu-check] {results['device']}: backend {loaded.backend} ({loaded.reason})", flush=True)
+    if "smoke" in wanted:  # session 39's untried kernels, each first in a process of its own
+        stage(results, "smoke", lambda: smoke_stage(model_dir), out, needs_s=60)
     if "kernel" in wanted:
         stage(results, "kernel", kernel_checks, out)
         take_settled(loaded)
@@ -458,7 +492,9 @@ def main() -> None:
         stage(results, "trace", lambda: trace_probe(loaded), out, needs_s=40)
     if "lmscreen" in wanted:  # what an int8 lm_head screen would save (~10 s)
         stage(results, "lmscreen", lambda: lmscreen_probe(loaded), out, needs_s=20)
-    if "gateup" in wanted:  # why the fused gate/up takes twice its bytes (~40 s)
+    if "gateup" in wanted and os.environ.get(NO_FUSED):
+        results["gateup"] = {"ok": False, "error": "skipped: the fused layers failed their smoke"}
+    elif "gateup" in wanted:  # why the fused gate/up takes twice its bytes (~40 s)
         stage(results, "gateup", lambda: gateup_probe(loaded), out, needs_s=40)
     if "attention" in wanted:
         stage(results, "attention", attention_probe, out)

@@ -96,6 +96,9 @@ SETTLED = ("CODESPEC_CUDA_ATTENTION", "CODESPEC_CUDA_PDL")  # what a failed chec
 NO_PDL = "CODESPEC_GPU_CHECK_NO_PDL"  # set by pdl_check where PDL changed a bit: no stage takes it
 NO_FOLD = "CODESPEC_GPU_CHECK_NO_FOLD"  # ... where a folded split did
 NO_WALK = "CODESPEC_GPU_CHECK_NO_WALK"  # ... where the walk with PDL (warming its keys) did
+# set by the smoke stage (gpu_smoke.py) where the fused layers or the walk failed to run:
+# nothing in this process may launch them (a device fault would end every stage after it)
+NO_FUSED, WALK_FAILED = "CODESPEC_GPU_CHECK_NO_FUSED", "CODESPEC_GPU_CHECK_WALK_FAILED"
 # Settings that move reads or share a weight tile among blocks of rows, never a row's
 # arithmetic (session 33): the pdl stage asks the five-launch layers for the same bits with
 # each as without; where one differs, its flag is set and no stage takes it.
@@ -108,7 +111,7 @@ SAME_BITS = {"early": ({"CODESPEC_CUDA_EARLY": "1"}, "CODESPEC_GPU_CHECK_NO_EARL
              "early, row group": ({"CODESPEC_CUDA_EARLY": "1", "CODESPEC_CUDA_ROW_GROUP": "4"},
                                   "CODESPEC_GPU_CHECK_NO_EARLY_GROUP")}
 # Every flag the pdl stage may set for the rest of the run
-CHECK_FLAGS = (NO_PDL, NO_FOLD, NO_WALK, *(flag for _, flag in SAME_BITS.values()))
+CHECK_FLAGS = (NO_PDL, NO_FOLD, NO_WALK, NO_FUSED, WALK_FAILED, *(flag for _, flag in SAME_BITS.values()))
 # A fold's logits against the reduce kernel's, relative: its own summation order moves a
 # few bf16 roundings (~1e-3); a split lost to a race moves a product by ~1/SPLITS.
 FOLD_TOLERANCE = 0.05
@@ -150,6 +153,9 @@ def attention_probe() -> dict[str, Any]:
     result: dict[str, Any] = {}
     try:
         for label, (schedule, per_sm, warps, walk) in schedules.items():
+            if schedule == "walk" and os.environ.get(WALK_FAILED):
+                result[label] = {"skipped": "the walk failed its smoke (gpu_smoke.py)"}
+                continue
             module.PROGRAMS_PER_SM, module.WORK_WARPS, module.WALK_BLOCKS = per_sm, warps, walk
             # the grid's bits at the same warps: the combine's reduction is laid out by them
             reference = {name: module.row_attention(query, keys, values, **meta, scale=0.125, schedule="grid")
@@ -342,8 +348,13 @@ def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any
               # session 39: the walk warming its keys (and the products their weights) before
               # the wait, against neither (its own bits: no other schedule's to compare)
               "walk": ({**walk, **off}, {"pdl": walk})}
+    fused = not os.environ.get(NO_FUSED)  # the smoke stage found the fused layers running
+    if not fused:
+        checks = {"default": checks["default"]}
+    elif os.environ.get(WALK_FAILED):  # ... and the walk not
+        del checks["walk"]
     saved = {name: os.environ.get(name) for name in DEFAULTS}
-    result: dict[str, Any] = {}
+    result: dict[str, Any] = {} if fused else {"fused": "skipped: the fused layers failed their smoke"}
     try:
         for label, (own, candidates) in checks.items():
             reference = passes(variant_env(own), 1)[0]
@@ -363,8 +374,8 @@ def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any
                 result[f"{label} {name} detail"] = {"same_bits_as_launch": same, "steady": steady,
                                                     "relative_error": relative}
         five_kv: list = []
-        reference = passes(variant_env(FIVE_LAUNCHES), 1, five_kv)[0]
-        for name, (extra, _) in SAME_BITS.items():
+        reference = passes(variant_env(FIVE_LAUNCHES), 1, five_kv)[0] if fused else None
+        for name, (extra, _) in SAME_BITS.items() if fused else ():
             kv: list = []
             runs = passes(variant_env({**FIVE_LAUNCHES, **extra}), repeat, kv)
             result[f"five-launch {name}"] = all(torch.equal(logits, reference) for logits in runs) and not gave_up[0]
@@ -375,7 +386,7 @@ def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any
     finally:
         restore_environment(saved)
         torch.cuda.empty_cache()
-    result["pdl_exact"] = all(result.get(name) is True for name in ("default pdl", "fused m16 pdl"))
+    result["pdl_exact"] = all(result.get(name) is True for name in ("default pdl", "fused m16 pdl")[:1 + fused])
     result["fold_exact"] = result.get("fused m16 pdl fold") is True
     result["walk_exact"] = result.get("walk pdl") is True
     result["same_bits"] = {name: result.get(f"five-launch {name}") is True for name in SAME_BITS}
@@ -419,15 +430,23 @@ def where_bits_part(reference: torch.Tensor, runs: list[torch.Tensor], reference
             "passes_first_layer_apart": _first_layer_apart(kv[1], reference_kv[1])}
 
 
+def fails_to_run(env: Mapping[str, str]) -> bool:
+    """Whether `env` takes the fused layers or the walk where the smoke stage found them
+    failing to run (gpu_smoke.py): no stage of this process may launch them."""
+    return (env.get("CODESPEC_CUDA_FUSED") == "1" and bool(os.environ.get(NO_FUSED))) or \
+        (env.get("CODESPEC_CUDA_ATTENTION") == "walk" and bool(os.environ.get(WALK_FAILED)))
+
+
 def unchecked(env: dict[str, str]) -> bool:
     """Whether `env` takes PDL, the fold, the walk with PDL or a SAME_BITS setting where
-    the pdl stage found it changing a bit. A setting found changing one is taken where a combination of
+    the pdl stage found it changing a bit, or the fused layers where they failed their
+    smoke (gpu_smoke.py). A setting found changing one is taken where a combination of
     settings that holds it and the env takes was found changing none ("early, row group"
     where "early" alone failed)."""
     if (env.get("CODESPEC_CUDA_PDL", "off") not in ("off", "auto") and bool(os.environ.get(NO_PDL))) or \
             (env.get("CODESPEC_CUDA_REDUCE", "launch") == "fold" and bool(os.environ.get(NO_FOLD))) or \
             (env.get("CODESPEC_CUDA_ATTENTION") == "walk" and env.get("CODESPEC_CUDA_PDL", "off") != "off"
-             and bool(os.environ.get(NO_WALK))):
+             and bool(os.environ.get(NO_WALK))) or fails_to_run(env):
         return True
     taken = [(extra, bool(os.environ.get(flag))) for extra, flag in SAME_BITS.values()
              if all(env.get(name) == value for name, value in extra.items())]

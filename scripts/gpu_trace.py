@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from gpu_measure import _engine, _time
-from gpu_step import DEFAULTS, FIVE_LAUNCHES, restore_environment, variant_env
+from gpu_step import DEFAULTS, FIVE_LAUNCHES, fails_to_run, restore_environment, variant_env
 
 # The fastest step of session 32 (five launches a layer), the same reading the pass's
 # metadata early (CODESPEC_CUDA_EARLY), with a bucket's four blocks of rows in one program
@@ -51,7 +51,11 @@ def trace_probe(loaded: Any, context: int = 512) -> dict[str, Any]:
     saved = {name: os.environ.get(name) for name in DEFAULTS}
     try:
         for name, own in TRACED.items():
-            os.environ.update(variant_env(own, saved))
+            env = variant_env(own, saved)
+            if fails_to_run(env):
+                result[name] = {"skipped": "the smoke stage found its kernels failing (gpu_smoke.py)"}
+                continue
+            os.environ.update(env)
             result[name] = _traced(loaded, context)
     finally:
         restore_environment(saved)

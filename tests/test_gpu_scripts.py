@@ -514,3 +514,64 @@ def test_each_variant_starts_from_the_runs_settings_not_the_last_variants(monkey
     assert measured["default (again)"] == measured["default"]
     assert measured["fused m32 pdl/prefetch fold"]["CODESPEC_CUDA_ATTENTION"] == "worklist"
     assert measured["fused"]["CODESPEC_CUDA_PDL"] == "auto"
+
+
+def test_the_smoke_stage_turns_off_what_failed_to_run_for_the_whole_run(monkeypatch, tmp_path):
+    """`smoke` (session 39): each untried part in a fresh process; a part that fails, or
+    dies without its JSON line (a device fault), is off for the rest of the run: the walk
+    (WALK_FAILED and NO_WALK: no variant, trace or pdl check takes it) and the fused
+    layers (NO_FUSED: no fused variant, no fused pdl check, and PDL still judged on the
+    default layers alone)."""
+    import os
+    import subprocess
+
+    gpu_check = pytest.importorskip("gpu_check")
+    for name in ("CODESPEC_CUDA_PDL", *gpu_step.CHECK_FLAGS):
+        monkeypatch.setenv(name, "")  # recorded: the stage's own settings are undone after the test
+        monkeypatch.delenv(name)
+    answers = {"walk": (0, '{"ok": true}\n'), "fused": (-11, "Fatal Python error: Segmentation fault\n")}
+    ran: list[list[str]] = []
+
+    def run(command, **kwargs):
+        ran.append(command)
+        code, out = answers[command[2]]
+        return subprocess.CompletedProcess(command, code, stdout=out, stderr="")
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", run)
+    result = gpu_check.smoke_stage(tmp_path)
+    assert [command[1:] for command in ran] == [[str(gpu_check.ROOT / "scripts" / "gpu_smoke.py"), part, str(tmp_path)]
+                                               for part in ("walk", "fused")]
+    assert result["walk"]["ok"] and not result["fused"]["ok"] and "exit -11" in result["fused"]["error"]
+    assert os.environ[gpu_step.NO_FUSED] == "1" and gpu_step.WALK_FAILED not in os.environ
+    assert gpu_step.unchecked(gpu_step.variant_env(gpu_step.FIVE_LAUNCHES))
+    assert not gpu_step.unchecked(gpu_step.variant_env(gpu_step.VARIANTS["walk attention"]))
+    loaded = tiny_run(rows=16, vocab_size=16)
+    checked = gpu_step.pdl_check(loaded, context=20, repeat=1)
+    assert checked["fused"].startswith("skipped") and checked["default pdl"] is True and checked["pdl_exact"]
+    assert "fused m16 pdl" not in checked and "five-launch early" not in checked
+    monkeypatch.setenv(gpu_step.NO_FUSED, "")
+    monkeypatch.delenv(gpu_step.NO_FUSED)
+    answers.update(walk=(1, '{"ok": false, "error": "ValueError: no"}\n'), fused=(0, '{"ok": true}\n'))
+    result = gpu_check.smoke_stage(tmp_path)
+    assert os.environ[gpu_step.WALK_FAILED] == "1" and os.environ[gpu_step.NO_WALK] == "1"
+    assert gpu_step.NO_FUSED not in os.environ
+    assert gpu_step.unchecked(gpu_step.variant_env(gpu_step.VARIANTS["walk attention"]))
+    assert gpu_step.fails_to_run({**gpu_step.FIVE_LAUNCHES, "CODESPEC_CUDA_ATTENTION": "walk"})
+    assert not gpu_step.fails_to_run(gpu_step.FIVE_LAUNCHES)
+
+
+def test_a_smoke_part_says_its_failure_in_one_json_line(monkeypatch, capsys):
+    """scripts/gpu_smoke.py: a part that raises prints {"ok": false, "error": ...} and
+    exits 1; an unknown part is refused by name."""
+    import json
+
+    gpu_smoke = pytest.importorskip("gpu_smoke")
+    monkeypatch.setattr(gpu_smoke, "walk_part", lambda: 1 / 0)
+    monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "walk"])
+    with pytest.raises(SystemExit) as exited:
+        gpu_smoke.main()
+    assert exited.value.code == 1
+    assert json.loads(capsys.readouterr().out) == {"ok": False, "error": "ZeroDivisionError: division by zero"}
+    monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "walks"])
+    with pytest.raises(SystemExit, match="no part 'walks'; the parts: walk, fused"):
+        gpu_smoke.main()
