@@ -64,15 +64,14 @@ def walk_part() -> dict[str, Any]:
 def fused_part(model_dir: str) -> dict[str, Any]:
     from codespec import forward
     from codespec.engine import Engine
-    from codespec.forward.cuda import CudaForward
     from codespec.settings import Settings
 
     from gpu_measure import random_tree
 
-    os.environ.update(FIVE_LAUNCHES)
+    os.environ.update(FIVE_LAUNCHES)  # the backend the load builds takes them
     loaded = forward.load(Settings(model=model_dir, device="cuda", dtype="bfloat16",
                                    cache_dir="/tmp/codespec-cache"), progress=False, transformers=True)
-    backend = CudaForward(loaded.model)
+    backend = loaded.forward
     cache = Engine(backend, loaded.tokenizer, eos_token_ids=[], slots=1).cache
     generator = torch.Generator().manual_seed(4)
     vocab = loaded.model.config.vocab_size
