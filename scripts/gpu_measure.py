@@ -199,12 +199,12 @@ def step_anatomy(loaded: Any, context: int = 512, repeat: int = 50) -> dict[str,
     real = forward._replay
     marks: dict[str, Any] = {}
 
-    def replay(cache_: Any, bucket: Any) -> None:
+    def replay(cache_: Any, bucket: Any, wide: bool = False) -> None:
         marks["bucket"] = bucket
         marks["launch"] = time.perf_counter()
         if cuda:
             marks["start"].record()
-        real(cache_, bucket)
+        real(cache_, bucket, wide)
         if cuda:
             marks["end"].record()
         marks["launched"] = time.perf_counter()

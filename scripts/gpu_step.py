@@ -33,7 +33,7 @@ PRODUCTS = ("qkv", "o", "gate_up", "down")
 # lost on the H100: L2 warming on a side stream, the real rows' argmax, `single` attention.
 DEFAULTS = {"CODESPEC_CUDA_ATTENTION": "worklist", "CODESPEC_CUDA_FUSED": "0", "CODESPEC_CUDA_PDL": "auto",
             "CODESPEC_CUDA_TILE_ROWS": "64", "CODESPEC_CUDA_REDUCE": "launch", "CODESPEC_CUDA_EARLY": "0",
-            "CODESPEC_CUDA_ROW_GROUP": "1",
+            "CODESPEC_CUDA_ROW_GROUP": "1", "CODESPEC_CUDA_PASS_ROW_GROUP": "0",
             "TORCH_BLAS_PREFER_CUBLASLT": "0"}  # torch reads it at start-up: a later stage's process
 FUSED, M16 = {"CODESPEC_CUDA_FUSED": "1"}, {"CODESPEC_CUDA_FUSED": "1", "CODESPEC_CUDA_TILE_ROWS": "16"}
 # session 32's fastest step: five launches a layer (both folds), 16-row programs, PDL warming
@@ -69,6 +69,11 @@ VARIANTS: dict[str, dict[str, str]] = {
     "fused m16 pdl/prefetch fold, walk attention": {**FIVE_LAUNCHES, "CODESPEC_CUDA_ATTENTION": "walk"},
     "fused m16 pdl/prefetch fold, walk attention, early": {**FIVE_LAUNCHES, "CODESPEC_CUDA_ATTENTION": "walk",
                                                            "CODESPEC_CUDA_EARLY": "1"},
+    # ... and passes wider than a block in a graph of their own, rows grouped four blocks a
+    # weight tile (session 39): a step's graph a group of one's, a 32-row pass's weights once
+    "fused m16 pdl/prefetch fold, walk attention, pass row group": {
+        **FIVE_LAUNCHES, "CODESPEC_CUDA_ATTENTION": "walk", "CODESPEC_CUDA_PASS_ROW_GROUP": "4"},
+    "fused m16 pdl/prefetch fold, pass row group": {**FIVE_LAUNCHES, "CODESPEC_CUDA_PASS_ROW_GROUP": "4"},
     # ... reading the pass's metadata before PDL's wait, the residual before the K loop;
     # computing a bucket's four blocks of rows in one program a weight tile (session 33)
     "fused m16 pdl/prefetch fold, fold attention, early": {**FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY": "1"},
@@ -109,7 +114,9 @@ SAME_BITS = {"early": ({"CODESPEC_CUDA_EARLY": "1"}, "CODESPEC_GPU_CHECK_NO_EARL
              "row group": ({"CODESPEC_CUDA_ROW_GROUP": "4"}, "CODESPEC_GPU_CHECK_NO_GROUP"),
              "flags": ({"CODESPEC_CUDA_PDL": "flags"}, "CODESPEC_GPU_CHECK_NO_FLAGS"),
              "early, row group": ({"CODESPEC_CUDA_EARLY": "1", "CODESPEC_CUDA_ROW_GROUP": "4"},
-                                  "CODESPEC_GPU_CHECK_NO_EARLY_GROUP")}
+                                  "CODESPEC_GPU_CHECK_NO_EARLY_GROUP"),
+             # session 39: the tree pass (64 rows) in the wide passes' graph, rows grouped
+             "pass row group": ({"CODESPEC_CUDA_PASS_ROW_GROUP": "4"}, "CODESPEC_GPU_CHECK_NO_PASS_GROUP")}
 # Every flag the pdl stage may set for the rest of the run
 CHECK_FLAGS = (NO_PDL, NO_FOLD, NO_WALK, NO_FUSED, WALK_FAILED, *(flag for _, flag in SAME_BITS.values()))
 # A fold's logits against the reduce kernel's, relative: its own summation order moves a

@@ -81,9 +81,10 @@ def test_the_pdl_stage_runs_and_leaves_the_settings_as_it_found_them(monkeypatch
     assert result == {"default pdl": True, "fused m16 pdl": True, "fused m16 pdl fold": True,
                       "five-launch early": True, "five-launch row group": True, "five-launch flags": True,
                       "five-launch early, row group": True, "pdl_exact": True, "fold_exact": True,
-                      "walk pdl": True, "walk_exact": True,
+                      "five-launch pass row group": True, "walk pdl": True, "walk_exact": True,
                       "flags_gave_up": 0,
-                      "same_bits": {"early": True, "row group": True, "flags": True, "early, row group": True}}
+                      "same_bits": {"early": True, "row group": True, "flags": True, "early, row group": True,
+                                    "pass row group": True}}
     assert detail == {"same_bits_as_launch": True, "steady": True, "relative_error": 0.0}
     import os
 

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
@@ -101,6 +101,10 @@ class _Bucket:
     logits: torch.Tensor | None = None  # [rows, vocab]: the replay's outputs (graph memory)
     choices: torch.Tensor | None = None  # [rows] int64
     graph: Any = None  # torch.cuda.CUDAGraph, captured on the first pass
+    # CODESPEC_CUDA_PASS_ROW_GROUP: the graph of passes wider than a block of tile_rows, and
+    # each graph's outputs (False: the graph above, True: this one)
+    wide_graph: Any = None
+    outputs: dict = field(default_factory=dict)
 
 
 class CudaForward:
@@ -168,9 +172,16 @@ class CudaForward:
         widest = max(model.get_output_embeddings().weight.shape[0], 2 * model.config.intermediate_size)
         self._linear_counts = (torch.zeros(widest // 16 * max(1, self.rows // 16), dtype=torch.int32,
                                            device=self.device) if settings.reduce == "fold" else None)
+        # CODESPEC_CUDA_PASS_ROW_GROUP: a wide pass's tiles, another row group (None: self.tiles)
+        self.pass_tiles: dict[str, Config] | None = None
+        if settings.pass_row_group and not self.fused:
+            raise SettingError("CODESPEC_CUDA_PASS_ROW_GROUP groups the fused products' rows: set CODESPEC_CUDA_FUSED=1")
         if self.fused:
             self.tiles = fused_tiles(self._layers[0], model.lm_head.weight, self.tiles, self.rows, self.tile_rows,
                                      self.row_group, self.head_dim, self.kv_heads)
+            if settings.pass_row_group and settings.pass_row_group != self.row_group:
+                self.pass_tiles = fused_tiles(self._layers[0], model.lm_head.weight, dict(tiles or {}), self.rows,
+                                              self.tile_rows, settings.pass_row_group, self.head_dim, self.kv_heads)
         # `trace`: the fused layers' kernels write each program's time at each phase, for
         # scripts/gpu_trace.py's timeline of a step (kernels/trace.py); no setting: a probe's
         if trace and not self.fused:
@@ -194,7 +205,8 @@ class CudaForward:
         self._kernels = {"rows": self.rows, "graphs": self.graphs, "fused": self.fused, "compile": compile,
                          "attention": self.attention, "pdl": self.pdl, "reduce": settings.reduce, "early": self.early,
                          "flags": self.flags is not None,
-                         "tiles": ";".join(f"{name}:{tile}" for name, tile in sorted(self.tiles.items()))}
+                         "tiles": ";".join(f"{name}:{tile}" for name, tile in sorted(self.tiles.items())),
+                         "pass_row_group": settings.pass_row_group if self.pass_tiles is not None else 0}
 
     # -- the Forward protocol --------------------------------------------------------------
     def probe(self, stored: tuple[int, bool] | None) -> tuple[int, bool]:
@@ -313,7 +325,7 @@ class CudaForward:
                 bucket.copied.record()
             if tokens is not None:
                 tokens(bucket.flat)  # the ids lead the metadata (passlayout.META_FIELDS)
-            self._replay(cache, bucket)
+            self._replay(cache, bucket, wide=self.pass_tiles is not None and n > self.tile_rows)
             yield bucket, n, first + self.rows >= len(rows)
 
     def _bucket(self, cache: Any) -> _Bucket:
@@ -333,32 +345,48 @@ class CudaForward:
         of running ~9 small kernels of transformers' rotary each time."""
         return rotary_table(self.model.model, positions, self.model.get_input_embeddings().weight[:0])
 
-    def _replay(self, cache: Any, bucket: _Bucket) -> None:
-        args = (bucket.flat, cache.keys, cache.values, bucket.rope)
+    def _replay(self, cache: Any, bucket: _Bucket, wide: bool = False) -> None:
+        """One replay of the bucket's graph, or with `wide` of its wide passes' graph
+        (CODESPEC_CUDA_PASS_ROW_GROUP: the same bits, its products' rows grouped); each
+        captured on its first replay."""
+        args = (bucket.flat, cache.keys, cache.values, bucket.rope, self.pass_tiles if wide else self.tiles)
         if not self.graphs:
             bucket.logits, bucket.choices = self._rows_forward(*args)
             return
+        if wide:
+            if bucket.wide_graph is None:
+                bucket.wide_graph, bucket.outputs[True] = self._capture(args)
+            bucket.logits, bucket.choices = bucket.outputs[True]
+            bucket.wide_graph.replay()
+            return
         if bucket.graph is None:
-            # Warm up on a side stream (compilation, Triton, cuBLAS's kernel choice), then
-            # capture. Both runs use this very pass's metadata: they write the same KV to
-            # the same places as the replay that follows.
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self._rows_forward(*args)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                bucket.logits, bucket.choices = self._rows_forward(*args)
-            bucket.graph = graph
+            bucket.graph, bucket.outputs[False] = self._capture(args)
+        bucket.logits, bucket.choices = bucket.outputs[False]
         bucket.graph.replay()
 
+    def _capture(self, args: tuple[Any, ...]) -> tuple[Any, tuple[torch.Tensor, torch.Tensor]]:
+        """A CUDA graph of _rows_forward(*args) and its outputs (graph memory). Warmed up on
+        a side stream first (compilation, Triton, cuBLAS's kernel choice); both runs use
+        this very pass's metadata: they write the same KV to the same places as the replay
+        that follows."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._rows_forward(*args)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = self._rows_forward(*args)
+        return graph, outputs
+
     def _rows_forward(self, flat: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
-                      rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                      rope: tuple[torch.Tensor, torch.Tensor],
+                      tiles: dict[str, Config] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The bucket's pass over the static metadata `flat` and the cache's per-layer
-        keys and values ([slots, kv_heads, positions, dim] each), rotary's tables `rope`:
-        logits [rows, vocab], choices [rows]."""
+        keys and values ([slots, kv_heads, positions, dim] each), rotary's tables `rope`,
+        the fused products' `tiles` (default: self.tiles): logits [rows, vocab], choices
+        [rows]."""
         rows = self.rows
         ids, positions, write_slots, write_positions, source, slots, context, path_len = \
             flat[: META_FIELDS * rows].view(META_FIELDS, rows)
@@ -388,7 +416,8 @@ class CudaForward:
 
         if self.fused:  # forward/cuda_fused.py
             linear = dict(live=live, pdl=self.pdl, counts=self._linear_counts, early=self.early, flags=flags)
-            return fused_layers(self.model, self._layers, self.tiles, ids, attend, rope_of, linear, self._trace)
+            return fused_layers(self.model, self._layers, tiles or self.tiles, ids, attend, rope_of, linear,
+                                self._trace)
         hidden = model.embed_tokens(ids)  # [rows, hidden]
         delta = torch.zeros_like(hidden)  # what the last layer adds to the residual stream
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):

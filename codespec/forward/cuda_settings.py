@@ -85,11 +85,17 @@ class CudaSettings(BaseSettings):
         "those up to the last that holds a token; each block its own product, so the bits are a group of one's): a "
         "32-row pass in 16-row programs reads the weights once, not twice (session 33; session 38's H200: the "
         "same bits, a step 8% slower, a 32-row pass 7% slower).")
+    pass_row_group: Literal[0, 1, 2, 4] = Field(
+        0, description="With the fused layers: passes of more than tile_rows rows replay a second graph whose "
+        "products compute this many blocks of rows with each weight tile, while steps keep row_group's (a "
+        "step's one block in a group of one's loop: session 38's H200 timed a row group's step 8% slower, "
+        "and 16-row programs' 32-row pass 1.31 steps, over the 1.3 bar). The same bits either way: a row "
+        "group's are a group of one's (session 39; 0: every pass takes row_group's graph).")
     reduce: Literal["launch", "fold"] = Field(
         "launch", description="A split product's sum (row_linear's products): a second launch, or its last "
         "program.")
 
-    @field_validator("tile_rows", "row_group", mode="before")
+    @field_validator("tile_rows", "row_group", "pass_row_group", mode="before")
     @classmethod
     def _whole_number(cls, value: Any) -> Any:
         return int(value) if isinstance(value, str) and value.isdigit() else value  # the environment's text

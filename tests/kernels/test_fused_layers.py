@@ -126,6 +126,41 @@ def test_a_row_group_keeps_every_row_its_decode_steps_and_a_group_of_ones_bits(t
     assert_tree_rows_are_steps(forward, prefilled(forward, prompt), len(prompt))
 
 
+def test_passes_of_grouped_rows_keep_every_row_its_decode_steps(triton_products, monkeypatch):
+    """CODESPEC_CUDA_PASS_ROW_GROUP=4 (session 39): a pass wider than a block of 16 rows
+    replays a second graph whose products compute the bucket's four blocks with each
+    weight tile, while steps keep the group of one's: its tree rows still have their
+    decode steps' bits, and its logits are those of a pass in the steps' layout. A pass
+    of one block takes the steps' graph."""
+    monkeypatch.setenv("CODESPEC_CUDA_TILE_ROWS", "16")
+    monkeypatch.setenv("CODESPEC_CUDA_REDUCE", "fold")
+    model = tiny_model("qwen2", vocab_size=32, seed=7, dtype=torch.float32)
+    prompt = list(range(1, 20))
+    tree = VerifyTree(tokens=tuple(range(3, 23)), parents=(-1, *range(19)), depths=tuple(range(20)),
+                      draft_nodes=tuple(range(19)))  # 20 rows: two blocks of 16
+    plain = CudaForward(model, rows=64, fused=True)
+    expected = plain.logits(prefilled(plain, prompt), [(0, len(prompt), tree)])
+    monkeypatch.setenv("CODESPEC_CUDA_PASS_ROW_GROUP", "4")
+    forward = CudaForward(model, rows=64, fused=True)
+    assert {tile.row_group for tile in forward.tiles.values()} == {1}
+    assert {tile.row_group for tile in forward.pass_tiles.values()} == {4}
+    assert forward.profile_key()["layout"] != plain.profile_key()["layout"]
+    cache = prefilled(forward, prompt)
+    seen: list[bool] = []
+    replay = forward._replay
+    monkeypatch.setattr(forward, "_replay", lambda cache, bucket, wide=False: seen.append(wide) or
+                        replay(cache, bucket, wide))
+    assert torch.equal(forward.logits(cache, [(0, len(prompt), tree)]), expected)
+    assert seen == [True]
+    steps = [forward.logits(cache, [(1, len(prompt) + i, VerifyTree.chain(3 + i))])[0] for i in range(3)]
+    assert seen == [True, False, False, False]
+    tree_logits = forward.logits(cache, [(0, len(prompt), tree)])
+    assert all(torch.equal(tree_logits[i], steps[i]) for i in range(3))
+    monkeypatch.setenv("CODESPEC_CUDA_FUSED", "0")
+    with pytest.raises(SettingError, match="CODESPEC_CUDA_PASS_ROW_GROUP groups the fused products' rows"):
+        CudaForward(model, rows=64)
+
+
 @pytest.mark.parametrize("attention,reduce", [("worklist", "launch"), ("fold", "fold")])
 def test_launches_that_wait_on_counts_compute_the_same_bits_and_count_every_program(monkeypatch, attention, reduce):
     """CODESPEC_CUDA_PDL=flags (kernels/flags.py): every launch of the fused layers (the
