@@ -175,7 +175,8 @@ class CudaForward:
         # CODESPEC_CUDA_PASS_ROW_GROUP: a wide pass's tiles, another row group (None: self.tiles)
         self.pass_tiles: dict[str, Config] | None = None
         if settings.pass_row_group and not self.fused:
-            raise SettingError("CODESPEC_CUDA_PASS_ROW_GROUP groups the fused products' rows: set CODESPEC_CUDA_FUSED=1")
+            raise SettingError("CODESPEC_CUDA_PASS_ROW_GROUP groups the fused products' rows: set "
+                               "CODESPEC_CUDA_FUSED=1")
         if self.fused:
             self.tiles = fused_tiles(self._layers[0], model.lm_head.weight, self.tiles, self.rows, self.tile_rows,
                                      self.row_group, self.head_dim, self.kv_heads)
