@@ -106,16 +106,22 @@ def test_reading_the_metadata_early_changes_no_bit(monkeypatch, attention):
     assert [forward.early for forward in forwards.values()] == [False, True]
 
 
+def two_blocks_of_rows(monkeypatch):
+    """16-row programs, folded splits; a tiny model, a prompt and a 20-row tree pass (two
+    blocks of 16)."""
+    monkeypatch.setenv("CODESPEC_CUDA_TILE_ROWS", "16")
+    monkeypatch.setenv("CODESPEC_CUDA_REDUCE", "fold")
+    model = tiny_model("qwen2", vocab_size=32, seed=7, dtype=torch.float32)
+    tree = VerifyTree(tokens=tuple(range(3, 23)), parents=(-1, *range(19)), depths=tuple(range(20)),
+                      draft_nodes=tuple(range(19)))
+    return model, list(range(1, 20)), tree
+
+
 def test_a_row_group_keeps_every_row_its_decode_steps_and_a_group_of_ones_bits(triton_products, monkeypatch):
     """CODESPEC_CUDA_ROW_GROUP=4: the fused products compute a 64-row bucket's four blocks
     of 16 rows in one program each, each weight tile loaded once: a tree row still equals
     its decode step, and a pass's logits are those of one block a program, bit for bit."""
-    monkeypatch.setenv("CODESPEC_CUDA_TILE_ROWS", "16")
-    monkeypatch.setenv("CODESPEC_CUDA_REDUCE", "fold")
-    model = tiny_model("qwen2", vocab_size=32, seed=7, dtype=torch.float32)
-    prompt = list(range(1, 20))
-    tree = VerifyTree(tokens=tuple(range(3, 23)), parents=(-1, *range(19)), depths=tuple(range(20)),
-                      draft_nodes=tuple(range(19)))  # 20 rows: two blocks of 16
+    model, prompt, tree = two_blocks_of_rows(monkeypatch)
     logits = {}
     for group in ("1", "4"):
         monkeypatch.setenv("CODESPEC_CUDA_ROW_GROUP", group)
@@ -132,12 +138,7 @@ def test_passes_of_grouped_rows_keep_every_row_its_decode_steps(triton_products,
     weight tile, while steps keep the group of one's: its tree rows still have their
     decode steps' bits, and its logits are those of a pass in the steps' layout. A pass
     of one block takes the steps' graph."""
-    monkeypatch.setenv("CODESPEC_CUDA_TILE_ROWS", "16")
-    monkeypatch.setenv("CODESPEC_CUDA_REDUCE", "fold")
-    model = tiny_model("qwen2", vocab_size=32, seed=7, dtype=torch.float32)
-    prompt = list(range(1, 20))
-    tree = VerifyTree(tokens=tuple(range(3, 23)), parents=(-1, *range(19)), depths=tuple(range(20)),
-                      draft_nodes=tuple(range(19)))  # 20 rows: two blocks of 16
+    model, prompt, tree = two_blocks_of_rows(monkeypatch)
     plain = CudaForward(model, rows=64, fused=True)
     expected = plain.logits(prefilled(plain, prompt), [(0, len(prompt), tree)])
     monkeypatch.setenv("CODESPEC_CUDA_PASS_ROW_GROUP", "4")
