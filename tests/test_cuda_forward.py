@@ -259,6 +259,29 @@ def test_start_up_runs_one_step_and_leaves_no_reusable_prefix(monkeypatch):
     assert out.token_ids == hf_greedy(model, prompt, 12)
 
 
+def test_start_up_also_runs_a_pass_wide_enough_for_the_wide_passes_graph(monkeypatch):
+    """CODESPEC_CUDA_PASS_ROW_GROUP: passes wider than a block of tile_rows replay a graph
+    of their own, so start-up runs a chain of tile_rows + 1 rows after the step (its
+    capture is not the first request's), and the slot still holds nothing reusable."""
+    monkeypatch.setenv("CODESPEC_CUDA_TILE_ROWS", "16")
+    monkeypatch.setenv("CODESPEC_CUDA_PASS_ROW_GROUP", "4")
+    model = tiny_model("qwen2", vocab_size=64, seed=5)
+    forward = CudaForward(model, rows=64, fused=True)
+    assert forward.warm_up_rows == (1, 17)
+    widths = []
+    real = forward.choices
+    monkeypatch.setattr(forward, "choices", lambda cache, requests: widths.append(len(requests[0][2])) or
+                        real(cache, requests))
+    forward.warm_up_pass = True
+    engine = Engine(forward, None, eos_token_ids=[])
+    assert widths == [1, 17] and engine.cache.free_slots == engine.cache.slots
+    prompt = [0, 0, 0, 5]  # the warm-up's tokens: nothing may be reused from that slot
+    out = engine.generate(prompt, GenerationConfig(max_new_tokens=8, speculate=False))
+    assert out.stats.cached_prompt_tokens == 0 and out.token_ids == hf_greedy(model, prompt, 8)
+    monkeypatch.delenv("CODESPEC_CUDA_PASS_ROW_GROUP")
+    assert CudaForward(model, rows=64, fused=True).warm_up_rows == (1,)  # one graph: a step warms it
+
+
 @pytest.mark.parametrize("kv_heads", [2, 1])
 def test_fused_layers_are_the_model_and_stay_lossless(kv_heads):
     """`fused`: every product through row_linear with the norm, SiLU and residual inside

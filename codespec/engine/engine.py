@@ -114,12 +114,15 @@ class Engine:
         cache's graph): that cost belongs to start-up, not to the first request. Then a
         tree's accepted path kept: the KV compaction's kernel is compiled (or loaded from
         Triton's cache) here too, not in the first request whose draft takes a branch
-        (0.3+ s on the H100 machine's fresh process, session 29)."""
+        (0.3+ s on the H100 machine's fresh process, session 29). A backend whose passes
+        of more rows replay another graph names their sizes (`warm_up_rows`): a chain of
+        each is run too, so the first request's prefill captures nothing."""
         if not self.cache.free_slots:
             return
         slot, _ = self.cache.acquire([0])
         try:
-            self.forward.choices(self.cache, [(slot, 0, VerifyTree.chain(0))])
+            for rows in getattr(self.forward, "warm_up_rows", (1,)):
+                self.forward.choices(self.cache, [(slot, 0, VerifyTree.chain(0, [0] * (rows - 1)))])
             self.forward.keep(self.cache, [(slot, 0, [1])])  # node 1 onto position 1: in place
         finally:
             self.cache.prefilled(slot, [])  # position 0 was written: the slot holds nothing reusable

@@ -183,6 +183,9 @@ class CudaForward:
             if settings.pass_row_group and settings.pass_row_group != self.row_group:
                 self.pass_tiles = fused_tiles(self._layers[0], model.lm_head.weight, dict(tiles or {}), self.rows,
                                               self.tile_rows, settings.pass_row_group, self.head_dim, self.kv_heads)
+        # the engine's start-up passes (engine._warm_up_pass): a step, and a pass wide
+        # enough for the wide passes' graph where there is one
+        self.warm_up_rows = (1,) if self.pass_tiles is None else (1, self.tile_rows + 1)
         # `trace`: the fused layers' kernels write each program's time at each phase, for
         # scripts/gpu_trace.py's timeline of a step (kernels/trace.py); no setting: a probe's
         if trace and not self.fused:
