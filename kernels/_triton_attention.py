@@ -330,7 +330,7 @@ def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                   out: torch.Tensor, key_block: int, block_programs: int, schedule: str, programs: int,
                   work_warps: int, pdl: bool = False, counts: torch.Tensor | None = None,
                   fold_chunk: int = 8, trace: TakeTrace | None = None, early: bool = False,
-                  flags: TakeFlag | None = None, walk: int = 4) -> None:
+                  flags: TakeFlag | None = None, *, walk: int) -> None:
     rows, heads, dim = query.shape
     kv_heads = keys.shape[1]
     group = heads // kv_heads

@@ -95,13 +95,13 @@ def _item(item, chunks, ends, KV_HEADS: tl.constexpr, ROWS_PAD: tl.constexpr):
 
 
 @triton.jit
-def _warm_item(k_ptr, v_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr, rows, s_kv_slot, s_kv_head, s_kv_pos,
-               s_path, KV_HEADS: tl.constexpr, ROWS_PAD: tl.constexpr, DIM: tl.constexpr, KEY_BLOCK: tl.constexpr,
-               WALK: tl.constexpr):
-    # This program's first item's keys and values into L2, before the wait: every read
-    # here is an address, through L2 (metadata a stale L1 line could hold would warm the
-    # wrong lines, never change a value).
-    chunks, ends = _pass_chunks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK, WALK, True)
+def _warm_item(k_ptr, v_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr, chunks, ends, s_kv_slot, s_kv_head,
+               s_kv_pos, s_path, KV_HEADS: tl.constexpr, ROWS_PAD: tl.constexpr, DIM: tl.constexpr,
+               KEY_BLOCK: tl.constexpr, WALK: tl.constexpr):
+    # This program's first item's keys and values into L2, before the wait, from the
+    # pass's chunks read before it (_pass_chunks, through L2): every read here is an
+    # address, through L2 (metadata a stale L1 line could hold would warm the wrong lines,
+    # never change a value).
     item = tl.program_id(0)
     if item < tl.sum(chunks, axis=0) * KV_HEADS:
         row, chunk, kv_head = _item(item, chunks, ends, KV_HEADS, ROWS_PAD)
@@ -133,11 +133,11 @@ def _row_attention_walk_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_ptr
     program = program_index()
     trace_mark(trace_ptr, clock_ptr, program, START, CLOCK)
     pdl_start(PDL)
-    if WARM:
-        _warm_item(k_ptr, v_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr, rows, s_kv_slot, s_kv_head, s_kv_pos,
-                   s_path, KV_HEADS, ROWS_PAD, DIM, KEY_BLOCK, WALK)
-    if EARLY:
+    if EARLY or WARM:  # read once before the wait, for the warming and (EARLY) the items
         chunks, ends = _pass_chunks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK, WALK, True)
+    if WARM:
+        _warm_item(k_ptr, v_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr, chunks, ends, s_kv_slot, s_kv_head,
+                   s_kv_pos, s_path, KV_HEADS, ROWS_PAD, DIM, KEY_BLOCK, WALK)
     pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
     trace_mark(trace_ptr, clock_ptr, program, WAITED, CLOCK)
     if not EARLY:

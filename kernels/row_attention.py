@@ -122,7 +122,7 @@ def row_attention(
         _triton_attention.row_attention(query, keys, values, slots, context, path, path_len, scale, out, KEY_BLOCK,
                                         BLOCK_PROGRAMS, schedule, wave(query.device), WORK_WARPS,
                                         pdl and query.is_cuda, counts, FOLD_CHUNK, trace, early,
-                                        flags, WALK_BLOCKS)
+                                        flags, walk=WALK_BLOCKS)
     else:
         out.copy_(row_attention_ref(query, keys, values, slots, context, path, path_len, scale))
     return out

@@ -357,16 +357,15 @@ class CudaForward:
         if not self.graphs:
             bucket.logits, bucket.choices = self._rows_forward(*args)
             return
-        if wide:
-            if bucket.wide_graph is None:
-                bucket.wide_graph, bucket.outputs[True] = self._capture(args)
-            bucket.logits, bucket.choices = bucket.outputs[True]
-            bucket.wide_graph.replay()
-            return
-        if bucket.graph is None:
-            bucket.graph, bucket.outputs[False] = self._capture(args)
-        bucket.logits, bucket.choices = bucket.outputs[False]
-        bucket.graph.replay()
+        graph = bucket.wide_graph if wide else bucket.graph
+        if graph is None:
+            graph, bucket.outputs[wide] = self._capture(args)
+            if wide:
+                bucket.wide_graph = graph
+            else:
+                bucket.graph = graph
+        bucket.logits, bucket.choices = bucket.outputs[wide]
+        graph.replay()
 
     def _capture(self, args: tuple[Any, ...]) -> tuple[Any, tuple[torch.Tensor, torch.Tensor]]:
         """A CUDA graph of _rows_forward(*args) and its outputs (graph memory). Warmed up on
