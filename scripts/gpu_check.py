@@ -92,8 +92,8 @@ from typing import Any, Callable
 import torch
 
 from gpu_measure import _time, cost_curve, profile_step, row_checks, step_anatomy
-from gpu_step import (FIVE_LAUNCHES, NO_FUSED, NO_PDL, NO_WALK, WALK_FAILED, attention_probe, blas_of, l2_probe, pdl_check, plain_probe,
-                      restore_environment, step_probe, unchecked, variant_env, winner_env)
+from gpu_step import (FIVE_LAUNCHES, NO_FUSED, NO_PDL, NO_WALK, WALK_FAILED, attention_probe, blas_of, l2_probe,
+                      pdl_check, plain_probe, restore_environment, step_probe, unchecked, variant_env, winner_env)
 from gpu_probes import bucket_probe, fused_probe, fused_tiles_probe, gemm_probe, key_block_probe, tiles_probe
 from gpu_gateup import gateup_probe
 from gpu_lmscreen import lmscreen_probe
@@ -109,9 +109,9 @@ CACHE_DIR = "/tmp/codespec-cache"
 DEADLINE_S = 480.0  # main() sets it from --deadline
 # Every stage --stages may name: a name outside them stops the run before it touches the
 # GPU (a typo would otherwise skip its stage silently, found only after the lease).
-PROBES = ("smoke", "kernel", "pdl", "rows", "costs", "profile", "anatomy", "attention", "l2", "step", "plain", "plain_five",
-          "persist", "trace", "lmscreen", "gateup", "fused", "fusedtiles", "fusedtiles16", "gemm", "tiles", "buckets",
-          "rows_real")
+PROBES = ("smoke", "kernel", "pdl", "rows", "costs", "profile", "anatomy", "attention", "l2", "step", "plain",
+          "plain_five", "persist", "trace", "lmscreen", "gateup", "fused", "fusedtiles", "fusedtiles16", "gemm", "tiles",
+          "buckets", "rows_real")
 STAGES = frozenset(PROBES) | {kind + suffix for kind in ("edit", "verify", "stress")
                               for suffix in ("", "_fused", "_eager", "_noahead", "_real")}
 # A fresh process's stage may run this long past the deadline (the deadline says when no

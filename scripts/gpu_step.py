@@ -117,7 +117,7 @@ SAME_BITS = {"early": ({"CODESPEC_CUDA_EARLY": "1"}, "CODESPEC_GPU_CHECK_NO_EARL
                                   "CODESPEC_GPU_CHECK_NO_EARLY_GROUP"),
              # session 39: the tree pass (64 rows) in the wide passes' graph, rows grouped
              "pass row group": ({"CODESPEC_CUDA_PASS_ROW_GROUP": "4"}, "CODESPEC_GPU_CHECK_NO_PASS_GROUP")}
-# Every flag the pdl stage may set for the rest of the run
+# Every flag the smoke and pdl stages may set for the rest of the run
 CHECK_FLAGS = (NO_PDL, NO_FOLD, NO_WALK, NO_FUSED, WALK_FAILED, *(flag for _, flag in SAME_BITS.values()))
 # A fold's logits against the reduce kernel's, relative: its own summation order moves a
 # few bf16 roundings (~1e-3); a split lost to a race moves a product by ~1/SPLITS.
