@@ -221,7 +221,7 @@ def _combine_group(out_ptr, part_ptr, row, kv_head, blocks, s_out_row, s_out_hea
     total_weight = tl.zeros([GROUP_PAD, CHUNK], tl.float32)
     acc = tl.zeros([GROUP_PAD, DIM], tl.float32)
     if blocks <= CHUNK:
-        # one chunk (a fold's row of up to CHUNK blocks, a walk's of up to CHUNK chunks):
+        # one chunk (a fold's row of up to CHUNK blocks):
         # maxima, sums and values in one round trip, then the loops' arithmetic below for
         # their one step, in the same order (the same bits)
         inside = real[:, None] & (c < blocks)[None, :]
@@ -330,7 +330,7 @@ def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                   out: torch.Tensor, key_block: int, block_programs: int, schedule: str, programs: int,
                   work_warps: int, pdl: bool = False, counts: torch.Tensor | None = None,
                   fold_chunk: int = 8, trace: TakeTrace | None = None, early: bool = False,
-                  flags: TakeFlag | None = None, *, walk: int) -> None:
+                  flags: TakeFlag | None = None) -> None:
     rows, heads, dim = query.shape
     kv_heads = keys.shape[1]
     group = heads // kv_heads
@@ -346,16 +346,6 @@ def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     def hooks(part_: str, grid: tuple[int, ...]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return launch_hooks(trace, flags, part_, math.prod(grid), out)  # kernels/_triton_trace.py
 
-    if schedule == "walk":  # kernels/_triton_walk.py
-        from codespec.kernels._triton_walk import _row_attention_walk_kernel
-
-        pointers, hooked = hooks("", (programs,))
-        _row_attention_walk_kernel[(programs,)](
-            query, keys, values, part, out, counts, slots, context, path, path_len, float(scale), rows, *strides,
-            out.stride(0), out.stride(1), *pointers, KV_HEADS=kv_heads, ROWS_PAD=triton.next_power_of_2(rows),
-            HEADS_PAD=triton.next_power_of_2(heads), WALK=walk, CHUNK=fold_chunk, WARM=pdl, num_warps=work_warps,
-            **shapes, **launch, **hooked)
-        return
     if schedule == "fold":
         pointers, hooked = hooks("", (programs,))
         _row_attention_fold_kernel[(programs,)](

@@ -15,7 +15,7 @@ bits, whatever else the pass holds: the number of rows, the batch and the tree n
 enter a row's arithmetic. A row with no keys (context 0, path 0: padding) writes zeros at
 almost no cost.
 
-Four launch schedules (`schedule`, CODESPEC_CUDA_ATTENTION); the first three run the same
+Three launch schedules (`schedule`, CODESPEC_CUDA_ATTENTION); all three run the same
 code for every block, and the first two then launch the same combine (the same bits):
 * `worklist` (the default): a wave of programs (two per SM, 4 warps each) shares the
   pass's (row, key block, KV head) items. A one-row decode step over 512 keys is 8 items;
@@ -23,19 +23,12 @@ code for every block, and the first two then launch the same combine (the same b
   and a slot of 2,048+ positions is 2,048 programs whatever the pass holds (at 4 warps
   and ~120-150 registers a thread, three fit an SM: ~5 waves for a step, of programs
   that mostly find a padding row and exit);
-* `fold` (session 30, opt-in until an H100 has timed it): the worklist's launch, and the
+* `fold` (session 30; opt-in, the five-launch layers' attention): the worklist's launch, and the
   program that stores a (row, KV head)'s last block combines its query heads, all at once
   (an atomic count per pair, as row_linear's fold: one launch a layer, not two). Its
   combine's layout is another, so are its bits; a row's are still its keys' alone.
   Session 26's `single` folded the combine one head at a time (seven chains of dependent
   loads in one program) and took 2-7x the two launches on the H100.
-* `walk` (session 39, opt-in until a GPU has timed it; kernels/_triton_walk.py): the
-  worklist's wave over (row, chunk, KV head) items, a chunk WALK_BLOCKS key blocks that
-  one program walks in order with an online softmax (the loop's pipeline loading the
-  next block while one computes); a row of one chunk (1,024 keys) writes its output with
-  no partial, count or combine, a longer row folds its chunks as `fold` folds blocks.
-  With PDL each program warms its first item's keys and values into L2 while the kernel
-  before runs. Its own bits again, each row's its keys' alone.
 
 >>> keys = torch.randn(1, 1, 6, 4); values = torch.randn(1, 1, 6, 4); q = torch.randn(2, 1, 4)
 >>> rows = dict(slots=torch.tensor([0, 0]), context=torch.tensor([3, 2]),
@@ -57,15 +50,11 @@ KEY_BLOCK = 128  # logical keys per block: part of every row's summation order
 BLOCK_PROGRAMS = 16  # programs per (row, KV head) along the block axis: rows of up to 16 blocks
 # run all their blocks at once; more programs would be idle ones for most rows (the grid is
 # fixed for a CUDA graph, sized by the slot's length). A launch detail: not in the bits.
-SCHEDULES = ("worklist", "grid", "fold", "walk")
-# The walk's chunk (session 39, kernels/_triton_walk.py): key blocks one program walks in
-# order, an online softmax; a row of more folds its chunks. Part of a walked row's
-# summation order, the same for every row of a build. 8: a row of up to 1,024 keys in
-# one chunk, so the plain bar's steps (a 512-token prompt, 256 tokens decoded: 513-768
-# keys, five or six blocks) and a 32-row pass over them fold nothing; at 4 they would
-# fold two chunks. Session 20 found one program walking all of a row's 16 blocks 1.5x
-# slower at 2,048 keys: a row that long folds two chunks here.
-WALK_BLOCKS = 8
+SCHEDULES = ("worklist", "grid", "fold")
+# Session 39's `walk` (one program walking up to 8 key blocks of a row in order, online
+# softmax, pipelined, no combine for a row of up to 1,024 keys) lost on the H200 (session
+# 40): 14.4 us a layer against the fold's 8.9 in the five-launch step: a chain of blocks
+# in one program is slower than the blocks in parallel and a combine. Removed.
 FOLD_CHUNK = 8  # the fold's partials combined per step (a [7 -> 8, 8, 64] float32 tile: 32 registers a thread)
 # The worklist's wave and warps (the combine's warps too: they lay out its reduction, so
 # they are in the bits, the same for every row of a build). Compiled for sm_90 as a
@@ -93,9 +82,10 @@ def row_attention(
     scale: float,
     out: torch.Tensor | None = None,  # [rows, heads, dim], written in place when given
     force_triton: bool | None = None,
-    schedule: str = "worklist",  # worklist, grid, fold or walk (module docstring; CODESPEC_CUDA_ATTENTION)
+    schedule: str = "worklist",  # worklist, grid or fold (module docstring; CODESPEC_CUDA_ATTENTION)
+    key_block: int | None = None,  # logical keys per block, KEY_BLOCK where None (CODESPEC_CUDA_KEY_BLOCK)
     pdl: bool = False,  # launched as programmatic dependents on CUDA (kernels/_triton_pdl.py)
-    counts: torch.Tensor | None = None,  # fold, walk: int32 zeros, one per (row, KV head) at least, left zero
+    counts: torch.Tensor | None = None,  # fold: int32 zeros, one per (row, KV head) at least, left zero
     trace: TakeTrace | None = None,  # the Triton launches' time marks (kernels/trace.py)
     early: bool = False,  # the pass's metadata read before pdl's wait (CODESPEC_CUDA_EARLY)
     flags: TakeFlag | None = None,  # wait on counts, not the launch before's end (kernels/flags.py)
@@ -116,13 +106,12 @@ def row_attention(
         from codespec.kernels import _triton_attention
 
         check(schedule in SCHEDULES, f"attention schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}")
-        check(schedule not in ("fold", "walk") or (counts is not None and counts.dtype == torch.int32
+        check(schedule != "fold" or (counts is not None and counts.dtype == torch.int32
                                      and counts.numel() >= rows * keys.shape[1] and counts.device == query.device),
               f"the {schedule} schedule needs counts: int32 zeros, at least {rows * keys.shape[1]} (rows x KV heads)")
-        _triton_attention.row_attention(query, keys, values, slots, context, path, path_len, scale, out, KEY_BLOCK,
-                                        BLOCK_PROGRAMS, schedule, wave(query.device), WORK_WARPS,
-                                        pdl and query.is_cuda, counts, FOLD_CHUNK, trace, early,
-                                        flags, walk=WALK_BLOCKS)
+        _triton_attention.row_attention(query, keys, values, slots, context, path, path_len, scale, out,
+                                        key_block or KEY_BLOCK, BLOCK_PROGRAMS, schedule, wave(query.device),
+                                        WORK_WARPS, pdl and query.is_cuda, counts, FOLD_CHUNK, trace, early, flags)
     else:
         out.copy_(row_attention_ref(query, keys, values, slots, context, path, path_len, scale))
     return out

@@ -20,10 +20,9 @@ and its real tokenizer (carried). Stages, each timed and each allowed to fail al
    holds the first answer (a random model copies nothing from its prompt: acceptance
    comes from past generations, as the issue asks).
 
-`smoke` (first, session 39; scripts/gpu_smoke.py): the kernels no GPU has run yet (the
-walk, the fused layers as they now read their epilogue inputs and combine), each once in
-a process of its own; what fails is off for the rest of the run, in this process never
-launched (a device fault there would end every stage after it).
+`smoke` (first, session 39; scripts/gpu_smoke.py): the fused layers once in a process of
+their own, before this one launches them; where they fail they are off for the rest of
+the run (a device fault here would end every stage after it).
 
 `pdl` (after `kernel`): programmatic dependent launch (CODESPEC_CUDA_PDL, the default on
 Hopper) against none, a tree pass's logits bit for bit, for the default and the fused
@@ -92,7 +91,7 @@ from typing import Any, Callable
 import torch
 
 from gpu_measure import _time, cost_curve, profile_step, row_checks, step_anatomy
-from gpu_step import (FIVE_LAUNCHES, NO_FUSED, NO_PDL, NO_WALK, WALK_FAILED, attention_probe, blas_of, l2_probe,
+from gpu_step import (FIVE_LAUNCHES, NO_FUSED, NO_PDL, attention_probe, blas_of, l2_probe,
                       pdl_check, plain_probe, restore_environment, step_probe, unchecked, variant_env, winner_env)
 from gpu_probes import bucket_probe, fused_probe, fused_tiles_probe, gemm_probe, key_block_probe, tiles_probe
 from gpu_gateup import gateup_probe
@@ -191,9 +190,7 @@ def kernel_checks() -> dict[str, Any]:
     # before the keys of other slots change below (session 32's run compared the fold
     # against this reference after they had: a relative error of 0.63 that was the check's)
     own = {k: v for k, v in meta.items() if k != "schedule"}
-    fold = {**_own_bits_check("fold", query, keys, values, own, ref),
-            **(_own_bits_check("walk", query, keys, values, own, ref) if not os.environ.get(WALK_FAILED)
-               else {"walk_error": "skipped: the walk failed its smoke"})}
+    fold = _own_bits_check("fold", query, keys, values, own, ref)
     # scattered path keys against the same keys laid out contiguously in another slot
     r = int(torch.argmax(path_len))
     n, tail = int(context[r]), path[r, : int(path_len[r])]
@@ -213,10 +210,9 @@ def kernel_checks() -> dict[str, Any]:
 
 def _own_bits_check(schedule: str, query: Any, keys: Any, values: Any, meta: dict[str, Any],
                     ref: Any) -> dict[str, Any]:
-    """An attention schedule of its own bits, `fold` (session 30) or `walk` (session 39,
-    never run on a GPU before): its error against the reference, each row alone against
-    the pass, and its counts left zero, as `{schedule}_...`; an error is reported, not
-    raised."""
+    """An attention schedule of its own bits, `fold` (session 30): its error against the
+    reference, each row alone against the pass, and its counts left zero, as
+    `{schedule}_...`; an error is reported, not raised."""
     from codespec.kernels.row_attention import row_attention
 
     counts = torch.zeros(query.shape[0] * keys.shape[1], dtype=torch.int32, device="cuda")
@@ -289,11 +285,10 @@ def take_settled(loaded: Any) -> None:
 
 def smoke_stage(model_dir: Path) -> dict[str, Any]:
     """scripts/gpu_smoke.py's parts, each in a fresh process before this one launches
-    them: where the walk fails, WALK_FAILED and NO_WALK; where the fused layers do,
-    NO_FUSED (no stage of this process launches them: a device fault would end every
-    stage after it)."""
+    them: where the fused layers fail, NO_FUSED (no stage of this process launches them: a
+    device fault would end every stage after it)."""
     result: dict[str, Any] = {}
-    for part in ("walk", "fused"):
+    for part in ("fused",):
         began = time.perf_counter()
         try:
             done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_smoke.py"), part, str(model_dir)],
@@ -306,8 +301,6 @@ def smoke_stage(model_dir: Path) -> dict[str, Any]:
             entry = {"ok": False, "error": "timed out after 150 s"}
         entry["wall_s"] = round(time.perf_counter() - began, 1)
         result[part] = entry
-    if not result["walk"].get("ok"):
-        os.environ[WALK_FAILED] = os.environ[NO_WALK] = "1"
     if not result["fused"].get("ok"):
         os.environ[NO_FUSED] = "1"
     return result
@@ -467,13 +460,10 @@ def main() -> None:
             results["plain"]["chain_off_for_the_rest"] = True
         if winner_env(results) is not None:  # the bar's plain decoding with the step stage's winner
             stage(results, "plain_step", lambda: with_env(loaded, winner_env(results), plain_probe), out, needs_s=20)
-    if "plain_five" in wanted:  # the plain bar's candidates: the five-launch layers, with early reads where they held,
-        # and with attention walked (session 39: its tree rows against its decode steps first)
+    if "plain_five" in wanted:  # the plain bar's candidates: the five-launch layers, and with attention over
+        # 64-key blocks (session 40: its tree rows against its decode steps first)
         for name, extra, probe in (("plain_five", {}, plain_probe),
-                                   ("plain_five_early", {"CODESPEC_CUDA_EARLY": "1"}, plain_probe),
-                                   ("plain_five_walk", {"CODESPEC_CUDA_ATTENTION": "walk"}, rows_and_plain),
-                                   ("plain_five_walk_early",
-                                    {"CODESPEC_CUDA_ATTENTION": "walk", "CODESPEC_CUDA_EARLY": "1"}, plain_probe)):
+                                   ("plain_five_64", {"CODESPEC_CUDA_KEY_BLOCK": "64"}, rows_and_plain)):
             env = variant_env({**FIVE_LAUNCHES, **extra})
             if unchecked(env):
                 results[name] = {"ok": False, "error": "skipped: the pdl stage found these settings changing a bit"}

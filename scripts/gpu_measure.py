@@ -26,6 +26,31 @@ def _time(run: Callable[[], Any], repeat: int = 30) -> float:
     return round(statistics.median(times), 4)
 
 
+def pass_replay(forward: Any, cache: Any, context: int, tree: Any) -> Callable[[], None]:
+    """A replay of the graph that runs `tree`'s pass over `context` keys, with that pass's
+    metadata in the bucket: the step's graph, or the wide passes' where the backend has
+    one and the pass is wider than a block (CODESPEC_CUDA_PASS_ROW_GROUP). Until session
+    40 the step stage replayed whatever pass ran last: its `device_step_ms` was a 32-row
+    pass's."""
+    forward.choices(cache, [(0, context, tree)])  # the pass's metadata (and its graph captured)
+    bucket = forward._buckets[cache]
+    wide = forward.pass_tiles is not None and len(tree.tokens) > forward.tile_rows
+    graph = bucket.wide_graph if wide else bucket.graph
+    if graph is not None:
+        return graph.replay
+
+    def without_graphs() -> None:  # the bucket's pass itself (on CPU: the tests)
+        with torch.inference_mode():
+            forward._replay(cache, bucket, wide=wide)
+
+    return without_graphs
+
+
+def device_ms(replay: Callable[[], None], replays: int = 20) -> float:
+    """Device ms a replay, `replays` back to back between two events (no host between)."""
+    return round(_time(lambda: [replay() for _ in range(replays)], 10) / replays, 4)
+
+
 def _graph_us(run: Callable[[], Any], calls: int = 20) -> float:
     """Device time per call of `run`, `calls` of them captured in one CUDA graph: no host
     launch cost in the figure, as inside the backend's own graph."""

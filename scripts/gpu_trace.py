@@ -24,22 +24,20 @@ from typing import Any
 
 import torch
 
-from gpu_measure import _engine, _time
+from gpu_measure import _engine, device_ms, pass_replay
 from gpu_step import DEFAULTS, FIVE_LAUNCHES, fails_to_run, restore_environment, variant_env
 
-# The fastest step of session 32 (five launches a layer), the same reading the pass's
-# metadata early (CODESPEC_CUDA_EARLY), with a bucket's four blocks of rows in one program
-# a weight tile as well (CODESPEC_CUDA_ROW_GROUP=4: its 32-row pass), and with each launch
-# waiting on the counts of the one before (CODESPEC_CUDA_PDL=flags): session 33's.
+# The fastest step of session 32 (five launches a layer); the same with attention over
+# 64-key blocks (CODESPEC_CUDA_KEY_BLOCK=64, session 40: 6.6 against 8.3 us alone); with
+# passes wider than a block in the row-grouped graph (CODESPEC_CUDA_PASS_ROW_GROUP=4:
+# session 40's step stage timed its 32-row pass slower, 1.51 against 1.39 ms: where?);
+# and reading the metadata and residual early (session 40's H200: 1,009 against 952 us).
 TRACED = {"fused m16 pdl/prefetch fold, fold attention": FIVE_LAUNCHES,
-          # session 39: attention walked (kernels/_triton_walk.py), its keys warmed in L2
-          "fused m16 pdl/prefetch fold, walk attention": {**FIVE_LAUNCHES, "CODESPEC_CUDA_ATTENTION": "walk"},
-          "fused m16 pdl/prefetch fold, fold attention, early": {**FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY": "1"},
-          "fused m16 pdl/prefetch fold, fold attention, early, row group": {
-              **FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY": "1", "CODESPEC_CUDA_ROW_GROUP": "4"},
-          "fused m16 pdl/flags fold, fold attention, early, row group": {
-              **FIVE_LAUNCHES, "CODESPEC_CUDA_PDL": "flags", "CODESPEC_CUDA_EARLY": "1",
-              "CODESPEC_CUDA_ROW_GROUP": "4"}}
+          "fused m16 pdl/prefetch fold, fold attention, 64-key blocks": {**FIVE_LAUNCHES,
+                                                                         "CODESPEC_CUDA_KEY_BLOCK": "64"},
+          "fused m16 pdl/prefetch fold, fold attention, pass row group": {**FIVE_LAUNCHES,
+                                                                          "CODESPEC_CUDA_PASS_ROW_GROUP": "4"},
+          "fused m16 pdl/prefetch fold, fold attention, early": {**FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY": "1"}}
 REPLAYS = 5  # traced replays of each pass; the median one (by its total) is reported
 
 
@@ -76,12 +74,9 @@ def _traced(loaded: Any, context: int) -> dict[str, Any]:
         cache.acquire(prompt)
         forward.prefill(cache, 0, prompt, 0)
         for label, tree in (("step", step), ("pass32", pass32)):
-            forward.choices(cache, [(0, context, tree)])  # the graph's metadata: this pass's
-            bucket = forward._buckets[cache]
-            replay = bucket.graph.replay if bucket.graph is not None else lambda: forward._replay(cache, bucket)
-            device_ms = round(_time(lambda: [replay() for _ in range(20)], 10) / 20, 4)
+            replay = pass_replay(forward, cache, context, tree)
             part = entry.setdefault(label, {})
-            part["traced_device_ms" if traced else "device_ms"] = device_ms
+            part["traced_device_ms" if traced else "device_ms"] = device_ms(replay)
             if traced:
                 lines = []
                 for _ in range(REPLAYS):

@@ -184,9 +184,19 @@ def test_the_backends_settings_are_checked_at_start_up(monkeypatch):
     backend = CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))
     assert (backend.rows, backend.attention) == (32, "grid")
     assert CudaSettings.from_env({"CODESPEC_CUDA_ATTENTION": "fold"}).attention == "fold"
-    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "walk")  # session 39: its counts, one per (row, KV head)
+    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "fold")  # its counts, one per (row, KV head)
     backend = CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))
-    assert backend.attention == "walk" and backend._attention_counts.shape == (32 * backend.kv_heads,)
+    assert backend.attention == "fold" and backend._attention_counts.shape == (32 * backend.kv_heads,)
+    monkeypatch.setenv("CODESPEC_CUDA_KEY_BLOCK", "64")  # session 40: attention's blocks, in the profile's key
+    backend = CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))
+    assert backend.key_block == 64 and backend._kernels["key_block"] == 64
+    monkeypatch.setenv("CODESPEC_CUDA_KEY_BLOCK", "96")
+    with pytest.raises(SettingError, match="^CODESPEC_CUDA_KEY_BLOCK='96': input should be 64 or 128$"):
+        CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))
+    monkeypatch.delenv("CODESPEC_CUDA_KEY_BLOCK")
+    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "walk")  # session 40 removed it: one clear line
+    with pytest.raises(SettingError, match="^CODESPEC_CUDA_ATTENTION='walk': input should be 'worklist', 'grid' or 'fold'$"):
+        CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))
 
 
 def test_settings_that_need_hopper_name_the_device_s_capability(monkeypatch):
@@ -366,7 +376,7 @@ def test_the_machine_profile_is_keyed_by_every_setting_that_changes_a_pass(monke
     key = CudaForward(model).profile_key()
     assert CudaForward(model).profile_key() == key  # the same settings: the stored curve serves
     for name, value in (("FUSED", "1"), ("ATTENTION", "grid"), ("PDL", "launch"), ("REDUCE", "fold"),
-                        ("ROWS", "32")):
+                        ("ROWS", "32"), ("KEY_BLOCK", "64")):
         monkeypatch.setenv(f"CODESPEC_CUDA_{name}", value)
         assert CudaForward(model).profile_key() != key, name
         monkeypatch.delenv(f"CODESPEC_CUDA_{name}")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from codespec.engine import Engine
 from codespec.forward.cuda import CudaForward
 from codespec.forward.cuda_settings import CudaSettings
 from codespec.models.tiny import tiny_model
@@ -81,8 +82,7 @@ def test_the_pdl_stage_runs_and_leaves_the_settings_as_it_found_them(monkeypatch
     assert result == {"default pdl": True, "fused m16 pdl": True, "fused m16 pdl fold": True,
                       "five-launch early": True, "five-launch row group": True, "five-launch flags": True,
                       "five-launch early, row group": True, "pdl_exact": True, "fold_exact": True,
-                      "five-launch pass row group": True, "walk pdl": True, "walk_exact": True,
-                      "flags_gave_up": 0,
+                      "five-launch pass row group": True, "flags_gave_up": 0,
                       "same_bits": {"early": True, "row group": True, "flags": True, "early, row group": True,
                                     "pass row group": True}}
     assert detail == {"same_bits_as_launch": True, "steady": True, "relative_error": 0.0}
@@ -252,7 +252,7 @@ def test_the_step_stage_builds_and_times_every_variant_and_leaves_the_run_as_it_
 
     monkeypatch.delenv("CODESPEC_CUDA_ATTENTION", raising=False)
     monkeypatch.setattr(gpu_step, "step_floor", lambda loaded: {"floor_ms": 1.0})
-    monkeypatch.setattr(gpu_step, "_time", lambda run, repeat=30: 1.0)  # the graph's replay: CUDA only
+    monkeypatch.setattr(gpu_step, "device_ms", lambda replay: replay() or 1.0)  # timed by CUDA events: CUDA only
     monkeypatch.setattr(gpu_step, "profile_step", lambda loaded: {"profiled": True})
     loaded = tiny_run(rows=64)
     own = loaded.forward
@@ -378,12 +378,12 @@ def test_the_lm_screen_stage_runs_on_request_and_lands_in_the_json(monkeypatch, 
     assert written["lmscreen"]["same_model"] is True and written["lmscreen"]["ok"]
 
 
-def test_plain_five_times_the_five_launch_layers_and_early_only_where_the_pdl_stage_kept_its_bits(monkeypatch,
-                                                                                                   tmp_path):
+def test_plain_five_times_the_five_launch_layers_and_64_key_blocks_where_the_pdl_stage_kept_their_bits(
+        monkeypatch, tmp_path):
     """`--stages plain_five` (session 38): the plain bar's candidates, plain decoding with
-    the five-launch layers, with them reading early, and with attention walked (session
-    39: its tree rows against its decode steps first); early's skipped, saying why, where
-    the pdl stage found it changing a bit, and the walk where its PDL did."""
+    the five-launch layers, and with attention over 64-key blocks (session 40: its tree
+    rows against its decode steps first); both skipped, saying why, where the pdl stage
+    found the fold changing a bit."""
     import json
 
     gpu_check = pytest.importorskip("gpu_check")
@@ -393,8 +393,8 @@ def test_plain_five_times_the_five_launch_layers_and_early_only_where_the_pdl_st
     monkeypatch.setattr(gpu_check, "random_model_dir", lambda assets, where: tmp_path)
     monkeypatch.setattr(gpu_check, "load", lambda model_dir: loaded)
     monkeypatch.setattr(gpu_check, "plain_probe", lambda given: seen.append(
-        (given.forward.fused, given.forward.early, given.forward.attention)) or {"identical": True})
-    monkeypatch.setattr(gpu_check, "row_checks", lambda given: {"rows_differing": 0, "schedule": given.forward.attention})
+        (given.forward.fused, given.forward.key_block, given.forward.attention)) or {"identical": True})
+    monkeypatch.setattr(gpu_check, "row_checks", lambda given: {"rows_differing": 0, "key_block": given.forward.key_block})
     for name in ("CODESPEC_CUDA_PDL", *gpu_step.CHECK_FLAGS):
         monkeypatch.setenv(name, "")  # recorded: the stage's own settings are undone after the test
         monkeypatch.delenv(name)
@@ -402,17 +402,14 @@ def test_plain_five_times_the_five_launch_layers_and_early_only_where_the_pdl_st
     argv = ["gpu_check.py", "--out", str(tmp_path / "out"), "--stages", "plain_five"]
     monkeypatch.setattr(sys, "argv", argv)
     gpu_check.main()
-    assert seen == [(True, False, "fold"), (True, True, "fold"), (True, False, "walk"), (True, True, "walk")]
+    assert seen == [(True, 128, "fold"), (True, 64, "fold")]
     written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
-    assert written["plain_five_walk"]["schedule"] == "walk" and written["plain_five_walk"]["identical"]
-    monkeypatch.setenv(gpu_step.SAME_BITS["early"][1], "1")  # as the pdl stage leaves these where they failed
-    monkeypatch.setenv(gpu_step.NO_WALK, "1")
+    assert written["plain_five_64"]["key_block"] == 64 and written["plain_five_64"]["identical"]
+    monkeypatch.setenv(gpu_step.NO_FOLD, "1")  # as the pdl stage leaves it where the fold failed
     gpu_check.main()
-    assert seen[4:] == [(True, False, "fold")]
+    assert seen[2:] == []
     written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
-    assert written["plain_five"]["ok"] and "changing a bit" in written["plain_five_early"]["error"]
-    assert "changing a bit" in written["plain_five_walk"]["error"]
-    assert "changing a bit" in written["plain_five_walk_early"]["error"]
+    assert "changing a bit" in written["plain_five"]["error"] and "changing a bit" in written["plain_five_64"]["error"]
 
 
 def test_the_gate_up_probe_runs_each_variant_and_cublas(monkeypatch):
@@ -519,8 +516,7 @@ def test_each_variant_starts_from_the_runs_settings_not_the_last_variants(monkey
 
 def test_the_smoke_stage_turns_off_what_failed_to_run_for_the_whole_run(monkeypatch, tmp_path):
     """`smoke` (session 39): each untried part in a fresh process; a part that fails, or
-    dies without its JSON line (a device fault), is off for the rest of the run: the walk
-    (WALK_FAILED and NO_WALK: no variant, trace or pdl check takes it) and the fused
+    dies without its JSON line (a device fault), is off for the rest of the run: the fused
     layers (NO_FUSED: no fused variant, no fused pdl check, and PDL still judged on the
     default layers alone)."""
     import os
@@ -530,7 +526,7 @@ def test_the_smoke_stage_turns_off_what_failed_to_run_for_the_whole_run(monkeypa
     for name in ("CODESPEC_CUDA_PDL", *gpu_step.CHECK_FLAGS):
         monkeypatch.setenv(name, "")  # recorded: the stage's own settings are undone after the test
         monkeypatch.delenv(name)
-    answers = {"walk": (0, '{"ok": true}\n'), "fused": (-11, "Fatal Python error: Segmentation fault\n")}
+    answers = {"fused": (-11, "Fatal Python error: Segmentation fault\n")}
     ran: list[list[str]] = []
 
     def run(command, **kwargs):
@@ -541,23 +537,23 @@ def test_the_smoke_stage_turns_off_what_failed_to_run_for_the_whole_run(monkeypa
     monkeypatch.setattr(gpu_check.subprocess, "run", run)
     result = gpu_check.smoke_stage(tmp_path)
     assert [command[1:] for command in ran] == [[str(gpu_check.ROOT / "scripts" / "gpu_smoke.py"), part, str(tmp_path)]
-                                               for part in ("walk", "fused")]
-    assert result["walk"]["ok"] and not result["fused"]["ok"] and "exit -11" in result["fused"]["error"]
-    assert os.environ[gpu_step.NO_FUSED] == "1" and gpu_step.WALK_FAILED not in os.environ
+                                               for part in ("fused",)]
+    assert not result["fused"]["ok"] and "exit -11" in result["fused"]["error"]
+    assert os.environ[gpu_step.NO_FUSED] == "1"
     assert gpu_step.unchecked(gpu_step.variant_env(gpu_step.FIVE_LAUNCHES))
-    assert not gpu_step.unchecked(gpu_step.variant_env(gpu_step.VARIANTS["walk attention"]))
+    assert not gpu_step.unchecked(gpu_step.variant_env(gpu_step.VARIANTS["64-key blocks"]))
     loaded = tiny_run(rows=16, vocab_size=16)
     checked = gpu_step.pdl_check(loaded, context=20, repeat=1)
     assert checked["fused"].startswith("skipped") and checked["default pdl"] is True and checked["pdl_exact"]
     assert "fused m16 pdl" not in checked and "five-launch early" not in checked
     monkeypatch.setenv(gpu_step.NO_FUSED, "")
     monkeypatch.delenv(gpu_step.NO_FUSED)
-    answers.update(walk=(1, '{"ok": false, "error": "ValueError: no"}\n'), fused=(0, '{"ok": true}\n'))
+    answers.update(fused=(1, '{"ok": false, "error": "ValueError: no"}\n'))
     result = gpu_check.smoke_stage(tmp_path)
-    assert os.environ[gpu_step.WALK_FAILED] == "1" and os.environ[gpu_step.NO_WALK] == "1"
-    assert gpu_step.NO_FUSED not in os.environ
-    assert gpu_step.unchecked(gpu_step.variant_env(gpu_step.VARIANTS["walk attention"]))
-    assert gpu_step.fails_to_run({**gpu_step.FIVE_LAUNCHES, "CODESPEC_CUDA_ATTENTION": "walk"})
+    assert result["fused"]["error"] == "ValueError: no" and os.environ[gpu_step.NO_FUSED] == "1"
+    monkeypatch.delenv(gpu_step.NO_FUSED)
+    answers.update(fused=(0, '{"ok": true}\n'))
+    assert gpu_check.smoke_stage(tmp_path)["fused"]["ok"] and gpu_step.NO_FUSED not in os.environ
     assert not gpu_step.fails_to_run(gpu_step.FIVE_LAUNCHES)
 
 
@@ -567,12 +563,43 @@ def test_a_smoke_part_says_its_failure_in_one_json_line(monkeypatch, capsys):
     import json
 
     gpu_smoke = pytest.importorskip("gpu_smoke")
-    monkeypatch.setattr(gpu_smoke, "walk_part", lambda: 1 / 0)
-    monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "walk"])
+    monkeypatch.setattr(gpu_smoke, "fused_part", lambda model_dir: 1 / 0)
+    monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "fused", "/nowhere"])
     with pytest.raises(SystemExit) as exited:
         gpu_smoke.main()
     assert exited.value.code == 1
     assert json.loads(capsys.readouterr().out) == {"ok": False, "error": "ZeroDivisionError: division by zero"}
-    monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "walks"])
-    with pytest.raises(SystemExit, match="no part 'walks'; the parts: walk, fused"):
+    monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "walk"])  # session 40 removed the walk
+    with pytest.raises(SystemExit, match="no part 'walk'; the parts: fused"):
         gpu_smoke.main()
+
+
+@pytest.mark.parametrize("pass_row_group", ["0", "4"])
+def test_a_pass_replay_replays_its_own_pass_in_its_own_graph(monkeypatch, pass_row_group):
+    """gpu_measure.pass_replay (session 40): the step stage's `device_step_ms` replayed the
+    graph with the metadata of the pass before it, a 32-row pass. A replay now carries its
+    own pass's metadata (one live row for a step, 32 for the pass), in the graph that pass
+    takes: the wide passes' where CODESPEC_CUDA_PASS_ROW_GROUP gives one."""
+    from codespec.forward.passlayout import CONTEXT, META_FIELDS
+    from codespec.policy.tree import VerifyTree
+
+    gpu_measure = pytest.importorskip("gpu_measure")
+    for name, value in (("PASS_ROW_GROUP", pass_row_group), ("FUSED", "1"), ("TILE_ROWS", "16")):
+        monkeypatch.setenv(f"CODESPEC_CUDA_{name}", value)
+    model = tiny_model("qwen2", vocab_size=16, seed=3, dtype=torch.float32)
+    forward = CudaForward(model, rows=64)
+    cache = Engine(forward, None, eos_token_ids=[], slots=1).cache
+    prompt = [1 + i % 15 for i in range(20)]  # ids of the 16-token vocabulary
+    cache.acquire(prompt)
+    forward.prefill(cache, 0, prompt, 0)
+    wide_calls = []
+    replay_once = forward._replay
+    monkeypatch.setattr(forward, "_replay", lambda cache, bucket, wide=False: wide_calls.append(wide) or
+                        replay_once(cache, bucket, wide=wide))
+    for tree, live in ((VerifyTree.chain(11, [13] * 31), 32), (VerifyTree.chain(11), 1)):
+        replay = gpu_measure.pass_replay(forward, cache, len(prompt), tree)
+        wide_calls.clear()
+        replay()  # no graphs on CPU: the bucket's pass over the metadata pass_replay left
+        meta = forward._buckets[cache].flat[: META_FIELDS * 64].view(META_FIELDS, 64)
+        assert wide_calls == [live > 16 and pass_row_group == "4"]
+        assert int((meta[CONTEXT] > 0).sum()) == live

@@ -137,11 +137,12 @@ class CudaForward:
         self.chains_steps = settings.chain  # the verifier asks for it where every next pass is a plain step
         self.chained_taken = self.chained_dropped = 0  # queued steps the engine asked for, and the others
         self.attention = settings.attention  # attention's launch schedule (kernels/row_attention.py)
+        self.key_block = settings.key_block  # ... and its logical keys per block (part of the bits)
         self.early = settings.early  # metadata read before PDL's wait (CODESPEC_CUDA_EARLY)
-        # the fold's and the walk's counts, one per (row, KV head), left zero by every launch:
+        # the fold's counts, one per (row, KV head), left zero by every launch:
         # one buffer serves every layer (a layer's attention ends before the next one's starts)
         self._attention_counts = (torch.zeros(self.rows * self.kv_heads, dtype=torch.int32, device=self.device)
-                                  if self.attention in ("fold", "walk") else None)
+                                  if self.attention == "fold" else None)
         # Our kernels launched as programmatic dependents (kernels/_triton_pdl.py), the
         # fused products warming their own weights first with `prefetch`: CODESPEC_CUDA_PDL,
         # `auto` by default: launch on Hopper (the H100's step 0.95x without it, its bits
@@ -207,7 +208,7 @@ class CudaForward:
         # What a pass runs, for the machine profile's key: a cost curve measured with one
         # layout must not price another's passes (profile_key).
         self._kernels = {"rows": self.rows, "graphs": self.graphs, "fused": self.fused, "compile": compile,
-                         "attention": self.attention, "pdl": self.pdl, "reduce": settings.reduce, "early": self.early,
+                         "attention": self.attention, "key_block": self.key_block, "pdl": self.pdl, "reduce": settings.reduce, "early": self.early,
                          "flags": self.flags is not None,
                          "tiles": ";".join(f"{name}:{tile}" for name, tile in sorted(self.tiles.items())),
                          "pass_row_group": settings.pass_row_group if self.pass_tiles is not None else 0}
@@ -408,7 +409,8 @@ class CudaForward:
             """Each row over its own keys (q rotated, the pass's K and V stored): [rows, hidden]."""
             return row_attention(q.view(rows, self.heads, -1), keys[index], values[index], slots=slots,
                                  context=context, path=path, path_len=path_len, scale=layer.self_attn.scaling,
-                                 schedule=self.attention, pdl=pdl, counts=self._attention_counts,
+                                 schedule=self.attention, key_block=self.key_block, pdl=pdl,
+                                 counts=self._attention_counts,
                                  trace=self._trace("attention", index), early=self.early,
                                  flags=flags).view(rows, -1)
 

@@ -58,12 +58,14 @@ class CudaSettings(BaseSettings):
                         "session 32's H100 with tile_rows=16, pdl=prefetch and both folds a step 1.19 against "
                         "1.41 ms, but a 32-row pass 1.40 steps).")
     compile: bool = Field(True, description="The norms and SiLU compiled by torch.compile.")
-    attention: Literal["worklist", "grid", "fold", "walk"] = Field(
+    attention: Literal["worklist", "grid", "fold"] = Field(
         "worklist", description="Attention's launch schedule (kernels/row_attention.py): worklist and grid give the "
-                                "same bits; fold combines in the same launch (other bits, still each row's own); "
-                                "walk has one program walk a row's 1,024 keys in order and write its output, no "
-                                "partials, and warms them into L2 while the kernel before runs (session 39, not yet "
-                                "run on a GPU; its own bits, each row's own).")
+                                "same bits; fold combines in the same launch (other bits, still each row's own).")
+    key_block: Literal[64, 128] = Field(
+        128, description="Logical keys per attention block (kernels/row_attention.py): part of every row's "
+        "summation order, so of its bits (still each row's own). Attention alone at 512 keys, worklist, CUDA "
+        "graphs: 64-key blocks 6.6-6.8 against 8.2-8.4 us a layer on every H100 and H200 run since session 29; "
+        "in a step and a pass not yet timed (session 40).")
     chain: bool = Field(True, description="Plain steps queued one ahead on the device (forward/chained.py).")
     pdl: Literal["auto", "off", "launch", "prefetch", "flags"] = Field(
         "auto", description="Our kernels launched as programmatic dependents (sm_90+; 'auto': 'launch' there, "
@@ -77,9 +79,9 @@ class CudaSettings(BaseSettings):
     early: bool = Field(False, description="Attention and the fused products read the pass's metadata (which "
                         "rows hold a token, their keys) before they wait for the kernel before, and o and down the "
                         "residual right after it: the same values sooner, a round trip or two off each launch's "
-                        "chain (session 33; session 38's H200: a step 5% faster but bits changed, so the early reads "
-                        "of the metadata and, since session 39, of the residual go through L2, not yet run on a "
-                        "GPU).")
+                        "chain (session 33; session 38's H200: a step 5% faster but bits changed; session 40's, "
+                        "with both early reads through L2: bits still changed, from layer 20 on, the same every "
+                        "run, and the five-launch step slower, 1.018 against 0.953 ms traced).")
     row_group: Literal[1, 2, 4] = Field(
         1, description="Blocks of tile_rows rows a fused program computes with each weight tile it loads (only "
         "those up to the last that holds a token; each block its own product, so the bits are a group of one's): a "
@@ -95,7 +97,7 @@ class CudaSettings(BaseSettings):
         "launch", description="A split product's sum (row_linear's products): a second launch, or its last "
         "program.")
 
-    @field_validator("tile_rows", "row_group", "pass_row_group", mode="before")
+    @field_validator("tile_rows", "row_group", "pass_row_group", "key_block", mode="before")
     @classmethod
     def _whole_number(cls, value: Any) -> Any:
         return int(value) if isinstance(value, str) and value.isdigit() else value  # the environment's text

@@ -12,6 +12,7 @@ import torch
 
 from codespec.engine import Engine
 from codespec.errors import SettingError
+from codespec.forward import cuda
 from codespec.forward.cuda import CudaForward
 from codespec.kernels import row_linear as row_linear_module
 from codespec.models.tiny import tiny_model
@@ -59,23 +60,20 @@ def prefilled(forward: CudaForward, prompt: list[int]):
 
 
 @pytest.mark.parametrize("attention,reduce,prompt_len", [
-    ("reference", "launch", 19), ("fold", "fold", 19), ("walk", "fold", 19),
-    pytest.param("walk", "fold", 131, marks=pytest.mark.slow)])  # ~45 s: nine replays of the prefill
+    ("reference", "launch", 19), ("fold", "fold", 19),
+    pytest.param("fold", "fold", 131, marks=pytest.mark.slow)])  # ~45 s: nine replays of the prefill
 def test_a_fused_row_equals_its_decode_step_bit_for_bit(triton_products, monkeypatch, attention, reduce, prompt_len):
     """A tree row off the main chain gets the bits of the decode step that sees the same
     keys: the norm's sums of squares, the SiLU pairs and the splits depend on the row
-    alone, layer after layer; with attention's fold or walk schedule and the products'
-    folded splits too (their Triton kernels, one counts buffer each for every layer). The
-    walk over 131 keys in chunks of one key block: rows of one chunk written directly,
-    rows past the first block folding two."""
+    alone, layer after layer; with attention's fold schedule and the products' folded
+    splits too (their Triton kernels, one counts buffer each for every layer). The fold
+    over 131 keys: rows past the first key block combine two partials."""
     monkeypatch.setenv("CODESPEC_CUDA_REDUCE", reduce)
     if attention != "reference":
         from codespec.kernels import row_attention
 
         monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", attention)
         monkeypatch.setattr(row_attention, "use_triton", lambda tensor, force: True)
-        if prompt_len > row_attention.KEY_BLOCK:
-            monkeypatch.setattr(row_attention, "WALK_BLOCKS", 1)
     model = tiny_model("qwen2", vocab_size=32, seed=7, dtype=torch.float32)
     forward = CudaForward(model, rows=16, fused=True)
     prompt = [1 + i % 31 for i in range(prompt_len)]  # ids of the 32-token vocabulary
@@ -185,3 +183,27 @@ def test_counted_launches_ask_for_the_fused_layers(monkeypatch):
     model = tiny_model("qwen2", vocab_size=32, seed=13, dtype=torch.float32)
     with pytest.raises(SettingError, match="CODESPEC_CUDA_FUSED=1"):
         CudaForward(model, rows=16, fused=False)
+
+
+@pytest.mark.parametrize("schedule", ["worklist", "fold"])
+def test_attention_launches_take_the_backends_key_block_and_rows_stay_steps(monkeypatch, schedule):
+    """CODESPEC_CUDA_KEY_BLOCK=64 reaches every attention launch (the Triton kernel under
+    the interpreter), and a tree row over 70 keys (two 64-key blocks) still gets its
+    decode step's bits."""
+    from codespec.kernels import row_attention
+
+    seen = []
+
+    def recorded(*args, **kwargs):
+        seen.append(kwargs["key_block"])
+        return row_attention.row_attention(*args, **kwargs)
+
+    monkeypatch.setenv("CODESPEC_CUDA_KEY_BLOCK", "64")
+    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", schedule)
+    monkeypatch.setattr(row_attention, "use_triton", lambda tensor, force: True)
+    monkeypatch.setattr(cuda, "row_attention", recorded)
+    model = tiny_model("qwen2", vocab_size=32, seed=7, dtype=torch.float32)
+    forward = CudaForward(model, rows=8)
+    prompt = [1 + i % 31 for i in range(67)]
+    assert_tree_rows_are_steps(forward, prefilled(forward, prompt), len(prompt))
+    assert seen and set(seen) == {64}

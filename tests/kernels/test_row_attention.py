@@ -44,11 +44,12 @@ def test_kernel_matches_reference(dtype):
     assert torch.count_nonzero(got[-1]) == 0  # the padding row: no keys, zeros
 
 
-@pytest.mark.parametrize("schedule", ["worklist", "fold", "walk"])
-def test_a_rows_bits_depend_on_its_keys_alone(schedule, monkeypatch):
+@pytest.mark.parametrize("key_block", [None, 64])
+@pytest.mark.parametrize("schedule", ["worklist", "fold"])
+def test_a_rows_bits_depend_on_its_keys_alone(schedule, key_block):
     """The same query over the same keys gets the same bits: alone or among other rows,
     and with its keys scattered along a tree path or contiguous after decoding (two key
-    blocks: the combine's order is in them too)."""
+    blocks of 128, four of 64: the combine's order is in them too)."""
     torch.manual_seed(2)
     context, tail = 200, [205, 207, 213]
     keys, values = (torch.randn(2, KV_HEADS, 256, DIM, dtype=torch.bfloat16) for _ in range(2))
@@ -63,14 +64,12 @@ def test_a_rows_bits_depend_on_its_keys_alone(schedule, monkeypatch):
                     path=torch.tensor([p + [0] * (width - len(p)) for p in paths]),
                     path_len=torch.tensor([len(p) for p in paths]))
         return row_attention(query[rows], keys, values, **meta, scale=0.125, force_triton=True, schedule=schedule,
-                             counts=torch.zeros(64, dtype=torch.int32))
+                             counts=torch.zeros(64, dtype=torch.int32), key_block=key_block)
 
-    for walk in (module.WALK_BLOCKS, 1):  # the walk's row in one chunk, and in two folded
-        monkeypatch.setattr(module, "WALK_BLOCKS", walk)
-        in_a_pass = run([0, 1, 2, 3, 4], [0, 1, 0, 1, 0], [context, 40, 7, 250, 0], [tail, [], [8, 9], [], []])[0]
-        alone = run([0], [0], [context], [tail])[0]
-        decoded = run([0], [1], [context + len(tail)], [[]])[0]  # the decode step after the path was kept
-        assert torch.equal(in_a_pass, alone) and torch.equal(alone, decoded)
+    in_a_pass = run([0, 1, 2, 3, 4], [0, 1, 0, 1, 0], [context, 40, 7, 250, 0], [tail, [], [8, 9], [], []])[0]
+    alone = run([0], [0], [context], [tail])[0]
+    decoded = run([0], [1], [context + len(tail)], [[]])[0]  # the decode step after the path was kept
+    assert torch.equal(in_a_pass, alone) and torch.equal(alone, decoded)
 
 
 def test_long_rows_split_into_blocks_any_launch_gives_the_same_bits(monkeypatch):
@@ -158,6 +157,30 @@ def test_the_fold_schedule_matches_the_reference_and_leaves_its_counts_zero(dtyp
     assert torch.count_nonzero(results[0][-1]) == 0  # the padding row
 
 
+@pytest.mark.parametrize("schedule", ["worklist", "fold"])
+def test_64_key_blocks_match_the_reference(schedule, monkeypatch):
+    """CODESPEC_CUDA_KEY_BLOCK=64 (session 40): rows of one to ten 64-key blocks (past a
+    fold's combine step, FOLD_CHUNK), paths and a padding row, equal to the reference;
+    any wave gives the same bits, and the fold leaves its counts zero."""
+    rng = random.Random(21)
+    positions = 64 * 10 + 20
+    keys, values = (torch.randn(3, KV_HEADS, positions, DIM) for _ in range(2))
+    rows = random_rows(rng, 7, 3, positions)
+    rows["context"][1], rows["context"][2] = 64 * 9 + 5, 64 * 2  # ten blocks; two
+    query = torch.randn(7, HEADS, DIM)
+    counts = torch.zeros(64, dtype=torch.int32)
+    expected = row_attention_ref(query, keys, values, *rows.values(), 0.125)
+    results = []
+    for programs in (1, 3, 50):
+        monkeypatch.setattr(module, "wave", lambda device, n=programs: n)
+        results.append(row_attention(query, keys, values, **rows, scale=0.125, force_triton=True, schedule=schedule,
+                                     counts=counts, key_block=64))
+        assert not counts.any(), programs
+    assert torch.allclose(results[0], expected, atol=1e-5, rtol=1e-5)
+    assert all(torch.equal(result, results[0]) for result in results)
+    assert torch.count_nonzero(results[0][-1]) == 0  # the padding row
+
+
 def test_the_fold_schedule_needs_its_counts():
     query, keys = torch.randn(2, HEADS, DIM), torch.randn(1, KV_HEADS, 8, DIM)
     rows = dict(slots=torch.tensor([0, 0]), context=torch.tensor([1, 2]), path=torch.zeros(2, 1, dtype=torch.int64),
@@ -166,60 +189,11 @@ def test_the_fold_schedule_needs_its_counts():
         row_attention(query, keys, keys, **rows, scale=1.0, force_triton=True, schedule="fold")
     with pytest.raises(ValueError, match="fold schedule needs counts"):
         fold(query, keys, keys, rows, counts=torch.zeros(3, dtype=torch.int32))  # 2 rows x 2 KV heads
-    with pytest.raises(ValueError, match="walk schedule needs counts"):
-        row_attention(query, keys, keys, **rows, scale=1.0, force_triton=True, schedule="walk")
+    with pytest.raises(ValueError, match="attention schedule 'walk': expected one of worklist, grid, fold"):
+        row_attention(query, keys, keys, **rows, scale=1.0, force_triton=True, schedule="walk")  # removed, session 40
 
 
-def walk(query, keys, values, rows, counts):
-    return row_attention(query, keys, values, **rows, scale=0.125, force_triton=True, schedule="walk", counts=counts)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_walk_schedule_matches_the_reference_and_leaves_its_counts_zero(dtype, monkeypatch):
-    """`walk`: a (row, KV head)'s chunks of WALK_BLOCKS key blocks each walked in order by
-    one program, a row of one chunk written directly, a longer row's chunks folded (of
-    more chunks than a combine step, FOLD_CHUNK, too), paths, a padding row (zeros). Any
-    wave gives the same bits, and the counts are zero after every launch."""
-    rng = random.Random(13)
-    positions = KEY_BLOCK * 10 + 20
-    keys, values = (torch.randn(3, KV_HEADS, positions, DIM).to(dtype) for _ in range(2))
-    rows = random_rows(rng, 7, 3, positions)
-    rows["context"][1], rows["context"][2] = KEY_BLOCK * 9 + 5, 4 * KEY_BLOCK + 1  # ten and five blocks
-    query = torch.randn(7, HEADS, DIM).to(dtype)
-    counts = torch.zeros(64, dtype=torch.int32)
-    expected = row_attention_ref(query, keys, values, *rows.values(), 0.125)
-    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
-    for blocks in (module.WALK_BLOCKS, 4, 1):  # chunks of 4: three and two; of 1: ten, two combine steps
-        monkeypatch.setattr(module, "WALK_BLOCKS", blocks)
-        results = []
-        for programs in (1, 3, 50):
-            monkeypatch.setattr(module, "wave", lambda device, n=programs: n)
-            results.append(walk(query, keys, values, rows, counts))
-            assert not counts.any(), programs
-        assert torch.allclose(results[0].float(), expected.float(), atol=tolerance, rtol=tolerance), blocks
-        assert all(torch.equal(result, results[0]) for result in results), blocks
-        assert torch.count_nonzero(results[0][-1]) == 0  # the padding row
-
-
-def test_a_walk_of_one_block_a_chunk_is_the_fold():
-    """A chunk of one block walked is that block's partial as the fold computes it (the
-    online softmax's first step rescales nothing), and a row's partials fold in the same
-    combine: the walk at WALK_BLOCKS=1 gives the fold's bits, whatever WALK_BLOCKS is for
-    the build (pinning both schedules' arithmetic to each other)."""
-    rng = random.Random(17)
-    positions = KEY_BLOCK * 4 + 9
-    keys, values = (torch.randn(2, KV_HEADS, positions, DIM, dtype=torch.bfloat16) for _ in range(2))
-    rows = random_rows(rng, 6, 2, positions)
-    rows["context"][0] = 3 * KEY_BLOCK + 2
-    query = torch.randn(6, HEADS, DIM, dtype=torch.bfloat16)
-    counts = torch.zeros(64, dtype=torch.int32)
-    folded = fold(query, keys, values, rows, counts)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(module, "WALK_BLOCKS", 1)
-        assert torch.equal(walk(query, keys, values, rows, counts), folded)
-
-
-@pytest.mark.parametrize("schedule", ["grid", "worklist", "fold", "walk"])
+@pytest.mark.parametrize("schedule", ["grid", "worklist", "fold"])
 def test_reading_the_metadata_early_gives_the_same_bits(schedule, monkeypatch):
     """`early` (CODESPEC_CUDA_EARLY): each schedule reads the pass's metadata before PDL's
     wait, the same values sooner: the same bits over rows of several blocks, paths and

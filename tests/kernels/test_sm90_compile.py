@@ -78,18 +78,6 @@ for clock, early, flagged in ((0, False, False), (1, False, False), (0, True, Fa
         {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64, "HEADS_PAD": 16, "CHUNK": 8, "PDL": True, "CLOCK": clock,
          "EARLY": early, "FLAGS": flagged},
         warps=WORK_WARPS)
-# the walk (kernels/_triton_walk.py): without PDL, warming the first item before the wait
-# (PDL), and the metadata early too
-from codespec.kernels import _triton_walk
-
-for pdl, early in ((False, False), (True, False), (True, True)):
-    out["walk" + " pdl" * pdl + " early" * early] = build(
-        _triton_walk._row_attention_walk_kernel,
-        dict(pointers[:4] + [("out_ptr", "*bf16"), ("count_ptr", "*i32")] + meta + [("rows", "i32")] + strides
-             + [("s_out_row", "i32"), ("s_out_head", "i32")] + trace + flags),
-        {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64, "HEADS_PAD": 16, "WALK": 4, "CHUNK": 8, "PDL": pdl, "CLOCK": 0,
-         "EARLY": early, "FLAGS": False, "WARM": pdl},
-        warps=WORK_WARPS)
 out["rope_store pdl"] = build(_triton._rope_store_kernel,
                               {**{name: "*bf16" for name in ("qkv_ptr", "cos_ptr", "sin_ptr")},
                                **{name: "*i64" for name in ("positions_ptr", "source_ptr", "write_slot_ptr",
@@ -217,26 +205,6 @@ def compiled() -> dict[str, dict]:
 def test_attention_schedules_launch_without_spilling(compiled):
     assert compiled["worklist"]["stack"] == 0 and compiled["worklist pdl"]["stack"] == 0
     assert compiled["fold pdl"]["stack"] == 0
-    for kernel in ("walk", "walk pdl", "walk pdl early"):
-        assert compiled[kernel]["stack"] == 0, kernel
-
-
-def test_the_walk_pipelines_its_blocks_and_warms_them_before_it_waits(compiled):
-    """The walk's loop over a chunk's key blocks: their keys and values through 16-byte
-    asynchronous copies into shared memory (the next block's in flight while one
-    computes), never 2-byte loads. With PDL, the first item's keys and values warmed into
-    L2 before the wait, from metadata read through L2 alone (addresses, no value), and no
-    warming after it; nothing else is read before the wait."""
-    for kernel in ("walk", "walk pdl"):
-        ptx = compiled[kernel]["ptx"]
-        assert "cp.async.cg.shared.global" in ptx and "ld.global.b16" not in ptx, kernel
-    ptx = compiled["walk pdl"]["ptx"]
-    wait = ptx.index("griddepcontrol.wait")
-    assert ptx.index("griddepcontrol.launch_dependents") < wait
-    assert "prefetch.global.L2" in ptx[:wait] and "prefetch.global.L2" not in ptx[wait:]
-    reads = re.findall(r"\b(ld\.global\S*|cp\.async\.(?!bulk\.prefetch)\S*|atom\.\S*)", ptx[:wait])
-    assert reads and all(read.startswith("ld.global.cg") for read in reads), reads
-    assert "prefetch.global.L2" not in compiled["walk"]["ptx"]
 
 
 def test_loads_vectorize_and_pipeline_as_on_the_gpu(compiled):
@@ -319,8 +287,7 @@ def test_a_traced_kernel_reads_the_global_timer_at_each_phase_and_spills_nothing
 
 
 @pytest.mark.parametrize("kernel", ["linear m16 down early", "linear m16 o early", "linear m16 qkv early",
-                                    "linear m16 gate_up early", "linear m16 lm_head early", "fold pdl early",
-                                    "walk pdl early"])
+                                    "linear m16 gate_up early", "linear m16 lm_head early", "fold pdl early"])
 def test_early_kernels_read_the_pass_metadata_alone_before_they_wait(compiled, kernel):
     """CODESPEC_CUDA_EARLY: the rows that hold a token (int64 metadata, which the host's
     copy writes before the graph's first kernel) come in before `griddepcontrol.wait`,
