@@ -68,38 +68,18 @@ def tree_mask(parents: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def metadata(ptr, EARLY: tl.constexpr):
-    # The pass's metadata at `ptr` (int64, forward/passlayout.py). EARLY: read before
-    # pdl's wait, so through L2 (.cg), never a line an SM's L1 kept from an earlier
-    # replay: the host copies each replay's metadata into the same buffer, and a
-    # programmatic dependent's L1 is only sure to be current past the wait (the H200
-    # found early reads changing bits in session 38; a stale L1 line is the suspect).
-    if EARLY:
-        return tl.load(ptr, cache_modifier=".cg")
-    return tl.load(ptr)
-
-
-@triton.jit
-def masked_metadata(ptr, mask, EARLY: tl.constexpr):
-    # `metadata` at the lanes of `mask`, 0 at the others.
-    if EARLY:
-        return tl.load(ptr, mask=mask, other=0, cache_modifier=".cg")
-    return tl.load(ptr, mask=mask, other=0)
-
-
-@triton.jit
-def holds_token(context_ptr, path_len_ptr, row, EARLY: tl.constexpr):
+def holds_token(context_ptr, path_len_ptr, row):
     # Whether a pass's row holds a token: it attends to something (context + path > 0); a
-    # padding row attends to nothing (forward/passlayout.py). EARLY: as `metadata`.
-    return metadata(context_ptr + row, EARLY) + metadata(path_len_ptr + row, EARLY) > 0
+    # padding row attends to nothing (forward/passlayout.py).
+    return tl.load(context_ptr + row) + tl.load(path_len_ptr + row) > 0
 
 
 @triton.jit
-def live_rows(context_ptr, path_len_ptr, rows, LIVE: tl.constexpr, EARLY: tl.constexpr):
+def live_rows(context_ptr, path_len_ptr, rows, LIVE: tl.constexpr):
     # holds_token for `rows` (a row or a block of them) where the launch has the pass's
     # rows (LIVE); every row otherwise.
     if LIVE:
-        return holds_token(context_ptr, path_len_ptr, rows, EARLY)
+        return holds_token(context_ptr, path_len_ptr, rows)
     return tl.full(rows.shape, 1, tl.int1)
 
 
@@ -115,7 +95,7 @@ def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, positions_ptr, source_ptr, wri
     pdl_wait(PDL)
     row = tl.program_id(0)
     head = tl.program_id(1)
-    if live_rows(context_ptr, path_len_ptr, row, LIVE, False):
+    if live_rows(context_ptr, path_len_ptr, row, LIVE):
         _rope_store_head(qkv_ptr, cos_ptr, sin_ptr, positions_ptr, source_ptr, write_slot_ptr, write_position_ptr,
                          q_ptr, k_ptr, v_ptr, row, head, s_qkv, s_rope, s_q_row, s_q_head, s_kv_slot, s_kv_head,
                          s_kv_pos, HEADS, KV_HEADS, DIM, TABLES)

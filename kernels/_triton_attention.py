@@ -12,7 +12,6 @@ import torch
 import triton
 import triton.language as tl
 
-from codespec.kernels._triton import masked_metadata, metadata
 from codespec.kernels._triton_pdl import COUNTED, launch_options, pdl_done, pdl_start, pdl_wait_for
 from codespec.kernels._triton_trace import ENDED, START, WAITED, launch_hooks, program_index, trace_mark
 from codespec.kernels.flags import TakeFlag
@@ -70,21 +69,17 @@ def _row_attention_block_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, contex
                                 s_part_row, s_part_head, s_part_block, trace_ptr, clock_ptr, flags_ptr, launch,
                                 before, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, DIM: tl.constexpr,
                                 KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
-                                CLOCK: tl.constexpr, EARLY: tl.constexpr, FLAGS: tl.constexpr):
+                                CLOCK: tl.constexpr, FLAGS: tl.constexpr):
     # The `grid` schedule: one program per (row, KV head, program of the block axis),
-    # taking the row's key blocks b = program, program + programs, ... EARLY: the pass's
-    # metadata read before the wait (no kernel writes it), as in every kernel below.
+    # taking the row's key blocks b = program, program + programs, ...
     program = program_index()
     trace_mark(trace_ptr, clock_ptr, program, START, CLOCK)
     pdl_start(PDL)
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
-    if EARLY:
-        slot, context, total = _row_keys(slots_ptr, context_ptr, path_len_ptr, row, True)
     pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
     trace_mark(trace_ptr, clock_ptr, program, WAITED, CLOCK)
-    if not EARLY:
-        slot, context, total = _row_keys(slots_ptr, context_ptr, path_len_ptr, row, False)
+    slot, context, total = _row_keys(slots_ptr, context_ptr, path_len_ptr, row)
     q = _query_group(q_ptr, row, kv_head, s_q_row, s_q_head, GROUP, GROUP_PAD, DIM)
     for block in range(tl.program_id(2), tl.cdiv(total, KEY_BLOCK), tl.num_programs(2)):
         _block_partial(q, k_ptr, v_ptr, part_ptr, path_ptr, row, kv_head, slot, context, total, block, scale,
@@ -95,22 +90,19 @@ def _row_attention_block_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, contex
 
 
 @triton.jit
-def _row_keys(slots_ptr, context_ptr, path_len_ptr, row, EARLY: tl.constexpr):
-    # A row's slot, its contiguous keys and all its keys (the pass's metadata; EARLY: read
-    # before pdl's wait, _triton.metadata).
-    context = metadata(context_ptr + row, EARLY)
-    return metadata(slots_ptr + row, EARLY), context, context + metadata(path_len_ptr + row, EARLY)
+def _row_keys(slots_ptr, context_ptr, path_len_ptr, row):
+    # A row's slot, its contiguous keys and all its keys (the pass's metadata).
+    context = tl.load(context_ptr + row)
+    return tl.load(slots_ptr + row), context, context + tl.load(path_len_ptr + row)
 
 
 @triton.jit
-def _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD: tl.constexpr, KEY_BLOCK: tl.constexpr,
-                 EARLY: tl.constexpr):
+def _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD: tl.constexpr, KEY_BLOCK: tl.constexpr):
     # Each row's key blocks ([ROWS_PAD], 0 past the pass's rows and for padding rows), and
-    # where each row's blocks end in the pass's flat list of blocks. EARLY: read before
-    # pdl's wait, through L2 (_triton.metadata).
+    # where each row's blocks end in the pass's flat list of blocks.
     r = tl.arange(0, ROWS_PAD)
     listed = r < rows
-    keys = masked_metadata(context_ptr + r, listed, EARLY) + masked_metadata(path_len_ptr + r, listed, EARLY)
+    keys = tl.load(context_ptr + r, mask=listed, other=0) + tl.load(path_len_ptr + r, mask=listed, other=0)
     blocks = tl.cdiv(keys, KEY_BLOCK)
     return blocks, tl.cumsum(blocks, axis=0)
 
@@ -118,19 +110,14 @@ def _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD: tl.constexpr, KEY_BL
 @triton.jit
 def _wave_start(context_ptr, path_len_ptr, rows, trace_ptr, clock_ptr, flags_ptr, launch, before,
                 ROWS_PAD: tl.constexpr, KEY_BLOCK: tl.constexpr, PDL: tl.constexpr, CLOCK: tl.constexpr,
-                EARLY: tl.constexpr, FLAGS: tl.constexpr):
+                FLAGS: tl.constexpr):
     # A worklist wave's program up to its work: its start marked, its dependents let go,
-    # the wait for the kernel before, and the pass's blocks (read before the wait where
-    # EARLY: metadata no kernel writes).
+    # the wait for the kernel before, and the pass's blocks.
     trace_mark(trace_ptr, clock_ptr, tl.program_id(0), START, CLOCK)
     pdl_start(PDL)
-    if EARLY:
-        blocks, ends = _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK, True)
     pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
     trace_mark(trace_ptr, clock_ptr, tl.program_id(0), WAITED, CLOCK)
-    if not EARLY:
-        blocks, ends = _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK, False)
-    return blocks, ends
+    return _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK)
 
 
 @triton.jit
@@ -160,14 +147,13 @@ def _row_attention_work_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context
                                s_part_row, s_part_head, s_part_block, trace_ptr, clock_ptr, flags_ptr, launch, before,
                                KV_HEADS: tl.constexpr, ROWS_PAD: tl.constexpr, GROUP: tl.constexpr,
                                GROUP_PAD: tl.constexpr, DIM: tl.constexpr, KEY_BLOCK: tl.constexpr,
-                               PRECISION: tl.constexpr, PDL: tl.constexpr, CLOCK: tl.constexpr, EARLY: tl.constexpr,
-                               FLAGS: tl.constexpr):
+                               PRECISION: tl.constexpr, PDL: tl.constexpr, CLOCK: tl.constexpr, FLAGS: tl.constexpr):
     # The `worklist` schedule: a fixed number of programs (a wave of the device) share the
     # pass's real work, the (row, key block, KV head) items in that order, item i going to
     # program i mod programs. Padding rows have no blocks, so they add no programs: a
     # one-row step over 512 keys is 8 items, not the grid's rows * KV heads * 16 programs.
     blocks, ends = _wave_start(context_ptr, path_len_ptr, rows, trace_ptr, clock_ptr, flags_ptr, launch, before,
-                               ROWS_PAD, KEY_BLOCK, PDL, CLOCK, EARLY, FLAGS)
+                               ROWS_PAD, KEY_BLOCK, PDL, CLOCK, FLAGS)
     for item in range(tl.program_id(0), tl.sum(blocks, axis=0) * KV_HEADS, tl.num_programs(0)):
         _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr,
                    scale, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head,
@@ -277,14 +263,13 @@ def _row_attention_fold_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_ptr
                                flags_ptr, launch, before, KV_HEADS: tl.constexpr, ROWS_PAD: tl.constexpr,
                                GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEADS_PAD: tl.constexpr,
                                DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr,
-                               CHUNK: tl.constexpr, PDL: tl.constexpr, CLOCK: tl.constexpr, EARLY: tl.constexpr,
-                               FLAGS: tl.constexpr):
+                               CHUNK: tl.constexpr, PDL: tl.constexpr, CLOCK: tl.constexpr, FLAGS: tl.constexpr):
     # The `fold` schedule: the worklist's items, then the combine of a (row, KV head)'s
     # query heads by the program that stored its last block (an atomic count per pair
     # after a CTA barrier, acq_rel at GPU scope, reset by that program: row_linear's fold),
     # all GROUP heads at once. One launch a layer, not two; rows with no keys get zeros.
     blocks, ends = _wave_start(context_ptr, path_len_ptr, rows, trace_ptr, clock_ptr, flags_ptr, launch, before,
-                               ROWS_PAD, KEY_BLOCK, PDL, CLOCK, EARLY, FLAGS)
+                               ROWS_PAD, KEY_BLOCK, PDL, CLOCK, FLAGS)
     zero_keyless_rows(out_ptr, blocks, rows, s_out_row, s_out_head, GROUP * KV_HEADS, HEADS_PAD, DIM, ROWS_PAD)
     r = tl.arange(0, ROWS_PAD)
     for item in range(tl.program_id(0), tl.sum(blocks, axis=0) * KV_HEADS, tl.num_programs(0)):
@@ -307,18 +292,15 @@ def _row_attention_fold_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_ptr
 def _row_attention_combine_kernel(out_ptr, part_ptr, context_ptr, path_len_ptr, s_out_row, s_out_head,
                                   s_part_row, s_part_head, s_part_block, trace_ptr, clock_ptr, flags_ptr, launch,
                                   before, DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, CHUNK: tl.constexpr,
-                                  PDL: tl.constexpr, CLOCK: tl.constexpr, EARLY: tl.constexpr, FLAGS: tl.constexpr):
+                                  PDL: tl.constexpr, CLOCK: tl.constexpr, FLAGS: tl.constexpr):
     # One program per (row, query head).
     program = program_index()
     trace_mark(trace_ptr, clock_ptr, program, START, CLOCK)
     pdl_start(PDL)
     row = tl.program_id(0)
-    if EARLY:
-        blocks = tl.cdiv(metadata(context_ptr + row, True) + metadata(path_len_ptr + row, True), KEY_BLOCK)
     pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
     trace_mark(trace_ptr, clock_ptr, program, WAITED, CLOCK)
-    if not EARLY:
-        blocks = tl.cdiv(tl.load(context_ptr + row) + tl.load(path_len_ptr + row), KEY_BLOCK)
+    blocks = tl.cdiv(tl.load(context_ptr + row) + tl.load(path_len_ptr + row), KEY_BLOCK)
     _combine(out_ptr, part_ptr, row, tl.program_id(1), blocks, s_out_row, s_out_head, s_part_row, s_part_head,
              s_part_block, DIM, CHUNK)
     trace_mark(trace_ptr, clock_ptr, program, ENDED, CLOCK)
@@ -329,8 +311,7 @@ def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                   context: torch.Tensor, path: torch.Tensor, path_len: torch.Tensor, scale: float,
                   out: torch.Tensor, key_block: int, block_programs: int, schedule: str, programs: int,
                   work_warps: int, pdl: bool = False, counts: torch.Tensor | None = None,
-                  fold_chunk: int = 8, trace: TakeTrace | None = None, early: bool = False,
-                  flags: TakeFlag | None = None) -> None:
+                  fold_chunk: int = 8, trace: TakeTrace | None = None, flags: TakeFlag | None = None) -> None:
     rows, heads, dim = query.shape
     kv_heads = keys.shape[1]
     group = heads // kv_heads
@@ -339,7 +320,7 @@ def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     part = torch.empty(rows, heads, blocks, 2 + dim, dtype=torch.float32, device=query.device)
     strides = (query.stride(0), query.stride(1), keys.stride(0), keys.stride(1), keys.stride(2), path.stride(0),
                part.stride(0), part.stride(1), part.stride(2))
-    launch = dict(PDL=pdl, EARLY=early, **launch_options(pdl))
+    launch = dict(PDL=pdl, **launch_options(pdl))
     shapes = dict(GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), DIM=dim, KEY_BLOCK=key_block,
                   PRECISION="ieee" if query.dtype == torch.float32 else "tf32")
 

@@ -98,16 +98,13 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
                        DIM: tl.constexpr, RESIDUAL: tl.constexpr, LIVE: tl.constexpr, PDL: tl.constexpr,
                        PREFETCH: tl.constexpr, SECTOR: tl.constexpr, SECTORS: tl.constexpr, WARM_ROWS: tl.constexpr,
                        FOLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       UPCAST: tl.constexpr, CLOCK: tl.constexpr, EARLY: tl.constexpr, ROW_GROUP: tl.constexpr,
-                       FLAGS: tl.constexpr):
+                       UPCAST: tl.constexpr, CLOCK: tl.constexpr, ROW_GROUP: tl.constexpr, FLAGS: tl.constexpr):
     # One program per (BLOCK_N outputs, split of K, ROW_GROUP blocks of BLOCK_M rows): its
     # K range is fixed by the split's index alone, walked in BLOCK_K steps; an output row
     # depends on its own input row (a tensor-core product never mixes rows; the norm's sum
     # is per row). Each weight tile serves every block of the group that holds a token,
     # each block its own [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] dot, as a group of one
     # computes it. CLOCK: its time at each phase into trace_ptr (kernels/_triton_trace.py).
-    # EARLY: the rows that hold a token read before the wait (the pass's metadata: no
-    # kernel writes it), a group of one's residual right after it, not in the epilogue.
     program = program_index()
     trace_mark(trace_ptr, clock_ptr, program, START, CLOCK)
     pdl_start(PDL)
@@ -120,17 +117,10 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
         # this program's weights into L2 while the kernel before runs (no pass writes them),
         # by the first group of rows (never padding) for the groups below it too
         _warm_weights(w_ptr, tl.program_id(0) * BLOCK_N, first, last, s_w, BLOCK_N, SECTOR, SECTORS, WARM_ROWS)
-    if EARLY:
-        live0, live1, live2, live3, used = _group_rows(context_ptr, path_len_ptr, m, LIVE, ROW_GROUP, BLOCK_M, True)
     pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
     trace_mark(trace_ptr, clock_ptr, program, WAITED, CLOCK)
-    if not EARLY:
-        live0, live1, live2, live3, used = _group_rows(context_ptr, path_len_ptr, m, LIVE, ROW_GROUP, BLOCK_M,
-                                                       False)
+    live0, live1, live2, live3, used = _group_rows(context_ptr, path_len_ptr, m, LIVE, ROW_GROUP, BLOCK_M)
     if used > 0:  # a group of padding rows computes nothing
-        residual = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        if EARLY and RESIDUAL and ROW_GROUP == 1:  # in flight during the K loop (an earlier kernel wrote it)
-            residual = _residual(residual_ptr, m, n, s_residual, True)
         inputs = None
         if ROW_GROUP == 1:
             # what the epilogue reads that no kernel writes (the bias, rotary's tables at the
@@ -178,7 +168,7 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
                             s_residual, s_out, s_block_out, context_ptr, path_len_ptr, cos_ptr, sin_ptr, positions_ptr,
                             wslot_ptr, wpos_ptr, k_ptr, v_ptr, s_rope, s_kv_slot, s_kv_head, s_kv_pos, HAS_BIAS,
                             RESIDUAL, PAIRS, SQUARES_OUT, CHOICES, ROPE, HEADS, KV_HEADS, DIM, BLOCK_M, BLOCK_N,
-                            residual, EARLY and ROW_GROUP == 1, inputs, ROW_GROUP == 1)
+                            inputs, ROW_GROUP == 1)
                 else:
                     tl.store(part_ptr + split * s_part_split + rows[:, None] * s_part + n[None, :], acc)
         if SPLITS > 1 and FOLD:  # the program that stores a group's last split adds them all, as the reduce kernel does
@@ -195,25 +185,24 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
                                 s_residual, s_out, s_block_out, context_ptr, path_len_ptr, cos_ptr, sin_ptr,
                                 positions_ptr, wslot_ptr, wpos_ptr, k_ptr, v_ptr, s_rope, s_kv_slot, s_kv_head,
                                 s_kv_pos, HAS_BIAS, RESIDUAL, PAIRS, SQUARES_OUT, CHOICES, ROPE, HEADS, KV_HEADS, DIM,
-                                BLOCK_M, BLOCK_N, residual, EARLY and ROW_GROUP == 1, inputs, ROW_GROUP == 1)
+                                BLOCK_M, BLOCK_N, inputs, ROW_GROUP == 1)
                 tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")  # zero for the next launch
     trace_mark(trace_ptr, clock_ptr, program, ENDED, CLOCK)
     pdl_done(flags_ptr, launch, FLAGS)
 
 
 @triton.jit
-def _group_rows(context_ptr, path_len_ptr, m, LIVE: tl.constexpr, ROW_GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
-                EARLY: tl.constexpr):
+def _group_rows(context_ptr, path_len_ptr, m, LIVE: tl.constexpr, ROW_GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
     # Which rows hold a token in each of the group's blocks (from rows m; past ROW_GROUP,
     # the first block's again), and how many blocks to compute: up to the last that holds
-    # a token (0: none does). EARLY: read before pdl's wait (_triton.metadata).
-    live0 = live_rows(context_ptr, path_len_ptr, m, LIVE, EARLY)
+    # a token (0: none does).
+    live0 = live_rows(context_ptr, path_len_ptr, m, LIVE)
     live1, live2, live3 = live0, live0, live0
     if ROW_GROUP > 1:
-        live1 = live_rows(context_ptr, path_len_ptr, m + BLOCK_M, LIVE, EARLY)
+        live1 = live_rows(context_ptr, path_len_ptr, m + BLOCK_M, LIVE)
     if ROW_GROUP > 2:
-        live2 = live_rows(context_ptr, path_len_ptr, m + 2 * BLOCK_M, LIVE, EARLY)
-        live3 = live_rows(context_ptr, path_len_ptr, m + 3 * BLOCK_M, LIVE, EARLY)
+        live2 = live_rows(context_ptr, path_len_ptr, m + 2 * BLOCK_M, LIVE)
+        live3 = live_rows(context_ptr, path_len_ptr, m + 3 * BLOCK_M, LIVE)
     used = tl.where(tl.max(live0.to(tl.int32), axis=0) > 0, 1, 0)
     if ROW_GROUP > 1:
         used = tl.where(tl.max(live1.to(tl.int32), axis=0) > 0, 2, used)
@@ -274,10 +263,10 @@ def _finish(acc, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, 
             s_rope, s_kv_slot, s_kv_head, s_kv_pos, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
             PAIRS: tl.constexpr, SQUARES_OUT: tl.constexpr, CHOICES: tl.constexpr, ROPE: tl.constexpr,
             HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-            BLOCK_N: tl.constexpr, residual, RESIDUAL_READ: tl.constexpr, inputs, INPUTS_READ: tl.constexpr):
+            BLOCK_N: tl.constexpr, inputs, INPUTS_READ: tl.constexpr):
     """Outputs n_first.. (BLOCK_N of them) of rows m: bias, then the product rounded to
     the model's dtype, then the residual added and rounded again (transformers' `hidden +
-    linear(x)`; `residual` as the caller read it where RESIDUAL_READ, else read here).
+    linear(x)`).
     One float per row for this block into block_out: with SQUARES_OUT the
     sum of squares of what is stored (the next product's norm); with CHOICES its maximum,
     and its first index into index_out (the rows' greedy choices, _choices_kernel). PAIRS:
@@ -305,8 +294,7 @@ def _finish(acc, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, 
                        holds, HEADS, KV_HEADS, DIM, BLOCK_M, BLOCK_N)
     else:
         if RESIDUAL:
-            if not RESIDUAL_READ:
-                residual = _residual(residual_ptr, m, n, s_residual, False)
+            residual = tl.load(residual_ptr + m[:, None] * s_residual + n[None, :]).to(tl.float32)
             acc = acc.to(dtype).to(tl.float32) + residual
         result = acc.to(dtype)
         tl.store(out_ptr + m[:, None] * s_out + n[None, :], result)
@@ -318,20 +306,6 @@ def _finish(acc, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, 
             ranked = _nan_largest(stored)
             tl.store(block_out_ptr + block, tl.max(ranked, axis=1))
             tl.store(index_out_ptr + block, n_first + tl.argmax(ranked, axis=1, tie_break_left=True))
-
-
-@triton.jit
-def _residual(residual_ptr, m, n, s_residual, EARLY: tl.constexpr):
-    # The residual stream's rows m, columns n, in float32 (what o's and down's outputs add
-    # to). EARLY: read by every split's program right after the wait, not by the last one
-    # in its epilogue, so through L2 (.cg): no SM's L1 keeps a line of it that a later
-    # launch's program, already resident there under PDL, would read once the buffer holds
-    # another tensor (session 38's H200 found early changing bits; a stale L1 line is the
-    # suspect, of the metadata or of this).
-    at = residual_ptr + m[:, None] * s_residual + n[None, :]
-    if EARLY:
-        return tl.load(at, cache_modifier=".cg").to(tl.float32)
-    return tl.load(at).to(tl.float32)
 
 
 @triton.jit
@@ -397,7 +371,7 @@ def _epilogue_inputs(m, n_first, bias_ptr, context_ptr, path_len_ptr, cos_ptr, s
         kv_at = (tl.load(wslot_ptr + m, mask=cached, other=0)[:, None] * s_kv_slot + head[None, :] * s_kv_head
                  + tl.load(wpos_ptr + m, mask=cached, other=0)[:, None] * s_kv_pos + (column % DIM)[None, :])
         # a row without a token stores nothing (its source row stores the same K and V)
-        holds = holds_token(context_ptr, path_len_ptr, m, False) & cached
+        holds = holds_token(context_ptr, path_len_ptr, m) & cached
     return bias, cos_lo, cos_hi, sin_lo, sin_hi, kv_at, holds
 
 
@@ -452,12 +426,12 @@ def _row_linear_reduce_kernel(part_ptr, bias_ptr, residual_ptr, out_ptr, block_o
     pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
     m = tl.program_id(1) + tl.zeros([1], tl.int32)
     n_first = tl.program_id(0) * BLOCK
-    if tl.max(live_rows(context_ptr, path_len_ptr, m, LIVE, False).to(tl.int32), axis=0) > 0:
+    if tl.max(live_rows(context_ptr, path_len_ptr, m, LIVE).to(tl.int32), axis=0) > 0:
         acc = _split_sum(part_ptr, m, n_first + tl.arange(0, BLOCK), s_part_split, s_part, SPLITS, "")
         _finish(acc, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, m, n_first, s_residual, s_out,
                 s_block_out, context_ptr, path_len_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr, k_ptr,
                 v_ptr, s_rope, s_kv_slot, s_kv_head, s_kv_pos, HAS_BIAS, RESIDUAL, PAIRS, SQUARES_OUT, CHOICES, ROPE,
-                HEADS, KV_HEADS, DIM, 1, BLOCK, acc, False, None, False)
+                HEADS, KV_HEADS, DIM, 1, BLOCK, None, False)
     pdl_done(flags_ptr, launch, FLAGS)
 
 
@@ -466,8 +440,8 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                squares_out: torch.Tensor | None, choices: torch.Tensor | None, rope: Any, out: torch.Tensor,
                block_m: int, block_n: int, block_k: int, splits: int, num_warps: int, num_stages: int,
                live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False, prefetch: bool = False,
-               counts: torch.Tensor | None = None, trace: TakeTrace | None = None, early: bool = False,
-               row_group: int = 1, flags: TakeFlag | None = None) -> None:
+               counts: torch.Tensor | None = None, trace: TakeTrace | None = None, row_group: int = 1,
+               flags: TakeFlag | None = None) -> None:
     rows = x.shape[0]
     n_size, k_size = weight.shape
     steps = k_size // block_k
@@ -513,7 +487,7 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         PREFETCH=prefetch, SECTOR=sector, SECTORS=sectors,
         WARM_ROWS=min(block_n, max(1, WARM_LANES // sectors)), FOLD=fold, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=_INTERPRETED and x.dtype != torch.float32,
-        EARLY=early, ROW_GROUP=row_group, num_warps=num_warps, num_stages=num_stages, **hooked, **fusion, **launch)
+        ROW_GROUP=row_group, num_warps=num_warps, num_stages=num_stages, **hooked, **fusion, **launch)
     whole_blocks = squares_out is not None or choices is not None or rope is not None
     if splits > 1 and not fold:
         block = reduce_block(n_size, block_n, whole_blocks)

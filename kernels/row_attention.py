@@ -87,7 +87,6 @@ def row_attention(
     pdl: bool = False,  # launched as programmatic dependents on CUDA (kernels/_triton_pdl.py)
     counts: torch.Tensor | None = None,  # fold: int32 zeros, one per (row, KV head) at least, left zero
     trace: TakeTrace | None = None,  # the Triton launches' time marks (kernels/trace.py)
-    early: bool = False,  # the pass's metadata read before pdl's wait (CODESPEC_CUDA_EARLY)
     flags: TakeFlag | None = None,  # wait on counts, not the launch before's end (kernels/flags.py)
 ) -> torch.Tensor:
     """Returns [rows, heads, dim] in the query's dtype (module docstring)."""
@@ -111,7 +110,7 @@ def row_attention(
               f"the {schedule} schedule needs counts: int32 zeros, at least {rows * keys.shape[1]} (rows x KV heads)")
         _triton_attention.row_attention(query, keys, values, slots, context, path, path_len, scale, out,
                                         key_block or KEY_BLOCK, BLOCK_PROGRAMS, schedule, wave(query.device),
-                                        WORK_WARPS, pdl and query.is_cuda, counts, FOLD_CHUNK, trace, early, flags)
+                                        WORK_WARPS, pdl and query.is_cuda, counts, FOLD_CHUNK, trace, flags)
     else:
         out.copy_(row_attention_ref(query, keys, values, slots, context, path, path_len, scale))
     return out

@@ -118,7 +118,7 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                rope: Rope | None = None, choices: torch.Tensor | None = None, config: Config = Config(),
                out: torch.Tensor | None = None,
                live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: str = "off",
-               counts: torch.Tensor | None = None, trace: TakeTrace | None = None, early: bool = False,
+               counts: torch.Tensor | None = None, trace: TakeTrace | None = None,
                flags: TakeFlag | None = None, force_triton: bool | None = None) -> torch.Tensor:
     """[rows, K] -> [rows, N] ([rows, N / 2] with `pairs`) in x's dtype (module
     docstring); `norm` is (RMSNorm weight [K], eps). `squares` (float32 [rows, B], B
@@ -141,10 +141,7 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     added up by the program that stores a block's last split, not by a second launch, in
     the same order (the same bits). `trace` (the Triton kernel): each program's time at
     each phase into the region it gives the launch (kernels/trace.py; the reference has
-    no programs to trace). `early` (CODESPEC_CUDA_EARLY): which rows hold a token read
-    before the wait for the kernel before (the pass's metadata, which no kernel writes),
-    the residual right after it rather than in the epilogue: the same values, read sooner.
-    `flags` (CODESPEC_CUDA_PDL=flags): each launch waits on the count the launch before's
+    no programs to trace). `flags` (CODESPEC_CUDA_PDL=flags): each launch waits on the count the launch before's
     programs raise after their stores, not on its end (kernels/flags.py)."""
     n_size, k_size = weight.shape
     rows = x.shape[0]
@@ -191,8 +188,7 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                                   0.0 if norm is None else norm[1], squares, pairs, residual, squares_out, choices,
                                   rope, out, config.block_m, config.block_n, config.block_k, config.splits,
                                   config.num_warps, config.num_stages, live, pdl != "off" and x.is_cuda,
-                                  pdl == "prefetch" and x.is_cuda, counts, trace, early, config.row_group,
-                                  flags)
+                                  pdl == "prefetch" and x.is_cuda, counts, trace, config.row_group, flags)
     elif rope is not None:
         from codespec.kernels.rope_store import rope_store
 

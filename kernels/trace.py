@@ -8,6 +8,8 @@ is a phase it never reached (a block of padding rows computes nothing, a split t
 not its block's last sums nothing). A pass launches the same kernels in the same order
 every time (its shapes are the bucket's), so the regions are handed out in launch order
 on the first pass and again to every later one: a CUDA graph captures their addresses.
+A backend with two layouts (a graph for steps, another for wide passes) names the one a
+pass runs (`begin(layout)`): each keeps its own regions.
 
 `timeline` reads the regions after a pass: for each launch, when its first program
 started against when the launch before ended (`lead`; negative: it started early, as
@@ -63,11 +65,14 @@ class Tracer:
         self.device = device
         self.kind = GLOBALTIMER if device.type == "cuda" else LOGICAL
         self.clock = torch.zeros(1, dtype=torch.int64, device=device)
-        self.regions: list[tuple[str, torch.Tensor]] = []  # (label, region) in launch order
+        self._layouts: dict[Any, list[tuple[str, torch.Tensor]]] = {}
+        self.regions = self._layouts.setdefault(None, [])  # (label, region) in launch order
         self._next = 0
 
-    def begin(self) -> None:
-        """A pass starts: its launches take the regions from the first again."""
+    def begin(self, layout: Any = None) -> None:
+        """A pass of `layout` starts: its launches take that layout's regions from the
+        first again."""
+        self.regions = self._layouts.setdefault(layout, [])
         self._next = 0
 
     def take(self, label: str, programs: int) -> Trace:
@@ -93,17 +98,19 @@ class Tracer:
         return [label for label, _ in self.regions]
 
     def clear(self) -> None:
-        """Every mark back to zero (before the pass to read)."""
+        """Every mark of every layout back to zero (before the pass to read)."""
         with torch.inference_mode():  # the regions were made in a pass's
-            for _, region in self.regions:
-                region.zero_()
+            for regions in self._layouts.values():
+                for _, region in regions:
+                    region.zero_()
             self.clock.zero_()
 
-    def timeline(self) -> dict[str, Any]:
-        """The last pass's timeline (the caller synchronised the device), in microseconds
-        on a GPU, in ticks of the logical clock elsewhere."""
+    def timeline(self, layout: Any = None) -> dict[str, Any]:
+        """The timeline of the last pass of `layout` (the caller synchronised the device),
+        in microseconds on a GPU, in ticks of the logical clock elsewhere. A graph's replay
+        runs no Python, so `begin` cannot say which layout ran last: the caller does."""
         unit = 1e-3 if self.kind == GLOBALTIMER else 1.0
-        return timeline([(label, region.cpu()) for label, region in self.regions], unit)
+        return timeline([(label, region.cpu()) for label, region in self._layouts.get(layout, [])], unit)
 
 
 def timeline(regions: list[tuple[str, torch.Tensor]], unit: float) -> dict[str, Any]:

@@ -34,7 +34,7 @@ def pass_replay(forward: Any, cache: Any, context: int, tree: Any) -> Callable[[
     pass's."""
     forward.choices(cache, [(0, context, tree)])  # the pass's metadata (and its graph captured)
     bucket = forward._buckets[cache]
-    wide = forward.pass_tiles is not None and len(tree.tokens) > forward.tile_rows
+    wide = is_wide(forward, tree)
     graph = bucket.wide_graph if wide else bucket.graph
     if graph is not None:
         return graph.replay
@@ -44,6 +44,12 @@ def pass_replay(forward: Any, cache: Any, context: int, tree: Any) -> Callable[[
             forward._replay(cache, bucket, wide=wide)
 
     return without_graphs
+
+
+def is_wide(forward: Any, tree: Any) -> bool:
+    """Whether `tree`'s pass (one replay's worth of rows) takes the backend's wide passes'
+    graph (CODESPEC_CUDA_PASS_ROW_GROUP) rather than the bucket's."""
+    return forward.pass_tiles is not None and len(tree.tokens) > forward.tile_rows
 
 
 def device_ms(replay: Callable[[], None], replays: int = 20) -> float:

@@ -33,7 +33,7 @@ PRODUCTS = ("qkv", "o", "gate_up", "down")
 # block), their products warming their own weights. Session 29 removed the variants that
 # lost on the H100: L2 warming on a side stream, the real rows' argmax, `single` attention.
 DEFAULTS = {"CODESPEC_CUDA_ATTENTION": "worklist", "CODESPEC_CUDA_FUSED": "0", "CODESPEC_CUDA_PDL": "auto",
-            "CODESPEC_CUDA_TILE_ROWS": "64", "CODESPEC_CUDA_REDUCE": "launch", "CODESPEC_CUDA_EARLY": "0",
+            "CODESPEC_CUDA_TILE_ROWS": "64", "CODESPEC_CUDA_REDUCE": "launch",
             "CODESPEC_CUDA_ROW_GROUP": "1", "CODESPEC_CUDA_PASS_ROW_GROUP": "0", "CODESPEC_CUDA_KEY_BLOCK": "128",
             "TORCH_BLAS_PREFER_CUBLASLT": "0"}  # torch reads it at start-up: a later stage's process
 FUSED, M16 = {"CODESPEC_CUDA_FUSED": "1"}, {"CODESPEC_CUDA_FUSED": "1", "CODESPEC_CUDA_TILE_ROWS": "16"}
@@ -75,17 +75,10 @@ VARIANTS: dict[str, dict[str, str]] = {
                                                                     "CODESPEC_CUDA_PASS_ROW_GROUP": "4"},
     "fused m16 pdl/prefetch fold, fold attention, 64-key blocks, pass row group": {
         **FIVE_LAUNCHES, "CODESPEC_CUDA_KEY_BLOCK": "64", "CODESPEC_CUDA_PASS_ROW_GROUP": "4"},
-    # ... reading the pass's metadata before PDL's wait, the residual before the K loop;
-    # computing a bucket's four blocks of rows in one program a weight tile (session 33)
-    "fused m16 pdl/prefetch fold, fold attention, early": {**FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY": "1"},
+    # ... computing a bucket's four blocks of rows in one program a weight tile (session 33)
     "fused m16 pdl/prefetch fold, fold attention, row group": {**FIVE_LAUNCHES, "CODESPEC_CUDA_ROW_GROUP": "4"},
-    "fused m16 pdl/prefetch fold, fold attention, early, row group": {**FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY": "1",
-                                                                      "CODESPEC_CUDA_ROW_GROUP": "4"},
     # ... each launch waiting on the count of the stores before it, not on that launch's end
     "fused m16 pdl/flags fold, fold attention": {**FIVE_LAUNCHES, "CODESPEC_CUDA_PDL": "flags"},
-    "fused m16 pdl/flags fold, fold attention, early, row group": {**FIVE_LAUNCHES, "CODESPEC_CUDA_PDL": "flags",
-                                                                   "CODESPEC_CUDA_EARLY": "1",
-                                                                   "CODESPEC_CUDA_ROW_GROUP": "4"},
     # 32-row programs: a 32-row pass is one block of rows (16-row programs read every
     # weight twice for it: session 29's 16-row fused pass cost 1.56 steps)
     "fused m32 pdl/prefetch fold": {**FUSED, "CODESPEC_CUDA_TILE_ROWS": "32", "CODESPEC_CUDA_PDL": "prefetch",
@@ -106,15 +99,11 @@ NO_FOLD = "CODESPEC_GPU_CHECK_NO_FOLD"  # ... where a folded split did
 NO_FUSED = "CODESPEC_GPU_CHECK_NO_FUSED"
 # Settings that move reads or share a weight tile among blocks of rows, never a row's
 # arithmetic (session 33): the pdl stage asks the five-launch layers for the same bits with
-# each as without; where one differs, its flag is set and no stage takes it.
-# "early, row group" (session 38): the H200 found `early` changing bits; in a row group
-# the residual is read in the epilogue, not right after the wait, so the pair says which
-# of early's two reads (the metadata before the wait, the residual after it) does.
-SAME_BITS = {"early": ({"CODESPEC_CUDA_EARLY": "1"}, "CODESPEC_GPU_CHECK_NO_EARLY"),
-             "row group": ({"CODESPEC_CUDA_ROW_GROUP": "4"}, "CODESPEC_GPU_CHECK_NO_GROUP"),
+# each as without; where one differs, its flag is set and no stage takes it. (Session 33's
+# `early` was one until session 40 found what changed its bits on the H200: another
+# layout of the epilogue's sums, not a read; removed.)
+SAME_BITS = {"row group": ({"CODESPEC_CUDA_ROW_GROUP": "4"}, "CODESPEC_GPU_CHECK_NO_GROUP"),
              "flags": ({"CODESPEC_CUDA_PDL": "flags"}, "CODESPEC_GPU_CHECK_NO_FLAGS"),
-             "early, row group": ({"CODESPEC_CUDA_EARLY": "1", "CODESPEC_CUDA_ROW_GROUP": "4"},
-                                  "CODESPEC_GPU_CHECK_NO_EARLY_GROUP"),
              # session 39: the tree pass (64 rows) in the wide passes' graph, rows grouped
              "pass row group": ({"CODESPEC_CUDA_PASS_ROW_GROUP": "4"}, "CODESPEC_GPU_CHECK_NO_PASS_GROUP")}
 # Every flag the smoke and pdl stages may set for the rest of the run
@@ -417,7 +406,8 @@ def _first_layer_apart(ours: list[tuple[torch.Tensor, torch.Tensor]],
 
 def where_bits_part(reference: torch.Tensor, runs: list[torch.Tensor], reference_kv: list, kv: list) -> dict[str, Any]:
     """Where a SAME_BITS setting's passes part from the five-launch layers' (session 38:
-    `early` did on an H200, and the bits alone could not say where): whether its passes
+    `early` did on an H200, and the bits alone could not say where; session 40: from layer
+    20's keys on, the same every pass: arithmetic, not a race): whether its passes
     agree with each other (a race would not), how far and in how many of the tree's rows
     the first differs, and the first layer whose keys or values differ after the prefill
     and after the passes (q/k/v's epilogue stores them: layer L's differ when anything
@@ -438,19 +428,16 @@ def fails_to_run(env: Mapping[str, str]) -> bool:
 
 
 def unchecked(env: dict[str, str]) -> bool:
-    """Whether `env` takes PDL, the fold or a SAME_BITS setting where
-    the pdl stage found it changing a bit, or the fused layers where they failed their
-    smoke (gpu_smoke.py). A setting found changing one is taken where a combination of
-    settings that holds it and the env takes was found changing none ("early, row group"
-    where "early" alone failed)."""
+    """Whether `env` takes PDL, the fold or a SAME_BITS setting where the pdl stage found
+    it changing a bit, or the fused layers where they failed their smoke (gpu_smoke.py).
+    (Session 38's exception, a setting taken where a combination holding it kept the
+    bits, went with `early`, its one case.)"""
     if (env.get("CODESPEC_CUDA_PDL", "off") not in ("off", "auto") and bool(os.environ.get(NO_PDL))) or \
             (env.get("CODESPEC_CUDA_REDUCE", "launch") == "fold" and bool(os.environ.get(NO_FOLD))) or \
             fails_to_run(env):
         return True
-    taken = [(extra, bool(os.environ.get(flag))) for extra, flag in SAME_BITS.values()
-             if all(env.get(name) == value for name, value in extra.items())]
-    held = [extra for extra, failed in taken if not failed]
-    return any(failed and not any(extra.items() <= wider.items() for wider in held) for extra, failed in taken)
+    return any(bool(os.environ.get(flag)) and all(env.get(name) == value for name, value in extra.items())
+               for extra, flag in SAME_BITS.values())
 
 
 @contextlib.contextmanager

@@ -24,20 +24,18 @@ from typing import Any
 
 import torch
 
-from gpu_measure import _engine, device_ms, pass_replay
+from gpu_measure import _engine, device_ms, is_wide, pass_replay
 from gpu_step import DEFAULTS, FIVE_LAUNCHES, fails_to_run, restore_environment, variant_env
 
 # The fastest step of session 32 (five launches a layer); the same with attention over
 # 64-key blocks (CODESPEC_CUDA_KEY_BLOCK=64, session 40: 6.6 against 8.3 us alone); with
 # passes wider than a block in the row-grouped graph (CODESPEC_CUDA_PASS_ROW_GROUP=4:
-# session 40's step stage timed its 32-row pass slower, 1.51 against 1.39 ms: where?);
-# and reading the metadata and residual early (session 40's H200: 1,009 against 952 us).
+# session 40's step stage timed its 32-row pass slower, 1.51 against 1.39 ms: where?).
 TRACED = {"fused m16 pdl/prefetch fold, fold attention": FIVE_LAUNCHES,
           "fused m16 pdl/prefetch fold, fold attention, 64-key blocks": {**FIVE_LAUNCHES,
                                                                          "CODESPEC_CUDA_KEY_BLOCK": "64"},
           "fused m16 pdl/prefetch fold, fold attention, pass row group": {**FIVE_LAUNCHES,
-                                                                          "CODESPEC_CUDA_PASS_ROW_GROUP": "4"},
-          "fused m16 pdl/prefetch fold, fold attention, early": {**FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY": "1"}}
+                                                                          "CODESPEC_CUDA_PASS_ROW_GROUP": "4"}}
 REPLAYS = 5  # traced replays of each pass; the median one (by its total) is reported
 
 
@@ -61,7 +59,7 @@ def trace_probe(loaded: Any, context: int = 512) -> dict[str, Any]:
 
 
 def _traced(loaded: Any, context: int) -> dict[str, Any]:
-    from codespec.forward.cuda import CudaForward
+    from codespec.forward.cuda import WIDE, CudaForward
     from codespec.kernels.trace import summary
     from codespec.policy.tree import VerifyTree
 
@@ -83,7 +81,7 @@ def _traced(loaded: Any, context: int) -> dict[str, Any]:
                     forward.tracer.clear()
                     replay()
                     torch.cuda.synchronize()
-                    lines.append(forward.tracer.timeline())
+                    lines.append(forward.tracer.timeline(WIDE if is_wide(forward, tree) else None))
                 line = sorted(lines, key=lambda one: one["total"])[len(lines) // 2]
                 part.update(totals_us=[one["total"] for one in lines], median_total_us=statistics.median(
                     one["total"] for one in lines), kinds=summary(line), launches=line["launches"])

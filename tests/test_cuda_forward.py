@@ -194,6 +194,10 @@ def test_the_backends_settings_are_checked_at_start_up(monkeypatch):
     with pytest.raises(SettingError, match="^CODESPEC_CUDA_KEY_BLOCK='96': input should be 64 or 128$"):
         CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))
     monkeypatch.delenv("CODESPEC_CUDA_KEY_BLOCK")
+    monkeypatch.setenv("CODESPEC_CUDA_EARLY", "1")  # removed in session 40: named, not ignored
+    with pytest.raises(SettingError, match="^CODESPEC_CUDA_EARLY is gone \\(session 40: .*\\); unset it$"):
+        CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))
+    monkeypatch.delenv("CODESPEC_CUDA_EARLY")
     monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "walk")  # session 40 removed it: one clear line
     with pytest.raises(SettingError, match="^CODESPEC_CUDA_ATTENTION='walk': input should be 'worklist', 'grid' or 'fold'$"):
         CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))

@@ -80,10 +80,10 @@ def test_the_pdl_stage_runs_and_leaves_the_settings_as_it_found_them(monkeypatch
     result = gpu_step.pdl_check(loaded, context=40, repeat=2)
     detail = result.pop("fused m16 pdl fold detail")
     assert result == {"default pdl": True, "fused m16 pdl": True, "fused m16 pdl fold": True,
-                      "five-launch early": True, "five-launch row group": True, "five-launch flags": True,
-                      "five-launch early, row group": True, "pdl_exact": True, "fold_exact": True,
+                      "five-launch row group": True, "five-launch flags": True, "pdl_exact": True,
+                      "fold_exact": True,
                       "five-launch pass row group": True, "flags_gave_up": 0,
-                      "same_bits": {"early": True, "row group": True, "flags": True, "early, row group": True,
+                      "same_bits": {"row group": True, "flags": True,
                                     "pass row group": True}}
     assert detail == {"same_bits_as_launch": True, "steady": True, "relative_error": 0.0}
     import os
@@ -91,21 +91,18 @@ def test_the_pdl_stage_runs_and_leaves_the_settings_as_it_found_them(monkeypatch
     assert os.environ["CODESPEC_CUDA_ATTENTION"] == "grid" and "CODESPEC_CUDA_PDL" not in os.environ
 
 
-def test_a_setting_that_fails_alone_is_taken_in_the_combination_that_held(monkeypatch):
-    """The H200 found `early` changing bits (session 38): its variants are skipped, except
-    where they take early with a row group and that pair held the bits."""
+def test_a_setting_found_changing_a_bit_is_taken_by_no_variant(monkeypatch):
+    """Where the pdl stage found a SAME_BITS setting changing a bit, every variant that
+    takes it is skipped, and only those."""
     for _, flag in gpu_step.SAME_BITS.values():
         monkeypatch.delenv(flag, raising=False)
     monkeypatch.delenv(gpu_step.NO_PDL, raising=False)
     monkeypatch.delenv(gpu_step.NO_FOLD, raising=False)
-    early = gpu_step.variant_env(gpu_step.VARIANTS["fused m16 pdl/prefetch fold, fold attention, early"])
-    pair = gpu_step.variant_env(gpu_step.VARIANTS["fused m16 pdl/prefetch fold, fold attention, early, row group"])
-    monkeypatch.setenv(gpu_step.SAME_BITS["early"][1], "1")
-    assert gpu_step.unchecked(early) and not gpu_step.unchecked(pair)
-    monkeypatch.setenv(gpu_step.SAME_BITS["early, row group"][1], "1")
-    assert gpu_step.unchecked(pair)
-    monkeypatch.delenv(gpu_step.SAME_BITS["early"][1])
-    assert gpu_step.unchecked(pair) and not gpu_step.unchecked(early)
+    grouped = gpu_step.variant_env(gpu_step.VARIANTS["fused m16 pdl/prefetch fold, fold attention, row group"])
+    five = gpu_step.variant_env(gpu_step.VARIANTS["fused m16 pdl/prefetch fold, fold attention"])
+    assert not gpu_step.unchecked(grouped) and not gpu_step.unchecked(five)
+    monkeypatch.setenv(gpu_step.SAME_BITS["row group"][1], "1")
+    assert gpu_step.unchecked(grouped) and not gpu_step.unchecked(five)
 
 
 def test_where_a_setting_parts_from_the_five_launch_layers_names_the_first_layer_and_rows():
@@ -545,7 +542,7 @@ def test_the_smoke_stage_turns_off_what_failed_to_run_for_the_whole_run(monkeypa
     loaded = tiny_run(rows=16, vocab_size=16)
     checked = gpu_step.pdl_check(loaded, context=20, repeat=1)
     assert checked["fused"].startswith("skipped") and checked["default pdl"] is True and checked["pdl_exact"]
-    assert "fused m16 pdl" not in checked and "five-launch early" not in checked
+    assert "fused m16 pdl" not in checked and "five-launch row group" not in checked
     monkeypatch.setenv(gpu_step.NO_FUSED, "")
     monkeypatch.delenv(gpu_step.NO_FUSED)
     answers.update(fused=(1, '{"ok": false, "error": "ValueError: no"}\n'))

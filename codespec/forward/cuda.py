@@ -90,6 +90,11 @@ def unsupported(model: Any) -> str | None:
     return family_unsupported(model.config, "the cuda backend")
 
 
+# The tracer's name for the wide passes' graph (CODESPEC_CUDA_PASS_ROW_GROUP); the
+# bucket's own graph is its default layout, None.
+WIDE = "wide passes"
+
+
 @dataclass
 class _Bucket:
     """One KV cache's static buffers and graph: what a replay reads and writes."""
@@ -138,7 +143,6 @@ class CudaForward:
         self.chained_taken = self.chained_dropped = 0  # queued steps the engine asked for, and the others
         self.attention = settings.attention  # attention's launch schedule (kernels/row_attention.py)
         self.key_block = settings.key_block  # ... and its logical keys per block (part of the bits)
-        self.early = settings.early  # metadata read before PDL's wait (CODESPEC_CUDA_EARLY)
         # the fold's counts, one per (row, KV head), left zero by every launch:
         # one buffer serves every layer (a layer's attention ends before the next one's starts)
         self._attention_counts = (torch.zeros(self.rows * self.kv_heads, dtype=torch.int32, device=self.device)
@@ -208,8 +212,8 @@ class CudaForward:
         # What a pass runs, for the machine profile's key: a cost curve measured with one
         # layout must not price another's passes (profile_key).
         self._kernels = {"rows": self.rows, "graphs": self.graphs, "fused": self.fused, "compile": compile,
-                         "attention": self.attention, "key_block": self.key_block, "pdl": self.pdl, "reduce": settings.reduce, "early": self.early,
-                         "flags": self.flags is not None,
+                         "attention": self.attention, "key_block": self.key_block, "pdl": self.pdl,
+                         "reduce": settings.reduce, "flags": self.flags is not None,
                          "tiles": ";".join(f"{name}:{tile}" for name, tile in sorted(self.tiles.items())),
                          "pass_row_group": settings.pass_row_group if self.pass_tiles is not None else 0}
 
@@ -398,8 +402,8 @@ class CudaForward:
         model = self.model.model
         cos, sin = rope
         pdl, live = self.pdl != "off", (context, path_len)  # the rows that hold a token
-        if self.tracer is not None:
-            self.tracer.begin()
+        if self.tracer is not None:  # the wide passes' graph launches other programs: its own regions
+            self.tracer.begin(WIDE if self.pass_tiles is not None and tiles is self.pass_tiles else None)
         flags = None
         if self.flags is not None:
             self.flags.begin()  # the counts zeroed: in the CUDA graph, a memset before the first launch
@@ -410,8 +414,7 @@ class CudaForward:
             return row_attention(q.view(rows, self.heads, -1), keys[index], values[index], slots=slots,
                                  context=context, path=path, path_len=path_len, scale=layer.self_attn.scaling,
                                  schedule=self.attention, key_block=self.key_block, pdl=pdl,
-                                 counts=self._attention_counts,
-                                 trace=self._trace("attention", index), early=self.early,
+                                 counts=self._attention_counts, trace=self._trace("attention", index),
                                  flags=flags).view(rows, -1)
 
         def rope_of(index: int) -> Rope:
@@ -420,7 +423,7 @@ class CudaForward:
                         self.heads, self.kv_heads)
 
         if self.fused:  # forward/cuda_fused.py
-            linear = dict(live=live, pdl=self.pdl, counts=self._linear_counts, early=self.early, flags=flags)
+            linear = dict(live=live, pdl=self.pdl, counts=self._linear_counts, flags=flags)
             return fused_layers(self.model, self._layers, tiles or self.tiles, ids, attend, rope_of, linear,
                                 self._trace)
         hidden = model.embed_tokens(ids)  # [rows, hidden]

@@ -70,7 +70,7 @@ def fused_layers(model: Any, layers: list[LayerWeights], tiles: dict[str, Config
     its logits and greedy choices. `layers`: its layers' tensors (gate/up in pairs);
     `attend(index, layer, q)`: attention of layer `index`; `rope_of(index)`: that layer's
     rotary and KV store; `linear`: every product's launch arguments (live rows, PDL,
-    counts, early, flags); `trace(kind, index)`: where a traced launch takes its region."""
+    counts, flags); `trace(kind, index)`: where a traced launch takes its region."""
     body = model.model
     width = body.config.hidden_size
     hidden, squares = embed_squares(ids, body.embed_tokens.weight, width // tiles["down"].block_n,

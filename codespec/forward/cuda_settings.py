@@ -19,6 +19,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from codespec.errors import SettingError
 
 PREFIX = "CODESPEC_CUDA_"
+# Settings that lost on a GPU and were taken out: one that is still set stops the
+# backend with the reason, rather than being ignored.
+REMOVED = {"EARLY": "session 40: reading the pass's metadata and the residual sooner made the H200's step "
+                    "slower, and its bits were another layout's reduction, not a stale read"}
 
 
 def is_hopper(device: Any) -> bool:
@@ -76,12 +80,6 @@ class CudaSettings(BaseSettings):
     tile_rows: Literal[64, 32, 16] = Field(
         64, description="Rows a program of the fused products computes (a step computes one such block, a "
         "pass several).")
-    early: bool = Field(False, description="Attention and the fused products read the pass's metadata (which "
-                        "rows hold a token, their keys) before they wait for the kernel before, and o and down the "
-                        "residual right after it: the same values sooner, a round trip or two off each launch's "
-                        "chain (session 33; session 38's H200: a step 5% faster but bits changed; session 40's, "
-                        "with both early reads through L2: bits still changed, from layer 20 on, the same every "
-                        "run, and the five-launch step slower, 1.018 against 0.953 ms traced).")
     row_group: Literal[1, 2, 4] = Field(
         1, description="Blocks of tile_rows rows a fused program computes with each weight tile it loads (only "
         "those up to the last that holds a token; each block its own product, so the bits are a group of one's): a "
@@ -107,6 +105,9 @@ class CudaSettings(BaseSettings):
         """The settings `env` (default: this process's environment) sets, the rest default;
         a bad value raises SettingError naming the variable."""
         env = os.environ if env is None else env
+        for name, why in REMOVED.items():
+            if env.get(PREFIX + name):
+                raise SettingError(f"{PREFIX}{name} is gone ({why}); unset it")
         values = {name: env[PREFIX + name.upper()] for name in cls.model_fields if env.get(PREFIX + name.upper())}
         try:
             return cls.model_validate(values)

@@ -94,16 +94,6 @@ def test_fused_layers_through_the_kernels_are_the_references_layers(monkeypatch)
     assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("attention", ["worklist", "fold"])
-def test_reading_the_metadata_early_changes_no_bit(monkeypatch, attention):
-    """CODESPEC_CUDA_EARLY moves reads before PDL's wait and the residual's before the K
-    loop: the same values read sooner, so the same logits, bit for bit (the products,
-    their folded splits and attention through the Triton kernels)."""
-    logits, forwards = pass_logits(monkeypatch, attention, "fold", "CODESPEC_CUDA_EARLY", ("0", "1"))
-    assert torch.equal(logits["0"], logits["1"])
-    assert [forward.early for forward in forwards.values()] == [False, True]
-
-
 def two_blocks_of_rows(monkeypatch):
     """16-row programs, folded splits; a tiny model, a prompt and a 20-row tree pass (two
     blocks of 16)."""

@@ -191,20 +191,3 @@ def test_the_fold_schedule_needs_its_counts():
         fold(query, keys, keys, rows, counts=torch.zeros(3, dtype=torch.int32))  # 2 rows x 2 KV heads
     with pytest.raises(ValueError, match="attention schedule 'walk': expected one of worklist, grid, fold"):
         row_attention(query, keys, keys, **rows, scale=1.0, force_triton=True, schedule="walk")  # removed, session 40
-
-
-@pytest.mark.parametrize("schedule", ["grid", "worklist", "fold"])
-def test_reading_the_metadata_early_gives_the_same_bits(schedule, monkeypatch):
-    """`early` (CODESPEC_CUDA_EARLY): each schedule reads the pass's metadata before PDL's
-    wait, the same values sooner: the same bits over rows of several blocks, paths and
-    padding."""
-    rng = random.Random(11)
-    keys, values = (torch.randn(3, KV_HEADS, 300, DIM) for _ in range(2))
-    rows = random_rows(rng, 9, 3, 300)
-    rows["context"][2] = 2 * KEY_BLOCK + 5  # a row of several blocks
-    query = torch.randn(9, HEADS, DIM)
-    monkeypatch.setattr(module, "wave", lambda device: 4)
-    counts = torch.zeros(9 * KV_HEADS, dtype=torch.int32)
-    late, early = (row_attention(query, keys, values, **rows, scale=0.125, force_triton=True, schedule=schedule,
-                                 counts=counts, early=flag) for flag in (False, True))
-    assert torch.equal(early, late) and not counts.any()

@@ -67,16 +67,16 @@ for pdl in (False, True):
     out["worklist" + " pdl" * pdl] = build(_triton_attention._row_attention_work_kernel,
                                            dict(pointers + meta + [("rows", "i32")] + strides + trace + flags),
                                            {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64, "PDL": pdl, "CLOCK": 0,
-                                            "EARLY": False, "FLAGS": False},
+                                            "FLAGS": False},
                                            warps=WORK_WARPS)
-# untraced, traced by %globaltimer, the metadata read early, waiting on counts
-for clock, early, flagged in ((0, False, False), (1, False, False), (0, True, False), (0, False, True)):
-    out["fold pdl" + " traced" * clock + " early" * early + " flags" * flagged] = build(
+# untraced, traced by %globaltimer, waiting on counts
+for clock, flagged in ((0, False), (1, False), (0, True)):
+    out["fold pdl" + " traced" * clock + " flags" * flagged] = build(
         _triton_attention._row_attention_fold_kernel,
         dict(pointers[:4] + [("out_ptr", "*bf16"), ("count_ptr", "*i32")] + meta + [("rows", "i32")] + strides
              + [("s_out_row", "i32"), ("s_out_head", "i32")] + trace + flags),
         {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64, "HEADS_PAD": 16, "CHUNK": 8, "PDL": True, "CLOCK": clock,
-         "EARLY": early, "FLAGS": flagged},
+         "FLAGS": flagged},
         warps=WORK_WARPS)
 out["rope_store pdl"] = build(_triton._rope_store_kernel,
                               {**{name: "*bf16" for name in ("qkv_ptr", "cos_ptr", "sin_ptr")},
@@ -106,7 +106,7 @@ for pdl in ("off", "launch", "prefetch"):
                                   "RESIDUAL": False, "LIVE": pdl != "off", "PDL": pdl != "off",
                                   "PREFETCH": pdl == "prefetch", "SECTOR": 16, "SECTORS": 64, "WARM_ROWS": 8, "FOLD": False,
                                   "BLOCK_M": 64,
-                                  "BLOCK_N": 128, "BLOCK_K": 128, "UPCAST": False, "CLOCK": 0, "EARLY": False,
+                                  "BLOCK_N": 128, "BLOCK_K": 128, "UPCAST": False, "CLOCK": 0,
                                   "ROW_GROUP": 1, "FLAGS": False},
                                  warps=8)
 # the fused layers' products in 16-row programs (CODESPEC_CUDA_TILE_ROWS=16), warming: q/k/v
@@ -121,11 +121,9 @@ m16 = {"qkv walk": (64, 64, 2, dict(NORM=True, **rope)),
        "gate_up walk": (128, 128, 7, dict(NORM=True, PAIRS=True)),
        "down": (32, 64, 10, dict(RESIDUAL=True, SQUARES_OUT=True)),
        "lm_head": (128, 64, 14, dict(NORM=True, SQUARES_IN=28, SQUARES_PAD=32, CHOICES=True))}
-# ... and traced, reading the metadata early, in groups of four blocks of rows
-variants = [("down traced", m16["down"]), ("down early", m16["down"]), ("down group", m16["down"]),
-            ("gate_up group", m16["gate_up"]), ("qkv group", m16["qkv"]), ("down flags", m16["down"]),
-            ("o early", m16["o"]), ("qkv early", m16["qkv"]), ("gate_up early", m16["gate_up"]),
-            ("lm_head early", m16["lm_head"]), ("qkv fold", m16["qkv"])]
+# ... and traced, in groups of four blocks of rows, waiting on counts, q/k/v folded
+variants = [("down traced", m16["down"]), ("down group", m16["down"]), ("gate_up group", m16["gate_up"]),
+            ("qkv group", m16["qkv"]), ("down flags", m16["down"]), ("qkv fold", m16["qkv"])]
 for name, (n_tile, k_tile, steps, fusion) in [*m16.items(), *variants]:
     sectors = triton.next_power_of_2(steps * k_tile // 16)
     out["linear m16 " + name] = build(_triton_linear._row_linear_kernel, linear,
@@ -137,7 +135,6 @@ for name, (n_tile, k_tile, steps, fusion) in [*m16.items(), *variants]:
                                        "FOLD": name.startswith("down") or name.endswith("fold"), "BLOCK_M": 16,
                                        "BLOCK_N": n_tile,
                                        "BLOCK_K": k_tile, "UPCAST": False, "CLOCK": int(name.endswith("traced")),
-                                       "EARLY": name.endswith("early"),
                                        "ROW_GROUP": 4 if name.endswith("group") else 1,
                                        "FLAGS": name.endswith("flags")},
                                       fp_fusion="ROPE" not in fusion,
@@ -284,39 +281,6 @@ def test_a_traced_kernel_reads_the_global_timer_at_each_phase_and_spills_nothing
         assert "%globaltimer" not in compiled[untraced]["ptx"]
         assert first_load_after_the_wait(ptx), traced
         assert compiled[traced]["stack"] == 0
-
-
-@pytest.mark.parametrize("kernel", ["linear m16 down early", "linear m16 o early", "linear m16 qkv early",
-                                    "linear m16 gate_up early", "linear m16 lm_head early", "fold pdl early"])
-def test_early_kernels_read_the_pass_metadata_alone_before_they_wait(compiled, kernel):
-    """CODESPEC_CUDA_EARLY: the rows that hold a token (int64 metadata, which the host's
-    copy writes before the graph's first kernel) come in before `griddepcontrol.wait`,
-    through L2 (`.cg`: no line an SM's L1 kept from an earlier replay's metadata, session
-    38); nothing a kernel writes is read before it, and nothing spills."""
-    ptx = compiled[kernel]["ptx"]
-    wait = ptx.index("griddepcontrol.wait")
-    early = GLOBAL_READ.findall(ptx[:wait])
-    assert early and all(read == "ld.global" for read in early), early  # no async copy, no atomic
-    loads = re.findall(r"ld\.global(\S*)", ptx[:wait])
-    assert loads and all(kind.startswith(".cg") and kind.endswith(".b64") for kind in loads), loads
-    assert compiled[kernel]["stack"] == 0
-
-
-@pytest.mark.parametrize("kernel", ["linear m16 down", "linear m16 o"])
-def test_an_early_residual_is_read_through_l2_before_the_products_loop(compiled, kernel):
-    """With early, o's and down's every program reads its residual tile right after the
-    wait (without it, the program that stores the tile, in its epilogue): through L2, so
-    no SM's L1 keeps a line of it that a program of a later launch, resident there under
-    PDL, would read after the buffer holds another tensor (session 39; a suspect in
-    session 38's early bits). Without early, nothing but metadata comes before the loop."""
-    for early in (True, False):
-        ptx = compiled[kernel + " early" * early]["ptx"]
-        wait = ptx.index("griddepcontrol.wait")
-        between = re.findall(r"ld\.global(\S*)", ptx[wait:ptx.index("cp.async", wait)])
-        if early:
-            assert between and all(kind.startswith(".cg") and not kind.endswith(".b64") for kind in between)
-        else:
-            assert all(kind == ".b64" for kind in between), between
 
 
 def test_a_folded_q_k_v_reads_its_epilogues_inputs_before_its_loop(compiled):

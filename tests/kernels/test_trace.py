@@ -83,13 +83,13 @@ def test_the_trace_stage_reads_a_timeline_of_every_launch(monkeypatch):
 
     for module in (row_linear, row_attention):
         monkeypatch.setattr(module, "use_triton", lambda tensor, force: True)  # CPU tensors: the interpreter
-    monkeypatch.setattr(gpu_trace, "_time", lambda run, repeat: 1.0)  # device timings: the GPU's alone
+    monkeypatch.setattr(gpu_trace, "device_ms", lambda replay: replay() or 1.0)  # device timings: the GPU's alone
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(gpu_trace, "REPLAYS", 1)
-    # the five-launch layers and the variant with every session-33 setting (two of four: the
-    # interpreter is slow)
+    # the five-launch layers, and with wide passes in a graph of their own (two of three:
+    # the interpreter is slow)
     five = "fused m16 pdl/prefetch fold, fold attention"
-    every = "fused m16 pdl/flags fold, fold attention, early, row group"
+    every = "fused m16 pdl/prefetch fold, fold attention, pass row group"
     monkeypatch.setattr(gpu_trace, "TRACED", {label: gpu_trace.TRACED[label] for label in (five, every)})
     monkeypatch.setenv("CODESPEC_CUDA_ROWS", "32")
     model = tiny_model("qwen2", vocab_size=16, seed=3, dtype=torch.float32)
@@ -100,11 +100,13 @@ def test_the_trace_stage_reads_a_timeline_of_every_launch(monkeypatch):
             seen = result[label][part]
             assert {"qkv", "attention", "o", "gate_up", "down", "lm_head"} <= set(seen["kinds"]), (label, part)
             assert seen["median_total_us"] == seen["kinds"]["total"] > 0
-            assert seen["device_ms"] == seen["traced_device_ms"] == 1.0 / 20  # a replay of 20
+            assert seen["device_ms"] == seen["traced_device_ms"] == 1.0
     table = gpu_trace.report(result)  # what the docs take: a table per variant and pass
     assert table.count("| kind | launches | share |") == 2 * len(gpu_trace.TRACED)
     assert "| qkv | 2 |" in table and "| lm_head | 1 |" in table
-    # a bucket of 32 rows: two blocks of 16, two programs a column block and split, or one group
-    programs = {label: result[label]["step"]["kinds"]["qkv"]["programs"] for label in gpu_trace.TRACED}
-    assert programs[five] == 2 * programs[every]
-    assert result[every]["step"]["flags_gave_up"] == 0 and "flags_gave_up" not in result[five]["step"]
+    # a bucket of 32 rows: two blocks of 16, two programs a column block and split; the
+    # 32-row pass with a pass row group replays the wide passes' graph, one group of both
+    programs = {(label, part): result[label][part]["kinds"]["qkv"]["programs"] for label in gpu_trace.TRACED
+                for part in ("step", "pass32")}
+    assert programs[five, "step"] == programs[every, "step"] == programs[five, "pass32"]
+    assert programs[five, "pass32"] == 2 * programs[every, "pass32"]
