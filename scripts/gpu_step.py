@@ -22,6 +22,7 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
+from codespec.kernels.row_linear import Config
 from gpu_measure import (_engine, _graph_us, _wall_ms, device_ms, pass_replay, profile_step, random_tree, row_checks,
                          step_floor)
 
@@ -41,6 +42,13 @@ FUSED, M16 = {"CODESPEC_CUDA_FUSED": "1"}, {"CODESPEC_CUDA_FUSED": "1", "CODESPE
 FIVE_LAUNCHES = {**M16, "CODESPEC_CUDA_PDL": "prefetch", "CODESPEC_CUDA_REDUCE": "fold",
                  "CODESPEC_CUDA_ATTENTION": "fold"}
 PASS_BAR = 1.3  # issue 30: a 32-row verify pass at most this many steps; a winner must keep it
+# Gate/up's tile for the five-launch step (reported only: tiles have no setting). Its 76
+# programs of 128 outputs leave 56 of the H200's 132 SMs without one, and its K loop took
+# 9.8 us for 17.4 MB (4.2 at bandwidth; session 40's trace): twice the programs, by
+# outputs or by a two-way split of K (folded, as the five-launch layers fold). The
+# `gateup` stage times the same alone; these say what the whole step gains.
+FIVE_GATE_UP_TILES = {"five-launch, gate_up 64 outputs": Config(16, 64, 128, num_warps=8, num_stages=3),
+                      "five-launch, gate_up split 2": Config(16, 128, 128, splits=2, num_warps=8, num_stages=3)}
 
 
 def variant_env(own: dict[str, str], run: Mapping[str, str | None] | None = None) -> dict[str, str]:
@@ -264,8 +272,6 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
             timed["combined"] = combined.get("device_step_ms", combined.get("step_ms", float("inf")))
             if pass_ratio(combined) <= PASS_BAR:
                 keeps.add("combined")
-        from codespec.kernels.row_linear import Config
-
         if time.perf_counter() - began < deadline_s:
             result["down tiles"] = _measure(loaded, envs["default"], floor["floor_ms"], context,
                                             tiles={"down": Config(64, 32, 64, splits=4)})
@@ -274,6 +280,10 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
                                               tiles={"lm_head": Config(64, 64, 64)})
         if time.perf_counter() - began < deadline_s:  # cuBLAS's split-K reduced in fp32: its choice of kernels
             result["fp32 reductions"] = _measure(loaded, envs["default"], floor["floor_ms"], context, reduction=False)
+        five = variant_env(FIVE_LAUNCHES, saved)
+        for label, tile in FIVE_GATE_UP_TILES.items():  # the five-launch step with another gate/up tile
+            if time.perf_counter() - began < deadline_s and not unchecked(five):
+                result[label] = _measure(loaded, five, floor["floor_ms"], context, tiles={"gate_up": tile})
         best = min((k for k in timed if k in keeps), key=timed.get, default=min(timed, key=timed.get))
         result.update(best=best, best_over_default=round(timed[best] / base, 3), best_env=envs[best],
                       fastest_step=min(timed, key=timed.get))
