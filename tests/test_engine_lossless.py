@@ -147,6 +147,9 @@ def test_bad_requests_fail_clearly():
     engine = Engine(of_model(tiny_model("llama", vocab_size=16, max_position_embeddings=32)), None, eos_token_ids=[])
     with pytest.raises(RequestError, match="empty"):
         engine.generate([], GenerationConfig())
+    for bad in (16, -1):  # past the embedding table: refused before any backend gathers it
+        with pytest.raises(RequestError, match=f"^token id {bad} is outside the model's vocabulary \\(ids 0 to 15\\)$"):
+            engine.generate([1, bad, 2], GenerationConfig())
     with pytest.raises(RequestError, match="context holds 32"):
         engine.generate(list(range(16)) * 2, GenerationConfig())
     # a prompt that nearly fills the context still generates, up to the context's end

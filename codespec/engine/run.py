@@ -78,6 +78,12 @@ class Run:
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise RequestError("the prompt is empty: give at least one token")
+        # Every backend gathers the embedding row of each id unchecked (the row decoder's C,
+        # the cuda backend's Triton gather): an id outside the table would read past it.
+        vocab = getattr(engine.forward.config, "vocab_size", None)  # None: no table (bench/oracle.py)
+        if vocab is not None and (min(prompt) < 0 or max(prompt) >= vocab):
+            bad = min(prompt) if min(prompt) < 0 else max(prompt)
+            raise RequestError(f"token id {bad} is outside the model's vocabulary (ids 0 to {vocab - 1})")
         # Drafts never exceed the tokens still allowed, so a pass's rows fit in this room too.
         room = engine.context_limit - len(prompt)
         if room < 1:
