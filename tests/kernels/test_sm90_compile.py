@@ -78,6 +78,18 @@ for clock, flagged in ((0, False), (1, False), (0, True)):
         {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64, "HEADS_PAD": 16, "CHUNK": 8, "PDL": True, "CLOCK": clock,
          "FLAGS": flagged},
         warps=WORK_WARPS)
+# 64-key blocks (CODESPEC_CUDA_KEY_BLOCK=64, session 40): the worklist and the fold
+out["worklist pdl 64"] = build(_triton_attention._row_attention_work_kernel,
+                               dict(pointers + meta + [("rows", "i32")] + strides + trace + flags),
+                               {**shapes, "KEY_BLOCK": 64, "KV_HEADS": 2, "ROWS_PAD": 64, "PDL": True, "CLOCK": 0,
+                                "FLAGS": False},
+                               warps=WORK_WARPS)
+out["fold pdl 64"] = build(_triton_attention._row_attention_fold_kernel,
+                           dict(pointers[:4] + [("out_ptr", "*bf16"), ("count_ptr", "*i32")] + meta + [("rows", "i32")]
+                                + strides + [("s_out_row", "i32"), ("s_out_head", "i32")] + trace + flags),
+                           {**shapes, "KEY_BLOCK": 64, "KV_HEADS": 2, "ROWS_PAD": 64, "HEADS_PAD": 16, "CHUNK": 8,
+                            "PDL": True, "CLOCK": 0, "FLAGS": False},
+                           warps=WORK_WARPS)
 out["rope_store pdl"] = build(_triton._rope_store_kernel,
                               {**{name: "*bf16" for name in ("qkv_ptr", "cos_ptr", "sin_ptr")},
                                **{name: "*i64" for name in ("positions_ptr", "source_ptr", "write_slot_ptr",
@@ -202,6 +214,7 @@ def compiled() -> dict[str, dict]:
 def test_attention_schedules_launch_without_spilling(compiled):
     assert compiled["worklist"]["stack"] == 0 and compiled["worklist pdl"]["stack"] == 0
     assert compiled["fold pdl"]["stack"] == 0
+    assert compiled["worklist pdl 64"]["stack"] == 0 and compiled["fold pdl 64"]["stack"] == 0
 
 
 def test_loads_vectorize_and_pipeline_as_on_the_gpu(compiled):
