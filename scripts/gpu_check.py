@@ -39,7 +39,8 @@ through the engine, ms per token with steps queued one ahead and without; where 
 outputs differ or it fails, the later stages run with CODESPEC_CUDA_CHAIN=0; with the
 step stage's winner as `plain_step`), in the default stages; `plain_five` (session 38:
 the same with the five-launch layers, and with attention over 64-key blocks (session 40)
-unless the pdl stage found the fold changing a bit: the plain bar's candidates, without the step stage); `fused` (the backend with
+unless the pdl stage found the fold changing a bit: the plain bar's candidates, without the
+step stage); `fused` (the backend with
 fused layers, CODESPEC_CUDA_FUSED: its rows, costs and profile), `fusedtiles` (each
 fused product by tile, and the fused backend with the fastest; `fusedtiles16` the same
 in 16-row programs for a step's one row, with PDL warming), `gemm` (the layer's products in CUDA graphs: cuBLAS against

@@ -151,7 +151,8 @@ def attention_probe() -> dict[str, Any]:
         path = (keys_in_row + torch.arange(64, device="cuda")).repeat(64, 1).contiguous()
         layouts[name] = dict(slots=zeros, context=context, path=path, path_len=path_len)
     schedules = {"grid": ("grid", 2, 4, 128), "worklist w4 x2": ("worklist", 2, 4, 128),
-                 "fold w4 x2": ("fold", 2, 4, 128), "worklist 64": ("worklist", 2, 4, 64), "fold 64": ("fold", 2, 4, 64)}
+                 "fold w4 x2": ("fold", 2, 4, 128), "worklist 64": ("worklist", 2, 4, 64),
+                 "fold 64": ("fold", 2, 4, 64)}
     saved = module.PROGRAMS_PER_SM, module.WORK_WARPS
     result: dict[str, Any] = {}
     try:

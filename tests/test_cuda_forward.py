@@ -199,7 +199,8 @@ def test_the_backends_settings_are_checked_at_start_up(monkeypatch):
         CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))
     monkeypatch.delenv("CODESPEC_CUDA_EARLY")
     monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "walk")  # session 40 removed it: one clear line
-    with pytest.raises(SettingError, match="^CODESPEC_CUDA_ATTENTION='walk': input should be 'worklist', 'grid' or 'fold'$"):
+    with pytest.raises(SettingError,
+                       match="^CODESPEC_CUDA_ATTENTION='walk': input should be 'worklist', 'grid' or 'fold'$"):
         CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))
 
 

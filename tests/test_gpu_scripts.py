@@ -393,7 +393,8 @@ def test_plain_five_times_the_five_launch_layers_and_64_key_blocks_where_the_pdl
     monkeypatch.setattr(gpu_check, "load", lambda model_dir: loaded)
     monkeypatch.setattr(gpu_check, "plain_probe", lambda given: seen.append(
         (given.forward.fused, given.forward.key_block, given.forward.attention)) or {"identical": True})
-    monkeypatch.setattr(gpu_check, "row_checks", lambda given: {"rows_differing": 0, "key_block": given.forward.key_block})
+    monkeypatch.setattr(gpu_check, "row_checks",
+                        lambda given: {"rows_differing": 0, "key_block": given.forward.key_block})
     for name in ("CODESPEC_CUDA_PDL", *gpu_step.CHECK_FLAGS):
         monkeypatch.setenv(name, "")  # recorded: the stage's own settings are undone after the test
         monkeypatch.delenv(name)
