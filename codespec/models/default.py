@@ -19,6 +19,7 @@ import importlib.metadata
 import json
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,7 +77,45 @@ def prepared_dir(cache_dir: Path, model: PackagedModel = DEFAULT_MODEL) -> Path:
 
 def is_prepared(cache_dir: Path, model: PackagedModel = DEFAULT_MODEL) -> bool:
     path = prepared_dir(cache_dir, model)
-    return (path / MANIFEST).is_file() and (path / "config.json").is_file()
+    return (path / MANIFEST).is_file() and (path / "config.json").is_file() and _tokenizer_sound(path, model)
+
+
+def _tokenizer_sound(path: Path, model: PackagedModel) -> bool:
+    """Whether the cached tokenizer keeps each of `model`'s control tokens one id. Since
+    session 40 the manifest records it at conversion; a cache prepared before is checked
+    once with `tokenizers` (~0.2 s) and its manifest updated (write, then rename), or is
+    not prepared: transformers before 5.18 converted the GGUF's tokenizer without them,
+    and every FIM request failed (check_control_tokens)."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False  # unreadable: prepared again
+    if set(model.control_tokens) <= set(manifest.get("control_tokens", ())):
+        return True
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    except Exception:  # tokenizers raises its own error types for a missing or damaged file
+        return False
+    split = [token for token in model.control_tokens
+             if len(tokenizer.encode(token, add_special_tokens=False).ids) != 1]
+    if split:
+        print(f"codespec: the cached {model.name} splits its control tokens ({', '.join(split)}: converted by "
+              f"transformers before 5.18); preparing it again", file=sys.stderr)
+        return False
+    try:
+        _write_manifest(path, {**manifest, "control_tokens": list(model.control_tokens)})
+    except OSError:
+        pass  # a read-only cache: checked again at the next start
+    return True
+
+
+def _write_manifest(directory: Path, manifest: dict) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{MANIFEST}.", suffix=".tmp", dir=directory)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(manifest, indent=2))
+    os.replace(tmp, directory / MANIFEST)
 
 
 def part_paths(model: PackagedModel = DEFAULT_MODEL) -> list[Path]:
@@ -135,6 +174,7 @@ def prepare(cache_dir: Path, model: PackagedModel = DEFAULT_MODEL, *, progress: 
             "sha256": model.sha256,
             **({"parts": [f"{d}=={model.part_version}" for d in model.part_distributions]} if files is None
                else {"files": [part.name for part in parts]}),
+            "control_tokens": list(model.control_tokens),  # each one id: check_control_tokens passed
         }, indent=2))
         if target.exists():  # a half-prepared leftover from an older layout: replace it
             shutil.rmtree(target)

@@ -75,6 +75,7 @@ def test_prepare_from_local_files_joins_them_in_order_and_records_them(tmp_path,
     assert converted == [b"GGUF" * 10 + b"tail"]
     manifest = json.loads((target / default.MANIFEST).read_text())
     assert manifest["files"] == ["gguf.part01", "gguf.part02"] and "parts" not in manifest
+    assert manifest["control_tokens"] == []  # the fake model has none: each recorded as checked
     with pytest.raises(ModelError, match="not the official .*; pass the official fake.gguf, or all its pieces in "
                                          "order"):  # pieces out of order
         default.prepare(tmp_path / "other", model, progress=False, files=pieces[::-1])
@@ -121,3 +122,40 @@ def test_the_default_model_checks_every_token_its_prompts_write():
 
     assert {prompts.FIM_PREFIX, prompts.FIM_SUFFIX, prompts.FIM_MIDDLE, prompts.REPO_NAME, prompts.FILE_SEP,
             "<|im_start|>", "<|im_end|>"} <= set(default.DEFAULT_MODEL.control_tokens)
+
+
+def _cached_model(cache, tokens_kept: bool, manifest: dict | None = None):
+    """A prepared-looking cache of the default model whose tokenizer.json keeps its control
+    tokens one id each, or (as transformers before 5.18 converted it) splits them."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    path = default.prepared_dir(cache)
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    (path / default.MANIFEST).write_text(json.dumps(manifest or {"name": default.DEFAULT_MODEL.name}))
+    backend = Tokenizer(models.WordLevel({"[UNK]": 0, "def": 1}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    kept = default.DEFAULT_MODEL.control_tokens if tokens_kept else default.DEFAULT_MODEL.control_tokens[:3]
+    backend.add_special_tokens(list(kept))
+    backend.save(str(path / "tokenizer.json"))
+    return path
+
+
+def test_a_cache_prepared_before_the_check_is_checked_once_and_its_manifest_says_so(tmp_path, monkeypatch):
+    path = _cached_model(tmp_path, tokens_kept=True)
+    assert default.is_prepared(tmp_path)
+    assert json.loads((path / default.MANIFEST).read_text())["control_tokens"] == list(
+        default.DEFAULT_MODEL.control_tokens)
+    (path / "tokenizer.json").unlink()  # recorded: not read again
+    assert default.is_prepared(tmp_path)
+
+
+def test_a_cache_whose_tokenizer_splits_its_control_tokens_is_prepared_again(tmp_path, capsys):
+    """transformers before 5.18 converted the GGUF's tokenizer without its FIM tokens: such
+    a cache is not prepared (`prepare` converts it again, or says why it cannot)."""
+    path = _cached_model(tmp_path, tokens_kept=False)
+    assert not default.is_prepared(tmp_path)
+    assert "splits its control tokens (<|fim_prefix|>" in capsys.readouterr().err
+    assert "control_tokens" not in json.loads((path / default.MANIFEST).read_text())
+    (path / default.MANIFEST).write_text("{not json")
+    assert not default.is_prepared(tmp_path)  # a damaged manifest: prepared again too
