@@ -362,23 +362,25 @@ def exactness_stages(results: dict[str, Any], wanted: list[str], model_dir: Path
                      real: bool = False) -> None:
     """`edit`, `verify` and `stress` in fresh processes (the issue's exactness bar: every
     bench request and the held-out stress set identical to plain decoding at batch 1 and
-    8, and codespec against transformers' prompt lookup on edit). Where the step stage
-    found a winner, its runs come first (`*_step`, prompt lookup beside it too): it is
-    what the defaults become, so a short deadline keeps the evidence for it; then the
-    default backend's, then the variants asked for (`*_fused`, `*_eager`, `*_noahead`).
-    With `real` (real_model prepared the default model's real weights), `*_real` right
-    after the winner's: real acceptance, real prompt lookup."""
+    8, and codespec against transformers' prompt lookup on edit). With `real` (real_model
+    prepared the default model's real weights), `*_real` first: real acceptance, real
+    prompt lookup, and what resolving issue 30 waits on (session 40's deadline reached
+    them after the winner's, and their FIM requests failed). Then, where the step stage
+    found a winner, its runs (`*_step`, prompt lookup beside it too: the evidence for
+    making it the default); then the default backend's, then the variants asked for
+    (`*_fused`, `*_eager`, `*_noahead`)."""
     env = {**os.environ, "CODESPEC_MODEL": str(model_dir), "CODESPEC_DEVICE": "cuda", "CODESPEC_DTYPE": "bfloat16",
            "CODESPEC_CACHE_DIR": CACHE_DIR, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
     bench = [sys.executable, "-m", "codespec", "bench"]
-    main_runs = [("", env)]
+    main_runs = []
     if real:
         # `default` in CACHE_DIR, where real_model prepared it: the path a user's default takes
-        main_runs.insert(0, ("_real", {**env, "CODESPEC_MODEL": "default"}))
+        main_runs.append(("_real", {**env, "CODESPEC_MODEL": "default"}))
     winner = winner_env(results)  # the step stage's winner, where one beat the default step
     if winner is not None:
-        main_runs.insert(0, ("_step", {**env, **winner}))
+        main_runs.append(("_step", {**env, **winner}))
         wanted = wanted + [name + "_step" for name in ("edit", "verify", "stress") if name in wanted]
+    main_runs.append(("", env))
     variants = (("_fused", {**env, "CODESPEC_CUDA_FUSED": "1"}), ("_eager", {**env, "CODESPEC_CUDA_PREFILL": "eager"}),
                 ("_noahead", {**env, "CODESPEC_LOOK_AHEAD": "off"}))
     ordered = [(kind, suffix, stage_env) for suffix, stage_env in main_runs for kind in ("edit", "verify", "stress")]
