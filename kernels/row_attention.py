@@ -55,7 +55,15 @@ SCHEDULES = ("worklist", "grid", "fold")
 # softmax, pipelined, no combine for a row of up to 1,024 keys) lost on the H200 (session
 # 40): 14.4 us a layer against the fold's 8.9 in the five-launch step: a chain of blocks
 # in one program is slower than the blocks in parallel and a combine. Removed.
-FOLD_CHUNK = 8  # the fold's partials combined per step (a [7 -> 8, 8, 64] float32 tile: 32 registers a thread)
+# The fold's partials combined per step: a row of up to FOLD_KEYS keys in one step, its
+# maxima, sums and values in one round trip (8 blocks of 128 keys, a [7 -> 16, 8, 64]
+# float32 tile; 16 blocks of 64, session 40: 254 registers a thread on sm_90 under Triton
+# 3.6, no spills). Part of a row's bits where it has more blocks than a step.
+FOLD_KEYS = 1024
+
+
+def fold_chunk(key_block: int) -> int:
+    return max(1, FOLD_KEYS // key_block)
 # The worklist's wave and warps (the combine's warps too: they lay out its reduction, so
 # they are in the bits, the same for every row of a build). Compiled for sm_90 as a
 # launch specializes it, the kernel takes ~145 registers a thread at 4 or 8 warps and
@@ -110,7 +118,8 @@ def row_attention(
               f"the {schedule} schedule needs counts: int32 zeros, at least {rows * keys.shape[1]} (rows x KV heads)")
         _triton_attention.row_attention(query, keys, values, slots, context, path, path_len, scale, out,
                                         key_block or KEY_BLOCK, BLOCK_PROGRAMS, schedule, wave(query.device),
-                                        WORK_WARPS, pdl and query.is_cuda, counts, FOLD_CHUNK, trace, flags)
+                                        WORK_WARPS, pdl and query.is_cuda, counts,
+                                        fold_chunk(key_block or KEY_BLOCK), trace, flags)
     else:
         out.copy_(row_attention_ref(query, keys, values, slots, context, path, path_len, scale))
     return out

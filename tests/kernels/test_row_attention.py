@@ -136,7 +136,7 @@ def fold(query, keys, values, rows, counts=None, **kwargs):
 def test_the_fold_schedule_matches_the_reference_and_leaves_its_counts_zero(dtype, monkeypatch):
     """`fold`: the combine by the program that stores a (row, KV head)'s last block, all
     its query heads at once; rows of several blocks and of more blocks than a combine step
-    (FOLD_CHUNK), paths, a padding row (zeros). Any wave gives the same bits, and the
+    (fold_chunk: 8 of 128 keys), paths, a padding row (zeros). Any wave gives the same bits, and the
     counts are zero after every launch (one buffer, launched again)."""
     rng = random.Random(9)
     positions = KEY_BLOCK * 10 + 20
@@ -159,14 +159,15 @@ def test_the_fold_schedule_matches_the_reference_and_leaves_its_counts_zero(dtyp
 
 @pytest.mark.parametrize("schedule", ["worklist", "fold"])
 def test_64_key_blocks_match_the_reference(schedule, monkeypatch):
-    """CODESPEC_CUDA_KEY_BLOCK=64 (session 40): rows of one to ten 64-key blocks (past a
-    fold's combine step, FOLD_CHUNK), paths and a padding row, equal to the reference;
-    any wave gives the same bits, and the fold leaves its counts zero."""
+    """CODESPEC_CUDA_KEY_BLOCK=64 (session 40): rows of one to eighteen 64-key blocks (a
+    fold's combine takes 16 a step: ten in one, eighteen in two), paths and a padding row,
+    equal to the reference; any wave gives the same bits, and the fold leaves its counts
+    zero."""
     rng = random.Random(21)
-    positions = 64 * 10 + 20
+    positions = 64 * 18 + 20
     keys, values = (torch.randn(3, KV_HEADS, positions, DIM) for _ in range(2))
     rows = random_rows(rng, 7, 3, positions)
-    rows["context"][1], rows["context"][2] = 64 * 9 + 5, 64 * 2  # ten blocks; two
+    rows["context"][1], rows["context"][2], rows["context"][3] = 64 * 17 + 5, 64 * 9 + 5, 64 * 2  # 18, 10, 2
     query = torch.randn(7, HEADS, DIM)
     counts = torch.zeros(64, dtype=torch.int32)
     expected = row_attention_ref(query, keys, values, *rows.values(), 0.125)

@@ -87,7 +87,7 @@ out["worklist pdl 64"] = build(_triton_attention._row_attention_work_kernel,
 out["fold pdl 64"] = build(_triton_attention._row_attention_fold_kernel,
                            dict(pointers[:4] + [("out_ptr", "*bf16"), ("count_ptr", "*i32")] + meta + [("rows", "i32")]
                                 + strides + [("s_out_row", "i32"), ("s_out_head", "i32")] + trace + flags),
-                           {**shapes, "KEY_BLOCK": 64, "KV_HEADS": 2, "ROWS_PAD": 64, "HEADS_PAD": 16, "CHUNK": 8,
+                           {**shapes, "KEY_BLOCK": 64, "KV_HEADS": 2, "ROWS_PAD": 64, "HEADS_PAD": 16, "CHUNK": 16,
                             "PDL": True, "CLOCK": 0, "FLAGS": False},
                            warps=WORK_WARPS)
 out["rope_store pdl"] = build(_triton._rope_store_kernel,
