@@ -75,7 +75,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     # five launches a layer (session 30): the fused layers folded, attention's combine folded
     "fused m16 pdl/prefetch fold, fold attention": FIVE_LAUNCHES,
     # ... attention over 64-key blocks (session 40): alone, 6.6 against 8.3 us a layer at 512
-    # keys on every run since session 29; twice the items, and a fold of 9-12 partials
+    # keys on every run since session 29; twice the items, the fold's combine 16 partials a step
     "fused m16 pdl/prefetch fold, fold attention, 64-key blocks": {**FIVE_LAUNCHES, "CODESPEC_CUDA_KEY_BLOCK": "64"},
     # ... and passes wider than a block in a graph of their own, rows grouped four blocks a
     # weight tile (session 39): a step's graph a group of one's, a 32-row pass's weights once
@@ -254,7 +254,7 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
                 continue
             envs[key] = variant_env(own, saved)
             result["variants"][key] = _measure(loaded, envs[key], floor["floor_ms"], context)
-        timed = {k: v.get("device_step_ms", v["step_ms"]) for k, v in result["variants"].items() if "step_ms" in v}
+        timed = {k: step_time(v) for k, v in result["variants"].items() if "step_ms" in v}
         base = min((v for k, v in timed.items() if k.startswith("default")), default=None)
         if base is None:
             return result
@@ -270,7 +270,7 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
                 envs["combined"].update({k: v for k, v in envs[winner].items() if v != envs["default"][k]})
             result["variants"]["combined"] = _measure(loaded, envs["combined"], floor["floor_ms"], context)
             combined = result["variants"]["combined"]
-            timed["combined"] = combined.get("device_step_ms", combined.get("step_ms", float("inf")))
+            timed["combined"] = step_time(combined)
             if pass_ratio(combined) <= PASS_BAR:
                 keeps.add("combined")
         if time.perf_counter() - began < deadline_s:
@@ -471,6 +471,11 @@ def restore_environment(saved: dict[str, str | None]) -> None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+def step_time(entry: dict[str, Any]) -> float:
+    """A variant's step in ms: the graph's device time where measured (inf where it failed)."""
+    return entry.get("device_step_ms", entry.get("step_ms", float("inf")))
 
 
 def pass_ratio(entry: dict[str, Any]) -> float:

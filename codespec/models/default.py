@@ -23,6 +23,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -98,8 +99,7 @@ def _tokenizer_sound(path: Path, model: PackagedModel) -> bool:
         tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
     except Exception:  # tokenizers raises its own error types for a missing or damaged file
         return False
-    split = [token for token in model.control_tokens
-             if len(tokenizer.encode(token, add_special_tokens=False).ids) != 1]
+    split = split_control_tokens(tokenizer, model)
     if split:
         print(f"codespec: the cached {model.name} splits its control tokens ({', '.join(split)}: converted by "
               f"transformers before 5.18); preparing it again", file=sys.stderr)
@@ -249,11 +249,7 @@ def check_control_tokens(tokenizer: object, model: PackagedModel) -> None:
     tokens added (found on a GPU machine's 5.17): `<|fim_prefix|>` becomes seven ids, so
     every fill-in-the-middle request fails. Checked before the weights are converted and
     anything lands in the cache."""
-    split = []
-    for token in model.control_tokens:
-        ids = tokenizer(token, add_special_tokens=False)["input_ids"]  # type: ignore[operator]
-        if len(ids) != 1:
-            split.append(token)
+    split = split_control_tokens(tokenizer.backend_tokenizer, model)  # type: ignore[attr-defined]
     if split:
         import transformers
 
@@ -262,6 +258,13 @@ def check_control_tokens(tokenizer: object, model: PackagedModel) -> None:
             f"control tokens ({', '.join(split)} become several ids each); "
             f"pip install -U 'transformers>=5.18', then run `codespec model prepare` again"
         )
+
+
+def split_control_tokens(tokenizer: Any, model: PackagedModel) -> list[str]:
+    """`model`'s control tokens that `tokenizer` (a `tokenizers.Tokenizer`: a cached
+    tokenizer.json, or a transformers tokenizer's backend) encodes as several ids."""
+    return [token for token in model.control_tokens
+            if len(tokenizer.encode(token, add_special_tokens=False).ids) != 1]
 
 
 def _serving_copy(out: Path, progress: bool) -> None:
