@@ -37,21 +37,41 @@ def _block_partial(q, k_ptr, v_ptr, part_ptr, path_ptr, row, kv_head, slot, cont
                    PRECISION: tl.constexpr):
     # One key block's softmax partial for a row's query group (max score, sum of weights,
     # weighted sum of values), written apart: a block is KEY_BLOCK *logical* keys, so what
-    # it holds and how it is summed depend on the row's keys alone. Both launch schedules
-    # below run exactly this code for every block.
-    g = tl.arange(0, GROUP_PAD)
+    # it holds and how it is summed depend on the row's keys alone. Every launch schedule
+    # below runs exactly this arithmetic for every block (_store_partial).
+    offsets, inside = _block_offsets(path_ptr, row, kv_head, slot, context, total, block, s_kv_slot, s_kv_head,
+                                     s_kv_pos, s_path, DIM, KEY_BLOCK, "")
+    k = tl.load(k_ptr + offsets, mask=inside[:, None], other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + offsets, mask=inside[:, None], other=0.0).to(tl.float32)
+    _store_partial(q, k, v, inside, part_ptr, row, kv_head, block, scale, s_part_row, s_part_head, s_part_block,
+                   GROUP, GROUP_PAD, DIM, PRECISION)
+
+
+@triton.jit
+def _block_offsets(path_ptr, row, kv_head, slot, context, total, block, s_kv_slot, s_kv_head, s_kv_pos, s_path,
+                   DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, READ: tl.constexpr):
+    # Where a block's KEY_BLOCK logical keys sit in the cache ([KEY_BLOCK, DIM] offsets:
+    # the context's positions, then the path's), and which of them the row has. READ: the
+    # path's cache modifier (".cg" where it is read before the wait, _early_keys).
     d = tl.arange(0, DIM)
-    head = kv_head * GROUP + g
-    real = g < GROUP
     base = slot * s_kv_slot + kv_head * s_kv_head
     t = block * KEY_BLOCK + tl.arange(0, KEY_BLOCK)
     inside = t < total
     on_path = t >= context
-    step = tl.load(path_ptr + row * s_path + (t - context), mask=inside & on_path, other=0)
+    step = tl.load(path_ptr + row * s_path + (t - context), mask=inside & on_path, other=0, cache_modifier=READ)
     position = tl.where(on_path, step, t)
-    offsets = base + position[:, None] * s_kv_pos + d[None, :]
-    k = tl.load(k_ptr + offsets, mask=inside[:, None], other=0.0).to(tl.float32)
-    v = tl.load(v_ptr + offsets, mask=inside[:, None], other=0.0).to(tl.float32)
+    return base + position[:, None] * s_kv_pos + d[None, :], inside
+
+
+@triton.jit
+def _store_partial(q, k, v, inside, part_ptr, row, kv_head, block, scale, s_part_row, s_part_head, s_part_block,
+                   GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, DIM: tl.constexpr, PRECISION: tl.constexpr):
+    # The block's partial from its keys k and values v ([KEY_BLOCK, DIM] in float32, zeros
+    # where not `inside`), into part.
+    g = tl.arange(0, GROUP_PAD)
+    d = tl.arange(0, DIM)
+    head = kv_head * GROUP + g
+    real = g < GROUP
     scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
     scores = tl.where(inside[None, :], scores, float("-inf"))
     best = tl.max(scores, axis=1)  # finite: the block holds at least one key
@@ -97,12 +117,15 @@ def _row_keys(slots_ptr, context_ptr, path_len_ptr, row):
 
 
 @triton.jit
-def _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD: tl.constexpr, KEY_BLOCK: tl.constexpr):
+def _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD: tl.constexpr, KEY_BLOCK: tl.constexpr,
+                 READ: tl.constexpr):
     # Each row's key blocks ([ROWS_PAD], 0 past the pass's rows and for padding rows), and
-    # where each row's blocks end in the pass's flat list of blocks.
+    # where each row's blocks end in the pass's flat list of blocks. READ: the loads' cache
+    # modifier (".cg" before the wait, _early_keys).
     r = tl.arange(0, ROWS_PAD)
     listed = r < rows
-    keys = tl.load(context_ptr + r, mask=listed, other=0) + tl.load(path_len_ptr + r, mask=listed, other=0)
+    keys = (tl.load(context_ptr + r, mask=listed, other=0, cache_modifier=READ)
+            + tl.load(path_len_ptr + r, mask=listed, other=0, cache_modifier=READ))
     blocks = tl.cdiv(keys, KEY_BLOCK)
     return blocks, tl.cumsum(blocks, axis=0)
 
@@ -117,7 +140,58 @@ def _wave_start(context_ptr, path_len_ptr, rows, trace_ptr, clock_ptr, flags_ptr
     pdl_start(PDL)
     pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
     trace_mark(trace_ptr, clock_ptr, tl.program_id(0), WAITED, CLOCK)
-    return _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK)
+    return _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK, "")
+
+
+@triton.jit
+def _item_place(item, blocks, ends, KV_HEADS: tl.constexpr, ROWS_PAD: tl.constexpr):
+    # Item `item` of the pass's (row, key block, KV head) list, in that order: its row, KV
+    # head and block.
+    kv_head = item % KV_HEADS
+    flat = item // KV_HEADS
+    row = tl.sum((ends <= flat).to(tl.int32), axis=0)  # the rows whose blocks all come before
+    block = flat - tl.sum(tl.where(tl.arange(0, ROWS_PAD) < row, blocks, 0), axis=0)
+    return row, kv_head, block
+
+
+@triton.jit
+def _early_keys(item, items, blocks, ends, k_ptr, v_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr, rows,
+                s_kv_slot, s_kv_head, s_kv_pos, s_path, KV_HEADS: tl.constexpr, ROWS_PAD: tl.constexpr,
+                DIM: tl.constexpr, KEY_BLOCK: tl.constexpr):
+    # Before the wait (EARLY): what item `item` (none at or past `items`) reads that no
+    # kernel of this replay writes. The pass's metadata and path (the host's copy, before
+    # the graph), and the keys and values of the row's context below `context - rows`:
+    # a replay of `rows` rows writes K and V only at its rows' write positions, and a row
+    # on its tree's main chain sees the chain's positions up to its own in its context, so
+    # every position this replay writes in the row's slot is at least context - rows
+    # (forward/passlayout.py; tests pin it). Read past L1, which a programmatic dependent
+    # is not promised to find current before its wait. The rest, after the wait (_late_partial).
+    row, kv_head, block = _item_place(item, blocks, ends, KV_HEADS, ROWS_PAD)
+    has = item < items
+    slot = tl.load(slots_ptr + row, mask=has, other=0, cache_modifier=".cg")
+    context = tl.load(context_ptr + row, mask=has, other=0, cache_modifier=".cg")
+    total = context + tl.load(path_len_ptr + row, mask=has, other=0, cache_modifier=".cg")
+    offsets, inside = _block_offsets(path_ptr, row, kv_head, slot, context, total, block, s_kv_slot, s_kv_head,
+                                     s_kv_pos, s_path, DIM, KEY_BLOCK, ".cg")
+    early = inside & (block * KEY_BLOCK + tl.arange(0, KEY_BLOCK) < context - rows)
+    k = tl.load(k_ptr + offsets, mask=early[:, None], other=0.0, cache_modifier=".cg")
+    v = tl.load(v_ptr + offsets, mask=early[:, None], other=0.0, cache_modifier=".cg")
+    return row, kv_head, block, offsets, inside, early, k, v
+
+
+@triton.jit
+def _late_partial(q_ptr, k_ptr, v_ptr, part_ptr, row, kv_head, block, offsets, inside, early, k_early, v_early, scale,
+                  s_q_row, s_q_head, s_part_row, s_part_head, s_part_block, GROUP: tl.constexpr,
+                  GROUP_PAD: tl.constexpr, DIM: tl.constexpr, PRECISION: tl.constexpr):
+    # After the wait: the rest of an item _early_keys began (the query, the keys and values
+    # this replay may have written), and its partial. The same keys and values as
+    # _block_partial loads, the same arithmetic: the same bits.
+    q = _query_group(q_ptr, row, kv_head, s_q_row, s_q_head, GROUP, GROUP_PAD, DIM)
+    late = inside & (early == 0)
+    k = tl.where(early[:, None], k_early, tl.load(k_ptr + offsets, mask=late[:, None], other=0.0)).to(tl.float32)
+    v = tl.where(early[:, None], v_early, tl.load(v_ptr + offsets, mask=late[:, None], other=0.0)).to(tl.float32)
+    _store_partial(q, k, v, inside, part_ptr, row, kv_head, block, scale, s_part_row, s_part_head, s_part_block,
+                   GROUP, GROUP_PAD, DIM, PRECISION)
 
 
 @triton.jit
@@ -125,12 +199,8 @@ def _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, con
                scale, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head,
                s_part_block, KV_HEADS: tl.constexpr, ROWS_PAD: tl.constexpr, GROUP: tl.constexpr,
                GROUP_PAD: tl.constexpr, DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr):
-    # Item `item` of the pass's (row, key block, KV head) list, in that order: its block's
-    # partial.
-    kv_head = item % KV_HEADS
-    flat = item // KV_HEADS
-    row = tl.sum((ends <= flat).to(tl.int32), axis=0)  # the rows whose blocks all come before
-    block = flat - tl.sum(tl.where(tl.arange(0, ROWS_PAD) < row, blocks, 0), axis=0)
+    # Item `item` of the pass's (row, key block, KV head) list: its block's partial.
+    row, kv_head, block = _item_place(item, blocks, ends, KV_HEADS, ROWS_PAD)
     slot = tl.load(slots_ptr + row)
     context = tl.load(context_ptr + row)
     total = context + tl.load(path_len_ptr + row)
@@ -147,19 +217,51 @@ def _row_attention_work_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context
                                s_part_row, s_part_head, s_part_block, trace_ptr, clock_ptr, flags_ptr, launch, before,
                                KV_HEADS: tl.constexpr, ROWS_PAD: tl.constexpr, GROUP: tl.constexpr,
                                GROUP_PAD: tl.constexpr, DIM: tl.constexpr, KEY_BLOCK: tl.constexpr,
-                               PRECISION: tl.constexpr, PDL: tl.constexpr, CLOCK: tl.constexpr, FLAGS: tl.constexpr):
+                               PRECISION: tl.constexpr, PDL: tl.constexpr, CLOCK: tl.constexpr, FLAGS: tl.constexpr,
+                               EARLY: tl.constexpr):
     # The `worklist` schedule: a fixed number of programs (a wave of the device) share the
     # pass's real work, the (row, key block, KV head) items in that order, item i going to
     # program i mod programs. Padding rows have no blocks, so they add no programs: a
     # one-row step over 512 keys is 8 items, not the grid's rows * KV heads * 16 programs.
-    blocks, ends = _wave_start(context_ptr, path_len_ptr, rows, trace_ptr, clock_ptr, flags_ptr, launch, before,
-                               ROWS_PAD, KEY_BLOCK, PDL, CLOCK, FLAGS)
-    for item in range(tl.program_id(0), tl.sum(blocks, axis=0) * KV_HEADS, tl.num_programs(0)):
+    # EARLY: a program's first item begun before the wait (_early_keys).
+    if EARLY:
+        blocks, ends, row, kv_head, block, offsets, inside, early, k_early, v_early = _early_start(
+            k_ptr, v_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr, rows, s_kv_slot, s_kv_head, s_kv_pos,
+            s_path, trace_ptr, clock_ptr, flags_ptr, launch, before, KV_HEADS, ROWS_PAD, DIM, KEY_BLOCK, PDL, CLOCK,
+            FLAGS)
+        if tl.program_id(0) < tl.sum(blocks, axis=0) * KV_HEADS:
+            _late_partial(q_ptr, k_ptr, v_ptr, part_ptr, row, kv_head, block, offsets, inside, early, k_early,
+                          v_early, scale, s_q_row, s_q_head, s_part_row, s_part_head, s_part_block, GROUP, GROUP_PAD,
+                          DIM, PRECISION)
+        first = tl.program_id(0) + tl.num_programs(0)
+    else:
+        blocks, ends = _wave_start(context_ptr, path_len_ptr, rows, trace_ptr, clock_ptr, flags_ptr, launch, before,
+                                   ROWS_PAD, KEY_BLOCK, PDL, CLOCK, FLAGS)
+        first = tl.program_id(0)
+    for item in range(first, tl.sum(blocks, axis=0) * KV_HEADS, tl.num_programs(0)):
         _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr,
                    scale, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head,
                    s_part_block, KV_HEADS, ROWS_PAD, GROUP, GROUP_PAD, DIM, KEY_BLOCK, PRECISION)
     trace_mark(trace_ptr, clock_ptr, tl.program_id(0), ENDED, CLOCK)
     pdl_done(flags_ptr, launch, FLAGS)
+
+
+@triton.jit
+def _early_start(k_ptr, v_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr, rows, s_kv_slot, s_kv_head, s_kv_pos,
+                 s_path, trace_ptr, clock_ptr, flags_ptr, launch, before, KV_HEADS: tl.constexpr,
+                 ROWS_PAD: tl.constexpr, DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, PDL: tl.constexpr,
+                 CLOCK: tl.constexpr, FLAGS: tl.constexpr):
+    # _wave_start with the program's first item begun before the wait (_early_keys): the
+    # pass's blocks, and that item's place, keys and values so far.
+    trace_mark(trace_ptr, clock_ptr, tl.program_id(0), START, CLOCK)
+    pdl_start(PDL)
+    blocks, ends = _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK, ".cg")
+    row, kv_head, block, offsets, inside, early, k, v = _early_keys(
+        tl.program_id(0), tl.sum(blocks, axis=0) * KV_HEADS, blocks, ends, k_ptr, v_ptr, slots_ptr, context_ptr,
+        path_ptr, path_len_ptr, rows, s_kv_slot, s_kv_head, s_kv_pos, s_path, KV_HEADS, ROWS_PAD, DIM, KEY_BLOCK)
+    pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
+    trace_mark(trace_ptr, clock_ptr, tl.program_id(0), WAITED, CLOCK)
+    return blocks, ends, row, kv_head, block, offsets, inside, early, k, v
 
 
 @triton.jit
@@ -263,29 +365,57 @@ def _row_attention_fold_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_ptr
                                flags_ptr, launch, before, KV_HEADS: tl.constexpr, ROWS_PAD: tl.constexpr,
                                GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEADS_PAD: tl.constexpr,
                                DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr,
-                               CHUNK: tl.constexpr, PDL: tl.constexpr, CLOCK: tl.constexpr, FLAGS: tl.constexpr):
+                               CHUNK: tl.constexpr, PDL: tl.constexpr, CLOCK: tl.constexpr, FLAGS: tl.constexpr,
+                               EARLY: tl.constexpr):
     # The `fold` schedule: the worklist's items, then the combine of a (row, KV head)'s
     # query heads by the program that stored its last block (an atomic count per pair
     # after a CTA barrier, acq_rel at GPU scope, reset by that program: row_linear's fold),
     # all GROUP heads at once. One launch a layer, not two; rows with no keys get zeros.
-    blocks, ends = _wave_start(context_ptr, path_len_ptr, rows, trace_ptr, clock_ptr, flags_ptr, launch, before,
-                               ROWS_PAD, KEY_BLOCK, PDL, CLOCK, FLAGS)
+    # EARLY: a program's first item begun before the wait (_early_keys).
+    if EARLY:
+        blocks, ends, row, kv_head, block, offsets, inside, early, k_early, v_early = _early_start(
+            k_ptr, v_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr, rows, s_kv_slot, s_kv_head, s_kv_pos,
+            s_path, trace_ptr, clock_ptr, flags_ptr, launch, before, KV_HEADS, ROWS_PAD, DIM, KEY_BLOCK, PDL, CLOCK,
+            FLAGS)
+    else:
+        blocks, ends = _wave_start(context_ptr, path_len_ptr, rows, trace_ptr, clock_ptr, flags_ptr, launch, before,
+                                   ROWS_PAD, KEY_BLOCK, PDL, CLOCK, FLAGS)
     zero_keyless_rows(out_ptr, blocks, rows, s_out_row, s_out_head, GROUP * KV_HEADS, HEADS_PAD, DIM, ROWS_PAD)
     r = tl.arange(0, ROWS_PAD)
-    for item in range(tl.program_id(0), tl.sum(blocks, axis=0) * KV_HEADS, tl.num_programs(0)):
-        row, kv_head = _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr,
-                                  path_len_ptr, scale, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path,
-                                  s_part_row, s_part_head, s_part_block, KV_HEADS, ROWS_PAD, GROUP, GROUP_PAD, DIM,
-                                  KEY_BLOCK, PRECISION)
-        row_blocks = tl.sum(tl.where(r == row, blocks, 0), axis=0)
-        tl.debug_barrier()  # every thread's partial stored before the count says so
-        count = count_ptr + row * KV_HEADS + kv_head
-        if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == row_blocks - 1:
-            _combine_group(out_ptr, part_ptr, row, kv_head, row_blocks, s_out_row, s_out_head, s_part_row,
-                           s_part_head, s_part_block, GROUP, GROUP_PAD, DIM, CHUNK)
-            tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")  # zero for the next launch
+    first = tl.program_id(0)
+    if EARLY:
+        if tl.program_id(0) < tl.sum(blocks, axis=0) * KV_HEADS:
+            _late_partial(q_ptr, k_ptr, v_ptr, part_ptr, row, kv_head, block, offsets, inside, early, k_early,
+                          v_early, scale, s_q_row, s_q_head, s_part_row, s_part_head, s_part_block, GROUP, GROUP_PAD,
+                          DIM, PRECISION)
+            _fold_item(out_ptr, part_ptr, count_ptr, row, kv_head, blocks, r, s_out_row, s_out_head, s_part_row,
+                       s_part_head, s_part_block, KV_HEADS, GROUP, GROUP_PAD, DIM, CHUNK)
+        first += tl.num_programs(0)
+    for item in range(first, tl.sum(blocks, axis=0) * KV_HEADS, tl.num_programs(0)):
+        # (names of their own: EARLY's row and head are not the loop's to carry)
+        item_row, item_head = _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr,
+                                         path_ptr, path_len_ptr, scale, s_q_row, s_q_head, s_kv_slot, s_kv_head,
+                                         s_kv_pos, s_path, s_part_row, s_part_head, s_part_block, KV_HEADS, ROWS_PAD,
+                                         GROUP, GROUP_PAD, DIM, KEY_BLOCK, PRECISION)
+        _fold_item(out_ptr, part_ptr, count_ptr, item_row, item_head, blocks, r, s_out_row, s_out_head, s_part_row,
+                   s_part_head, s_part_block, KV_HEADS, GROUP, GROUP_PAD, DIM, CHUNK)
     trace_mark(trace_ptr, clock_ptr, tl.program_id(0), ENDED, CLOCK)
     pdl_done(flags_ptr, launch, FLAGS)
+
+
+@triton.jit
+def _fold_item(out_ptr, part_ptr, count_ptr, row, kv_head, blocks, r, s_out_row, s_out_head, s_part_row, s_part_head,
+               s_part_block, KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, DIM: tl.constexpr,
+               CHUNK: tl.constexpr):
+    # After an item's partial is stored: count it, and where it was the (row, KV head)'s
+    # last, combine the pair's partials and zero its count for the next launch.
+    row_blocks = tl.sum(tl.where(r == row, blocks, 0), axis=0)
+    tl.debug_barrier()  # every thread's partial stored before the count says so
+    count = count_ptr + row * KV_HEADS + kv_head
+    if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == row_blocks - 1:
+        _combine_group(out_ptr, part_ptr, row, kv_head, row_blocks, s_out_row, s_out_head, s_part_row,
+                       s_part_head, s_part_block, GROUP, GROUP_PAD, DIM, CHUNK)
+        tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")  # zero for the next launch
 
 
 @triton.jit(do_not_specialize=COUNTED)
@@ -311,7 +441,8 @@ def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                   context: torch.Tensor, path: torch.Tensor, path_len: torch.Tensor, scale: float,
                   out: torch.Tensor, key_block: int, block_programs: int, schedule: str, programs: int,
                   work_warps: int, pdl: bool = False, counts: torch.Tensor | None = None,
-                  fold_chunk: int = 8, trace: TakeTrace | None = None, flags: TakeFlag | None = None) -> None:
+                  fold_chunk: int = 8, trace: TakeTrace | None = None, flags: TakeFlag | None = None,
+                  early: bool = False) -> None:
     rows, heads, dim = query.shape
     kv_heads = keys.shape[1]
     group = heads // kv_heads
@@ -332,15 +463,15 @@ def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
         _row_attention_fold_kernel[(programs,)](
             query, keys, values, part, out, counts, slots, context, path, path_len, float(scale), rows, *strides,
             out.stride(0), out.stride(1), *pointers, KV_HEADS=kv_heads, ROWS_PAD=triton.next_power_of_2(rows),
-            HEADS_PAD=triton.next_power_of_2(heads), CHUNK=fold_chunk, num_warps=work_warps, **shapes, **launch,
-            **hooked)
+            HEADS_PAD=triton.next_power_of_2(heads), CHUNK=fold_chunk, EARLY=early, num_warps=work_warps, **shapes,
+            **launch, **hooked)
         return
     if schedule == "worklist":
         pointers, hooked = hooks("", (programs,))
         _row_attention_work_kernel[(programs,)](
             query, keys, values, part, slots, context, path, path_len, float(scale), rows, *strides, *pointers,
-            KV_HEADS=kv_heads, ROWS_PAD=triton.next_power_of_2(rows), num_warps=work_warps, **shapes, **launch,
-            **hooked)
+            KV_HEADS=kv_heads, ROWS_PAD=triton.next_power_of_2(rows), EARLY=early, num_warps=work_warps, **shapes,
+            **launch, **hooked)
     else:
         grid = (rows, kv_heads, min(blocks, block_programs))
         pointers, hooked = hooks("", grid)

@@ -30,6 +30,16 @@ code for every block, and the first two then launch the same combine (the same b
   Session 26's `single` folded the combine one head at a time (seven chains of dependent
   loads in one program) and took 2-7x the two launches on the H100.
 
+`early` (session 41, CODESPEC_CUDA_EARLY_KEYS; worklist and fold): a program begins its
+first item before it waits for the kernel before (q/k/v, whose epilogue stores this
+pass's K and V): the pass's metadata and path, then the keys and values of the item's
+block that lie in the row's context below `context - rows`, which no kernel of this
+replay writes (forward/passlayout.py). After the wait it loads the query and the block's
+other keys, the same values into the same arithmetic: the same bits. Session 40's trace
+of the fold's step at 512 keys: the program that ended last took 8.2 us after its wait,
+a chain of ~6 dependent round trips (the pass's blocks, the row's metadata, the path,
+keys and values, the count, the partials); the early loads take three of them off it.
+
 >>> keys = torch.randn(1, 1, 6, 4); values = torch.randn(1, 1, 6, 4); q = torch.randn(2, 1, 4)
 >>> rows = dict(slots=torch.tensor([0, 0]), context=torch.tensor([3, 2]),
 ...             path=torch.tensor([[0, 0], [4, 5]]), path_len=torch.tensor([0, 2]))
@@ -96,6 +106,7 @@ def row_attention(
     counts: torch.Tensor | None = None,  # fold: int32 zeros, one per (row, KV head) at least, left zero
     trace: TakeTrace | None = None,  # the Triton launches' time marks (kernels/trace.py)
     flags: TakeFlag | None = None,  # wait on counts, not the launch before's end (kernels/flags.py)
+    early: bool = False,  # worklist, fold: each program's first item begun before the wait (below)
 ) -> torch.Tensor:
     """Returns [rows, heads, dim] in the query's dtype (module docstring)."""
     rows, heads, dim = query.shape
@@ -119,7 +130,8 @@ def row_attention(
         _triton_attention.row_attention(query, keys, values, slots, context, path, path_len, scale, out,
                                         key_block or KEY_BLOCK, BLOCK_PROGRAMS, schedule, wave(query.device),
                                         WORK_WARPS, pdl and query.is_cuda, counts,
-                                        fold_chunk(key_block or KEY_BLOCK), trace, flags)
+                                        fold_chunk(key_block or KEY_BLOCK), trace, flags,
+                                        early and schedule != "grid")
     else:
         out.copy_(row_attention_ref(query, keys, values, slots, context, path, path_len, scale))
     return out

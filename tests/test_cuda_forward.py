@@ -160,6 +160,36 @@ def test_the_pass_layout_is_pass_rows_bucket_by_bucket(seed):
                 assert path[r].tolist() == [0] * bucket
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_replay_writes_no_key_a_row_of_it_reads_below_its_context_less_the_bucket(seed):
+    """What attention's early loads rest on (kernels/row_attention.py, `early`): in every
+    replay of a pass, each K and V write in a slot lands at or above context - bucket for
+    every row of that replay in that slot, so a row's keys below that bound were written
+    before the replay began. Trees spanning several replays, deep branches, and a prefill
+    chunk's chain."""
+    from codespec.index import Draft
+
+    rng = np.random.default_rng(100 + seed)
+    requests = []
+    for slot in range(int(rng.integers(1, 5))):
+        n = int(rng.integers(1, 30))
+        parents = tuple(int(rng.integers(-1, i)) if rng.random() < 0.4 else i - 1 for i in range(n))
+        draft = Draft(tuple(int(t) for t in rng.integers(0, 100, n)), parents, (1,) * n, 1, "test").within_tail(8)
+        requests.append((slot, int(rng.integers(0, 300)), VerifyTree.build(int(rng.integers(0, 100)), draft)))
+    bucket = 8
+    for rows in (tree_rows(requests), chain_rows(list(range(40)), 2, 3, 40)):
+        checked = 0
+        for first in range(0, len(rows), bucket):
+            staging = np.zeros(cuda.META_FIELDS * bucket + bucket * bucket, dtype=np.int64)
+            n = fill_staging(staging, rows, first, bucket)
+            meta = staging[: cuda.META_FIELDS * bucket].reshape(cuda.META_FIELDS, bucket)
+            for r in range(n):
+                writes = [int(meta[3, w]) for w in range(n) if meta[2, w] == meta[5, r]]
+                assert min(writes) >= meta[6, r] - bucket, (first, r)
+                checked += 1
+        assert checked == len(rows)
+
+
 def test_the_backends_settings_are_checked_at_start_up(monkeypatch):
     """Every CODESPEC_CUDA_* setting (forward/cuda_settings.py): its default, a good value
     taken, a bad one a clear error naming it."""
@@ -381,7 +411,7 @@ def test_the_machine_profile_is_keyed_by_every_setting_that_changes_a_pass(monke
     key = CudaForward(model).profile_key()
     assert CudaForward(model).profile_key() == key  # the same settings: the stored curve serves
     for name, value in (("FUSED", "1"), ("ATTENTION", "grid"), ("PDL", "launch"), ("REDUCE", "fold"),
-                        ("ROWS", "32"), ("KEY_BLOCK", "64")):
+                        ("ROWS", "32"), ("KEY_BLOCK", "64"), ("EARLY_KEYS", "1")):
         monkeypatch.setenv(f"CODESPEC_CUDA_{name}", value)
         assert CudaForward(model).profile_key() != key, name
         monkeypatch.delenv(f"CODESPEC_CUDA_{name}")

@@ -143,6 +143,7 @@ class CudaForward:
         self.chained_taken = self.chained_dropped = 0  # queued steps the engine asked for, and the others
         self.attention = settings.attention  # attention's launch schedule (kernels/row_attention.py)
         self.key_block = settings.key_block  # ... and its logical keys per block (part of the bits)
+        self.early_keys = settings.early_keys  # ... each program's first item begun before its wait
         # the fold's counts, one per (row, KV head), left zero by every launch:
         # one buffer serves every layer (a layer's attention ends before the next one's starts)
         self._attention_counts = (torch.zeros(self.rows * self.kv_heads, dtype=torch.int32, device=self.device)
@@ -212,7 +213,8 @@ class CudaForward:
         # What a pass runs, for the machine profile's key: a cost curve measured with one
         # layout must not price another's passes (profile_key).
         self._kernels = {"rows": self.rows, "graphs": self.graphs, "fused": self.fused, "compile": compile,
-                         "attention": self.attention, "key_block": self.key_block, "pdl": self.pdl,
+                         "attention": self.attention, "key_block": self.key_block, "early_keys": self.early_keys,
+                         "pdl": self.pdl,
                          "reduce": settings.reduce, "flags": self.flags is not None,
                          "tiles": ";".join(f"{name}:{tile}" for name, tile in sorted(self.tiles.items())),
                          "pass_row_group": settings.pass_row_group if self.pass_tiles is not None else 0}
@@ -413,7 +415,7 @@ class CudaForward:
             """Each row over its own keys (q rotated, the pass's K and V stored): [rows, hidden]."""
             return row_attention(q.view(rows, self.heads, -1), keys[index], values[index], slots=slots,
                                  context=context, path=path, path_len=path_len, scale=layer.self_attn.scaling,
-                                 schedule=self.attention, key_block=self.key_block, pdl=pdl,
+                                 schedule=self.attention, key_block=self.key_block, pdl=pdl, early=self.early_keys,
                                  counts=self._attention_counts, trace=self._trace("attention", index),
                                  flags=flags).view(rows, -1)
 

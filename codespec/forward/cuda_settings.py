@@ -70,6 +70,12 @@ class CudaSettings(BaseSettings):
         "summation order, so of its bits (still each row's own). Attention alone at 512 keys, worklist, CUDA "
         "graphs: 64-key blocks 6.6-6.8 against 8.2-8.4 us a layer on every H100 and H200 run since session 29; "
         "in a step and a pass not yet timed (session 40).")
+    early_keys: bool = Field(
+        False, description="Attention (worklist, fold) begins each program's first item before it waits for "
+        "q/k/v: the pass's metadata, and the keys and values a replay cannot have written (kernels/row_attention.py). "
+        "The same values into the same arithmetic: the same bits. Session 40's H200 trace put the fold's last "
+        "program at 8.2 us a layer after its wait, ~6 dependent round trips; this takes three off. Not yet timed "
+        "on a GPU (session 41).")
     chain: bool = Field(True, description="Plain steps queued one ahead on the device (forward/chained.py).")
     pdl: Literal["auto", "off", "launch", "prefetch", "flags"] = Field(
         "auto", description="Our kernels launched as programmatic dependents (sm_90+; 'auto': 'launch' there, "

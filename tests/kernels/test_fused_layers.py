@@ -175,20 +175,24 @@ def test_counted_launches_ask_for_the_fused_layers(monkeypatch):
         CudaForward(model, rows=16, fused=False)
 
 
+@pytest.mark.parametrize("setting,value,argument,passed", [("KEY_BLOCK", "64", "key_block", 64),
+                                                          ("EARLY_KEYS", "1", "early", True)])
 @pytest.mark.parametrize("schedule", ["worklist", "fold"])
-def test_attention_launches_take_the_backends_key_block_and_rows_stay_steps(monkeypatch, schedule):
-    """CODESPEC_CUDA_KEY_BLOCK=64 reaches every attention launch (the Triton kernel under
-    the interpreter), and a tree row over 70 keys (two 64-key blocks) still gets its
-    decode step's bits."""
+def test_attention_launches_take_the_backends_key_block_and_rows_stay_steps(monkeypatch, schedule, setting, value,
+                                                                          argument, passed):
+    """CODESPEC_CUDA_KEY_BLOCK=64 and CODESPEC_CUDA_EARLY_KEYS=1 (session 41) reach every
+    attention launch (the Triton kernel under the interpreter), and a tree row over 70
+    keys (two 64-key blocks; with early keys, some below context - rows of an 8-row
+    bucket, some above) still gets its decode step's bits."""
     from codespec.kernels import row_attention
 
     seen = []
 
     def recorded(*args, **kwargs):
-        seen.append(kwargs["key_block"])
+        seen.append(kwargs[argument])
         return row_attention.row_attention(*args, **kwargs)
 
-    monkeypatch.setenv("CODESPEC_CUDA_KEY_BLOCK", "64")
+    monkeypatch.setenv(f"CODESPEC_CUDA_{setting}", value)
     monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", schedule)
     monkeypatch.setattr(row_attention, "use_triton", lambda tensor, force: True)
     monkeypatch.setattr(cuda, "row_attention", recorded)
@@ -196,4 +200,4 @@ def test_attention_launches_take_the_backends_key_block_and_rows_stay_steps(monk
     forward = CudaForward(model, rows=8)
     prompt = [1 + i % 31 for i in range(67)]
     assert_tree_rows_are_steps(forward, prefilled(forward, prompt), len(prompt))
-    assert seen and set(seen) == {64}
+    assert seen and set(seen) == {passed}

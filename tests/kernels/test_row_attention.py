@@ -192,3 +192,30 @@ def test_the_fold_schedule_needs_its_counts():
         fold(query, keys, keys, rows, counts=torch.zeros(3, dtype=torch.int32))  # 2 rows x 2 KV heads
     with pytest.raises(ValueError, match="attention schedule 'walk': expected one of worklist, grid, fold"):
         row_attention(query, keys, keys, **rows, scale=1.0, force_triton=True, schedule="walk")  # removed, session 40
+
+
+@pytest.mark.parametrize("key_block", [None, 64])
+@pytest.mark.parametrize("schedule", ["worklist", "fold"])
+def test_early_keys_give_the_same_bits(schedule, key_block, monkeypatch):
+    """`early` (CODESPEC_CUDA_EARLY_KEYS, session 41): a program's first item loaded before
+    its wait in two parts, the context's keys below context - rows, then the rest. Rows
+    whose blocks lie wholly below that bound, cross it, or lie above it (a short context,
+    a path, a padding row), in waves with items per program of several, one and none:
+    every result the bits of the launch without it, and the fold's counts left zero."""
+    rng = random.Random(41)
+    positions = 700
+    keys, values = (torch.randn(3, KV_HEADS, positions, DIM, dtype=torch.bfloat16) for _ in range(2))
+    rows = random_rows(rng, 7, 3, positions)
+    # rows = 7: with 128-key blocks, row 0's first four blocks lie below 600 - 7, its fifth
+    # crosses it; row 1's one block crosses it; row 2 has a path after 300 keys
+    rows["context"][0], rows["context"][1], rows["context"][2] = 600, 100, 300
+    query = torch.randn(7, HEADS, DIM, dtype=torch.bfloat16)
+    counts = torch.zeros(64, dtype=torch.int32)
+    for programs in (1, 3, 50):
+        monkeypatch.setattr(module, "wave", lambda device, n=programs: n)
+        plain, early = (row_attention(query, keys, values, **rows, scale=0.125, force_triton=True, schedule=schedule,
+                                      counts=counts, key_block=key_block, early=flag) for flag in (False, True))
+        assert torch.equal(early, plain), programs
+        assert not counts.any(), programs
+    expected = row_attention_ref(query, keys, values, *rows.values(), 0.125)
+    assert torch.allclose(early.float(), expected.float(), atol=1e-2, rtol=1e-2)

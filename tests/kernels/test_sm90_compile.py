@@ -67,7 +67,7 @@ for pdl in (False, True):
     out["worklist" + " pdl" * pdl] = build(_triton_attention._row_attention_work_kernel,
                                            dict(pointers + meta + [("rows", "i32")] + strides + trace + flags),
                                            {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64, "PDL": pdl, "CLOCK": 0,
-                                            "FLAGS": False},
+                                            "FLAGS": False, "EARLY": False},
                                            warps=WORK_WARPS)
 # untraced, traced by %globaltimer, waiting on counts
 for clock, flagged in ((0, False), (1, False), (0, True)):
@@ -76,20 +76,36 @@ for clock, flagged in ((0, False), (1, False), (0, True)):
         dict(pointers[:4] + [("out_ptr", "*bf16"), ("count_ptr", "*i32")] + meta + [("rows", "i32")] + strides
              + [("s_out_row", "i32"), ("s_out_head", "i32")] + trace + flags),
         {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64, "HEADS_PAD": 16, "CHUNK": 8, "PDL": True, "CLOCK": clock,
-         "FLAGS": flagged},
+         "FLAGS": flagged, "EARLY": False},
         warps=WORK_WARPS)
 # 64-key blocks (CODESPEC_CUDA_KEY_BLOCK=64, session 40): the worklist and the fold
 out["worklist pdl 64"] = build(_triton_attention._row_attention_work_kernel,
                                dict(pointers + meta + [("rows", "i32")] + strides + trace + flags),
                                {**shapes, "KEY_BLOCK": 64, "KV_HEADS": 2, "ROWS_PAD": 64, "PDL": True, "CLOCK": 0,
-                                "FLAGS": False},
+                                "FLAGS": False, "EARLY": False},
                                warps=WORK_WARPS)
 out["fold pdl 64"] = build(_triton_attention._row_attention_fold_kernel,
                            dict(pointers[:4] + [("out_ptr", "*bf16"), ("count_ptr", "*i32")] + meta + [("rows", "i32")]
                                 + strides + [("s_out_row", "i32"), ("s_out_head", "i32")] + trace + flags),
                            {**shapes, "KEY_BLOCK": 64, "KV_HEADS": 2, "ROWS_PAD": 64, "HEADS_PAD": 16, "CHUNK": 16,
-                            "PDL": True, "CLOCK": 0, "FLAGS": False},
+                            "PDL": True, "CLOCK": 0, "FLAGS": False, "EARLY": False},
                            warps=WORK_WARPS)
+# the first item begun before the wait (CODESPEC_CUDA_EARLY_KEYS, session 41): the worklist
+# and the fold, at either key block
+for block, chunk in ((128, 8), (64, 16)):
+    out[f"worklist pdl early {block}"] = build(_triton_attention._row_attention_work_kernel,
+                                               dict(pointers + meta + [("rows", "i32")] + strides + trace + flags),
+                                               {**shapes, "KEY_BLOCK": block, "KV_HEADS": 2, "ROWS_PAD": 64,
+                                                "PDL": True, "CLOCK": 0, "FLAGS": False, "EARLY": True},
+                                               warps=WORK_WARPS)
+    out[f"fold pdl early {block}"] = build(_triton_attention._row_attention_fold_kernel,
+                                           dict(pointers[:4] + [("out_ptr", "*bf16"), ("count_ptr", "*i32")] + meta
+                                                + [("rows", "i32")] + strides + [("s_out_row", "i32"),
+                                                                                 ("s_out_head", "i32")] + trace + flags),
+                                           {**shapes, "KEY_BLOCK": block, "KV_HEADS": 2, "ROWS_PAD": 64,
+                                            "HEADS_PAD": 16, "CHUNK": chunk, "PDL": True, "CLOCK": 0, "FLAGS": False,
+                                            "EARLY": True},
+                                           warps=WORK_WARPS)
 out["rope_store pdl"] = build(_triton._rope_store_kernel,
                               {**{name: "*bf16" for name in ("qkv_ptr", "cos_ptr", "sin_ptr")},
                                **{name: "*i64" for name in ("positions_ptr", "source_ptr", "write_slot_ptr",
