@@ -43,11 +43,19 @@ FIVE_LAUNCHES = {**M16, "CODESPEC_CUDA_PDL": "prefetch", "CODESPEC_CUDA_REDUCE":
                  "CODESPEC_CUDA_ATTENTION": "fold"}
 PASS_BAR = 1.3  # issue 30: a 32-row verify pass at most this many steps; a winner must keep it
 # Gate/up's tile for the five-launch step (reported only: tiles have no setting). Its 76
-# programs of 128 outputs leave 56 of the H200's 132 SMs without one, and its K loop took
-# 9.8 us for 17.4 MB (4.2 at bandwidth; session 40's trace): twice the programs, by
-# outputs or by a two-way split of K (folded, as the five-launch layers fold). The
-# `gateup` stage times the same alone; these say what the whole step gains.
-FIVE_GATE_UP_TILES = {"five-launch, gate_up 64 outputs": Config(16, 64, 128, num_warps=8, num_stages=3),
+# programs of 128 outputs leave 56 of the H200's 132 SMs without one. Session 40's trace
+# fits one rate for every product: an SM's programs read ~28-30 GB/s between them (gate/up's
+# median program, 229 KB in 7.6 us; lm_head, whose 1,187 programs keep every SM busy, 3.1
+# TB/s over 132 SMs; o's and down's with ~1.5 us of latency added). By that, a product takes
+# its busiest SM's bytes over that rate: 152 programs (64 outputs, or a two-way split) put
+# two on 20 SMs, the bytes of one of 76 (no gain), where 608 of 16 outputs put at most 5
+# of 28 KB on any (143 KB against 229: ~3 us a layer less) and 304 of 32 at most 3 of 57
+# KB (172 KB). Two warps: at four, a 128-wide K step is one norm weight a thread, too narrow
+# to copy asynchronously, and the K loop waits on a plain load each step (session 41's sm_90
+# build; tests/kernels/test_sm90_compile.py).
+FIVE_GATE_UP_TILES = {"five-launch, gate_up 16 outputs": Config(16, 16, 128, num_warps=2, num_stages=4),
+                      "five-launch, gate_up 32 outputs": Config(16, 32, 128, num_warps=2, num_stages=4),
+                      "five-launch, gate_up 64 outputs": Config(16, 64, 128, num_warps=8, num_stages=3),
                       "five-launch, gate_up split 2": Config(16, 128, 128, splits=2, num_warps=8, num_stages=3)}
 
 

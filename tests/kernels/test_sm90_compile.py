@@ -167,6 +167,37 @@ for name, (n_tile, k_tile, steps, fusion) in [*m16.items(), *variants]:
                                        "FLAGS": name.endswith("flags")},
                                       fp_fusion="ROPE" not in fusion,
                                       warps=8 if name == "gate_up group" else 4)  # as FUSED_TILES launch it
+# the five-launch layers' products as they launch (FUSED_TILES at 16 rows, folded, PDL
+# warming), and the step stage's other gate/up tiles (scripts/gpu_step.py)
+from codespec.forward.cuda_fused import FUSED_TILES
+sys.path.insert(0, os.environ["CODESPEC_SCRIPTS"])
+import gpu_step
+
+squares = {"qkv": 896 // FUSED_TILES["down"].block_n, "gate_up": 896 // FUSED_TILES["o"].block_n,
+           "lm_head": 896 // FUSED_TILES["down"].block_n}
+shapes_nk = {"qkv": (1152, 896), "o": (896, 896), "gate_up": (9728, 896), "down": (896, 4864), "lm_head": (151936, 896)}
+fusions = {"qkv": dict(NORM=True, HAS_BIAS=True, **rope), "o": dict(RESIDUAL=True, SQUARES_OUT=True),
+           "gate_up": dict(NORM=True, PAIRS=True), "down": dict(RESIDUAL=True, SQUARES_OUT=True),
+           "lm_head": dict(NORM=True, CHOICES=True)}
+launched = {f"five {name}": (name, tile) for name, tile in FUSED_TILES.items()}
+launched.update({f"five {label}": ("gate_up", tile) for label, tile in gpu_step.FIVE_GATE_UP_TILES.items()})
+for label, (name, tile) in launched.items():
+    n_size, k_size = shapes_nk[name]
+    block_n = max(tile.block_n, 64) if name == "qkv" else tile.block_n  # whole heads (cuda_fused.whole_heads)
+    steps = k_size // tile.block_k
+    per_split = -(-steps // tile.splits)
+    splits = -(-steps // per_split)
+    sectors = triton.next_power_of_2(-(-per_split * tile.block_k // 16))
+    fusion = fusions[name]
+    if name in squares:
+        fusion = {**fusion, "SQUARES_IN": squares[name], "SQUARES_PAD": triton.next_power_of_2(squares[name])}
+    out[label] = build(_triton_linear._row_linear_kernel, linear,
+                       {**plain, "HAS_BIAS": False, "NORM": False, "RESIDUAL": False, **fusion,
+                        "STEPS_PER_SPLIT": per_split, "SPLITS": splits, "LIVE": True, "PDL": True, "PREFETCH": True,
+                        "SECTOR": 16, "SECTORS": sectors, "WARM_ROWS": min(block_n, max(1, 512 // sectors)),
+                        "FOLD": splits > 1, "BLOCK_M": 16, "BLOCK_N": block_n, "BLOCK_K": tile.block_k,
+                        "UPCAST": False, "CLOCK": 0, "ROW_GROUP": 1, "FLAGS": False},
+                       warps=tile.num_warps, stages=tile.num_stages, fp_fusion=name != "qkv")
 out["linear reduce pdl"] = build(_triton_linear._row_linear_reduce_kernel,
                                  {"part_ptr": "*fp32", "bias_ptr": "*bf16", "residual_ptr": "*bf16", "out_ptr": "*bf16",
                                   "block_out_ptr": "*fp32", "index_out_ptr": "*i32", "context_ptr": "*i64",
@@ -273,6 +304,33 @@ def test_the_fused_products_do_not_spill(compiled):
     a thread (wgmma), the 16-row products 40-65 (mma.sync); none spills."""
     for name in ("linear off", "linear launch", "linear m16 qkv", "linear m16 o", "linear m16 down"):
         assert compiled[name]["stack"] == 0, name
+
+
+def k_loops(ptx: str) -> list[str]:
+    """The PTX of each loop that copies tiles into shared memory (a product's K loop):
+    from its header to the branch back to it."""
+    loops = []
+    for header in re.finditer(r"^(\$L__BB\d+_\d+):.*Loop Header", ptx, re.M):
+        back = re.search(r"bra(\.uni)?\s+" + re.escape(header.group(1)) + ";", ptx[header.end():])
+        if back is not None and "cp.async" in ptx[header.end():header.end() + back.end()]:
+            loops.append(ptx[header.end():header.end() + back.end()])
+    return loops
+
+
+@pytest.mark.parametrize("kernel", ["five qkv", "five o", "five gate_up", "five down", "five lm_head",
+                                    "five five-launch, gate_up 16 outputs", "five five-launch, gate_up 32 outputs",
+                                    "five five-launch, gate_up 64 outputs", "five five-launch, gate_up split 2"])
+def test_the_five_launch_products_k_loops_wait_on_no_load_of_their_own(compiled, kernel):
+    """Every load a fused product's K loop uses comes through its pipeline: none waits a
+    round trip each step. Session 41 found the norm's weight read by a plain 2-byte load
+    each step where 4 warps share a 128-wide K step (1 element a thread: too narrow for an
+    asynchronous copy): gate/up in 16 or 32 outputs at 4 warps, and the gateup probe's
+    `4 warps`. Two warps, or 8, pipeline it. Built as the step launches each tile."""
+    loops = k_loops(compiled[kernel]["ptx"])
+    assert loops, kernel
+    for body in loops:
+        assert not re.search(r"\bld\.global", body), kernel
+    assert compiled[kernel]["stack"] == 0, kernel
 
 
 def test_a_folded_split_counts_after_a_barrier_at_gpu_scope_and_reads_past_l1(compiled):
