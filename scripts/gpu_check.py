@@ -92,8 +92,8 @@ from typing import Any, Callable
 import torch
 
 from gpu_measure import _time, cost_curve, profile_step, row_checks, step_anatomy
-from gpu_step import (FIVE_LAUNCHES, NO_FUSED, NO_PDL, attention_probe, blas_of, l2_probe,
-                      pdl_check, plain_probe, restore_environment, step_probe, unchecked, variant_env, winner_env)
+from gpu_step import (EVERY_CANDIDATE, EVERY_TILES, FIVE_LAUNCHES, NO_CANDIDATES, NO_FUSED, NO_PDL, attention_probe,
+                      blas_of, fails_to_run, l2_probe, pdl_check, plain_probe, restore_environment, step_probe, unchecked, variant_env, winner_env)
 from gpu_probes import bucket_probe, fused_probe, fused_tiles_probe, gemm_probe, key_block_probe, tiles_probe
 from gpu_gateup import gateup_probe
 from gpu_lmscreen import lmscreen_probe
@@ -287,9 +287,13 @@ def take_settled(loaded: Any) -> None:
 def smoke_stage(model_dir: Path) -> dict[str, Any]:
     """scripts/gpu_smoke.py's parts, each in a fresh process before this one launches
     them: where the fused layers fail, NO_FUSED (no stage of this process launches them: a
-    device fault would end every stage after it)."""
+    device fault would end every stage after it); where the plain bar's candidates do,
+    NO_CANDIDATES."""
     result: dict[str, Any] = {}
-    for part in ("fused",):
+    for part in ("fused", "candidates"):
+        if part == "candidates" and not result["fused"].get("ok"):
+            result[part] = {"ok": False, "error": "skipped: the fused layers failed"}
+            break
         began = time.perf_counter()
         try:
             done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_smoke.py"), part, str(model_dir)],
@@ -304,7 +308,17 @@ def smoke_stage(model_dir: Path) -> dict[str, Any]:
         result[part] = entry
     if not result["fused"].get("ok"):
         os.environ[NO_FUSED] = "1"
+    if not result["candidates"].get("ok"):
+        os.environ[NO_CANDIDATES] = "1"
     return result
+
+
+# The plain_five stage's runs: (name, settings over the five-launch layers', gate/up's tile)
+PLAIN_FIVE = (("plain_five", {}, None),
+              ("plain_five_64", {"CODESPEC_CUDA_KEY_BLOCK": "64"}, None),
+              ("plain_five_early", {"CODESPEC_CUDA_EARLY_KEYS": "1"}, None),
+              ("plain_five_gu16", {}, EVERY_TILES),
+              ("plain_five_all", {k: v for k, v in EVERY_CANDIDATE.items() if k not in FIVE_LAUNCHES}, EVERY_TILES))
 
 
 def rows_and_plain(loaded: Any) -> dict[str, Any]:
@@ -313,16 +327,19 @@ def rows_and_plain(loaded: Any) -> dict[str, Any]:
     return {**row_checks(loaded), **plain_probe(loaded)}
 
 
-def with_env(loaded: Any, env: dict[str, str], probe: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
-    """`probe` on a backend built under `env` (the step stage's winner), then the run's own."""
+def with_env(loaded: Any, env: dict[str, str], probe: Callable[[Any], dict[str, Any]],
+             tiles: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`probe` on a backend built under `env` (the step stage's winner) with the fused
+    products' `tiles` where given (tiles have no setting), then the run's own."""
     from codespec.forward.cuda import CudaForward
 
     saved, default = {name: os.environ.get(name) for name in env}, loaded.forward
     os.environ.update(env)
     try:
         with blas_of(env):
-            loaded.forward = CudaForward(loaded.model)
-            return {"env": env, **probe(loaded)}
+            loaded.forward = CudaForward(loaded.model, tiles=tiles)
+            shown = {"tiles": {name: tile.__dict__ for name, tile in tiles.items()}} if tiles else {}
+            return {"env": env, **shown, **probe(loaded)}
     finally:
         loaded.forward = default
         restore_environment(saved)
@@ -464,14 +481,17 @@ def main() -> None:
         if winner_env(results) is not None:  # the bar's plain decoding with the step stage's winner
             stage(results, "plain_step", lambda: with_env(loaded, winner_env(results), plain_probe), out, needs_s=20)
     if "plain_five" in wanted:  # the plain bar's candidates: the five-launch layers, and with attention over
-        # 64-key blocks (session 40: its tree rows against its decode steps first)
-        for name, extra, probe in (("plain_five", {}, plain_probe),
-                                   ("plain_five_64", {"CODESPEC_CUDA_KEY_BLOCK": "64"}, rows_and_plain)):
+        # 64-key blocks (session 40), begun before its wait, gate/up over every SM and all of them
+        # (session 41); each new one's tree rows against its decode steps first
+        for name, extra, tiles in PLAIN_FIVE:
             env = variant_env({**FIVE_LAUNCHES, **extra})
-            if unchecked(env):
-                results[name] = {"ok": False, "error": "skipped: the pdl stage found these settings changing a bit"}
+            if unchecked(env) or fails_to_run(env, tiles):
+                why = "failed their smoke" if fails_to_run(env, tiles) else "changing a bit"
+                results[name] = {"ok": False, "error": f"skipped: the smoke or pdl stage found these settings {why}"}
                 continue
-            stage(results, name, lambda env=env, probe=probe: with_env(loaded, env, probe), out, needs_s=20)
+            probe = rows_and_plain if extra or tiles else plain_probe
+            stage(results, name, lambda env=env, probe=probe, tiles=tiles: with_env(loaded, env, probe, tiles), out,
+                  needs_s=20)
     real = False
     if args.real and any(name.endswith("_real") for name in wanted):  # ~1 min: the GGUF dequantized on the CPU
         stage(results, "real_model", lambda: {"path": str(real_model(Path(args.real)))}, out, needs_s=90)

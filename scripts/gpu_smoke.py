@@ -12,7 +12,10 @@ Parts (`python scripts/gpu_smoke.py PART MODEL_DIR`, one JSON line out, exit 1 o
 failure):
 * `fused`: the five-launch layers on the random model: a prompt prefilled, then a tree
   pass, its logits finite. (Session 39's `walk` part ran attention's walk schedule;
-  session 40 removed the schedule.)"""
+  session 40 removed the schedule.)
+* `candidates` (session 41): the same with every candidate for the plain bar
+  (gpu_step.EVERY_CANDIDATE: attention over 64-key blocks begun before its wait, and
+  gate/up's 16-output tile at two warps)."""
 
 from __future__ import annotations
 
@@ -23,22 +26,24 @@ from typing import Any
 
 import torch
 
-from gpu_step import FIVE_LAUNCHES
+from gpu_step import EVERY_CANDIDATE, EVERY_TILES, FIVE_LAUNCHES
 
-PARTS = ("fused",)
+PARTS = ("fused", "candidates")
 
 
-def fused_part(model_dir: str) -> dict[str, Any]:
+def fused_part(model_dir: str, env: dict[str, str], tiles: dict[str, Any] | None = None) -> dict[str, Any]:
     from codespec import forward
     from codespec.engine import Engine
     from codespec.settings import Settings
 
     from gpu_measure import random_tree
 
-    os.environ.update(FIVE_LAUNCHES)  # the backend the load builds takes them
+    from codespec.forward.cuda import CudaForward
+
+    os.environ.update(env)  # the backend the load builds takes them
     loaded = forward.load(Settings(model=model_dir, device="cuda", dtype="bfloat16",
                                    cache_dir="/tmp/codespec-cache"), progress=False, transformers=True)
-    backend = loaded.forward
+    backend = CudaForward(loaded.model, tiles=tiles) if tiles else loaded.forward
     cache = Engine(backend, loaded.tokenizer, eos_token_ids=[], slots=1).cache
     generator = torch.Generator().manual_seed(4)
     vocab = loaded.model.config.vocab_size
@@ -56,7 +61,8 @@ def main() -> None:
     if part not in PARTS:
         raise SystemExit(f"no part {part!r}; the parts: {', '.join(PARTS)}")
     try:
-        result = fused_part(model_dir)
+        result = (fused_part(model_dir, FIVE_LAUNCHES) if part == "fused"
+                  else fused_part(model_dir, EVERY_CANDIDATE, EVERY_TILES))
     except Exception as error:  # the part's failure, said in one line: the check turns it off
         result = {"ok": False, "error": f"{type(error).__name__}: {str(error)[:300]}"}
     print(json.dumps(result), flush=True)

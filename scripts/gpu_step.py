@@ -36,6 +36,7 @@ PRODUCTS = ("qkv", "o", "gate_up", "down")
 DEFAULTS = {"CODESPEC_CUDA_ATTENTION": "worklist", "CODESPEC_CUDA_FUSED": "0", "CODESPEC_CUDA_PDL": "auto",
             "CODESPEC_CUDA_TILE_ROWS": "64", "CODESPEC_CUDA_REDUCE": "launch",
             "CODESPEC_CUDA_ROW_GROUP": "1", "CODESPEC_CUDA_PASS_ROW_GROUP": "0", "CODESPEC_CUDA_KEY_BLOCK": "128",
+            "CODESPEC_CUDA_EARLY_KEYS": "0",
             "TORCH_BLAS_PREFER_CUBLASLT": "0"}  # torch reads it at start-up: a later stage's process
 FUSED, M16 = {"CODESPEC_CUDA_FUSED": "1"}, {"CODESPEC_CUDA_FUSED": "1", "CODESPEC_CUDA_TILE_ROWS": "16"}
 # session 32's fastest step: five launches a layer (both folds), 16-row programs, PDL warming
@@ -57,6 +58,12 @@ FIVE_GATE_UP_TILES = {"five-launch, gate_up 16 outputs": Config(16, 16, 128, num
                       "five-launch, gate_up 32 outputs": Config(16, 32, 128, num_warps=2, num_stages=4),
                       "five-launch, gate_up 64 outputs": Config(16, 64, 128, num_warps=8, num_stages=3),
                       "five-launch, gate_up split 2": Config(16, 128, 128, splits=2, num_warps=8, num_stages=3)}
+# The plain bar's candidates together (session 41): the five-launch layers with attention
+# over 64-key blocks, begun before its wait, and gate/up over every SM (the step stage, the
+# plain_five stage's `plain_five_all`, the trace).
+EVERY_CANDIDATE = {**FIVE_LAUNCHES, "CODESPEC_CUDA_KEY_BLOCK": "64", "CODESPEC_CUDA_EARLY_KEYS": "1"}
+EVERY_TILES = {"gate_up": FIVE_GATE_UP_TILES["five-launch, gate_up 16 outputs"]}
+EVERY_LABEL = "five-launch, 64-key blocks, early keys, gate_up 16 outputs"
 
 
 def variant_env(own: dict[str, str], run: Mapping[str, str | None] | None = None) -> dict[str, str]:
@@ -85,6 +92,11 @@ VARIANTS: dict[str, dict[str, str]] = {
     # ... attention over 64-key blocks (session 40): alone, 6.6 against 8.3 us a layer at 512
     # keys on every run since session 29; twice the items, the fold's combine 16 partials a step
     "fused m16 pdl/prefetch fold, fold attention, 64-key blocks": {**FIVE_LAUNCHES, "CODESPEC_CUDA_KEY_BLOCK": "64"},
+    # ... attention's first item begun before its wait (session 41: three of the ~6 round trips
+    # after it, where the fold's last program took 8.2 us a layer in session 40's trace)
+    "fused m16 pdl/prefetch fold, fold attention, early keys": {**FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY_KEYS": "1"},
+    "fused m16 pdl/prefetch fold, fold attention, 64-key blocks, early keys": {
+        **FIVE_LAUNCHES, "CODESPEC_CUDA_KEY_BLOCK": "64", "CODESPEC_CUDA_EARLY_KEYS": "1"},
     # ... and passes wider than a block in a graph of their own, rows grouped four blocks a
     # weight tile (session 39): a step's graph a group of one's, a 32-row pass's weights once
     "fused m16 pdl/prefetch fold, fold attention, pass row group": {**FIVE_LAUNCHES,
@@ -104,6 +116,7 @@ VARIANTS: dict[str, dict[str, str]] = {
                                                     "CODESPEC_CUDA_ATTENTION": "fold"},
     "fused m16": M16, "fold attention": {"CODESPEC_CUDA_ATTENTION": "fold"},
     "64-key blocks": {"CODESPEC_CUDA_KEY_BLOCK": "64"},
+    "early keys": {"CODESPEC_CUDA_EARLY_KEYS": "1"},
     "grid attention": {"CODESPEC_CUDA_ATTENTION": "grid"},
     "fused pdl/prefetch": {**FUSED, "CODESPEC_CUDA_PDL": "prefetch"}, "fused": FUSED,
     "cublaslt": {"TORCH_BLAS_PREFER_CUBLASLT": "1"}, "default (again)": {}}
@@ -113,6 +126,9 @@ NO_FOLD = "CODESPEC_GPU_CHECK_NO_FOLD"  # ... where a folded split did
 # set by the smoke stage (gpu_smoke.py) where the fused layers failed to run: nothing in
 # this process may launch them (a device fault would end every stage after it)
 NO_FUSED = "CODESPEC_GPU_CHECK_NO_FUSED"
+# ... and where the plain bar's candidates failed to (session 41: attention's early keys,
+# gate/up's 16-output tile; EVERY_CANDIDATE)
+NO_CANDIDATES = "CODESPEC_GPU_CHECK_NO_CANDIDATES"
 # Settings that move reads or share a weight tile among blocks of rows, never a row's
 # arithmetic (session 33): the pdl stage asks the five-launch layers for the same bits with
 # each as without; where one differs, its flag is set and no stage takes it. (Session 33's
@@ -121,15 +137,18 @@ NO_FUSED = "CODESPEC_GPU_CHECK_NO_FUSED"
 SAME_BITS = {"row group": ({"CODESPEC_CUDA_ROW_GROUP": "4"}, "CODESPEC_GPU_CHECK_NO_GROUP"),
              "flags": ({"CODESPEC_CUDA_PDL": "flags"}, "CODESPEC_GPU_CHECK_NO_FLAGS"),
              # session 39: the tree pass (64 rows) in the wide passes' graph, rows grouped
-             "pass row group": ({"CODESPEC_CUDA_PASS_ROW_GROUP": "4"}, "CODESPEC_GPU_CHECK_NO_PASS_GROUP")}
+             "pass row group": ({"CODESPEC_CUDA_PASS_ROW_GROUP": "4"}, "CODESPEC_GPU_CHECK_NO_PASS_GROUP"),
+             # session 41: attention's first item begun before the wait (the same loads, split)
+             "early keys": ({"CODESPEC_CUDA_EARLY_KEYS": "1"}, "CODESPEC_GPU_CHECK_NO_EARLY_KEYS")}
 # Every flag the smoke and pdl stages may set for the rest of the run
-CHECK_FLAGS = (NO_PDL, NO_FOLD, NO_FUSED, *(flag for _, flag in SAME_BITS.values()))
+CHECK_FLAGS = (NO_PDL, NO_FOLD, NO_FUSED, NO_CANDIDATES, *(flag for _, flag in SAME_BITS.values()))
 # A fold's logits against the reduce kernel's, relative: its own summation order moves a
 # few bf16 roundings (~1e-3); a split lost to a race moves a product by ~1/SPLITS.
 FOLD_TOLERANCE = 0.05
 FAMILIES = {"layers": lambda label: label == "no pdl" or label.startswith("fused"),
             "attention": lambda label: label.endswith("attention") and not label.startswith("fused"),
             "key block": lambda label: label == "64-key blocks",
+            "early keys": lambda label: label == "early keys",
             "blas": lambda label: label == "cublaslt"}
 
 
@@ -158,27 +177,32 @@ def attention_probe() -> dict[str, Any]:
         path_len[:real] = torch.arange(1, real + 1, device="cuda")  # a chain: row i sees i + 1 drafted keys
         path = (keys_in_row + torch.arange(64, device="cuda")).repeat(64, 1).contiguous()
         layouts[name] = dict(slots=zeros, context=context, path=path, path_len=path_len)
-    schedules = {"grid": ("grid", 2, 4, 128), "worklist w4 x2": ("worklist", 2, 4, 128),
-                 "fold w4 x2": ("fold", 2, 4, 128), "worklist 64": ("worklist", 2, 4, 64),
-                 "fold 64": ("fold", 2, 4, 64)}
+    # (schedule, programs an SM, warps, key block, early keys); early keys (session 41), alone in
+    # a graph with nothing before them to overlap, say their bits are the launch's without
+    # them and what the split loads cost, not what they save in a step (`step`, `trace`)
+    schedules = {"grid": ("grid", 2, 4, 128, False), "worklist w4 x2": ("worklist", 2, 4, 128, False),
+                 "fold w4 x2": ("fold", 2, 4, 128, False), "worklist 64": ("worklist", 2, 4, 64, False),
+                 "fold 64": ("fold", 2, 4, 64, False), "fold early": ("fold", 2, 4, 128, True),
+                 "fold 64 early": ("fold", 2, 4, 64, True)}
     saved = module.PROGRAMS_PER_SM, module.WORK_WARPS
     result: dict[str, Any] = {}
     try:
-        for label, (schedule, per_sm, warps, block) in schedules.items():
+        for label, (schedule, per_sm, warps, block, early) in schedules.items():
             module.PROGRAMS_PER_SM, module.WORK_WARPS = per_sm, warps
-            # the grid's bits at the same warps and blocks: the combine's reduction is laid out by them
-            reference = {name: module.row_attention(query, keys, values, **meta, scale=0.125, schedule="grid",
+            # the grid's bits at the same warps and blocks: the combine's reduction is laid out
+            # by them; early keys against the same schedule without them
+            reference = {name: module.row_attention(query, keys, values, **meta, scale=0.125,
+                                                    schedule=schedule if early else "grid", counts=counts,
                                                     key_block=block)
                          for name, meta in layouts.items()}
             entry: dict[str, Any] = {}
-            run = {name: (lambda m=meta, s=schedule: module.row_attention(query, keys, values, **m, scale=0.125,
-                                                                           schedule=s, counts=counts,
-                                                                           key_block=block))
+            run = {name: (lambda m=meta, s=schedule, e=early: module.row_attention(
+                query, keys, values, **m, scale=0.125, schedule=s, counts=counts, key_block=block, early=e))
                    for name, meta in layouts.items()}
             for name in layouts:
                 entry[name + "_us"] = _graph_us(run[name])
                 got = run[name]()
-                if schedule == "fold":  # its own bits
+                if schedule == "fold" and not early:  # its own bits
                     entry[name + "_close_to_grid"] = bool(torch.allclose(got.float(), reference[name].float(),
                                                                          atol=1e-2, rtol=1e-2))
                 else:
@@ -291,8 +315,11 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
             result["fp32 reductions"] = _measure(loaded, envs["default"], floor["floor_ms"], context, reduction=False)
         five = variant_env(FIVE_LAUNCHES, saved)
         for label, tile in FIVE_GATE_UP_TILES.items():  # the five-launch step with another gate/up tile
-            if time.perf_counter() - began < deadline_s and not unchecked(five):
+            if time.perf_counter() - began < deadline_s and not unchecked(five) and not fails_to_run(five, tile):
                 result[label] = _measure(loaded, five, floor["floor_ms"], context, tiles={"gate_up": tile})
+        every = variant_env(EVERY_CANDIDATE, saved)  # session 41: every candidate together
+        if time.perf_counter() - began < deadline_s and not unchecked(every) and not fails_to_run(every, EVERY_TILES):
+            result[EVERY_LABEL] = _measure(loaded, every, floor["floor_ms"], context, tiles=EVERY_TILES)
         best = min((k for k in timed if k in keeps), key=timed.get, default=min(timed, key=timed.get))
         result.update(best=best, best_over_default=round(timed[best] / base, 3), best_env=envs[best],
                       fastest_step=min(timed, key=timed.get))
@@ -440,10 +467,13 @@ def where_bits_part(reference: torch.Tensor, runs: list[torch.Tensor], reference
             "passes_first_layer_apart": _first_layer_apart(kv[1], reference_kv[1])}
 
 
-def fails_to_run(env: Mapping[str, str]) -> bool:
-    """Whether `env` takes the fused layers where the smoke stage found them failing to run
-    (gpu_smoke.py): no stage of this process may launch them."""
-    return env.get("CODESPEC_CUDA_FUSED") == "1" and bool(os.environ.get(NO_FUSED))
+def fails_to_run(env: Mapping[str, str], tiles: Mapping[str, Any] | None = None) -> bool:
+    """Whether `env` (with the fused products' `tiles`, where given) takes the fused layers
+    where the smoke stage found them failing to run, or a candidate where it found the
+    candidates failing (gpu_smoke.py): no stage of this process may launch them."""
+    if env.get("CODESPEC_CUDA_FUSED") == "1" and bool(os.environ.get(NO_FUSED)):
+        return True
+    return bool(os.environ.get(NO_CANDIDATES)) and (env.get("CODESPEC_CUDA_EARLY_KEYS") == "1" or bool(tiles))
 
 
 def unchecked(env: dict[str, str]) -> bool:

@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from gpu_measure import _engine, device_ms, is_wide, pass_replay
-from gpu_step import DEFAULTS, FIVE_LAUNCHES, fails_to_run, restore_environment, variant_env
+from gpu_step import (DEFAULTS, EVERY_CANDIDATE, EVERY_LABEL, EVERY_TILES, FIVE_LAUNCHES, fails_to_run,
+                      restore_environment, variant_env)
 
 # The fastest step of session 32 (five launches a layer); the same with attention over
 # 64-key blocks (CODESPEC_CUDA_KEY_BLOCK=64, session 40: 6.6 against 8.3 us alone); with
@@ -35,7 +36,12 @@ TRACED = {"fused m16 pdl/prefetch fold, fold attention": FIVE_LAUNCHES,
           "fused m16 pdl/prefetch fold, fold attention, 64-key blocks": {**FIVE_LAUNCHES,
                                                                          "CODESPEC_CUDA_KEY_BLOCK": "64"},
           "fused m16 pdl/prefetch fold, fold attention, pass row group": {**FIVE_LAUNCHES,
-                                                                          "CODESPEC_CUDA_PASS_ROW_GROUP": "4"}}
+                                                                          "CODESPEC_CUDA_PASS_ROW_GROUP": "4"},
+          # session 41: attention begun before its wait, and every candidate with gate/up over every SM
+          "fused m16 pdl/prefetch fold, fold attention, early keys": {**FIVE_LAUNCHES,
+                                                                      "CODESPEC_CUDA_EARLY_KEYS": "1"},
+          EVERY_LABEL: EVERY_CANDIDATE}
+TRACED_TILES = {EVERY_LABEL: EVERY_TILES}  # a variant's fused tiles (tiles have no setting)
 REPLAYS = 5  # traced replays of each pass; the median one (by its total) is reported
 
 
@@ -48,17 +54,17 @@ def trace_probe(loaded: Any, context: int = 512) -> dict[str, Any]:
     try:
         for name, own in TRACED.items():
             env = variant_env(own, saved)
-            if fails_to_run(env):
+            if fails_to_run(env, TRACED_TILES.get(name)):
                 result[name] = {"skipped": "the smoke stage found its kernels failing (gpu_smoke.py)"}
                 continue
             os.environ.update(env)
-            result[name] = _traced(loaded, context)
+            result[name] = _traced(loaded, context, TRACED_TILES.get(name))
     finally:
         restore_environment(saved)
     return result
 
 
-def _traced(loaded: Any, context: int) -> dict[str, Any]:
+def _traced(loaded: Any, context: int, tiles: dict[str, Any] | None = None) -> dict[str, Any]:
     from codespec.forward.cuda import WIDE, CudaForward
     from codespec.kernels.trace import summary
     from codespec.policy.tree import VerifyTree
@@ -67,7 +73,7 @@ def _traced(loaded: Any, context: int) -> dict[str, Any]:
     step, pass32 = VerifyTree.chain(11), VerifyTree.chain(11, [13] * 31)
     entry: dict[str, Any] = {}
     for traced in (False, True):
-        forward = CudaForward(loaded.model, trace=traced)
+        forward = CudaForward(loaded.model, trace=traced, tiles=tiles)
         cache = _engine(loaded, slots=1).cache  # held here: the bucket's graph lives with it
         cache.acquire(prompt)
         forward.prefill(cache, 0, prompt, 0)

@@ -82,9 +82,9 @@ def test_the_pdl_stage_runs_and_leaves_the_settings_as_it_found_them(monkeypatch
     assert result == {"default pdl": True, "fused m16 pdl": True, "fused m16 pdl fold": True,
                       "five-launch row group": True, "five-launch flags": True, "pdl_exact": True,
                       "fold_exact": True,
-                      "five-launch pass row group": True, "flags_gave_up": 0,
+                      "five-launch pass row group": True, "five-launch early keys": True, "flags_gave_up": 0,
                       "same_bits": {"row group": True, "flags": True,
-                                    "pass row group": True}}
+                                    "pass row group": True, "early keys": True}}
     assert detail == {"same_bits_as_launch": True, "steady": True, "relative_error": 0.0}
     import os
 
@@ -258,7 +258,8 @@ def test_the_step_stage_builds_and_times_every_variant_and_leaves_the_run_as_it_
     assert set(result["variants"]) >= set(gpu_step.VARIANTS)
     failed = {label for label, entry in result["variants"].items() if "step_ms" not in entry}
     assert failed == {"cublaslt"}, result["variants"]
-    for label in gpu_step.FIVE_GATE_UP_TILES:  # the five-launch step with gate/up's other tiles, built and run
+    # the five-launch step with gate/up's other tiles, and with every candidate, built and run
+    for label in [*gpu_step.FIVE_GATE_UP_TILES, gpu_step.EVERY_LABEL]:
         assert "step_ms" in result[label] and result[label]["device_step_ms"] == 1.0, (label, result[label])
     assert result["best"] in result["variants"] and result["best_env"]["CODESPEC_CUDA_ATTENTION"]
     if not result["best"].startswith("default"):
@@ -377,22 +378,24 @@ def test_the_lm_screen_stage_runs_on_request_and_lands_in_the_json(monkeypatch, 
     assert written["lmscreen"]["same_model"] is True and written["lmscreen"]["ok"]
 
 
-def test_plain_five_times_the_five_launch_layers_and_64_key_blocks_where_the_pdl_stage_kept_their_bits(
+def test_plain_five_times_the_five_launch_layers_and_each_candidate_where_the_pdl_stage_kept_their_bits(
         monkeypatch, tmp_path):
     """`--stages plain_five` (session 38): the plain bar's candidates, plain decoding with
-    the five-launch layers, and with attention over 64-key blocks (session 40: its tree
-    rows against its decode steps first); both skipped, saying why, where the pdl stage
-    found the fold changing a bit."""
+    the five-launch layers, with attention over 64-key blocks (session 40), begun before
+    its wait, gate/up over every SM, and all three (session 41); each new one's tree rows
+    against its decode steps first. All skipped, saying why, where the pdl stage found the
+    fold changing a bit; early keys', where it found them changing one."""
     import json
 
     gpu_check = pytest.importorskip("gpu_check")
     loaded = tiny_run(rows=16, vocab_size=16, backend="cuda", reason=None)
-    seen: list[tuple[bool, bool, str]] = []
+    seen: list[tuple] = []
     monkeypatch.setattr(gpu_check.torch.cuda, "get_device_name", lambda *args: "stub GPU")
     monkeypatch.setattr(gpu_check, "random_model_dir", lambda assets, where: tmp_path)
     monkeypatch.setattr(gpu_check, "load", lambda model_dir: loaded)
     monkeypatch.setattr(gpu_check, "plain_probe", lambda given: seen.append(
-        (given.forward.fused, given.forward.key_block, given.forward.attention)) or {"identical": True})
+        (given.forward.fused, given.forward.key_block, given.forward.attention, given.forward.early_keys,
+         given.forward.tiles["gate_up"].block_n)) or {"identical": True})
     monkeypatch.setattr(gpu_check, "row_checks",
                         lambda given: {"rows_differing": 0, "key_block": given.forward.key_block})
     for name in ("CODESPEC_CUDA_PDL", *gpu_step.CHECK_FLAGS):
@@ -402,14 +405,23 @@ def test_plain_five_times_the_five_launch_layers_and_64_key_blocks_where_the_pdl
     argv = ["gpu_check.py", "--out", str(tmp_path / "out"), "--stages", "plain_five"]
     monkeypatch.setattr(sys, "argv", argv)
     gpu_check.main()
-    assert seen == [(True, 128, "fold"), (True, 64, "fold")]
+    # the five-launch gate/up (128 outputs) and gate/up over every SM's 16
+    assert seen == [(True, 128, "fold", False, 128), (True, 64, "fold", False, 128), (True, 128, "fold", True, 128),
+                    (True, 128, "fold", False, 16), (True, 64, "fold", True, 16)]
     written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     assert written["plain_five_64"]["key_block"] == 64 and written["plain_five_64"]["identical"]
-    monkeypatch.setenv(gpu_step.NO_FOLD, "1")  # as the pdl stage leaves it where the fold failed
+    assert written["plain_five_all"]["tiles"]["gate_up"]["block_n"] == 16 and "rows_differing" in written["plain_five_all"]
+    assert "rows_differing" not in written["plain_five"]  # nothing new in it: plain decoding alone
+    monkeypatch.setenv(gpu_step.SAME_BITS["early keys"][1], "1")  # as the pdl stage leaves it where they changed a bit
     gpu_check.main()
-    assert seen[2:] == []
+    assert seen[5:] == [(True, 128, "fold", False, 128), (True, 64, "fold", False, 128), (True, 128, "fold", False, 16)]
     written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
-    assert "changing a bit" in written["plain_five"]["error"] and "changing a bit" in written["plain_five_64"]["error"]
+    assert "changing a bit" in written["plain_five_early"]["error"] and "changing a bit" in written["plain_five_all"]["error"]
+    monkeypatch.setenv(gpu_step.NO_FOLD, "1")  # ... where the fold failed
+    gpu_check.main()
+    assert seen[8:] == []
+    written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
+    assert all("changing a bit" in written[name]["error"] for name, _, _ in gpu_check.PLAIN_FIVE)
 
 
 def test_the_gate_up_probe_runs_each_variant_and_cublas(monkeypatch):
@@ -518,7 +530,8 @@ def test_the_smoke_stage_turns_off_what_failed_to_run_for_the_whole_run(monkeypa
     """`smoke` (session 39): each untried part in a fresh process; a part that fails, or
     dies without its JSON line (a device fault), is off for the rest of the run: the fused
     layers (NO_FUSED: no fused variant, no fused pdl check, and PDL still judged on the
-    default layers alone)."""
+    default layers alone; the candidates not tried), or the plain bar's candidates
+    (session 41, NO_CANDIDATES: early keys and the fused products' other tiles)."""
     import os
     import subprocess
 
@@ -526,7 +539,7 @@ def test_the_smoke_stage_turns_off_what_failed_to_run_for_the_whole_run(monkeypa
     for name in ("CODESPEC_CUDA_PDL", *gpu_step.CHECK_FLAGS):
         monkeypatch.setenv(name, "")  # recorded: the stage's own settings are undone after the test
         monkeypatch.delenv(name)
-    answers = {"fused": (-11, "Fatal Python error: Segmentation fault\n")}
+    answers = {"fused": (-11, "Fatal Python error: Segmentation fault\n"), "candidates": (0, '{"ok": true}\n')}
     ran: list[list[str]] = []
 
     def run(command, **kwargs):
@@ -539,6 +552,7 @@ def test_the_smoke_stage_turns_off_what_failed_to_run_for_the_whole_run(monkeypa
     assert [command[1:] for command in ran] == [[str(gpu_check.ROOT / "scripts" / "gpu_smoke.py"), part, str(tmp_path)]
                                                for part in ("fused",)]
     assert not result["fused"]["ok"] and "exit -11" in result["fused"]["error"]
+    assert result["candidates"] == {"ok": False, "error": "skipped: the fused layers failed"}
     assert os.environ[gpu_step.NO_FUSED] == "1"
     assert gpu_step.unchecked(gpu_step.variant_env(gpu_step.FIVE_LAUNCHES))
     assert not gpu_step.unchecked(gpu_step.variant_env(gpu_step.VARIANTS["64-key blocks"]))
@@ -546,15 +560,26 @@ def test_the_smoke_stage_turns_off_what_failed_to_run_for_the_whole_run(monkeypa
     checked = gpu_step.pdl_check(loaded, context=20, repeat=1)
     assert checked["fused"].startswith("skipped") and checked["default pdl"] is True and checked["pdl_exact"]
     assert "fused m16 pdl" not in checked and "five-launch row group" not in checked
-    monkeypatch.setenv(gpu_step.NO_FUSED, "")
-    monkeypatch.delenv(gpu_step.NO_FUSED)
+    for flag in (gpu_step.NO_FUSED, gpu_step.NO_CANDIDATES):
+        monkeypatch.setenv(flag, "")
+        monkeypatch.delenv(flag)
     answers.update(fused=(1, '{"ok": false, "error": "ValueError: no"}\n'))
     result = gpu_check.smoke_stage(tmp_path)
     assert result["fused"]["error"] == "ValueError: no" and os.environ[gpu_step.NO_FUSED] == "1"
     monkeypatch.delenv(gpu_step.NO_FUSED)
+    monkeypatch.delenv(gpu_step.NO_CANDIDATES)
     answers.update(fused=(0, '{"ok": true}\n'))
+    ran.clear()
     assert gpu_check.smoke_stage(tmp_path)["fused"]["ok"] and gpu_step.NO_FUSED not in os.environ
+    assert [command[2] for command in ran] == ["fused", "candidates"] and gpu_step.NO_CANDIDATES not in os.environ
     assert not gpu_step.fails_to_run(gpu_step.FIVE_LAUNCHES)
+    assert not gpu_step.fails_to_run(gpu_step.EVERY_CANDIDATE, gpu_step.EVERY_TILES)
+    answers.update(candidates=(1, '{"ok": false, "error": "RuntimeError: illegal address"}\n'))
+    result = gpu_check.smoke_stage(tmp_path)
+    assert result["fused"]["ok"] and not result["candidates"]["ok"] and os.environ[gpu_step.NO_CANDIDATES] == "1"
+    assert not gpu_step.fails_to_run(gpu_step.FIVE_LAUNCHES) and gpu_step.fails_to_run(gpu_step.EVERY_CANDIDATE)
+    assert gpu_step.fails_to_run(gpu_step.FIVE_LAUNCHES, gpu_step.EVERY_TILES)  # the candidates' tile
+    assert gpu_step.unchecked(gpu_step.variant_env(gpu_step.VARIANTS["early keys"]))
 
 
 def test_a_smoke_part_says_its_failure_in_one_json_line(monkeypatch, capsys):
@@ -563,14 +588,14 @@ def test_a_smoke_part_says_its_failure_in_one_json_line(monkeypatch, capsys):
     import json
 
     gpu_smoke = pytest.importorskip("gpu_smoke")
-    monkeypatch.setattr(gpu_smoke, "fused_part", lambda model_dir: 1 / 0)
+    monkeypatch.setattr(gpu_smoke, "fused_part", lambda model_dir, env, tiles=None: 1 / 0)
     monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "fused", "/nowhere"])
     with pytest.raises(SystemExit) as exited:
         gpu_smoke.main()
     assert exited.value.code == 1
     assert json.loads(capsys.readouterr().out) == {"ok": False, "error": "ZeroDivisionError: division by zero"}
     monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "walk"])  # session 40 removed the walk
-    with pytest.raises(SystemExit, match="no part 'walk'; the parts: fused"):
+    with pytest.raises(SystemExit, match="no part 'walk'; the parts: fused, candidates"):
         gpu_smoke.main()
 
 
