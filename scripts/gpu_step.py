@@ -58,6 +58,11 @@ FIVE_GATE_UP_TILES = {"five-launch, gate_up 16 outputs": Config(16, 16, 128, num
                       "five-launch, gate_up 32 outputs": Config(16, 32, 128, num_warps=2, num_stages=4),
                       "five-launch, gate_up 64 outputs": Config(16, 64, 128, num_warps=8, num_stages=3),
                       "five-launch, gate_up split 2": Config(16, 128, 128, splits=2, num_warps=8, num_stages=3)}
+# Down's for it (session 41, reported only): by the same rate, its 224 programs of 41 KB put
+# two on 92 SMs (82 KB); 1,064 of 16 outputs and a 19-way split of K (8 KB each, folded)
+# put at most 9 on any (72 KB): what the rate model says of a second product.
+FIVE_DOWN_TILES = {"five-launch, down 16 outputs, split 19": Config(16, 16, 64, splits=19, num_warps=2,
+                                                                   num_stages=4)}
 # The plain bar's candidates together (session 41): the five-launch layers with attention
 # over 64-key blocks, begun before its wait, and gate/up over every SM (the step stage, the
 # plain_five stage's `plain_five_all`, the trace).
@@ -314,9 +319,11 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
         if time.perf_counter() - began < deadline_s:  # cuBLAS's split-K reduced in fp32: its choice of kernels
             result["fp32 reductions"] = _measure(loaded, envs["default"], floor["floor_ms"], context, reduction=False)
         five = variant_env(FIVE_LAUNCHES, saved)
-        for label, tile in FIVE_GATE_UP_TILES.items():  # the five-launch step with another gate/up tile
+        other_tiles = [*(("gate_up", label, tile) for label, tile in FIVE_GATE_UP_TILES.items()),
+                       *(("down", label, tile) for label, tile in FIVE_DOWN_TILES.items())]
+        for product, label, tile in other_tiles:  # the five-launch step with another tile of one product
             if time.perf_counter() - began < deadline_s and not unchecked(five) and not fails_to_run(five, tile):
-                result[label] = _measure(loaded, five, floor["floor_ms"], context, tiles={"gate_up": tile})
+                result[label] = _measure(loaded, five, floor["floor_ms"], context, tiles={product: tile})
         every = variant_env(EVERY_CANDIDATE, saved)  # session 41: every candidate together
         if time.perf_counter() - began < deadline_s and not unchecked(every) and not fails_to_run(every, EVERY_TILES):
             result[EVERY_LABEL] = _measure(loaded, every, floor["floor_ms"], context, tiles=EVERY_TILES)

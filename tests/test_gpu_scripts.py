@@ -259,7 +259,7 @@ def test_the_step_stage_builds_and_times_every_variant_and_leaves_the_run_as_it_
     failed = {label for label, entry in result["variants"].items() if "step_ms" not in entry}
     assert failed == {"cublaslt"}, result["variants"]
     # the five-launch step with gate/up's other tiles, and with every candidate, built and run
-    for label in [*gpu_step.FIVE_GATE_UP_TILES, gpu_step.EVERY_LABEL]:
+    for label in [*gpu_step.FIVE_GATE_UP_TILES, *gpu_step.FIVE_DOWN_TILES, gpu_step.EVERY_LABEL]:
         assert "step_ms" in result[label] and result[label]["device_step_ms"] == 1.0, (label, result[label])
     assert result["best"] in result["variants"] and result["best_env"]["CODESPEC_CUDA_ATTENTION"]
     if not result["best"].startswith("default"):

@@ -181,6 +181,7 @@ fusions = {"qkv": dict(NORM=True, HAS_BIAS=True, **rope), "o": dict(RESIDUAL=Tru
            "lm_head": dict(NORM=True, CHOICES=True)}
 launched = {f"five {name}": (name, tile) for name, tile in FUSED_TILES.items()}
 launched.update({f"five {label}": ("gate_up", tile) for label, tile in gpu_step.FIVE_GATE_UP_TILES.items()})
+launched.update({f"five {label}": ("down", tile) for label, tile in gpu_step.FIVE_DOWN_TILES.items()})
 for label, (name, tile) in launched.items():
     n_size, k_size = shapes_nk[name]
     block_n = max(tile.block_n, 64) if name == "qkv" else tile.block_n  # whole heads (cuda_fused.whole_heads)
@@ -319,7 +320,8 @@ def k_loops(ptx: str) -> list[str]:
 
 @pytest.mark.parametrize("kernel", ["five qkv", "five o", "five gate_up", "five down", "five lm_head",
                                     "five five-launch, gate_up 16 outputs", "five five-launch, gate_up 32 outputs",
-                                    "five five-launch, gate_up 64 outputs", "five five-launch, gate_up split 2"])
+                                    "five five-launch, gate_up 64 outputs", "five five-launch, gate_up split 2",
+                                    "five five-launch, down 16 outputs, split 19"])
 def test_the_five_launch_products_k_loops_wait_on_no_load_of_their_own(compiled, kernel):
     """Every load a fused product's K loop uses comes through its pipeline: none waits a
     round trip each step. Session 41 found the norm's weight read by a plain 2-byte load
