@@ -71,15 +71,28 @@ def tree_mask(parents: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
 def holds_token(context_ptr, path_len_ptr, row):
     # Whether a pass's row holds a token: it attends to something (context + path > 0); a
     # padding row attends to nothing (forward/passlayout.py).
-    return tl.load(context_ptr + row) + tl.load(path_len_ptr + row) > 0
+    return holds_token_read(context_ptr, path_len_ptr, row, "")
+
+
+@triton.jit
+def holds_token_read(context_ptr, path_len_ptr, row, READ: tl.constexpr):
+    # holds_token, its loads with cache modifier READ (".cg" before a programmatic
+    # dependent's wait: past L1, which is not promised current before it)
+    return tl.load(context_ptr + row, cache_modifier=READ) + tl.load(path_len_ptr + row, cache_modifier=READ) > 0
 
 
 @triton.jit
 def live_rows(context_ptr, path_len_ptr, rows, LIVE: tl.constexpr):
     # holds_token for `rows` (a row or a block of them) where the launch has the pass's
     # rows (LIVE); every row otherwise.
+    return live_rows_read(context_ptr, path_len_ptr, rows, LIVE, "")
+
+
+@triton.jit
+def live_rows_read(context_ptr, path_len_ptr, rows, LIVE: tl.constexpr, READ: tl.constexpr):
+    # live_rows, read with cache modifier READ (holds_token_read)
     if LIVE:
-        return holds_token(context_ptr, path_len_ptr, rows)
+        return holds_token_read(context_ptr, path_len_ptr, rows, READ)
     return tl.full(rows.shape, 1, tl.int1)
 
 

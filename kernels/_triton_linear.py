@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from codespec.kernels._triton import holds_token, live_rows, rotary_rounded
+from codespec.kernels._triton import holds_token, live_rows, live_rows_read, rotary_rounded
 from codespec.kernels._triton_pdl import COUNTED, launch_options, pdl_done, pdl_start, pdl_wait_for
 from codespec.kernels._triton_trace import (COMPUTED, ENDED, REDUCED, START, WAITED, launch_hooks, program_index,
                                             trace_mark)
@@ -98,7 +98,8 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
                        DIM: tl.constexpr, RESIDUAL: tl.constexpr, LIVE: tl.constexpr, PDL: tl.constexpr,
                        PREFETCH: tl.constexpr, SECTOR: tl.constexpr, SECTORS: tl.constexpr, WARM_ROWS: tl.constexpr,
                        FOLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       UPCAST: tl.constexpr, CLOCK: tl.constexpr, ROW_GROUP: tl.constexpr, FLAGS: tl.constexpr):
+                       UPCAST: tl.constexpr, CLOCK: tl.constexpr, ROW_GROUP: tl.constexpr, FLAGS: tl.constexpr,
+                       EARLY_ROWS: tl.constexpr):
     # One program per (BLOCK_N outputs, split of K, ROW_GROUP blocks of BLOCK_M rows): its
     # K range is fixed by the split's index alone, walked in BLOCK_K steps; an output row
     # depends on its own input row (a tensor-core product never mixes rows; the norm's sum
@@ -117,9 +118,14 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
         # this program's weights into L2 while the kernel before runs (no pass writes them),
         # by the first group of rows (never padding) for the groups below it too
         _warm_weights(w_ptr, tl.program_id(0) * BLOCK_N, first, last, s_w, BLOCK_N, SECTOR, SECTORS, WARM_ROWS)
+    if EARLY_ROWS:
+        # which rows hold a token (the pass's metadata: the host's copy, before the graph)
+        # before the wait, off the chain after it (CODESPEC_CUDA_EARLY_ROWS)
+        live0, live1, live2, live3, used = _group_rows(context_ptr, path_len_ptr, m, LIVE, ROW_GROUP, BLOCK_M, ".cg")
     pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
     trace_mark(trace_ptr, clock_ptr, program, WAITED, CLOCK)
-    live0, live1, live2, live3, used = _group_rows(context_ptr, path_len_ptr, m, LIVE, ROW_GROUP, BLOCK_M)
+    if not EARLY_ROWS:
+        live0, live1, live2, live3, used = _group_rows(context_ptr, path_len_ptr, m, LIVE, ROW_GROUP, BLOCK_M, "")
     if used > 0:  # a group of padding rows computes nothing
         inputs = None
         if ROW_GROUP == 1:
@@ -192,17 +198,18 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
 
 
 @triton.jit
-def _group_rows(context_ptr, path_len_ptr, m, LIVE: tl.constexpr, ROW_GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
+def _group_rows(context_ptr, path_len_ptr, m, LIVE: tl.constexpr, ROW_GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+                READ: tl.constexpr):
     # Which rows hold a token in each of the group's blocks (from rows m; past ROW_GROUP,
     # the first block's again), and how many blocks to compute: up to the last that holds
-    # a token (0: none does).
-    live0 = live_rows(context_ptr, path_len_ptr, m, LIVE)
+    # a token (0: none does). READ: the metadata's cache modifier (".cg" before the wait).
+    live0 = live_rows_read(context_ptr, path_len_ptr, m, LIVE, READ)
     live1, live2, live3 = live0, live0, live0
     if ROW_GROUP > 1:
-        live1 = live_rows(context_ptr, path_len_ptr, m + BLOCK_M, LIVE)
+        live1 = live_rows_read(context_ptr, path_len_ptr, m + BLOCK_M, LIVE, READ)
     if ROW_GROUP > 2:
-        live2 = live_rows(context_ptr, path_len_ptr, m + 2 * BLOCK_M, LIVE)
-        live3 = live_rows(context_ptr, path_len_ptr, m + 3 * BLOCK_M, LIVE)
+        live2 = live_rows_read(context_ptr, path_len_ptr, m + 2 * BLOCK_M, LIVE, READ)
+        live3 = live_rows_read(context_ptr, path_len_ptr, m + 3 * BLOCK_M, LIVE, READ)
     used = tl.where(tl.max(live0.to(tl.int32), axis=0) > 0, 1, 0)
     if ROW_GROUP > 1:
         used = tl.where(tl.max(live1.to(tl.int32), axis=0) > 0, 2, used)
@@ -441,7 +448,7 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                block_m: int, block_n: int, block_k: int, splits: int, num_warps: int, num_stages: int,
                live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False, prefetch: bool = False,
                counts: torch.Tensor | None = None, trace: TakeTrace | None = None, row_group: int = 1,
-               flags: TakeFlag | None = None) -> None:
+               flags: TakeFlag | None = None, early_rows: bool = False) -> None:
     rows = x.shape[0]
     n_size, k_size = weight.shape
     steps = k_size // block_k
@@ -487,7 +494,8 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         PREFETCH=prefetch, SECTOR=sector, SECTORS=sectors,
         WARM_ROWS=min(block_n, max(1, WARM_LANES // sectors)), FOLD=fold, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=_INTERPRETED and x.dtype != torch.float32,
-        ROW_GROUP=row_group, num_warps=num_warps, num_stages=num_stages, **hooked, **fusion, **launch)
+        ROW_GROUP=row_group, EARLY_ROWS=early_rows, num_warps=num_warps, num_stages=num_stages, **hooked,
+        **fusion, **launch)
     whole_blocks = squares_out is not None or choices is not None or rope is not None
     if splits > 1 and not fold:
         block = reduce_block(n_size, block_n, whole_blocks)

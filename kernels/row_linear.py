@@ -119,7 +119,8 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                out: torch.Tensor | None = None,
                live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: str = "off",
                counts: torch.Tensor | None = None, trace: TakeTrace | None = None,
-               flags: TakeFlag | None = None, force_triton: bool | None = None) -> torch.Tensor:
+               flags: TakeFlag | None = None, early_rows: bool = False,
+               force_triton: bool | None = None) -> torch.Tensor:
     """[rows, K] -> [rows, N] ([rows, N / 2] with `pairs`) in x's dtype (module
     docstring); `norm` is (RMSNorm weight [K], eps). `squares` (float32 [rows, B], B
     dividing K): x's sum of squares per row in B parts, as a product's `squares_out`
@@ -142,7 +143,11 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     the same order (the same bits). `trace` (the Triton kernel): each program's time at
     each phase into the region it gives the launch (kernels/trace.py; the reference has
     no programs to trace). `flags` (CODESPEC_CUDA_PDL=flags): each launch waits on the count the launch before's
-    programs raise after their stores, not on its end (kernels/flags.py)."""
+    programs raise after their stores, not on its end (kernels/flags.py). `early_rows`
+    (with `live` and `pdl`; CODESPEC_CUDA_EARLY_ROWS): which rows hold a token is read
+    before the wait for the kernel before, not after it (the pass's metadata, the host's
+    copy made before the graph: one round trip off the chain after the wait; the same
+    values, the same bits)."""
     n_size, k_size = weight.shape
     rows = x.shape[0]
     check(x.dim() == 2 and weight.dim() == 2 and x.shape[1] == k_size, "x must be [rows, K] for a weight [N, K]")
@@ -188,7 +193,8 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                                   0.0 if norm is None else norm[1], squares, pairs, residual, squares_out, choices,
                                   rope, out, config.block_m, config.block_n, config.block_k, config.splits,
                                   config.num_warps, config.num_stages, live, pdl != "off" and x.is_cuda,
-                                  pdl == "prefetch" and x.is_cuda, counts, trace, config.row_group, flags)
+                                  pdl == "prefetch" and x.is_cuda, counts, trace, config.row_group, flags,
+                                  early_rows and live is not None)
     elif rope is not None:
         from codespec.kernels.rope_store import rope_store
 

@@ -317,6 +317,7 @@ def smoke_stage(model_dir: Path) -> dict[str, Any]:
 PLAIN_FIVE = (("plain_five", {}, None),
               ("plain_five_64", {"CODESPEC_CUDA_KEY_BLOCK": "64"}, None),
               ("plain_five_early", {"CODESPEC_CUDA_EARLY_KEYS": "1"}, None),
+              ("plain_five_rows", {"CODESPEC_CUDA_EARLY_ROWS": "1"}, None),
               ("plain_five_gu16", {}, EVERY_TILES),
               ("plain_five_all", {k: v for k, v in EVERY_CANDIDATE.items() if k not in FIVE_LAUNCHES}, EVERY_TILES))
 

@@ -14,8 +14,8 @@ failure):
   pass, its logits finite. (Session 39's `walk` part ran attention's walk schedule;
   session 40 removed the schedule.)
 * `candidates` (session 41): the same with every candidate for the plain bar
-  (gpu_step.EVERY_CANDIDATE: attention over 64-key blocks begun before its wait, and
-  gate/up's 16-output tile at two warps)."""
+  (gpu_step.EVERY_CANDIDATE: attention over 64-key blocks begun before its wait, the
+  products' live rows read before theirs, and gate/up's 16-output tile at two warps)."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ PRODUCTS = ("qkv", "o", "gate_up", "down")
 DEFAULTS = {"CODESPEC_CUDA_ATTENTION": "worklist", "CODESPEC_CUDA_FUSED": "0", "CODESPEC_CUDA_PDL": "auto",
             "CODESPEC_CUDA_TILE_ROWS": "64", "CODESPEC_CUDA_REDUCE": "launch",
             "CODESPEC_CUDA_ROW_GROUP": "1", "CODESPEC_CUDA_PASS_ROW_GROUP": "0", "CODESPEC_CUDA_KEY_BLOCK": "128",
-            "CODESPEC_CUDA_EARLY_KEYS": "0",
+            "CODESPEC_CUDA_EARLY_KEYS": "0", "CODESPEC_CUDA_EARLY_ROWS": "0",
             "TORCH_BLAS_PREFER_CUBLASLT": "0"}  # torch reads it at start-up: a later stage's process
 FUSED, M16 = {"CODESPEC_CUDA_FUSED": "1"}, {"CODESPEC_CUDA_FUSED": "1", "CODESPEC_CUDA_TILE_ROWS": "16"}
 # session 32's fastest step: five launches a layer (both folds), 16-row programs, PDL warming
@@ -64,11 +64,13 @@ FIVE_GATE_UP_TILES = {"five-launch, gate_up 16 outputs": Config(16, 16, 128, num
 FIVE_DOWN_TILES = {"five-launch, down 16 outputs, split 19": Config(16, 16, 64, splits=19, num_warps=2,
                                                                    num_stages=4)}
 # The plain bar's candidates together (session 41): the five-launch layers with attention
-# over 64-key blocks, begun before its wait, and gate/up over every SM (the step stage, the
-# plain_five stage's `plain_five_all`, the trace).
-EVERY_CANDIDATE = {**FIVE_LAUNCHES, "CODESPEC_CUDA_KEY_BLOCK": "64", "CODESPEC_CUDA_EARLY_KEYS": "1"}
+# over 64-key blocks, begun before its wait, the products' live rows read before theirs,
+# and gate/up over every SM (the step stage, the plain_five stage's `plain_five_all`, the
+# trace).
+EVERY_CANDIDATE = {**FIVE_LAUNCHES, "CODESPEC_CUDA_KEY_BLOCK": "64", "CODESPEC_CUDA_EARLY_KEYS": "1",
+                   "CODESPEC_CUDA_EARLY_ROWS": "1"}
 EVERY_TILES = {"gate_up": FIVE_GATE_UP_TILES["five-launch, gate_up 16 outputs"]}
-EVERY_LABEL = "five-launch, 64-key blocks, early keys, gate_up 16 outputs"
+EVERY_LABEL = "five-launch, 64-key blocks, early keys and rows, gate_up 16 outputs"
 
 
 def variant_env(own: dict[str, str], run: Mapping[str, str | None] | None = None) -> dict[str, str]:
@@ -102,6 +104,8 @@ VARIANTS: dict[str, dict[str, str]] = {
     "fused m16 pdl/prefetch fold, fold attention, early keys": {**FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY_KEYS": "1"},
     "fused m16 pdl/prefetch fold, fold attention, 64-key blocks, early keys": {
         **FIVE_LAUNCHES, "CODESPEC_CUDA_KEY_BLOCK": "64", "CODESPEC_CUDA_EARLY_KEYS": "1"},
+    # ... each product's live rows read before its wait (session 41: one round trip off each)
+    "fused m16 pdl/prefetch fold, fold attention, early rows": {**FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY_ROWS": "1"},
     # ... and passes wider than a block in a graph of their own, rows grouped four blocks a
     # weight tile (session 39): a step's graph a group of one's, a 32-row pass's weights once
     "fused m16 pdl/prefetch fold, fold attention, pass row group": {**FIVE_LAUNCHES,
@@ -144,7 +148,9 @@ SAME_BITS = {"row group": ({"CODESPEC_CUDA_ROW_GROUP": "4"}, "CODESPEC_GPU_CHECK
              # session 39: the tree pass (64 rows) in the wide passes' graph, rows grouped
              "pass row group": ({"CODESPEC_CUDA_PASS_ROW_GROUP": "4"}, "CODESPEC_GPU_CHECK_NO_PASS_GROUP"),
              # session 41: attention's first item begun before the wait (the same loads, split)
-             "early keys": ({"CODESPEC_CUDA_EARLY_KEYS": "1"}, "CODESPEC_GPU_CHECK_NO_EARLY_KEYS")}
+             "early keys": ({"CODESPEC_CUDA_EARLY_KEYS": "1"}, "CODESPEC_GPU_CHECK_NO_EARLY_KEYS"),
+             # ... and the products' live rows read before their wait
+             "early rows": ({"CODESPEC_CUDA_EARLY_ROWS": "1"}, "CODESPEC_GPU_CHECK_NO_EARLY_ROWS")}
 # Every flag the smoke and pdl stages may set for the rest of the run
 CHECK_FLAGS = (NO_PDL, NO_FOLD, NO_FUSED, NO_CANDIDATES, *(flag for _, flag in SAME_BITS.values()))
 # A fold's logits against the reduce kernel's, relative: its own summation order moves a
@@ -480,7 +486,8 @@ def fails_to_run(env: Mapping[str, str], tiles: Mapping[str, Any] | None = None)
     candidates failing (gpu_smoke.py): no stage of this process may launch them."""
     if env.get("CODESPEC_CUDA_FUSED") == "1" and bool(os.environ.get(NO_FUSED)):
         return True
-    return bool(os.environ.get(NO_CANDIDATES)) and (env.get("CODESPEC_CUDA_EARLY_KEYS") == "1" or bool(tiles))
+    early = env.get("CODESPEC_CUDA_EARLY_KEYS") == "1" or env.get("CODESPEC_CUDA_EARLY_ROWS") == "1"
+    return bool(os.environ.get(NO_CANDIDATES)) and (early or bool(tiles))
 
 
 def unchecked(env: dict[str, str]) -> bool:

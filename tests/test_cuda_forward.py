@@ -411,7 +411,8 @@ def test_the_machine_profile_is_keyed_by_every_setting_that_changes_a_pass(monke
     key = CudaForward(model).profile_key()
     assert CudaForward(model).profile_key() == key  # the same settings: the stored curve serves
     for name, value in (("FUSED", "1"), ("ATTENTION", "grid"), ("PDL", "launch"), ("REDUCE", "fold"),
-                        ("ROWS", "32"), ("KEY_BLOCK", "64"), ("EARLY_KEYS", "1")):
+                        ("ROWS", "32"), ("KEY_BLOCK", "64"), ("EARLY_KEYS", "1"),
+                        ("EARLY_ROWS", "1")):
         monkeypatch.setenv(f"CODESPEC_CUDA_{name}", value)
         assert CudaForward(model).profile_key() != key, name
         monkeypatch.delenv(f"CODESPEC_CUDA_{name}")

@@ -82,9 +82,10 @@ def test_the_pdl_stage_runs_and_leaves_the_settings_as_it_found_them(monkeypatch
     assert result == {"default pdl": True, "fused m16 pdl": True, "fused m16 pdl fold": True,
                       "five-launch row group": True, "five-launch flags": True, "pdl_exact": True,
                       "fold_exact": True,
-                      "five-launch pass row group": True, "five-launch early keys": True, "flags_gave_up": 0,
+                      "five-launch pass row group": True, "five-launch early keys": True,
+                      "five-launch early rows": True, "flags_gave_up": 0,
                       "same_bits": {"row group": True, "flags": True,
-                                    "pass row group": True, "early keys": True}}
+                                    "pass row group": True, "early keys": True, "early rows": True}}
     assert detail == {"same_bits_as_launch": True, "steady": True, "relative_error": 0.0}
     import os
 
@@ -395,7 +396,7 @@ def test_plain_five_times_the_five_launch_layers_and_each_candidate_where_the_pd
     monkeypatch.setattr(gpu_check, "load", lambda model_dir: loaded)
     monkeypatch.setattr(gpu_check, "plain_probe", lambda given: seen.append(
         (given.forward.fused, given.forward.key_block, given.forward.attention, given.forward.early_keys,
-         given.forward.tiles["gate_up"].block_n)) or {"identical": True})
+         given.forward.early_rows, given.forward.tiles["gate_up"].block_n)) or {"identical": True})
     monkeypatch.setattr(gpu_check, "row_checks",
                         lambda given: {"rows_differing": 0, "key_block": given.forward.key_block})
     for name in ("CODESPEC_CUDA_PDL", *gpu_step.CHECK_FLAGS):
@@ -406,20 +407,22 @@ def test_plain_five_times_the_five_launch_layers_and_each_candidate_where_the_pd
     monkeypatch.setattr(sys, "argv", argv)
     gpu_check.main()
     # the five-launch gate/up (128 outputs) and gate/up over every SM's 16
-    assert seen == [(True, 128, "fold", False, 128), (True, 64, "fold", False, 128), (True, 128, "fold", True, 128),
-                    (True, 128, "fold", False, 16), (True, 64, "fold", True, 16)]
+    assert seen == [(True, 128, "fold", False, False, 128), (True, 64, "fold", False, False, 128),
+                    (True, 128, "fold", True, False, 128), (True, 128, "fold", False, True, 128),
+                    (True, 128, "fold", False, False, 16), (True, 64, "fold", True, True, 16)]
     written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     assert written["plain_five_64"]["key_block"] == 64 and written["plain_five_64"]["identical"]
     assert written["plain_five_all"]["tiles"]["gate_up"]["block_n"] == 16 and "rows_differing" in written["plain_five_all"]
     assert "rows_differing" not in written["plain_five"]  # nothing new in it: plain decoding alone
     monkeypatch.setenv(gpu_step.SAME_BITS["early keys"][1], "1")  # as the pdl stage leaves it where they changed a bit
     gpu_check.main()
-    assert seen[5:] == [(True, 128, "fold", False, 128), (True, 64, "fold", False, 128), (True, 128, "fold", False, 16)]
+    assert seen[6:] == [(True, 128, "fold", False, False, 128), (True, 64, "fold", False, False, 128),
+                        (True, 128, "fold", False, True, 128), (True, 128, "fold", False, False, 16)]
     written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     assert "changing a bit" in written["plain_five_early"]["error"] and "changing a bit" in written["plain_five_all"]["error"]
     monkeypatch.setenv(gpu_step.NO_FOLD, "1")  # ... where the fold failed
     gpu_check.main()
-    assert seen[8:] == []
+    assert seen[10:] == []
     written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     assert all("changing a bit" in written[name]["error"] for name, _, _ in gpu_check.PLAIN_FIVE)
 

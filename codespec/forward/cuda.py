@@ -144,6 +144,7 @@ class CudaForward:
         self.attention = settings.attention  # attention's launch schedule (kernels/row_attention.py)
         self.key_block = settings.key_block  # ... and its logical keys per block (part of the bits)
         self.early_keys = settings.early_keys  # ... each program's first item begun before its wait
+        self.early_rows = settings.early_rows  # the fused products' live rows read before their wait
         # the fold's counts, one per (row, KV head), left zero by every launch:
         # one buffer serves every layer (a layer's attention ends before the next one's starts)
         self._attention_counts = (torch.zeros(self.rows * self.kv_heads, dtype=torch.int32, device=self.device)
@@ -214,6 +215,7 @@ class CudaForward:
         # layout must not price another's passes (profile_key).
         self._kernels = {"rows": self.rows, "graphs": self.graphs, "fused": self.fused, "compile": compile,
                          "attention": self.attention, "key_block": self.key_block, "early_keys": self.early_keys,
+                         "early_rows": self.early_rows,
                          "pdl": self.pdl,
                          "reduce": settings.reduce, "flags": self.flags is not None,
                          "tiles": ";".join(f"{name}:{tile}" for name, tile in sorted(self.tiles.items())),
@@ -425,7 +427,8 @@ class CudaForward:
                         self.heads, self.kv_heads)
 
         if self.fused:  # forward/cuda_fused.py
-            linear = dict(live=live, pdl=self.pdl, counts=self._linear_counts, flags=flags)
+            linear = dict(live=live, pdl=self.pdl, counts=self._linear_counts, flags=flags,
+                          early_rows=self.early_rows)
             return fused_layers(self.model, self._layers, tiles or self.tiles, ids, attend, rope_of, linear,
                                 self._trace)
         hidden = model.embed_tokens(ids)  # [rows, hidden]
@@ -459,7 +462,7 @@ class CudaForward:
         tiles = self.tiles.get(name)
         if tiles is not None and tiles.fits(x.shape[0], weight.shape[0], x.shape[1]):
             return row_linear(x, weight, bias, config=tiles, live=live, pdl=self.pdl, counts=self._linear_counts,
-                              choices=choices)
+                              choices=choices, early_rows=self.early_rows)
         y = F.linear(x, weight, bias)
         if choices is not None:
             torch.argmax(y, dim=-1, out=choices)

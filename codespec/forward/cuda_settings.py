@@ -76,6 +76,11 @@ class CudaSettings(BaseSettings):
         "The same values into the same arithmetic: the same bits. Session 40's H200 trace put the fold's last "
         "program at 8.2 us a layer after its wait, ~6 dependent round trips; this takes three off. Not yet timed "
         "on a GPU (session 41).")
+    early_rows: bool = Field(
+        False, description="The fused products read which of their rows hold a token before they wait for the "
+        "kernel before (the pass's metadata, the host's copy), not after: one round trip off each product's chain, "
+        "the same bits. Session 33's `early` also read the residual early, which changed the epilogue's layout "
+        "and its bits (removed in session 40); this is its metadata half alone. Not yet timed (session 41).")
     chain: bool = Field(True, description="Plain steps queued one ahead on the device (forward/chained.py).")
     pdl: Literal["auto", "off", "launch", "prefetch", "flags"] = Field(
         "auto", description="Our kernels launched as programmatic dependents (sm_90+; 'auto': 'launch' there, "

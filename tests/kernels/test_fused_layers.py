@@ -168,6 +168,17 @@ def test_launches_that_wait_on_counts_compute_the_same_bits_and_count_every_prog
     assert flags.programs[0] == 16 and flags.errors() == 0  # the embeddings: a program a row of the bucket
 
 
+@pytest.mark.parametrize("setting", ["CODESPEC_CUDA_EARLY_ROWS", "CODESPEC_CUDA_EARLY_KEYS"])
+def test_reads_moved_before_the_wait_give_the_fused_layers_same_logits(monkeypatch, setting):
+    """Session 41's candidates move reads before the wait for the kernel before: the
+    products' live rows, attention's first block. Under the interpreter (every launch in
+    turn) a tree pass's logits are the bits without them, and the backend took them."""
+    logits, forwards = pass_logits(monkeypatch, "fold", "fold", setting, ("0", "1"))
+    assert torch.equal(logits["0"], logits["1"])
+    name = setting.removeprefix("CODESPEC_CUDA_").lower()
+    assert getattr(forwards["1"], name) and not getattr(forwards["0"], name)
+
+
 def test_counted_launches_ask_for_the_fused_layers(monkeypatch):
     monkeypatch.setenv("CODESPEC_CUDA_PDL", "flags")
     model = tiny_model("qwen2", vocab_size=32, seed=13, dtype=torch.float32)

@@ -410,3 +410,31 @@ def test_a_row_group_must_be_one_two_or_four_blocks_and_tile_the_rows():
     with pytest.raises(ValueError, match="does not tile rows 32"):
         row_linear(x, weight, config=Config(block_m=16, block_n=16, block_k=16, row_group=4))
     assert Config(block_m=16, row_group=4).fitted(32, 16, 32).row_group == 2  # halved to fit the bucket
+
+
+@pytest.mark.parametrize("fused,splits,group", covering(FUSED + [dict()], [(1, 1), (4, 1), (2, 2)], spread=[1]))
+def test_live_rows_read_before_the_wait_give_the_same_bits(fused, splits, group):
+    """`early_rows` (CODESPEC_CUDA_EARLY_ROWS, session 41): which rows hold a token is read
+    before the wait, past L1, not after it. Every row that holds one gets the bits it gets
+    without (a step's one row, a pass's first 20, rows scattered over both blocks), its sums
+    of squares too, folded split or not, in a row group or not; and the rope epilogue's
+    q, K and V (the reference path has no wait: the flag changes nothing there)."""
+    x, weight, kwargs = fused_inputs(torch.bfloat16, **fused)
+    config = Config(block_m=16 // group, block_n=16, block_k=16, splits=splits, row_group=group)
+    for holding in ([0], list(range(20)), [3, 17, 30]):
+        results = []
+        for early in (False, True):
+            counts = torch.zeros(64, dtype=torch.int32) if splits > 1 else None
+            results.append(product(x, weight, kwargs, config=config, live=live_rows(32, holding), counts=counts,
+                                   early_rows=early))
+            assert counts is None or not counts.any()
+        (expected, expected_squares), (got, squares) = results
+        assert torch.equal(got[holding], expected[holding]), holding
+        if squares is not None:
+            assert torch.equal(squares[holding], expected_squares[holding]), holding
+    x, weight, bias, rope, live, config = rope_case(torch.bfloat16, 32)
+    caches = [empty_cache(torch.bfloat16) for _ in range(2)]
+    q = [row_linear(x, weight, bias, rope=rope(*cache), config=config, live=live, early_rows=early, force_triton=True)
+         for cache, early in zip(caches, (False, True))]
+    assert torch.equal(q[0][:12], q[1][:12])
+    assert all(torch.equal(a, b) for a, b in zip(*caches))

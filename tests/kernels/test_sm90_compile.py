@@ -9,6 +9,7 @@ own: the interpreter (tests/kernels/conftest.py) replaces triton.jit here."""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -135,7 +136,7 @@ for pdl in ("off", "launch", "prefetch"):
                                   "PREFETCH": pdl == "prefetch", "SECTOR": 16, "SECTORS": 64, "WARM_ROWS": 8, "FOLD": False,
                                   "BLOCK_M": 64,
                                   "BLOCK_N": 128, "BLOCK_K": 128, "UPCAST": False, "CLOCK": 0,
-                                  "ROW_GROUP": 1, "FLAGS": False},
+                                  "ROW_GROUP": 1, "FLAGS": False, "EARLY_ROWS": False},
                                  warps=8)
 # the fused layers' products in 16-row programs (CODESPEC_CUDA_TILE_ROWS=16), warming: q/k/v
 # with its norm walked (the first layer) or from the sums of squares o and down leave
@@ -164,7 +165,7 @@ for name, (n_tile, k_tile, steps, fusion) in [*m16.items(), *variants]:
                                        "BLOCK_N": n_tile,
                                        "BLOCK_K": k_tile, "UPCAST": False, "CLOCK": int(name.endswith("traced")),
                                        "ROW_GROUP": 4 if name.endswith("group") else 1,
-                                       "FLAGS": name.endswith("flags")},
+                                       "FLAGS": name.endswith("flags"), "EARLY_ROWS": False},
                                       fp_fusion="ROPE" not in fusion,
                                       warps=8 if name == "gate_up group" else 4)  # as FUSED_TILES launch it
 # the five-launch layers' products as they launch (FUSED_TILES at 16 rows, folded, PDL
@@ -182,6 +183,8 @@ fusions = {"qkv": dict(NORM=True, HAS_BIAS=True, **rope), "o": dict(RESIDUAL=Tru
 launched = {f"five {name}": (name, tile) for name, tile in FUSED_TILES.items()}
 launched.update({f"five {label}": ("gate_up", tile) for label, tile in gpu_step.FIVE_GATE_UP_TILES.items()})
 launched.update({f"five {label}": ("down", tile) for label, tile in gpu_step.FIVE_DOWN_TILES.items()})
+# ... and reading their live rows before the wait (CODESPEC_CUDA_EARLY_ROWS, session 41)
+launched.update({f"five {name} early rows": (name, tile) for name, tile in FUSED_TILES.items()})
 for label, (name, tile) in launched.items():
     n_size, k_size = shapes_nk[name]
     block_n = max(tile.block_n, 64) if name == "qkv" else tile.block_n  # whole heads (cuda_fused.whole_heads)
@@ -197,7 +200,8 @@ for label, (name, tile) in launched.items():
                         "STEPS_PER_SPLIT": per_split, "SPLITS": splits, "LIVE": True, "PDL": True, "PREFETCH": True,
                         "SECTOR": 16, "SECTORS": sectors, "WARM_ROWS": min(block_n, max(1, 512 // sectors)),
                         "FOLD": splits > 1, "BLOCK_M": 16, "BLOCK_N": block_n, "BLOCK_K": tile.block_k,
-                        "UPCAST": False, "CLOCK": 0, "ROW_GROUP": 1, "FLAGS": False},
+                        "UPCAST": False, "CLOCK": 0, "ROW_GROUP": 1, "FLAGS": False,
+                        "EARLY_ROWS": label.endswith("early rows")},
                        warps=tile.num_warps, stages=tile.num_stages, fp_fusion=name != "qkv")
 out["linear reduce pdl"] = build(_triton_linear._row_linear_reduce_kernel,
                                  {"part_ptr": "*fp32", "bias_ptr": "*bf16", "residual_ptr": "*bf16", "out_ptr": "*bf16",
@@ -333,6 +337,36 @@ def test_the_five_launch_products_k_loops_wait_on_no_load_of_their_own(compiled,
     for body in loops:
         assert not re.search(r"\bld\.global", body), kernel
     assert compiled[kernel]["stack"] == 0, kernel
+
+
+def opcodes(ptx: str) -> collections.Counter:
+    """How many of each instruction a kernel's PTX holds (its debug sections left out)."""
+    counts: collections.Counter = collections.Counter()
+    for line in ptx.split(".section\t.debug")[0].splitlines():
+        words = line.split()
+        if not words or words[0].startswith((".", "//", "$", "{", "}")):
+            continue
+        counts[words[1] if words[0].startswith("@") and len(words) > 1 else words[0]] += 1
+    return counts
+
+
+@pytest.mark.parametrize("product", ["qkv", "o", "gate_up", "down", "lm_head"])
+def test_live_rows_read_before_the_wait_move_the_metadatas_loads_and_nothing_else(compiled, product):
+    """CODESPEC_CUDA_EARLY_ROWS (session 41), built as the five-launch layers launch each
+    product: before the wait it reads the pass's metadata alone, past L1; every other
+    instruction is the build's without it, one for one, at the same registers (session
+    33's `early` also moved the residual, and another layout of the epilogue's sums came
+    with it: its bits differed)."""
+    base, early = compiled[f"five {product}"], compiled[f"five {product} early rows"]
+    wait = early["ptx"].index("griddepcontrol.wait")
+    before = re.findall(r"ld\.global\S*", early["ptx"][:wait])
+    assert before and set(before) == {"ld.global.cg.b64"}, before  # the int64 context and path lengths
+    moved, kept = opcodes(early["ptx"]), opcodes(base["ptx"])
+    assert kept["ld.global.b64"] - moved["ld.global.b64"] == moved["ld.global.cg.b64"] == len(before)
+    for opcode in ("ld.global.b64", "ld.global.cg.b64"):
+        moved.pop(opcode, None), kept.pop(opcode, None)
+    assert moved == kept
+    assert early["registers"] == base["registers"] and early["stack"] == 0
 
 
 def test_a_folded_split_counts_after_a_barrier_at_gpu_scope_and_reads_past_l1(compiled):
