@@ -10,7 +10,8 @@ when it stored its last output. Every point is a store of one value by one progr
 a synchronisation: a traced kernel computes what it computes untraced.
 
 Two clocks (`CLOCK`): on a GPU `%globaltimer`, nanoseconds common to every SM (32 ns
-steps on Hopper); under the interpreter, which cannot run inline PTX and runs programs
+steps on Hopper), and at the start the SM the program runs on (`%smid`, session 41:
+whether the busiest SM's bytes set a product's time); under the interpreter, which cannot run inline PTX and runs programs
 one after another, a logical clock: one shared counter, incremented at each mark, so the
 tests see the marks' order. CLOCK=0 (untraced) compiles every mark away."""
 
@@ -22,12 +23,13 @@ import triton
 import triton.language as tl
 
 from codespec.kernels.flags import TakeFlag, flagged
-from codespec.kernels.trace import PHASES, UNTRACED, TakeTrace, Trace
+from codespec.kernels.trace import COLUMNS, PHASES, SM_COLUMN, UNTRACED, TakeTrace, Trace
 
 # each mark's place in a program's row (kernels/trace.py's PHASES)
 START, WAITED, COMPUTED, REDUCED, ENDED = (tl.constexpr(PHASES.index(name)) for name in
                                            ("start", "waited", "computed", "reduced", "ended"))
-_MARKS = tl.constexpr(len(PHASES))
+_MARKS = tl.constexpr(COLUMNS)
+_SM = tl.constexpr(SM_COLUMN)
 
 
 @triton.jit
@@ -41,9 +43,14 @@ def _now(clock_ptr, CLOCK: tl.constexpr):
 
 @triton.jit
 def trace_mark(trace_ptr, clock_ptr, program, PHASE: tl.constexpr, CLOCK: tl.constexpr):
-    # This program's time at PHASE into its row of the launch's region (nothing untraced).
+    # This program's time at PHASE into its row of the launch's region (nothing untraced);
+    # at its start on a GPU, also the SM it runs on, plus one (0: not known).
     if CLOCK != 0:
         tl.store(trace_ptr + program * _MARKS + PHASE, _now(clock_ptr, CLOCK))
+        if CLOCK == 1:
+            if PHASE == 0:
+                sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
+                tl.store(trace_ptr + program * _MARKS + _SM, sm.to(tl.int64) + 1)
 
 
 @triton.jit

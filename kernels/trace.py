@@ -39,6 +39,9 @@ from typing import Any, Callable
 import torch
 
 PHASES = ("start", "waited", "computed", "reduced", "ended")  # a program's marks, in its region's row
+# After the marks, the SM a program ran on, plus one (0: not known; %smid on a GPU, session 41)
+SM_COLUMN = len(PHASES)
+COLUMNS = SM_COLUMN + 1
 UNTRACED, GLOBALTIMER, LOGICAL = 0, 1, 2  # the kernels' CLOCK: none, %globaltimer (ns), a shared counter
 
 
@@ -83,7 +86,7 @@ class Tracer:
                 raise RuntimeError(f"a traced pass launched {label} ({programs} programs) where the first launched "
                                    f"{known} ({region.shape[0]}): trace one layout per Tracer")
         else:
-            region = torch.zeros(programs, len(PHASES), dtype=torch.int64, device=self.device)
+            region = torch.zeros(programs, COLUMNS, dtype=torch.int64, device=self.device)
             self.regions.append((label, region))
         self._next += 1
         return Trace(region, self.clock, self.kind)
@@ -139,9 +142,34 @@ def timeline(regions: list[tuple[str, torch.Tensor]], unit: float) -> dict[str, 
                          "end": round((end - origin) * unit, 3), "share": round((end - previous_end) * unit, 3),
                          "last_program": {phase: round(value * unit, 3) for phase, value in
                                           _durations(rows[int(ends.argmax())].tolist()).items()},
-                         "median_program": medians})
+                         "median_program": medians, **_per_sm(rows, unit)})
         previous_end = max(previous_end, end)
     return {"launches": launches, "total": round((previous_end - origin) * unit, 3)}
+
+
+def _per_sm(rows: torch.Tensor, unit: float) -> dict[str, Any]:
+    """How a launch's working programs (those that computed: rows past their wait with a
+    `computed` mark) shared the SMs, where the marks say which SM each ran on: how many
+    SMs, the most on one, and the median time in the K loop (`computed`) of the programs
+    alone on their SM and of those sharing it. If an SM's programs share a fixed rate,
+    the sharing ones take longer by their number (session 41's reading of session 40's
+    trace); if each program has its own, they do not."""
+    if rows.shape[1] <= SM_COLUMN or not bool((rows[:, SM_COLUMN] > 0).any()):
+        return {}
+    computed, waited = PHASES.index("computed"), PHASES.index("waited")
+    working = rows[(rows[:, computed] > 0) & (rows[:, SM_COLUMN] > 0)]
+    if not len(working):
+        return {}
+    sms, counts = torch.unique(working[:, SM_COLUMN], return_counts=True)
+    per_sm = dict(zip(sms.tolist(), counts.tolist()))
+    loops = (working[:, computed] - working[:, waited]).tolist()
+    crowd = [per_sm[sm] for sm in working[:, SM_COLUMN].tolist()]
+    result: dict[str, Any] = {"sms": len(per_sm), "most_on_one_sm": max(per_sm.values())}
+    for name, alone in (("computed_alone", True), ("computed_shared", False)):
+        times = [loop for loop, n in zip(loops, crowd) if (n == 1) == alone]
+        if times:
+            result[name] = round(statistics.median(times) * unit, 3)
+    return result
 
 
 def _durations(marks: list[int]) -> dict[str, float]:
@@ -152,6 +180,9 @@ def _durations(marks: list[int]) -> dict[str, float]:
             durations[phase] = float(mark - before)
             before = mark
     return durations
+
+
+SM_FIELDS = ("sms", "most_on_one_sm", "computed_alone", "computed_shared")  # _per_sm's
 
 
 def summary(line: dict[str, Any]) -> dict[str, Any]:
@@ -171,5 +202,7 @@ def summary(line: dict[str, Any]) -> dict[str, Any]:
                         "share": round(statistics.median(l["share"] for l in launches), 3),
                         "lead": round(statistics.median(l["lead"] for l in launches), 3),
                         "release": round(statistics.median(l["release"] for l in launches), 3),
-                        "last_program": phases}
+                        "last_program": phases,
+                        **{name: round(statistics.median(l[name] for l in launches if name in l), 3)
+                           for name in SM_FIELDS if any(name in l for l in launches)}}
     return result

@@ -401,6 +401,7 @@ def test_a_traced_kernel_reads_the_global_timer_at_each_phase_and_spills_nothing
                                     ("fold pdl traced", "fold pdl", 3)):
         ptx = compiled[traced]["ptx"]
         assert ptx.count("%globaltimer") >= marks, traced
+        assert "%smid" in ptx and "%smid" not in compiled[untraced]["ptx"], traced  # the SM, at the start
         assert "%globaltimer" not in compiled[untraced]["ptx"]
         assert first_load_after_the_wait(ptx), traced
         assert compiled[traced]["stack"] == 0

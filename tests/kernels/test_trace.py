@@ -15,7 +15,7 @@ import torch
 from codespec.engine import Engine
 from codespec.errors import SettingError
 from codespec.forward.cuda import CudaForward
-from codespec.kernels.trace import PHASES, summary
+from codespec.kernels.trace import PHASES, SM_COLUMN, summary, timeline
 from codespec.models.tiny import tiny_model
 from codespec.policy.tree import VerifyTree
 
@@ -49,13 +49,14 @@ def test_a_traced_step_marks_every_program_of_every_launch_in_order(monkeypatch,
     kinds = ["qkv", *attention, "o", "gate_up", "down"]
     assert forward.tracer.labels == [f"{kind}.{i}" for i in range(layers) for kind in kinds] + ["lm_head"]
     line = forward.tracer.timeline()
-    previous_end = 0
+    previous_end, ended = 0, PHASES.index("ended")
     for label, marks in forward.tracer.regions:
         assert (marks[:, 0] > previous_end).all(), label  # the interpreter runs launches one after another
-        for program in marks.tolist():
+        assert not marks[:, SM_COLUMN].any(), label  # no SM to name under the interpreter
+        for program in marks[:, :SM_COLUMN].tolist():
             reached = [mark for mark in program if mark > 0]
-            assert program[0] > 0 and program[-1] > 0 and reached == sorted(reached), (label, program)
-        previous_end = int(marks[:, -1].max())
+            assert program[0] > 0 and program[ended] > 0 and reached == sorted(reached), (label, program)
+        previous_end = int(marks[:, ended].max())
     products = [marks for label, marks in forward.tracer.regions
                 if label.split(".")[0] in ("qkv", "o", "gate_up", "down", "lm_head")]
     # a step's one row lies in the first block of 16 rows: its programs compute, the other
@@ -110,3 +111,23 @@ def test_the_trace_stage_reads_a_timeline_of_every_launch(monkeypatch):
                 for part in ("step", "pass32")}
     assert programs[five, "step"] == programs[every, "step"] == programs[five, "pass32"]
     assert programs[five, "pass32"] == 2 * programs[every, "pass32"]
+
+
+def test_a_launchs_programs_are_counted_by_the_sm_they_ran_on():
+    """Where the marks name each program's SM (%smid + 1 on a GPU), a launch says how its
+    working programs (those that computed) shared the SMs and the K loop's median time
+    alone on an SM and shared: here SM 1 runs two (4 and 6 ticks), SM 2 one (3), and a
+    program of padding rows (no `computed` mark) on SM 3 counts for nothing."""
+    #                      start waited computed reduced ended  sm
+    region = torch.tensor([[1, 2, 6, 0, 7, 2],
+                           [1, 2, 8, 0, 9, 2],
+                           [1, 3, 6, 0, 7, 3],
+                           [1, 2, 0, 0, 3, 4]])
+    launch = timeline([("gate_up.0", region)], unit=1.0)["launches"][0]
+    assert (launch["sms"], launch["most_on_one_sm"]) == (2, 2)
+    assert (launch["computed_alone"], launch["computed_shared"]) == (3.0, 5.0)
+    assert summary({"launches": [launch], "total": 8.0})["gate_up"]["most_on_one_sm"] == 2
+    unknown = region.clone()
+    unknown[:, SM_COLUMN] = 0  # the interpreter's marks: no SM
+    assert "sms" not in timeline([("gate_up.0", unknown)], unit=1.0)["launches"][0]
+    assert "sms" not in timeline([("gate_up.0", region[:, :SM_COLUMN])], unit=1.0)["launches"][0]
