@@ -225,14 +225,11 @@ def _row_attention_work_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context
     # one-row step over 512 keys is 8 items, not the grid's rows * KV heads * 16 programs.
     # EARLY: a program's first item begun before the wait (_early_keys).
     if EARLY:
-        blocks, ends, row, kv_head, block, offsets, inside, early, k_early, v_early = _early_start(
-            k_ptr, v_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr, rows, s_kv_slot, s_kv_head, s_kv_pos,
-            s_path, trace_ptr, clock_ptr, flags_ptr, launch, before, KV_HEADS, ROWS_PAD, DIM, KEY_BLOCK, PDL, CLOCK,
-            FLAGS)
-        if tl.program_id(0) < tl.sum(blocks, axis=0) * KV_HEADS:
-            _late_partial(q_ptr, k_ptr, v_ptr, part_ptr, row, kv_head, block, offsets, inside, early, k_early,
-                          v_early, scale, s_q_row, s_q_head, s_part_row, s_part_head, s_part_block, GROUP, GROUP_PAD,
-                          DIM, PRECISION)
+        blocks, ends, _, _, _ = _early_first_item(
+            q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr, scale, rows, s_q_row,
+            s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head, s_part_block, trace_ptr,
+            clock_ptr, flags_ptr, launch, before, KV_HEADS, ROWS_PAD, GROUP, GROUP_PAD, DIM, KEY_BLOCK, PRECISION, PDL,
+            CLOCK, FLAGS)
         first = tl.program_id(0) + tl.num_programs(0)
     else:
         blocks, ends = _wave_start(context_ptr, path_len_ptr, rows, trace_ptr, clock_ptr, flags_ptr, launch, before,
@@ -244,6 +241,27 @@ def _row_attention_work_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context
                    s_part_block, KV_HEADS, ROWS_PAD, GROUP, GROUP_PAD, DIM, KEY_BLOCK, PRECISION)
     trace_mark(trace_ptr, clock_ptr, tl.program_id(0), ENDED, CLOCK)
     pdl_done(flags_ptr, launch, FLAGS)
+
+
+@triton.jit
+def _early_first_item(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr, scale, rows,
+                      s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head, s_part_block,
+                      trace_ptr, clock_ptr, flags_ptr, launch, before, KV_HEADS: tl.constexpr, ROWS_PAD: tl.constexpr,
+                      GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, DIM: tl.constexpr, KEY_BLOCK: tl.constexpr,
+                      PRECISION: tl.constexpr, PDL: tl.constexpr, CLOCK: tl.constexpr, FLAGS: tl.constexpr):
+    # EARLY's start of a worklist wave's program: its first item begun before the wait and
+    # finished after it (its partial stored). The pass's blocks, and that item's row and KV
+    # head and whether there was one.
+    blocks, ends, row, kv_head, block, offsets, inside, early, k_early, v_early = _early_start(
+        k_ptr, v_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr, rows, s_kv_slot, s_kv_head, s_kv_pos,
+        s_path, trace_ptr, clock_ptr, flags_ptr, launch, before, KV_HEADS, ROWS_PAD, DIM, KEY_BLOCK, PDL, CLOCK,
+        FLAGS)
+    has = tl.program_id(0) < tl.sum(blocks, axis=0) * KV_HEADS
+    if has:
+        _late_partial(q_ptr, k_ptr, v_ptr, part_ptr, row, kv_head, block, offsets, inside, early, k_early, v_early,
+                      scale, s_q_row, s_q_head, s_part_row, s_part_head, s_part_block, GROUP, GROUP_PAD, DIM,
+                      PRECISION)
+    return blocks, ends, row, kv_head, has
 
 
 @triton.jit
@@ -373,10 +391,11 @@ def _row_attention_fold_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_ptr
     # all GROUP heads at once. One launch a layer, not two; rows with no keys get zeros.
     # EARLY: a program's first item begun before the wait (_early_keys).
     if EARLY:
-        blocks, ends, row, kv_head, block, offsets, inside, early, k_early, v_early = _early_start(
-            k_ptr, v_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr, rows, s_kv_slot, s_kv_head, s_kv_pos,
-            s_path, trace_ptr, clock_ptr, flags_ptr, launch, before, KV_HEADS, ROWS_PAD, DIM, KEY_BLOCK, PDL, CLOCK,
-            FLAGS)
+        blocks, ends, row, kv_head, has = _early_first_item(
+            q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr, scale, rows, s_q_row,
+            s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head, s_part_block, trace_ptr,
+            clock_ptr, flags_ptr, launch, before, KV_HEADS, ROWS_PAD, GROUP, GROUP_PAD, DIM, KEY_BLOCK, PRECISION, PDL,
+            CLOCK, FLAGS)
     else:
         blocks, ends = _wave_start(context_ptr, path_len_ptr, rows, trace_ptr, clock_ptr, flags_ptr, launch, before,
                                    ROWS_PAD, KEY_BLOCK, PDL, CLOCK, FLAGS)
@@ -384,10 +403,7 @@ def _row_attention_fold_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_ptr
     r = tl.arange(0, ROWS_PAD)
     first = tl.program_id(0)
     if EARLY:
-        if tl.program_id(0) < tl.sum(blocks, axis=0) * KV_HEADS:
-            _late_partial(q_ptr, k_ptr, v_ptr, part_ptr, row, kv_head, block, offsets, inside, early, k_early,
-                          v_early, scale, s_q_row, s_q_head, s_part_row, s_part_head, s_part_block, GROUP, GROUP_PAD,
-                          DIM, PRECISION)
+        if has:  # its partial stored: count it, and combine where it was the pair's last
             _fold_item(out_ptr, part_ptr, count_ptr, row, kv_head, blocks, r, s_out_row, s_out_head, s_part_row,
                        s_part_head, s_part_block, KV_HEADS, GROUP, GROUP_PAD, DIM, CHUNK)
         first += tl.num_programs(0)
