@@ -92,7 +92,7 @@ from typing import Any, Callable
 import torch
 
 from gpu_measure import _time, cost_curve, profile_step, row_checks, step_anatomy
-from gpu_step import (EVERY_CANDIDATE, EVERY_TILES, FIVE_LAUNCHES, NO_CANDIDATES, NO_FUSED, NO_PDL, attention_probe,
+from gpu_step import (EVERY_CANDIDATE, EVERY_TILES, FIVE_DOWN_TILES, FIVE_LAUNCHES, NO_CANDIDATES, NO_FUSED, NO_PDL, attention_probe,
                       blas_of, fails_to_run, l2_probe, pdl_check, plain_probe, restore_environment, step_probe, unchecked, variant_env, winner_env)
 from gpu_probes import bucket_probe, fused_probe, fused_tiles_probe, gemm_probe, key_block_probe, tiles_probe
 from gpu_gateup import gateup_probe
@@ -319,7 +319,10 @@ PLAIN_FIVE = (("plain_five", {}, None),
               ("plain_five_early", {"CODESPEC_CUDA_EARLY_KEYS": "1"}, None),
               ("plain_five_rows", {"CODESPEC_CUDA_EARLY_ROWS": "1"}, None),
               ("plain_five_gu16", {}, EVERY_TILES),
-              ("plain_five_all", {k: v for k, v in EVERY_CANDIDATE.items() if k not in FIVE_LAUNCHES}, EVERY_TILES))
+              ("plain_five_all", {k: v for k, v in EVERY_CANDIDATE.items() if k not in FIVE_LAUNCHES}, EVERY_TILES),
+              # ... and down's 1,064 programs (reported alone in the step stage)
+              ("plain_five_all_down", {k: v for k, v in EVERY_CANDIDATE.items() if k not in FIVE_LAUNCHES},
+               {**EVERY_TILES, "down": FIVE_DOWN_TILES["five-launch, down 16 outputs, split 19"]}))
 
 
 def rows_and_plain(loaded: Any) -> dict[str, Any]:

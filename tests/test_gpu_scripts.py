@@ -409,20 +409,22 @@ def test_plain_five_times_the_five_launch_layers_and_each_candidate_where_the_pd
     # the five-launch gate/up (128 outputs) and gate/up over every SM's 16
     assert seen == [(True, 128, "fold", False, False, 128), (True, 64, "fold", False, False, 128),
                     (True, 128, "fold", True, False, 128), (True, 128, "fold", False, True, 128),
-                    (True, 128, "fold", False, False, 16), (True, 64, "fold", True, True, 16)]
+                    (True, 128, "fold", False, False, 16), (True, 64, "fold", True, True, 16),
+                    (True, 64, "fold", True, True, 16)]
     written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     assert written["plain_five_64"]["key_block"] == 64 and written["plain_five_64"]["identical"]
     assert written["plain_five_all"]["tiles"]["gate_up"]["block_n"] == 16 and "rows_differing" in written["plain_five_all"]
+    assert written["plain_five_all_down"]["tiles"]["down"]["splits"] == 19
     assert "rows_differing" not in written["plain_five"]  # nothing new in it: plain decoding alone
     monkeypatch.setenv(gpu_step.SAME_BITS["early keys"][1], "1")  # as the pdl stage leaves it where they changed a bit
     gpu_check.main()
-    assert seen[6:] == [(True, 128, "fold", False, False, 128), (True, 64, "fold", False, False, 128),
+    assert seen[7:] == [(True, 128, "fold", False, False, 128), (True, 64, "fold", False, False, 128),
                         (True, 128, "fold", False, True, 128), (True, 128, "fold", False, False, 16)]
     written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     assert "changing a bit" in written["plain_five_early"]["error"] and "changing a bit" in written["plain_five_all"]["error"]
     monkeypatch.setenv(gpu_step.NO_FOLD, "1")  # ... where the fold failed
     gpu_check.main()
-    assert seen[10:] == []
+    assert seen[11:] == []
     written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     assert all("changing a bit" in written[name]["error"] for name, _, _ in gpu_check.PLAIN_FIVE)
 
