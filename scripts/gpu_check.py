@@ -92,9 +92,11 @@ from typing import Any, Callable
 import torch
 
 from gpu_measure import _time, cost_curve, profile_step, row_checks, step_anatomy
-from gpu_step import (EVERY_CANDIDATE, EVERY_TILES, FIVE_DOWN_TILES, FIVE_LAUNCHES, NO_CANDIDATES, NO_FUSED, NO_PDL, attention_probe,
-                      blas_of, fails_to_run, l2_probe, pdl_check, plain_probe, restore_environment, step_probe, unchecked, variant_env, winner_env)
-from gpu_probes import bucket_probe, fused_probe, fused_tiles_probe, gemm_probe, key_block_probe, tiles_probe
+from gpu_step import (EVERY_CANDIDATE, EVERY_TILES, FIVE_DOWN_TILES, FIVE_LAUNCHES, NO_CANDIDATES, NO_FUSED, NO_PDL,
+                      blas_of, fails_to_run, pdl_check, plain_probe, restore_environment, step_probe, unchecked,
+                      variant_env, winner_env)
+from gpu_probes import (attention_probe, bucket_probe, fused_probe, fused_tiles_probe, gemm_probe, key_block_probe,
+                        l2_probe, tiles_probe)
 from gpu_gateup import gateup_probe
 from gpu_lmscreen import lmscreen_probe
 from gpu_persist import persist_probe

@@ -1,6 +1,8 @@
-"""Probes beside the GPU check (scripts/gpu_check.py --stages ...): attention by key
-block, the layer's products (cuBLAS against kernels/row_linear.py's tiles), the backend
-with the tiles that win, the backend with fused layers, and smaller buckets."""
+"""Probes beside the GPU check (scripts/gpu_check.py --stages ...): attention by schedule,
+key block and early keys (`attention`), the layer's products with their weights in L2
+against from HBM (`l2`), attention by key block alone, the layer's products (cuBLAS
+against kernels/row_linear.py's tiles), the backend with the tiles that win, the backend
+with fused layers, and smaller buckets."""
 
 from __future__ import annotations
 
@@ -10,6 +12,109 @@ from typing import Any
 import torch
 
 from gpu_measure import _graph_us, cost_curve, pass_ms, profile_step, row_checks, step_floor
+
+PRODUCTS = ("qkv", "o", "gate_up", "down")  # a layer's products, in a step's order
+
+
+@torch.inference_mode()
+def attention_probe() -> dict[str, Any]:
+    """Device us per call of row_attention (64-row bucket, a 4,096-position slot, the
+    default model's heads), in CUDA graphs: a step (one real row) at 512 and 2048 keys,
+    passes of 32 chain rows at 512 and 2048 and of 64 at 512, by schedule; whether the
+    worklist's rows have the grid's bits (the same code per block and combine: they
+    should); the fold's (session 30: its own combine, so its own bits) within bf16's
+    rounding of the grid's, and a pass's first row with the bits of the step over the
+    same keys; each over 128-key blocks and over 64 (session 40, CODESPEC_CUDA_KEY_BLOCK:
+    other bits, the grid's at the same blocks the reference)."""
+    from codespec.kernels import row_attention as module
+
+    torch.manual_seed(8)
+    keys, values = (torch.randn(2, 2, 4096, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    query = torch.randn(64, 14, 64, device="cuda", dtype=torch.bfloat16)
+    zeros = torch.zeros(64, dtype=torch.int64, device="cuda")
+    counts = torch.zeros(64 * 2, dtype=torch.int32, device="cuda")
+    layouts = {}
+    for name, real, keys_in_row in (("step_512", 1, 512), ("step_2048", 1, 2048), ("pass32_512", 32, 512),
+                                    ("pass32_2048", 32, 2048), ("pass64_512", 64, 512)):
+        context, path_len = zeros.clone(), zeros.clone()
+        context[:real] = keys_in_row
+        path_len[:real] = torch.arange(1, real + 1, device="cuda")  # a chain: row i sees i + 1 drafted keys
+        path = (keys_in_row + torch.arange(64, device="cuda")).repeat(64, 1).contiguous()
+        layouts[name] = dict(slots=zeros, context=context, path=path, path_len=path_len)
+    # (schedule, programs an SM, warps, key block, early keys); early keys (session 41), alone in
+    # a graph with nothing before them to overlap, say their bits are the launch's without
+    # them and what the split loads cost, not what they save in a step (`step`, `trace`)
+    schedules = {"grid": ("grid", 2, 4, 128, False), "worklist w4 x2": ("worklist", 2, 4, 128, False),
+                 "fold w4 x2": ("fold", 2, 4, 128, False), "worklist 64": ("worklist", 2, 4, 64, False),
+                 "fold 64": ("fold", 2, 4, 64, False), "fold early": ("fold", 2, 4, 128, True),
+                 "fold 64 early": ("fold", 2, 4, 64, True)}
+    saved = module.PROGRAMS_PER_SM, module.WORK_WARPS
+    result: dict[str, Any] = {}
+    try:
+        for label, (schedule, per_sm, warps, block, early) in schedules.items():
+            module.PROGRAMS_PER_SM, module.WORK_WARPS = per_sm, warps
+            # the grid's bits at the same warps and blocks: the combine's reduction is laid out
+            # by them; early keys against the same schedule without them
+            reference = {name: module.row_attention(query, keys, values, **meta, scale=0.125,
+                                                    schedule=schedule if early else "grid", counts=counts,
+                                                    key_block=block)
+                         for name, meta in layouts.items()}
+            entry: dict[str, Any] = {}
+            run = {name: (lambda m=meta, s=schedule, e=early: module.row_attention(
+                query, keys, values, **m, scale=0.125, schedule=s, counts=counts, key_block=block, early=e))
+                   for name, meta in layouts.items()}
+            for name in layouts:
+                entry[name + "_us"] = _graph_us(run[name])
+                got = run[name]()
+                if schedule == "fold" and not early:  # its own bits
+                    entry[name + "_close_to_grid"] = bool(torch.allclose(got.float(), reference[name].float(),
+                                                                         atol=1e-2, rtol=1e-2))
+                else:
+                    entry[name + "_same_bits"] = bool(torch.equal(reference[name], got))
+            for size in ("512", "2048"):  # row 0 of a 32-row pass sees the keys the step's one row does
+                entry[f"pass32_row_equals_step_{size}"] = bool(torch.equal(run[f"pass32_{size}"]()[0],
+                                                                           run[f"step_{size}"]()[0]))
+            entry["counts_left_zero"] = not bool(counts.any())
+            result[label] = entry
+    finally:
+        module.PROGRAMS_PER_SM, module.WORK_WARPS = saved
+    return result
+
+
+@torch.inference_mode()
+def l2_probe(loaded: Any) -> dict[str, Any]:
+    """Device us per call of the layer's products at the bucket's 64 rows (cuBLAS, in CUDA
+    graphs of 24 calls): `layer_cold_us`, every layer's four products in a step's order
+    (680 MB, nothing left in L2 from one layer to the next), against `layer_hot_us`, layer
+    0's four 24 times (28 MB: in L2 after the first). Per product, `hot_us` (one weight 24
+    times) and `cycle_us` (the 24 layers' weights in turn: cold for gate/up and down; the
+    q/k/v and o cycles, 48 and 36 MB, may partly stay in L2)."""
+    import torch.nn.functional as F
+
+    layers = loaded.forward._layers
+    inputs = {name: torch.randn(64, getattr(layers[0], name).shape[1], device="cuda", dtype=torch.bfloat16)
+              for name in PRODUCTS}
+
+    def product(name: str, w: Any) -> torch.Tensor:
+        bias = w.qkv_bias if name == "qkv" else w.o_bias if name == "o" else None
+        return F.linear(inputs[name], getattr(w, name), bias)
+
+    def layer(w: Any) -> None:
+        for name in PRODUCTS:
+            product(name, w)
+
+    result: dict[str, Any] = {
+        "layer_cold_us": round(_graph_us(lambda: [layer(w) for w in layers], calls=1) / len(layers), 2),
+        "layer_hot_us": round(_graph_us(lambda: [layer(layers[0]) for _ in layers], calls=1) / len(layers), 2)}
+    for name in PRODUCTS:
+        weight = getattr(layers[0], name)
+        result[name] = {"mb": round(weight.numel() * weight.element_size() / 2**20, 2),
+                        "hot_us": round(_graph_us(lambda n=name: [product(n, layers[0]) for _ in layers], calls=1)
+                                        / len(layers), 2),
+                        "cycle_us": round(_graph_us(lambda n=name: [product(n, w) for w in layers], calls=1)
+                                          / len(layers), 2)}
+    result["most_saved_per_step_us"] = round((result["layer_cold_us"] - result["layer_hot_us"]) * len(layers), 1)
+    return result
 
 
 def key_block_probe(schedule: str) -> dict[str, Any]:
