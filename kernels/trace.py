@@ -142,7 +142,7 @@ def timeline(regions: list[tuple[str, torch.Tensor]], unit: float) -> dict[str, 
                          "end": round((end - origin) * unit, 3), "share": round((end - previous_end) * unit, 3),
                          "last_program": {phase: round(value * unit, 3) for phase, value in
                                           _durations(rows[int(ends.argmax())].tolist()).items()},
-                         "median_program": medians, **_per_sm(rows, unit)})
+                         "median_program": medians, **_per_sm(rows, unit), **_idle(rows, unit)})
         previous_end = max(previous_end, end)
     return {"launches": launches, "total": round((previous_end - origin) * unit, 3)}
 
@@ -172,6 +172,20 @@ def _per_sm(rows: torch.Tensor, unit: float) -> dict[str, Any]:
     return result
 
 
+def _idle(rows: torch.Tensor, unit: float) -> dict[str, Any]:
+    """A product launch's programs that computed nothing (a block of padding rows: a step's
+    16-row programs leave three of four idle): how many, and how long after the last
+    working program the last of them ended (`idle_end_after_work`, positive where they,
+    not the work, ended the launch). Launches without a `computed` mark (attention's
+    wave) have none."""
+    computed, ended = PHASES.index("computed"), PHASES.index("ended")
+    working = rows[:, computed] > 0
+    if not bool(working.any()) or bool(working.all()):
+        return {}
+    return {"idle_programs": int((~working).sum()),
+            "idle_end_after_work": round(float(rows[~working, ended].max() - rows[working, ended].max()) * unit, 3)}
+
+
 def _durations(marks: list[int]) -> dict[str, float]:
     """A program's time in each phase it reached: from the mark before it."""
     durations, before = {}, marks[0]
@@ -182,7 +196,8 @@ def _durations(marks: list[int]) -> dict[str, float]:
     return durations
 
 
-SM_FIELDS = ("sms", "most_on_one_sm", "computed_alone", "computed_shared")  # _per_sm's
+PROGRAM_FIELDS = ("sms", "most_on_one_sm", "computed_alone", "computed_shared",  # _per_sm's
+             "idle_programs", "idle_end_after_work")  # _idle's
 
 
 def summary(line: dict[str, Any]) -> dict[str, Any]:
@@ -204,5 +219,5 @@ def summary(line: dict[str, Any]) -> dict[str, Any]:
                         "release": round(statistics.median(l["release"] for l in launches), 3),
                         "last_program": phases,
                         **{name: round(statistics.median(l[name] for l in launches if name in l), 3)
-                           for name in SM_FIELDS if any(name in l for l in launches)}}
+                           for name in PROGRAM_FIELDS if any(name in l for l in launches)}}
     return result

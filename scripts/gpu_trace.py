@@ -101,11 +101,12 @@ def _traced(loaded: Any, context: int, tiles: dict[str, Any] | None = None) -> d
 def report(stage: dict[str, Any]) -> str:
     """The trace stage's result as markdown, a table per variant and pass: each kind's
     launches, median share of the pass, lead, release and last program's phases (us), and
-    how its working programs shared the SMs (kernels/trace.py's `_per_sm`)."""
-    from codespec.kernels.trace import PHASES, SM_FIELDS
+    how its working programs shared the SMs and what its idle ones cost (kernels/trace.py's
+    `_per_sm` and `_idle`)."""
+    from codespec.kernels.trace import PHASES, PROGRAM_FIELDS
 
-    # the SMs' columns (session 41) where the run's marks name them
-    columns = ["launches", "share", "share_sum", "lead", "release", *PHASES[1:], *SM_FIELDS]
+    # the programs' columns (session 41): the SMs' where the run's marks name them, the idle ones'
+    columns = ["launches", "share", "share_sum", "lead", "release", *PHASES[1:], *PROGRAM_FIELDS]
     out = []
     for variant, passes in stage.items():
         if not isinstance(passes, dict):

@@ -117,7 +117,8 @@ def test_a_launchs_programs_are_counted_by_the_sm_they_ran_on():
     """Where the marks name each program's SM (%smid + 1 on a GPU), a launch says how its
     working programs (those that computed) shared the SMs and the K loop's median time
     alone on an SM and shared: here SM 1 runs two (4 and 6 ticks), SM 2 one (3), and a
-    program of padding rows (no `computed` mark) on SM 3 counts for nothing."""
+    program of padding rows (no `computed` mark) on SM 3 counts for nothing there, but as
+    an idle program (when the last ended against the work's end)."""
     #                      start waited computed reduced ended  sm
     region = torch.tensor([[1, 2, 6, 0, 7, 2],
                            [1, 2, 8, 0, 9, 2],
@@ -127,6 +128,8 @@ def test_a_launchs_programs_are_counted_by_the_sm_they_ran_on():
     assert (launch["sms"], launch["most_on_one_sm"]) == (2, 2)
     assert (launch["computed_alone"], launch["computed_shared"]) == (3.0, 5.0)
     assert summary({"launches": [launch], "total": 8.0})["gate_up"]["most_on_one_sm"] == 2
+    # the padding rows' program: idle, ending 6 ticks before the last working one (9)
+    assert (launch["idle_programs"], launch["idle_end_after_work"]) == (1, -6.0)
     unknown = region.clone()
     unknown[:, SM_COLUMN] = 0  # the interpreter's marks: no SM
     assert "sms" not in timeline([("gate_up.0", unknown)], unit=1.0)["launches"][0]
