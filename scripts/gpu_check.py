@@ -320,11 +320,15 @@ PLAIN_FIVE = (("plain_five", {}, None),
               ("plain_five_64", {"CODESPEC_CUDA_KEY_BLOCK": "64"}, None),
               ("plain_five_early", {"CODESPEC_CUDA_EARLY_KEYS": "1"}, None),
               ("plain_five_rows", {"CODESPEC_CUDA_EARLY_ROWS": "1"}, None),
+              ("plain_five_narrow", {"CODESPEC_CUDA_NARROW_STEPS": "1"}, None),
               ("plain_five_gu16", {}, EVERY_TILES),
               ("plain_five_all", {k: v for k, v in EVERY_CANDIDATE.items() if k not in FIVE_LAUNCHES}, EVERY_TILES),
               # ... and down's 1,064 programs (reported alone in the step stage)
               ("plain_five_all_down", {k: v for k, v in EVERY_CANDIDATE.items() if k not in FIVE_LAUNCHES},
-               {**EVERY_TILES, "down": FIVE_DOWN_TILES["five-launch, down 16 outputs, split 19"]}))
+               {**EVERY_TILES, "down": FIVE_DOWN_TILES["five-launch, down 16 outputs, split 19"]}),
+              # ... and narrow steps (their rows against the full bucket's tree rows: row_checks)
+              ("plain_five_all_narrow", {**{k: v for k, v in EVERY_CANDIDATE.items() if k not in FIVE_LAUNCHES},
+                                         "CODESPEC_CUDA_NARROW_STEPS": "1"}, EVERY_TILES))
 
 
 def rows_and_plain(loaded: Any) -> dict[str, Any]:

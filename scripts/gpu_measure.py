@@ -28,28 +28,22 @@ def _time(run: Callable[[], Any], repeat: int = 30) -> float:
 
 def pass_replay(forward: Any, cache: Any, context: int, tree: Any) -> Callable[[], None]:
     """A replay of the graph that runs `tree`'s pass over `context` keys, with that pass's
-    metadata in the bucket: the step's graph, or the wide passes' where the backend has
-    one and the pass is wider than a block (CODESPEC_CUDA_PASS_ROW_GROUP). Until session
-    40 the step stage replayed whatever pass ran last: its `device_step_ms` was a 32-row
-    pass's."""
+    metadata in the bucket: the graph of the layout the backend gives a pass of its rows
+    (the bucket's, the wide passes' with CODESPEC_CUDA_PASS_ROW_GROUP, the narrow steps'
+    with CODESPEC_CUDA_NARROW_STEPS). Until session 40 the step stage replayed whatever
+    pass ran last: its `device_step_ms` was a 32-row pass's."""
     forward.choices(cache, [(0, context, tree)])  # the pass's metadata (and its graph captured)
     bucket = forward._buckets[cache]
-    wide = is_wide(forward, tree)
-    graph = bucket.wide_graph if wide else bucket.graph
+    layout = forward.layout(len(tree.tokens))
+    graph = bucket.graphs.get(layout)
     if graph is not None:
         return graph.replay
 
     def without_graphs() -> None:  # the bucket's pass itself (on CPU: the tests)
         with torch.inference_mode():
-            forward._replay(cache, bucket, wide=wide)
+            forward._replay(cache, bucket, layout)
 
     return without_graphs
-
-
-def is_wide(forward: Any, tree: Any) -> bool:
-    """Whether `tree`'s pass (one replay's worth of rows) takes the backend's wide passes'
-    graph (CODESPEC_CUDA_PASS_ROW_GROUP) rather than the bucket's."""
-    return forward.pass_tiles is not None and len(tree.tokens) > forward.tile_rows
 
 
 def device_ms(replay: Callable[[], None], replays: int = 20) -> float:
@@ -260,7 +254,7 @@ def step_anatomy(loaded: Any, context: int = 512, repeat: int = 50) -> dict[str,
         del forward._replay
     result = {name: round(statistics.median(values), 1) for name, values in samples.items() if values}
     bucket = marks["bucket"]
-    if cuda and bucket.graph is not None:
-        result["graph_back_to_back_us"] = round(_time(lambda: [bucket.graph.replay() for _ in range(20)], 10)
+    if cuda and bucket.graphs.get(None) is not None:
+        result["graph_back_to_back_us"] = round(_time(lambda: [bucket.graphs[None].replay() for _ in range(20)], 10)
                                                 * 1e3 / 20, 1)
     return result

@@ -15,7 +15,8 @@ failure):
   session 40 removed the schedule.)
 * `candidates` (session 41): the same with every candidate for the plain bar
   (gpu_step.EVERY_CANDIDATE: attention over 64-key blocks begun before its wait, the
-  products' live rows read before theirs, and gate/up's 16-output tile at two warps)."""
+  products' live rows read before theirs, and gate/up's 16-output tile at two warps) and
+  narrow steps (CODESPEC_CUDA_NARROW_STEPS), a one-row step through their graph too."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def fused_part(model_dir: str, env: dict[str, str], tiles: dict[str, Any] | None
     from gpu_measure import random_tree
 
     from codespec.forward.cuda import CudaForward
+    from codespec.policy.tree import VerifyTree
 
     os.environ.update(env)  # the backend the load builds takes them
     loaded = forward.load(Settings(model=model_dir, device="cuda", dtype="bfloat16",
@@ -51,9 +53,10 @@ def fused_part(model_dir: str, env: dict[str, str], tiles: dict[str, Any] | None
     cache.acquire(prompt)
     backend.prefill(cache, 0, prompt, 0)
     logits = backend.logits(cache, [(0, len(prompt), random_tree(generator, vocab))])
+    step = backend.logits(cache, [(0, len(prompt), VerifyTree.chain(int(logits[0].argmax())))])  # a narrow one too
     torch.cuda.synchronize()
-    return {"ok": bool(torch.isfinite(logits.float()).all()), "attention": backend.attention,
-            "fused": backend.fused, "rows": int(logits.shape[0])}
+    return {"ok": bool(torch.isfinite(logits.float()).all() and torch.isfinite(step.float()).all()),
+            "attention": backend.attention, "fused": backend.fused, "rows": int(logits.shape[0])}
 
 
 def main() -> None:
@@ -62,7 +65,7 @@ def main() -> None:
         raise SystemExit(f"no part {part!r}; the parts: {', '.join(PARTS)}")
     try:
         result = (fused_part(model_dir, FIVE_LAUNCHES) if part == "fused"
-                  else fused_part(model_dir, EVERY_CANDIDATE, EVERY_TILES))
+                  else fused_part(model_dir, {**EVERY_CANDIDATE, "CODESPEC_CUDA_NARROW_STEPS": "1"}, EVERY_TILES))
     except Exception as error:  # the part's failure, said in one line: the check turns it off
         result = {"ok": False, "error": f"{type(error).__name__}: {str(error)[:300]}"}
     print(json.dumps(result), flush=True)

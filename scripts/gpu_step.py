@@ -34,7 +34,7 @@ from gpu_measure import (_engine, _wall_ms, device_ms, pass_replay, profile_step
 DEFAULTS = {"CODESPEC_CUDA_ATTENTION": "worklist", "CODESPEC_CUDA_FUSED": "0", "CODESPEC_CUDA_PDL": "auto",
             "CODESPEC_CUDA_TILE_ROWS": "64", "CODESPEC_CUDA_REDUCE": "launch",
             "CODESPEC_CUDA_ROW_GROUP": "1", "CODESPEC_CUDA_PASS_ROW_GROUP": "0", "CODESPEC_CUDA_KEY_BLOCK": "128",
-            "CODESPEC_CUDA_EARLY_KEYS": "0", "CODESPEC_CUDA_EARLY_ROWS": "0",
+            "CODESPEC_CUDA_EARLY_KEYS": "0", "CODESPEC_CUDA_EARLY_ROWS": "0", "CODESPEC_CUDA_NARROW_STEPS": "0",
             "TORCH_BLAS_PREFER_CUBLASLT": "0"}  # torch reads it at start-up: a later stage's process
 FUSED, M16 = {"CODESPEC_CUDA_FUSED": "1"}, {"CODESPEC_CUDA_FUSED": "1", "CODESPEC_CUDA_TILE_ROWS": "16"}
 # session 32's fastest step: five launches a layer (both folds), 16-row programs, PDL warming
@@ -104,6 +104,9 @@ VARIANTS: dict[str, dict[str, str]] = {
         **FIVE_LAUNCHES, "CODESPEC_CUDA_KEY_BLOCK": "64", "CODESPEC_CUDA_EARLY_KEYS": "1"},
     # ... each product's live rows read before its wait (session 41: one round trip off each)
     "fused m16 pdl/prefetch fold, fold attention, early rows": {**FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY_ROWS": "1"},
+    # ... steps in a graph of the bucket's first 16 rows alone (session 41: no blocks of
+    # padding rows; its rows are checked against the full bucket's where it wins)
+    "fused m16 pdl/prefetch fold, fold attention, narrow steps": {**FIVE_LAUNCHES, "CODESPEC_CUDA_NARROW_STEPS": "1"},
     # ... and passes wider than a block in a graph of their own, rows grouped four blocks a
     # weight tile (session 39): a step's graph a group of one's, a 32-row pass's weights once
     "fused m16 pdl/prefetch fold, fold attention, pass row group": {**FIVE_LAUNCHES,
@@ -383,8 +386,8 @@ def fails_to_run(env: Mapping[str, str], tiles: Mapping[str, Any] | None = None)
     candidates failing (gpu_smoke.py): no stage of this process may launch them."""
     if env.get("CODESPEC_CUDA_FUSED") == "1" and bool(os.environ.get(NO_FUSED)):
         return True
-    early = env.get("CODESPEC_CUDA_EARLY_KEYS") == "1" or env.get("CODESPEC_CUDA_EARLY_ROWS") == "1"
-    return bool(os.environ.get(NO_CANDIDATES)) and (early or bool(tiles))
+    new = any(env.get(f"CODESPEC_CUDA_{name}") == "1" for name in ("EARLY_KEYS", "EARLY_ROWS", "NARROW_STEPS"))
+    return bool(os.environ.get(NO_CANDIDATES)) and (new or bool(tiles))
 
 
 def unchecked(env: dict[str, str]) -> bool:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from gpu_measure import _engine, device_ms, is_wide, pass_replay
+from gpu_measure import _engine, device_ms, pass_replay
 from gpu_step import (DEFAULTS, EVERY_CANDIDATE, EVERY_LABEL, EVERY_TILES, FIVE_LAUNCHES, fails_to_run,
                       restore_environment, variant_env)
 
@@ -40,8 +40,11 @@ TRACED = {"fused m16 pdl/prefetch fold, fold attention": FIVE_LAUNCHES,
           # session 41: attention begun before its wait, and every candidate with gate/up over every SM
           "fused m16 pdl/prefetch fold, fold attention, early keys": {**FIVE_LAUNCHES,
                                                                       "CODESPEC_CUDA_EARLY_KEYS": "1"},
-          EVERY_LABEL: EVERY_CANDIDATE}
-TRACED_TILES = {EVERY_LABEL: EVERY_TILES}  # a variant's fused tiles (tiles have no setting)
+          EVERY_LABEL: EVERY_CANDIDATE,
+          # ... and steps in a graph of the bucket's first 16 rows (no idle blocks of rows)
+          EVERY_LABEL + ", narrow steps": {**EVERY_CANDIDATE, "CODESPEC_CUDA_NARROW_STEPS": "1"}}
+TRACED_TILES = {EVERY_LABEL: EVERY_TILES,  # a variant's fused tiles (tiles have no setting)
+                EVERY_LABEL + ", narrow steps": EVERY_TILES}
 REPLAYS = 5  # traced replays of each pass; the median one (by its total) is reported
 
 
@@ -65,7 +68,7 @@ def trace_probe(loaded: Any, context: int = 512) -> dict[str, Any]:
 
 
 def _traced(loaded: Any, context: int, tiles: dict[str, Any] | None = None) -> dict[str, Any]:
-    from codespec.forward.cuda import WIDE, CudaForward
+    from codespec.forward.cuda import CudaForward
     from codespec.kernels.trace import summary
     from codespec.policy.tree import VerifyTree
 
@@ -87,7 +90,7 @@ def _traced(loaded: Any, context: int, tiles: dict[str, Any] | None = None) -> d
                     forward.tracer.clear()
                     replay()
                     torch.cuda.synchronize()
-                    lines.append(forward.tracer.timeline(WIDE if is_wide(forward, tree) else None))
+                    lines.append(forward.tracer.timeline(forward.layout(len(tree.tokens))))
                 line = sorted(lines, key=lambda one: one["total"])[len(lines) // 2]
                 part.update(totals_us=[one["total"] for one in lines], median_total_us=statistics.median(
                     one["total"] for one in lines), kinds=summary(line), launches=line["launches"])

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from codespec.engine import Engine
-from codespec.forward.cuda import CudaForward
+from codespec.forward.cuda import WIDE, CudaForward
 from codespec.forward.cuda_settings import CudaSettings
 from codespec.models.tiny import tiny_model
 
@@ -396,7 +396,8 @@ def test_plain_five_times_the_five_launch_layers_and_each_candidate_where_the_pd
     monkeypatch.setattr(gpu_check, "load", lambda model_dir: loaded)
     monkeypatch.setattr(gpu_check, "plain_probe", lambda given: seen.append(
         (given.forward.fused, given.forward.key_block, given.forward.attention, given.forward.early_keys,
-         given.forward.early_rows, given.forward.tiles["gate_up"].block_n)) or {"identical": True})
+         given.forward.early_rows, given.forward.narrow_tiles is not None, given.forward.tiles["gate_up"].block_n))
+        or {"identical": True})
     monkeypatch.setattr(gpu_check, "row_checks",
                         lambda given: {"rows_differing": 0, "key_block": given.forward.key_block})
     for name in ("CODESPEC_CUDA_PDL", *gpu_step.CHECK_FLAGS):
@@ -407,10 +408,11 @@ def test_plain_five_times_the_five_launch_layers_and_each_candidate_where_the_pd
     monkeypatch.setattr(sys, "argv", argv)
     gpu_check.main()
     # the five-launch gate/up (128 outputs) and gate/up over every SM's 16
-    assert seen == [(True, 128, "fold", False, False, 128), (True, 64, "fold", False, False, 128),
-                    (True, 128, "fold", True, False, 128), (True, 128, "fold", False, True, 128),
-                    (True, 128, "fold", False, False, 16), (True, 64, "fold", True, True, 16),
-                    (True, 64, "fold", True, True, 16)]
+    assert seen == [(True, 128, "fold", False, False, False, 128), (True, 64, "fold", False, False, False, 128),
+                    (True, 128, "fold", True, False, False, 128), (True, 128, "fold", False, True, False, 128),
+                    (True, 128, "fold", False, False, True, 128), (True, 128, "fold", False, False, False, 16),
+                    (True, 64, "fold", True, True, False, 16), (True, 64, "fold", True, True, False, 16),
+                    (True, 64, "fold", True, True, True, 16)]
     written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     assert written["plain_five_64"]["key_block"] == 64 and written["plain_five_64"]["identical"]
     assert written["plain_five_all"]["tiles"]["gate_up"]["block_n"] == 16 and "rows_differing" in written["plain_five_all"]
@@ -418,13 +420,15 @@ def test_plain_five_times_the_five_launch_layers_and_each_candidate_where_the_pd
     assert "rows_differing" not in written["plain_five"]  # nothing new in it: plain decoding alone
     monkeypatch.setenv(gpu_step.SAME_BITS["early keys"][1], "1")  # as the pdl stage leaves it where they changed a bit
     gpu_check.main()
-    assert seen[7:] == [(True, 128, "fold", False, False, 128), (True, 64, "fold", False, False, 128),
-                        (True, 128, "fold", False, True, 128), (True, 128, "fold", False, False, 16)]
+    assert seen[9:] == [(True, 128, "fold", False, False, False, 128), (True, 64, "fold", False, False, False, 128),
+                        (True, 128, "fold", False, True, False, 128), (True, 128, "fold", False, False, True, 128),
+                        (True, 128, "fold", False, False, False, 16)]
     written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
-    assert "changing a bit" in written["plain_five_early"]["error"] and "changing a bit" in written["plain_five_all"]["error"]
+    assert all("changing a bit" in written[name]["error"] for name in ("plain_five_early", "plain_five_all",
+                                                                        "plain_five_all_down", "plain_five_all_narrow"))
     monkeypatch.setenv(gpu_step.NO_FOLD, "1")  # ... where the fold failed
     gpu_check.main()
-    assert seen[11:] == []
+    assert seen[14:] == []
     written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     assert all("changing a bit" in written[name]["error"] for name, _, _ in gpu_check.PLAIN_FIVE)
 
@@ -624,8 +628,8 @@ def test_a_pass_replay_replays_its_own_pass_in_its_own_graph(monkeypatch, pass_r
     forward.prefill(cache, 0, prompt, 0)
     wide_calls = []
     replay_once = forward._replay
-    monkeypatch.setattr(forward, "_replay", lambda cache, bucket, wide=False: wide_calls.append(wide) or
-                        replay_once(cache, bucket, wide=wide))
+    monkeypatch.setattr(forward, "_replay", lambda cache, bucket, layout=None: wide_calls.append(layout == WIDE) or
+                        replay_once(cache, bucket, layout))
     for tree, live in ((VerifyTree.chain(11, [13] * 31), 32), (VerifyTree.chain(11), 1)):
         replay = gpu_measure.pass_replay(forward, cache, len(prompt), tree)
         wide_calls.clear()

@@ -90,9 +90,11 @@ def unsupported(model: Any) -> str | None:
     return family_unsupported(model.config, "the cuda backend")
 
 
-# The tracer's name for the wide passes' graph (CODESPEC_CUDA_PASS_ROW_GROUP); the
-# bucket's own graph is its default layout, None.
+# The graphs' layouts (the tracer's names too): the bucket's own graph is None; the wide
+# passes' (CODESPEC_CUDA_PASS_ROW_GROUP) and the narrow steps' (CODESPEC_CUDA_NARROW_STEPS:
+# the bucket's first tile_rows rows alone) have these.
 WIDE = "wide passes"
+NARROW = "narrow steps"
 
 
 @dataclass
@@ -105,10 +107,9 @@ class _Bucket:
     copied: Any = None  # torch.cuda.Event after the last staging copy (staging is reused)
     logits: torch.Tensor | None = None  # [rows, vocab]: the replay's outputs (graph memory)
     choices: torch.Tensor | None = None  # [rows] int64
-    graph: Any = None  # torch.cuda.CUDAGraph, captured on the first pass
-    # CODESPEC_CUDA_PASS_ROW_GROUP: the graph of passes wider than a block of tile_rows, and
-    # each graph's outputs (False: the graph above, True: this one)
-    wide_graph: Any = None
+    # each layout's torch.cuda.CUDAGraph (None: the bucket's; WIDE, NARROW), captured on its
+    # first pass, and its outputs
+    graphs: dict = field(default_factory=dict)
     outputs: dict = field(default_factory=dict)
 
 
@@ -184,15 +185,26 @@ class CudaForward:
         if settings.pass_row_group and not self.fused:
             raise SettingError("CODESPEC_CUDA_PASS_ROW_GROUP groups the fused products' rows: set "
                                "CODESPEC_CUDA_FUSED=1")
+        # CODESPEC_CUDA_NARROW_STEPS: passes of up to tile_rows rows replay a graph of the
+        # bucket's first tile_rows rows alone, its tiles (None: every pass runs the bucket)
+        self.narrow_tiles: dict[str, Config] | None = None
+        if settings.narrow_steps and not self.fused:
+            raise SettingError("CODESPEC_CUDA_NARROW_STEPS computes fewer rows with the fused products (cuBLAS picks "
+                               "its kernels by the rows: a narrow pass's bits would not be a full one's): set "
+                               "CODESPEC_CUDA_FUSED=1")
         if self.fused:
             self.tiles = fused_tiles(self._layers[0], model.lm_head.weight, self.tiles, self.rows, self.tile_rows,
                                      self.row_group, self.head_dim, self.kv_heads)
             if settings.pass_row_group and settings.pass_row_group != self.row_group:
                 self.pass_tiles = fused_tiles(self._layers[0], model.lm_head.weight, dict(tiles or {}), self.rows,
                                               self.tile_rows, settings.pass_row_group, self.head_dim, self.kv_heads)
+            if settings.narrow_steps and self.tile_rows < self.rows:
+                self.narrow_tiles = fused_tiles(self._layers[0], model.lm_head.weight, dict(tiles or {}),
+                                                self.tile_rows, self.tile_rows, 1, self.head_dim, self.kv_heads)
         # the engine's start-up passes (engine._warm_up_pass): a step, and a pass wide
-        # enough for the wide passes' graph where there is one
-        self.warm_up_rows = (1,) if self.pass_tiles is None else (1, self.tile_rows + 1)
+        # enough for the bucket's other graph where there is one
+        two = self.pass_tiles is not None or self.narrow_tiles is not None
+        self.warm_up_rows = (1, self.tile_rows + 1) if two else (1,)
         # `trace`: the fused layers' kernels write each program's time at each phase, for
         # scripts/gpu_trace.py's timeline of a step (kernels/trace.py); no setting: a probe's
         if trace and not self.fused:
@@ -219,7 +231,8 @@ class CudaForward:
                          "pdl": self.pdl,
                          "reduce": settings.reduce, "flags": self.flags is not None,
                          "tiles": ";".join(f"{name}:{tile}" for name, tile in sorted(self.tiles.items())),
-                         "pass_row_group": settings.pass_row_group if self.pass_tiles is not None else 0}
+                         "pass_row_group": settings.pass_row_group if self.pass_tiles is not None else 0,
+                         "narrow_steps": self.narrow_tiles is not None}
 
     # -- the Forward protocol --------------------------------------------------------------
     def probe(self, stored: tuple[int, bool] | None) -> tuple[int, bool]:
@@ -338,7 +351,7 @@ class CudaForward:
                 bucket.copied.record()
             if tokens is not None:
                 tokens(bucket.flat)  # the ids lead the metadata (passlayout.META_FIELDS)
-            self._replay(cache, bucket, wide=self.pass_tiles is not None and n > self.tile_rows)
+            self._replay(cache, bucket, self.layout(n))
             yield bucket, n, first + self.rows >= len(rows)
 
     def _bucket(self, cache: Any) -> _Bucket:
@@ -358,22 +371,30 @@ class CudaForward:
         of running ~9 small kernels of transformers' rotary each time."""
         return rotary_table(self.model.model, positions, self.model.get_input_embeddings().weight[:0])
 
-    def _replay(self, cache: Any, bucket: _Bucket, wide: bool = False) -> None:
-        """One replay of the bucket's graph, or with `wide` of its wide passes' graph
-        (CODESPEC_CUDA_PASS_ROW_GROUP: the same bits, its products' rows grouped); each
-        captured on its first replay."""
-        args = (bucket.flat, cache.keys, cache.values, bucket.rope, self.pass_tiles if wide else self.tiles)
+    def layout(self, rows: int) -> Any:
+        """The graph a replay of `rows` real rows takes: NARROW (CODESPEC_CUDA_NARROW_STEPS)
+        where they fit a block of tile_rows, WIDE (CODESPEC_CUDA_PASS_ROW_GROUP) where they
+        do not, else the bucket's own (None). The same bits in each: every fused kernel
+        computes a row from that row alone."""
+        if self.narrow_tiles is not None and rows <= self.tile_rows:
+            return NARROW
+        if self.pass_tiles is not None and rows > self.tile_rows:
+            return WIDE
+        return None
+
+    def _replay(self, cache: Any, bucket: _Bucket, layout: Any = None) -> None:
+        """One replay of the bucket's graph of `layout` (`layout()`), captured on its first
+        replay."""
+        tiles = {None: self.tiles, WIDE: self.pass_tiles, NARROW: self.narrow_tiles}[layout]
+        args = (bucket.flat, cache.keys, cache.values, bucket.rope, tiles, layout)
         if not self.graphs:
             bucket.logits, bucket.choices = self._rows_forward(*args)
             return
-        graph = bucket.wide_graph if wide else bucket.graph
+        graph = bucket.graphs.get(layout)
         if graph is None:
-            graph, bucket.outputs[wide] = self._capture(args)
-            if wide:
-                bucket.wide_graph = graph
-            else:
-                bucket.graph = graph
-        bucket.logits, bucket.choices = bucket.outputs[wide]
+            graph, bucket.outputs[layout] = self._capture(args)
+            bucket.graphs[layout] = graph
+        bucket.logits, bucket.choices = bucket.outputs[layout]
         graph.replay()
 
     def _capture(self, args: tuple[Any, ...]) -> tuple[Any, tuple[torch.Tensor, torch.Tensor]]:
@@ -393,21 +414,23 @@ class CudaForward:
         return graph, outputs
 
     def _rows_forward(self, flat: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
-                      rope: tuple[torch.Tensor, torch.Tensor],
-                      tiles: dict[str, Config] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      rope: tuple[torch.Tensor, torch.Tensor], tiles: dict[str, Config] | None = None,
+                      layout: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The bucket's pass over the static metadata `flat` and the cache's per-layer
         keys and values ([slots, kv_heads, positions, dim] each), rotary's tables `rope`,
-        the fused products' `tiles` (default: self.tiles): logits [rows, vocab], choices
+        the fused products' `tiles` (default: self.tiles), in the graph of `layout`
+        (NARROW: the bucket's first tile_rows rows alone): logits [rows, vocab], choices
         [rows]."""
-        rows = self.rows
+        bucket = self.rows
+        rows = self.tile_rows if layout == NARROW else bucket
         ids, positions, write_slots, write_positions, source, slots, context, path_len = \
-            flat[: META_FIELDS * rows].view(META_FIELDS, rows)
-        path = flat[META_FIELDS * rows:].view(rows, rows)
+            flat[: META_FIELDS * bucket].view(META_FIELDS, bucket)[:, :rows]
+        path = flat[META_FIELDS * bucket:].view(bucket, bucket)[:rows]
         model = self.model.model
         cos, sin = rope
         pdl, live = self.pdl != "off", (context, path_len)  # the rows that hold a token
-        if self.tracer is not None:  # the wide passes' graph launches other programs: its own regions
-            self.tracer.begin(WIDE if self.pass_tiles is not None and tiles is self.pass_tiles else None)
+        if self.tracer is not None:  # another graph launches other programs: its own regions
+            self.tracer.begin(layout)
         flags = None
         if self.flags is not None:
             self.flags.begin()  # the counts zeroed: in the CUDA graph, a memset before the first launch

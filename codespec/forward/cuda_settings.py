@@ -103,6 +103,12 @@ class CudaSettings(BaseSettings):
         "and 16-row programs' 32-row pass 1.31 steps, over the 1.3 bar). The same bits either way: a row "
         "group's are a group of one's (session 39; 0: every pass takes row_group's graph). Session 40's H200: "
         "the same bits, and a 32-row pass's device time unchanged, 1.310 against 1.309 ms.")
+    narrow_steps: bool = Field(
+        False, description="With the fused layers: passes of up to tile_rows rows (a plain step, a short verify "
+        "pass) replay a graph of the bucket's first tile_rows rows alone, not the whole bucket, so no product "
+        "launches programs for blocks of padding rows (a step's 16-row programs leave three of four idle, lm_head's "
+        "3,561 of 4,748). The same bits: every fused kernel computes a row from that row alone. Session 41; not "
+        "yet timed on a GPU.")
     reduce: Literal["launch", "fold"] = Field(
         "launch", description="A split product's sum (row_linear's products): a second launch, or its last "
         "program.")

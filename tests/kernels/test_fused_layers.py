@@ -7,6 +7,8 @@ kernels' torch references."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -105,6 +107,42 @@ def two_blocks_of_rows(monkeypatch):
     return model, list(range(1, 20)), tree
 
 
+@pytest.mark.parametrize("attention", ["worklist", "fold"])
+def test_narrow_steps_keep_every_row_the_bits_of_the_full_bucket(triton_products, monkeypatch, attention):
+    """CODESPEC_CUDA_NARROW_STEPS=1 (session 41): a pass of up to tile_rows rows replays a
+    graph of the bucket's first 16 rows alone (no blocks of padding rows), a wider one the
+    whole bucket. A 3-row pass gets the full bucket's logits; a 20-row tree (the bucket's
+    graph) its decode steps' bits (the narrow graph's); with early keys too (their bound,
+    context - rows, at the narrow graph's 16). cuBLAS picks its kernels by the rows: the
+    setting asks for the fused layers."""
+    from codespec.kernels import row_attention
+
+    monkeypatch.setattr(row_attention, "use_triton", lambda tensor, force: True)
+    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", attention)
+    model, prompt, tree = two_blocks_of_rows(monkeypatch)
+    short = VerifyTree(tokens=(5, 6, 7), parents=(-1, 0, 0), depths=(0, 1, 1), draft_nodes=(0, 1))
+    plain = CudaForward(model, rows=64, fused=True)
+    expected = plain.logits(prefilled(plain, prompt), [(0, len(prompt), short)])
+    monkeypatch.setenv("CODESPEC_CUDA_NARROW_STEPS", "1")
+    for early in ("0", "1"):
+        monkeypatch.setenv("CODESPEC_CUDA_EARLY_KEYS", early)
+        forward = CudaForward(model, rows=64, fused=True)
+        assert forward.warm_up_rows == (1, 17) and forward.profile_key()["layout"] != plain.profile_key()["layout"]
+        cache = prefilled(forward, prompt)
+        seen: list[Any] = []
+        replay = forward._replay
+        monkeypatch.setattr(forward, "_replay", lambda cache, bucket, layout=None, replay=replay, seen=seen:
+                            seen.append(layout) or replay(cache, bucket, layout))
+        got = forward.logits(cache, [(0, len(prompt), short)])
+        assert seen == [cuda.NARROW] and (early == "1" or torch.equal(got, expected))
+        tree_logits = forward.logits(cache, [(0, len(prompt), tree)])
+        steps = [forward.logits(cache, [(1, len(prompt) + i, VerifyTree.chain(3 + i))])[0] for i in range(3)]
+        assert seen == [cuda.NARROW, None, cuda.NARROW, cuda.NARROW, cuda.NARROW]
+        assert all(torch.equal(tree_logits[i], steps[i]) for i in range(3)), early
+    with pytest.raises(SettingError, match="CODESPEC_CUDA_NARROW_STEPS computes fewer rows with the fused products"):
+        CudaForward(model, rows=64, fused=False)
+
+
 def test_a_row_group_keeps_every_row_its_decode_steps_and_a_group_of_ones_bits(triton_products, monkeypatch):
     """CODESPEC_CUDA_ROW_GROUP=4: the fused products compute a 64-row bucket's four blocks
     of 16 rows in one program each, each weight tile loaded once: a tree row still equals
@@ -135,14 +173,14 @@ def test_passes_of_grouped_rows_keep_every_row_its_decode_steps(triton_products,
     assert {tile.row_group for tile in forward.pass_tiles.values()} == {4}
     assert forward.profile_key()["layout"] != plain.profile_key()["layout"]
     cache = prefilled(forward, prompt)
-    seen: list[bool] = []
+    seen: list[Any] = []
     replay = forward._replay
-    monkeypatch.setattr(forward, "_replay", lambda cache, bucket, wide=False: seen.append(wide) or
-                        replay(cache, bucket, wide))
+    monkeypatch.setattr(forward, "_replay", lambda cache, bucket, layout=None: seen.append(layout) or
+                        replay(cache, bucket, layout))
     assert torch.equal(forward.logits(cache, [(0, len(prompt), tree)]), expected)
-    assert seen == [True]
+    assert seen == [cuda.WIDE]
     steps = [forward.logits(cache, [(1, len(prompt) + i, VerifyTree.chain(3 + i))])[0] for i in range(3)]
-    assert seen == [True, False, False, False]
+    assert seen == [cuda.WIDE, None, None, None]
     tree_logits = forward.logits(cache, [(0, len(prompt), tree)])
     assert all(torch.equal(tree_logits[i], steps[i]) for i in range(3))
     monkeypatch.setenv("CODESPEC_CUDA_FUSED", "0")
