@@ -113,8 +113,18 @@ def _row_attention_block_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, contex
 @triton.jit
 def _row_keys(slots_ptr, context_ptr, path_len_ptr, row):
     # A row's slot, its contiguous keys and all its keys (the pass's metadata).
+    slot = tl.load(slots_ptr + row)
     context = tl.load(context_ptr + row)
-    return tl.load(slots_ptr + row), context, context + tl.load(path_len_ptr + row)
+    return slot, context, context + tl.load(path_len_ptr + row)
+
+
+@triton.jit
+def _early_row_keys(slots_ptr, context_ptr, path_len_ptr, row, has):
+    # _row_keys before the wait (past L1), of a row only where `has` (zeros otherwise: an
+    # item past the pass's has no row)
+    slot = tl.load(slots_ptr + row, mask=has, other=0, cache_modifier=".cg")
+    context = tl.load(context_ptr + row, mask=has, other=0, cache_modifier=".cg")
+    return slot, context, context + tl.load(path_len_ptr + row, mask=has, other=0, cache_modifier=".cg")
 
 
 @triton.jit
@@ -168,10 +178,7 @@ def _early_keys(item, items, blocks, ends, k_ptr, v_ptr, slots_ptr, context_ptr,
     # (forward/passlayout.py; tests pin it). Read past L1, which a programmatic dependent
     # is not promised to find current before its wait. The rest, after the wait (_late_partial).
     row, kv_head, block = _item_place(item, blocks, ends, KV_HEADS, ROWS_PAD)
-    has = item < items
-    slot = tl.load(slots_ptr + row, mask=has, other=0, cache_modifier=".cg")
-    context = tl.load(context_ptr + row, mask=has, other=0, cache_modifier=".cg")
-    total = context + tl.load(path_len_ptr + row, mask=has, other=0, cache_modifier=".cg")
+    slot, context, total = _early_row_keys(slots_ptr, context_ptr, path_len_ptr, row, item < items)
     offsets, inside = _block_offsets(path_ptr, row, kv_head, slot, context, total, block, s_kv_slot, s_kv_head,
                                      s_kv_pos, s_path, DIM, KEY_BLOCK, ".cg")
     early = inside & (block * KEY_BLOCK + tl.arange(0, KEY_BLOCK) < context - rows)
@@ -202,9 +209,7 @@ def _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, con
                GROUP_PAD: tl.constexpr, DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr):
     # Item `item` of the pass's (row, key block, KV head) list: its block's partial.
     row, kv_head, block = _item_place(item, blocks, ends, KV_HEADS, ROWS_PAD)
-    slot = tl.load(slots_ptr + row)
-    context = tl.load(context_ptr + row)
-    total = context + tl.load(path_len_ptr + row)
+    slot, context, total = _row_keys(slots_ptr, context_ptr, path_len_ptr, row)
     q = _query_group(q_ptr, row, kv_head, s_q_row, s_q_head, GROUP, GROUP_PAD, DIM)
     _block_partial(q, k_ptr, v_ptr, part_ptr, path_ptr, row, kv_head, slot, context, total, block, scale,
                    s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head, s_part_block,

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from codespec.kernels._triton import holds_token, live_rows, live_rows_read, rotary_rounded
+from codespec.kernels._triton import holds_token, live_rows, rotary_rounded
 from codespec.kernels._triton_pdl import COUNTED, launch_options, pdl_done, pdl_start, pdl_wait_for
 from codespec.kernels._triton_trace import (COMPUTED, ENDED, REDUCED, START, WAITED, launch_hooks, program_index,
                                             trace_mark)
@@ -203,13 +203,13 @@ def _group_rows(context_ptr, path_len_ptr, m, LIVE: tl.constexpr, ROW_GROUP: tl.
     # Which rows hold a token in each of the group's blocks (from rows m; past ROW_GROUP,
     # the first block's again), and how many blocks to compute: up to the last that holds
     # a token (0: none does). READ: the metadata's cache modifier (".cg" before the wait).
-    live0 = live_rows_read(context_ptr, path_len_ptr, m, LIVE, READ)
+    live0 = live_rows(context_ptr, path_len_ptr, m, LIVE, READ)
     live1, live2, live3 = live0, live0, live0
     if ROW_GROUP > 1:
-        live1 = live_rows_read(context_ptr, path_len_ptr, m + BLOCK_M, LIVE, READ)
+        live1 = live_rows(context_ptr, path_len_ptr, m + BLOCK_M, LIVE, READ)
     if ROW_GROUP > 2:
-        live2 = live_rows_read(context_ptr, path_len_ptr, m + 2 * BLOCK_M, LIVE, READ)
-        live3 = live_rows_read(context_ptr, path_len_ptr, m + 3 * BLOCK_M, LIVE, READ)
+        live2 = live_rows(context_ptr, path_len_ptr, m + 2 * BLOCK_M, LIVE, READ)
+        live3 = live_rows(context_ptr, path_len_ptr, m + 3 * BLOCK_M, LIVE, READ)
     used = tl.where(tl.max(live0.to(tl.int32), axis=0) > 0, 1, 0)
     if ROW_GROUP > 1:
         used = tl.where(tl.max(live1.to(tl.int32), axis=0) > 0, 2, used)
@@ -378,7 +378,7 @@ def _epilogue_inputs(m, n_first, bias_ptr, context_ptr, path_len_ptr, cos_ptr, s
         kv_at = (tl.load(wslot_ptr + m, mask=cached, other=0)[:, None] * s_kv_slot + head[None, :] * s_kv_head
                  + tl.load(wpos_ptr + m, mask=cached, other=0)[:, None] * s_kv_pos + (column % DIM)[None, :])
         # a row without a token stores nothing (its source row stores the same K and V)
-        holds = holds_token(context_ptr, path_len_ptr, m) & cached
+        holds = holds_token(context_ptr, path_len_ptr, m, "") & cached
     return bias, cos_lo, cos_hi, sin_lo, sin_hi, kv_at, holds
 
 
@@ -433,7 +433,7 @@ def _row_linear_reduce_kernel(part_ptr, bias_ptr, residual_ptr, out_ptr, block_o
     pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
     m = tl.program_id(1) + tl.zeros([1], tl.int32)
     n_first = tl.program_id(0) * BLOCK
-    if tl.max(live_rows(context_ptr, path_len_ptr, m, LIVE).to(tl.int32), axis=0) > 0:
+    if tl.max(live_rows(context_ptr, path_len_ptr, m, LIVE, "").to(tl.int32), axis=0) > 0:
         acc = _split_sum(part_ptr, m, n_first + tl.arange(0, BLOCK), s_part_split, s_part, SPLITS, "")
         _finish(acc, bias_ptr, residual_ptr, out_ptr, block_out_ptr, index_out_ptr, m, n_first, s_residual, s_out,
                 s_block_out, context_ptr, path_len_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr, wpos_ptr, k_ptr,
