@@ -92,9 +92,9 @@ from typing import Any, Callable
 import torch
 
 from gpu_measure import _time, cost_curve, profile_step, row_checks, step_anatomy
-from gpu_step import (EVERY_CANDIDATE, EVERY_TILES, FIVE_DOWN_TILES, FIVE_LAUNCHES, NO_CANDIDATES, NO_FUSED, NO_PDL,
-                      blas_of, fails_to_run, pdl_check, plain_probe, restore_environment, step_probe, unchecked,
-                      variant_env, winner_env)
+from gpu_step import (EVERY_CANDIDATE, EVERY_NARROW, EVERY_TILES, FIVE_DOWN_TILES, FIVE_LAUNCHES, NO_CANDIDATES,
+                      NO_FUSED, NO_PDL, blas_of, fails_to_run, pdl_check, plain_probe, restore_environment,
+                      step_probe, unchecked, variant_env, winner_env)
 from gpu_probes import (attention_probe, bucket_probe, fused_probe, fused_tiles_probe, gemm_probe, key_block_probe,
                         l2_probe, tiles_probe)
 from gpu_gateup import gateup_probe
@@ -315,20 +315,19 @@ def smoke_stage(model_dir: Path) -> dict[str, Any]:
     return result
 
 
-# The plain_five stage's runs: (name, settings over the five-launch layers', gate/up's tile)
+# The plain_five stage's runs: (name, settings over the five-launch layers', the fused tiles given)
 PLAIN_FIVE = (("plain_five", {}, None),
               ("plain_five_64", {"CODESPEC_CUDA_KEY_BLOCK": "64"}, None),
               ("plain_five_early", {"CODESPEC_CUDA_EARLY_KEYS": "1"}, None),
               ("plain_five_rows", {"CODESPEC_CUDA_EARLY_ROWS": "1"}, None),
               ("plain_five_narrow", {"CODESPEC_CUDA_NARROW_STEPS": "1"}, None),
               ("plain_five_gu16", {}, EVERY_TILES),
-              ("plain_five_all", {k: v for k, v in EVERY_CANDIDATE.items() if k not in FIVE_LAUNCHES}, EVERY_TILES),
+              ("plain_five_all", EVERY_CANDIDATE, EVERY_TILES),
               # ... and down's 1,064 programs (reported alone in the step stage)
-              ("plain_five_all_down", {k: v for k, v in EVERY_CANDIDATE.items() if k not in FIVE_LAUNCHES},
+              ("plain_five_all_down", EVERY_CANDIDATE,
                {**EVERY_TILES, "down": FIVE_DOWN_TILES["five-launch, down 16 outputs, split 19"]}),
               # ... and narrow steps (their rows against the full bucket's tree rows: row_checks)
-              ("plain_five_all_narrow", {**{k: v for k, v in EVERY_CANDIDATE.items() if k not in FIVE_LAUNCHES},
-                                         "CODESPEC_CUDA_NARROW_STEPS": "1"}, EVERY_TILES))
+              ("plain_five_all_narrow", EVERY_NARROW, EVERY_TILES))
 
 
 def rows_and_plain(loaded: Any) -> dict[str, Any]:

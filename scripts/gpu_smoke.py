@@ -14,7 +14,7 @@ failure):
   pass, its logits finite. (Session 39's `walk` part ran attention's walk schedule;
   session 40 removed the schedule.)
 * `candidates` (session 41): the same with every candidate for the plain bar
-  (gpu_step.EVERY_CANDIDATE: attention over 64-key blocks begun before its wait, the
+  (gpu_step.EVERY_NARROW: attention over 64-key blocks begun before its wait, the
   products' live rows read before theirs, and gate/up's 16-output tile at two warps) and
   narrow steps (CODESPEC_CUDA_NARROW_STEPS), a one-row step through their graph too."""
 
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from gpu_step import EVERY_CANDIDATE, EVERY_TILES, FIVE_LAUNCHES
+from gpu_step import EVERY_NARROW, EVERY_TILES, FIVE_LAUNCHES
 
 PARTS = ("fused", "candidates")
 
@@ -65,7 +65,7 @@ def main() -> None:
         raise SystemExit(f"no part {part!r}; the parts: {', '.join(PARTS)}")
     try:
         result = (fused_part(model_dir, FIVE_LAUNCHES) if part == "fused"
-                  else fused_part(model_dir, {**EVERY_CANDIDATE, "CODESPEC_CUDA_NARROW_STEPS": "1"}, EVERY_TILES))
+                  else fused_part(model_dir, EVERY_NARROW, EVERY_TILES))
     except Exception as error:  # the part's failure, said in one line: the check turns it off
         result = {"ok": False, "error": f"{type(error).__name__}: {str(error)[:300]}"}
     print(json.dumps(result), flush=True)

@@ -69,6 +69,8 @@ EVERY_CANDIDATE = {**FIVE_LAUNCHES, "CODESPEC_CUDA_KEY_BLOCK": "64", "CODESPEC_C
                    "CODESPEC_CUDA_EARLY_ROWS": "1"}
 EVERY_TILES = {"gate_up": FIVE_GATE_UP_TILES["five-launch, gate_up 16 outputs"]}
 EVERY_LABEL = "five-launch, 64-key blocks, early keys and rows, gate_up 16 outputs"
+# ... and steps in a graph of the bucket's first rows (the smoke's candidates, a plain run, a trace)
+EVERY_NARROW = {**EVERY_CANDIDATE, "CODESPEC_CUDA_NARROW_STEPS": "1"}
 
 
 def variant_env(own: dict[str, str], run: Mapping[str, str | None] | None = None) -> dict[str, str]:

@@ -126,19 +126,26 @@ def test_rows_and_padding_layout():
     assert staging[cuda.META_FIELDS * 4:].reshape(4, 4).tolist() == [[0] * 4, [0] * 4, [12, 0, 0, 0], [0] * 4]
 
 
+def random_requests(rng: np.random.Generator, slots: int, nodes: tuple[int, int], start: int) -> list:
+    """A pass's (slot, start, tree) requests: 1 to slots - 1 of them, each a draft tree of
+    nodes[0] to nodes[1] - 1 nodes (branching at random, cut to the bucket of 8 as the
+    engine cuts them) at a start below `start`."""
+    from codespec.index import Draft
+
+    requests = []
+    for slot in range(int(rng.integers(1, slots))):
+        n = int(rng.integers(*nodes))
+        parents = tuple(int(rng.integers(-1, i)) if rng.random() < 0.4 else i - 1 for i in range(n))
+        draft = Draft(tuple(int(t) for t in rng.integers(0, 100, n)), parents, (1,) * n, 1, "test").within_tail(8)
+        requests.append((slot, int(rng.integers(0, start)), VerifyTree.build(int(rng.integers(0, 100)), draft)))
+    return requests
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_the_pass_layout_is_pass_rows_bucket_by_bucket(seed):
     """tree_rows and chain_rows (numba, numpy) against pass_rows (the reference, one row at
     a time), each bucket's staging as a list of pass_rows' tuples lays it out."""
-    from codespec.index import Draft
-
-    rng = np.random.default_rng(seed)
-    requests = []
-    for slot in range(int(rng.integers(1, 6))):
-        n = int(rng.integers(0, 20))
-        parents = tuple(int(rng.integers(-1, i)) if rng.random() < 0.4 else i - 1 for i in range(n))
-        draft = Draft(tuple(int(t) for t in rng.integers(0, 100, n)), parents, (1,) * n, 1, "test").within_tail(8)
-        requests.append((slot, int(rng.integers(0, 50)), VerifyTree.build(int(rng.integers(0, 100)), draft)))
+    requests = random_requests(np.random.default_rng(seed), slots=6, nodes=(0, 20), start=50)
     bucket = 8  # the engine cuts branches to the bucket (within_tail) before a pass
     reference = list(pass_rows(requests))
     assert any(row[5] for row in reference)
@@ -167,15 +174,7 @@ def test_a_replay_writes_no_key_a_row_of_it_reads_below_its_context_less_the_buc
     every row of that replay in that slot, so a row's keys below that bound were written
     before the replay began. Trees spanning several replays, deep branches, and a prefill
     chunk's chain."""
-    from codespec.index import Draft
-
-    rng = np.random.default_rng(100 + seed)
-    requests = []
-    for slot in range(int(rng.integers(1, 5))):
-        n = int(rng.integers(1, 30))
-        parents = tuple(int(rng.integers(-1, i)) if rng.random() < 0.4 else i - 1 for i in range(n))
-        draft = Draft(tuple(int(t) for t in rng.integers(0, 100, n)), parents, (1,) * n, 1, "test").within_tail(8)
-        requests.append((slot, int(rng.integers(0, 300)), VerifyTree.build(int(rng.integers(0, 100)), draft)))
+    requests = random_requests(np.random.default_rng(100 + seed), slots=5, nodes=(1, 30), start=300)
     bucket = 8
     for rows in (tree_rows(requests), chain_rows(list(range(40)), 2, 3, 40)):
         checked = 0

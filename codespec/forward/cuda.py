@@ -385,8 +385,7 @@ class CudaForward:
     def _replay(self, cache: Any, bucket: _Bucket, layout: Any = None) -> None:
         """One replay of the bucket's graph of `layout` (`layout()`), captured on its first
         replay."""
-        tiles = {None: self.tiles, WIDE: self.pass_tiles, NARROW: self.narrow_tiles}[layout]
-        args = (bucket.flat, cache.keys, cache.values, bucket.rope, tiles, layout)
+        args = (bucket.flat, cache.keys, cache.values, bucket.rope, layout)
         if not self.graphs:
             bucket.logits, bucket.choices = self._rows_forward(*args)
             return
@@ -414,13 +413,11 @@ class CudaForward:
         return graph, outputs
 
     def _rows_forward(self, flat: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
-                      rope: tuple[torch.Tensor, torch.Tensor], tiles: dict[str, Config] | None = None,
-                      layout: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      rope: tuple[torch.Tensor, torch.Tensor], layout: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The bucket's pass over the static metadata `flat` and the cache's per-layer
         keys and values ([slots, kv_heads, positions, dim] each), rotary's tables `rope`,
-        the fused products' `tiles` (default: self.tiles), in the graph of `layout`
-        (NARROW: the bucket's first tile_rows rows alone): logits [rows, vocab], choices
-        [rows]."""
+        in the graph of `layout` (its fused tiles; NARROW: the bucket's first tile_rows
+        rows alone): logits [rows, vocab], choices [rows]."""
         bucket = self.rows
         rows = self.tile_rows if layout == NARROW else bucket
         ids, positions, write_slots, write_positions, source, slots, context, path_len = \
@@ -452,8 +449,8 @@ class CudaForward:
         if self.fused:  # forward/cuda_fused.py
             linear = dict(live=live, pdl=self.pdl, counts=self._linear_counts, flags=flags,
                           early_rows=self.early_rows)
-            return fused_layers(self.model, self._layers, tiles or self.tiles, ids, attend, rope_of, linear,
-                                self._trace)
+            tiles = self.pass_tiles if layout == WIDE else self.narrow_tiles if layout == NARROW else self.tiles
+            return fused_layers(self.model, self._layers, tiles, ids, attend, rope_of, linear, self._trace)
         hidden = model.embed_tokens(ids)  # [rows, hidden]
         delta = torch.zeros_like(hidden)  # what the last layer adds to the residual stream
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
