@@ -88,9 +88,9 @@ def _warm_weights(w_ptr, n_first, k_first, k_last, s_w, BLOCK_N: tl.constexpr, S
 @triton.jit(do_not_specialize=COUNTED)
 def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, part_ptr, context_ptr, path_len_ptr,
                        count_ptr, sq_in_ptr, block_out_ptr, index_out_ptr, cos_ptr, sin_ptr, positions_ptr, wslot_ptr,
-                       wpos_ptr, k_ptr, v_ptr, trace_ptr, clock_ptr, flags_ptr, launch, before, k_size, eps, s_x,
-                       s_w, s_residual, s_out,
-                       s_part_split, s_part, s_sq_in, s_block_out, s_rope, s_kv_slot, s_kv_head, s_kv_pos,
+                       wpos_ptr, k_ptr, v_ptr, trace_ptr, clock_ptr, flags_ptr, hi_ptr, best_ptr, launch, before,
+                       k_size, eps, s_x, s_w, s_residual, s_out,
+                       s_part_split, s_part, s_sq_in, s_block_out, s_rope, s_kv_slot, s_kv_head, s_kv_pos, s_hi,
                        STEPS_PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
                        NORM: tl.constexpr, SQUARES_IN: tl.constexpr, SQUARES_PAD: tl.constexpr,
                        SQUARES_OUT: tl.constexpr, CHOICES: tl.constexpr,
@@ -99,13 +99,15 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
                        PREFETCH: tl.constexpr, SECTOR: tl.constexpr, SECTORS: tl.constexpr, WARM_ROWS: tl.constexpr,
                        FOLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        UPCAST: tl.constexpr, CLOCK: tl.constexpr, ROW_GROUP: tl.constexpr, FLAGS: tl.constexpr,
-                       EARLY_ROWS: tl.constexpr):
+                       EARLY_ROWS: tl.constexpr, SCREENED: tl.constexpr):
     # One program per (BLOCK_N outputs, split of K, ROW_GROUP blocks of BLOCK_M rows): its
     # K range is fixed by the split's index alone, walked in BLOCK_K steps; an output row
     # depends on its own input row (a tensor-core product never mixes rows; the norm's sum
     # is per row). Each weight tile serves every block of the group that holds a token,
     # each block its own [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] dot, as a group of one
     # computes it. CLOCK: its time at each phase into trace_ptr (kernels/_triton_trace.py).
+    # SCREENED (lm_head behind its int8 screen, kernels/lm_screen.py): a block of outputs
+    # no row of the group may take its choice from is not computed (_screened_out).
     program = program_index()
     trace_mark(trace_ptr, clock_ptr, program, START, CLOCK)
     pdl_start(PDL)
@@ -126,6 +128,9 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
     trace_mark(trace_ptr, clock_ptr, program, WAITED, CLOCK)
     if not EARLY_ROWS:
         live0, live1, live2, live3, used = _group_rows(context_ptr, path_len_ptr, m, LIVE, ROW_GROUP, BLOCK_M, "")
+    if SCREENED:
+        used = _screened_out(hi_ptr, best_ptr, block_out_ptr, index_out_ptr, x_ptr, m, live0, live1, live2, live3,
+                             used, tl.program_id(0), s_hi, s_block_out, ROW_GROUP, BLOCK_M, BLOCK_N)
     if used > 0:  # a group of padding rows computes nothing
         inputs = None
         if ROW_GROUP == 1:
@@ -217,6 +222,37 @@ def _group_rows(context_ptr, path_len_ptr, m, LIVE: tl.constexpr, ROW_GROUP: tl.
         used = tl.where(tl.max(live2.to(tl.int32), axis=0) > 0, 3, used)
         used = tl.where(tl.max(live3.to(tl.int32), axis=0) > 0, 4, used)
     return live0, live1, live2, live3, used
+
+
+@triton.jit
+def _screened_out(hi_ptr, best_ptr, block_out_ptr, index_out_ptr, x_ptr, m, live0, live1, live2, live3, used, block,
+                  s_hi, s_block_out, ROW_GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # The group's blocks to compute (`used`), or none where the screen rules this block of
+    # outputs out for every row of the group that holds a token: its rounded upper bound
+    # (hi) below each such row's rounded best lower bound, rounded as the stored logits
+    # round. Then the block's maximum is -inf for each of the group's rows (its index its
+    # first output, within bounds): the choices launch never picks it over a flagged block.
+    dtype = x_ptr.dtype.element_ty
+    keep = _flags_block(hi_ptr, best_ptr, m, live0, block, s_hi, dtype)
+    if ROW_GROUP > 1:
+        keep = keep | _flags_block(hi_ptr, best_ptr, m + BLOCK_M, live1, block, s_hi, dtype)
+    if ROW_GROUP > 2:
+        keep = keep | _flags_block(hi_ptr, best_ptr, m + 2 * BLOCK_M, live2, block, s_hi, dtype)
+        keep = keep | _flags_block(hi_ptr, best_ptr, m + 3 * BLOCK_M, live3, block, s_hi, dtype)
+    if tl.where(keep, 0, used) > 0:  # a group that holds a token, none of it flagging the block
+        for r in tl.static_range(ROW_GROUP):
+            at = (m + r * BLOCK_M) * s_block_out + block
+            tl.store(block_out_ptr + at, tl.full([BLOCK_M], float("-inf"), tl.float32))
+            tl.store(index_out_ptr + at, tl.full([BLOCK_M], 0, tl.int32) + block * BLOCK_N)
+    return tl.where(keep, used, 0)
+
+
+@triton.jit
+def _flags_block(hi_ptr, best_ptr, rows, live, block, s_hi, dtype: tl.constexpr):
+    # Whether any of `rows` that holds a token flags the block (kernels/lm_screen.flagged).
+    hi = tl.load(hi_ptr + rows * s_hi + block, mask=live, other=float("-inf")).to(dtype).to(tl.float32)
+    best = tl.load(best_ptr + rows, mask=live, other=float("inf")).to(dtype).to(tl.float32)
+    return tl.max((live & ~(hi < best)).to(tl.int32), axis=0) > 0
 
 
 @triton.jit
@@ -448,7 +484,8 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                block_m: int, block_n: int, block_k: int, splits: int, num_warps: int, num_stages: int,
                live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False, prefetch: bool = False,
                counts: torch.Tensor | None = None, trace: TakeTrace | None = None, row_group: int = 1,
-               flags: TakeFlag | None = None, early_rows: bool = False) -> None:
+               flags: TakeFlag | None = None, early_rows: bool = False,
+               screened: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     rows = x.shape[0]
     n_size, k_size = weight.shape
     steps = k_size // block_k
@@ -484,17 +521,19 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     launch = launch_options(pdl, fp_fusion=rope is None)
     grid = (blocks, splits, rows // (block_m * row_group))
     hooks, hooked = launch_hooks(trace, flags, "", grid[0] * grid[1] * grid[2], out)
+    screen_pointers = screened if screened is not None else (block_out, block_out)  # hi, best
     _row_linear_kernel[grid](
         x, weight, pointers[0], norm if norm is not None else out, pointers[1], out, part, context, path_len,
-        counts if fold else context, sq_in, block_out, index_out, *rope_pointers, *hooks, k_size,
-        float(eps), x.stride(0), weight.stride(0), s_residual, out.stride(0), part.stride(0) if splits > 1 else 0,
-        part.stride(1) if splits > 1 else 0, s_sq_in, block_out.stride(0), *rope_strides, STEPS_PER_SPLIT=per_split,
+        counts if fold else context, sq_in, block_out, index_out, *rope_pointers, *hooks[:3], *screen_pointers,
+        *hooks[3:], k_size, float(eps), x.stride(0), weight.stride(0), s_residual, out.stride(0),
+        part.stride(0) if splits > 1 else 0, part.stride(1) if splits > 1 else 0, s_sq_in, block_out.stride(0),
+        *rope_strides, screen_pointers[0].stride(0) if screened is not None else 0, STEPS_PER_SPLIT=per_split,
         SPLITS=splits, NORM=norm is not None, SQUARES_IN=squares.shape[1] if squares is not None else 0,
         SQUARES_PAD=triton.next_power_of_2(squares.shape[1]) if squares is not None else 1,
         PREFETCH=prefetch, SECTOR=sector, SECTORS=sectors,
         WARM_ROWS=min(block_n, max(1, WARM_LANES // sectors)), FOLD=fold, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=_INTERPRETED and x.dtype != torch.float32,
-        ROW_GROUP=row_group, EARLY_ROWS=early_rows, num_warps=num_warps, num_stages=num_stages, **hooked,
+        ROW_GROUP=row_group, EARLY_ROWS=early_rows, SCREENED=screened is not None, num_warps=num_warps, num_stages=num_stages, **hooked,
         **fusion, **launch)
     whole_blocks = squares_out is not None or choices is not None or rope is not None
     if splits > 1 and not fold:

@@ -120,6 +120,7 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: str = "off",
                counts: torch.Tensor | None = None, trace: TakeTrace | None = None,
                flags: TakeFlag | None = None, early_rows: bool = False,
+               screened: tuple[torch.Tensor, torch.Tensor] | None = None,
                force_triton: bool | None = None) -> torch.Tensor:
     """[rows, K] -> [rows, N] ([rows, N / 2] with `pairs`) in x's dtype (module
     docstring); `norm` is (RMSNorm weight [K], eps). `squares` (float32 [rows, B], B
@@ -147,7 +148,11 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     (with `live` and `pdl`; CODESPEC_CUDA_EARLY_ROWS): which rows hold a token is read
     before the wait for the kernel before, not after it (the pass's metadata, the host's
     copy made before the graph: one round trip off the chain after the wait; the same
-    values, the same bits)."""
+    values, the same bits). `screened` (hi float32 [rows, N / block_n], best float32
+    [rows]: kernels/lm_screen.py's bounds; with `choices`, no bias, one split): a block
+    of outputs that no row holding a token flags is not computed, its outputs left
+    undefined and its maximum -inf, so the choices are the full product's (the
+    reference computes every block)."""
     n_size, k_size = weight.shape
     rows = x.shape[0]
     check(x.dim() == 2 and weight.dim() == 2 and x.shape[1] == k_size, "x must be [rows, K] for a weight [N, K]")
@@ -178,6 +183,12 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                                   and squares_out.shape == (rows, n_size // config.block_n)
                                   and squares_out.stride(1) == 1),
           f"squares_out must be float32 [rows, {n_size // config.block_n}] (N / block_n)")
+    check(screened is None or (choices is not None and bias is None and config.splits == 1
+                               and screened[0].shape == (rows, n_size // config.block_n)
+                               and screened[1].shape == (rows,)
+                               and all(t.dtype == torch.float32 and t.device == x.device for t in screened)),
+          f"screened goes with choices, no bias and one split: hi float32 [rows, {n_size // config.block_n}] "
+          "(N / block_n), best float32 [rows]")
     check_live(live, x)
     check(pdl in PDL_MODES, f"pdl {pdl!r}: expected one of {', '.join(PDL_MODES)}")
     blocks = (n_size // config.block_n) * (rows // config.block_m)
@@ -194,7 +205,7 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                                   rope, out, config.block_m, config.block_n, config.block_k, config.splits,
                                   config.num_warps, config.num_stages, live, pdl != "off" and x.is_cuda,
                                   pdl == "prefetch" and x.is_cuda, counts, trace, config.row_group, flags,
-                                  early_rows and live is not None)
+                                  early_rows and live is not None, screened)
     elif rope is not None:
         from codespec.kernels.rope_store import rope_store
 
