@@ -533,8 +533,8 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         PREFETCH=prefetch, SECTOR=sector, SECTORS=sectors,
         WARM_ROWS=min(block_n, max(1, WARM_LANES // sectors)), FOLD=fold, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, UPCAST=_INTERPRETED and x.dtype != torch.float32,
-        ROW_GROUP=row_group, EARLY_ROWS=early_rows, SCREENED=screened is not None, num_warps=num_warps, num_stages=num_stages, **hooked,
-        **fusion, **launch)
+        ROW_GROUP=row_group, EARLY_ROWS=early_rows, SCREENED=screened is not None, num_warps=num_warps,
+        num_stages=num_stages, **hooked, **fusion, **launch)
     whole_blocks = squares_out is not None or choices is not None or rope is not None
     if splits > 1 and not fold:
         block = reduce_block(n_size, block_n, whole_blocks)

@@ -63,13 +63,15 @@ def _head_rows_kernel(x_ptr, sq_in_ptr, norm_ptr, normed_ptr, norms_ptr, best_pt
 @triton.jit(do_not_specialize=COUNTED)
 def _screen_kernel(x_ptr, q_ptr, scale_ptr, bound_ptr, norms_ptr, hi_ptr, best_ptr, context_ptr, path_len_ptr,
                    trace_ptr, clock_ptr, flags_ptr, launch, before, s_x, s_q, s_hi, K: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FLAG_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   UPCAST: tl.constexpr,
                    IEEE: tl.constexpr, LIVE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
                    SECTOR: tl.constexpr, SECTORS: tl.constexpr, WARM_ROWS: tl.constexpr, CLOCK: tl.constexpr,
                    FLAGS: tl.constexpr):
     # One program per (vocab block, block of rows): the rows' int8 products over the
-    # block, scaled; each row's largest upper bound in the block into hi, and its largest
-    # lower bound raised into the row's best (a float atomic max: every block's).
+    # block, scaled; each row's largest upper bound in each FLAG_N tokens of the block (the
+    # exact product's block of outputs) into hi, and its largest lower bound raised into
+    # the row's best (a float atomic max: every block's).
     program = program_index()
     trace_mark(trace_ptr, clock_ptr, program, START, CLOCK)
     pdl_start(PDL)
@@ -102,7 +104,10 @@ def _screen_kernel(x_ptr, q_ptr, scale_ptr, bound_ptr, norms_ptr, hi_ptr, best_p
         hi = _nan_largest(approx + margin)  # a NaN: its block flagged
         lo = approx - margin
         lo = tl.where(lo == lo, lo, float("-inf"))  # a NaN excludes nothing
-        tl.store(hi_ptr + m * s_hi + block, tl.max(hi, axis=1), mask=live)
+        PARTS: tl.constexpr = BLOCK_N // FLAG_N
+        part = block * PARTS + tl.arange(0, PARTS)
+        tl.store(hi_ptr + m[:, None] * s_hi + part[None, :], tl.max(tl.reshape(hi, [BLOCK_M, PARTS, FLAG_N]), axis=2),
+                 mask=live[:, None])
         tl.atomic_max(best_ptr + m, tl.max(lo, axis=1), mask=live, sem="relaxed", scope="gpu")
     trace_mark(trace_ptr, clock_ptr, program, ENDED, CLOCK)
     pdl_done(flags_ptr, launch, FLAGS)
@@ -122,7 +127,7 @@ def head_rows(x: torch.Tensor, squares: torch.Tensor, norm: torch.Tensor, eps: f
 
 
 def screen(normed: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bound: torch.Tensor, norms: torch.Tensor,
-           hi: torch.Tensor, best: torch.Tensor, block_m: int, block_n: int, block_k: int,
+           hi: torch.Tensor, best: torch.Tensor, block_m: int, block_n: int, flag_n: int, block_k: int,
            live: tuple[torch.Tensor, torch.Tensor] | None, pdl: bool, prefetch: bool, trace: TakeTrace | None,
            flags: TakeFlag | None) -> None:
     rows, width = normed.shape
@@ -132,7 +137,8 @@ def screen(normed: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bound: to
     sectors = triton.next_power_of_2(triton.cdiv(width, sector))
     hooks, hooked = launch_hooks(trace, flags, "", grid[0] * grid[1], best)
     _screen_kernel[grid](normed, q, scale, bound, norms, hi, best, context, path_len, *hooks, normed.stride(0),
-                         q.stride(0), hi.stride(0), K=width, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                         q.stride(0), hi.stride(0), K=width, BLOCK_M=block_m, BLOCK_N=block_n, FLAG_N=flag_n,
+                         BLOCK_K=block_k,
                          UPCAST=_INTERPRETED and normed.dtype != torch.float32,
                          IEEE=normed.dtype == torch.float32, LIVE=live is not None, PDL=pdl,
                          PREFETCH=prefetch, SECTOR=sector, SECTORS=sectors,

@@ -133,15 +133,17 @@ def head_rows(x: torch.Tensor, squares: torch.Tensor, norm: torch.Tensor, eps: f
 
 
 def screen_bounds(normed: torch.Tensor, norms: torch.Tensor, best: torch.Tensor, weights: ScreenWeights, *,
-                  block_m: int, block_n: int, block_k: int = 128,
+                  block_m: int, block_n: int, flag_n: int | None = None, block_k: int = 128,
                   live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: str = "off",
                   trace: TakeTrace | None = None, flags: TakeFlag | None = None,
                   force_triton: bool | None = None) -> torch.Tensor:
-    """Each row's largest upper bound on its logits in each block of `block_n` tokens,
-    float32 [rows, vocab / block_n]; each row's largest lower bound raised into `best`
-    (head_rows' -inf). With `live`, the rows without a token are left as they were (the
-    Triton kernel; the reference bounds every row). `pdl` prefetch: each program warms
-    its block's int8 weights into L2 before it waits for the kernel before."""
+    """Each row's largest upper bound on its logits in each block of `flag_n` tokens (the
+    exact product's block of outputs; default `block_n`), float32 [rows, vocab / flag_n];
+    each row's largest lower bound raised into `best` (head_rows' -inf). A program
+    screens `block_m` rows over `block_n` tokens (a multiple of `flag_n`). With `live`,
+    the rows without a token are left as they were (the Triton kernel; the reference
+    bounds every row). `pdl` prefetch: each program warms its block's int8 weights into
+    L2 before it waits for the kernel before."""
     rows, k_size = normed.shape
     check(normed.dim() == 2 and normed.stride(1) == 1 and k_size == weights.q.shape[1],
           "normed must be [rows, K] for the screen's [vocab, K]")
@@ -150,23 +152,25 @@ def screen_bounds(normed: torch.Tensor, norms: torch.Tensor, best: torch.Tensor,
     block_k = min(block_k, k_size)
     while block_k > 16 and k_size % block_k:
         block_k //= 2
-    check(rows % block_m == 0 and weights.vocab % block_n == 0 and k_size % block_k == 0,
-          f"blocks of {block_m} rows, {block_n} tokens, {block_k} columns do not tile {rows}x{weights.vocab}x{k_size}")
+    flag_n = flag_n or block_n
+    check(rows % block_m == 0 and weights.vocab % block_n == 0 and k_size % block_k == 0 and block_n % flag_n == 0,
+          f"blocks of {block_m} rows, {block_n} tokens ({flag_n} a flag), {block_k} columns do not tile "
+          f"{rows}x{weights.vocab}x{k_size}")
     check_live(live, normed)
     check(pdl in PDL_MODES, f"pdl {pdl!r}: expected one of {', '.join(PDL_MODES)}")
-    hi = torch.empty(rows, weights.vocab // block_n, dtype=torch.float32, device=normed.device)
+    hi = torch.empty(rows, weights.vocab // flag_n, dtype=torch.float32, device=normed.device)
     if use_triton(normed, force_triton):
         from codespec.kernels import _triton_screen
 
         cuda_pdl = pdl != "off" and normed.is_cuda
         _triton_screen.screen(normed, weights.q, weights.scale, weights.bound, norms, hi, best, block_m, block_n,
-                              block_k, live, cuda_pdl, cuda_pdl and pdl == "prefetch", trace, flags)
+                              flag_n, block_k, live, cuda_pdl, cuda_pdl and pdl == "prefetch", trace, flags)
     else:
         approx = (normed.double() @ weights.q.double().T).float() * weights.scale
         margin = weights.bound[None, :] * norms[:, None]
         upper = (approx + margin).nan_to_num(nan=float("inf"), posinf=float("inf"), neginf=float("-inf"))
         lower = (approx - margin).nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
-        hi.copy_(upper.view(rows, -1, block_n).amax(dim=2))
+        hi.copy_(upper.view(rows, -1, flag_n).amax(dim=2))
         best.copy_(torch.maximum(best, lower.amax(dim=1)))
     return hi
 

@@ -344,6 +344,26 @@ def test_fused_layers_are_the_model_and_stay_lossless(kv_heads):
     assert accepted > 10 and rejected > 0
 
 
+def test_lm_head_behind_its_screen_stays_lossless(monkeypatch):
+    """CODESPEC_CUDA_LM_SCREEN=1 through the kernels' torch references (the Triton
+    kernels: tests/kernels/test_lm_screen.py and test_fused_layers.py): transformers'
+    greedy output, speculation lossless, the logits of prefill and of every pass the
+    full product's."""
+    monkeypatch.setenv("CODESPEC_CUDA_LM_SCREEN", "1")
+    model = tiny_model("qwen2", vocab_size=64, seed=5)
+    forward = CudaForward(model, rows=16, fused=True)
+    assert forward.screen is not None and forward.screen.q.dtype == torch.int8
+    engine = Engine(forward, None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=24, eos_token_ids=[])
+    for prompt in prompts(64, 2, seed=1, repeat=False):
+        assert engine.generate(prompt, GenerationConfig(max_new_tokens=16, speculate=False)).token_ids == \
+            hf_greedy(model, prompt, 16)
+    small = tiny_model("qwen2", vocab_size=16, seed=3)
+    engine = Engine(CudaForward(small, rows=16, fused=True), None, PromptLookupProposer(min_match_tokens=1),
+                    max_draft_tokens=24, eos_token_ids=[])
+    accepted, rejected = speculation_checked(engine, prompts(16, 4, seed=16, repeat=True), 40)
+    assert accepted > 10 and rejected > 0
+
+
 def test_fused_layers_need_tiles_that_fit(monkeypatch):
     model = tiny_model("qwen2", vocab_size=16, seed=3)
     with pytest.raises(SettingError, match="no row_linear tile fits"):

@@ -62,10 +62,10 @@ from codespec.errors import SettingError
 from codespec.forward import profile
 from codespec.forward.base import Moves, Requests, kv_dims
 from codespec.forward.chained import Chained, Collect, next_starts, plain_steps, step_rows
-from codespec.forward.cuda_fused import fused_layers, fused_tiles
+from codespec.forward.cuda_fused import full_logits, fused_layers, fused_tiles, screen_of
 from codespec.forward.cuda_layers import LayerWeights, add_norm, eps_of, gated, rotary_table
 from codespec.forward.cuda_settings import CudaSettings, is_hopper, require_hopper
-from codespec.forward.passlayout import META_FIELDS, PassRows, chain_rows, fill_staging, tree_rows
+from codespec.forward.passlayout import CONTEXT, META_FIELDS, PATH_LEN, PassRows, chain_rows, fill_staging, tree_rows
 from codespec.kernels.compact import keep_paths
 from codespec.kernels.flags import PassFlags
 from codespec.kernels.rope_store import rope_store, rope_store_ref
@@ -107,6 +107,8 @@ class _Bucket:
     copied: Any = None  # torch.cuda.Event after the last staging copy (staging is reused)
     logits: torch.Tensor | None = None  # [rows, vocab]: the replay's outputs (graph memory)
     choices: torch.Tensor | None = None  # [rows] int64
+    normed: torch.Tensor | None = None  # behind lm_head's screen: its normed rows (logits: flagged blocks alone)
+    layout: Any = None  # the last replay's graph
     # each layout's torch.cuda.CUDAGraph (None: the bucket's; WIDE, NARROW), captured on its
     # first pass, and its outputs
     graphs: dict = field(default_factory=dict)
@@ -194,13 +196,17 @@ class CudaForward:
                                "CODESPEC_CUDA_FUSED=1")
         if self.fused:
             self.tiles = fused_tiles(self._layers[0], model.lm_head.weight, self.tiles, self.rows, self.tile_rows,
-                                     self.row_group, self.head_dim, self.kv_heads)
+                                     self.row_group, self.head_dim, self.kv_heads, settings.lm_screen)
             if settings.pass_row_group and settings.pass_row_group != self.row_group:
                 self.pass_tiles = fused_tiles(self._layers[0], model.lm_head.weight, dict(tiles or {}), self.rows,
-                                              self.tile_rows, settings.pass_row_group, self.head_dim, self.kv_heads)
+                                              self.tile_rows, settings.pass_row_group, self.head_dim, self.kv_heads,
+                                              settings.lm_screen)
             if settings.narrow_steps and self.tile_rows < self.rows:
                 self.narrow_tiles = fused_tiles(self._layers[0], model.lm_head.weight, dict(tiles or {}),
-                                                self.tile_rows, self.tile_rows, 1, self.head_dim, self.kv_heads)
+                                                self.tile_rows, self.tile_rows, 1, self.head_dim, self.kv_heads,
+                                                settings.lm_screen)
+        # CODESPEC_CUDA_LM_SCREEN: lm_head's int8 screen (forward/cuda_fused.py; None: the full product)
+        self.screen = screen_of(model, self.fused, self.tiles.get("lm_head")) if settings.lm_screen else None
         # the engine's start-up passes (engine._warm_up_pass): a step, and a pass wide
         # enough for the bucket's other graph where there is one
         two = self.pass_tiles is not None or self.narrow_tiles is not None
@@ -232,7 +238,7 @@ class CudaForward:
                          "reduce": settings.reduce, "flags": self.flags is not None,
                          "tiles": ";".join(f"{name}:{tile}" for name, tile in sorted(self.tiles.items())),
                          "pass_row_group": settings.pass_row_group if self.pass_tiles is not None else 0,
-                         "narrow_steps": self.narrow_tiles is not None}
+                         "narrow_steps": self.narrow_tiles is not None, "lm_screen": self.screen is not None}
 
     # -- the Forward protocol --------------------------------------------------------------
     def probe(self, stored: tuple[int, bool] | None) -> tuple[int, bool]:
@@ -257,17 +263,18 @@ class CudaForward:
                 hidden = self._prefill_chunk(cache, slot, prompt[begin:end], begin)
             assert hidden is not None, "nothing to prefill"
             return self.model.lm_head(self.model.model.norm(hidden[-1:]))
-        logits = None
+        last = None
         for begin, end in cache.spans(len(prompt), start):
             for bucket, n, _ in self._replays(cache, chain_rows(prompt, slot, begin, end)):
-                logits = bucket.logits[n - 1:n]  # the last replay's last row is the prompt's
-        assert logits is not None, "nothing to prefill"
-        return logits.clone()  # the next pass overwrites the replay's outputs
+                last = bucket, n  # the last replay's last row is the prompt's
+        assert last is not None, "nothing to prefill"
+        bucket, n = last
+        return self._logits(bucket, n)[n - 1:n].clone()  # the next pass overwrites the replay's outputs
 
     @torch.inference_mode()
     def logits(self, cache: Any, requests: Requests) -> torch.Tensor:
         self._drop_chained(cache)
-        outputs = [bucket.logits[:n].clone() for bucket, n, _ in self._passes(cache, requests)]
+        outputs = [self._logits(bucket, n).clone() for bucket, n, _ in self._passes(cache, requests)]
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
     @torch.inference_mode()
@@ -386,17 +393,32 @@ class CudaForward:
         """One replay of the bucket's graph of `layout` (`layout()`), captured on its first
         replay."""
         args = (bucket.flat, cache.keys, cache.values, bucket.rope, layout)
+        bucket.layout = layout
         if not self.graphs:
-            bucket.logits, bucket.choices = self._rows_forward(*args)
+            bucket.logits, bucket.choices, bucket.normed = self._rows_forward(*args)
             return
         graph = bucket.graphs.get(layout)
         if graph is None:
             graph, bucket.outputs[layout] = self._capture(args)
             bucket.graphs[layout] = graph
-        bucket.logits, bucket.choices = bucket.outputs[layout]
+        bucket.logits, bucket.choices, bucket.normed = bucket.outputs[layout]
         graph.replay()
 
-    def _capture(self, args: tuple[Any, ...]) -> tuple[Any, tuple[torch.Tensor, torch.Tensor]]:
+    def _logits(self, bucket: _Bucket, n: int) -> torch.Tensor:
+        """The first `n` rows' logits of the bucket's last replay: its outputs, or behind
+        lm_head's screen (whose product computed the flagged blocks alone) the full product
+        over the replay's normed rows, by the same tile: the same bits."""
+        if bucket.normed is None:
+            return bucket.logits[:n]
+        rows = bucket.normed.shape[0]
+        meta = bucket.flat[: META_FIELDS * self.rows].view(META_FIELDS, self.rows)
+        return full_logits(self.model, bucket.normed, self._layout_tiles(bucket.layout)["lm_head"],
+                           (meta[CONTEXT, :rows], meta[PATH_LEN, :rows]))[:n]
+
+    def _layout_tiles(self, layout: Any) -> dict[str, Config]:
+        return self.pass_tiles if layout == WIDE else self.narrow_tiles if layout == NARROW else self.tiles
+
+    def _capture(self, args: tuple[Any, ...]) -> tuple[Any, tuple[torch.Tensor, ...]]:
         """A CUDA graph of _rows_forward(*args) and its outputs (graph memory). Warmed up on
         a side stream first (compilation, Triton, cuBLAS's kernel choice); both runs use
         this very pass's metadata: they write the same KV to the same places as the replay
@@ -413,11 +435,13 @@ class CudaForward:
         return graph, outputs
 
     def _rows_forward(self, flat: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
-                      rope: tuple[torch.Tensor, torch.Tensor], layout: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      rope: tuple[torch.Tensor, torch.Tensor],
+                      layout: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The bucket's pass over the static metadata `flat` and the cache's per-layer
         keys and values ([slots, kv_heads, positions, dim] each), rotary's tables `rope`,
         in the graph of `layout` (its fused tiles; NARROW: the bucket's first tile_rows
-        rows alone): logits [rows, vocab], choices [rows]."""
+        rows alone): logits [rows, vocab], choices [rows], and behind lm_head's screen
+        its normed rows (else None)."""
         bucket = self.rows
         rows = self.tile_rows if layout == NARROW else bucket
         ids, positions, write_slots, write_positions, source, slots, context, path_len = \
@@ -449,8 +473,8 @@ class CudaForward:
         if self.fused:  # forward/cuda_fused.py
             linear = dict(live=live, pdl=self.pdl, counts=self._linear_counts, flags=flags,
                           early_rows=self.early_rows)
-            tiles = self.pass_tiles if layout == WIDE else self.narrow_tiles if layout == NARROW else self.tiles
-            return fused_layers(self.model, self._layers, tiles, ids, attend, rope_of, linear, self._trace)
+            return fused_layers(self.model, self._layers, self._layout_tiles(layout), ids, attend, rope_of, linear,
+                                self._trace, self.screen)
         hidden = model.embed_tokens(ids)  # [rows, hidden]
         delta = torch.zeros_like(hidden)  # what the last layer adds to the residual stream
         for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
@@ -466,7 +490,7 @@ class CudaForward:
         _, x = self._add_norm(hidden, delta, model.norm.weight, eps_of(model.norm))
         head = self.model.lm_head
         choices = torch.empty(rows, dtype=torch.int64, device=x.device)
-        return self._product("lm_head", x, head.weight, head.bias, live=live, choices=choices), choices
+        return self._product("lm_head", x, head.weight, head.bias, live=live, choices=choices), choices, None
 
     def _trace(self, kind: str, index: int | None = None) -> TakeTrace | None:
         """Where a traced pass's launch of `kind` (in layer `index`) takes its region."""

@@ -4,7 +4,8 @@ the tiles each product runs.
 
 Each product carries its neighbours: the norm before q/k/v and gate/up, rotary and the KV
 store after q/k/v, SiLU after gate/up, the residual add after o and down, the greedy
-choices after lm_head (the same roundings as transformers' eager code). The embeddings'
+choices after lm_head (the same roundings as transformers' eager code), or lm_head
+behind its int8 screen (`screen`, kernels/lm_screen.py). The embeddings'
 gather and o and down also leave the residual stream's sum of squares per block, which
 the next norm adds instead of walking the row. The products compute the rows that hold
 a token alone (a padding row's hidden state is never read: its K and V come from its
@@ -19,6 +20,7 @@ import torch
 
 from codespec.errors import SettingError
 from codespec.forward.cuda_layers import LayerWeights, eps_of
+from codespec.kernels.lm_screen import ScreenWeights, head_rows, screen_bounds
 from codespec.kernels.row_linear import Config, Rope, embed_squares, row_linear
 from codespec.kernels.trace import TakeTrace
 
@@ -28,6 +30,11 @@ from codespec.kernels.trace import TakeTrace
 FUSED_TILES = {"qkv": Config(64, 64, 64, splits=8), "o": Config(64, 16, 128),
                "gate_up": Config(64, 128, 128, num_warps=8, num_stages=3), "down": Config(64, 32, 64, splits=8),
                "lm_head": Config(64, 128, 64)}
+# lm_head's tile behind its int8 screen (CODESPEC_CUDA_LM_SCREEN): 32 outputs a program, so
+# a flagged block is 57 KB for one SM (~2 us at the ~30 GB/s session 40's trace puts an SM
+# at), not 128 outputs' 229 KB (~8 us); the screen's programs still read 128 tokens each.
+SCREENED_LM_HEAD = Config(64, 32, 64)
+SCREEN_BLOCK_N = 128
 
 
 def whole_heads(tile: Config, head_dim: int, kv_heads: int) -> Config:
@@ -44,15 +51,17 @@ def whole_heads(tile: Config, head_dim: int, kv_heads: int) -> Config:
 
 
 def fused_tiles(layer: LayerWeights, head: torch.Tensor, given: dict[str, Config], rows: int, tile_rows: int,
-                row_group: int, head_dim: int, kv_heads: int) -> dict[str, Config]:
-    """Each product's tiles: `given`, else FUSED_TILES with `tile_rows` rows a program in
-    groups of `row_group` blocks, fitted to the model's shapes (`layer`'s and lm_head's)
-    and the bucket's `rows` (a clear error where no tile of 16 fits)."""
+                row_group: int, head_dim: int, kv_heads: int, screened: bool = False) -> dict[str, Config]:
+    """Each product's tiles: `given`, else FUSED_TILES (lm_head's SCREENED_LM_HEAD where
+    `screened`) with `tile_rows` rows a program in groups of `row_group` blocks, fitted
+    to the model's shapes (`layer`'s and lm_head's) and the bucket's `rows` (a clear
+    error where no tile of 16 fits)."""
     shapes = {"qkv": layer.qkv.shape, "o": layer.o.shape, "gate_up": layer.gate_up.shape, "down": layer.down.shape,
               "lm_head": head.shape}
     tiles = {}
     for name, (n_size, k_size) in shapes.items():
-        tile = given.get(name) or replace(FUSED_TILES[name], block_m=tile_rows, row_group=row_group)
+        default = SCREENED_LM_HEAD if name == "lm_head" and screened else FUSED_TILES[name]
+        tile = given.get(name) or replace(default, block_m=tile_rows, row_group=row_group)
         if name == "qkv":
             tile = whole_heads(tile, head_dim, kv_heads)
         fitted = tile.fitted(rows, n_size, k_size)
@@ -65,12 +74,15 @@ def fused_tiles(layer: LayerWeights, head: torch.Tensor, given: dict[str, Config
 
 def fused_layers(model: Any, layers: list[LayerWeights], tiles: dict[str, Config], ids: torch.Tensor,
                  attend: Callable[[int, Any, torch.Tensor], torch.Tensor], rope_of: Callable[[int], Rope],
-                 linear: dict[str, Any], trace: Callable[..., TakeTrace | None]) -> tuple[torch.Tensor, torch.Tensor]:
+                 linear: dict[str, Any], trace: Callable[..., TakeTrace | None],
+                 screen: ScreenWeights | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The pass of a transformers Qwen2/Llama `model` over token `ids` (the bucket's rows):
-    its logits and greedy choices. `layers`: its layers' tensors (gate/up in pairs);
-    `attend(index, layer, q)`: attention of layer `index`; `rope_of(index)`: that layer's
-    rotary and KV store; `linear`: every product's launch arguments (live rows, PDL,
-    counts, flags); `trace(kind, index)`: where a traced launch takes its region."""
+    its logits, greedy choices and, behind the `screen`, lm_head's normed rows (else
+    None; the logits then hold only the blocks the screen flagged: `full_logits`).
+    `layers`: its layers' tensors (gate/up in pairs); `attend(index, layer, q)`: attention
+    of layer `index`; `rope_of(index)`: that layer's rotary and KV store; `linear`: every
+    product's launch arguments (live rows, PDL, counts, flags); `trace(kind, index)`:
+    where a traced launch takes its region."""
     body = model.model
     width = body.config.hidden_size
     hidden, squares = embed_squares(ids, body.embed_tokens.weight, width // tiles["down"].block_n,
@@ -87,8 +99,45 @@ def fused_layers(model: Any, layers: list[LayerWeights], tiles: dict[str, Config
         squares = hidden.new_empty(rows, width // tiles["down"].block_n, dtype=torch.float32)
         hidden = row_linear(activated, w.down, residual=hidden, squares_out=squares, config=tiles["down"],
                             trace=trace("down", index), **linear)
-    head = model.lm_head
+    head, tile = model.lm_head, tiles["lm_head"]
     choices = torch.empty(rows, dtype=torch.int64, device=hidden.device)
-    logits = row_linear(hidden, head.weight, head.bias, norm=(body.norm.weight, eps_of(body.norm)), squares=squares,
-                        choices=choices, config=tiles["lm_head"], trace=trace("lm_head"), **linear)
-    return logits, choices
+    if screen is None:
+        logits = row_linear(hidden, head.weight, head.bias, norm=(body.norm.weight, eps_of(body.norm)),
+                            squares=squares, choices=choices, config=tile, trace=trace("lm_head"), **linear)
+        return logits, choices, None
+    # four launches: the normed rows once, the screen, the flagged blocks, the choices
+    launch = {name: linear[name] for name in ("live", "pdl", "flags")}
+    normed, norms, best = head_rows(hidden, squares, body.norm.weight, eps_of(body.norm), trace=trace("lm_norm"),
+                                    **launch)
+    # the screen's programs over 128 tokens where they hold whole blocks of the product's
+    screen_n = SCREEN_BLOCK_N if SCREEN_BLOCK_N % tile.block_n == 0 and screen.vocab % SCREEN_BLOCK_N == 0 \
+        else tile.block_n
+    hi = screen_bounds(normed, norms, best, screen, block_m=tile.block_m, block_n=screen_n, flag_n=tile.block_n,
+                       trace=trace("lm_screen"), **launch)
+    logits = row_linear(normed, head.weight, choices=choices, screened=(hi, best), config=tile,
+                        trace=trace("lm_head"), **linear)
+    return logits, choices, normed
+
+
+def full_logits(model: Any, normed: torch.Tensor, tile: Config,
+                live: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """lm_head over a screened pass's normed rows, every block: the screened product's
+    kernel and tile, so the blocks it computed have the same bits (each row's own)."""
+    return row_linear(normed, model.lm_head.weight, config=tile, live=live)
+
+
+def screen_of(model: Any, fused: bool, tile: Config | None) -> ScreenWeights:
+    """lm_head's int8 screen for CODESPEC_CUDA_LM_SCREEN, or a clear error where its
+    bound cannot hold."""
+    head = model.lm_head
+    weight = head.weight
+    if not fused or tile is None:
+        raise SettingError("CODESPEC_CUDA_LM_SCREEN screens the fused layers' lm_head: set CODESPEC_CUDA_FUSED=1")
+    if head.bias is not None:
+        raise SettingError("CODESPEC_CUDA_LM_SCREEN bounds an lm_head without bias; this model's has one: unset it")
+    if weight.is_cuda and weight.dtype == torch.float32:
+        raise SettingError("CODESPEC_CUDA_LM_SCREEN bounds float32 sums of exact products; a float32 model's "
+                           "products on the GPU round their operands to tf32: unset it, or load bf16 weights")
+    if tile.splits != 1:
+        raise SettingError(f"CODESPEC_CUDA_LM_SCREEN computes lm_head in one split; its tile is {tile}: unset it")
+    return ScreenWeights.of(weight.detach())

@@ -109,6 +109,14 @@ class CudaSettings(BaseSettings):
         "launches programs for blocks of padding rows (a step's 16-row programs leave three of four idle, lm_head's "
         "3,561 of 4,748). The same bits: every fused kernel computes a row from that row alone. Session 41; not "
         "yet timed on a GPU.")
+    lm_screen: bool = Field(
+        False, description="With the fused layers: lm_head's greedy choices through an int8 screen "
+        "(kernels/lm_screen.py): the final norm's rows written once, every vocab block bounded from int8 weights "
+        "(~half lm_head's bytes), and the exact product computing only the blocks that may hold a row's choice, so "
+        "every choice is the full product's bits. Logits a request asks for (prefill's last row, sampling, "
+        "logprobs) come from the full product over the same normed rows, outside the graph. Needs bf16 or float16 "
+        "weights on a GPU and an lm_head without bias; +~137 MB for the int8 copy. Session 42; not yet timed on a "
+        "GPU (session 40's trace: lm_head 87 us of a 0.94 ms step, its int8 bytes ~30 us).")
     reduce: Literal["launch", "fold"] = Field(
         "launch", description="A split product's sum (row_linear's products): a second launch, or its last "
         "program.")

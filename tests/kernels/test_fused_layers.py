@@ -250,3 +250,35 @@ def test_attention_launches_take_the_backends_key_block_and_rows_stay_steps(monk
     prompt = [1 + i % 31 for i in range(67)]
     assert_tree_rows_are_steps(forward, prefilled(forward, prompt), len(prompt))
     assert seen and set(seen) == {passed}
+
+
+def test_lm_head_behind_its_screen_keeps_every_choice_and_row(triton_products, monkeypatch):
+    """CODESPEC_CUDA_LM_SCREEN=1 (session 42; kernels/lm_screen.py): the normed rows, the
+    screen, the flagged blocks and the choices, four Triton launches under the
+    interpreter. A tree row's logits (the full product over its normed row, outside the
+    graph) are its decode steps' bits; every pass's choices are the argmax of those
+    logits and the choices without the screen, with padding rows, a 20-row tree over two
+    blocks of 16 rows. (Speculation through it: tests/test_cuda_forward.py.)"""
+    model, prompt, tree = two_blocks_of_rows(monkeypatch)
+    plain = CudaForward(model, rows=32, fused=True)
+    monkeypatch.setenv("CODESPEC_CUDA_LM_SCREEN", "1")
+    forward = CudaForward(model, rows=32, fused=True)
+    assert forward.screen is not None and plain.screen is None
+    assert forward.profile_key()["layout"] != plain.profile_key()["layout"]
+    cache, plain_cache = prefilled(forward, prompt), prefilled(plain, prompt)
+    assert_tree_rows_are_steps(forward, cache, len(prompt))
+    for requests in ([(0, len(prompt), tree)], [(0, len(prompt), VerifyTree.chain(4)), (1, len(prompt), tree)]):
+        logits = forward.logits(cache, requests)
+        choices = forward.choices(cache, requests)
+        assert choices == logits.argmax(dim=1).tolist() == plain.choices(plain_cache, requests)
+        assert torch.allclose(logits, plain.logits(plain_cache, requests), rtol=1e-4, atol=1e-4)
+
+
+def test_lm_head_s_screen_asks_for_what_its_bound_needs(monkeypatch):
+    monkeypatch.setenv("CODESPEC_CUDA_LM_SCREEN", "1")
+    model = tiny_model("qwen2", vocab_size=32, seed=13, dtype=torch.float32)
+    with pytest.raises(SettingError, match="CODESPEC_CUDA_FUSED=1"):
+        CudaForward(model, rows=16, fused=False)
+    model.lm_head.bias = torch.nn.Parameter(torch.zeros(32))
+    with pytest.raises(SettingError, match="without bias"):
+        CudaForward(model, rows=16, fused=True)

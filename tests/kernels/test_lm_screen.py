@@ -35,13 +35,15 @@ def hidden(rows: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torc
 
 
 def screened_choices(x: torch.Tensor, squares: torch.Tensor, norm: torch.Tensor, weight: torch.Tensor,
-                     live: tuple[torch.Tensor, torch.Tensor] | None = None, tile: Config = TILE):
-    """The four launches (head_rows, screen_bounds, the screened product, its choices)
-    through the Triton kernels, and the full product's choices over the same normed rows."""
+                     live: tuple[torch.Tensor, torch.Tensor] | None = None, tile: Config = TILE,
+                     screen_n: int = BLOCK):
+    """The four launches (head_rows, screen_bounds over `screen_n` tokens a program, the
+    screened product, its choices) through the Triton kernels, and the full product's
+    choices over the same normed rows."""
     rows = x.shape[0]
     normed, norms, best = head_rows(x, squares, norm, 1e-6, live=live, force_triton=True)
-    hi = screen_bounds(normed, norms, best, ScreenWeights.of(weight), block_m=tile.block_m, block_n=tile.block_n,
-                       block_k=32, live=live, force_triton=True)
+    hi = screen_bounds(normed, norms, best, ScreenWeights.of(weight), block_m=tile.block_m, block_n=screen_n,
+                       flag_n=tile.block_n, block_k=32, live=live, force_triton=True)
     got = torch.empty(rows, dtype=torch.int64)
     screened = torch.full((rows, weight.shape[0]), float("nan"), dtype=x.dtype)
     row_linear(normed, weight, choices=got, config=tile, live=live, screened=(hi, best), out=screened,
@@ -61,7 +63,8 @@ def test_screened_choices_are_the_full_products_on_random_and_peaked_rows(dtype)
         tokens = torch.arange(16) * 13 + seed
         x[16:] = (weight[tokens].float() / weight[tokens].float().norm(dim=1, keepdim=True) * 12).to(dtype)
         squares = x.float().pow(2).view(32, 4, -1).sum(-1)
-        got, full, logits, flags, screened = screened_choices(x, squares, norm, weight)
+        # the second seed's screen reads 64 tokens a program, flagging each 16 of them
+        got, full, logits, flags, screened = screened_choices(x, squares, norm, weight, screen_n=16 * 4 ** seed)
         assert torch.equal(got, full), seed
         # a program computes a block of outputs where a row of its 16 flags it, the full
         # product's bits; the others compute nothing

@@ -124,11 +124,12 @@ linear = {**{name: "*bf16" for name in ("x_ptr", "w_ptr", "bias_ptr", "norm_ptr"
           "sq_in_ptr": "*fp32", "block_out_ptr": "*fp32", "index_out_ptr": "*i32", "cos_ptr": "*bf16",
           "sin_ptr": "*bf16",
           **{name: "*i64" for name in ("positions_ptr", "wslot_ptr", "wpos_ptr")}, "k_ptr": "*bf16", "v_ptr": "*bf16",
-          **dict(trace), **dict(flags), "k_size": "i32", "eps": "fp32",
+          **dict(trace), "flags_ptr": "*i32", "hi_ptr": "*fp32", "best_ptr": "*fp32", "launch": "i32",
+          "before": "i32", "k_size": "i32", "eps": "fp32",
           **{name: "i32" for name in ("s_x", "s_w", "s_residual", "s_out", "s_part_split", "s_part", "s_sq_in",
-                                      "s_block_out", "s_rope", "s_kv_slot", "s_kv_head", "s_kv_pos")}}
+                                      "s_block_out", "s_rope", "s_kv_slot", "s_kv_head", "s_kv_pos", "s_hi")}}
 plain = {"SQUARES_IN": 0, "SQUARES_PAD": 1, "SQUARES_OUT": False, "CHOICES": False, "PAIRS": False, "ROPE": False,
-         "HEADS": 1, "KV_HEADS": 1, "DIM": 2}
+         "HEADS": 1, "KV_HEADS": 1, "DIM": 2, "SCREENED": False}
 for pdl in ("off", "launch", "prefetch"):
     out["linear " + pdl] = build(_triton_linear._row_linear_kernel, linear,
                                  {"STEPS_PER_SPLIT": 7, "SPLITS": 1, "HAS_BIAS": False, "NORM": True, **plain,
@@ -185,6 +186,9 @@ launched.update({f"five {label}": ("gate_up", tile) for label, tile in gpu_step.
 launched.update({f"five {label}": ("down", tile) for label, tile in gpu_step.FIVE_DOWN_TILES.items()})
 # ... and reading their live rows before the wait (CODESPEC_CUDA_EARLY_ROWS, session 41)
 launched.update({f"five {name} early rows": (name, tile) for name, tile in FUSED_TILES.items()})
+# ... and lm_head behind its int8 screen over the normed rows (CODESPEC_CUDA_LM_SCREEN, session 42)
+from codespec.forward.cuda_fused import SCREENED_LM_HEAD
+launched["five lm_head screened"] = ("lm_head", SCREENED_LM_HEAD)
 for label, (name, tile) in launched.items():
     n_size, k_size = shapes_nk[name]
     block_n = max(tile.block_n, 64) if name == "qkv" else tile.block_n  # whole heads (cuda_fused.whole_heads)
@@ -193,7 +197,9 @@ for label, (name, tile) in launched.items():
     splits = -(-steps // per_split)
     sectors = triton.next_power_of_2(-(-per_split * tile.block_k // 16))
     fusion = fusions[name]
-    if name in squares:
+    if label.endswith("screened"):  # no norm (head_rows wrote the rows), the screen's flags
+        fusion = dict(CHOICES=True, SCREENED=True)
+    elif name in squares:
         fusion = {**fusion, "SQUARES_IN": squares[name], "SQUARES_PAD": triton.next_power_of_2(squares[name])}
     out[label] = build(_triton_linear._row_linear_kernel, linear,
                        {**plain, "HAS_BIAS": False, "NORM": False, "RESIDUAL": False, **fusion,
@@ -238,15 +244,29 @@ for name, pdl, flags in (("persist prefetch", False, False), ("persist launched 
     out[name] = build(gpu_persist._chain_kernel, chain,
                       {**layer, **sectors, "BLOCK_N": 8, "BLOCK_K": 128, "BLOCK_K_LONG": 256, "WORK": True,
                        "PREFETCH": True, "PDL": pdl, "SPIN_LIMIT": gpu_persist.SPIN_LIMIT, "FLAGS": flags})
-# the lm_head screen probe (scripts/gpu_lmscreen.py): int8 tiles into a bf16 tensor-core product
-import gpu_lmscreen
+# lm_head's int8 screen (kernels/lm_screen.py, CODESPEC_CUDA_LM_SCREEN): the normed rows, and
+# the screen's int8 tiles into a bf16 tensor-core product, as the fused layers launch them
+from codespec.kernels import _triton_screen
 
-out["lm screen"] = build(gpu_lmscreen._screen_kernel,
-                         {"x_ptr": "*bf16", "q_ptr": "*i8", **{name: "*fp32" for name in (
-                             "scale_ptr", "bound_ptr", "norm_ptr", "hi_ptr", "lo_ptr")},
-                          "s_x": "i32", "s_q": "i32", "s_out": "i32"},
-                         {"K": 896, "BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "UPCAST": False},
-                         stages=gpu_lmscreen.STAGES)
+head_meta = {"context_ptr": "*i64", "path_len_ptr": "*i64", "trace_ptr": "*i64", "clock_ptr": "*i64",
+             "flags_ptr": "*i32", "launch": "i32", "before": "i32"}
+out["lm rows pdl"] = build(_triton_screen._head_rows_kernel,
+                           {"x_ptr": "*bf16", "sq_in_ptr": "*fp32", "norm_ptr": "*bf16", "normed_ptr": "*bf16",
+                            "norms_ptr": "*fp32", "best_ptr": "*fp32", **head_meta, "eps": "fp32", "s_x": "i32",
+                            "s_sq_in": "i32", "s_normed": "i32"},
+                           {"K": 896, "K_PAD": 1024, "SQUARES_IN": 28, "SQUARES_PAD": 32, "SLACK": 1 + 2 ** -10,
+                            "LIVE": True, "PDL": True, "CLOCK": 0, "FLAGS": False})
+screen_sectors = triton.next_power_of_2(896 // 32)
+for name, pdl in (("lm screen", False), ("lm screen prefetch", True)):
+    out[name] = build(_triton_screen._screen_kernel,
+                      {"x_ptr": "*bf16", "q_ptr": "*i8", **{name: "*fp32" for name in (
+                          "scale_ptr", "bound_ptr", "norms_ptr", "hi_ptr", "best_ptr")}, **head_meta,
+                       "s_x": "i32", "s_q": "i32", "s_hi": "i32"},
+                      {"K": 896, "BLOCK_M": 16, "BLOCK_N": 128, "FLAG_N": SCREENED_LM_HEAD.block_n, "BLOCK_K": 128,
+                       "UPCAST": False, "IEEE": False,
+                       "LIVE": True, "PDL": pdl, "PREFETCH": pdl, "SECTOR": 32, "SECTORS": screen_sectors,
+                       "WARM_ROWS": min(128, 512 // screen_sectors), "CLOCK": 0, "FLAGS": False},
+                      stages=_triton_screen.STAGES)
 json.dump(out, sys.stdout)
 """
 
@@ -323,7 +343,7 @@ def k_loops(ptx: str) -> list[str]:
 
 
 @pytest.mark.parametrize("kernel", ["five qkv", "five o", "five gate_up", "five down", "five lm_head",
-                                    "five five-launch, gate_up 16 outputs", "five five-launch, gate_up 32 outputs",
+                                    "five lm_head screened", "five five-launch, gate_up 16 outputs", "five five-launch, gate_up 32 outputs",
                                     "five five-launch, gate_up 64 outputs", "five five-launch, gate_up split 2",
                                     "five five-launch, down 16 outputs, split 19"])
 def test_the_five_launch_products_k_loops_wait_on_no_load_of_their_own(compiled, kernel):
@@ -506,11 +526,34 @@ def test_the_persistent_probe_builds_its_barriers_and_warming_for_the_gpu(compil
     assert "prefetch.global.L2" in launched[:launched.index("griddepcontrol.wait")]
 
 
-def test_the_lm_screen_probe_reads_int8_into_a_tensor_core_product_without_spilling(compiled):
+def test_the_lm_screen_reads_int8_into_a_tensor_core_product_without_spilling(compiled):
     """The screen's int8 tiles come in through 16-byte asynchronous copies (pipelined, as
     the products' bf16 tiles) and meet x in a bf16 tensor-core product (the bytes
-    unpacked in registers: exact for |q| <= 127); nothing spills."""
-    screen = compiled["lm screen"]
-    assert "cp.async.cg.shared.global" in screen["ptx"]
-    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in screen["ptx"] or "wgmma" in screen["ptx"]
-    assert screen["stack"] == 0
+    unpacked in registers: exact for |q| <= 127); each row's best lower bound raised by
+    a float atomic max at GPU scope; nothing spills. Launched as a programmatic
+    dependent, it warms its int8 block into L2 and reads nothing else before it waits."""
+    for name in ("lm screen", "lm screen prefetch"):
+        screen = compiled[name]
+        assert "cp.async.cg.shared.global" in screen["ptx"], name
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in screen["ptx"] or "wgmma" in screen["ptx"]
+        # a float's max as Triton lowers it: a signed max where the value is positive, an
+        # unsigned min where it is negative (-inf, the start, loses to either)
+        assert "red.global.gpu.relaxed.max.s32" in screen["ptx"], name
+        assert "red.global.gpu.relaxed.min.u32" in screen["ptx"], name
+        assert screen["stack"] == 0, name
+    ptx = compiled["lm screen prefetch"]["ptx"]
+    assert first_load_after_the_wait(ptx) and "prefetch.global.L2" in ptx[:ptx.index("griddepcontrol.wait")]
+    assert compiled["lm rows pdl"]["stack"] == 0 and first_load_after_the_wait(compiled["lm rows pdl"]["ptx"])
+
+
+def test_the_screened_lm_head_keeps_its_k_loop_and_reads_its_flags_once_after_the_wait(compiled):
+    """lm_head over the normed rows behind the screen: its K loop is the product's (no
+    norm, every load pipelined), and before the loop it reads each row's bound for its
+    block and its best, once; nothing spills."""
+    ptx = compiled["five lm_head screened"]["ptx"]
+    assert compiled["five lm_head screened"]["stack"] == 0
+    for body in k_loops(ptx):
+        assert not re.search(r"\bld\.global", body)
+    wait = ptx.index("griddepcontrol.wait")
+    loop = ptx.index("cp.async", wait)
+    assert len(re.findall(r"ld\.global\S*\.b32", ptx[wait:loop])) >= 2  # hi and best (float32)
