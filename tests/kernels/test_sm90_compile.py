@@ -343,9 +343,9 @@ def k_loops(ptx: str) -> list[str]:
 
 
 @pytest.mark.parametrize("kernel", ["five qkv", "five o", "five gate_up", "five down", "five lm_head",
-                                    "five lm_head screened", "five five-launch, gate_up 16 outputs", "five five-launch, gate_up 32 outputs",
-                                    "five five-launch, gate_up 64 outputs", "five five-launch, gate_up split 2",
-                                    "five five-launch, down 16 outputs, split 19"])
+                                    "five lm_head screened", "five five-launch, gate_up 16 outputs",
+                                    "five five-launch, gate_up 32 outputs", "five five-launch, gate_up 64 outputs",
+                                    "five five-launch, gate_up split 2", "five five-launch, down 16 outputs, split 19"])
 def test_the_five_launch_products_k_loops_wait_on_no_load_of_their_own(compiled, kernel):
     """Every load a fused product's K loop uses comes through its pipeline: none waits a
     round trip each step. Session 41 found the norm's weight read by a plain 2-byte load
@@ -538,8 +538,9 @@ def test_the_lm_screen_reads_int8_into_a_tensor_core_product_without_spilling(co
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in screen["ptx"] or "wgmma" in screen["ptx"]
         # a float's max as Triton lowers it: a signed max where the value is positive, an
         # unsigned min where it is negative (-inf, the start, loses to either)
-        assert "red.global.gpu.relaxed.max.s32" in screen["ptx"], name
-        assert "red.global.gpu.relaxed.min.u32" in screen["ptx"], name
+        # (`red` under Triton 3.9, `atom` under 3.6, the GPU machine's)
+        assert re.search(r"(atom|red)\.global\.gpu\.relaxed\.max\.s32", screen["ptx"]), name
+        assert re.search(r"(atom|red)\.global\.gpu\.relaxed\.min\.u32", screen["ptx"]), name
         assert screen["stack"] == 0, name
     ptx = compiled["lm screen prefetch"]["ptx"]
     assert first_load_after_the_wait(ptx) and "prefetch.global.L2" in ptx[:ptx.index("griddepcontrol.wait")]
