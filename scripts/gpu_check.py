@@ -92,8 +92,8 @@ from typing import Any, Callable
 import torch
 
 from gpu_measure import _time, cost_curve, profile_step, row_checks, step_anatomy
-from gpu_step import (EVERY_CANDIDATE, EVERY_NARROW, EVERY_TILES, FIVE_DOWN_TILES, FIVE_LAUNCHES, NO_CANDIDATES,
-                      NO_FUSED, NO_PDL, blas_of, fails_to_run, pdl_check, plain_probe, restore_environment,
+from gpu_step import (EVERY_CANDIDATE, EVERY_NARROW, EVERY_TILES, FIVE_DOWN_TILES, FIVE_LAUNCHES, LM_SCREEN,
+                      NO_CANDIDATES, NO_FUSED, NO_PDL, blas_of, fails_to_run, pdl_check, plain_probe, restore_environment,
                       step_probe, unchecked, variant_env, winner_env)
 from gpu_probes import (attention_probe, bucket_probe, fused_probe, fused_tiles_probe, gemm_probe, key_block_probe,
                         l2_probe, tiles_probe)
@@ -321,6 +321,7 @@ PLAIN_FIVE = (("plain_five", {}, None),
               ("plain_five_early", {"CODESPEC_CUDA_EARLY_KEYS": "1"}, None),
               ("plain_five_rows", {"CODESPEC_CUDA_EARLY_ROWS": "1"}, None),
               ("plain_five_narrow", {"CODESPEC_CUDA_NARROW_STEPS": "1"}, None),
+              ("plain_five_screen", LM_SCREEN, None),
               ("plain_five_gu16", {}, EVERY_TILES),
               ("plain_five_all", EVERY_CANDIDATE, EVERY_TILES),
               # ... and down's 1,064 programs (reported alone in the step stage)

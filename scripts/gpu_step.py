@@ -35,6 +35,7 @@ DEFAULTS = {"CODESPEC_CUDA_ATTENTION": "worklist", "CODESPEC_CUDA_FUSED": "0", "
             "CODESPEC_CUDA_TILE_ROWS": "64", "CODESPEC_CUDA_REDUCE": "launch",
             "CODESPEC_CUDA_ROW_GROUP": "1", "CODESPEC_CUDA_PASS_ROW_GROUP": "0", "CODESPEC_CUDA_KEY_BLOCK": "128",
             "CODESPEC_CUDA_EARLY_KEYS": "0", "CODESPEC_CUDA_EARLY_ROWS": "0", "CODESPEC_CUDA_NARROW_STEPS": "0",
+            "CODESPEC_CUDA_LM_SCREEN": "0",
             "TORCH_BLAS_PREFER_CUBLASLT": "0"}  # torch reads it at start-up: a later stage's process
 FUSED, M16 = {"CODESPEC_CUDA_FUSED": "1"}, {"CODESPEC_CUDA_FUSED": "1", "CODESPEC_CUDA_TILE_ROWS": "16"}
 # session 32's fastest step: five launches a layer (both folds), 16-row programs, PDL warming
@@ -61,14 +62,18 @@ FIVE_GATE_UP_TILES = {"five-launch, gate_up 16 outputs": Config(16, 16, 128, num
 # put at most 9 on any (72 KB): what the rate model says of a second product.
 FIVE_DOWN_TILES = {"five-launch, down 16 outputs, split 19": Config(16, 16, 64, splits=19, num_warps=2,
                                                                    num_stages=4)}
+# lm_head behind its int8 screen (session 42, kernels/lm_screen.py): session 38's probe timed
+# the screen at 51 against the bf16 product's 75 us (16 rows), and the real weights' rows
+# flag ~2 of 1,187 blocks; ~20 us a step if the four launches cost what the probe says.
+LM_SCREEN = {"CODESPEC_CUDA_LM_SCREEN": "1"}
 # The plain bar's candidates together (session 41): the five-launch layers with attention
 # over 64-key blocks, begun before its wait, the products' live rows read before theirs,
-# and gate/up over every SM (the step stage, the plain_five stage's `plain_five_all`, the
-# trace).
+# gate/up over every SM, and (session 42) lm_head's screen (the step stage, the plain_five
+# stage's `plain_five_all`, the trace).
 EVERY_CANDIDATE = {**FIVE_LAUNCHES, "CODESPEC_CUDA_KEY_BLOCK": "64", "CODESPEC_CUDA_EARLY_KEYS": "1",
-                   "CODESPEC_CUDA_EARLY_ROWS": "1"}
+                   "CODESPEC_CUDA_EARLY_ROWS": "1", **LM_SCREEN}
 EVERY_TILES = {"gate_up": FIVE_GATE_UP_TILES["five-launch, gate_up 16 outputs"]}
-EVERY_LABEL = "five-launch, 64-key blocks, early keys and rows, gate_up 16 outputs"
+EVERY_LABEL = "five-launch, 64-key blocks, early keys and rows, gate_up 16 outputs, lm screen"
 # ... and steps in a graph of the bucket's first rows (the smoke's candidates, a plain run, a trace)
 EVERY_NARROW = {**EVERY_CANDIDATE, "CODESPEC_CUDA_NARROW_STEPS": "1"}
 
@@ -106,6 +111,8 @@ VARIANTS: dict[str, dict[str, str]] = {
         **FIVE_LAUNCHES, "CODESPEC_CUDA_KEY_BLOCK": "64", "CODESPEC_CUDA_EARLY_KEYS": "1"},
     # ... each product's live rows read before its wait (session 41: one round trip off each)
     "fused m16 pdl/prefetch fold, fold attention, early rows": {**FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY_ROWS": "1"},
+    # ... lm_head behind its int8 screen (session 42)
+    "fused m16 pdl/prefetch fold, fold attention, lm screen": {**FIVE_LAUNCHES, **LM_SCREEN},
     # ... steps in a graph of the bucket's first 16 rows alone (session 41: no blocks of
     # padding rows; its rows are checked against the full bucket's where it wins)
     "fused m16 pdl/prefetch fold, fold attention, narrow steps": {**FIVE_LAUNCHES, "CODESPEC_CUDA_NARROW_STEPS": "1"},
@@ -388,7 +395,8 @@ def fails_to_run(env: Mapping[str, str], tiles: Mapping[str, Any] | None = None)
     candidates failing (gpu_smoke.py): no stage of this process may launch them."""
     if env.get("CODESPEC_CUDA_FUSED") == "1" and bool(os.environ.get(NO_FUSED)):
         return True
-    new = any(env.get(f"CODESPEC_CUDA_{name}") == "1" for name in ("EARLY_KEYS", "EARLY_ROWS", "NARROW_STEPS"))
+    new = any(env.get(f"CODESPEC_CUDA_{name}") == "1"
+              for name in ("EARLY_KEYS", "EARLY_ROWS", "NARROW_STEPS", "LM_SCREEN"))
     return bool(os.environ.get(NO_CANDIDATES)) and (new or bool(tiles))
 
 

@@ -337,6 +337,10 @@ def test_fused_layers_are_the_model_and_stay_lossless(kv_heads):
     for prompt in prompts(64, 3, seed=1, repeat=False):
         assert engine.generate(prompt, GenerationConfig(max_new_tokens=16, speculate=False)).token_ids == \
             hf_greedy(model, prompt, 16)
+    # the screened product warms no weights (most blocks are never read); the graph's other
+    # products do; the prefill's logits, outside the graph, launch plainly
+    assert {pdl for screened, pdl in launched if screened} == {"launch"}
+    assert {pdl for screened, pdl in launched if not screened} == {"prefetch", None}
     small = tiny_model("qwen2", vocab_size=16, seed=3)
     engine = Engine(CudaForward(small, rows=16, fused=True), None, PromptLookupProposer(min_match_tokens=1),
                     max_draft_tokens=24, eos_token_ids=[])
@@ -349,7 +353,14 @@ def test_lm_head_behind_its_screen_stays_lossless(monkeypatch):
     kernels: tests/kernels/test_lm_screen.py and test_fused_layers.py): transformers'
     greedy output, speculation lossless, the logits of prefill and of every pass the
     full product's."""
+    from codespec.forward import cuda_fused
+    from codespec.kernels.row_linear import row_linear
+
+    launched = []
+    monkeypatch.setattr(cuda_fused, "row_linear", lambda *args, **kwargs: launched.append(
+        (kwargs.get("screened") is not None, kwargs.get("pdl"))) or row_linear(*args, **kwargs))
     monkeypatch.setenv("CODESPEC_CUDA_LM_SCREEN", "1")
+    monkeypatch.setenv("CODESPEC_CUDA_PDL", "prefetch")  # launched as on Hopper (the kernels' references here)
     model = tiny_model("qwen2", vocab_size=64, seed=5)
     forward = CudaForward(model, rows=16, fused=True)
     assert forward.screen is not None and forward.screen.q.dtype == torch.int8
@@ -357,6 +368,10 @@ def test_lm_head_behind_its_screen_stays_lossless(monkeypatch):
     for prompt in prompts(64, 2, seed=1, repeat=False):
         assert engine.generate(prompt, GenerationConfig(max_new_tokens=16, speculate=False)).token_ids == \
             hf_greedy(model, prompt, 16)
+    # the screened product warms no weights (most blocks are never read); the graph's other
+    # products do; the prefill's logits, outside the graph, launch plainly
+    assert {pdl for screened, pdl in launched if screened} == {"launch"}
+    assert {pdl for screened, pdl in launched if not screened} == {"prefetch", None}
     small = tiny_model("qwen2", vocab_size=16, seed=3)
     engine = Engine(CudaForward(small, rows=16, fused=True), None, PromptLookupProposer(min_match_tokens=1),
                     max_draft_tokens=24, eos_token_ids=[])

@@ -383,7 +383,8 @@ def test_plain_five_times_the_five_launch_layers_and_each_candidate_where_the_pd
         monkeypatch, tmp_path):
     """`--stages plain_five` (session 38): the plain bar's candidates, plain decoding with
     the five-launch layers, with attention over 64-key blocks (session 40), begun before
-    its wait, gate/up over every SM, and all three (session 41); each new one's tree rows
+    its wait, gate/up over every SM, and all three (session 41), lm_head's screen, alone and with
+    them (session 42); each new one's tree rows
     against its decode steps first. All skipped, saying why, where the pdl stage found the
     fold changing a bit; early keys', where it found them changing one."""
     import json
@@ -396,7 +397,8 @@ def test_plain_five_times_the_five_launch_layers_and_each_candidate_where_the_pd
     monkeypatch.setattr(gpu_check, "load", lambda model_dir: loaded)
     monkeypatch.setattr(gpu_check, "plain_probe", lambda given: seen.append(
         (given.forward.fused, given.forward.key_block, given.forward.attention, given.forward.early_keys,
-         given.forward.early_rows, given.forward.narrow_tiles is not None, given.forward.tiles["gate_up"].block_n))
+         given.forward.early_rows, given.forward.narrow_tiles is not None, given.forward.tiles["gate_up"].block_n,
+         given.forward.screen is not None))
         or {"identical": True})
     monkeypatch.setattr(gpu_check, "row_checks",
                         lambda given: {"rows_differing": 0, "key_block": given.forward.key_block})
@@ -408,11 +410,16 @@ def test_plain_five_times_the_five_launch_layers_and_each_candidate_where_the_pd
     monkeypatch.setattr(sys, "argv", argv)
     gpu_check.main()
     # the five-launch gate/up (128 outputs) and gate/up over every SM's 16
-    assert seen == [(True, 128, "fold", False, False, False, 128), (True, 64, "fold", False, False, False, 128),
-                    (True, 128, "fold", True, False, False, 128), (True, 128, "fold", False, True, False, 128),
-                    (True, 128, "fold", False, False, True, 128), (True, 128, "fold", False, False, False, 16),
-                    (True, 64, "fold", True, True, False, 16), (True, 64, "fold", True, True, False, 16),
-                    (True, 64, "fold", True, True, True, 16)]
+    assert seen == [(True, 128, "fold", False, False, False, 128, False),
+                    (True, 64, "fold", False, False, False, 128, False),
+                    (True, 128, "fold", True, False, False, 128, False),
+                    (True, 128, "fold", False, True, False, 128, False),
+                    (True, 128, "fold", False, False, True, 128, False),
+                    (True, 128, "fold", False, False, False, 128, True),
+                    (True, 128, "fold", False, False, False, 16, False),
+                    (True, 64, "fold", True, True, False, 16, True),
+                    (True, 64, "fold", True, True, False, 16, True),
+                    (True, 64, "fold", True, True, True, 16, True)]
     written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     assert written["plain_five_64"]["key_block"] == 64 and written["plain_five_64"]["identical"]
     assert written["plain_five_all"]["tiles"]["gate_up"]["block_n"] == 16 and "rows_differing" in written["plain_five_all"]
@@ -420,15 +427,18 @@ def test_plain_five_times_the_five_launch_layers_and_each_candidate_where_the_pd
     assert "rows_differing" not in written["plain_five"]  # nothing new in it: plain decoding alone
     monkeypatch.setenv(gpu_step.SAME_BITS["early keys"][1], "1")  # as the pdl stage leaves it where they changed a bit
     gpu_check.main()
-    assert seen[9:] == [(True, 128, "fold", False, False, False, 128), (True, 64, "fold", False, False, False, 128),
-                        (True, 128, "fold", False, True, False, 128), (True, 128, "fold", False, False, True, 128),
-                        (True, 128, "fold", False, False, False, 16)]
+    assert seen[10:] == [(True, 128, "fold", False, False, False, 128, False),
+                         (True, 64, "fold", False, False, False, 128, False),
+                         (True, 128, "fold", False, True, False, 128, False),
+                         (True, 128, "fold", False, False, True, 128, False),
+                         (True, 128, "fold", False, False, False, 128, True),
+                         (True, 128, "fold", False, False, False, 16, False)]
     written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     assert all("changing a bit" in written[name]["error"] for name in ("plain_five_early", "plain_five_all",
                                                                         "plain_five_all_down", "plain_five_all_narrow"))
     monkeypatch.setenv(gpu_step.NO_FOLD, "1")  # ... where the fold failed
     gpu_check.main()
-    assert seen[14:] == []
+    assert seen[16:] == []
     written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     assert all("changing a bit" in written[name]["error"] for name, _, _ in gpu_check.PLAIN_FIVE)
 

@@ -114,8 +114,11 @@ def fused_layers(model: Any, layers: list[LayerWeights], tiles: dict[str, Config
         else tile.block_n
     hi = screen_bounds(normed, norms, best, screen, block_m=tile.block_m, block_n=screen_n, flag_n=tile.block_n,
                        trace=trace("lm_screen"), **launch)
+    # no program warms its weights into L2 (`prefetch`): most blocks are never read, and
+    # warming them all would read lm_head's every byte the screen is there to spare
+    exact = {**linear, "pdl": "launch" if linear["pdl"] == "prefetch" else linear["pdl"]}
     logits = row_linear(normed, head.weight, choices=choices, screened=(hi, best), config=tile,
-                        trace=trace("lm_head"), **linear)
+                        trace=trace("lm_head"), **exact)
     return logits, choices, normed
 
 

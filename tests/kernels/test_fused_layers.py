@@ -259,14 +259,22 @@ def test_lm_head_behind_its_screen_keeps_every_choice_and_row(triton_products, m
     graph) are its decode steps' bits; every pass's choices are the argmax of those
     logits and the choices without the screen, with padding rows, a 20-row tree over two
     blocks of 16 rows. (Speculation through it: tests/test_cuda_forward.py.)"""
+    from codespec.kernels import lm_screen
+
+    monkeypatch.setattr(lm_screen, "use_triton", lambda tensor, force: True)
     model, prompt, tree = two_blocks_of_rows(monkeypatch)
     plain = CudaForward(model, rows=32, fused=True)
     monkeypatch.setenv("CODESPEC_CUDA_LM_SCREEN", "1")
-    forward = CudaForward(model, rows=32, fused=True)
+    forward = CudaForward(model, rows=32, fused=True, trace=True)
     assert forward.screen is not None and plain.screen is None
     assert forward.profile_key()["layout"] != plain.profile_key()["layout"]
     cache, plain_cache = prefilled(forward, prompt), prefilled(plain, prompt)
     assert_tree_rows_are_steps(forward, cache, len(prompt))
+    # traced: lm_head's launches (the choices' is not), a program a row for the norm, the
+    # screen's for 32 rows in blocks of 16 over the vocabulary's one block of 32
+    launches = forward.tracer.timeline()["launches"]
+    assert [(launch["label"], launch["programs"]) for launch in launches[-3:]] == [
+        ("lm_norm", 32), ("lm_screen", 2), ("lm_head", 2)]
     for requests in ([(0, len(prompt), tree)], [(0, len(prompt), VerifyTree.chain(4)), (1, len(prompt), tree)]):
         logits = forward.logits(cache, requests)
         choices = forward.choices(cache, requests)
