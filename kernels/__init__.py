@@ -16,7 +16,9 @@ contiguity, and `<op>_ref` in plain torch that CPU tensors use:
   combined in order (the cuda backend's attention);
 * `rope_store.rope_store`: rotary on q and k, and K and V stored in their KV slots;
 * `row_linear.row_linear`: a row-exact product with our own tiles, optionally with the
-  norm or SiLU before it and the residual add after it, over the rows that hold a token.
+  norm or SiLU before it and the residual add after it, over the rows that hold a token;
+* `lm_screen`: lm_head's greedy choices through an int8 screen (`head_rows`,
+  `screen_bounds`, then row_linear's `screened` blocks), each the full product's.
 """
 
 from __future__ import annotations

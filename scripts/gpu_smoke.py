@@ -15,7 +15,8 @@ failure):
   session 40 removed the schedule.)
 * `candidates` (session 41): the same with every candidate for the plain bar
   (gpu_step.EVERY_NARROW: attention over 64-key blocks begun before its wait, the
-  products' live rows read before theirs, and gate/up's 16-output tile at two warps) and
+  products' live rows read before theirs, gate/up's 16-output tile at two warps and,
+  session 42, lm_head behind its int8 screen, its logits' full product too) and
   narrow steps (CODESPEC_CUDA_NARROW_STEPS), a one-row step through their graph too."""
 
 from __future__ import annotations
