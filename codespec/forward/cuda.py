@@ -269,7 +269,7 @@ class CudaForward:
                 last = bucket, n  # the last replay's last row is the prompt's
         assert last is not None, "nothing to prefill"
         bucket, n = last
-        return self._logits(bucket, n)[n - 1:n].clone()  # the next pass overwrites the replay's outputs
+        return self._logits(bucket, n, last_only=True).clone()  # the next pass overwrites the replay's outputs
 
     @torch.inference_mode()
     def logits(self, cache: Any, requests: Requests) -> torch.Tensor:
@@ -404,16 +404,22 @@ class CudaForward:
         bucket.logits, bucket.choices, bucket.normed = bucket.outputs[layout]
         graph.replay()
 
-    def _logits(self, bucket: _Bucket, n: int) -> torch.Tensor:
-        """The first `n` rows' logits of the bucket's last replay: its outputs, or behind
-        lm_head's screen (whose product computed the flagged blocks alone) the full product
-        over the replay's normed rows, by the same tile: the same bits."""
+    def _logits(self, bucket: _Bucket, n: int, last_only: bool = False) -> torch.Tensor:
+        """The first `n` rows' logits of the bucket's last replay (`last_only`: the n-th
+        row's alone, a prefill's): its outputs, or behind lm_head's screen (whose product
+        computed the flagged blocks alone) the full product over the replay's normed rows,
+        by the same tile: the same bits."""
+        first = n - 1 if last_only else 0
         if bucket.normed is None:
-            return bucket.logits[:n]
+            return bucket.logits[first:n]
         rows = bucket.normed.shape[0]
         meta = bucket.flat[: META_FIELDS * self.rows].view(META_FIELDS, self.rows)
+        context, path_len = meta[CONTEXT, :rows], meta[PATH_LEN, :rows]
+        if last_only:  # the other rows left out: only the block of rows holding this one computes
+            wanted = torch.arange(rows, device=context.device) == first
+            context, path_len = context * wanted, path_len * wanted
         return full_logits(self.model, bucket.normed, self._layout_tiles(bucket.layout)["lm_head"],
-                           (meta[CONTEXT, :rows], meta[PATH_LEN, :rows]))[:n]
+                           (context, path_len))[first:n]
 
     def _layout_tiles(self, layout: Any) -> dict[str, Config]:
         return self.pass_tiles if layout == WIDE else self.narrow_tiles if layout == NARROW else self.tiles

@@ -269,6 +269,9 @@ def test_lm_head_behind_its_screen_keeps_every_choice_and_row(triton_products, m
     assert forward.screen is not None and plain.screen is None
     assert forward.profile_key()["layout"] != plain.profile_key()["layout"]
     cache, plain_cache = prefilled(forward, prompt), prefilled(plain, prompt)
+    # a prefill's last row: the full product over that row alone, outside the graph
+    first, plain_first = forward.prefill(cache, 1, prompt, 0), plain.prefill(plain_cache, 1, prompt, 0)
+    assert first.shape == (1, 32) and torch.allclose(first, plain_first, rtol=1e-4, atol=1e-4)
     assert_tree_rows_are_steps(forward, cache, len(prompt))
     # traced: lm_head's launches (the choices' is not), a program a row for the norm, the
     # screen's for 32 rows in blocks of 16 over the vocabulary's one block of 32
