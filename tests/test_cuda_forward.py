@@ -337,10 +337,6 @@ def test_fused_layers_are_the_model_and_stay_lossless(kv_heads):
     for prompt in prompts(64, 3, seed=1, repeat=False):
         assert engine.generate(prompt, GenerationConfig(max_new_tokens=16, speculate=False)).token_ids == \
             hf_greedy(model, prompt, 16)
-    # the screened product warms no weights (most blocks are never read); the graph's other
-    # products do; the prefill's logits, outside the graph, launch plainly
-    assert {pdl for screened, pdl in launched if screened} == {"launch"}
-    assert {pdl for screened, pdl in launched if not screened} == {"prefetch", None}
     small = tiny_model("qwen2", vocab_size=16, seed=3)
     engine = Engine(CudaForward(small, rows=16, fused=True), None, PromptLookupProposer(min_match_tokens=1),
                     max_draft_tokens=24, eos_token_ids=[])

@@ -63,14 +63,14 @@ from codespec.forward import profile
 from codespec.forward.base import Moves, Requests, kv_dims
 from codespec.forward.chained import Chained, Collect, next_starts, plain_steps, step_rows
 from codespec.forward.cuda_fused import full_logits, fused_layers, fused_tiles, screen_of
-from codespec.forward.cuda_layers import LayerWeights, add_norm, eps_of, gated, rotary_table
+from codespec.forward.cuda_layers import LayerWeights, add_norm, eager_prefill_chunk, eps_of, gated, rotary_table
 from codespec.forward.cuda_settings import CudaSettings, is_hopper, require_hopper
 from codespec.forward.passlayout import CONTEXT, META_FIELDS, PATH_LEN, PassRows, chain_rows, fill_staging, tree_rows
 from codespec.kernels.compact import keep_paths
 from codespec.kernels.flags import PassFlags
-from codespec.kernels.rope_store import rope_store, rope_store_ref
+from codespec.kernels.rope_store import rope_store
 from codespec.kernels.row_attention import row_attention
-from codespec.kernels.row_linear import Config, Rope, rms_norm, row_linear
+from codespec.kernels.row_linear import Config, Rope, row_linear
 from codespec.kernels.trace import TakeTrace, Tracer
 
 _log = logging.getLogger(__name__)
@@ -260,7 +260,8 @@ class CudaForward:
         if self.eager_prefill:
             hidden = None
             for begin, end in cache.spans(len(prompt), start):
-                hidden = self._prefill_chunk(cache, slot, prompt[begin:end], begin)
+                hidden = eager_prefill_chunk(self.model.model, self._layers, cache, slot, prompt[begin:end], begin,
+                                             self._bucket(cache).rope, self.heads, self.kv_heads, self.head_dim)
             assert hidden is not None, "nothing to prefill"
             return self.model.lm_head(self.model.model.norm(hidden[-1:]))
         last = None
@@ -517,26 +518,3 @@ class CudaForward:
         if choices is not None:
             torch.argmax(y, dim=-1, out=choices)
         return y
-
-    # -- prefill ------------------------------------------------------------------------------
-    def _prefill_chunk(self, cache: Any, slot: int, ids: Sequence[int], begin: int) -> torch.Tensor:
-        """Write one chunk's KV at positions begin.. of the slot; its last hidden states."""
-        model, n, end = self.model.model, len(ids), begin + len(ids)
-        positions = torch.arange(begin, end, device=self.device)
-        causal = torch.arange(end, device=self.device)[None, :] <= positions[:, None]  # [n, end]
-        hidden = model.embed_tokens(torch.tensor(list(ids), device=self.device))
-        cos, sin = (table.index_select(0, positions) for table in self._bucket(cache).rope)
-        for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
-            x = rms_norm(hidden, w.input_norm, w.input_eps)
-            q, k, v = rope_store_ref(F.linear(x, w.qkv, w.qkv_bias), cos, sin, self.heads, self.kv_heads,
-                                     self.head_dim)
-            cache.keys[index][slot, :, begin:end] = k.transpose(0, 1)
-            cache.values[index][slot, :, begin:end] = v.transpose(0, 1)
-            attended = F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None], cache.keys[index][slot:slot + 1, :, :end],
-                cache.values[index][slot:slot + 1, :, :end], attn_mask=causal, scale=layer.self_attn.scaling,
-                enable_gqa=True)
-            hidden, x = add_norm(hidden, F.linear(attended[0].transpose(0, 1).reshape(n, -1), w.o, w.o_bias),
-                                  w.post_norm, w.post_eps)
-            hidden = hidden + F.linear(w.activated(F.linear(x, w.gate_up)), w.down)
-        return hidden

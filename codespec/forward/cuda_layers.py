@@ -1,15 +1,17 @@
 """The cuda backend's layer pieces (forward/cuda.py): each decoder layer's tensors with
-q/k/v and gate/up fused into one product each, the rotary tables, and the small
-functions between the products (torch.compile'd there on CUDA)."""
+q/k/v and gate/up fused into one product each, the rotary tables, the small functions
+between the products (torch.compile'd there on CUDA), and the eager prefill's chunk
+(CODESPEC_CUDA_PREFILL=eager)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from codespec.kernels.rope_store import rope_store_ref
 from codespec.kernels.row_linear import gate_up_pairs, rms_norm, silu_pairs
 
 
@@ -72,3 +74,30 @@ def gated(gate_up: torch.Tensor) -> torch.Tensor:
     """The MLP's SiLU gate on the fused gate/up product."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def eager_prefill_chunk(model: Any, layers: list[LayerWeights], cache: Any, slot: int, ids: Sequence[int],
+                        begin: int, rope: tuple[torch.Tensor, torch.Tensor], heads: int, kv_heads: int,
+                        head_dim: int) -> torch.Tensor:
+    """One prefill chunk of the transformers model body `model` (its layers' tensors
+    `layers`), eager with causal SDPA: its KV written at positions begin.. of the slot,
+    rotary's tables `rope` read at them; its last hidden states."""
+    n, end = len(ids), begin + len(ids)
+    device = rope[0].device
+    positions = torch.arange(begin, end, device=device)
+    causal = torch.arange(end, device=device)[None, :] <= positions[:, None]  # [n, end]
+    hidden = model.embed_tokens(torch.tensor(list(ids), device=device))
+    cos, sin = (table.index_select(0, positions) for table in rope)
+    for index, (layer, w) in enumerate(zip(model.layers, layers)):
+        x = rms_norm(hidden, w.input_norm, w.input_eps)
+        q, k, v = rope_store_ref(F.linear(x, w.qkv, w.qkv_bias), cos, sin, heads, kv_heads, head_dim)
+        cache.keys[index][slot, :, begin:end] = k.transpose(0, 1)
+        cache.values[index][slot, :, begin:end] = v.transpose(0, 1)
+        attended = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], cache.keys[index][slot:slot + 1, :, :end],
+            cache.values[index][slot:slot + 1, :, :end], attn_mask=causal, scale=layer.self_attn.scaling,
+            enable_gqa=True)
+        hidden, x = add_norm(hidden, F.linear(attended[0].transpose(0, 1).reshape(n, -1), w.o, w.o_bias),
+                             w.post_norm, w.post_eps)
+        hidden = hidden + F.linear(w.activated(F.linear(x, w.gate_up)), w.down)
+    return hidden
