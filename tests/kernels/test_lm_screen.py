@@ -6,11 +6,13 @@ references."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from codespec.kernels.lm_screen import ScreenWeights, flagged, head_rows, screen_bounds
-from codespec.kernels.row_linear import Config, row_linear
+from codespec.kernels.row_linear import Config, row_linear, row_linear_ref
 
 pytest.importorskip("triton", reason="triton is a test dependency (pip install -e '.[test]')")
 pytestmark = pytest.mark.filterwarnings("ignore:(overflow|invalid value) encountered:RuntimeWarning")
@@ -135,3 +137,43 @@ def test_bad_arguments_are_one_clear_line():
         screen_bounds(normed, norms, best, ScreenWeights.of(weight), block_m=16, block_n=24)
     with pytest.raises(ValueError, match="sums of up to 4096 terms"):
         ScreenWeights.of(torch.zeros(16, 8192))
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_on_the_default_models_real_rows_the_screened_choices_are_the_full_products(default_model):
+    """The real weights in bf16 (lm_head: the tied embeddings) and the residual stream of
+    real code before the final norm: the four launches, as the fused layers run them
+    (norm weights, 128-token screen programs flagging each 32), give every row the full
+    product's choice, computing a few of the 4,748 blocks of 32 a row."""
+    from pathlib import Path
+
+    from codespec.forward.cuda_fused import SCREEN_BLOCK_N, SCREENED_LM_HEAD
+    from codespec.kernels import lm_screen
+
+    model, tokenizer = default_model.model, default_model.tokenizer
+    body = model.model
+    weight = model.get_input_embeddings().weight.detach().to(torch.bfloat16)  # tied: lm_head
+    norm = body.norm.weight.detach().to(torch.bfloat16)
+    seen = []
+    handle = body.norm.register_forward_hook(lambda module, args, output: seen.append(args[0][0]))
+    with torch.no_grad():
+        for text in (Path(__file__).read_text()[:1500], Path(lm_screen.__file__).read_text()[:1500]):
+            model(torch.tensor([tokenizer.encode(text)[:200]]))
+    handle.remove()
+    x = torch.cat([hidden[torch.linspace(20, hidden.shape[0] - 1, 8).long()] for hidden in seen])
+    x = x.to(torch.bfloat16).contiguous()
+    squares = x.float().pow(2).view(16, 28, -1).sum(-1)  # as down leaves them: 28 blocks of 32
+    tile = replace(SCREENED_LM_HEAD, block_m=16)
+    normed, norms, best = head_rows(x, squares, norm, body.norm.variance_epsilon, force_triton=True)
+    hi = screen_bounds(normed, norms, best, ScreenWeights.of(weight), block_m=16, block_n=SCREEN_BLOCK_N,
+                       flag_n=tile.block_n, force_triton=True)
+    got = torch.empty(16, dtype=torch.int64)
+    row_linear(normed, weight, choices=got, config=tile, screened=(hi, best), force_triton=True)
+    # the full product's choices by its torch reference (float32 sums in another order:
+    # the interpreter's full product of 4,748 programs would take minutes; these rows'
+    # winners stand clear of rounding)
+    full = row_linear_ref(normed, weight, None)
+    flags = flagged(hi, best, torch.bfloat16)
+    assert torch.equal(got, full.argmax(dim=1))
+    assert flags.shape == (16, 4748) and flags.sum(dim=1).float().median() <= 16, flags.sum(dim=1)
