@@ -36,9 +36,9 @@ def triton_products(monkeypatch):
 def pass_logits(monkeypatch, attention: str, reduce: str, setting: str, values: tuple[str, ...]):
     """A tree pass's logits through the Triton kernels (products and attention, under the
     interpreter) with `setting` at each of `values`, and the backend each built."""
-    from codespec.kernels import row_attention
+    from codespec.kernels import lm_screen, row_attention
 
-    for module in (row_linear_module, row_attention):
+    for module in (row_linear_module, row_attention, lm_screen):
         monkeypatch.setattr(module, "use_triton", lambda tensor, force: True)
     monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", attention)
     monkeypatch.setenv("CODESPEC_CUDA_REDUCE", reduce)
@@ -204,6 +204,21 @@ def test_launches_that_wait_on_counts_compute_the_same_bits_and_count_every_prog
     assert launches >= 1 + 5 * model.config.num_hidden_layers + 2
     assert counts[1:launches + 1] == flags.programs and counts[0] == 0 and not any(counts[launches + 1:])
     assert flags.programs[0] == 16 and flags.errors() == 0  # the embeddings: a program a row of the bucket
+
+
+def test_lm_head_s_screen_waits_on_counts_too(monkeypatch):
+    """CODESPEC_CUDA_LM_SCREEN=1 with CODESPEC_CUDA_PDL=flags: the screen's launches (the
+    normed rows, the screen, the screened product, its choices) wait on the count before
+    and raise their own, the same bits as without."""
+    monkeypatch.setenv("CODESPEC_CUDA_LM_SCREEN", "1")
+    logits, forwards = pass_logits(monkeypatch, "fold", "fold", "CODESPEC_CUDA_PDL", ("off", "flags"))
+    assert torch.equal(logits["off"], logits["flags"]) and forwards["flags"].screen is not None
+    flags = forwards["flags"].flags
+    launches = len(flags.programs)
+    assert flags.counts.tolist()[1:launches + 1] == flags.programs and flags.errors() == 0
+    # a program a row of the bucket for the norm and the choices; one block of the
+    # vocabulary of 32 for the screen and the product
+    assert flags.programs[-4:] == [16, 1, 1, 16]
 
 
 @pytest.mark.parametrize("setting", ["CODESPEC_CUDA_EARLY_ROWS", "CODESPEC_CUDA_EARLY_KEYS"])
