@@ -133,14 +133,15 @@ def head_rows(x: torch.Tensor, squares: torch.Tensor, norm: torch.Tensor, eps: f
 
 
 def screen_bounds(normed: torch.Tensor, norms: torch.Tensor, best: torch.Tensor, weights: ScreenWeights, *,
-                  block_m: int, block_n: int, flag_n: int | None = None, block_k: int = 128,
+                  block_m: int, block_n: int, flag_n: int | None = None, block_k: int = 128, row_group: int = 1,
                   live: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: str = "off",
                   trace: TakeTrace | None = None, flags: TakeFlag | None = None,
                   force_triton: bool | None = None) -> torch.Tensor:
     """Each row's largest upper bound on its logits in each block of `flag_n` tokens (the
     exact product's block of outputs; default `block_n`), float32 [rows, vocab / flag_n];
     each row's largest lower bound raised into `best` (head_rows' -inf). A program
-    screens `block_m` rows over `block_n` tokens (a multiple of `flag_n`). With `live`,
+    screens `block_m` rows over `block_n` tokens (a multiple of `flag_n`), in groups of
+    `row_group` blocks of rows reading each int8 tile once (1, 2 or 4). With `live`,
     the rows without a token are left as they were (the Triton kernel; the reference
     bounds every row). `pdl` prefetch: each program warms its block's int8 weights into
     L2 before it waits for the kernel before."""
@@ -153,9 +154,11 @@ def screen_bounds(normed: torch.Tensor, norms: torch.Tensor, best: torch.Tensor,
     while block_k > 16 and k_size % block_k:
         block_k //= 2
     flag_n = flag_n or block_n
-    check(rows % block_m == 0 and weights.vocab % block_n == 0 and k_size % block_k == 0 and block_n % flag_n == 0,
-          f"blocks of {block_m} rows, {block_n} tokens ({flag_n} a flag), {block_k} columns do not tile "
-          f"{rows}x{weights.vocab}x{k_size}")
+    check(row_group in (1, 2, 4), f"a row group of 1, 2 or 4 blocks, not {row_group}")
+    check(rows % (block_m * row_group) == 0 and weights.vocab % block_n == 0 and k_size % block_k == 0
+          and block_n % flag_n == 0,
+          f"blocks of {block_m} rows ({row_group} a group), {block_n} tokens ({flag_n} a flag), {block_k} columns "
+          f"do not tile {rows}x{weights.vocab}x{k_size}")
     check_live(live, normed)
     check(pdl in PDL_MODES, f"pdl {pdl!r}: expected one of {', '.join(PDL_MODES)}")
     hi = torch.empty(rows, weights.vocab // flag_n, dtype=torch.float32, device=normed.device)
@@ -164,7 +167,7 @@ def screen_bounds(normed: torch.Tensor, norms: torch.Tensor, best: torch.Tensor,
 
         cuda_pdl = pdl != "off" and normed.is_cuda
         _triton_screen.screen(normed, weights.q, weights.scale, weights.bound, norms, hi, best, block_m, block_n,
-                              flag_n, block_k, live, cuda_pdl, cuda_pdl and pdl == "prefetch", trace, flags)
+                              flag_n, block_k, row_group, live, cuda_pdl, cuda_pdl and pdl == "prefetch", trace, flags)
     else:
         approx = (normed.double() @ weights.q.double().T).float() * weights.scale
         margin = weights.bound[None, :] * norms[:, None]

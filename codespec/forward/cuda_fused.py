@@ -112,8 +112,11 @@ def fused_layers(model: Any, layers: list[LayerWeights], tiles: dict[str, Config
     # the screen's programs over 128 tokens where they hold whole blocks of the product's
     screen_n = SCREEN_BLOCK_N if SCREEN_BLOCK_N % tile.block_n == 0 and screen.vocab % SCREEN_BLOCK_N == 0 \
         else tile.block_n
+    # ... each int8 tile loaded once for every block of rows (the screen's sums are its
+    # own: any order keeps its bound)
+    group = max(g for g in (1, 2, 4) if rows % (tile.block_m * g) == 0)
     hi = screen_bounds(normed, norms, best, screen, block_m=tile.block_m, block_n=screen_n, flag_n=tile.block_n,
-                       trace=trace("lm_screen"), **launch)
+                       row_group=group, trace=trace("lm_screen"), **launch)
     # no program warms its weights into L2 (`prefetch`): most blocks are never read, and
     # warming them all would read lm_head's every byte the screen is there to spare
     exact = {**linear, "pdl": "launch" if linear["pdl"] == "prefetch" else linear["pdl"]}

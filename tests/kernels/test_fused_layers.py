@@ -288,11 +288,12 @@ def test_lm_head_behind_its_screen_keeps_every_choice_and_row(triton_products, m
     first, plain_first = forward.prefill(cache, 1, prompt, 0), plain.prefill(plain_cache, 1, prompt, 0)
     assert first.shape == (1, 32) and torch.allclose(first, plain_first, rtol=1e-4, atol=1e-4)
     assert_tree_rows_are_steps(forward, cache, len(prompt))
-    # traced: lm_head's launches (the choices' is not), a program a row for the norm, the
-    # screen's for 32 rows in blocks of 16 over the vocabulary's one block of 32
+    # traced: lm_head's launches (the choices' is not), a program a row for the norm, one
+    # for the screen (its 32 rows' two blocks of 16 in a group, the vocabulary one block of
+    # 32), one a block of 16 rows for the product
     launches = forward.tracer.timeline()["launches"]
     assert [(launch["label"], launch["programs"]) for launch in launches[-3:]] == [
-        ("lm_norm", 32), ("lm_screen", 2), ("lm_head", 2)]
+        ("lm_norm", 32), ("lm_screen", 1), ("lm_head", 2)]
     for requests in ([(0, len(prompt), tree)], [(0, len(prompt), VerifyTree.chain(4)), (1, len(prompt), tree)]):
         logits = forward.logits(cache, requests)
         choices = forward.choices(cache, requests)

@@ -38,14 +38,14 @@ def hidden(rows: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torc
 
 def screened_choices(x: torch.Tensor, squares: torch.Tensor, norm: torch.Tensor, weight: torch.Tensor,
                      live: tuple[torch.Tensor, torch.Tensor] | None = None, tile: Config = TILE,
-                     screen_n: int = BLOCK):
+                     screen_n: int = BLOCK, screen_group: int = 1):
     """The four launches (head_rows, screen_bounds over `screen_n` tokens a program, the
     screened product, its choices) through the Triton kernels, and the full product's
     choices over the same normed rows."""
     rows = x.shape[0]
     normed, norms, best = head_rows(x, squares, norm, 1e-6, live=live, force_triton=True)
     hi = screen_bounds(normed, norms, best, ScreenWeights.of(weight), block_m=tile.block_m, block_n=screen_n,
-                       flag_n=tile.block_n, block_k=32, live=live, force_triton=True)
+                       flag_n=tile.block_n, block_k=32, row_group=screen_group, live=live, force_triton=True)
     got = torch.empty(rows, dtype=torch.int64)
     screened = torch.full((rows, weight.shape[0]), float("nan"), dtype=x.dtype)
     row_linear(normed, weight, choices=got, config=tile, live=live, screened=(hi, best), out=screened,
@@ -65,8 +65,10 @@ def test_screened_choices_are_the_full_products_on_random_and_peaked_rows(dtype)
         tokens = torch.arange(16) * 13 + seed
         x[16:] = (weight[tokens].float() / weight[tokens].float().norm(dim=1, keepdim=True) * 12).to(dtype)
         squares = x.float().pow(2).view(32, 4, -1).sum(-1)
-        # the second seed's screen reads 64 tokens a program, flagging each 16 of them
-        got, full, logits, flags, screened = screened_choices(x, squares, norm, weight, screen_n=16 * 4 ** seed)
+        # the second seed's screen reads 64 tokens a program, flagging each 16 of them, for
+        # both blocks of 16 rows (a row group)
+        got, full, logits, flags, screened = screened_choices(x, squares, norm, weight, screen_n=16 * 4 ** seed,
+                                                              screen_group=1 + seed)
         assert torch.equal(got, full), seed
         # a program computes a block of outputs where a row of its 16 flags it, the full
         # product's bits; the others compute nothing
@@ -97,14 +99,17 @@ def test_a_tie_across_blocks_takes_the_first_and_a_nan_row_its_nan():
 
 def test_padding_rows_and_row_groups_keep_the_live_rows_choices():
     """A pass of 20 live rows in a 64-row bucket: the screen and the product skip the
-    padding rows; in groups of two blocks of 16 rows, each weight tile serves both."""
+    padding rows; in groups of two blocks of 16 rows, each weight tile serves both; the
+    screen's groups of four blocks compute the two that hold a token, or all four."""
     weight = weights(torch.bfloat16, 3)
     x, squares, norm = hidden(64, torch.bfloat16, 4)
     context = torch.tensor([9] * 20 + [0] * 44)
     live = (context, torch.zeros(64, dtype=torch.int64))
-    for tile in (TILE, Config(16, BLOCK, 16, num_stages=2, row_group=2)):
-        got, full, _, _, _ = screened_choices(x, squares, norm, weight, live, tile)
+    for tile, screen_group in ((TILE, 1), (Config(16, BLOCK, 16, num_stages=2, row_group=2), 2), (TILE, 4)):
+        got, full, _, _, _ = screened_choices(x, squares, norm, weight, live, tile, screen_group=screen_group)
         assert torch.equal(got[:20], full[:20]), tile
+    got, full, _, _, _ = screened_choices(x, squares, norm, weight, None, TILE, screen_group=4)  # four live blocks
+    assert torch.equal(got, full)
 
 
 def test_the_kernels_are_their_references():
@@ -118,6 +123,13 @@ def test_the_kernels_are_their_references():
     hi_ref = screen_bounds(*expected, screen, block_m=16, block_n=BLOCK)
     hi = screen_bounds(*got, screen, block_m=16, block_n=BLOCK, block_k=32, force_triton=True)
     assert torch.allclose(hi_ref, hi, rtol=1e-4, atol=1e-4) and torch.allclose(expected[2], got[2], rtol=1e-4)
+    # 32 rows in one group of two blocks: the bounds of each block alone
+    wide = torch.cat([x, x.flip(0)]), torch.cat([squares, squares.flip(0)])
+    rows = head_rows(*wide, norm, 1e-6, force_triton=True)
+    grouped = screen_bounds(*rows, screen, block_m=16, block_n=BLOCK, block_k=32, row_group=2, force_triton=True)
+    alone = screen_bounds(*head_rows(*wide, norm, 1e-6, force_triton=True), screen, block_m=16, block_n=BLOCK,
+                          block_k=32, force_triton=True)
+    assert torch.equal(grouped, alone) and torch.equal(grouped[:16], hi)
     # the bound holds: every logit between its token's lower and upper bound
     logits = expected[0].double() @ weight.double().T
     margin = screen.bound.double() * expected[1].double()[:, None]

@@ -257,16 +257,17 @@ out["lm rows pdl"] = build(_triton_screen._head_rows_kernel,
                            {"K": 896, "K_PAD": 1024, "SQUARES_IN": 28, "SQUARES_PAD": 32, "SLACK": 1 + 2 ** -10,
                             "LIVE": True, "PDL": True, "CLOCK": 0, "FLAGS": False})
 screen_sectors = triton.next_power_of_2(896 // 32)
-for name, pdl in (("lm screen", False), ("lm screen prefetch", True)):
+# ... in a step's narrow graph (16 rows: one block), and in the bucket's (64 rows: a group of four)
+for name, pdl, group in (("lm screen", False, 1), ("lm screen prefetch", True, 1), ("lm screen group", True, 4)):
     out[name] = build(_triton_screen._screen_kernel,
                       {"x_ptr": "*bf16", "q_ptr": "*i8", **{name: "*fp32" for name in (
                           "scale_ptr", "bound_ptr", "norms_ptr", "hi_ptr", "best_ptr")}, **head_meta,
                        "s_x": "i32", "s_q": "i32", "s_hi": "i32"},
                       {"K": 896, "BLOCK_M": 16, "BLOCK_N": 128, "FLAG_N": SCREENED_LM_HEAD.block_n, "BLOCK_K": 128,
-                       "UPCAST": False, "IEEE": False,
+                       "ROW_GROUP": group, "UPCAST": False, "IEEE": False,
                        "LIVE": True, "PDL": pdl, "PREFETCH": pdl, "SECTOR": 32, "SECTORS": screen_sectors,
                        "WARM_ROWS": min(128, 512 // screen_sectors), "CLOCK": 0, "FLAGS": False},
-                      stages=_triton_screen.STAGES)
+                      warps=_triton_screen.screen_warps(group), stages=_triton_screen.STAGES)
 json.dump(out, sys.stdout)
 """
 
@@ -530,9 +531,10 @@ def test_the_lm_screen_reads_int8_into_a_tensor_core_product_without_spilling(co
     """The screen's int8 tiles come in through 16-byte asynchronous copies (pipelined, as
     the products' bf16 tiles) and meet x in a bf16 tensor-core product (the bytes
     unpacked in registers: exact for |q| <= 127); each row's best lower bound raised by
-    a float atomic max at GPU scope; nothing spills. Launched as a programmatic
-    dependent, it warms its int8 block into L2 and reads nothing else before it waits."""
-    for name in ("lm screen", "lm screen prefetch"):
+    a float atomic max at GPU scope; nothing spills, in a group of four blocks of rows
+    either. Launched as a programmatic dependent, it warms its int8 block into L2 and
+    reads nothing else before it waits."""
+    for name in ("lm screen", "lm screen prefetch", "lm screen group"):
         screen = compiled[name]
         assert "cp.async.cg.shared.global" in screen["ptx"], name
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in screen["ptx"] or "wgmma" in screen["ptx"]
