@@ -9,8 +9,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from codespec.kernels._triton_pdl import COUNTED, pdl_done, pdl_start, pdl_wait_for
-from codespec.kernels._triton_trace import ENDED, START, WAITED, program_index, trace_mark
+from codespec.kernels._triton_pdl import COUNTED, pdl_done
+from codespec.kernels._triton_trace import ENDED, trace_mark, waited_program
 
 
 @triton.jit
@@ -113,12 +113,8 @@ def _row_attention_combine_kernel(out_ptr, part_ptr, context_ptr, path_len_ptr, 
                                   before, DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, CHUNK: tl.constexpr,
                                   PDL: tl.constexpr, CLOCK: tl.constexpr, FLAGS: tl.constexpr):
     # One program per (row, query head).
-    program = program_index()
-    trace_mark(trace_ptr, clock_ptr, program, START, CLOCK)
-    pdl_start(PDL)
+    program = waited_program(trace_ptr, clock_ptr, flags_ptr, launch, before, PDL, FLAGS, CLOCK)
     row = tl.program_id(0)
-    pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
-    trace_mark(trace_ptr, clock_ptr, program, WAITED, CLOCK)
     blocks = tl.cdiv(tl.load(context_ptr + row) + tl.load(path_len_ptr + row), KEY_BLOCK)
     _combine(out_ptr, part_ptr, row, tl.program_id(1), blocks, s_out_row, s_out_head, s_part_row, s_part_head,
              s_part_block, DIM, CHUNK)

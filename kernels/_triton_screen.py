@@ -13,7 +13,8 @@ import triton.language as tl
 from codespec.kernels._triton import live_rows
 from codespec.kernels._triton_linear import _group_rows, _nan_largest, _warm_weights
 from codespec.kernels._triton_pdl import COUNTED, launch_options, pdl_done, pdl_start, pdl_wait_for
-from codespec.kernels._triton_trace import COMPUTED, ENDED, START, WAITED, launch_hooks, program_index, trace_mark
+from codespec.kernels._triton_trace import (COMPUTED, ENDED, START, WAITED, launch_hooks, program_index, trace_mark,
+                                            waited_program)
 from codespec.kernels.flags import TakeFlag
 from codespec.kernels.trace import TakeTrace
 
@@ -35,12 +36,8 @@ def _head_rows_kernel(x_ptr, sq_in_ptr, norm_ptr, normed_ptr, norms_ptr, best_pt
     # left, the normalised row rounded, then times the weight, rounded), stored once for
     # the screen and the exact product to read the same bits; its norm, rounded up by
     # SLACK past float32's sum; and the row's best lower bound, -inf for the screen to raise.
-    program = program_index()
-    trace_mark(trace_ptr, clock_ptr, program, START, CLOCK)
-    pdl_start(PDL)
+    program = waited_program(trace_ptr, clock_ptr, flags_ptr, launch, before, PDL, FLAGS, CLOCK)
     row = tl.program_id(0)
-    pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
-    trace_mark(trace_ptr, clock_ptr, program, WAITED, CLOCK)
     tl.store(best_ptr + row, float("-inf"))
     m = row + tl.zeros([1], tl.int32)
     if tl.max(live_rows(context_ptr, path_len_ptr, m, LIVE, "").to(tl.int32), axis=0) > 0:

@@ -22,6 +22,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
+from codespec.kernels._triton_pdl import pdl_start, pdl_wait_for
 from codespec.kernels.flags import TakeFlag, flagged
 from codespec.kernels.trace import COLUMNS, PHASES, SM_COLUMN, UNTRACED, TakeTrace, Trace
 
@@ -51,6 +52,20 @@ def trace_mark(trace_ptr, clock_ptr, program, PHASE: tl.constexpr, CLOCK: tl.con
             if PHASE == 0:
                 sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
                 tl.store(trace_ptr + program * _MARKS + _SM, sm.to(tl.int64) + 1)
+
+
+@triton.jit
+def waited_program(trace_ptr, clock_ptr, flags_ptr, launch, before, PDL: tl.constexpr, FLAGS: tl.constexpr,
+                   CLOCK: tl.constexpr):
+    # A program with nothing to do before its wait: its start marked, its dependents let
+    # start, the kernel before waited for (kernels/_triton_pdl.py), that marked; its row
+    # in the launch's region.
+    program = program_index()
+    trace_mark(trace_ptr, clock_ptr, program, START, CLOCK)
+    pdl_start(PDL)
+    pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
+    trace_mark(trace_ptr, clock_ptr, program, WAITED, CLOCK)
+    return program
 
 
 @triton.jit
