@@ -148,6 +148,9 @@ NO_FUSED = "CODESPEC_GPU_CHECK_NO_FUSED"
 # ... and where the plain bar's candidates failed to (session 41: attention's early keys,
 # gate/up's 16-output tile; EVERY_CANDIDATE)
 NO_CANDIDATES = "CODESPEC_GPU_CHECK_NO_CANDIDATES"
+# ... and where lm_head's screen failed to, the other candidates running (session 42: its
+# four launches are tried last in the candidates' process)
+NO_SCREEN = "CODESPEC_GPU_CHECK_NO_SCREEN"
 # Settings that move reads or share a weight tile among blocks of rows, never a row's
 # arithmetic (session 33): the pdl stage asks the five-launch layers for the same bits with
 # each as without; where one differs, its flag is set and no stage takes it. (Session 33's
@@ -162,7 +165,7 @@ SAME_BITS = {"row group": ({"CODESPEC_CUDA_ROW_GROUP": "4"}, "CODESPEC_GPU_CHECK
              # ... and the products' live rows read before their wait
              "early rows": ({"CODESPEC_CUDA_EARLY_ROWS": "1"}, "CODESPEC_GPU_CHECK_NO_EARLY_ROWS")}
 # Every flag the smoke and pdl stages may set for the rest of the run
-CHECK_FLAGS = (NO_PDL, NO_FOLD, NO_FUSED, NO_CANDIDATES, *(flag for _, flag in SAME_BITS.values()))
+CHECK_FLAGS = (NO_PDL, NO_FOLD, NO_FUSED, NO_CANDIDATES, NO_SCREEN, *(flag for _, flag in SAME_BITS.values()))
 # A fold's logits against the reduce kernel's, relative: its own summation order moves a
 # few bf16 roundings (~1e-3); a split lost to a race moves a product by ~1/SPLITS.
 FOLD_TOLERANCE = 0.05
@@ -391,9 +394,12 @@ def where_bits_part(reference: torch.Tensor, runs: list[torch.Tensor], reference
 
 def fails_to_run(env: Mapping[str, str], tiles: Mapping[str, Any] | None = None) -> bool:
     """Whether `env` (with the fused products' `tiles`, where given) takes the fused layers
-    where the smoke stage found them failing to run, or a candidate where it found the
-    candidates failing (gpu_smoke.py): no stage of this process may launch them."""
+    where the smoke stage found them failing to run, a candidate where it found the
+    candidates failing, or lm_head's screen where it found that failing (gpu_smoke.py):
+    no stage of this process may launch them."""
     if env.get("CODESPEC_CUDA_FUSED") == "1" and bool(os.environ.get(NO_FUSED)):
+        return True
+    if env.get("CODESPEC_CUDA_LM_SCREEN") == "1" and bool(os.environ.get(NO_SCREEN)):
         return True
     new = any(env.get(f"CODESPEC_CUDA_{name}") == "1"
               for name in ("EARLY_KEYS", "EARLY_ROWS", "NARROW_STEPS", "LM_SCREEN"))

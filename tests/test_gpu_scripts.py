@@ -558,7 +558,8 @@ def test_the_smoke_stage_turns_off_what_failed_to_run_for_the_whole_run(monkeypa
     for name in ("CODESPEC_CUDA_PDL", *gpu_step.CHECK_FLAGS):
         monkeypatch.setenv(name, "")  # recorded: the stage's own settings are undone after the test
         monkeypatch.delenv(name)
-    answers = {"fused": (-11, "Fatal Python error: Segmentation fault\n"), "candidates": (0, '{"ok": true}\n')}
+    answers = {"fused": (-11, "Fatal Python error: Segmentation fault\n"),
+               "candidates": (0, '{"ok": true, "screen": {"ok": true}}\n')}
     ran: list[list[str]] = []
 
     def run(command, **kwargs):
@@ -599,6 +600,17 @@ def test_the_smoke_stage_turns_off_what_failed_to_run_for_the_whole_run(monkeypa
     assert not gpu_step.fails_to_run(gpu_step.FIVE_LAUNCHES) and gpu_step.fails_to_run(gpu_step.EVERY_CANDIDATE)
     assert gpu_step.fails_to_run(gpu_step.FIVE_LAUNCHES, gpu_step.EVERY_TILES)  # the candidates' tile
     assert gpu_step.unchecked(gpu_step.variant_env(gpu_step.VARIANTS["early keys"]))
+    # the candidates ran, lm_head's screen after them did not (session 42): the screen
+    # alone is off for the run
+    monkeypatch.delenv(gpu_step.NO_CANDIDATES)
+    answers.update(candidates=(0, '{"ok": true, "screen": {"ok": false, "error": "RuntimeError: illegal address"}}\n'))
+    result = gpu_check.smoke_stage(tmp_path)
+    assert result["candidates"]["ok"] and gpu_step.NO_CANDIDATES not in os.environ
+    assert os.environ[gpu_step.NO_SCREEN] == "1" and gpu_step.fails_to_run(gpu_step.EVERY_CANDIDATE)
+    screenless = {name: value for name, value in gpu_step.EVERY_CANDIDATE.items() if name not in gpu_step.LM_SCREEN}
+    assert not gpu_step.fails_to_run(screenless, gpu_step.EVERY_TILES)
+    assert gpu_step.unchecked(gpu_step.variant_env(gpu_step.VARIANTS["fused m16 pdl/prefetch fold, fold attention, "
+                                                                   "lm screen"]))
 
 
 def test_a_smoke_part_says_its_failure_in_one_json_line(monkeypatch, capsys):
@@ -616,6 +628,36 @@ def test_a_smoke_part_says_its_failure_in_one_json_line(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "walk"])  # session 40 removed the walk
     with pytest.raises(SystemExit, match="no part 'walk'; the parts: fused, candidates"):
         gpu_smoke.main()
+
+
+def test_the_candidates_part_tries_lm_head_s_screen_last_and_apart(monkeypatch, capsys):
+    """scripts/gpu_smoke.py's `candidates` (session 42): the candidates without the screen,
+    then with it on the model already loaded; the screen's failure is its own, the part
+    still ok (the check turns the screen alone off). Where the others fail, the screen
+    is not tried."""
+    import json
+
+    gpu_smoke = pytest.importorskip("gpu_smoke")
+    calls = []
+
+    def part(model_dir, env, tiles=None, loaded=None):
+        calls.append((env.get("CODESPEC_CUDA_LM_SCREEN"), tiles is gpu_step.EVERY_TILES, loaded))
+        if env.get("CODESPEC_CUDA_LM_SCREEN") == "1":
+            raise RuntimeError("illegal address")
+        return {"ok": True, "loaded": "the model"}
+
+    monkeypatch.setattr(gpu_smoke, "fused_part", part)
+    monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "candidates", "/nowhere"])
+    with pytest.raises(SystemExit) as exited:
+        gpu_smoke.main()
+    assert exited.value.code == 0 and calls == [(None, True, None), ("1", True, "the model")]
+    assert json.loads(capsys.readouterr().out) == {"ok": True, "screen": {"ok": False,
+                                                                          "error": "RuntimeError: illegal address"}}
+    calls.clear()
+    monkeypatch.setattr(gpu_smoke, "fused_part", lambda *args, **kwargs: calls.append(args) or {"ok": False})
+    with pytest.raises(SystemExit) as exited:
+        gpu_smoke.main()
+    assert exited.value.code == 1 and len(calls) == 1 and "screen" not in json.loads(capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("pass_row_group", ["0", "4"])
