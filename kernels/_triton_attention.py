@@ -217,6 +217,106 @@ def _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, con
     return row, kv_head
 
 
+@triton.jit
+def _shared_blocks(slots_ptr, context_ptr, path_len_ptr, rows, ROWS_PAD: tl.constexpr, KEY_BLOCK: tl.constexpr,
+                   ROWS: tl.constexpr):
+    # The pass's items of several rows (ROWS): its rows in groups of ROWS consecutive ones,
+    # and each group's shared blocks, the leading key blocks that lie wholly in the context
+    # of every row of it that has keys, where all of them are of one slot (so the same
+    # positions for each: 0 for a group of two slots). Returns each row's key blocks, each
+    # group's shared blocks and where they end in the flat list of shared blocks, and each
+    # row's other blocks (its own, after its group's shared ones) and where they end.
+    r = tl.arange(0, ROWS_PAD)
+    listed = r < rows
+    context = tl.load(context_ptr + r, mask=listed, other=0)
+    blocks = tl.cdiv(context + tl.load(path_len_ptr + r, mask=listed, other=0), KEY_BLOCK)
+    slot = tl.load(slots_ptr + r, mask=listed, other=0)
+    has = blocks > 0
+    GROUPS: tl.constexpr = ROWS_PAD // ROWS
+    never = 1 << 30
+    whole = tl.min(tl.reshape(tl.where(has, context // KEY_BLOCK, never), [GROUPS, ROWS]), axis=1)
+    first = tl.min(tl.reshape(tl.where(has, slot, never), [GROUPS, ROWS]), axis=1)
+    last = tl.max(tl.reshape(tl.where(has, slot, -1), [GROUPS, ROWS]), axis=1)
+    shared = tl.where((whole < never) & (first == last), whole, 0)
+    shared_of_row = tl.reshape(tl.broadcast_to(shared[:, None], [GROUPS, ROWS]), [ROWS_PAD])
+    own = tl.maximum(blocks - shared_of_row, 0)
+    return blocks, shared, tl.cumsum(shared, axis=0), own, tl.cumsum(own, axis=0), shared_of_row, slot
+
+
+@triton.jit
+def _rows_work(item, blocks, shared, shared_ends, own, own_ends, shared_of_row, slot, q_ptr, k_ptr, v_ptr, part_ptr,
+               out_ptr, count_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr, scale, s_q_row, s_q_head, s_kv_slot,
+               s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head, s_part_block, s_out_row, s_out_head,
+               KV_HEADS: tl.constexpr, ROWS_PAD: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+               DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr, CHUNK: tl.constexpr,
+               ROWS: tl.constexpr, FOLD: tl.constexpr):
+    # Item `item` of the pass's items of several rows (_shared_blocks): first every
+    # group's shared blocks (a block's keys and values loaded once, then each row's
+    # partial from them in turn), then each row's own blocks (one row an item, as
+    # _work_item). A shared block holds the same positions for every row of the group, so
+    # the same values go into the same arithmetic (_store_partial) as a row alone loads:
+    # the same bits. With FOLD, each row's partial then counted and combined where it was
+    # its row's last (_fold_item), after the item's every partial.
+    r = tl.arange(0, ROWS_PAD)
+    shared_items = tl.sum(shared, axis=0) * KV_HEADS
+    if item < shared_items:
+        group, kv_head, block = _item_place(item, shared, shared_ends, KV_HEADS, ROWS_PAD // ROWS)
+        in_group = (r >= group * ROWS) & (r < group * ROWS + ROWS) & (blocks > 0)
+        group_slot = tl.max(tl.where(in_group, slot, 0), axis=0)
+        t = block * KEY_BLOCK + tl.arange(0, KEY_BLOCK)
+        offsets = (group_slot * s_kv_slot + kv_head * s_kv_head + t[:, None] * s_kv_pos
+                   + tl.arange(0, DIM)[None, :])
+        inside = t >= 0  # every key: the block lies wholly in each row's context
+        k = tl.load(k_ptr + offsets, mask=inside[:, None], other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + offsets, mask=inside[:, None], other=0.0).to(tl.float32)
+        for at in tl.range(0, ROWS, loop_unroll_factor=1):  # unrolled, two rows' loads overlap: more registers
+            row = group * ROWS + at
+            if tl.sum(tl.where(r == row, blocks, 0), axis=0) > 0:  # every row with keys has the block
+                q = _query_group(q_ptr, row, kv_head, s_q_row, s_q_head, GROUP, GROUP_PAD, DIM)
+                _store_partial(q, k, v, inside, part_ptr, row, kv_head, block, scale, s_part_row, s_part_head,
+                               s_part_block, GROUP, GROUP_PAD, DIM, PRECISION)
+        first, count = group * ROWS, ROWS
+    else:
+        first, kv_head, index = _item_place(item - shared_items, own, own_ends, KV_HEADS, ROWS_PAD)
+        block = tl.sum(tl.where(r == first, shared_of_row, 0), axis=0) + index
+        row_slot, context, total = _row_keys(slots_ptr, context_ptr, path_len_ptr, first)
+        q = _query_group(q_ptr, first, kv_head, s_q_row, s_q_head, GROUP, GROUP_PAD, DIM)
+        _block_partial(q, k_ptr, v_ptr, part_ptr, path_ptr, first, kv_head, row_slot, context, total, block, scale,
+                       s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head, s_part_block, GROUP,
+                       GROUP_PAD, DIM, KEY_BLOCK, PRECISION)
+        count = 1
+    if FOLD:  # one place for the count and the combine, after the item's every partial (fewer registers)
+        for at in tl.range(0, ROWS, loop_unroll_factor=1):
+            row = first + at
+            if (at < count) & (tl.sum(tl.where(r == row, blocks, 0), axis=0) > 0):
+                _fold_item(out_ptr, part_ptr, count_ptr, row, kv_head, blocks, r, s_out_row, s_out_head, s_part_row,
+                           s_part_head, s_part_block, KV_HEADS, GROUP, GROUP_PAD, DIM, CHUNK)
+
+
+@triton.jit
+def _rows_pass(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr,
+               scale, rows, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head,
+               s_part_block, s_out_row, s_out_head, trace_ptr, clock_ptr, flags_ptr, launch, before,
+               KV_HEADS: tl.constexpr, ROWS_PAD: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+               HEADS_PAD: tl.constexpr, DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr,
+               CHUNK: tl.constexpr, PDL: tl.constexpr, CLOCK: tl.constexpr, FLAGS: tl.constexpr, ROWS: tl.constexpr,
+               FOLD: tl.constexpr):
+    # A wave's program over the pass's items of several rows (_shared_blocks, _rows_work):
+    # the worklist's partials, or with FOLD the fold's (rows with no keys zeroed first).
+    _wave_start(context_ptr, path_len_ptr, rows, trace_ptr, clock_ptr, flags_ptr, launch, before, ROWS_PAD,
+                KEY_BLOCK, PDL, CLOCK, FLAGS)
+    blocks, shared, shared_ends, own, own_ends, shared_of_row, slot = _shared_blocks(
+        slots_ptr, context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK, ROWS)
+    if FOLD:
+        zero_keyless_rows(out_ptr, blocks, rows, s_out_row, s_out_head, GROUP * KV_HEADS, HEADS_PAD, DIM, ROWS_PAD)
+    items = (tl.sum(shared, axis=0) + tl.sum(own, axis=0)) * KV_HEADS
+    for item in range(tl.program_id(0), items, tl.num_programs(0)):
+        _rows_work(item, blocks, shared, shared_ends, own, own_ends, shared_of_row, slot, q_ptr, k_ptr, v_ptr,
+                   part_ptr, out_ptr, count_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr, scale, s_q_row,
+                   s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head, s_part_block, s_out_row,
+                   s_out_head, KV_HEADS, ROWS_PAD, GROUP, GROUP_PAD, DIM, KEY_BLOCK, PRECISION, CHUNK, ROWS, FOLD)
+
+
 @triton.jit(do_not_specialize=COUNTED)
 def _row_attention_work_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr,
                                scale, rows, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path,
@@ -224,13 +324,19 @@ def _row_attention_work_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context
                                KV_HEADS: tl.constexpr, ROWS_PAD: tl.constexpr, GROUP: tl.constexpr,
                                GROUP_PAD: tl.constexpr, DIM: tl.constexpr, KEY_BLOCK: tl.constexpr,
                                PRECISION: tl.constexpr, PDL: tl.constexpr, CLOCK: tl.constexpr, FLAGS: tl.constexpr,
-                               EARLY: tl.constexpr):
+                               EARLY: tl.constexpr, ROWS: tl.constexpr):
     # The `worklist` schedule: a fixed number of programs (a wave of the device) share the
     # pass's real work, the (row, key block, KV head) items in that order, item i going to
     # program i mod programs. Padding rows have no blocks, so they add no programs: a
     # one-row step over 512 keys is 8 items, not the grid's rows * KV heads * 16 programs.
-    # EARLY: a program's first item begun before the wait (_early_keys).
-    if EARLY:
+    # EARLY: a program's first item begun before the wait (_early_keys). ROWS > 1: groups
+    # of that many consecutive rows read their shared key blocks once (_rows_work).
+    if ROWS > 1:
+        _rows_pass(q_ptr, k_ptr, v_ptr, part_ptr, part_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr,
+                   scale, rows, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head,
+                   s_part_block, 0, 0, trace_ptr, clock_ptr, flags_ptr, launch, before, KV_HEADS, ROWS_PAD, GROUP,
+                   GROUP_PAD, 16, DIM, KEY_BLOCK, PRECISION, 1, PDL, CLOCK, FLAGS, ROWS, False)
+    elif EARLY:
         blocks, ends, _, _, _ = _early_first_item(
             q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr, scale, rows, s_q_row,
             s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head, s_part_block, trace_ptr,
@@ -241,10 +347,11 @@ def _row_attention_work_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context
         blocks, ends = _wave_start(context_ptr, path_len_ptr, rows, trace_ptr, clock_ptr, flags_ptr, launch, before,
                                    ROWS_PAD, KEY_BLOCK, PDL, CLOCK, FLAGS)
         first = tl.program_id(0)
-    for item in range(first, tl.sum(blocks, axis=0) * KV_HEADS, tl.num_programs(0)):
-        _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr,
-                   scale, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head,
-                   s_part_block, KV_HEADS, ROWS_PAD, GROUP, GROUP_PAD, DIM, KEY_BLOCK, PRECISION)
+    if ROWS == 1:
+        for item in range(first, tl.sum(blocks, axis=0) * KV_HEADS, tl.num_programs(0)):
+            _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr,
+                       path_len_ptr, scale, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row,
+                       s_part_head, s_part_block, KV_HEADS, ROWS_PAD, GROUP, GROUP_PAD, DIM, KEY_BLOCK, PRECISION)
     trace_mark(trace_ptr, clock_ptr, tl.program_id(0), ENDED, CLOCK)
     pdl_done(flags_ptr, launch, FLAGS)
 
@@ -296,13 +403,20 @@ def _row_attention_fold_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_ptr
                                GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEADS_PAD: tl.constexpr,
                                DIM: tl.constexpr, KEY_BLOCK: tl.constexpr, PRECISION: tl.constexpr,
                                CHUNK: tl.constexpr, PDL: tl.constexpr, CLOCK: tl.constexpr, FLAGS: tl.constexpr,
-                               EARLY: tl.constexpr):
+                               EARLY: tl.constexpr, ROWS: tl.constexpr):
     # The `fold` schedule: the worklist's items, then the combine of a (row, KV head)'s
     # query heads by the program that stored its last block (an atomic count per pair
     # after a CTA barrier, acq_rel at GPU scope, reset by that program: row_linear's fold),
     # all GROUP heads at once. One launch a layer, not two; rows with no keys get zeros.
-    # EARLY: a program's first item begun before the wait (_early_keys).
-    if EARLY:
+    # EARLY: a program's first item begun before the wait (_early_keys). ROWS > 1: groups
+    # of that many consecutive rows read their shared key blocks once (_rows_work).
+    if ROWS > 1:
+        _rows_pass(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr,
+                   scale, rows, s_q_row, s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head,
+                   s_part_block, s_out_row, s_out_head, trace_ptr, clock_ptr, flags_ptr, launch, before, KV_HEADS,
+                   ROWS_PAD, GROUP, GROUP_PAD, HEADS_PAD, DIM, KEY_BLOCK, PRECISION, CHUNK, PDL, CLOCK, FLAGS, ROWS,
+                   True)
+    elif EARLY:
         blocks, ends, row, kv_head, has = _early_first_item(
             q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr, path_ptr, path_len_ptr, scale, rows, s_q_row,
             s_q_head, s_kv_slot, s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head, s_part_block, trace_ptr,
@@ -311,22 +425,23 @@ def _row_attention_fold_kernel(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_ptr
     else:
         blocks, ends = _wave_start(context_ptr, path_len_ptr, rows, trace_ptr, clock_ptr, flags_ptr, launch, before,
                                    ROWS_PAD, KEY_BLOCK, PDL, CLOCK, FLAGS)
-    zero_keyless_rows(out_ptr, blocks, rows, s_out_row, s_out_head, GROUP * KV_HEADS, HEADS_PAD, DIM, ROWS_PAD)
-    r = tl.arange(0, ROWS_PAD)
-    first = tl.program_id(0)
-    if EARLY:
-        if has:  # its partial stored: count it, and combine where it was the pair's last
-            _fold_item(out_ptr, part_ptr, count_ptr, row, kv_head, blocks, r, s_out_row, s_out_head, s_part_row,
-                       s_part_head, s_part_block, KV_HEADS, GROUP, GROUP_PAD, DIM, CHUNK)
-        first += tl.num_programs(0)
-    for item in range(first, tl.sum(blocks, axis=0) * KV_HEADS, tl.num_programs(0)):
-        # (names of their own: EARLY's row and head are not the loop's to carry)
-        item_row, item_head = _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, context_ptr,
-                                         path_ptr, path_len_ptr, scale, s_q_row, s_q_head, s_kv_slot, s_kv_head,
-                                         s_kv_pos, s_path, s_part_row, s_part_head, s_part_block, KV_HEADS, ROWS_PAD,
-                                         GROUP, GROUP_PAD, DIM, KEY_BLOCK, PRECISION)
-        _fold_item(out_ptr, part_ptr, count_ptr, item_row, item_head, blocks, r, s_out_row, s_out_head, s_part_row,
-                   s_part_head, s_part_block, KV_HEADS, GROUP, GROUP_PAD, DIM, CHUNK)
+    if ROWS == 1:
+        zero_keyless_rows(out_ptr, blocks, rows, s_out_row, s_out_head, GROUP * KV_HEADS, HEADS_PAD, DIM, ROWS_PAD)
+        r = tl.arange(0, ROWS_PAD)
+        first = tl.program_id(0)
+        if EARLY:
+            if has:  # its partial stored: count it, and combine where it was the pair's last
+                _fold_item(out_ptr, part_ptr, count_ptr, row, kv_head, blocks, r, s_out_row, s_out_head, s_part_row,
+                           s_part_head, s_part_block, KV_HEADS, GROUP, GROUP_PAD, DIM, CHUNK)
+            first += tl.num_programs(0)
+        for item in range(first, tl.sum(blocks, axis=0) * KV_HEADS, tl.num_programs(0)):
+            # (names of their own: EARLY's row and head are not the loop's to carry)
+            item_row, item_head = _work_item(item, blocks, ends, q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr,
+                                             context_ptr, path_ptr, path_len_ptr, scale, s_q_row, s_q_head, s_kv_slot,
+                                             s_kv_head, s_kv_pos, s_path, s_part_row, s_part_head, s_part_block,
+                                             KV_HEADS, ROWS_PAD, GROUP, GROUP_PAD, DIM, KEY_BLOCK, PRECISION)
+            _fold_item(out_ptr, part_ptr, count_ptr, item_row, item_head, blocks, r, s_out_row, s_out_head,
+                       s_part_row, s_part_head, s_part_block, KV_HEADS, GROUP, GROUP_PAD, DIM, CHUNK)
     trace_mark(trace_ptr, clock_ptr, tl.program_id(0), ENDED, CLOCK)
     pdl_done(flags_ptr, launch, FLAGS)
 
@@ -351,7 +466,7 @@ def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                   out: torch.Tensor, key_block: int, block_programs: int, schedule: str, programs: int,
                   work_warps: int, pdl: bool = False, counts: torch.Tensor | None = None,
                   fold_chunk: int = 8, trace: TakeTrace | None = None, flags: TakeFlag | None = None,
-                  early: bool = False) -> None:
+                  early: bool = False, item_rows: int = 1) -> None:
     rows, heads, dim = query.shape
     kv_heads = keys.shape[1]
     group = heads // kv_heads
@@ -372,15 +487,15 @@ def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
         _row_attention_fold_kernel[(programs,)](
             query, keys, values, part, out, counts, slots, context, path, path_len, float(scale), rows, *strides,
             out.stride(0), out.stride(1), *pointers, KV_HEADS=kv_heads, ROWS_PAD=triton.next_power_of_2(rows),
-            HEADS_PAD=triton.next_power_of_2(heads), CHUNK=fold_chunk, EARLY=early, num_warps=work_warps, **shapes,
-            **launch, **hooked)
+            HEADS_PAD=triton.next_power_of_2(heads), CHUNK=fold_chunk, EARLY=early, ROWS=rows_of(item_rows, rows),
+            num_warps=work_warps, **shapes, **launch, **hooked)
         return
     if schedule == "worklist":
         pointers, hooked = hooks("", (programs,))
         _row_attention_work_kernel[(programs,)](
             query, keys, values, part, slots, context, path, path_len, float(scale), rows, *strides, *pointers,
-            KV_HEADS=kv_heads, ROWS_PAD=triton.next_power_of_2(rows), EARLY=early, num_warps=work_warps, **shapes,
-            **launch, **hooked)
+            KV_HEADS=kv_heads, ROWS_PAD=triton.next_power_of_2(rows), EARLY=early, ROWS=rows_of(item_rows, rows),
+            num_warps=work_warps, **shapes, **launch, **hooked)
     else:
         grid = (rows, kv_heads, min(blocks, block_programs))
         pointers, hooked = hooks("", grid)
@@ -393,3 +508,9 @@ def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     _row_attention_combine_kernel[(rows, heads)](
         out, part, context, path_len, out.stride(0), out.stride(1), part.stride(0), part.stride(1), part.stride(2),
         *pointers, DIM=dim, KEY_BLOCK=key_block, CHUNK=16, num_warps=work_warps, **launch, **hooked)
+
+
+def rows_of(item_rows: int, rows: int) -> int:
+    """The rows an item carries: `item_rows`, at most the pass's rows padded to a power of
+    two (the groups tile them)."""
+    return min(item_rows, triton.next_power_of_2(rows))

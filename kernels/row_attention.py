@@ -40,6 +40,20 @@ of the fold's step at 512 keys: the program that ended last took 8.2 us after it
 a chain of ~6 dependent round trips (the pass's blocks, the row's metadata, the path,
 keys and values, the count, the partials); the early loads take three of them off it.
 
+`item_rows` (session 42, CODESPEC_CUDA_ATTENTION_ROWS; worklist and fold, not with
+`early`): the pass's rows in groups of that many consecutive ones; a group's shared
+blocks, the leading key blocks that lie wholly in the context of each of its rows with
+keys, all of one slot, are one item each: the block's keys and values loaded once, then
+each row's partial from them in turn, through the same arithmetic (the same positions,
+so the same values: the same bits as one row an item). Each row's other blocks are
+items of their own. A verify pass's rows of one request share their context, so a
+32-row pass at 512 keys reads each context block once a group, not once a row (session
+40's H200 trace: attention 14.4 us a layer in the pass against 8.9 in a step, its 320
+items two rounds of the 264-program wave; in groups of four, 64 shared items and 64
+own). Compiled for sm_90 (Triton 3.6): the worklist ~170 registers, the fold ~255 at
+128-key blocks, no spills in pairs (8 bytes of stack in fours); the fold at 64-key
+blocks spills 100 bytes and more (refused).
+
 >>> keys = torch.randn(1, 1, 6, 4); values = torch.randn(1, 1, 6, 4); q = torch.randn(2, 1, 4)
 >>> rows = dict(slots=torch.tensor([0, 0]), context=torch.tensor([3, 2]),
 ...             path=torch.tensor([[0, 0], [4, 5]]), path_len=torch.tensor([0, 2]))
@@ -61,6 +75,7 @@ BLOCK_PROGRAMS = 16  # programs per (row, KV head) along the block axis: rows of
 # run all their blocks at once; more programs would be idle ones for most rows (the grid is
 # fixed for a CUDA graph, sized by the slot's length). A launch detail: not in the bits.
 SCHEDULES = ("worklist", "grid", "fold")
+ITEM_ROWS = (1, 2, 4)  # rows a group of items may hold (item_rows)
 # Session 39's `walk` (one program walking up to 8 key blocks of a row in order, online
 # softmax, pipelined, no combine for a row of up to 1,024 keys) lost on the H200 (session
 # 40): 14.4 us a layer against the fold's 8.9 in the five-launch step: a chain of blocks
@@ -107,6 +122,7 @@ def row_attention(
     trace: TakeTrace | None = None,  # the Triton launches' time marks (kernels/trace.py)
     flags: TakeFlag | None = None,  # wait on counts, not the launch before's end (kernels/flags.py)
     early: bool = False,  # worklist, fold: each program's first item begun before the wait (below)
+    item_rows: int = 1,  # worklist, fold: consecutive rows an item carries over its key block (below)
 ) -> torch.Tensor:
     """Returns [rows, heads, dim] in the query's dtype (module docstring)."""
     rows, heads, dim = query.shape
@@ -124,6 +140,11 @@ def row_attention(
         from codespec.kernels import _triton_attention
 
         check(schedule in SCHEDULES, f"attention schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}")
+        check(item_rows in ITEM_ROWS and (item_rows == 1 or (schedule != "grid" and not early)),
+              f"items of {item_rows} rows: one of {', '.join(map(str, ITEM_ROWS))}, with the worklist or the fold, "
+              "not with early keys")
+        check(item_rows == 1 or schedule != "fold" or (key_block or KEY_BLOCK) == 128,
+              "items of several rows fold 128-key blocks alone (at 64 the fold's combine beside them spills on sm_90)")
         check(schedule != "fold" or (counts is not None and counts.dtype == torch.int32
                                      and counts.numel() >= rows * keys.shape[1] and counts.device == query.device),
               f"the {schedule} schedule needs counts: int32 zeros, at least {rows * keys.shape[1]} (rows x KV heads)")
@@ -131,7 +152,7 @@ def row_attention(
                                         key_block or KEY_BLOCK, BLOCK_PROGRAMS, schedule, wave(query.device),
                                         WORK_WARPS, pdl and query.is_cuda, counts,
                                         fold_chunk(key_block or KEY_BLOCK), trace, flags,
-                                        early and schedule != "grid")
+                                        early and schedule != "grid", item_rows)
     else:
         out.copy_(row_attention_ref(query, keys, values, slots, context, path, path_len, scale))
     return out

@@ -93,7 +93,7 @@ import torch
 
 from gpu_measure import _time, cost_curve, profile_step, row_checks, step_anatomy
 from gpu_step import (EVERY_CANDIDATE, EVERY_NARROW, EVERY_TILES, FIVE_DOWN_TILES, FIVE_LAUNCHES, LM_SCREEN,
-                      NO_CANDIDATES, NO_FUSED, NO_PDL, NO_SCREEN, blas_of, fails_to_run, pdl_check, plain_probe,
+                      NO_CANDIDATES, NO_FUSED, NO_PDL, TRIED_APART, blas_of, fails_to_run, pdl_check, plain_probe,
                       restore_environment, step_probe, unchecked, variant_env, winner_env)
 from gpu_probes import (attention_probe, bucket_probe, fused_probe, fused_tiles_probe, gemm_probe, key_block_probe,
                         l2_probe, tiles_probe)
@@ -290,7 +290,7 @@ def smoke_stage(model_dir: Path) -> dict[str, Any]:
     """scripts/gpu_smoke.py's parts, each in a fresh process before this one launches
     them: where the fused layers fail, NO_FUSED (no stage of this process launches them: a
     device fault would end every stage after it); where the plain bar's candidates do,
-    NO_CANDIDATES; where lm_head's screen alone does, NO_SCREEN."""
+    NO_CANDIDATES; where one tried apart after them does (gpu_step.TRIED_APART), its flag."""
     result: dict[str, Any] = {}
     for part in ("fused", "candidates"):
         if part == "candidates" and not result["fused"].get("ok"):
@@ -312,8 +312,10 @@ def smoke_stage(model_dir: Path) -> dict[str, Any]:
         os.environ[NO_FUSED] = "1"
     if not result["candidates"].get("ok"):
         os.environ[NO_CANDIDATES] = "1"
-    elif not result["candidates"].get("screen", {}).get("ok"):  # the others ran; lm_head's screen did not
-        os.environ[NO_SCREEN] = "1"
+    else:  # the others ran; those tried apart after them may not have
+        for name, _, _, flag in TRIED_APART:
+            if not result["candidates"].get(name, {}).get("ok"):
+                os.environ[flag] = "1"
     return result
 
 

@@ -17,9 +17,11 @@ failure):
   (gpu_step.EVERY_NARROW: attention over 64-key blocks begun before its wait, the
   products' live rows read before theirs, gate/up's 16-output tile at two warps) and
   narrow steps (CODESPEC_CUDA_NARROW_STEPS), a one-row step through their graph too;
-  then, in the same process, all that with lm_head behind its int8 screen (session 42:
-  its four launches and its logits' full product), reported under `screen`: where it
-  alone fails, the check turns the screen off and keeps the others."""
+  then, in the same process on the model already loaded, each of gpu_step.TRIED_APART
+  (session 42): all that with lm_head behind its int8 screen (its four launches and its
+  logits' full product, `screen`), and the five-launch layers with attention's rows in
+  groups (`attention_rows`). Where one of those alone fails, the check turns it off and
+  keeps the others."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from typing import Any
 
 import torch
 
-from gpu_step import EVERY_NARROW, EVERY_TILES, FIVE_LAUNCHES, LM_SCREEN
+from gpu_step import EVERY_NARROW, EVERY_TILES, FIVE_LAUNCHES, LM_SCREEN, TRIED_APART
 
 PARTS = ("fused", "candidates")
 
@@ -71,17 +73,18 @@ def fused_part(model_dir: str, env: dict[str, str], tiles: dict[str, Any] | None
 
 
 def candidates_part(model_dir: str) -> dict[str, Any]:
-    """The candidates without lm_head's screen, then (where they ran) with it, the model
-    loaded once: the screen's failure reported apart (`screen`), the others' standing."""
+    """The candidates without lm_head's screen, then (where they ran) each of TRIED_APART,
+    the model loaded once: each one's failure reported apart, the others' standing."""
     without = {name: value for name, value in EVERY_NARROW.items() if name not in LM_SCREEN}
     result = fused_part(model_dir, without, EVERY_TILES)
     if result["ok"]:
-        try:
-            screened = fused_part(model_dir, EVERY_NARROW, EVERY_TILES, loaded=result["loaded"])
-        except Exception as error:  # its own failure, in one line: the check turns the screen off
-            screened = {"ok": False, "error": f"{type(error).__name__}: {str(error)[:300]}"}
-        screened.pop("loaded", None)
-        result["screen"] = screened
+        for name, env, tiles, _ in TRIED_APART:
+            try:
+                tried = fused_part(model_dir, env, tiles, loaded=result["loaded"])
+            except Exception as error:  # its own failure, in one line: the check turns it off
+                tried = {"ok": False, "error": f"{type(error).__name__}: {str(error)[:300]}"}
+            tried.pop("loaded", None)
+            result[name] = tried
     return result
 
 

@@ -35,7 +35,7 @@ DEFAULTS = {"CODESPEC_CUDA_ATTENTION": "worklist", "CODESPEC_CUDA_FUSED": "0", "
             "CODESPEC_CUDA_TILE_ROWS": "64", "CODESPEC_CUDA_REDUCE": "launch",
             "CODESPEC_CUDA_ROW_GROUP": "1", "CODESPEC_CUDA_PASS_ROW_GROUP": "0", "CODESPEC_CUDA_KEY_BLOCK": "128",
             "CODESPEC_CUDA_EARLY_KEYS": "0", "CODESPEC_CUDA_EARLY_ROWS": "0", "CODESPEC_CUDA_NARROW_STEPS": "0",
-            "CODESPEC_CUDA_LM_SCREEN": "0",
+            "CODESPEC_CUDA_LM_SCREEN": "0", "CODESPEC_CUDA_ATTENTION_ROWS": "1",
             "TORCH_BLAS_PREFER_CUBLASLT": "0"}  # torch reads it at start-up: a later stage's process
 FUSED, M16 = {"CODESPEC_CUDA_FUSED": "1"}, {"CODESPEC_CUDA_FUSED": "1", "CODESPEC_CUDA_TILE_ROWS": "16"}
 # session 32's fastest step: five launches a layer (both folds), 16-row programs, PDL warming
@@ -66,6 +66,13 @@ FIVE_DOWN_TILES = {"five-launch, down 16 outputs, split 19": Config(16, 16, 64, 
 # the screen at 51 against the bf16 product's 75 us (16 rows), and the real weights' rows
 # flag ~2 of 1,187 blocks; ~20 us a step if the four launches cost what the probe says.
 LM_SCREEN = {"CODESPEC_CUDA_LM_SCREEN": "1"}
+# Attention's rows in pairs sharing their context's key blocks (session 42,
+# kernels/row_attention.py): for the pass bar, where session 40's 32-row pass spent 14.4
+# us a layer in attention against a step's 8.9 (320 items, two rounds of the wave); in
+# pairs, 192 items, one round. Pairs, not fours: the fold with groups of four took 8
+# bytes of stack under Triton 3.6 (pairs none). Not with early keys, so not among
+# EVERY_CANDIDATE.
+ATTENTION_ROWS = {"CODESPEC_CUDA_ATTENTION_ROWS": "2"}
 # The plain bar's candidates together (session 41): the five-launch layers with attention
 # over 64-key blocks, begun before its wait, the products' live rows read before theirs,
 # gate/up over every SM, and (session 42) lm_head's screen (the step stage, the plain_five
@@ -113,6 +120,8 @@ VARIANTS: dict[str, dict[str, str]] = {
     "fused m16 pdl/prefetch fold, fold attention, early rows": {**FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY_ROWS": "1"},
     # ... lm_head behind its int8 screen (session 42)
     "fused m16 pdl/prefetch fold, fold attention, lm screen": {**FIVE_LAUNCHES, **LM_SCREEN},
+    # ... attention's rows in pairs sharing their context's blocks (session 42: the pass bar)
+    "fused m16 pdl/prefetch fold, fold attention, attention rows 2": {**FIVE_LAUNCHES, **ATTENTION_ROWS},
     # ... steps in a graph of the bucket's first 16 rows alone (session 41: no blocks of
     # padding rows; its rows are checked against the full bucket's where it wins)
     "fused m16 pdl/prefetch fold, fold attention, narrow steps": {**FIVE_LAUNCHES, "CODESPEC_CUDA_NARROW_STEPS": "1"},
@@ -151,6 +160,12 @@ NO_CANDIDATES = "CODESPEC_GPU_CHECK_NO_CANDIDATES"
 # ... and where lm_head's screen failed to, the other candidates running (session 42: its
 # four launches are tried last in the candidates' process)
 NO_SCREEN = "CODESPEC_GPU_CHECK_NO_SCREEN"
+# ... and where attention's rows in groups failed to
+NO_ATTENTION_ROWS = "CODESPEC_GPU_CHECK_NO_ATTENTION_ROWS"
+# The smoke's candidates tried apart, after the others in their process: (the part's
+# entry, its settings, the fused tiles, the flag that keeps it off where it fails)
+TRIED_APART = (("screen", EVERY_NARROW, EVERY_TILES, NO_SCREEN),
+               ("attention_rows", {**FIVE_LAUNCHES, **ATTENTION_ROWS}, None, NO_ATTENTION_ROWS))
 # Settings that move reads or share a weight tile among blocks of rows, never a row's
 # arithmetic (session 33): the pdl stage asks the five-launch layers for the same bits with
 # each as without; where one differs, its flag is set and no stage takes it. (Session 33's
@@ -163,9 +178,12 @@ SAME_BITS = {"row group": ({"CODESPEC_CUDA_ROW_GROUP": "4"}, "CODESPEC_GPU_CHECK
              # session 41: attention's first item begun before the wait (the same loads, split)
              "early keys": ({"CODESPEC_CUDA_EARLY_KEYS": "1"}, "CODESPEC_GPU_CHECK_NO_EARLY_KEYS"),
              # ... and the products' live rows read before their wait
-             "early rows": ({"CODESPEC_CUDA_EARLY_ROWS": "1"}, "CODESPEC_GPU_CHECK_NO_EARLY_ROWS")}
+             "early rows": ({"CODESPEC_CUDA_EARLY_ROWS": "1"}, "CODESPEC_GPU_CHECK_NO_EARLY_ROWS"),
+             # session 42: attention's rows in groups (the same partials, their keys loaded once)
+             "attention rows": (ATTENTION_ROWS, "CODESPEC_GPU_CHECK_NO_ATTENTION_GROUPS")}
 # Every flag the smoke and pdl stages may set for the rest of the run
-CHECK_FLAGS = (NO_PDL, NO_FOLD, NO_FUSED, NO_CANDIDATES, NO_SCREEN, *(flag for _, flag in SAME_BITS.values()))
+CHECK_FLAGS = (NO_PDL, NO_FOLD, NO_FUSED, NO_CANDIDATES, NO_SCREEN, NO_ATTENTION_ROWS,
+               *(flag for _, flag in SAME_BITS.values()))
 # A fold's logits against the reduce kernel's, relative: its own summation order moves a
 # few bf16 roundings (~1e-3); a split lost to a race moves a product by ~1/SPLITS.
 FOLD_TOLERANCE = 0.05
@@ -401,8 +419,11 @@ def fails_to_run(env: Mapping[str, str], tiles: Mapping[str, Any] | None = None)
         return True
     if env.get("CODESPEC_CUDA_LM_SCREEN") == "1" and bool(os.environ.get(NO_SCREEN)):
         return True
+    if env.get("CODESPEC_CUDA_ATTENTION_ROWS", "1") != "1" and bool(os.environ.get(NO_ATTENTION_ROWS)):
+        return True
     new = any(env.get(f"CODESPEC_CUDA_{name}") == "1"
-              for name in ("EARLY_KEYS", "EARLY_ROWS", "NARROW_STEPS", "LM_SCREEN"))
+              for name in ("EARLY_KEYS", "EARLY_ROWS", "NARROW_STEPS", "LM_SCREEN")) or \
+        env.get("CODESPEC_CUDA_ATTENTION_ROWS", "1") != "1"
     return bool(os.environ.get(NO_CANDIDATES)) and (new or bool(tiles))
 
 

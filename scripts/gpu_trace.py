@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from gpu_measure import _engine, device_ms, pass_replay
-from gpu_step import (DEFAULTS, EVERY_CANDIDATE, EVERY_LABEL, EVERY_NARROW, EVERY_TILES, FIVE_LAUNCHES, fails_to_run,
-                      restore_environment, variant_env)
+from gpu_step import (ATTENTION_ROWS, DEFAULTS, EVERY_CANDIDATE, EVERY_LABEL, EVERY_NARROW, EVERY_TILES,
+                      FIVE_LAUNCHES, fails_to_run, restore_environment, variant_env)
 
 # The fastest step of session 32 (five launches a layer); the same with attention over
 # 64-key blocks (CODESPEC_CUDA_KEY_BLOCK=64, session 40: 6.6 against 8.3 us alone); with
@@ -42,7 +42,9 @@ TRACED = {"fused m16 pdl/prefetch fold, fold attention": FIVE_LAUNCHES,
                                                                       "CODESPEC_CUDA_EARLY_KEYS": "1"},
           EVERY_LABEL: EVERY_CANDIDATE,
           # ... and steps in a graph of the bucket's first 16 rows (no idle blocks of rows)
-          EVERY_LABEL + ", narrow steps": EVERY_NARROW}
+          EVERY_LABEL + ", narrow steps": EVERY_NARROW,
+          # session 42: attention's rows in pairs (the pass bar: its 32-row pass)
+          "fused m16 pdl/prefetch fold, fold attention, attention rows 2": {**FIVE_LAUNCHES, **ATTENTION_ROWS}}
 TRACED_TILES = {EVERY_LABEL: EVERY_TILES,  # a variant's fused tiles (tiles have no setting)
                 EVERY_LABEL + ", narrow steps": EVERY_TILES}
 REPLAYS = 5  # traced replays of each pass; the median one (by its total) is reported

@@ -83,9 +83,9 @@ def test_the_pdl_stage_runs_and_leaves_the_settings_as_it_found_them(monkeypatch
                       "five-launch row group": True, "five-launch flags": True, "pdl_exact": True,
                       "fold_exact": True,
                       "five-launch pass row group": True, "five-launch early keys": True,
-                      "five-launch early rows": True, "flags_gave_up": 0,
-                      "same_bits": {"row group": True, "flags": True,
-                                    "pass row group": True, "early keys": True, "early rows": True}}
+                      "five-launch early rows": True, "five-launch attention rows": True, "flags_gave_up": 0,
+                      "same_bits": {"row group": True, "flags": True, "pass row group": True, "early keys": True,
+                                    "early rows": True, "attention rows": True}}
     assert detail == {"same_bits_as_launch": True, "steady": True, "relative_error": 0.0}
     import os
 
@@ -559,7 +559,7 @@ def test_the_smoke_stage_turns_off_what_failed_to_run_for_the_whole_run(monkeypa
         monkeypatch.setenv(name, "")  # recorded: the stage's own settings are undone after the test
         monkeypatch.delenv(name)
     answers = {"fused": (-11, "Fatal Python error: Segmentation fault\n"),
-               "candidates": (0, '{"ok": true, "screen": {"ok": true}}\n')}
+               "candidates": (0, '{"ok": true, "screen": {"ok": true}, "attention_rows": {"ok": true}}\n')}
     ran: list[list[str]] = []
 
     def run(command, **kwargs):
@@ -603,7 +603,8 @@ def test_the_smoke_stage_turns_off_what_failed_to_run_for_the_whole_run(monkeypa
     # the candidates ran, lm_head's screen after them did not (session 42): the screen
     # alone is off for the run
     monkeypatch.delenv(gpu_step.NO_CANDIDATES)
-    answers.update(candidates=(0, '{"ok": true, "screen": {"ok": false, "error": "RuntimeError: illegal address"}}\n'))
+    answers.update(candidates=(0, '{"ok": true, "screen": {"ok": false, "error": "RuntimeError: illegal address"}, '
+                                  '"attention_rows": {"ok": true}}\n'))
     result = gpu_check.smoke_stage(tmp_path)
     assert result["candidates"]["ok"] and gpu_step.NO_CANDIDATES not in os.environ
     assert os.environ[gpu_step.NO_SCREEN] == "1" and gpu_step.fails_to_run(gpu_step.EVERY_CANDIDATE)
@@ -611,6 +612,8 @@ def test_the_smoke_stage_turns_off_what_failed_to_run_for_the_whole_run(monkeypa
     assert not gpu_step.fails_to_run(screenless, gpu_step.EVERY_TILES)
     assert gpu_step.unchecked(gpu_step.variant_env(gpu_step.VARIANTS["fused m16 pdl/prefetch fold, fold attention, "
                                                                    "lm screen"]))
+    grouped = gpu_step.VARIANTS["fused m16 pdl/prefetch fold, fold attention, attention rows 2"]
+    assert not gpu_step.fails_to_run(grouped) and gpu_step.NO_ATTENTION_ROWS not in os.environ
 
 
 def test_a_smoke_part_says_its_failure_in_one_json_line(monkeypatch, capsys):
@@ -632,16 +635,17 @@ def test_a_smoke_part_says_its_failure_in_one_json_line(monkeypatch, capsys):
 
 def test_the_candidates_part_tries_lm_head_s_screen_last_and_apart(monkeypatch, capsys):
     """scripts/gpu_smoke.py's `candidates` (session 42): the candidates without the screen,
-    then with it on the model already loaded; the screen's failure is its own, the part
-    still ok (the check turns the screen alone off). Where the others fail, the screen
-    is not tried."""
+    then each tried apart on the model already loaded (the screen, attention's rows in
+    groups); the screen's failure is its own, the part still ok (the check turns the
+    screen alone off). Where the others fail, none is tried apart."""
     import json
 
     gpu_smoke = pytest.importorskip("gpu_smoke")
     calls = []
 
     def part(model_dir, env, tiles=None, loaded=None):
-        calls.append((env.get("CODESPEC_CUDA_LM_SCREEN"), tiles is gpu_step.EVERY_TILES, loaded))
+        calls.append((env.get("CODESPEC_CUDA_LM_SCREEN"), env.get("CODESPEC_CUDA_ATTENTION_ROWS"),
+                      tiles is gpu_step.EVERY_TILES, loaded))
         if env.get("CODESPEC_CUDA_LM_SCREEN") == "1":
             raise RuntimeError("illegal address")
         return {"ok": True, "loaded": "the model"}
@@ -650,9 +654,10 @@ def test_the_candidates_part_tries_lm_head_s_screen_last_and_apart(monkeypatch, 
     monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "candidates", "/nowhere"])
     with pytest.raises(SystemExit) as exited:
         gpu_smoke.main()
-    assert exited.value.code == 0 and calls == [(None, True, None), ("1", True, "the model")]
-    assert json.loads(capsys.readouterr().out) == {"ok": True, "screen": {"ok": False,
-                                                                          "error": "RuntimeError: illegal address"}}
+    assert exited.value.code == 0
+    assert calls == [(None, None, True, None), ("1", None, True, "the model"), (None, "2", False, "the model")]
+    assert json.loads(capsys.readouterr().out) == {"ok": True, "attention_rows": {"ok": True},
+                                                   "screen": {"ok": False, "error": "RuntimeError: illegal address"}}
     calls.clear()
     monkeypatch.setattr(gpu_smoke, "fused_part", lambda *args, **kwargs: calls.append(args) or {"ok": False})
     with pytest.raises(SystemExit) as exited:

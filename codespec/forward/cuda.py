@@ -147,6 +147,11 @@ class CudaForward:
         self.attention = settings.attention  # attention's launch schedule (kernels/row_attention.py)
         self.key_block = settings.key_block  # ... and its logical keys per block (part of the bits)
         self.early_keys = settings.early_keys  # ... each program's first item begun before its wait
+        self.attention_rows = settings.attention_rows  # ... or its rows in groups sharing their context's blocks
+        if self.attention_rows > 1 and (self.early_keys or self.attention == "grid" or
+                                        (self.attention == "fold" and self.key_block != 128)):
+            raise SettingError("CODESPEC_CUDA_ATTENTION_ROWS groups the worklist's or the fold's items (the fold's "
+                               "at 128-key blocks), without CODESPEC_CUDA_EARLY_KEYS: unset one")
         self.early_rows = settings.early_rows  # the fused products' live rows read before their wait
         # the fold's counts, one per (row, KV head), left zero by every launch:
         # one buffer serves every layer (a layer's attention ends before the next one's starts)
@@ -233,6 +238,7 @@ class CudaForward:
         # layout must not price another's passes (profile_key).
         self._kernels = {"rows": self.rows, "graphs": self.graphs, "fused": self.fused, "compile": compile,
                          "attention": self.attention, "key_block": self.key_block, "early_keys": self.early_keys,
+                         "attention_rows": self.attention_rows,
                          "early_rows": self.early_rows,
                          "pdl": self.pdl,
                          "reduce": settings.reduce, "flags": self.flags is not None,
@@ -469,6 +475,7 @@ class CudaForward:
             return row_attention(q.view(rows, self.heads, -1), keys[index], values[index], slots=slots,
                                  context=context, path=path, path_len=path_len, scale=layer.self_attn.scaling,
                                  schedule=self.attention, key_block=self.key_block, pdl=pdl, early=self.early_keys,
+                                 item_rows=self.attention_rows,
                                  counts=self._attention_counts, trace=self._trace("attention", index),
                                  flags=flags).view(rows, -1)
 

@@ -76,6 +76,12 @@ class CudaSettings(BaseSettings):
         "The same values into the same arithmetic: the same bits. Session 40's H200 trace put the fold's last "
         "program at 8.2 us a layer after its wait, ~6 dependent round trips; this takes three off. Not yet timed "
         "on a GPU (session 41).")
+    attention_rows: Literal[1, 2, 4] = Field(
+        1, description="Attention (worklist, fold at 128-key blocks; not with early_keys) in groups of this many "
+        "consecutive rows: the key blocks wholly in the context of each row of a group, all of one slot, loaded "
+        "once and each row's partial computed from them in turn (kernels/row_attention.py). The same values into "
+        "the same arithmetic: the same bits. For the pass bar: session 40's 32-row pass spent 14.4 us a layer in "
+        "attention against a step's 8.9, its 320 items two rounds of the wave. Session 42; not yet timed on a GPU.")
     early_rows: bool = Field(
         False, description="The fused products read which of their rows hold a token before they wait for the "
         "kernel before (the pass's metadata, the host's copy), not after: one round trip off each product's chain, "
@@ -121,7 +127,7 @@ class CudaSettings(BaseSettings):
         "launch", description="A split product's sum (row_linear's products): a second launch, or its last "
         "program.")
 
-    @field_validator("tile_rows", "row_group", "pass_row_group", "key_block", mode="before")
+    @field_validator("tile_rows", "row_group", "pass_row_group", "key_block", "attention_rows", mode="before")
     @classmethod
     def _whole_number(cls, value: Any) -> Any:
         return int(value) if isinstance(value, str) and value.isdigit() else value  # the environment's text

@@ -232,6 +232,45 @@ def test_reads_moved_before_the_wait_give_the_fused_layers_same_logits(monkeypat
     assert getattr(forwards["1"], name) and not getattr(forwards["0"], name)
 
 
+def test_attention_rows_in_groups_give_the_fused_layers_same_logits(monkeypatch):
+    """CODESPEC_CUDA_ATTENTION_ROWS=4 (session 42): a tree pass's rows in groups of four, their
+    shared context blocks loaded once a group; under the interpreter the five-launch
+    layers' logits are the bits of one row an item. Refused with early keys, the grid,
+    and the fold at 64-key blocks."""
+    logits, forwards = pass_logits(monkeypatch, "fold", "fold", "CODESPEC_CUDA_ATTENTION_ROWS", ("1", "4"))
+    assert torch.equal(logits["1"], logits["4"]) and forwards["4"].attention_rows == 4
+    assert forwards["4"].profile_key()["layout"] != forwards["1"].profile_key()["layout"]
+    model = forwards["4"].model
+    for setting, value in (("CODESPEC_CUDA_EARLY_KEYS", "1"), ("CODESPEC_CUDA_ATTENTION", "grid"),
+                           ("CODESPEC_CUDA_KEY_BLOCK", "64")):
+        monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "fold")
+        monkeypatch.setenv(setting, value)
+        with pytest.raises(SettingError, match="CODESPEC_CUDA_ATTENTION_ROWS groups"):
+            CudaForward(model, rows=16, fused=True)
+        monkeypatch.delenv(setting)
+    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "worklist")
+    monkeypatch.setenv("CODESPEC_CUDA_KEY_BLOCK", "64")  # the worklist groups 64-key blocks too
+    assert CudaForward(model, rows=16, fused=True).attention_rows == 4
+
+
+@pytest.mark.slow  # ~1 min: a 140-token prompt's replays through the interpreter
+def test_attention_rows_in_groups_keep_a_tree_row_its_decode_steps_bits(triton_products, monkeypatch):
+    """CODESPEC_CUDA_ATTENTION_ROWS=2 over a context past one 128-key block: the tree's rows
+    share that block in groups of two, a decode step (a group of one row) loads it alone;
+    each tree row still gets its decode step's bits."""
+    from codespec.kernels import row_attention
+
+    monkeypatch.setattr(row_attention, "use_triton", lambda tensor, force: True)
+    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "fold")
+    monkeypatch.setenv("CODESPEC_CUDA_REDUCE", "fold")
+    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION_ROWS", "2")
+    model = tiny_model("qwen2", vocab_size=32, seed=7, dtype=torch.float32)
+    forward = CudaForward(model, rows=16, fused=True)
+    prompt = [1 + i % 31 for i in range(140)]
+    assert forward.attention_rows == 2
+    assert_tree_rows_are_steps(forward, prefilled(forward, prompt), len(prompt))
+
+
 def test_counted_launches_ask_for_the_fused_layers(monkeypatch):
     monkeypatch.setenv("CODESPEC_CUDA_PDL", "flags")
     model = tiny_model("qwen2", vocab_size=32, seed=13, dtype=torch.float32)
@@ -240,7 +279,8 @@ def test_counted_launches_ask_for_the_fused_layers(monkeypatch):
 
 
 @pytest.mark.parametrize("setting,value,argument,passed", [("KEY_BLOCK", "64", "key_block", 64),
-                                                          ("EARLY_KEYS", "1", "early", True)])
+                                                          ("EARLY_KEYS", "1", "early", True),
+                                                          ("ATTENTION_ROWS", "2", "item_rows", 2)])
 @pytest.mark.parametrize("schedule", ["worklist", "fold"])
 def test_attention_launches_take_the_backends_key_block_and_rows_stay_steps(monkeypatch, schedule, setting, value,
                                                                           argument, passed):

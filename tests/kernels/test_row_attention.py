@@ -219,3 +219,41 @@ def test_early_keys_give_the_same_bits(schedule, key_block, monkeypatch):
         assert not counts.any(), programs
     expected = row_attention_ref(query, keys, values, *rows.values(), 0.125)
     assert torch.allclose(early.float(), expected.float(), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("item_rows", [2, 4])
+@pytest.mark.parametrize("schedule", ["worklist", "fold"])
+def test_rows_in_groups_give_the_same_bits(schedule, item_rows, monkeypatch):
+    """`item_rows` (CODESPEC_CUDA_ATTENTION_ROWS, session 42): rows in groups of consecutive
+    ones, a group's blocks wholly in each of its rows' context (all of one slot) loaded
+    once and each row's partial computed from them. A verify pass's rows (one slot, a long
+    shared context, then paths), a group of two slots, short contexts and a padding row,
+    in waves of one to fifty programs, 128-key blocks and (the worklist) 64: every result
+    the bits of one row an item, and the fold's counts left zero. At 64-key blocks the
+    fold refuses it (its combine spills beside it on sm_90)."""
+    rng = random.Random(42)
+    positions = 700
+    keys, values = (torch.randn(3, KV_HEADS, positions, DIM, dtype=torch.bfloat16) for _ in range(2))
+    rows = random_rows(rng, 11, 3, positions)
+    for r in range(6):  # a request's rows in slot 1: the context up to 300, then its paths
+        rows["slots"][r], rows["context"][r] = 1, 300 + r
+    rows["slots"][6], rows["slots"][7] = 0, 1  # a group (with four rows) of two slots
+    query = torch.randn(11, HEADS, DIM, dtype=torch.bfloat16)
+    counts = torch.zeros(64, dtype=torch.int32)
+    for key_block in (None, 64) if schedule == "worklist" else (None,):
+        for programs in (1, 3, 50):
+            monkeypatch.setattr(module, "wave", lambda device, n=programs: n)
+            one, grouped = (row_attention(query, keys, values, **rows, scale=0.125, force_triton=True,
+                                          schedule=schedule, counts=counts, key_block=key_block, item_rows=n)
+                            for n in (1, item_rows))
+            assert torch.equal(grouped, one), (key_block, programs)
+            assert not counts.any(), (key_block, programs)
+    expected = row_attention_ref(query, keys, values, *rows.values(), 0.125)
+    assert torch.allclose(grouped.float(), expected.float(), atol=1e-2, rtol=1e-2)
+    with pytest.raises(ValueError, match="not with early keys"):
+        row_attention(query, keys, values, **rows, scale=0.125, force_triton=True, schedule=schedule, counts=counts,
+                      early=True, item_rows=item_rows)
+    if schedule == "fold":
+        with pytest.raises(ValueError, match="fold 128-key blocks alone"):
+            row_attention(query, keys, values, **rows, scale=0.125, force_triton=True, schedule=schedule,
+                          counts=counts, key_block=64, item_rows=item_rows)

@@ -61,7 +61,7 @@ meta = [("slots_ptr", "*i64"), ("context_ptr", "*i64"), ("path_ptr", "*i64"), ("
         ("scale", "fp32")]
 strides = [(name, "i32") for name in ("s_q_row", "s_q_head", "s_kv_slot", "s_kv_head", "s_kv_pos", "s_path",
                                        "s_part_row", "s_part_head", "s_part_block")]
-shapes = dict(GROUP=7, GROUP_PAD=16, DIM=64, KEY_BLOCK=128, PRECISION="tf32")
+shapes = dict(GROUP=7, GROUP_PAD=16, DIM=64, KEY_BLOCK=128, PRECISION="tf32", ROWS=1)
 trace = [("trace_ptr", "*i64"), ("clock_ptr", "*i64")]  # kernels/_triton_trace.py's marks (CLOCK 0: none)
 flags = [("flags_ptr", "*i32"), ("launch", "i32"), ("before", "i32")]  # kernels/flags.py's counts (FLAGS 0: none)
 for pdl in (False, True):
@@ -107,6 +107,21 @@ for block, chunk in ((128, 8), (64, 16)):
                                             "HEADS_PAD": 16, "CHUNK": chunk, "PDL": True, "CLOCK": 0, "FLAGS": False,
                                             "EARLY": True},
                                            warps=WORK_WARPS)
+# rows in groups (CODESPEC_CUDA_ATTENTION_ROWS, session 42): the worklist at either key block,
+# the fold at 128 (at 64 its combine spills beside them: refused)
+for rows_an_item in (2, 4):
+    for block in (128, 64):
+        out[f"worklist pdl rows {rows_an_item} {block}"] = build(
+            _triton_attention._row_attention_work_kernel,
+            dict(pointers + meta + [("rows", "i32")] + strides + trace + flags),
+            {**shapes, "KEY_BLOCK": block, "KV_HEADS": 2, "ROWS_PAD": 64, "PDL": True, "CLOCK": 0, "FLAGS": False,
+             "EARLY": False, "ROWS": rows_an_item}, warps=WORK_WARPS)
+    out[f"fold pdl rows {rows_an_item} 128"] = build(
+        _triton_attention._row_attention_fold_kernel,
+        dict(pointers[:4] + [("out_ptr", "*bf16"), ("count_ptr", "*i32")] + meta + [("rows", "i32")] + strides
+             + [("s_out_row", "i32"), ("s_out_head", "i32")] + trace + flags),
+        {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64, "HEADS_PAD": 16, "CHUNK": 8, "PDL": True, "CLOCK": 0,
+         "FLAGS": False, "EARLY": False, "ROWS": rows_an_item}, warps=WORK_WARPS)
 out["rope_store pdl"] = build(_triton._rope_store_kernel,
                               {**{name: "*bf16" for name in ("qkv_ptr", "cos_ptr", "sin_ptr")},
                                **{name: "*i64" for name in ("positions_ptr", "source_ptr", "write_slot_ptr",
@@ -288,6 +303,14 @@ def test_attention_schedules_launch_without_spilling(compiled):
     assert compiled["worklist"]["stack"] == 0 and compiled["worklist pdl"]["stack"] == 0
     assert compiled["fold pdl"]["stack"] == 0
     assert compiled["worklist pdl 64"]["stack"] == 0 and compiled["fold pdl 64"]["stack"] == 0
+    # rows in groups (session 42): the fold at 128-key blocks takes ~255 registers, no stack
+    # in pairs (in fours 8 bytes under Triton 3.6, none under 3.9); the worklist ~170 and,
+    # at 128-key blocks, a few bytes of local memory
+    assert compiled["fold pdl rows 2 128"]["stack"] == 0 and compiled["fold pdl rows 4 128"]["stack"] <= 16
+    for rows in (2, 4):
+        assert compiled[f"worklist pdl rows {rows} 64"]["stack"] == 0, rows
+        assert compiled[f"worklist pdl rows {rows} 128"]["stack"] <= 32, rows
+        assert compiled[f"worklist pdl rows {rows} 128"]["registers"] < 200, rows
 
 
 def test_loads_vectorize_and_pipeline_as_on_the_gpu(compiled):
