@@ -614,6 +614,14 @@ def test_the_smoke_stage_turns_off_what_failed_to_run_for_the_whole_run(monkeypa
                                                                    "lm screen"]))
     grouped = gpu_step.VARIANTS["fused m16 pdl/prefetch fold, fold attention, attention rows 2"]
     assert not gpu_step.fails_to_run(grouped) and gpu_step.NO_ATTENTION_ROWS not in os.environ
+    # ... and where attention's rows in groups failed: the pdl stage does not launch them either
+    answers.update(candidates=(0, '{"ok": true, "screen": {"ok": true}, "attention_rows": {"ok": false}}\n'))
+    monkeypatch.delenv(gpu_step.NO_SCREEN)
+    gpu_check.smoke_stage(tmp_path)
+    assert os.environ[gpu_step.NO_ATTENTION_ROWS] == "1" and gpu_step.fails_to_run(grouped)
+    checked = gpu_step.pdl_check(tiny_run(rows=16, vocab_size=16), context=20, repeat=1)
+    assert checked["five-launch attention rows"].startswith("skipped") and not checked["same_bits"]["attention rows"]
+    assert checked["five-launch early rows"] is True
 
 
 def test_a_smoke_part_says_its_failure_in_one_json_line(monkeypatch, capsys):
