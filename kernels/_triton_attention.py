@@ -14,7 +14,7 @@ import triton.language as tl
 
 from codespec.kernels._triton_combine import _combine_group, _row_attention_combine_kernel, zero_keyless_rows
 from codespec.kernels._triton_pdl import COUNTED, launch_options, pdl_done, pdl_start, pdl_wait_for
-from codespec.kernels._triton_trace import ENDED, START, WAITED, launch_hooks, program_index, trace_mark
+from codespec.kernels._triton_trace import ENDED, START, WAITED, launch_hooks, trace_mark, waited_program
 from codespec.kernels.flags import TakeFlag
 from codespec.kernels.trace import TakeTrace
 
@@ -93,13 +93,9 @@ def _row_attention_block_kernel(q_ptr, k_ptr, v_ptr, part_ptr, slots_ptr, contex
                                 CLOCK: tl.constexpr, FLAGS: tl.constexpr):
     # The `grid` schedule: one program per (row, KV head, program of the block axis),
     # taking the row's key blocks b = program, program + programs, ...
-    program = program_index()
-    trace_mark(trace_ptr, clock_ptr, program, START, CLOCK)
-    pdl_start(PDL)
+    program = waited_program(trace_ptr, clock_ptr, flags_ptr, launch, before, PDL, FLAGS, CLOCK)
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
-    pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
-    trace_mark(trace_ptr, clock_ptr, program, WAITED, CLOCK)
     slot, context, total = _row_keys(slots_ptr, context_ptr, path_len_ptr, row)
     q = _query_group(q_ptr, row, kv_head, s_q_row, s_q_head, GROUP, GROUP_PAD, DIM)
     for block in range(tl.program_id(2), tl.cdiv(total, KEY_BLOCK), tl.num_programs(2)):
@@ -145,13 +141,21 @@ def _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD: tl.constexpr, KEY_BL
 def _wave_start(context_ptr, path_len_ptr, rows, trace_ptr, clock_ptr, flags_ptr, launch, before,
                 ROWS_PAD: tl.constexpr, KEY_BLOCK: tl.constexpr, PDL: tl.constexpr, CLOCK: tl.constexpr,
                 FLAGS: tl.constexpr):
-    # A worklist wave's program up to its work: its start marked, its dependents let go,
-    # the wait for the kernel before, and the pass's blocks.
+    # A worklist wave's program up to its work: _wave_wait, then the pass's blocks.
+    _wave_wait(trace_ptr, clock_ptr, flags_ptr, launch, before, PDL, CLOCK, FLAGS)
+    return _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK, "")
+
+
+@triton.jit
+def _wave_wait(trace_ptr, clock_ptr, flags_ptr, launch, before, PDL: tl.constexpr, CLOCK: tl.constexpr,
+               FLAGS: tl.constexpr):
+    # A wave's program's start marked, its dependents let go, the wait for the kernel
+    # before. (Not waited_program: its row from all three grid axes took traced builds 4
+    # registers more, for a one-axis grid.)
     trace_mark(trace_ptr, clock_ptr, tl.program_id(0), START, CLOCK)
     pdl_start(PDL)
     pdl_wait_for(flags_ptr, launch, before, PDL, FLAGS)
     trace_mark(trace_ptr, clock_ptr, tl.program_id(0), WAITED, CLOCK)
-    return _pass_blocks(context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK, "")
 
 
 @triton.jit
@@ -303,8 +307,8 @@ def _rows_pass(q_ptr, k_ptr, v_ptr, part_ptr, out_ptr, count_ptr, slots_ptr, con
                FOLD: tl.constexpr):
     # A wave's program over the pass's items of several rows (_shared_blocks, _rows_work):
     # the worklist's partials, or with FOLD the fold's (rows with no keys zeroed first).
-    _wave_start(context_ptr, path_len_ptr, rows, trace_ptr, clock_ptr, flags_ptr, launch, before, ROWS_PAD,
-                KEY_BLOCK, PDL, CLOCK, FLAGS)
+    # (_wave_wait, not _wave_start: _shared_blocks reads the pass's blocks with the slots.)
+    _wave_wait(trace_ptr, clock_ptr, flags_ptr, launch, before, PDL, CLOCK, FLAGS)
     blocks, shared, shared_ends, own, own_ends, shared_of_row, slot = _shared_blocks(
         slots_ptr, context_ptr, path_len_ptr, rows, ROWS_PAD, KEY_BLOCK, ROWS)
     if FOLD:

@@ -140,11 +140,8 @@ def row_attention(
         from codespec.kernels import _triton_attention
 
         check(schedule in SCHEDULES, f"attention schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}")
-        check(item_rows in ITEM_ROWS and (item_rows == 1 or (schedule != "grid" and not early)),
-              f"items of {item_rows} rows: one of {', '.join(map(str, ITEM_ROWS))}, with the worklist or the fold, "
-              "not with early keys")
-        check(item_rows == 1 or schedule != "fold" or (key_block or KEY_BLOCK) == 128,
-              "items of several rows fold 128-key blocks alone (at 64 the fold's combine beside them spills on sm_90)")
+        refused = grouping_refused(item_rows, schedule, key_block or KEY_BLOCK, early)
+        check(refused is None, str(refused))
         check(schedule != "fold" or (counts is not None and counts.dtype == torch.int32
                                      and counts.numel() >= rows * keys.shape[1] and counts.device == query.device),
               f"the {schedule} schedule needs counts: int32 zeros, at least {rows * keys.shape[1]} (rows x KV heads)")
@@ -156,6 +153,18 @@ def row_attention(
     else:
         out.copy_(row_attention_ref(query, keys, values, slots, context, path, path_len, scale))
     return out
+
+
+def grouping_refused(item_rows: int, schedule: str, key_block: int, early: bool) -> str | None:
+    """Why rows in groups of `item_rows` cannot run with this schedule, key block and
+    `early` (None: they can): the CUDA backend's start-up check and the wrapper's."""
+    if item_rows not in ITEM_ROWS:
+        return f"items of {item_rows} rows: one of {', '.join(map(str, ITEM_ROWS))}"
+    if item_rows > 1 and (schedule == "grid" or early):
+        return f"items of {item_rows} rows go with the worklist or the fold, not with early keys"
+    if item_rows > 1 and schedule == "fold" and key_block != 128:
+        return "items of several rows fold 128-key blocks alone (at 64 the fold's combine beside them spills on sm_90)"
+    return None
 
 
 def wave(device: torch.device) -> int:

@@ -69,7 +69,7 @@ from codespec.forward.passlayout import CONTEXT, META_FIELDS, PATH_LEN, PassRows
 from codespec.kernels.compact import keep_paths
 from codespec.kernels.flags import PassFlags
 from codespec.kernels.rope_store import rope_store
-from codespec.kernels.row_attention import row_attention
+from codespec.kernels.row_attention import grouping_refused, row_attention
 from codespec.kernels.row_linear import Config, Rope, row_linear
 from codespec.kernels.trace import TakeTrace, Tracer
 
@@ -148,10 +148,10 @@ class CudaForward:
         self.key_block = settings.key_block  # ... and its logical keys per block (part of the bits)
         self.early_keys = settings.early_keys  # ... each program's first item begun before its wait
         self.attention_rows = settings.attention_rows  # ... or its rows in groups sharing their context's blocks
-        if self.attention_rows > 1 and (self.early_keys or self.attention == "grid" or
-                                        (self.attention == "fold" and self.key_block != 128)):
-            raise SettingError("CODESPEC_CUDA_ATTENTION_ROWS groups the worklist's or the fold's items (the fold's "
-                               "at 128-key blocks), without CODESPEC_CUDA_EARLY_KEYS: unset one")
+        refused = grouping_refused(self.attention_rows, self.attention, self.key_block, self.early_keys)
+        if refused is not None:
+            raise SettingError(f"CODESPEC_CUDA_ATTENTION_ROWS groups the worklist's or the fold's items (the fold's "
+                               f"at 128-key blocks), without CODESPEC_CUDA_EARLY_KEYS ({refused}): unset one")
         self.early_rows = settings.early_rows  # the fused products' live rows read before their wait
         # the fold's counts, one per (row, KV head), left zero by every launch:
         # one buffer serves every layer (a layer's attention ends before the next one's starts)
