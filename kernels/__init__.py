@@ -5,7 +5,7 @@ C, built by the system's gcc on first use (native.py) and driven through ctypes,
 * `rowdecoder.c`: a Qwen2/Llama decoder stack for every row of a pass in one call;
 * `int8`: int8 weights and their row-exact products; `lmchoice`: the exact greedy choice
   through lm_head's int8 screen.
-Triton, for CUDA tensors (`_triton.py`, `_triton_attention*.py`, `_triton_linear.py`,
+Triton, for CUDA tensors (`_triton.py`, `_triton_attention*.py`, `_triton_linear*.py`,
 imported only when a kernel runs; tests run them on CPU under
 `TRITON_INTERPRET=1`; `_triton_pdl.py` holds what the cuda backend's kernels share to
 launch as programmatic dependents), each module a wrapper that checks shapes, dtypes and

@@ -1,6 +1,6 @@
 """The Triton kernels behind `compact`, `tree_mask` and `rope_store` (imported only when one
 runs: on CUDA tensors, or on CPU under `TRITON_INTERPRET=1` in the tests; `row_attention`'s
-are in _triton_attention.py, `row_linear`'s in _triton_linear.py).
+are in _triton_attention*.py, `row_linear`'s in _triton_linear*.py).
 
 Each launcher takes arguments its wrapper already checked."""
 

@@ -11,7 +11,8 @@ import triton
 import triton.language as tl
 
 from codespec.kernels._triton import live_rows
-from codespec.kernels._triton_linear import _group_rows, _nan_largest, _warm_weights
+from codespec.kernels._triton_linear import _group_rows, _warm_weights
+from codespec.kernels._triton_linear_finish import _nan_largest
 from codespec.kernels._triton_pdl import COUNTED, launch_options, pdl_done, pdl_start, pdl_wait_for
 from codespec.kernels._triton_trace import (COMPUTED, ENDED, START, WAITED, launch_hooks, program_index, trace_mark,
                                             waited_program)

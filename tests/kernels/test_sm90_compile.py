@@ -25,7 +25,7 @@ import json, os, subprocess, sys, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from codespec.kernels import _triton, _triton_attention, _triton_linear
+from codespec.kernels import _triton, _triton_attention, _triton_linear, _triton_linear_finish
 from codespec.kernels.row_attention import WORK_WARPS
 from codespec.kernels._triton_pdl import launch_options
 
@@ -224,7 +224,7 @@ for label, (name, tile) in launched.items():
                         "UPCAST": False, "CLOCK": 0, "ROW_GROUP": 1, "FLAGS": False,
                         "EARLY_ROWS": label.endswith("early rows")},
                        warps=tile.num_warps, stages=tile.num_stages, fp_fusion=name != "qkv")
-out["linear reduce pdl"] = build(_triton_linear._row_linear_reduce_kernel,
+out["linear reduce pdl"] = build(_triton_linear_finish._row_linear_reduce_kernel,
                                  {"part_ptr": "*fp32", "bias_ptr": "*bf16", "residual_ptr": "*bf16", "out_ptr": "*bf16",
                                   "block_out_ptr": "*fp32", "index_out_ptr": "*i32", "context_ptr": "*i64",
                                   "path_len_ptr": "*i64",
@@ -237,7 +237,7 @@ out["linear reduce pdl"] = build(_triton_linear._row_linear_reduce_kernel,
                                   "SQUARES_OUT": True, "CHOICES": False, "ROPE": False, "HEADS": 1, "KV_HEADS": 1,
                                   "DIM": 2, "LIVE": True,
                                   "PDL": True, "BLOCK": 32, "FLAGS": False})
-out["choices pdl"] = build(_triton_linear._choices_kernel,
+out["choices pdl"] = build(_triton_linear_finish._choices_kernel,
                            {"block_out_ptr": "*fp32", "index_out_ptr": "*i32", "choices_ptr": "*i64", **dict(flags),
                             "s_block_out": "i32"},
                            {"N": 151936, "BLOCKS": 1187, "BLOCKS_PAD": 2048, "PDL": True, "FLAGS": False})
