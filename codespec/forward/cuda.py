@@ -62,13 +62,13 @@ from codespec.errors import SettingError
 from codespec.forward import profile
 from codespec.forward.base import Moves, Requests, kv_dims
 from codespec.forward.chained import Chained, Collect, next_starts, plain_steps, step_rows
-from codespec.forward.cuda_fused import full_logits, fused_layers, fused_tiles, screen_of
-from codespec.forward.cuda_layers import LayerWeights, add_norm, eager_prefill_chunk, eps_of, gated, rotary_table
+from codespec.forward.cuda_fused import full_logits, fused_layers, layout_tiles, screen_of
+from codespec.forward.cuda_layers import (LayerWeights, add_norm, eager_prefill_chunk, gated, rotary_table,
+                                          unfused_layers)
 from codespec.forward.cuda_settings import CudaSettings, is_hopper, require_hopper
 from codespec.forward.passlayout import CONTEXT, META_FIELDS, PATH_LEN, PassRows, chain_rows, fill_staging, tree_rows
 from codespec.kernels.compact import keep_paths
 from codespec.kernels.flags import PassFlags
-from codespec.kernels.rope_store import rope_store
 from codespec.kernels.row_attention import grouping_refused, row_attention
 from codespec.kernels.row_linear import Config, Rope, row_linear
 from codespec.kernels.trace import TakeTrace, Tracer
@@ -181,35 +181,16 @@ class CudaForward:
         # gate/up's rows interleaved for the fused layers' SiLU epilogue (row_linear `pairs`)
         self._layers = [LayerWeights.of(layer, pairs=self.fused) for layer in model.model.layers]
         self.tile_rows = settings.tile_rows  # rows a program of the fused products computes
-        self.row_group = settings.row_group  # ... in how many blocks, each weight tile loaded once for them
         # CODESPEC_CUDA_REDUCE=fold: a split product summed by its last program, counting
         # in here (a block of 16 outputs and 16 rows at the least; every launch leaves it zero)
         widest = max(model.get_output_embeddings().weight.shape[0], 2 * model.config.intermediate_size)
         self._linear_counts = (torch.zeros(widest // 16 * max(1, self.rows // 16), dtype=torch.int32,
                                            device=self.device) if settings.reduce == "fold" else None)
-        # CODESPEC_CUDA_PASS_ROW_GROUP: a wide pass's tiles, another row group (None: self.tiles)
-        self.pass_tiles: dict[str, Config] | None = None
-        if settings.pass_row_group and not self.fused:
-            raise SettingError("CODESPEC_CUDA_PASS_ROW_GROUP groups the fused products' rows: set "
-                               "CODESPEC_CUDA_FUSED=1")
-        # CODESPEC_CUDA_NARROW_STEPS: passes of up to tile_rows rows replay a graph of the
-        # bucket's first tile_rows rows alone, its tiles (None: every pass runs the bucket)
-        self.narrow_tiles: dict[str, Config] | None = None
-        if settings.narrow_steps and not self.fused:
-            raise SettingError("CODESPEC_CUDA_NARROW_STEPS computes fewer rows with the fused products (cuBLAS picks "
-                               "its kernels by the rows: a narrow pass's bits would not be a full one's): set "
-                               "CODESPEC_CUDA_FUSED=1")
-        if self.fused:
-            self.tiles = fused_tiles(self._layers[0], model.lm_head.weight, self.tiles, self.rows, self.tile_rows,
-                                     self.row_group, self.head_dim, self.kv_heads, settings.lm_screen)
-            if settings.pass_row_group and settings.pass_row_group != self.row_group:
-                self.pass_tiles = fused_tiles(self._layers[0], model.lm_head.weight, dict(tiles or {}), self.rows,
-                                              self.tile_rows, settings.pass_row_group, self.head_dim, self.kv_heads,
-                                              settings.lm_screen)
-            if settings.narrow_steps and self.tile_rows < self.rows:
-                self.narrow_tiles = fused_tiles(self._layers[0], model.lm_head.weight, dict(tiles or {}),
-                                                self.tile_rows, self.tile_rows, 1, self.head_dim, self.kv_heads,
-                                                settings.lm_screen)
+        # the fused products' tiles for the bucket's graph, and where CODESPEC_CUDA_PASS_ROW_GROUP
+        # or CODESPEC_CUDA_NARROW_STEPS asks, a wide pass's and a narrow step's graph's (else None)
+        self.tiles, self.pass_tiles, self.narrow_tiles = layout_tiles(
+            self.fused, settings, self._layers[0], model.lm_head.weight, self.tiles, self.rows, self.head_dim,
+            self.kv_heads)
         # CODESPEC_CUDA_LM_SCREEN: lm_head's int8 screen (forward/cuda_fused.py; None: the full product)
         self.screen = screen_of(model, self.fused, self.tiles.get("lm_head")) if settings.lm_screen else None
         # the engine's start-up passes (engine._warm_up_pass): a step, and a pass wide
@@ -460,7 +441,6 @@ class CudaForward:
         ids, positions, write_slots, write_positions, source, slots, context, path_len = \
             flat[: META_FIELDS * bucket].view(META_FIELDS, bucket)[:, :rows]
         path = flat[META_FIELDS * bucket:].view(bucket, bucket)[:rows]
-        model = self.model.model
         cos, sin = rope
         pdl, live = self.pdl != "off", (context, path_len)  # the rows that hold a token
         if self.tracer is not None:  # another graph launches other programs: its own regions
@@ -489,22 +469,8 @@ class CudaForward:
                           early_rows=self.early_rows)
             return fused_layers(self.model, self._layers, self._layout_tiles(layout), ids, attend, rope_of, linear,
                                 self._trace, self.screen)
-        hidden = model.embed_tokens(ids)  # [rows, hidden]
-        delta = torch.zeros_like(hidden)  # what the last layer adds to the residual stream
-        for index, (layer, w) in enumerate(zip(model.layers, self._layers)):
-            hidden, x = self._add_norm(hidden, delta, w.input_norm, w.input_eps)
-            q = rope_store(self._product("qkv", x, w.qkv, w.qkv_bias, live=live), cos, sin, source, write_slots,
-                           write_positions, keys[index], values[index], heads=self.heads, kv_heads=self.kv_heads,
-                           positions=positions, live=live, pdl=pdl)
-            attended = attend(index, layer, q)
-            hidden, x = self._add_norm(hidden, self._product("o", attended, w.o, w.o_bias, live=live), w.post_norm,
-                                       w.post_eps)
-            delta = self._product("down", self._gated(self._product("gate_up", x, w.gate_up, live=live)), w.down,
-                                  live=live)
-        _, x = self._add_norm(hidden, delta, model.norm.weight, eps_of(model.norm))
-        head = self.model.lm_head
-        choices = torch.empty(rows, dtype=torch.int64, device=x.device)
-        return self._product("lm_head", x, head.weight, head.bias, live=live, choices=choices), choices, None
+        return unfused_layers(self.model, self._layers, ids, attend, rope_of, self._product, self._add_norm,
+                              self._gated, live, pdl)
 
     def _trace(self, kind: str, index: int | None = None) -> TakeTrace | None:
         """Where a traced pass's launch of `kind` (in layer `index`) takes its region."""

@@ -72,6 +72,33 @@ def fused_tiles(layer: LayerWeights, head: torch.Tensor, given: dict[str, Config
     return tiles
 
 
+def layout_tiles(fused: bool, settings: Any, layer: LayerWeights, head: torch.Tensor, given: dict[str, Config],
+                 rows: int, head_dim: int, kv_heads: int) -> tuple[dict[str, Config], ...]:
+    """The fused layers' tiles (fused_tiles) for each graph a backend of `settings`
+    (forward/cuda_settings.CudaSettings) replays: the bucket's; a wide pass's with
+    CODESPEC_CUDA_PASS_ROW_GROUP's group of row blocks (None where it is not set or is the
+    steps' own); a narrow step's, the bucket's first tile_rows rows alone, with
+    CODESPEC_CUDA_NARROW_STEPS (None where not set or the bucket is one block). A clear
+    error where either is set without the fused layers; without them, `given` alone."""
+    if settings.pass_row_group and not fused:
+        raise SettingError("CODESPEC_CUDA_PASS_ROW_GROUP groups the fused products' rows: set CODESPEC_CUDA_FUSED=1")
+    if settings.narrow_steps and not fused:
+        raise SettingError("CODESPEC_CUDA_NARROW_STEPS computes fewer rows with the fused products (cuBLAS picks "
+                           "its kernels by the rows: a narrow pass's bits would not be a full one's): set "
+                           "CODESPEC_CUDA_FUSED=1")
+    if not fused:
+        return given, None, None
+    tile_rows, screened = settings.tile_rows, settings.lm_screen
+
+    def tiles_of(bucket: int, row_group: int) -> dict[str, Config]:
+        return fused_tiles(layer, head, given, bucket, tile_rows, row_group, head_dim, kv_heads, screened)
+
+    wide = settings.pass_row_group and settings.pass_row_group != settings.row_group
+    narrow = settings.narrow_steps and tile_rows < rows
+    return (tiles_of(rows, settings.row_group), tiles_of(rows, settings.pass_row_group) if wide else None,
+            tiles_of(tile_rows, 1) if narrow else None)
+
+
 def fused_layers(model: Any, layers: list[LayerWeights], tiles: dict[str, Config], ids: torch.Tensor,
                  attend: Callable[[int, Any, torch.Tensor], torch.Tensor], rope_of: Callable[[int], Rope],
                  linear: dict[str, Any], trace: Callable[..., TakeTrace | None],

@@ -1,18 +1,19 @@
 """The cuda backend's layer pieces (forward/cuda.py): each decoder layer's tensors with
 q/k/v and gate/up fused into one product each, the rotary tables, the small functions
-between the products (torch.compile'd there on CUDA), and the eager prefill's chunk
-(CODESPEC_CUDA_PREFILL=eager)."""
+between the products (torch.compile'd there on CUDA), the pass without the fused layers
+(its products through cuBLAS or row_linear's tiles: `unfused_layers`; the fused layers
+are forward/cuda_fused.py's), and the eager prefill's chunk (CODESPEC_CUDA_PREFILL=eager)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from codespec.kernels.rope_store import rope_store_ref
-from codespec.kernels.row_linear import gate_up_pairs, rms_norm, silu_pairs
+from codespec.kernels.rope_store import rope_store, rope_store_ref
+from codespec.kernels.row_linear import Rope, gate_up_pairs, rms_norm, silu_pairs
 
 
 @dataclass
@@ -74,6 +75,36 @@ def gated(gate_up: torch.Tensor) -> torch.Tensor:
     """The MLP's SiLU gate on the fused gate/up product."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def unfused_layers(model: Any, layers: list[LayerWeights], ids: torch.Tensor,
+                   attend: Callable[[int, Any, torch.Tensor], torch.Tensor], rope_of: Callable[[int], Rope],
+                   product: Callable[..., torch.Tensor], add_norm_: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+                   gated_: Callable[[torch.Tensor], torch.Tensor], live: tuple[torch.Tensor, torch.Tensor],
+                   pdl: bool) -> tuple[torch.Tensor, torch.Tensor, None]:
+    """The pass of a transformers Qwen2/Llama `model` over token `ids` (the bucket's rows)
+    without the fused layers: its logits and greedy choices (and None: no screen).
+    `product(name, x, weight, bias, live=, choices=)`: each product (cuBLAS, or row_linear's
+    tiles where the backend names some); `add_norm_` and `gated_`: the work between them
+    (add_norm and gated, torch.compile'd on CUDA); rotary and the KV store in one launch
+    (kernels/rope_store.py, `rope_of(index)`'s tables and cache layer); `attend(index,
+    layer, q)`: attention; `live`: the rows that hold a token."""
+    body = model.model
+    hidden = body.embed_tokens(ids)  # [rows, hidden]
+    delta = torch.zeros_like(hidden)  # what the last layer adds to the residual stream
+    for index, (layer, w) in enumerate(zip(body.layers, layers)):
+        hidden, x = add_norm_(hidden, delta, w.input_norm, w.input_eps)
+        r = rope_of(index)
+        q = rope_store(product("qkv", x, w.qkv, w.qkv_bias, live=live), r.cos, r.sin, r.source, r.write_slots,
+                       r.write_positions, r.keys, r.values, heads=r.heads, kv_heads=r.kv_heads, positions=r.positions,
+                       live=live, pdl=pdl)
+        attended = attend(index, layer, q)
+        hidden, x = add_norm_(hidden, product("o", attended, w.o, w.o_bias, live=live), w.post_norm, w.post_eps)
+        delta = product("down", gated_(product("gate_up", x, w.gate_up, live=live)), w.down, live=live)
+    _, x = add_norm_(hidden, delta, body.norm.weight, eps_of(body.norm))
+    head = model.lm_head
+    choices = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
+    return product("lm_head", x, head.weight, head.bias, live=live, choices=choices), choices, None
 
 
 def eager_prefill_chunk(model: Any, layers: list[LayerWeights], cache: Any, slot: int, ids: Sequence[int],
