@@ -38,7 +38,7 @@
 
 #define BLOCKS 4
 #define LANES 16
-#define TM 6 /* rows of x per tile: TM x BLOCKS accumulators + BLOCKS + 1 in 32 registers */
+#define TM 6 /* rows of x per whole-stripe tile: TM x BLOCKS accumulators + BLOCKS + 1 in 32 registers */
 
 /* ---------------------------------------------------------------- scalar (isa 0) */
 
@@ -65,29 +65,34 @@ static void stripe_scalar(const uint16_t *x, int64_t ldx, const uint16_t *stripe
 #define AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 #define INLINE inline __attribute__((always_inline))
 
-/* Rows m0..m0+mt-1 against one stripe. `mt` is a constant at every call (the switch
- * below), so the accumulators stay in registers. */
-AVX512BF16 static INLINE void tile(const uint16_t *x, int64_t ldx, const uint16_t *stripe, const uint16_t *bias,
-                                   uint16_t *out, int64_t ldo, int64_t pairs, int64_t m0, const int mt, int64_t n0,
-                                   int64_t columns) {
-    __m512 acc[TM][BLOCKS];
+/* Rows m0..m0+mt-1 against `nb` blocks of 16 columns from n0: the whole stripe (nb 4,
+ * `first` its first half), or one half of it (nb 2, `first` that half). `mt` and `nb` are
+ * constants at every call (the switches below), so the accumulators stay in registers:
+ * 6 x 4 (`TM`), or up to 12 x 2 (`TALL`), with the weights and a broadcast, in 32. Every
+ * output is one lane taking pair p = 0, 1, 2, ... in order, one VDPBF16PS each, then the
+ * bias, then one rounding, whichever tile computes it: the same bits. */
+#define TALL 12
+AVX512BF16 static INLINE void tile(const uint16_t *x, int64_t ldx, const uint16_t *first, int64_t pairs,
+                                   const uint16_t *bias, uint16_t *out, int64_t ldo, int64_t m0, const int mt,
+                                   const int nb, int64_t n0, int64_t columns) {
+    __m512 acc[TALL][BLOCKS];
     for (int i = 0; i < mt; i++)
-        for (int b = 0; b < BLOCKS; b++) acc[i][b] = _mm512_setzero_ps();
-    const uint16_t *xr[TM];
+        for (int b = 0; b < nb; b++) acc[i][b] = _mm512_setzero_ps();
+    const uint16_t *xr[TALL];
     for (int i = 0; i < mt; i++) xr[i] = x + (m0 + i) * ldx;
-    const uint16_t *half[2] = {stripe, stripe + stripe_at(pairs, 0, HALF)};
+    const uint16_t *half[2] = {first, first + stripe_at(pairs, 0, HALF)}; /* nb 2 reads half[0] alone */
     for (int64_t p = 0; p < pairs; p++) {
         __m512bh wv[BLOCKS];
-        for (int b = 0; b < BLOCKS; b++)
+        for (int b = 0; b < nb; b++)
             wv[b] = (__m512bh)_mm512_loadu_si512(half[b / 2] + (p * HALF + b % 2 * LANES) * 2);
         for (int i = 0; i < mt; i++) {
             int32_t pair;
             memcpy(&pair, xr[i] + 2 * p, sizeof pair);
             __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
-            for (int b = 0; b < BLOCKS; b++) acc[i][b] = _mm512_dpbf16_ps(acc[i][b], xv, wv[b]);
+            for (int b = 0; b < nb; b++) acc[i][b] = _mm512_dpbf16_ps(acc[i][b], xv, wv[b]);
         }
     }
-    for (int b = 0; b < BLOCKS; b++) {
+    for (int b = 0; b < nb; b++) {
         int64_t c0 = b * LANES;
         if (c0 >= columns) break;
         __mmask16 keep = columns - c0 >= LANES ? (__mmask16)0xffff : (__mmask16)((1u << (columns - c0)) - 1u);
@@ -102,45 +107,9 @@ AVX512BF16 static INLINE void tile(const uint16_t *x, int64_t ldx, const uint16_
     }
 }
 
-/* Rows m0..m0+mt-1 against one half of a stripe (HALF columns from n0, `columns` of them
- * real): up to TALL rows, so a pass of 7-12 rows streams each half once instead of the
- * stripe twice. Every output is the same lane taking the same pairs in the same order
- * as in `tile` (one VDPBF16PS a pair, then the bias, then one rounding): the same bits. */
-#define TALL 12 /* TALL x 2 accumulators + 2 weights + 1 broadcast in 32 registers */
-AVX512BF16 static INLINE void tile_half(const uint16_t *x, int64_t ldx, const uint16_t *half, const uint16_t *bias,
-                                        uint16_t *out, int64_t ldo, int64_t pairs, int64_t m0, const int mt,
-                                        int64_t n0, int64_t columns) {
-    __m512 acc[TALL][2];
-    for (int i = 0; i < mt; i++)
-        for (int b = 0; b < 2; b++) acc[i][b] = _mm512_setzero_ps();
-    const uint16_t *xr[TALL];
-    for (int i = 0; i < mt; i++) xr[i] = x + (m0 + i) * ldx;
-    for (int64_t p = 0; p < pairs; p++) {
-        __m512bh wv[2];
-        for (int b = 0; b < 2; b++) wv[b] = (__m512bh)_mm512_loadu_si512(half + (p * HALF + b * LANES) * 2);
-        for (int i = 0; i < mt; i++) {
-            int32_t pair;
-            memcpy(&pair, xr[i] + 2 * p, sizeof pair);
-            __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
-            for (int b = 0; b < 2; b++) acc[i][b] = _mm512_dpbf16_ps(acc[i][b], xv, wv[b]);
-        }
-    }
-    for (int b = 0; b < 2; b++) {
-        int64_t c0 = b * LANES;
-        if (c0 >= columns) break;
-        __mmask16 keep = columns - c0 >= LANES ? (__mmask16)0xffff : (__mmask16)((1u << (columns - c0)) - 1u);
-        __m512 add = _mm512_setzero_ps();
-        if (bias)
-            add = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(keep, bias + n0 + c0)), 16));
-        for (int i = 0; i < mt; i++) {
-            __m256bh h = _mm512_cvtneps_pbh(_mm512_add_ps(acc[i][b], add));
-            _mm256_mask_storeu_epi16(out + (m0 + i) * ldo + n0 + c0, keep, (__m256i)h);
-        }
-    }
-}
-
-/* A pass of TM + 1 .. TALL rows: each half of the stripe once, all rows at a time. */
+/* A pass of TM + 1 .. TALL rows: each half of the stripe streamed once, all rows at a time
+ * (6-row tiles would stream the whole stripe twice: 7 rows' products 21.2 ms against 16.0
+ * for the default model on the Zen 5 VM, docs/decisions.md). */
 AVX512BF16 static void stripe_tall(const uint16_t *x, int64_t ldx, const uint16_t *stripe, const uint16_t *bias,
                                    uint16_t *out, int64_t ldo, int64_t M, int64_t pairs, int64_t n0,
                                    int64_t columns) {
@@ -148,12 +117,12 @@ AVX512BF16 static void stripe_tall(const uint16_t *x, int64_t ldx, const uint16_
         const uint16_t *half = stripe + stripe_at(pairs, 0, h * HALF);
         int64_t c0 = n0 + h * HALF, width = columns - h * HALF < HALF ? columns - h * HALF : HALF;
         switch (M) {
-        case 7: tile_half(x, ldx, half, bias, out, ldo, pairs, 0, 7, c0, width); break;
-        case 8: tile_half(x, ldx, half, bias, out, ldo, pairs, 0, 8, c0, width); break;
-        case 9: tile_half(x, ldx, half, bias, out, ldo, pairs, 0, 9, c0, width); break;
-        case 10: tile_half(x, ldx, half, bias, out, ldo, pairs, 0, 10, c0, width); break;
-        case 11: tile_half(x, ldx, half, bias, out, ldo, pairs, 0, 11, c0, width); break;
-        default: tile_half(x, ldx, half, bias, out, ldo, pairs, 0, 12, c0, width); break;
+        case 7: tile(x, ldx, half, pairs, bias, out, ldo, 0, 7, 2, c0, width); break;
+        case 8: tile(x, ldx, half, pairs, bias, out, ldo, 0, 8, 2, c0, width); break;
+        case 9: tile(x, ldx, half, pairs, bias, out, ldo, 0, 9, 2, c0, width); break;
+        case 10: tile(x, ldx, half, pairs, bias, out, ldo, 0, 10, 2, c0, width); break;
+        case 11: tile(x, ldx, half, pairs, bias, out, ldo, 0, 11, 2, c0, width); break;
+        default: tile(x, ldx, half, pairs, bias, out, ldo, 0, 12, 2, c0, width); break;
         }
     }
 }
@@ -167,12 +136,12 @@ AVX512BF16 static void stripe_avx512bf16(const uint16_t *x, int64_t ldx, const u
     }
     for (int64_t m = 0; m < M; m += TM) {
         switch (M - m < TM ? M - m : TM) {
-        case 1: tile(x, ldx, stripe, bias, out, ldo, pairs, m, 1, n0, columns); break;
-        case 2: tile(x, ldx, stripe, bias, out, ldo, pairs, m, 2, n0, columns); break;
-        case 3: tile(x, ldx, stripe, bias, out, ldo, pairs, m, 3, n0, columns); break;
-        case 4: tile(x, ldx, stripe, bias, out, ldo, pairs, m, 4, n0, columns); break;
-        case 5: tile(x, ldx, stripe, bias, out, ldo, pairs, m, 5, n0, columns); break;
-        default: tile(x, ldx, stripe, bias, out, ldo, pairs, m, 6, n0, columns); break;
+        case 1: tile(x, ldx, stripe, pairs, bias, out, ldo, m, 1, BLOCKS, n0, columns); break;
+        case 2: tile(x, ldx, stripe, pairs, bias, out, ldo, m, 2, BLOCKS, n0, columns); break;
+        case 3: tile(x, ldx, stripe, pairs, bias, out, ldo, m, 3, BLOCKS, n0, columns); break;
+        case 4: tile(x, ldx, stripe, pairs, bias, out, ldo, m, 4, BLOCKS, n0, columns); break;
+        case 5: tile(x, ldx, stripe, pairs, bias, out, ldo, m, 5, BLOCKS, n0, columns); break;
+        default: tile(x, ldx, stripe, pairs, bias, out, ldo, m, 6, BLOCKS, n0, columns); break;
         }
     }
 }
