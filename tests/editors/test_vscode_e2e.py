@@ -55,16 +55,24 @@ class VSCode:
     def __init__(self, driver, workspace: Path, settings: Path, shots: Path) -> None:
         self.driver, self.workspace, self.settings_file, self.shots = driver, workspace, settings, shots
 
-    def wait(self, check, what: str, seconds: float = WAIT_S):
+    @staticmethod
+    def poll(check, seconds: float):
+        """`check()`'s first truthy value within `seconds`, else None."""
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             try:
                 value = check()
-            except Exception:  # an element replaced while it was read: look again
+            except Exception:  # an element replaced, or a file rewritten, while it was read: look again
                 value = None
             if value:
                 return value
             time.sleep(0.1)
+        return None
+
+    def wait(self, check, what: str, seconds: float = WAIT_S):
+        value = self.poll(check, seconds)
+        if value:
+            return value
         shot = self.shots / f"{what.replace(' ', '-')}-{int(time.time())}.png"
         self.driver.save_screenshot(str(shot))
         raise AssertionError(f"timed out waiting for {what} (screenshot: {shot}; status: {self.status()!r})")
@@ -85,8 +93,8 @@ class VSCode:
         ActionChains(self.driver).key_down(Keys.CONTROL).send_keys(key).key_up(Keys.CONTROL).perform()
 
     def setting(self, key: str, value: str) -> None:
-        """Change a text setting in the Settings editor, as a person does, pasting the value (a settings.json
-        written behind code-server's back is not picked up)."""
+        """Change a text setting in the Settings editor, as a person does, pasting the value
+        (a settings.json written behind code-server's back is not picked up)."""
         self.command("Preferences: Open User Settings")
         self.click(".settings-editor .suggest-input-container", "the settings search")
         self.chord("a")
@@ -103,12 +111,8 @@ class VSCode:
             self.click(".setting-item-control input", f"the {key} field")
             self.chord("a")
             self.driver.execute_cdp_cmd("Input.insertText", {"text": value})
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline:
-                if json.loads(self.settings_file.read_text()).get(key) == value:
-                    return True
-                time.sleep(0.1)
-            return False  # not saved (or saved wrong): select it all and paste again
+            # not saved (or saved wrong) within 5 s: select it all and paste again
+            return self.poll(lambda: json.loads(self.settings_file.read_text()).get(key) == value, 5)
         self.wait(saved, f"{key} saved")
 
     def command(self, title: str) -> None:
@@ -166,15 +170,13 @@ class VSCode:
         """Save until the file on disk `holds`; its text. An accepted suggestion can land in
         the buffer after a Ctrl+S sent right behind the Tab, so that save may miss it: the
         next Ctrl+S saves the edit (VS Code saves only a changed buffer)."""
+        def on_disk() -> str:
+            text = path.read_text()
+            return text if holds(text) else ""
+
         def saved() -> str:
             self.chord("s")
-            deadline = time.monotonic() + 1
-            while time.monotonic() < deadline:
-                text = path.read_text()
-                if holds(text):
-                    return text
-                time.sleep(0.1)
-            return ""
+            return self.poll(on_disk, 1)
         return self.wait(saved, f"{path.name} saved with the completion")
 
 
