@@ -38,9 +38,14 @@ def skip_repeated_language_patches() -> bool:
     # its device functions': triton.language.standard's see tl.core, ours tl); None before
     running: list[frozenset[int] | None] = []
 
+    seen: dict[int, frozenset[int]] = {}  # by the id of a function's module globals
+
     def languages(fn: Any) -> frozenset[int]:
-        return frozenset(id(value) for value in fn.__globals__.values()
-                         if inspect.ismodule(value) and value in (tl, tl.core))
+        found = seen.get(id(fn.__globals__))
+        if found is None:
+            found = seen[id(fn.__globals__)] = frozenset(
+                id(value) for value in fn.__globals__.values() if inspect.ismodule(value) and value in (tl, tl.core))
+        return found
 
     def patch_once(fn: Any) -> Any:
         if not running:
