@@ -34,30 +34,27 @@ def skip_repeated_language_patches() -> bool:
         return False
     if getattr(patch, "skips_repeats", False):
         return True
-    # the language modules patched since the running launch began (its own patch, then
-    # its device functions': triton.language.standard's see tl.core, ours tl); None before
-    running: list[frozenset[int] | None] = []
-
-    seen: dict[int, frozenset[int]] = {}  # by the id of a function's module globals
+    # the language modules patched since the running launch began: its own patch, then
+    # its device functions' (triton.language.standard's see tl.core, ours tl)
+    running: list[frozenset[int]] = []
+    seen: dict[Any, frozenset[int]] = {}  # by function
 
     def languages(fn: Any) -> frozenset[int]:
-        found = seen.get(id(fn.__globals__))
-        if found is None:
-            found = seen[id(fn.__globals__)] = frozenset(
-                id(value) for value in fn.__globals__.values() if inspect.ismodule(value) and value in (tl, tl.core))
-        return found
+        if fn not in seen:
+            seen[fn] = frozenset(id(value) for value in fn.__globals__.values()
+                                 if inspect.ismodule(value) and value in (tl, tl.core))
+        return seen[fn]
 
     def patch_once(fn: Any) -> Any:
-        if not running:
-            return patch(fn)
         wanted = languages(fn)
-        if running[-1] is not None and wanted <= running[-1]:
+        if running and wanted and wanted <= running[-1]:
             return interpreter._LangPatchScope()  # patched already: nothing to set or restore
-        running[-1] = wanted | (running[-1] or frozenset())
+        if running:
+            running[-1] |= wanted
         return patch(fn)
 
     def launch_patched(self: Any, *args: Any, **kwargs: Any) -> Any:
-        running.append(None)
+        running.append(frozenset())
         try:
             return launch(self, *args, **kwargs)
         finally:

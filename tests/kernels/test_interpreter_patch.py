@@ -39,7 +39,6 @@ def test_a_launch_patches_each_language_module_once_and_computes_the_same():
         return scope
 
     counted.skips_repeats = True
-    original = interpreter._patch_lang
     interpreter._patch_lang = counted
     try:
         x = torch.arange(32, dtype=torch.float32).reshape(4, 8)
@@ -48,7 +47,7 @@ def test_a_launch_patches_each_language_module_once_and_computes_the_same():
         again = torch.empty(4, dtype=torch.float32)
         _row_sums_kernel[(1,)](x, again, ROWS=4, WIDTH=8)
     finally:
-        interpreter._patch_lang = original
+        interpreter._patch_lang = patch
     assert torch.equal(out, x.sum(dim=1)) and torch.equal(again, out)
     # per launch: the kernel's module (tl), then tl.sum's (tl.core) at its first call; the
     # programs' other calls of _row_sum and tl.sum patch nothing
