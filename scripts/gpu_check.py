@@ -24,9 +24,10 @@ and its real tokenizer (carried). Stages, each timed and each allowed to fail al
 their own, before this one launches them; where they fail they are off for the rest of
 the run (a device fault here would end every stage after it).
 
-`pdl` (after `kernel`): programmatic dependent launch (CODESPEC_CUDA_PDL, the default on
-Hopper) against none, a tree pass's logits bit for bit, for the default and the fused
-layers; where they differ, the rest of the run (the backend, later stages) runs without.
+`pdl` (after `kernel`; scripts/gpu_bits.py): programmatic dependent launch
+(CODESPEC_CUDA_PDL, the default on Hopper) against none, a tree pass's logits bit for
+bit, for the default and the fused layers; where they differ, the rest of the run (the
+backend, later stages) runs without.
 
 Probes: `profile` (kernels and GPU time of a step), `anatomy` (a step's wall time split:
 host before the launch, the launch, the wait, the graph's device time; the graph back to
@@ -91,10 +92,11 @@ from typing import Any, Callable
 
 import torch
 
+from gpu_bits import pdl_check
 from gpu_kernels import kernel_checks
 from gpu_measure import cost_curve, profile_step, row_checks, step_anatomy
 from gpu_step import (EVERY_CANDIDATE, EVERY_NARROW, EVERY_TILES, FIVE_DOWN_TILES, FIVE_LAUNCHES, LM_SCREEN,
-                      NO_CANDIDATES, NO_FUSED, NO_PDL, TRIED_APART, blas_of, fails_to_run, pdl_check, plain_probe,
+                      NO_CANDIDATES, NO_FUSED, NO_PDL, TRIED_APART, blas_of, fails_to_run, plain_probe,
                       restore_environment, step_probe, unchecked, variant_env, winner_env)
 from gpu_probes import attention_probe, bucket_probe, fused_probe, fused_tiles_probe, gemm_probe, l2_probe, tiles_probe
 from gpu_gateup import gateup_probe

@@ -1,12 +1,12 @@
-"""The GPU check's own logic (scripts/gpu_step.py), on CPU: a device run is a few
-minutes every few sessions, so a typo in a variant's settings or a broken stage must
-show here, not there. What needs CUDA (timings, graphs) is not run."""
+"""The GPU check's own logic (scripts/gpu_step.py and the stages of scripts/gpu_check.py),
+on CPU: a device run is a few minutes every few sessions, so a typo in a variant's
+settings or a broken stage must show here, not there. What needs CUDA (timings, graphs)
+is not run. The pdl stage's tests are in test_gpu_bits.py, the smoke stage's in
+test_gpu_smoke.py."""
 
 from __future__ import annotations
 
 import sys
-import types
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,16 +15,9 @@ from codespec.engine import Engine
 from codespec.forward.cuda import WIDE, CudaForward
 from codespec.forward.cuda_settings import CudaSettings
 from codespec.models.tiny import tiny_model
+from tests.gpu_run import tiny_run
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 gpu_step = pytest.importorskip("gpu_step")
-
-
-def tiny_run(rows: int, vocab_size: int = 64, **extra) -> types.SimpleNamespace:
-    """What gpu_check's `load` hands its stages (the model, its cuda backend, no
-    tokenizer), on a tiny float32 model: the backend runs the kernels' references."""
-    model = tiny_model("qwen2", vocab_size=vocab_size, seed=3, dtype=torch.float32)
-    return types.SimpleNamespace(model=model, forward=CudaForward(model, rows=rows), tokenizer=None, **extra)
 
 
 def test_every_variant_is_settings_the_backend_takes():
@@ -72,26 +65,6 @@ def test_a_winner_reruns_the_later_stages_only_where_its_rows_and_pdl_held(monke
     assert gpu_step.winner_env(results) is None  # not 3% faster
 
 
-def test_the_pdl_stage_runs_and_leaves_the_settings_as_it_found_them(monkeypatch):
-    """On CPU the kernels' references run (no PDL): the stage's plumbing, every layout
-    equal to itself, and the environment restored."""
-    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "grid")
-    loaded = tiny_run(rows=64)
-    result = gpu_step.pdl_check(loaded, context=40, repeat=2)
-    detail = result.pop("fused m16 pdl fold detail")
-    assert result == {"default pdl": True, "fused m16 pdl": True, "fused m16 pdl fold": True,
-                      "five-launch row group": True, "five-launch flags": True, "pdl_exact": True,
-                      "fold_exact": True,
-                      "five-launch pass row group": True, "five-launch early keys": True,
-                      "five-launch early rows": True, "five-launch attention rows": True, "flags_gave_up": 0,
-                      "same_bits": {"row group": True, "flags": True, "pass row group": True, "early keys": True,
-                                    "early rows": True, "attention rows": True}}
-    assert detail == {"same_bits_as_launch": True, "steady": True, "relative_error": 0.0}
-    import os
-
-    assert os.environ["CODESPEC_CUDA_ATTENTION"] == "grid" and "CODESPEC_CUDA_PDL" not in os.environ
-
-
 def test_a_setting_found_changing_a_bit_is_taken_by_no_variant(monkeypatch):
     """Where the pdl stage found a SAME_BITS setting changing a bit, every variant that
     takes it is skipped, and only those."""
@@ -104,45 +77,6 @@ def test_a_setting_found_changing_a_bit_is_taken_by_no_variant(monkeypatch):
     assert not gpu_step.unchecked(grouped) and not gpu_step.unchecked(five)
     monkeypatch.setenv(gpu_step.SAME_BITS["row group"][1], "1")
     assert gpu_step.unchecked(grouped) and not gpu_step.unchecked(five)
-
-
-def test_where_a_setting_parts_from_the_five_launch_layers_names_the_first_layer_and_rows():
-    generator = torch.Generator().manual_seed(0)
-    reference = torch.randn(8, 32, generator=generator)
-    moved = reference.clone()
-    moved[3, 5] += 1.0
-    kv = [[(torch.randn(1, 2, 16, 4, generator=generator), torch.randn(1, 2, 16, 4, generator=generator))
-           for _ in range(3)] for _ in range(2)]  # after the prefill, after the passes
-    theirs = [[(k.clone(), v.clone()) for k, v in layers] for layers in kv]
-    theirs[1][2][1][0, 1, 15, 0] += 1.0  # layer 2's values, after the passes alone
-    detail = gpu_step.where_bits_part(reference, [moved, moved.clone()], kv, theirs)
-    assert detail["steady"] and detail["rows_differing"] == 1 and detail["relative_error"] > 0
-    assert detail["prefill_first_layer_apart"] is None and detail["passes_first_layer_apart"] == "2 values"
-    assert not gpu_step.where_bits_part(reference, [moved, reference], kv, kv)["steady"]
-
-
-def test_where_pdl_changes_a_bit_the_rest_of_the_run_goes_without_it(monkeypatch):
-    """PDL is the default on Hopper (`auto`): where the pdl stage finds a logit changed,
-    CODESPEC_CUDA_PDL=off for the rest of the run (the variants, the fresh processes of
-    the exactness stages) and the run's backend is built again without it."""
-    gpu_check = pytest.importorskip("gpu_check")
-    for name in ("CODESPEC_CUDA_PDL", *gpu_step.CHECK_FLAGS):
-        monkeypatch.setenv(name, "")  # recorded: the stage's own settings are undone after the test
-        monkeypatch.delenv(name)
-    loaded = tiny_run(rows=16, vocab_size=16)
-    loaded.forward.pdl = "launch"  # as `auto` makes it on an H100
-    real = torch.equal
-    monkeypatch.setattr(torch, "equal", lambda a, b: False)  # every pass with PDL differs
-    result = gpu_step.pdl_check(loaded, context=20, repeat=1)
-    monkeypatch.setattr(torch, "equal", real)
-    import os
-
-    assert result["pdl_exact"] is False and os.environ["CODESPEC_CUDA_PDL"] == "off"
-    assert gpu_step.variant_env({})["CODESPEC_CUDA_PDL"] == "off"
-    assert gpu_step.unchecked(gpu_step.variant_env(gpu_step.VARIANTS["fused m16 pdl/prefetch"]))
-    own = loaded.forward
-    gpu_check.take_settled(loaded)
-    assert loaded.forward is not own and loaded.forward.pdl == "off"
 
 
 def test_a_probe_with_the_winners_settings_gets_its_backend_and_leaves_the_run_as_it_was(monkeypatch):
@@ -518,7 +452,6 @@ def test_every_traced_variant_builds_a_traced_backend(monkeypatch):
     assert gpu_check.brief(stage) == {"fused": {"step": {"kinds": {"qkv": {"share": 5.0}}}}}
 
 
-
 def test_each_variant_starts_from_the_runs_settings_not_the_last_variants(monkeypatch):
     """The step stage puts each variant's settings into the environment to build its
     backend; the next variant still starts from the run's own (session 32's stage read
@@ -543,134 +476,6 @@ def test_each_variant_starts_from_the_runs_settings_not_the_last_variants(monkey
     assert measured["default (again)"] == measured["default"]
     assert measured["fused m32 pdl/prefetch fold"]["CODESPEC_CUDA_ATTENTION"] == "worklist"
     assert measured["fused"]["CODESPEC_CUDA_PDL"] == "auto"
-
-
-def test_the_smoke_stage_turns_off_what_failed_to_run_for_the_whole_run(monkeypatch, tmp_path):
-    """`smoke` (session 39): each untried part in a fresh process; a part that fails, or
-    dies without its JSON line (a device fault), is off for the rest of the run: the fused
-    layers (NO_FUSED: no fused variant, no fused pdl check, and PDL still judged on the
-    default layers alone; the candidates not tried), or the plain bar's candidates
-    (session 41, NO_CANDIDATES: early keys and the fused products' other tiles)."""
-    import os
-    import subprocess
-
-    gpu_check = pytest.importorskip("gpu_check")
-    for name in ("CODESPEC_CUDA_PDL", *gpu_step.CHECK_FLAGS):
-        monkeypatch.setenv(name, "")  # recorded: the stage's own settings are undone after the test
-        monkeypatch.delenv(name)
-    answers = {"fused": (-11, "Fatal Python error: Segmentation fault\n"),
-               "candidates": (0, '{"ok": true, "screen": {"ok": true}, "attention_rows": {"ok": true}}\n')}
-    ran: list[list[str]] = []
-
-    def run(command, **kwargs):
-        ran.append(command)
-        code, out = answers[command[2]]
-        return subprocess.CompletedProcess(command, code, stdout=out, stderr="")
-
-    monkeypatch.setattr(gpu_check.subprocess, "run", run)
-    result = gpu_check.smoke_stage(tmp_path)
-    assert [command[1:] for command in ran] == [[str(gpu_check.ROOT / "scripts" / "gpu_smoke.py"), part, str(tmp_path)]
-                                               for part in ("fused",)]
-    assert not result["fused"]["ok"] and "exit -11" in result["fused"]["error"]
-    assert result["candidates"] == {"ok": False, "error": "skipped: the fused layers failed"}
-    assert os.environ[gpu_step.NO_FUSED] == "1"
-    assert gpu_step.unchecked(gpu_step.variant_env(gpu_step.FIVE_LAUNCHES))
-    assert not gpu_step.unchecked(gpu_step.variant_env(gpu_step.VARIANTS["64-key blocks"]))
-    loaded = tiny_run(rows=16, vocab_size=16)
-    checked = gpu_step.pdl_check(loaded, context=20, repeat=1)
-    assert checked["fused"].startswith("skipped") and checked["default pdl"] is True and checked["pdl_exact"]
-    assert "fused m16 pdl" not in checked and "five-launch row group" not in checked
-    for flag in (gpu_step.NO_FUSED, gpu_step.NO_CANDIDATES):
-        monkeypatch.setenv(flag, "")
-        monkeypatch.delenv(flag)
-    answers.update(fused=(1, '{"ok": false, "error": "ValueError: no"}\n'))
-    result = gpu_check.smoke_stage(tmp_path)
-    assert result["fused"]["error"] == "ValueError: no" and os.environ[gpu_step.NO_FUSED] == "1"
-    monkeypatch.delenv(gpu_step.NO_FUSED)
-    monkeypatch.delenv(gpu_step.NO_CANDIDATES)
-    answers.update(fused=(0, '{"ok": true}\n'))
-    ran.clear()
-    assert gpu_check.smoke_stage(tmp_path)["fused"]["ok"] and gpu_step.NO_FUSED not in os.environ
-    assert [command[2] for command in ran] == ["fused", "candidates"] and gpu_step.NO_CANDIDATES not in os.environ
-    assert not gpu_step.fails_to_run(gpu_step.FIVE_LAUNCHES)
-    assert not gpu_step.fails_to_run(gpu_step.EVERY_CANDIDATE, gpu_step.EVERY_TILES)
-    answers.update(candidates=(1, '{"ok": false, "error": "RuntimeError: illegal address"}\n'))
-    result = gpu_check.smoke_stage(tmp_path)
-    assert result["fused"]["ok"] and not result["candidates"]["ok"] and os.environ[gpu_step.NO_CANDIDATES] == "1"
-    assert not gpu_step.fails_to_run(gpu_step.FIVE_LAUNCHES) and gpu_step.fails_to_run(gpu_step.EVERY_CANDIDATE)
-    assert gpu_step.fails_to_run(gpu_step.FIVE_LAUNCHES, gpu_step.EVERY_TILES)  # the candidates' tile
-    assert gpu_step.unchecked(gpu_step.variant_env(gpu_step.VARIANTS["early keys"]))
-    # the candidates ran, lm_head's screen after them did not (session 42): the screen
-    # alone is off for the run
-    monkeypatch.delenv(gpu_step.NO_CANDIDATES)
-    answers.update(candidates=(0, '{"ok": true, "screen": {"ok": false, "error": "RuntimeError: illegal address"}, '
-                                  '"attention_rows": {"ok": true}}\n'))
-    result = gpu_check.smoke_stage(tmp_path)
-    assert result["candidates"]["ok"] and gpu_step.NO_CANDIDATES not in os.environ
-    assert os.environ[gpu_step.NO_SCREEN] == "1" and gpu_step.fails_to_run(gpu_step.EVERY_CANDIDATE)
-    screenless = {name: value for name, value in gpu_step.EVERY_CANDIDATE.items() if name not in gpu_step.LM_SCREEN}
-    assert not gpu_step.fails_to_run(screenless, gpu_step.EVERY_TILES)
-    assert gpu_step.unchecked(gpu_step.variant_env(gpu_step.VARIANTS["fused m16 pdl/prefetch fold, fold attention, "
-                                                                   "lm screen"]))
-    grouped = gpu_step.VARIANTS["fused m16 pdl/prefetch fold, fold attention, attention rows 2"]
-    assert not gpu_step.fails_to_run(grouped) and gpu_step.NO_ATTENTION_ROWS not in os.environ
-    # ... and where attention's rows in groups failed: the pdl stage does not launch them either
-    answers.update(candidates=(0, '{"ok": true, "screen": {"ok": true}, "attention_rows": {"ok": false}}\n'))
-    monkeypatch.delenv(gpu_step.NO_SCREEN)
-    gpu_check.smoke_stage(tmp_path)
-    assert os.environ[gpu_step.NO_ATTENTION_ROWS] == "1" and gpu_step.fails_to_run(grouped)
-    checked = gpu_step.pdl_check(tiny_run(rows=16, vocab_size=16), context=20, repeat=1)
-    assert checked["five-launch attention rows"].startswith("skipped") and not checked["same_bits"]["attention rows"]
-    assert checked["five-launch early rows"] is True
-
-
-def test_a_smoke_part_says_its_failure_in_one_json_line(monkeypatch, capsys):
-    """scripts/gpu_smoke.py: a part that raises prints {"ok": false, "error": ...} and
-    exits 1; an unknown part is refused by name."""
-    import json
-
-    gpu_smoke = pytest.importorskip("gpu_smoke")
-    monkeypatch.setattr(gpu_smoke, "fused_part", lambda model_dir, env, tiles=None: 1 / 0)
-    monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "fused", "/nowhere"])
-    with pytest.raises(SystemExit) as exited:
-        gpu_smoke.main()
-    assert exited.value.code == 1
-    assert json.loads(capsys.readouterr().out) == {"ok": False, "error": "ZeroDivisionError: division by zero"}
-    monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "walk"])  # session 40 removed the walk
-    with pytest.raises(SystemExit, match="no part 'walk'; the parts: fused, candidates"):
-        gpu_smoke.main()
-
-
-def test_the_candidates_part_tries_lm_head_s_screen_last_and_apart(monkeypatch, capsys):
-    """scripts/gpu_smoke.py's `candidates` (session 42): the candidates without the screen,
-    then each tried apart on the model already loaded (the screen, attention's rows in
-    groups); the screen's failure is its own, the part still ok (the check turns the
-    screen alone off). Where the others fail, none is tried apart."""
-    import json
-
-    gpu_smoke = pytest.importorskip("gpu_smoke")
-    calls = []
-
-    def part(model_dir, env, tiles=None, loaded=None):
-        calls.append((env.get("CODESPEC_CUDA_LM_SCREEN"), env.get("CODESPEC_CUDA_ATTENTION_ROWS"),
-                      tiles is gpu_step.EVERY_TILES, loaded))
-        if env.get("CODESPEC_CUDA_LM_SCREEN") == "1":
-            raise RuntimeError("illegal address")
-        return {"ok": True, "loaded": "the model"}
-
-    monkeypatch.setattr(gpu_smoke, "fused_part", part)
-    monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "candidates", "/nowhere"])
-    with pytest.raises(SystemExit) as exited:
-        gpu_smoke.main()
-    assert exited.value.code == 0
-    assert calls == [(None, None, True, None), ("1", None, True, "the model"), (None, "2", False, "the model")]
-    assert json.loads(capsys.readouterr().out) == {"ok": True, "attention_rows": {"ok": True},
-                                                   "screen": {"ok": False, "error": "RuntimeError: illegal address"}}
-    calls.clear()
-    monkeypatch.setattr(gpu_smoke, "fused_part", lambda *args, **kwargs: calls.append(args) or {"ok": False})
-    with pytest.raises(SystemExit) as exited:
-        gpu_smoke.main()
-    assert exited.value.code == 1 and len(calls) == 1 and "screen" not in json.loads(capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("pass_row_group", ["0", "4"])
