@@ -18,7 +18,9 @@ and its real tokenizer (carried). Stages, each timed and each allowed to fail al
 6. edit: `codespec bench workloads --workloads edit` (plain, transformers' prompt
    lookup, codespec), and the same edit requests sent twice, so that codespec's index
    holds the first answer (a random model copies nothing from its prompt: acceptance
-   comes from past generations, as the issue asks).
+   comes from past generations, as the issue asks);
+7. workloads: `codespec bench workloads --workloads repo,agent,editor --systems
+   codespec` (plain beside it): the bench's other requests, each against plain decoding.
 
 `smoke` (first, session 39; scripts/gpu_smoke.py): the fused layers once in a process of
 their own, before this one launches them; where they fail they are off for the rest of
@@ -65,8 +67,9 @@ layers' gate/up with each of what it adds to a bare product taken away in turn, 
 and hot in L2, beside cuBLAS's.
 
 Order: kernel, pdl, rows, costs, profile, anatomy, step, plain; then the exactness
-stages in fresh processes, the step stage's winner first (`edit_step` with prompt lookup
-beside it, `verify_step`, `stress_step`: what the defaults would become), then the default
+stages in fresh processes (`--real`: the real weights' first), the step stage's winner
+first (`edit_step` with prompt lookup beside it, `verify_step`, `stress_step`,
+`workloads_step`: what the defaults would become), then the default
 backend's, then the variants asked for; then the probes that only explain (persist,
 trace, attention, l2, and those on request). Stages start only while `--deadline` seconds
 (from the start) leave them time, and a fresh process's stage may overrun it by
@@ -116,7 +119,11 @@ DEADLINE_S = 480.0  # main() sets it from --deadline
 PROBES = ("smoke", "kernel", "pdl", "rows", "costs", "profile", "anatomy", "attention", "l2", "step", "plain",
           "plain_five", "persist", "trace", "lmscreen", "gateup", "fused", "fusedtiles", "fusedtiles16", "gemm", "tiles",
           "buckets", "rows_real")
-STAGES = frozenset(PROBES) | {kind + suffix for kind in ("edit", "verify", "stress")
+# The exactness stages, each in a fresh process: the edit workload against transformers'
+# prompt lookup, `bench verify` at batch 1 and 8, the held-out stress set, and the bench's
+# other workloads (repo, agent, editor: session 52, so every bench request runs on the GPU)
+EXACTNESS = ("edit", "verify", "stress", "workloads")
+STAGES = frozenset(PROBES) | {kind + suffix for kind in EXACTNESS
                               for suffix in ("", "_fused", "_eager", "_noahead", "_real")}
 # A fresh process's stage may run this long past the deadline (the deadline says when no
 # stage starts): gpu-check.sh's caller kills the run 90 s after the suggested deadline.
@@ -268,6 +275,10 @@ def subprocess_stage(command: list[str], env: dict[str, str], timeout: int, keep
     if keep is not None and keep.is_dir():
         found = sorted(keep.glob("*.json"))
         result["json"] = {p.name: json.loads(p.read_text()) for p in found[:4]}
+        # the bench's own checks (outputs identical to plain's, its bars), in the printed
+        # summary too: a bench that found an output differing still exits 0
+        result["checks"] = {name: ok for report in result["json"].values() if isinstance(report, dict)
+                            for name, ok in (report.get("checks") or {}).items()}
     if done.returncode != 0:
         raise RuntimeError(f"exit {done.returncode}: {(done.stdout + done.stderr)[-1500:]}")
     return result
@@ -288,9 +299,10 @@ def real_model(pieces: Path) -> Path:
 
 def exactness_stages(results: dict[str, Any], wanted: list[str], model_dir: Path, out: Path,
                      real: bool = False) -> None:
-    """`edit`, `verify` and `stress` in fresh processes (the issue's exactness bar: every
-    bench request and the held-out stress set identical to plain decoding at batch 1 and
-    8, and codespec against transformers' prompt lookup on edit). With `real` (real_model
+    """`edit`, `verify`, `stress` and `workloads` in fresh processes (the issue's exactness
+    bar: every bench request and the held-out stress set identical to plain decoding at
+    batch 1 and 8, and codespec against transformers' prompt lookup on edit; `workloads`,
+    the bench's repo, agent and editor requests against plain decoding). With `real` (real_model
     prepared the default model's real weights), `*_real` first: real acceptance, real
     prompt lookup, and what resolving issue 30 waits on (session 40's deadline reached
     them after the winner's, and their FIM requests failed). Then, where the step stage
@@ -307,12 +319,12 @@ def exactness_stages(results: dict[str, Any], wanted: list[str], model_dir: Path
     winner = winner_env(results)  # the step stage's winner, where one beat the default step
     if winner is not None:
         main_runs.append(("_step", {**env, **winner}))
-        wanted = wanted + [name + "_step" for name in ("edit", "verify", "stress") if name in wanted]
+        wanted = wanted + [name + "_step" for name in EXACTNESS if name in wanted]
     main_runs.append(("", env))
     variants = (("_fused", {**env, "CODESPEC_CUDA_FUSED": "1"}), ("_eager", {**env, "CODESPEC_CUDA_PREFILL": "eager"}),
                 ("_noahead", {**env, "CODESPEC_LOOK_AHEAD": "off"}))
-    ordered = [(kind, suffix, stage_env) for suffix, stage_env in main_runs for kind in ("edit", "verify", "stress")]
-    ordered += [(kind, suffix, stage_env) for kind in ("edit", "verify", "stress") for suffix, stage_env in variants]
+    ordered = [(kind, suffix, stage_env) for suffix, stage_env in main_runs for kind in EXACTNESS]
+    ordered += [(kind, suffix, stage_env) for kind in EXACTNESS for suffix, stage_env in variants]
     for kind, suffix, stage_env in ordered:
         if kind + suffix not in wanted:
             continue
@@ -324,6 +336,10 @@ def exactness_stages(results: dict[str, Any], wanted: list[str], model_dir: Path
                 [*bench, "workloads", "--workloads", "edit", "--systems", systems, "--repeat", "1",
                  "--max-new-tokens", "128", *model_args, "--out", "/tmp/edit"], stage_env, 180, Path("/tmp/edit")),
                 out, needs_s=60 if main_run else 45)
+        elif kind == "workloads":  # plain runs beside codespec: each request's output against plain's
+            stage(results, "workloads" + suffix, lambda: subprocess_stage(
+                [*bench, "workloads", "--workloads", "repo,agent,editor", "--systems", "codespec", "--repeat", "1",
+                 *model_args, "--out", "/tmp/workloads"], stage_env, 180, Path("/tmp/workloads")), out, needs_s=50)
         elif kind == "verify":
             stage(results, "verify" + suffix, lambda: subprocess_stage(
                 [*bench, "verify", "--sets", "edit,fim-repo", "--batches", "1,8", "--requests", "8", *model_args,
@@ -340,7 +356,7 @@ def main() -> None:
     parser.add_argument("--assets", default=str(ROOT / ".gpu"), help="the default model's config and tokenizer files")
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu-out"))
     parser.add_argument("--stages", default="kernel,pdl,rows,costs,profile,anatomy,attention,l2,step,plain,edit,"
-                                             "verify,stress,persist,trace")
+                                             "verify,stress,workloads,persist,trace")
     parser.add_argument("--deadline", type=float, default=DEADLINE_S,
                         help="seconds from the start after which no stage starts (the machine's limit is 600)")
     parser.add_argument("--real", default=None, metavar="DIR",

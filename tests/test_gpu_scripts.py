@@ -6,6 +6,7 @@ test_gpu_smoke.py."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -99,6 +100,13 @@ def test_a_probe_with_the_winners_settings_gets_its_backend_and_leaves_the_run_a
     assert loaded.forward is own and "CODESPEC_CUDA_TILE_ROWS" not in os.environ
 
 
+def fresh_kind(command: list[str]) -> str:
+    """Which exactness stage a fresh process's command is (gpu_check.exactness_stages)."""
+    if "repo,agent,editor" in command:
+        return "workloads"
+    return "edit" if "workloads" in command else "verify" if "verify" in command else "stress"
+
+
 def test_the_exactness_stages_run_the_step_winner_first_with_prompt_lookup_beside_it(monkeypatch, tmp_path):
     """The winner is what the defaults become: its edit (against transformers' prompt
     lookup), verify and stress come before the default backend's, so a run cut by the
@@ -110,12 +118,16 @@ def test_the_exactness_stages_run_the_step_winner_first_with_prompt_lookup_besid
                         lambda command, env, timeout, keep=None: {"command": " ".join(command), "env": env})
     monkeypatch.setattr(gpu_check, "winner_env", lambda results: {"CODESPEC_CUDA_FUSED": "1"})
     results: dict = {}
-    gpu_check.exactness_stages(results, ["edit", "verify", "stress", "edit_eager"], tmp_path, None)
-    assert list(results) == ["edit_step", "verify_step", "stress_step", "edit", "verify", "stress", "edit_eager"]
+    gpu_check.exactness_stages(results, ["edit", "verify", "stress", "workloads", "edit_eager"], tmp_path, None)
+    assert list(results) == ["edit_step", "verify_step", "stress_step", "workloads_step", "edit", "verify", "stress",
+                             "workloads", "edit_eager"]
     assert all(results[name]["ok"] for name in results)
     assert "--systems hf_prompt_lookup,codespec" in results["edit_step"]["command"]
     assert "--systems hf_prompt_lookup,codespec" in results["edit"]["command"]
     assert "--systems codespec " in results["edit_eager"]["command"]
+    # every other bench request (session 52): repo, agent and editor, against plain decoding
+    assert "workloads --workloads repo,agent,editor --systems codespec " in results["workloads"]["command"]
+    assert results["workloads_step"]["env"]["CODESPEC_CUDA_FUSED"] == "1"
     assert results["stress_step"]["env"]["CODESPEC_CUDA_FUSED"] == "1"
     assert "CODESPEC_CUDA_FUSED" not in results["stress"]["env"]
     assert results["edit_eager"]["env"]["CODESPEC_CUDA_PREFILL"] == "eager"
@@ -123,6 +135,28 @@ def test_the_exactness_stages_run_the_step_winner_first_with_prompt_lookup_besid
     monkeypatch.setattr(gpu_check, "winner_env", lambda results: None)
     gpu_check.exactness_stages(results, ["edit", "stress"], tmp_path, None)
     assert list(results) == ["edit", "stress"]
+
+
+def test_a_fresh_process_stage_keeps_its_json_and_shows_the_benchs_checks(monkeypatch, tmp_path):
+    """subprocess_stage runs the command in a child process; the bench's JSON comes back
+    whole and its checks (an output differing from plain's exits 0) in the summary too,
+    from this run's files alone; a failing command raises with its output's tail."""
+    gpu_check = pytest.importorskip("gpu_check")
+    monkeypatch.setattr(gpu_check, "DEADLINE_S", 10_000.0)
+    keep = tmp_path / "bench"
+    keep.mkdir()
+    (keep / "stale.json").write_text('{"checks": {"from an earlier run": true}}')
+    write = ("import json, sys; json.dump({'checks': {'greedy outputs identical to plain': False, 'bar': True}}, "
+             "open(sys.argv[1] + '/workloads.json', 'w')); print('ran')")
+    command = [sys.executable, "-c", f"import os; os.makedirs({str(keep)!r}, exist_ok=True); {write}", str(keep)]
+    result = gpu_check.subprocess_stage(command, dict(os.environ), 60, keep)
+    assert result["returncode"] == 0 and "ran" in result["tail"]
+    assert result["checks"] == {"greedy outputs identical to plain": False, "bar": True}
+    assert list(result["json"]) == ["workloads.json"]
+    assert "checks" in gpu_check.brief(result) and "json" not in gpu_check.brief(result)
+    with pytest.raises(RuntimeError, match="exit 3: .*no such model"):
+        gpu_check.subprocess_stage([sys.executable, "-c", "import sys; print('no such model'); sys.exit(3)"],
+                                   dict(os.environ), 60)
 
 
 def test_the_runs_backend_takes_the_schedule_the_kernel_stage_fell_back_to(monkeypatch):
@@ -275,7 +309,7 @@ def test_the_check_runs_its_stages_in_the_order_that_keeps_the_bar_s_evidence(mo
         "best": "fused m16", "best_over_default": 0.8, "best_env": winner, "best_rows": {"rows_differing": 0}}))
     monkeypatch.setattr(gpu_check, "plain_probe", stub("plain_probe", {"identical": True}))
     def fresh_process(command, env, timeout, keep=None):
-        kind = "edit" if "workloads" in command else "verify" if "verify" in command else "stress"
+        kind = fresh_kind(command)
         ran.append(kind + (" fused m16" if env.get("CODESPEC_CUDA_TILE_ROWS") == "16" else ""))
         return {}
 
@@ -285,12 +319,12 @@ def test_the_check_runs_its_stages_in_the_order_that_keeps_the_bar_s_evidence(mo
     gpu_check.main()
     assert ran == ["kernel", "pdl_check", "row_checks", "cost_curve", "profile_step", "step_anatomy", "step_probe",
                    "plain_probe", "plain_probe",  # plain, then plain_step with the winner
-                   "edit fused m16", "verify fused m16", "stress fused m16",  # the winner's
-                   "edit", "verify", "stress",  # the default backend's
+                   "edit fused m16", "verify fused m16", "stress fused m16", "workloads fused m16",  # the winner's
+                   "edit", "verify", "stress", "workloads",  # the default backend's
                    "persist_probe", "trace_probe", "attention_probe", "l2_probe"]
     written = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     assert [name for name in written if name.endswith("_step")] == ["plain_step", "edit_step", "verify_step",
-                                                                     "stress_step"]
+                                                                     "stress_step", "workloads_step"]
     assert all(written[name]["ok"] for name in written if isinstance(written[name], dict) and "ok" in written[name])
     assert "total_s" in written
 
@@ -403,7 +437,7 @@ def test_a_stage_name_the_check_does_not_know_stops_it_before_the_gpu(monkeypatc
 
 def test_with_the_real_weights_carried_over_their_stages_run_on_the_default_model(monkeypatch, tmp_path):
     """`--real DIR`: the pieces joined and converted once (`real_model`), the real
-    weights' rows checked, then edit, verify and stress on `default` from the run's
+    weights' rows checked, then edit, verify, stress and workloads on `default` from the run's
     cache, before the random weights' own."""
     gpu_check = pytest.importorskip("gpu_check")
     ran: list[tuple[str, str]] = []
@@ -415,7 +449,7 @@ def test_with_the_real_weights_carried_over_their_stages_run_on_the_default_mode
     monkeypatch.setattr(gpu_check, "row_checks", lambda loaded: ran.append(("rows", "")) or {"rows_differing": 0})
 
     def fresh_process(command, env, timeout, keep=None):
-        kind = "edit" if "workloads" in command else "verify" if "verify" in command else "stress"
+        kind = fresh_kind(command)
         if kind != "stress":
             assert command[command.index("--model") + 1] == env["CODESPEC_MODEL"]
         ran.append((kind, env["CODESPEC_MODEL"]))
@@ -423,12 +457,14 @@ def test_with_the_real_weights_carried_over_their_stages_run_on_the_default_mode
 
     monkeypatch.setattr(gpu_check, "subprocess_stage", fresh_process)
     monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--out", str(tmp_path / "out"), "--deadline", "600", "--real",
-                                      ".gpuw-in", "--stages", "rows_real,edit_real,verify_real,stress_real,edit"])
+                                      ".gpuw-in", "--stages",
+                                      "rows_real,edit_real,verify_real,stress_real,workloads_real,edit"])
     monkeypatch.setattr(gpu_check, "DEADLINE_S", gpu_check.DEADLINE_S)
     gpu_check.main()
     random = str(tmp_path / "random")
     assert ran == [("load", random), ("real_model", ".gpuw-in"), ("load", "default"), ("rows", ""),
-                   ("edit", "default"), ("verify", "default"), ("stress", "default"), ("edit", random)]
+                   ("edit", "default"), ("verify", "default"), ("stress", "default"), ("workloads", "default"),
+                   ("edit", random)]
 
 
 def test_the_real_weights_need_their_pieces(tmp_path):
