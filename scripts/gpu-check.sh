@@ -2,8 +2,9 @@
 # The whole GPU verification of the cuda backend (issue 30), in one run of at most ~9 min
 # on a machine with torch, transformers and triton but no network:
 #   kernel and row exactness on CUDA, the pass-cost curve, the held-out lossless stress
-#   set, `codespec bench verify` (batch 1 and 8) and the edit workload against
-#   transformers' prompt lookup, on the default model's shapes with seeded random weights.
+#   set, `codespec bench verify` (batch 1 and 8), the edit workload against
+#   transformers' prompt lookup and the bench's other workloads against plain decoding,
+#   on the default model's shapes with seeded random weights (--real: and its real ones).
 # Before it, on a machine with network (docs/benchmarks.md, "The GPU verifier"): scripts/gpu-prepare.sh, which puts
 # the missing wheels in .whl/ and the default model's config and tokenizer in .gpu/.
 # Results: $OUT/gpu-check.json (OUT defaults to ./gpu-out) and a summary printed last.
