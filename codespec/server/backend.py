@@ -68,8 +68,22 @@ class Draining:
             queue.put_nowait(ShuttingDown("the server is shutting down; this request was stopped before its end"))
 
 
+class Served:
+    """What every backend does the same way: its names, and ending its open requests.
+    A subclass holds `name` and `draining`."""
+
+    name: str
+    draining: Draining
+
+    def drain(self) -> None:
+        self.draining.drain()
+
+    def model_names(self) -> set[str]:
+        return served_names(self.name)
+
+
 @dataclass
-class Backend:
+class Backend(Served):
     name: str  # the served model's name, as /v1/models lists it
     tokenizer: Any
     engine: Engine
@@ -93,12 +107,6 @@ class Backend:
 
     def close(self) -> None:
         self.scheduler.close()
-
-    def drain(self) -> None:
-        self.draining.drain()
-
-    def model_names(self) -> set[str]:
-        return served_names(self.name)
 
     def check_request(self, prompt_ids: Sequence[int], max_tokens: int) -> None:
         """Refuse what cannot be served before any header is sent."""

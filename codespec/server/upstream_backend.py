@@ -23,14 +23,14 @@ from codespec.engine import Generation, GenerationConfig
 from codespec.errors import RequestError
 from codespec.integrations.upstream import Delta, ServedModel, UpstreamClient, UpstreamError
 from codespec.engine.scheduler import SchedulerFull
-from codespec.server.backend import Chunk, Draining, GenerationFailed, ShuttingDown, check_limits, served_names
+from codespec.server.backend import Chunk, Draining, GenerationFailed, Served, ShuttingDown, check_limits
 from codespec.server.metrics import Metrics
 from codespec.settings import Settings
 from codespec.engine.stats import GenerationStats
 
 
 @dataclass
-class UpstreamBackend:
+class UpstreamBackend(Served):
     name: str  # the engine's model, as its /v1/models lists it
     tokenizer: Any
     client: UpstreamClient
@@ -51,12 +51,6 @@ class UpstreamBackend:
 
     def close(self) -> None:
         return None
-
-    def drain(self) -> None:
-        self.draining.drain()
-
-    def model_names(self) -> set[str]:
-        return served_names(self.name)
 
     def check_request(self, prompt_ids: Sequence[int], max_tokens: int) -> None:
         check_limits(prompt_ids, max_tokens, self.settings)
