@@ -17,6 +17,7 @@ from codespec.index import SuffixIndex
 from codespec.server.app import create_app
 from codespec.server.backend import Backend
 from codespec.settings import Settings
+from tests.caches import fresh_cache
 from tests.lsp.tiny_fim import tiny_fim_model
 
 CHATML = ("{% for m in messages %}<|fim_prefix|>{{ m['role'] }}\n{{ m['content'] }}<|endoftext|>\n{% endfor %}"
@@ -77,7 +78,9 @@ def app(tmp_path_factory):
     from codespec import forward
 
     model = tiny_fim_model(tmp_path_factory.mktemp("tiny") / "model")
-    settings = Settings(model=str(model), max_tokens_limit=8, max_request_bytes=64 * 1024)
+    # a cache of its own: the tiny model's machine profile stays out of the user's cache
+    settings = Settings(model=str(model), max_tokens_limit=8, max_request_bytes=64 * 1024,
+                        cache_dir=fresh_cache(tmp_path_factory.mktemp("cache")))
     loaded = forward.load(settings, progress=False)
     loaded.tokenizer.chat_template = CHATML  # the tiny tokenizer has none; the chat route needs one
     backend = Backend.create(loaded, settings, SuffixIndex())
