@@ -1,9 +1,12 @@
 """The interpreter's language patch, once per launch (interpreter_patch.py): a device
 function's repeated patch is skipped, a module the launch has not patched yet still gets
 its patch, the kernel computes what it would without, and the language is triton's own
-again after the launch."""
+again after the launch. Its int32 overflow checks are skipped while `debug` would throw
+them away: the same bits, no int64 casts."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -12,7 +15,10 @@ triton = pytest.importorskip("triton", reason="triton is a test dependency (pip 
 import triton.language as tl  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
 
-from tests.kernels.interpreter_patch import skip_repeated_language_patches  # noqa: E402
+from tests.kernels.interpreter_patch import (  # noqa: E402
+    skip_discarded_overflow_checks,
+    skip_repeated_language_patches,
+)
 
 
 @triton.jit
@@ -53,3 +59,43 @@ def test_a_launch_patches_each_language_module_once_and_computes_the_same():
     # programs' other calls of _row_sum and tl.sum patch nothing
     assert real == ["_row_sums_kernel", "sum", "_row_sums_kernel", "sum"]
     assert tl.core.is_builtin(tl.load), "the launch left triton.language patched"
+
+
+@triton.jit
+def _wrapping_sums_kernel(a_ptr, b_ptr, out_ptr, WIDTH: tl.constexpr):
+    offsets = tl.arange(0, WIDTH)
+    tl.store(out_ptr + offsets, tl.load(a_ptr + offsets) + tl.load(b_ptr + offsets))  # int32 + int32
+
+
+def test_int32_arithmetic_skips_the_overflow_checks_debug_would_drop(monkeypatch):
+    builder = interpreter.interpreter_builder
+    assert skip_discarded_overflow_checks(), "triton's interpreter lost interpreter_builder.options.sanitize_overflow"
+    assert builder.options.sanitize_overflow is False and builder.options.debug is False
+    a = torch.tensor([1, -7, 2**31 - 1, -(2**31)], dtype=torch.int32)  # the last two wrap
+    b = torch.tensor([2, 3, 1, -1], dtype=torch.int32)
+    int_casts: list[int] = []
+    cast = builder.create_int_cast
+    monkeypatch.setattr(builder, "create_int_cast", lambda *args: int_casts.append(1) or cast(*args))
+
+    def sums(sanitize: bool) -> tuple[torch.Tensor, int]:
+        options = builder.options
+        builder.options = dataclasses.replace(options, sanitize_overflow=sanitize)
+        int_casts.clear()
+        out = torch.empty(4, dtype=torch.int32)
+        try:
+            _wrapping_sums_kernel[(1,)](a, b, out, WIDTH=4)
+        finally:
+            builder.options = options
+        return out, len(int_casts)
+
+    checked, checked_casts = sums(True)
+    unchecked, unchecked_casts = sums(False)
+    assert torch.equal(checked, unchecked) and torch.equal(unchecked, a + b)  # wrapped, as on a GPU
+    assert checked_casts == 2 and unchecked_casts == 0  # the check's int64 operands, then none
+
+
+def test_the_overflow_checks_stay_where_debug_would_raise(monkeypatch):
+    builder = interpreter.interpreter_builder
+    monkeypatch.setattr(builder, "options", dataclasses.replace(builder.options, debug=True, sanitize_overflow=True))
+    assert not skip_discarded_overflow_checks()
+    assert builder.options.sanitize_overflow is True
