@@ -78,14 +78,10 @@ def test_int32_arithmetic_skips_the_overflow_checks_debug_would_drop(monkeypatch
     monkeypatch.setattr(builder, "create_int_cast", lambda *args: int_casts.append(1) or cast(*args))
 
     def sums(sanitize: bool) -> tuple[torch.Tensor, int]:
-        options = builder.options
-        builder.options = dataclasses.replace(options, sanitize_overflow=sanitize)
+        monkeypatch.setattr(builder, "options", dataclasses.replace(builder.options, sanitize_overflow=sanitize))
         int_casts.clear()
         out = torch.empty(4, dtype=torch.int32)
-        try:
-            _wrapping_sums_kernel[(1,)](a, b, out, WIDTH=4)
-        finally:
-            builder.options = options
+        _wrapping_sums_kernel[(1,)](a, b, out, WIDTH=4)
         return out, len(int_casts)
 
     checked, checked_casts = sums(True)
