@@ -14,12 +14,11 @@ from codespec.engine.kvcache import DEFAULT_CHUNK, SlotCache
 from codespec.forward.cuda import CudaForward
 from codespec.models.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
+from tests.kernels.interpreter_patch import PADDING_ROW_WARNINGS
 from tests.test_engine_lossless import hf_greedy, prompts, speculation_checked
 
 pytest.importorskip("triton", reason="triton is a test dependency (pip install -e '.[test]')")
-# A padding row's outputs are uninitialised memory (never a real row's input); numpy warns
-# when the interpreter's arithmetic on them overflows (the sums of squares of garbage).
-pytestmark = pytest.mark.filterwarnings("ignore:(overflow|invalid value) encountered:RuntimeWarning")
+pytestmark = PADDING_ROW_WARNINGS
 
 
 @pytest.mark.parametrize("kernels, fused", [("products", True), pytest.param("all", True, marks=pytest.mark.slow),

@@ -19,12 +19,11 @@ from codespec.forward.cuda import CudaForward
 from codespec.kernels import row_linear as row_linear_module
 from codespec.models.tiny import tiny_model
 from codespec.policy.tree import VerifyTree
+from tests.kernels.interpreter_patch import PADDING_ROW_WARNINGS
 from tests.test_cuda_forward import assert_tree_rows_are_steps
 
 pytest.importorskip("triton", reason="triton is a test dependency (pip install -e '.[test]')")
-# Padding rows' outputs are left undefined (uninitialised memory) and never reach a real
-# row; numpy warns when the interpreter's arithmetic on them overflows.
-pytestmark = pytest.mark.filterwarnings("ignore:(overflow|invalid value) encountered:RuntimeWarning")
+pytestmark = PADDING_ROW_WARNINGS
 
 
 @pytest.fixture

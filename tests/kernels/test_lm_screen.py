@@ -13,9 +13,10 @@ import torch
 
 from codespec.kernels.lm_screen import ScreenWeights, flagged, head_rows, screen_bounds
 from codespec.kernels.row_linear import Config, row_linear, row_linear_ref
+from tests.kernels.interpreter_patch import PADDING_ROW_WARNINGS
 
 pytest.importorskip("triton", reason="triton is a test dependency (pip install -e '.[test]')")
-pytestmark = pytest.mark.filterwarnings("ignore:(overflow|invalid value) encountered:RuntimeWarning")
+pytestmark = PADDING_ROW_WARNINGS
 
 VOCAB, WIDTH, BLOCK = 256, 64, 16  # 16 blocks of 16 tokens
 TILE = Config(16, BLOCK, 16, num_stages=2)

@@ -18,9 +18,10 @@ from codespec.forward.cuda import CudaForward
 from codespec.kernels.trace import PHASES, SM_COLUMN, summary, timeline
 from codespec.models.tiny import tiny_model
 from codespec.policy.tree import VerifyTree
+from tests.kernels.interpreter_patch import PADDING_ROW_WARNINGS
 
 pytest.importorskip("triton", reason="triton is a test dependency (pip install -e '.[test]')")
-pytestmark = pytest.mark.filterwarnings("ignore:(overflow|invalid value) encountered:RuntimeWarning")
+pytestmark = PADDING_ROW_WARNINGS
 
 
 @pytest.mark.parametrize("schedule,reduce", [("worklist", "launch"), ("fold", "fold")])
