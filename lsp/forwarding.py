@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from codespec.lsp.syntax import Mode
+
 
 @dataclass
 class Shown:
@@ -13,6 +15,8 @@ class Shown:
 
     prefix: str  # the document text before the cursor when it was computed
     text: str
+    mode: Mode = Mode.MULTI  # the request's mode and block (lsp/cut.py): its rest is cut by them again
+    indent: int = 0
 
 
 def along(shown: Shown | None, prefix: str) -> bool:

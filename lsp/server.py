@@ -9,7 +9,8 @@ mid-word, one line, or a block); the forwarding cache answers when the user type
 along the completion shown last (or asks again where it was shown, or where an accepted
 completion ends: that one is computed ahead, right after the accept); otherwise, after
 a short debounce, the backend
-generates, and `syntax.BlockEnd` stops it where the block ends. The latest request per
+generates, and stops where the block ends. Whatever the path, the text served is cut for
+the request it answers by one function, `lsp.cut.Landing.fit`. The latest request per
 document wins: a newer request (or `$/cancelRequest`) cancels the older one's
 generation. The workspace is indexed in the background on `initialized`, reported with
 `window/workDoneProgress`; open buffers feed the index as they change. After a pause
@@ -39,11 +40,12 @@ from pygls.protocol import LanguageServerProtocol
 from codespec.lsp.ahead import Ahead
 from codespec.lsp.backend import CompletionBackend, detached, settle
 from codespec.lsp.context import Ring
+from codespec.lsp.cut import Landing
 from codespec.lsp.forwarding import Shown, along, forward
 from codespec.lsp.lifecycle import watch_parent
-from codespec.lsp.fit import closed, fit_indent, replaced_after, rest_of_line
+from codespec.lsp.fit import fit_indent, replaced_after, rest_of_line
 from codespec.lsp.options import LspOptions, parse_options
-from codespec.lsp.syntax import BlockEnd, Mode, block_indent, classify, repeats_following
+from codespec.lsp.syntax import Mode, classify
 from codespec.lsp.window import fim_request, whole_lines
 from codespec.lsp.workspace import index_workspace
 
@@ -304,16 +306,26 @@ async def complete(ls: CodespecServer, params: types.InlineCompletionParams) -> 
             await asyncio.shield(ahead[1])  # computed since the accept: finish it rather than start over
         else:
             ahead[1].cancel()  # the user went elsewhere: it must not cancel this request later
+    language_id = doc.language_id or ""
     cached = await typed_along(ls, uri, text[:offset])
-    if cached is not None:
-        return _items(ls, params.position, cached, uri, text, offset)
-    completion = await generate(ls, uri, text, offset, doc.language_id or "", asked_at)
-    if completion is None:
-        if params.context.trigger_kind == types.InlineCompletionTriggerKind.Invoked:
-            # asked for explicitly: say so rather than spin and show nothing
-            ls.status("ready", NOTHING_HERE)
-        return None
-    return _items(ls, params.position, completion, uri, text, offset)
+    shown = ls.shown.get(uri)
+    if cached is not None and shown is not None:  # cut again for this request: its block, not the one it was made for
+        return _items(ls, params.position, cached, Landing.at(text, offset, language_id, shown.mode, shown.indent),
+                      uri)
+    landing = landing_at(ls, text, offset, language_id)
+    completion = await generate(ls, uri, landing, asked_at)
+    answer = None if completion is None else _items(ls, params.position, completion, landing, uri)
+    if answer is None and params.context.trigger_kind == types.InlineCompletionTriggerKind.Invoked:
+        # asked for explicitly: say so rather than spin and show nothing
+        ls.status("ready", NOTHING_HERE)
+    return answer
+
+
+def landing_at(ls: CodespecServer, text: str, offset: int, language_id: str) -> Landing:
+    """Where a request at `offset` lands; one line only when the editor asked for that."""
+    mode = classify(text, offset, language_id)
+    return Landing.at(text, offset, language_id, Mode.SINGLE if mode is Mode.MULTI and not ls.options.multiline
+                      else mode)
 
 
 NOTHING_HERE = "no suggestion here: the model ended the block at once, or only repeated the lines below"
@@ -358,15 +370,14 @@ async def complete_ahead(ls: CodespecServer, uri: str, prefix: str) -> None:
     else:
         return
     try:
-        await generate(ls, uri, text, len(prefix), doc.language_id or "")
+        await generate(ls, uri, landing_at(ls, text, len(prefix), doc.language_id or ""))
     except (asyncio.CancelledError, Exception):
         log.debug("completion ahead dropped", exc_info=True)
 
 
-async def generate(ls: CodespecServer, uri: str, text: str, offset: int, language_id: str,
-                   asked_at: float | None = None) -> str | None:
-    """Generate a completion at `offset` (cancelling the document's older one), cut at
-    the block end; cached in `ls.shown` for the forwarding cache.
+async def generate(ls: CodespecServer, uri: str, landing: Landing, asked_at: float | None = None) -> str | None:
+    """Generate a completion where `landing` says (cancelling the document's older one),
+    cut for it; cached in `ls.shown` for the forwarding cache.
 
     Latency first: once `latencyBudgetMs` has passed since the request came (`asked_at`,
     `time.monotonic()`)
@@ -376,10 +387,8 @@ async def generate(ls: CodespecServer, uri: str, text: str, offset: int, languag
     assert ls.backend is not None
     loop = asyncio.get_running_loop()
     asked_at = time.monotonic() if asked_at is None else asked_at
-    mode = classify(text, offset, language_id)
-    if mode is Mode.MULTI and not ls.options.multiline:
-        mode = Mode.SINGLE
-    if mode is Mode.NONE:
+    text, offset, language_id = landing.text, landing.offset, landing.language_id
+    if landing.mode is Mode.NONE:
         return None
     prefix = text[:offset]
     failure = ""
@@ -392,13 +401,12 @@ async def generate(ls: CodespecServer, uri: str, text: str, offset: int, languag
     try:
         await asyncio.sleep(ls.options.debounce_ms / 1000)  # a keystroke storm cancels here
         ls.status("busy")
-        block = BlockEnd(mode, block_indent(text, offset), language_id)
         opts = ls.options
         request, held = fim_request(text, offset, opts, ls.relative_path(uri), ls.context(uri))
 
         def finish(raw: str) -> str:
             healed = held.heal(raw)
-            return "" if healed is None else fit_indent(closed(block.finish(healed)), text, offset, language_id)
+            return "" if healed is None else landing.fit(healed)
 
         early: asyncio.Future[str] = loop.create_future()
         budget_s = opts.latency_budget_ms / 1000
@@ -407,7 +415,7 @@ async def generate(ls: CodespecServer, uri: str, text: str, offset: int, languag
             healed = held.heal(so_far)
             if healed is None:
                 return False  # the model disagrees with the cursor's indentation
-            kept, finished = block.cut(healed)
+            kept, finished = landing.cut(healed)
             if not finished and opts.latency_budget_ms and time.monotonic() - asked_at >= budget_s:
                 lines = whole_lines(fit_indent(kept, text, offset, language_id))
                 if lines.strip():
@@ -423,7 +431,7 @@ async def generate(ls: CodespecServer, uri: str, text: str, offset: int, languag
             raise
         if not full.done():  # answer with the lines ready; the rest goes on into the cache
             ls.background[uri] = full
-            full.add_done_callback(lambda f: _store_rest(ls, uri, prefix, text, offset, finish, f))
+            full.add_done_callback(lambda f: _store_rest(ls, uri, landing, finish, f))
             completion = early.result()
         else:
             try:
@@ -438,9 +446,9 @@ async def generate(ls: CodespecServer, uri: str, text: str, offset: int, languag
             del ls.in_flight[uri]
         if uri not in ls.background:
             ls.status("error" if failure else "ready", failure)
-    if not completion.strip() or repeats_following(completion, text, offset):
+    if not completion:
         return None
-    ls.shown[uri] = Shown(prefix, completion)
+    ls.shown[uri] = Shown(prefix, completion, landing.mode, landing.indent)
     ls.backend.record_acceptance(False)
     return completion
 
@@ -449,10 +457,10 @@ def _grow(ls: CodespecServer, uri: str, prefix: str, lines: str) -> None:
     """Whole lines of a generation answered early, into the forwarding cache as they come."""
     shown = ls.shown.get(uri)
     if uri in ls.background and shown is not None and shown.prefix == prefix and lines.startswith(shown.text):
-        ls.shown[uri] = Shown(prefix, lines)
+        ls.shown[uri] = Shown(prefix, lines, shown.mode, shown.indent)
 
 
-def _store_rest(ls: CodespecServer, uri: str, prefix: str, text: str, offset: int, finish: Callable[[str], str],
+def _store_rest(ls: CodespecServer, uri: str, landing: Landing, finish: Callable[[str], str],
                 full: asyncio.Future[str]) -> None:
     """A generation that went on after its request was answered: its whole block replaces
     the lines shown, in the forwarding cache."""
@@ -462,17 +470,24 @@ def _store_rest(ls: CodespecServer, uri: str, prefix: str, text: str, offset: in
     if full.cancelled() or full.exception() is not None:
         return
     completion = finish(full.result())
-    if completion.strip() and not repeats_following(completion, text, offset):
+    prefix = landing.text[: landing.offset]
+    if completion:
         shown = ls.shown.get(uri)
         if shown is None or shown.prefix == prefix:  # nothing newer was shown meanwhile
-            ls.shown[uri] = Shown(prefix, completion)
+            ls.shown[uri] = Shown(prefix, completion, landing.mode, landing.indent)
 
 
 _keys = itertools.count(1)
 
 
-def _items(ls: CodespecServer, position: types.Position, completion: str, uri: str, text: str,
-           offset: int) -> types.InlineCompletionList:
+def _items(ls: CodespecServer, position: types.Position, completion: str, landing: Landing,
+           uri: str) -> types.InlineCompletionList | None:
+    """The answer to a request where `landing` says: every path ends here, and serves
+    `completion` only as `Landing.fit` cuts it for this request (None: nothing left)."""
+    completion = landing.fit(completion)
+    if not completion:
+        return None
+    text, offset = landing.text, landing.offset
     # the command's one argument is a key: the server keeps what the document starts with
     # once the item is accepted
     key = f"c{next(_keys)}"

@@ -1,13 +1,11 @@
-"""What to complete and where a completion ends.
+"""What to complete: nothing, one line or a block, decided from the text around the cursor.
 
 `classify` decides before any model work, from the text around the cursor and a
 tree-sitter parse: no completion in the middle of a word; one line when text follows
 the cursor on its line, or inside a string or comment; otherwise several lines (a
-blank line, or the end of a line that opens a block). `BlockEnd` then cuts the
-streamed completion: a single-line completion ends at its first newline; a multi-line
-one ends before the first line that leaves the enclosing block (a dedent below the
-block's indentation, or a bracket that closes more than the completion opened).
-`repeats_following` drops a suggestion that only repeats the lines after the cursor.
+blank line, or the end of a line that opens a block). Where a completion ends is
+`lsp.cut.Landing`'s. `repeats_following` drops a suggestion that only repeats the
+lines after the cursor.
 
 >>> text = "def add(a, b):\\n    \\n"
 >>> classify(text, text.index("\\n") + 5, "python")
@@ -16,8 +14,6 @@ block's indentation, or a bracket that closes more than the completion opened).
 <Mode.SINGLE: 'single'>
 >>> classify("total = value", 10, "python")  # va|lue: mid-word
 <Mode.NONE: 'none'>
->>> BlockEnd(Mode.MULTI, indent=4).cut("return a + b\\n\\ndef sub(a, b):\\n")
-('return a + b', True)
 """
 
 from __future__ import annotations
@@ -106,54 +102,6 @@ def bracket_depth(text: str) -> int:
 
 def indentation(line: str) -> int:
     return len(line.replace("\t", "    ")) - len(line.replace("\t", "    ").lstrip(" "))
-
-
-def block_indent(text: str, offset: int) -> int:
-    """The smallest indentation a multi-line completion at `offset` stays inside."""
-    line_start = text.rfind("\n", 0, offset) + 1
-    before = text[line_start:offset]
-    if not before.strip():
-        return indentation(before)  # a blank line: the block is as indented as the cursor
-    return indentation(before) + 1  # the end of an opener: anything deeper is the body
-
-
-class BlockEnd:
-    """Cuts a streamed completion where its block ends (see the module docstring)."""
-
-    def __init__(self, mode: Mode, indent: int = 0, language_id: str = "python") -> None:
-        self.mode = mode
-        self.indent = indent
-        self.brackets = language_id not in INDENTED
-
-    def cut(self, text: str) -> tuple[str, bool]:
-        """(the part of `text` to keep, whether the completion is finished)."""
-        if self.mode is Mode.NONE:
-            return "", True
-        if self.mode is Mode.SINGLE:
-            end = text.find("\n")
-            return (text, False) if end < 0 else (text[:end], True)
-        lines = text.split("\n")
-        depth = 0
-        for i, line in enumerate(lines):
-            complete = i < len(lines) - 1  # the last line may still grow
-            if i > 0 and line.strip() and indentation(line) < self.indent:  # known at its first character
-                return _joined(lines[:i]), True
-            if self.brackets and complete:
-                depth += bracket_depth(line)
-                if depth < 0:  # closes the enclosing block: the file already has that line
-                    return _joined(lines[:i]), True
-            if i >= MAX_LINES:
-                return _joined(lines[:i]), True
-        return text, False
-
-    def finish(self, text: str) -> str:
-        """The final cut once generation stopped."""
-        kept, done = self.cut(text if self.mode is Mode.SINGLE else text + "\n")
-        return kept if done else text
-
-
-def _joined(lines: list[str]) -> str:
-    return "\n".join(lines).rstrip()
 
 
 def repeats_following(completion: str, text: str, offset: int) -> bool:

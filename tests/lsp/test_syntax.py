@@ -9,7 +9,7 @@ import pytest
 
 from codespec.lsp.options import parse_options
 from codespec.lsp.forwarding import Shown, forward
-from codespec.lsp.syntax import BlockEnd, Mode, block_indent, classify, repeats_following
+from codespec.lsp.syntax import Mode, classify, repeats_following
 
 BODY = "def add(a, b):\n    \"\"\"Sum.\"\"\"\n    \n\ndef sub(a, b):\n    return a - b\n"
 
@@ -30,27 +30,6 @@ BODY = "def add(a, b):\n    \"\"\"Sum.\"\"\"\n    \n\ndef sub(a, b):\n    return
 ])
 def test_classify(text, cursor, language, mode):
     assert classify(text, cursor, language) is mode
-
-
-@pytest.mark.parametrize("mode, indent, language, streamed, kept, done", [
-    (Mode.SINGLE, 0, "python", "value + 1", "value + 1", False),
-    (Mode.SINGLE, 0, "python", "value + 1\nnext", "value + 1", True),
-    (Mode.MULTI, 4, "python", "return a + b\n\ndef sub(a, b):\n", "return a + b", True),  # dedent ends it
-    (Mode.MULTI, 4, "python", "if a:\n        return a\n    return b\n", "if a:\n        return a\n    return b\n",
-     False),  # still inside the block
-    (Mode.MULTI, 1, "python", "\n    x = 1\n    return x\nprint(", "\n    x = 1\n    return x", True),
-    (Mode.MULTI, 2, "javascript", "return a;\n}\nfunction g() {\n", "return a;", True),  # closing brace
-    (Mode.MULTI, 2, "javascript", "if (a) {\n    b();\n  }\n", "if (a) {\n    b();\n  }\n", False),
-])
-def test_block_end(mode, indent, language, streamed, kept, done):
-    assert BlockEnd(mode, indent, language).cut(streamed) == (kept, done)
-
-
-def test_block_indent_and_final_cut():
-    assert block_indent(BODY, BODY.index("    \n") + 4) == 4
-    assert block_indent("def f():", 8) == 1
-    assert BlockEnd(Mode.MULTI, 4).finish("return a\nprint(1)") == "return a"
-    assert BlockEnd(Mode.SINGLE).finish("abc") == "abc"
 
 
 def test_repeats_and_forwarding():
