@@ -64,7 +64,8 @@ class Editor:
             context=types.InlineCompletionContext(trigger_kind=kind))), ANSWER_S)
 
 
-async def editor(tmp_path: Path, *args: str, ready: bool = True) -> tuple[LanguageClient, Editor]:
+async def editor(tmp_path: Path, *args: str, ready: bool = True,
+                 options: dict | None = None) -> tuple[LanguageClient, Editor]:
     client = LanguageClient("scripted-editor", "1")
     statuses: list[tuple[str, str]] = []
     loaded = asyncio.Event()
@@ -84,16 +85,16 @@ async def editor(tmp_path: Path, *args: str, ready: bool = True) -> tuple[Langua
     await client.start_io(sys.executable, "-m", "tests.lsp.scripted", *args, cwd=str(ROOT))
     await client.initialize_async(types.InitializeParams(
         capabilities=types.ClientCapabilities(), root_uri=tmp_path.as_uri(),
-        initialization_options={"indexWorkspace": False, "debounceMs": 0, "latencyBudgetMs": 0}))
+        initialization_options={"indexWorkspace": False, "debounceMs": 0, "latencyBudgetMs": 0, **(options or {})}))
     client.initialized(types.InitializedParams())
     if ready:
         await asyncio.wait_for(loaded.wait(), ANSWER_S)
     return client, Editor(client, statuses, tmp_path)
 
 
-def run(coroutine_function, tmp_path: Path, *args: str, ready: bool = True) -> None:
+def run(coroutine_function, tmp_path: Path, *args: str, ready: bool = True, options: dict | None = None) -> None:
     async def session() -> None:
-        client, ed = await editor(tmp_path, *args, ready=ready)
+        client, ed = await editor(tmp_path, *args, ready=ready, options=options)
         try:
             await coroutine_function(ed)
         finally:
