@@ -78,6 +78,14 @@ def special_id(tokenizer: Any, token: str) -> int | None:
 
 
 FIM_LAYOUTS = ("psm", "spm")
+# the tokens that end a fill-in-the-middle: the model wrote its middle and moves on to
+# another part of the prompt's layout (llama.cpp counts them as end-of-generation too)
+FIM_END_TOKENS = (FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE, "<|fim_pad|>", REPO_NAME, FILE_SEP)
+
+
+def fim_end_ids(tokenizer: Any) -> frozenset[int]:
+    """The ids of the tokenizer's FIM and repository tokens (those it has)."""
+    return frozenset(i for token in FIM_END_TOKENS if (i := special_id(tokenizer, token)) is not None)
 
 
 def fim_ids(

@@ -120,6 +120,9 @@ class Settings(BaseSettings):
     )
     upstream_api_key: str = Field("", description="Bearer token the --upstream engine wants, if any.")
     max_tokens_limit: int = Field(4096, ge=1, description="Largest max_tokens / n_predict a request may ask for.")
+    infill_max_tokens: int = Field(256, ge=1, description="Tokens an /infill request with n_predict -1 (no limit) "
+                                   "gets at most, as llama-server's --n-predict bounds it; the block's end or the "
+                                   "suffix usually ends it sooner.")
     infill_layout: Literal["psm", "spm"] = Field(
         "spm", description="The prompt order of an /infill request that names none (codespec's `fim_layout`): "
         "'spm', the text after the cursor first (fewer tokens re-read per new line, and better completions "

@@ -56,8 +56,10 @@ class Landing:
     language_id: str
     mode: Mode
     indent: int  # lines after the first (and a first one on a blank line) stay at least this indented
-    meet: str | None  # the first code line below the cursor's line, right-stripped: the output ends before it
+    meet: str | None  # the suffix's first code line, right-stripped: the output ends before it
     lead: str | None  # the text before the cursor on its line when it is blank (the first line's indentation)
+    blocks: bool = True  # False: only the suffix ends it (`Landing.meeting`)
+    meet_any_indent: bool = False  # `meet` is the rest of the cursor's line: compared without indentation
 
     @classmethod
     def at(cls, text: str, offset: int, language_id: str, mode: Mode | None = None,
@@ -66,12 +68,25 @@ class Landing:
         `indent`, to the block enclosing the cursor (a suggestion forwarded from an
         earlier request passes that request's mode and block)."""
         line_start = text.rfind("\n", 0, offset) + 1
-        before = text[line_start:offset]
+        line_end = text.find("\n", offset)
+        before, rest = text[line_start:offset], text[offset : len(text) if line_end < 0 else line_end].strip()
         mode = classify(text, offset, language_id) if mode is None else mode
         own = enclosing_indent(before) if indent is None else indent
         below = next_code_line(text, offset, language_id)
         limit = own if below is None else max(own, indentation(below))
-        return cls(text, offset, language_id, mode, limit, below, before if not before.strip() else None)
+        # the suffix's first code line: the rest of the cursor's line (closers the output
+        # may write on a line of their own, at any indentation), else the next one
+        meet, loose = (rest, True) if rest else (below, False)
+        return cls(text, offset, language_id, mode, limit, meet, before if not before.strip() else None,
+                   meet_any_indent=loose)
+
+    @classmethod
+    def meeting(cls, text: str, offset: int) -> Landing:
+        """A fill-in-the-middle that ends only where it meets the suffix's first code line
+        (an agent's `/v1/completions` with a `suffix`: no block rules)."""
+        full = cls.at(text, offset, "", Mode.MULTI, 0)
+        return cls(text, offset, "", Mode.MULTI, 0, full.meet, full.lead, blocks=False,
+                   meet_any_indent=full.meet_any_indent)
 
     def end(self, output: str) -> tuple[int, int] | None:
         """Where `output` (the text after the cursor so far) ends, once that is known:
@@ -83,7 +98,7 @@ class Landing:
         if self.mode is Mode.SINGLE:
             newline = output.find("\n")
             return None if newline < 0 else (newline, newline + 1)
-        brackets = self.language_id not in INDENTED
+        brackets = self.blocks and self.language_id not in INDENTED
         depth, at = 0, 0
         lines = output.split("\n")
         for i, line in enumerate(lines):
@@ -91,11 +106,11 @@ class Landing:
             whole = (self.lead or "") + line if i == 0 else line  # the line as the file will hold it
             judged = i > 0 or self.lead is not None  # a first line after typed text continues that text
             body = whole.lstrip(" \t")
-            if i >= MAX_LINES:
+            if i >= MAX_LINES and self.blocks:
                 return at, at
-            if judged and body and indentation(whole) < self.indent:  # known at its first character
+            if judged and body and self.blocks and indentation(whole) < self.indent:  # known at its first character
                 return at, at + len(line) - len(body) + 1
-            if judged and complete and self.meet is not None and whole.rstrip() == self.meet:
+            if judged and complete and self.meets(whole):
                 return at, at + len(line) + 1
             if brackets and complete:
                 depth += bracket_depth(line)
@@ -103,6 +118,12 @@ class Landing:
                     return at, at + len(line) + 1
             at += len(line) + 1
         return None
+
+    def meets(self, line: str) -> bool:
+        """`line`, as the file would hold it, is the suffix's first code line."""
+        if self.meet is None:
+            return False
+        return line.strip() == self.meet if self.meet_any_indent else line.rstrip() == self.meet
 
     def cut(self, output: str) -> tuple[str, bool]:
         """(the part of a streamed `output` to keep, whether the suggestion is finished)."""

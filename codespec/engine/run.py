@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from codespec.engine import ahead
 from codespec.engine.logprobs import MAX_TOP, Committed, TokenLogprob, with_logprobs
@@ -38,6 +38,11 @@ class GenerationConfig:
     # llama.cpp's n_indent: after the first line, a line indented less than this (and not
     # blank) ends the generation, cut before its first character
     min_indent: int = 0
+    # a text rule (lsp/cut.py's `Landing.end` for a fill-in-the-middle): given the output so
+    # far, (where it ends, how far it must reach to know it) or None; a longer output must
+    # end at the same place, so that plain and speculative decoding stop at the same token
+    end_at: Callable[[str], tuple[int, int] | None] | None = None
+    end_ids: frozenset[int] = frozenset()  # more tokens that end it, as EOS does (a FIM's: prompts.fim_end_ids)
     temperature: float = 0.0  # 0: greedy; > 0: lossless speculative sampling
     top_p: float = 1.0
     top_k: int = 0
@@ -96,11 +101,12 @@ class Run:
         self.config = config
         self.prompt = prompt
         self.stop = StopCondition(
-            engine.eos_token_ids,
+            engine.eos_token_ids | config.end_ids,
             min(config.max_new_tokens, room),
             config.stop,
             engine.decode if engine.tokenizer is not None else None,
             config.min_indent,
+            config.end_at,
         )
         proposer = engine.proposer if config.speculate else NoProposer()
         self.session = proposer.start(prompt)

@@ -1,5 +1,6 @@
-"""When a generation ends: EOS, the token limit, a stop string, or a dedent (llama.cpp's
-`n_indent`: after the first line, a non-blank line indented less than `min_indent`).
+"""When a generation ends: EOS, the token limit, a stop string, a dedent (llama.cpp's
+`n_indent`: after the first line, a non-blank line indented less than `min_indent`), or
+a text rule (`end_at`: where a fill-in-the-middle's block ends or it meets the suffix).
 
 A verify pass may commit several tokens at once; they are checked one by one, in order,
 so that speculative and plain decoding stop at exactly the same token.
@@ -30,19 +31,21 @@ class StopCondition:
         stop: Sequence[str] = (),
         decode: Decode | None = None,
         min_indent: int = 0,
+        end_at: Callable[[str], tuple[int, int] | None] | None = None,
     ) -> None:
         if max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         if any(not s for s in stop):
             raise RequestError("stop strings must not be empty")
-        if (stop or min_indent) and decode is None:
-            raise RequestError("stop strings and n_indent need a tokenizer to decode the output")
+        if (stop or min_indent or end_at) and decode is None:
+            raise RequestError("stop strings, n_indent and text rules need a tokenizer to decode the output")
         self.eos_ids = frozenset(eos_ids)
         self.max_new_tokens = max_new_tokens
         self.stop = tuple(stop)
         self.decode = decode
         self._longest_stop = max((len(s) for s in stop), default=0)
         self.min_indent = min_indent
+        self.end_at = end_at
         self.text_end: int | None = None  # where the output text ends, when a stop string or dedent hit
 
     def admit(self, generated: Sequence[int], new: Sequence[int]) -> tuple[list[int], str | None]:
@@ -57,11 +60,12 @@ class StopCondition:
             if len(generated) + len(kept) >= self.max_new_tokens:
                 reason = "length"
                 break
-        if (self.stop or self.min_indent) and kept:
+        if (self.stop or self.min_indent or self.end_at) and kept:
             assert self.decode is not None
             before = self.decode(generated)
             text = self.decode([*generated, *kept])
-            cuts = [cut for cut in (self._stop_string_cut(before, text), self._dedent_cut(before, text))
+            rule = self.end_at(text) if self.end_at is not None else None
+            cuts = [cut for cut in (self._stop_string_cut(before, text), self._dedent_cut(before, text), rule)
                     if cut is not None]
             if cuts:
                 self.text_end, reach = min(cuts)

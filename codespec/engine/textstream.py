@@ -5,13 +5,17 @@ end (byte-level BPE splits characters across tokens; the decoder shows U+FFFD un
 rest arrives) and the last `len(longest stop string) - 1` characters, which may be the
 start of a stop string that the final text will not contain. With `min_indent` (llama.cpp's
 `n_indent`), a last line indented less than that is held from its first character: the
-run ends there.
+run ends there. With a text rule (`end_at`, lsp/cut.py), whole lines only, and no
+trailing blank lines: the rule judges a line once it is complete, and the served text
+ends without them.
 
 >>> ts = TextStream(decode=lambda ids: "".join(map(chr, ids)), stop=("END",))
 >>> ts.push([104, 105, 32, 69])     # "hi E": "E" may start "END"; 2 chars held back
 'hi'
 >>> ts.finish("hi ")                # the run stopped at "END": the rest of the final text
 ' '
+>>> TextStream(decode=lambda ids: "".join(map(chr, ids)), stop=("END",)).push([104, 105, 32, 69, 78, 68])
+'hi '
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ REPLACEMENT = "\ufffd"
 
 class TextStream:
     def __init__(self, decode: Callable[[Sequence[int]], str], stop: Sequence[str] = (),
-                 min_indent: int = 0) -> None:
+                 min_indent: int = 0, end_at: Callable[[str], tuple[int, int] | None] | None = None) -> None:
         self.decode = decode
+        self.stop = tuple(stop)
         self.holdback = max((len(s) for s in stop), default=1) - 1
         self.min_indent = min_indent
+        self.end_at = end_at
         self.tokens: list[int] = []
         self.sent = 0  # characters already emitted
 
@@ -40,6 +46,13 @@ class TextStream:
             indent = len(text) - newline - 1 - len(body)
             if body and indent < self.min_indent:
                 end = min(end, newline + 1 + indent)
+        hits = [i for s in self.stop if (i := text.find(s)) >= 0]  # the last tokens may complete one
+        if hits:
+            end = min(end, min(hits))
+        if self.end_at is not None:
+            cut = self.end_at(text)
+            end = min(end, text.rfind("\n") + 1, len(text) if cut is None else cut[0])
+            end = len(text[:end].rstrip())
         while end > self.sent and text[end - 1] == REPLACEMENT:
             end -= 1
         if end <= self.sent:

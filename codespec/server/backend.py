@@ -122,7 +122,7 @@ class Backend(Served):
     async def stream_text(self, prompt_ids: Sequence[int], config: GenerationConfig) -> AsyncIterator[Chunk]:
         """Text as it becomes safe to show (whole characters, no partial stop string),
         then the rest with the finished Generation."""
-        text = TextStream(self.engine.decode, config.stop, config.min_indent)
+        text = TextStream(self.engine.decode, config.stop, config.min_indent, config.end_at)
         release = Release(self.engine.decode) if config.logprobs is not None else None
         async for item in self.generate(prompt_ids, config):
             if isinstance(item, Generation):

@@ -22,7 +22,7 @@ from codespec.engine import GenerationConfig
 from codespec.index import SuffixIndex
 from codespec.lsp.backend import FimRequest, OnText, Progress, detached, fail, settle
 from codespec.lsp.feed import BufferFeed
-from codespec.prompts import encode_texts, fim_ids
+from codespec.prompts import encode_texts, fim_end_ids, fim_ids
 from codespec.settings import Settings
 
 log = logging.getLogger("codespec.lsp")
@@ -37,6 +37,7 @@ class InProcessBackend:
         self.scheduler, _ = start_scheduler(settings, self.index)  # the backend select.py picks
         self.engine = self.scheduler.engine
         self.tokenizer = self.engine.tokenizer
+        self.fim_ends = fim_end_ids(self.tokenizer)  # a FIM token from the model ends its completion
         self.acceptance: Counter[str] = Counter()
         self.prompts = PromptCacheStats()
         self.root: Path | None = None  # the indexed workspace folder
@@ -82,7 +83,7 @@ class InProcessBackend:
                     self.prompts.add(outcome.stats.prompt_tokens, outcome.stats.cached_prompt_tokens)
                 loop.call_soon_threadsafe(settle, done, outcome.text)
 
-        config = GenerationConfig(max_new_tokens=request.max_tokens)
+        config = GenerationConfig(max_new_tokens=request.max_tokens, end_ids=self.fim_ends)
         ticket = self.scheduler.submit(self.prompt_ids(request), config, on_tokens=on_tokens, on_done=on_done)
         try:
             return await done

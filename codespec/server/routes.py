@@ -31,6 +31,7 @@ from codespec import prompts
 from codespec.engine import Generation, GenerationConfig
 from codespec.errors import RequestError
 from codespec.index import SuffixIndex
+from codespec.lsp.cut import Landing, infill_mode
 from codespec.lsp.window import HeldSpace
 from codespec.server.backend import Backend, GenerationFailed, ShuttingDown
 from codespec.server.logprobs import CompletionLogprobs, chat_logprobs
@@ -157,8 +158,12 @@ async def completions(req: CompletionRequest, request: Request, b: AnyBackend = 
     else:  # verbatim, like `codespec generate`: special tokens written in it are recognised
         ids = await run_in_threadpool(prompts.encode_prompt, b.tokenizer, req.prompt_text)
     b.check_request(ids, req.max_tokens)
+    fim: dict[str, Any] = {}
+    if req.suffix is not None:  # a fill-in-the-middle ends where it meets the suffix, and at the FIM tokens
+        meeting = Landing.meeting(req.prompt_text + req.suffix, len(req.prompt_text))
+        fim = {"end_at": meeting.end, "end_ids": await run_in_threadpool(prompts.fim_end_ids, b.tokenizer)}
     config = GenerationConfig(max_new_tokens=req.max_tokens, stop=tuple(req.stop), temperature=req.temperature,
-                              top_p=req.top_p, seed=req.seed, logprobs=_alternatives(b, req.alternatives))
+                              top_p=req.top_p, seed=req.seed, logprobs=_alternatives(b, req.alternatives), **fim)
     envelope = _Envelope(f"cmpl-{uuid.uuid4().hex}", b.name)
     shown = CompletionLogprobs(b.token_text) if config.logprobs is not None else None
 
@@ -205,20 +210,29 @@ async def infill(req: InfillRequest, request: Request, b: AnyBackend = Depends(b
     Spaces or tabs that end `prompt` (the typed part of the line), or `input_prefix` when
     there is no `prompt`, are held back from the model and the content starts after
     them: a prompt ending in a space puts a token boundary where the tokenizer never has
-    one, and the model answers with one space too many (issue 31)."""
-    ids, held = await run_in_threadpool(_infill_ids, b, req)
-    limit = b.settings.max_tokens_limit if req.n_predict < 0 else max(req.n_predict, 1)
+    one, and the model answers with one space too many (`HeldSpace`).
+
+    The content is cut for where it lands, as the language server cuts its suggestions
+    (lsp/cut.py): one line when text follows the cursor on its line, else the block
+    enclosing the cursor, ending where it meets the suffix's first code line; no trailing
+    blank lines, nothing when only whitespace is left. The generation stops there, and at
+    the model's FIM tokens."""
+    ids, held, landing, ends = await run_in_threadpool(_infill_ids, b, req)
+    if req.n_predict < 0:  # "no limit": the server's, as llama-server's --n-predict
+        limit = min(b.settings.infill_max_tokens, b.settings.max_tokens_limit)
+    else:
+        limit = max(req.n_predict, 1)
     b.check_request(ids, limit)
     seconds = req.t_max_predict_ms / 1000 if req.t_max_predict_ms else None
     config = GenerationConfig(max_new_tokens=limit, stop=tuple(req.stop), time_limit_s=seconds, time_limit_llama=True,
                               temperature=req.temperature or 0.0, top_p=req.top_p, top_k=req.top_k, seed=req.seed,
-                              min_indent=req.n_indent)
-    healed = Healed(held)
+                              min_indent=req.n_indent, end_at=healed_end(held, landing), end_ids=ends)
+    healed = Healed(held, landing)
 
     def chunk(text: str, done: Generation | None, _logprobs: Any = None) -> dict[str, Any]:
         # n_predict 0 (llama.vim's ring-buffer warm-up) only fills the KV cache: one token is
         # generated, as the engine always does, and not returned
-        content = healed(text) if req.n_predict else ""
+        content = (healed.finish(done.text) if done else healed(text)) if req.n_predict else ""
         out: dict[str, Any] = {"content": content, "stop": done is not None}
         if done:
             s = done.stats
@@ -234,20 +248,40 @@ async def infill(req: InfillRequest, request: Request, b: AnyBackend = Depends(b
     return chunk(g.text, g) if isinstance(g, Generation) else g
 
 
-def _infill_ids(b: AnyBackend, req: InfillRequest) -> tuple[list[int], HeldSpace]:
-    """An /infill request's prompt (and the spaces held back from its middle)."""
+def _infill_ids(b: AnyBackend, req: InfillRequest) -> tuple[list[int], HeldSpace, Landing, frozenset[int]]:
+    """An /infill request's prompt, the spaces held back from its middle, where its
+    content lands, and the tokens that end it."""
     extra = [prompts.ExtraFile(c.filename, c.text) for c in req.input_extra]
     prefix, middle = req.input_prefix, req.prompt
     if req.anchor_prefix:
         prefix = prompts.anchored_prefix(prefix)
+    typed = req.input_prefix + req.prompt  # the document up to the cursor, as far as it was sent
     if middle:
         middle, held = HeldSpace.split(middle)
     else:  # no typed part: the cursor is at the prefix's end (agents send this), whose spaces are held
         prefix, held = HeldSpace.split(prefix)
     layout = req.fim_layout or b.settings.infill_layout
     ids = prompts.fim_ids(b.tokenizer, prefix, req.input_suffix, middle, extra, layout=layout)
-    return ids, held
+    document = typed + req.input_suffix
+    landing = Landing.at(document, len(typed), "", infill_mode(document, len(typed)))
+    return ids, held, landing, prompts.fim_end_ids(b.tokenizer)
 
+
+def healed_end(held: HeldSpace, landing: Landing) -> Callable[[str], tuple[int, int] | None]:
+    """`landing.end` over the model's raw output, which starts with the held-back spaces:
+    positions in the raw text. Output that writes other whitespace there ends at once."""
+
+    def end_at(raw: str) -> tuple[int, int] | None:
+        healed = held.heal(raw)
+        if healed is None:  # it disagrees with the cursor: known at the first differing character
+            differs = next(i for i, (a, c) in enumerate(zip(raw, held.text + "\0" * len(raw))) if a != c)
+            return 0, differs + 1
+        if len(raw) <= len(held.text):
+            return None
+        end = landing.end(healed)
+        return None if end is None else (end[0] + len(held.text), end[1] + len(held.text))
+
+    return end_at
 
 @router.post("/v1/lsp/prefill")
 async def lsp_prefill(req: PrefillRequest, b: AnyBackend = Depends(backend)) -> dict[str, Any]:
@@ -259,7 +293,7 @@ async def lsp_prefill(req: PrefillRequest, b: AnyBackend = Depends(backend)) -> 
     if req.forget:
         b.scheduler.prefill_ahead(req.key, None)
         return {"ok": True, "tokens": 0}
-    ids, _ = await run_in_threadpool(_infill_ids, b, req)
+    ids = (await run_in_threadpool(_infill_ids, b, req))[0]
     if len(ids) >= b.engine.context_limit:
         return {"ok": False, "reason": f"the prompt has {len(ids)} tokens; this server holds {b.engine.context_limit}"}
     b.scheduler.prefill_ahead(req.key, ids)
@@ -267,16 +301,22 @@ async def lsp_prefill(req: PrefillRequest, b: AnyBackend = Depends(backend)) -> 
 
 
 class Healed:
-    """A stream's text after the whitespace held back from its prompt (`HeldSpace`),
-    piece by piece: nothing while the model writes that whitespace, nothing at all if it
-    writes something else there (it disagrees with where the cursor is)."""
+    """A stream's content, piece by piece: the text after the whitespace held back from
+    its prompt (`HeldSpace`; nothing while the model writes that whitespace, nothing at all
+    if it writes something else there), and at the end the rest of the content as
+    `Landing.trim` leaves it (the stream sends whole lines only, so the two agree)."""
 
-    def __init__(self, held: HeldSpace) -> None:
-        self.held, self.raw, self.sent = held, "", 0
+    def __init__(self, held: HeldSpace, landing: Landing) -> None:
+        self.held, self.landing, self.raw, self.sent = held, landing, "", 0
 
     def __call__(self, piece: str) -> str:
         self.raw += piece
-        text = self.held.heal(self.raw) or ""
+        return self._send(self.held.heal(self.raw) or "")
+
+    def finish(self, final_raw: str) -> str:
+        return self._send(self.landing.trim(self.held.heal(final_raw) or ""))
+
+    def _send(self, text: str) -> str:
         out = text[self.sent :]
         self.sent += len(out)
         return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
 from codespec.engine.logprobs import MAX_TOP  # alternatives per token (OpenAI: 20 for chat, 5 for completions)
 
@@ -127,8 +127,10 @@ class ChatCompletionRequest(_Stops, _ChatLogprobs):
 
 
 class ExtraChunk(_Request):
-    filename: str = ""
-    text: str = ""
+    """llama.cpp's `input_extra` item: its `text` is required, its `filename` optional."""
+
+    filename: StrictStr = ""
+    text: StrictStr
 
 
 class InfillRequest(_Stops):

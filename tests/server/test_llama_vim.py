@@ -19,6 +19,8 @@ from codespec.bench.editor import (
 )
 from codespec.bench.typing import Ask
 from codespec.engine import GenerationConfig
+from codespec.lsp.cut import Landing
+from codespec.lsp.syntax import Mode
 
 pytestmark = [pytest.mark.model, pytest.mark.anyio]
 
@@ -66,7 +68,9 @@ async def test_a_prompt_ending_in_a_space_gets_no_extra_space(http, backend):
     # the model was asked without the trailing space and wrote it itself; the content
     # starts after it
     raw = greedy(backend, prefix, suffix, "    return", 8)
-    assert raw.startswith(" ") and content == raw[1:], (raw, content)
+    # ... and it is cut where it lands: the line, not the `print` below the function
+    landing = Landing.at(prefix + "    return " + suffix, len(prefix) + 11, "", Mode.MULTI)
+    assert raw.startswith(" ") and content == landing.trim(raw[1:]) and content.strip(), (raw, content)
     stream = await http.post("/infill", json={**body, "stream": True})
     pieces = [line for line in stream.text.splitlines() if line.startswith("data: ")]
     assert "".join(json.loads(p[len("data: "):])["content"] for p in pieces) == content
@@ -81,8 +85,12 @@ async def test_n_indent_stops_a_stream_and_a_response_at_the_same_place(http, ba
     # speculation does not move the cut: plain decoding with the same rule ends at the same place
     ids = prompts.fim_ids(backend.tokenizer, body["input_prefix"], "", body["prompt"],
                           layout=backend.settings.infill_layout)
-    plain = backend.engine.generate(ids, GenerationConfig(max_new_tokens=64, speculate=False, min_indent=8))
-    assert whole["content"] == plain.text
+    document = body["input_prefix"] + body["prompt"]
+    landing = Landing.at(document, len(document), "", Mode.MULTI)
+    plain = backend.engine.generate(ids, GenerationConfig(max_new_tokens=64, speculate=False, min_indent=8,
+                                                          end_at=landing.end,
+                                                          end_ids=prompts.fim_end_ids(backend.tokenizer)))
+    assert whole["content"] == landing.trim(plain.text)
     stream = await http.post("/infill", json={**body, "stream": True})
     pieces = [json.loads(x[len("data: "):]) for x in stream.text.splitlines() if x.startswith("data: ")]
     assert "".join(p["content"] for p in pieces) == whole["content"]
