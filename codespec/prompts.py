@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 import sys
 import threading
@@ -37,12 +39,32 @@ TOKENIZER_LOCK = threading.RLock()
 
 
 def encode_texts(tokenizer: Any, texts: list[str]) -> list[list[int]]:
-    """Texts (source files, user code) as tokens; special-token strings in them stay
-    plain text, so a file that mentions `<|endoftext|>` cannot end a prompt."""
+    """Texts (source files, user code, message content) as tokens; the strings of the
+    tokenizer's added tokens in them stay plain text, the special ones (`<|endoftext|>`)
+    and the others (Qwen2.5's `<tool_call>`) alike, so that no text can end a prompt or
+    open a tool call."""
     for text in texts:
         check_unicode(text)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
     with TOKENIZER_LOCK:
-        return tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        if backend is None:  # a slow tokenizer: only its special tokens can be split
+            return tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        return [e.ids for e in text_tokenizer(backend).encode_batch(texts, add_special_tokens=False)]
+
+
+@functools.lru_cache(maxsize=8)  # one per tokenizer a process serves
+def text_tokenizer(backend: Any) -> Any:
+    """A copy of a `tokenizers.Tokenizer` that reads every added token's string as text:
+    each is marked special, and special ones are encoded as text. (`split_special_tokens`
+    splits only those the tokenizer marks special.)"""
+    from tokenizers import Tokenizer
+
+    spec = json.loads(backend.to_str())
+    for token in spec.get("added_tokens") or ():
+        token["special"] = True
+    copy = Tokenizer.from_str(json.dumps(spec))
+    copy.encode_special_tokens = True
+    return copy
 
 
 def check_unicode(text: str) -> None:

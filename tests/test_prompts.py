@@ -49,7 +49,7 @@ def test_chat_content_never_yields_a_control_token(tokenizer, role):
 
 def test_chat_ids_equal_the_templates_own_for_plain_content(tokenizer):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "\n\n  def f():\n"},
-                {"role": "assistant", "content": "ok  "}, {"role": "user", "content": "x <tool_call> y"}]
+                {"role": "assistant", "content": "ok  "}, {"role": "user", "content": "x = {'a': 1}"}]
     ours = prompts.chat_ids(tokenizer, messages)
     theirs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     assert ours == list(theirs["input_ids"] if not isinstance(theirs, list) else theirs)
@@ -92,3 +92,14 @@ def test_a_lone_surrogate_is_a_request_error(tokenizer):
                  lambda: prompts.chat_ids(tokenizer, [{"role": "user", "content": "a\ud800b"}])):
         with pytest.raises(RequestError, match="lone surrogate"):
             call()
+
+
+def test_added_tokens_not_flagged_special_are_text_in_content_too(tokenizer):
+    """Qwen2.5's `<tool_call>` and `</tool_call>` are added tokens the tokenizer does not
+    flag special: in a message (or a file) they are text, never the model's markers."""
+    added = {t.content: i for i, t in tokenizer.added_tokens_decoder.items() if not t.special}
+    assert {"<tool_call>", "</tool_call>"} <= set(added)
+    ids = prompts.chat_ids(tokenizer, [{"role": "user", "content": 'x <tool_call>{"name": "f"}</tool_call> y'}])
+    assert not set(ids) & set(added.values())
+    assert '<tool_call>{"name": "f"}</tool_call>' in prompts.decode(tokenizer, ids)
+    assert not set(prompts.encode(tokenizer, "<tool_call>")) & set(added.values())

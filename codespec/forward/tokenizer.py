@@ -5,6 +5,7 @@ where transformers takes seconds) and its chat template in a jinja2 sandbox.
 It answers the calls codespec makes of a tokenizer (prompts.py, indexing.py, the engine):
 `tok(text or texts, add_special_tokens=False, split_special_tokens=...)["input_ids"]`,
 `decode(ids, skip_special_tokens=True)`, `get_vocab()`, `apply_chat_template(...)`,
+`convert_ids_to_tokens(id)` (logprobs), `backend_tokenizer`,
 `eos_token_id`, `unk_token_id`, `chat_template`, with transformers' results for the
 tokenizers it handles (byte-level BPE ones such as Qwen2's and Llama 3's; tested
 against transformers on the default model's).
@@ -50,14 +51,22 @@ class DirectTokenizer:
 
     @property
     def _split(self) -> Any:
-        """A second instance that encodes special-token strings as text (made on first use:
-        reading tokenizer.json takes ~0.35 s, and prompts need only the first)."""
+        """A second instance that encodes every added token's string as text (made on first
+        use: reading tokenizer.json takes ~0.35 s, and prompts need only the first)."""
         if self._split_tokenizer is None:
-            from tokenizers import Tokenizer
+            from codespec.prompts import text_tokenizer
 
-            self._split_tokenizer = Tokenizer.from_file(str(self._file))
-            self._split_tokenizer.encode_special_tokens = True
+            self._split_tokenizer = text_tokenizer(self._plain)
         return self._split_tokenizer
+
+    @property
+    def backend_tokenizer(self) -> Any:
+        """The `tokenizers.Tokenizer` underneath, as transformers' fast tokenizers name it."""
+        return self._plain
+
+    def convert_ids_to_tokens(self, token_id: int) -> str | None:
+        """The vocabulary entry of `token_id` (byte-level BPE: one character per byte)."""
+        return self._plain.id_to_token(int(token_id))
 
     def _id(self, token: str | None) -> int | None:
         return None if token is None else self._plain.token_to_id(token)

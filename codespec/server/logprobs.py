@@ -40,10 +40,12 @@ class TokenText:
 
 @functools.lru_cache(maxsize=1)
 def _byte_level() -> dict[str, int]:
-    """GPT-2's byte-level alphabet (transformers' own table), character -> byte."""
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    return {ch: byte for byte, ch in bytes_to_unicode().items()}
+    """GPT-2's byte-level alphabet, character -> byte: the printable bytes stand for
+    themselves, the other 68 for the characters from U+0100 on, in byte order (built here,
+    not imported from transformers, which the torch-free server never loads)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable}, **{chr(256 + n): b for n, b in enumerate(others)}}
 
 
 def chat_logprobs(entries: Sequence[TokenLogprob] | None, names: TokenText) -> dict[str, Any] | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 import uuid
@@ -48,6 +49,7 @@ from codespec.server.schemas import (
 )
 
 router = APIRouter()
+log = logging.getLogger("codespec.server")
 
 
 AnyBackend = Backend | UpstreamBackend  # the model here, or an engine behind (serve --upstream)
@@ -112,6 +114,9 @@ async def _stream(b: AnyBackend, prompt_ids: list[int], config: GenerationConfig
         yield _sse(error_body(str(exc), kind="server_error"))
     except ShuttingDown as exc:  # the server stops: the stream ends with a reason, not a cut
         yield _sse(error_body(str(exc), kind="server_error", code="server_shutting_down"))
+    except Exception as exc:  # a fault after the headers (a chunk's conversion): still an event and the end
+        log.warning("a stream failed after its headers: %s: %s", type(exc).__name__, exc, exc_info=True)
+        yield _sse(error_body(f"the request failed: {type(exc).__name__}: {exc}", kind="server_error"))
     if done_marker:
         yield _sse("[DONE]")
 

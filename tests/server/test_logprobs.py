@@ -67,3 +67,18 @@ async def test_bad_logprob_settings_are_400(http):
     ]:
         r = await http.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
         assert r.status_code == 400 and message in r.json()["error"]["message"], (body, r.text)
+
+
+async def test_a_stream_that_fails_after_its_headers_ends_with_an_error_and_done(http, backend, monkeypatch):
+    """A fault in a chunk's conversion (here the token names that logprobs show) comes
+    after the 200 and its headers: the client still gets an error event and `[DONE]`,
+    not a cut connection."""
+    def broken(token: int) -> bytes:
+        raise AttributeError("simulated: no token names")
+
+    monkeypatch.setattr(backend.token_text, "bytes", broken)
+    r = await http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4, "logprobs": 2, "stream": True})
+    events = [line[len("data: "):] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert r.status_code == 200 and events[-1] == "[DONE]", events
+    assert "simulated" in json.loads(events[-2])["error"]["message"]
+    assert (await http.get("/health")).status_code == 200

@@ -39,7 +39,9 @@ def tiny_model_dir(path):
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>", "unk_token": "<unk>"}))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "eos_token": "<|endoftext|>", "unk_token": "<unk>",
+        "chat_template": "{% for m in messages %}{{ m['content'] }} {% endfor %}"}))
     return path
 
 
@@ -54,6 +56,15 @@ def get(url: str, body: dict | None = None) -> dict:
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.loads(response.read())
+
+
+def stream(url: str, body: dict) -> list[str]:
+    """A streamed request's `data:` payloads, in order."""
+    request = urllib.request.Request(url, data=json.dumps({**body, "stream": True}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return [line[len("data: "):].strip() for line in response.read().decode().splitlines()
+                if line.startswith("data: ")]
 
 
 def test_serve_answers_without_importing_torch(tmp_path):
@@ -83,6 +94,18 @@ def test_serve_answers_without_importing_torch(tmp_path):
         health = get(base + "/health")
         assert health["forward"]["backend"] == "rowdecoder" and health["forward"]["torch_free"], health
         assert health["forward"]["torch_imported"] is False, health
+        # logprobs (which load torch for their softmax, as sampling does), streamed and not, on completions and chat
+        body = {"prompt": prompt, "max_tokens": 2, "logprobs": 5}
+        out = get(base + "/v1/completions", body)
+        assert len(out["choices"][0]["logprobs"]["top_logprobs"][0]) == 5, out
+        events = stream(base + "/v1/completions", body)
+        assert events[-1] == "[DONE]" and not any('"error"' in e for e in events), events
+        chat = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 2, "logprobs": True,
+                "top_logprobs": 3}
+        out = get(base + "/v1/chat/completions", chat)
+        assert len(out["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 3, out
+        events = stream(base + "/v1/chat/completions", chat)
+        assert events[-1] == "[DONE]" and not any('"error"' in e for e in events), events
     finally:
         server.terminate()
         server.wait(timeout=30)
