@@ -84,8 +84,8 @@ def encode_prompt(tokenizer: Any, text: str) -> list[int]:
     """A prompt tokenized verbatim: special tokens written in it (`<|fim_prefix|>`) are
     recognised, as `codespec generate` and /v1/completions promise."""
     check_unicode(text)
-    with TOKENIZER_LOCK:
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    with TOKENIZER_LOCK:  # a list: the Rust tokenizer's batch call lets go of the GIL while it works
+        return tokenizer([text], add_special_tokens=False)["input_ids"][0]
 
 
 def decode(tokenizer: Any, token_ids: Sequence[int]) -> str:

@@ -74,10 +74,12 @@ class DirectTokenizer:
     def __call__(self, text: str | Sequence[str], *, add_special_tokens: bool = False,
                  split_special_tokens: bool = False) -> dict[str, Any]:
         tokenizer = self._split if split_special_tokens else self._plain
-        if isinstance(text, str):
-            return {"input_ids": tokenizer.encode(text, add_special_tokens=add_special_tokens).ids}
-        found = tokenizer.encode_batch(list(text), add_special_tokens=add_special_tokens)
-        return {"input_ids": [e.ids for e in found]}
+        # always the batch call: it lets go of the GIL while it works (`encode` holds it,
+        # and a megabyte of text stalled the server's event loop for seconds)
+        found = tokenizer.encode_batch([text] if isinstance(text, str) else list(text),
+                                       add_special_tokens=add_special_tokens)
+        ids = [e.ids for e in found]
+        return {"input_ids": ids[0] if isinstance(text, str) else ids}
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         text = self._plain.decode(list(ids), skip_special_tokens=skip_special_tokens)

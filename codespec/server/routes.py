@@ -154,6 +154,7 @@ def _streaming(body: AsyncIterator[str]) -> StreamingResponse:
 @router.post("/v1/completions")
 async def completions(req: CompletionRequest, request: Request, b: AnyBackend = Depends(backend)) -> Any:
     _check_model(b, req.model)
+    b.check_prompt_size(req.prompt_text if req.prompt_ids is None else "", req.suffix or "")
     if req.prompt_ids is not None:  # the model's own tokens, as sent
         if req.suffix is not None:
             raise RequestError("suffix needs a text prompt; send token ids without a suffix")
@@ -184,6 +185,7 @@ async def completions(req: CompletionRequest, request: Request, b: AnyBackend = 
 @router.post("/v1/chat/completions")
 async def chat_completions(req: ChatCompletionRequest, request: Request, b: AnyBackend = Depends(backend)) -> Any:
     _check_model(b, req.model)
+    b.check_prompt_size(*(m.text() for m in req.messages))
     ids = await run_in_threadpool(prompts.chat_ids, b.tokenizer,
                            [{"role": m.role, "content": m.text()} for m in req.messages])
     b.check_request(ids, req.limit)
@@ -222,6 +224,7 @@ async def infill(req: InfillRequest, request: Request, b: AnyBackend = Depends(b
     enclosing the cursor, ending where it meets the suffix's first code line; no trailing
     blank lines, nothing when only whitespace is left. The generation stops there, and at
     the model's FIM tokens."""
+    b.check_prompt_size(req.input_prefix, req.prompt, req.input_suffix, *(c.text for c in req.input_extra))
     ids, held, landing, ends = await run_in_threadpool(_infill_ids, b, req)
     if req.n_predict < 0:  # "no limit": the server's, as llama-server's --n-predict
         limit = min(b.settings.infill_max_tokens, b.settings.max_tokens_limit)

@@ -52,6 +52,9 @@ class UpstreamBackend(Served):
     def close(self) -> None:
         return None
 
+    def context_tokens(self) -> int | None:
+        return self.served.max_model_len
+
     def check_request(self, prompt_ids: Sequence[int], max_tokens: int) -> None:
         check_limits(prompt_ids, max_tokens, self.settings)
         limit = self.served.max_model_len

@@ -264,3 +264,24 @@ async def test_a_prompt_hinted_ahead_is_prefilled_before_its_infill(http, backen
     assert out["content"] == plain[4:] if plain.startswith("    ") else out["content"] == ""  # spaces held back
     forget = await http.post("/v1/lsp/prefill", json={"key": "file:///a.py", "forget": True})
     assert forget.json() == {"ok": True, "tokens": 0}
+
+
+async def test_a_prompt_too_long_for_any_tokenization_is_refused_before_tokenizing(http, backend, monkeypatch):
+    """No token holds more characters than the vocabulary's longest entry: text past
+    context x that many characters cannot fit, and tokenizing it would take seconds."""
+    from codespec.errors import RequestError
+    from codespec.server.backend import longest_token_chars
+
+    chars = backend.engine.context_limit * longest_token_chars(backend.tokenizer) + 1
+    with pytest.raises(RequestError, match="characters"):
+        backend.check_prompt_size("x" * (chars - 1), "y")
+    backend.check_prompt_size("x" * (chars - 1))  # may fit: left to the tokenizer
+    import httpx2
+
+    from codespec.server.app import create_app
+
+    roomy = create_app(backend.settings.model_copy(update={"max_request_bytes": 2 * chars}), backend=backend)
+    monkeypatch.setattr("codespec.prompts.encode_prompt", lambda *a: pytest.fail("tokenized"))
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=roomy), base_url="http://test") as client:
+        r = await client.post("/v1/completions", json={"prompt": "x" * chars, "max_tokens": 1})
+    assert r.status_code == 400 and "characters" in r.json()["error"]["message"], r.text
