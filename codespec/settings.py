@@ -132,6 +132,8 @@ class Settings(BaseSettings):
                                   "bytes; more gets HTTP 431.")
     header_timeout_s: float = Field(10.0, gt=0, description="Seconds a connection has to send a request's "
                                     "headers (from connect, or from the last response); then HTTP 408 and close.")
+    body_timeout_s: float = Field(20.0, gt=0, description="Seconds a request's body has to arrive after its "
+                                  "headers; then HTTP 408 and close.")
     idle_timeout_s: float = Field(5.0, gt=0, description="Seconds an idle kept-alive connection stays open.")
     max_active_requests: int = Field(4, ge=1, le=256, description="Requests generating at once; more wait.")
     max_waiting_requests: int = Field(64, ge=0, description="Requests allowed to wait; more get HTTP 429.")

@@ -28,6 +28,7 @@ from codespec.errors import CodespecError, RequestError
 from codespec.index import SuffixIndex
 from codespec.engine.scheduler import SchedulerFull
 from codespec.server.backend import Backend, GenerationFailed, ShuttingDown, start_scheduler
+from codespec.server.http import TIMED_OUT
 from codespec.server.routes import ModelNotFound, router
 from codespec.server.upstream_backend import UpstreamBackend
 from codespec.server.schemas import error_body
@@ -54,17 +55,10 @@ def create_app(settings: Settings, backend: Backend | UpstreamBackend | None = N
     app.include_router(router)
     _install_error_handlers(app)
 
-    @app.middleware("http")
-    async def count(request: Request, call_next: Any) -> Any:
-        response = await call_next(request)
-        backend_now = getattr(request.app.state, "backend", None)
-        route = request.scope.get("route")
-        if backend_now is not None:
-            backend_now.metrics.requests.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
-        return response
     app.add_middleware(_BodyLimit, limit=settings.max_request_bytes)
     if settings.api_key:
         app.add_middleware(_BearerAuth, key=settings.api_key)
+    app.add_middleware(_Counted)  # the last added runs first: it sees every answer, 401 and 413 included
     return app
 
 
@@ -157,6 +151,48 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def failed(request: Request, exc: Exception) -> JSONResponse:
         log.exception("request failed")
         return reply(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error")
+
+
+class _Counted:
+    """`codespec_requests_total` by route and status, for every answer the app gives: a
+    refusal by the middlewares (401, 413), an unhandled failure (500, answered by
+    Starlette's outermost layer after this one re-raises), and a body that came too
+    slowly (408, answered by the protocol: server/http.py)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status: list[int] = []
+
+        async def sent(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sent)
+        except Exception:
+            status.append(500)
+            raise
+        finally:
+            if scope.get(TIMED_OUT):
+                status = [408]
+            if status:
+                self._count(scope, status[0])
+
+    def _count(self, scope: Scope, status: int) -> None:
+        app = scope.get("app")
+        backend = getattr(getattr(app, "state", None), "backend", None)
+        if backend is None:
+            return
+        route = scope.get("route")
+        if route is None:  # refused before routing: the route its path names, if any
+            route = next((r for r in getattr(app, "routes", ()) if getattr(r, "path_regex", None) is not None
+                          and r.path_regex.match(scope["path"])), None)
+        backend.metrics.requests.labels(getattr(route, "path", "unmatched"), str(status)).inc()
 
 
 class _BearerAuth:

@@ -97,13 +97,13 @@ def test_huge_headers_get_431_not_a_reset(live_server):
 
 @pytest.fixture
 def quick_server(backend, app):
-    """The app with a half-second header deadline; `drain` tells whether shutdown ran."""
+    """The app with half-second header and body deadlines."""
     from codespec.server.http import server as http_server
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    settings = backend.settings.model_copy(update={"port": port, "header_timeout_s": 0.5})
+    settings = backend.settings.model_copy(update={"port": port, "header_timeout_s": 0.5, "body_timeout_s": 0.5})
     server = http_server(app, settings, log_level="warning")
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -112,6 +112,36 @@ def quick_server(backend, app):
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(timeout=10)
+
+
+def test_a_body_that_drips_is_cut_at_its_deadline_and_counted(quick_server):
+    host, port = quick_server.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as drip:
+        drip.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"content-length: 100\r\n\r\n")
+        answer = b""
+        for _ in range(20):  # a byte every 0.2 s: 100 bytes would take 20 s
+            try:
+                drip.sendall(b" ")
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            time.sleep(0.2)
+            drip.setblocking(False)
+            try:
+                answer += drip.recv(4096)
+            except BlockingIOError:
+                pass
+            drip.setblocking(True)
+            if answer:
+                break
+        assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer, answer
+    series = 'codespec_requests_total{route="/v1/completions",status="408"}'
+    for _ in range(50):  # counted once the app's request has seen the client leave
+        metrics = _raw(quick_server, b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").decode()
+        if series in metrics:
+            break
+        time.sleep(0.1)
+    assert series in metrics, [line for line in metrics.splitlines() if "requests_total" in line]
 
 
 def test_silent_and_dripping_connections_are_closed_at_the_header_deadline(quick_server):

@@ -232,6 +232,24 @@ async def test_engine_failure_fails_one_request_only(http, backend, monkeypatch)
     assert r.status_code == 200
 
 
+async def test_every_status_sent_is_counted(http, backend, monkeypatch):
+    """500 (an unhandled fault), 413 (refused before routing) and 400 answers all reach
+    `codespec_requests_total`, under the route they were sent to."""
+    import codespec.server.routes as routes
+
+    def fault(*args):
+        raise ZeroDivisionError("simulated fault")
+
+    monkeypatch.setattr(routes.prompts, "encode_prompt", fault)
+    r = await http.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
+    assert r.status_code == 500, r.text
+    r = await http.post("/v1/completions", json={"prompt": "x" * (backend.settings.max_request_bytes + 1)})
+    assert r.status_code == 413
+    text = (await http.get("/metrics")).text
+    for status in ("500", "413"):
+        assert f'codespec_requests_total{{route="/v1/completions",status="{status}"}}' in text, status
+
+
 async def test_a_prompt_hinted_ahead_is_prefilled_before_its_infill(http, backend):
     """`POST /v1/lsp/prefill` (the language server's idle-time hint, over `--shared`):
     the scheduler computes the prompt's whole chunks while idle; the /infill that follows
