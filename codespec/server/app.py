@@ -188,11 +188,10 @@ class _Counted:
         backend = getattr(getattr(app, "state", None), "backend", None)
         if backend is None:
             return
-        route = scope.get("route")
-        if route is None:  # refused before routing: the route its path names, if any
-            route = next((r for r in getattr(app, "routes", ()) if getattr(r, "path_regex", None) is not None
-                          and r.path_regex.match(scope["path"])), None)
-        backend.metrics.requests.labels(getattr(route, "path", "unmatched"), str(status)).inc()
+        route = getattr(scope.get("route"), "path", None)
+        if route is None:  # refused before routing (401, 413, 408): its path, when it is a route's
+            route = scope["path"] if scope["path"] in app.openapi().get("paths", {}) else "unmatched"
+        backend.metrics.requests.labels(route, str(status)).inc()
 
 
 class _BearerAuth:

@@ -232,16 +232,21 @@ async def test_engine_failure_fails_one_request_only(http, backend, monkeypatch)
     assert r.status_code == 200
 
 
-async def test_every_status_sent_is_counted(http, backend, monkeypatch):
-    """500 (an unhandled fault), 413 (refused before routing) and 400 answers all reach
+async def test_every_status_sent_is_counted(http, app, backend, monkeypatch):
+    """500 (an unhandled fault) and 413 (refused before routing) answers reach
     `codespec_requests_total`, under the route they were sent to."""
+    import httpx2
+
     import codespec.server.routes as routes
 
     def fault(*args):
         raise ZeroDivisionError("simulated fault")
 
     monkeypatch.setattr(routes.prompts, "encode_prompt", fault)
-    r = await http.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
+    # Starlette answers 500 and raises on, to the server: the test transport must not re-raise it
+    transport = httpx2.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx2.AsyncClient(transport=transport, base_url="http://test") as client:
+        r = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
     assert r.status_code == 500, r.text
     r = await http.post("/v1/completions", json={"prompt": "x" * (backend.settings.max_request_bytes + 1)})
     assert r.status_code == 413
