@@ -33,6 +33,7 @@ from codespec.engine import Generation, GenerationConfig
 from codespec.errors import RequestError
 from codespec.index import SuffixIndex
 from codespec.lsp.cut import Landing, infill_mode
+from codespec.lsp.syntax import Mode
 from codespec.lsp.window import HeldSpace
 from codespec.server.backend import Backend, GenerationFailed, ShuttingDown
 from codespec.server.logprobs import CompletionLogprobs, chat_logprobs
@@ -311,20 +312,30 @@ async def lsp_prefill(req: PrefillRequest, b: AnyBackend = Depends(backend)) -> 
 class Healed:
     """A stream's content, piece by piece: the text after the whitespace held back from
     its prompt (`HeldSpace`; nothing while the model writes that whitespace, nothing at all
-    if it writes something else there), and at the end the rest of the content as
-    `Landing.trim` leaves it (the stream sends whole lines only, so the two agree)."""
+    if it writes something else there), in whole lines as the cut allows them, and at the
+    end the rest of the content as `Landing.trim` leaves it: what went out is always a
+    start of the final content, whichever backend streams."""
 
     def __init__(self, held: HeldSpace, landing: Landing) -> None:
         self.held, self.landing, self.raw, self.sent = held, landing, "", 0
 
     def __call__(self, piece: str) -> str:
+        """What of the content is certain after `piece`: whole lines, short of where the
+        output ends and of trailing whitespace (one line comes whole, at the end)."""
         self.raw += piece
-        return self._send(self.held.heal(self.raw) or "")
+        text = self.held.heal(self.raw) or ""
+        if self.landing.mode is not Mode.MULTI:
+            return ""
+        end = self.landing.end(text)
+        upto = min(text.rfind("\n") + 1, len(text) if end is None else end[0])
+        return self._send(text[: len(text[:upto].rstrip())])
 
     def finish(self, final_raw: str) -> str:
         return self._send(self.landing.trim(self.held.heal(final_raw) or ""))
 
     def _send(self, text: str) -> str:
+        if len(text) <= self.sent:
+            return ""
         out = text[self.sent :]
         self.sent += len(out)
         return out

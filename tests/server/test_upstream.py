@@ -17,6 +17,7 @@ from codespec.integrations.upstream import UpstreamClient, UpstreamError
 from codespec.lsp.backend import FimRequest
 from codespec.lsp.engine_backend import EngineBackend
 from codespec.lsp.http_backend import HttpBackend
+from codespec.lsp.cut import Landing, infill_mode
 from codespec.lsp.window import HeldSpace
 from codespec.prompts import fim_ids
 from codespec.server.app import create_app, load_backend
@@ -50,7 +51,8 @@ async def test_infill_through_the_front_is_the_engines_own_greedy_output(front_h
     before, held = HeldSpace.split(PREFIX)
     ids = fim_ids(default_model.tokenizer, before, SUFFIX, layout="psm")
     direct = await backend.complete(ids, GenerationConfig(max_new_tokens=24))
-    expected = held.heal(direct.text)
+    document = PREFIX + SUFFIX  # the content is cut for where it lands (lsp/cut.py), as codespec's own is
+    expected = Landing.at(document, len(PREFIX), "", infill_mode(document, len(PREFIX))).trim(held.heal(direct.text))
     body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 24, "fim_layout": "psm"}
     answer = (await front_http.post("/infill", json=body)).json()
     assert expected and answer["content"] == expected and answer["tokens_predicted"] == 24
@@ -95,7 +97,10 @@ def test_lsp_against_an_engine_builds_fim_with_its_tokens(live_server, default_m
     seen: list[str] = []
     text = asyncio.run(engine.complete(request, on_text=lambda t: not seen.append(t)))
     via_infill = asyncio.run(HttpBackend(live_server).complete(request, on_text=lambda t: True))
-    assert text == via_infill and seen[-1] == text
+    # /infill serves the same text cut for where it lands (the language server cuts it so too)
+    document = request.prefix + SUFFIX
+    landing = Landing.at(document, len(request.prefix), "", infill_mode(document, len(request.prefix)))
+    assert landing.trim(text) == via_infill and seen[-1] == text
     stopped: list[str] = []
     first = asyncio.run(engine.complete(request, on_text=lambda t: stopped.append(t) or False))
     assert len(stopped) == 1 and first == stopped[0]
