@@ -1,7 +1,10 @@
 """Request bodies (pydantic, validated at the edge) and OpenAI-style error bodies.
 
-Unknown fields are ignored, as OpenAI and llama.cpp servers do, so clients that send
-options codespec does not use (logit_bias, user, samplers, ...) keep working.
+Values are taken as the JSON types they are meant to be (strict: `"2"` or `true` is no
+token count) and numbers are finite. Options that would change the answer and are not
+served (`best_of` above 1, `echo`, non-zero penalties) are refused with a 400 that names
+them, not ignored. Unknown fields are ignored, as OpenAI and llama.cpp servers do, so
+clients that send options that change nothing here (user, samplers, ...) keep working.
 """
 
 from __future__ import annotations
@@ -18,7 +21,26 @@ Seed = Annotated[int, Field(ge=-(2**63), lt=2**63, description="A signed 64-bit 
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+
+def _not_served(name: str, served: object) -> object:
+    """A validator that refuses any value of `name` but the one served."""
+    def check(value: object) -> object:
+        if value is not None and value != served:
+            raise ValueError(f"{name} {value!r} is not served (only {served!r})")
+        return value
+
+    return field_validator(name)(lambda cls, value: check(value))
+
+
+class _Penalties(_Request):
+    """OpenAI's penalties: accepted at 0, which changes nothing; refused otherwise."""
+
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    _presence = _not_served("presence_penalty", 0)
+    _frequency = _not_served("frequency_penalty", 0)
 
 
 class _Stops(_Request):
@@ -64,7 +86,7 @@ class _ChatLogprobs(_Request):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
-class CompletionRequest(_Stops, _CompletionLogprobs):
+class CompletionRequest(_Stops, _CompletionLogprobs, _Penalties):
     model: str | None = None
     prompt: str | list[str] | list[int] = Field(
         description="The prompt: a string, a list of exactly one string (n=1), or token ids (as OpenAI "
@@ -76,6 +98,10 @@ class CompletionRequest(_Stops, _CompletionLogprobs):
     seed: Seed | None = None
     stream: StrictBool = False
     n: int = Field(1, ge=1, le=1, description="Only n=1 is served.")
+    best_of: int | None = None
+    echo: bool = False
+    _best_of = _not_served("best_of", 1)
+    _echo = _not_served("echo", False)
 
     @field_validator("prompt")
     @classmethod
@@ -110,7 +136,7 @@ class ChatMessage(_Request):
         return "".join(part.get("text", "") for part in self.content if part.get("type") == "text")
 
 
-class ChatCompletionRequest(_Stops, _ChatLogprobs):
+class ChatCompletionRequest(_Stops, _ChatLogprobs, _Penalties):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)

@@ -31,6 +31,15 @@ BAD = [
     ({"prompt": "x", "stream": 1}, "stream"),
     ({"prompt": "x", "logprobs": 21}, "logprobs"),
     ({"prompt": "x", "logprobs": "2"}, "logprobs"),
+    # coerced no more: a string or a boolean is no token count, NaN no penalty
+    ({"prompt": "x", "max_tokens": "2"}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": True}, "max_tokens"),
+    ({"prompt": "x", "presence_penalty": float("nan")}, "presence_penalty"),
+    ({"prompt": "x", "temperature": "0.5"}, "temperature"),
+    # not served: refused, not ignored
+    ({"prompt": "x", "best_of": 2}, "best_of"),
+    ({"prompt": "x", "echo": True}, "echo"),
+    ({"prompt": "x", "frequency_penalty": 0.5}, "frequency_penalty"),
 ]
 
 
