@@ -114,6 +114,11 @@ class Settings(BaseSettings):
         ".", description="Repository to index at start-up (in the background) when no --index is given; "
         "'' for none.",
     )
+    index_max_mb: int = Field(
+        64, ge=1, description="Indexing a repository (--repo, a workspace, `codespec index`) stops once its files "
+        "reach this many MiB, and says so; dependency, build and vendored folders and what .gitignore, .ignore "
+        "and .codespecignore exclude are never read.",
+    )
     upstream: str = Field(
         "", description="An OpenAI-compatible engine (vLLM, SGLang, ...) that generates for `codespec serve`: "
         "codespec's routes in front, prompts sent as --model's tokens (docs/scale.md).",

@@ -51,7 +51,7 @@ log = logging.getLogger("codespec.lsp")
 # out: cli imports lsp, so lsp cannot import cli.
 PASSED_FIELDS = ("model", "dtype", "device", "quantize", "cache_dir", "threads", "draft_policy",
                  "max_draft_tokens", "min_match_tokens", "max_match_tokens", "look_ahead", "kv_cache_mb",
-                 "kv_slot_tokens", "prefill_chunk_tokens", "max_active_requests")
+                 "kv_slot_tokens", "prefill_chunk_tokens", "max_active_requests", "index_max_mb")
 START_TIMEOUT_S = 1800.0  # the first start may prepare the default model (minutes)
 POLL_S = 0.25
 

@@ -49,6 +49,43 @@ def test_walk_skips_what_a_developer_would(tmp_path):
     assert report.generated == 3  # api_pb2.py, @generated schema.py, package-lock.json
 
 
+def test_ignore_files_and_dependency_and_build_folders_are_skipped(tmp_path):
+    for rel in ("src/a.py", "src/notes.md", ".ignore", "node_modules/x/index.js", ".next/server/page.js",
+                "bower_components/b.js", "coverage/lcov.js", "web/.ignore", "web/main.js", "web/gen.js"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x\n")
+    (tmp_path / ".ignore").write_text("*.md\n")  # ripgrep's ignore file, read as .gitignore is
+    (tmp_path / "web" / ".ignore").write_text("gen.js\n")
+    paths = [f.path for f in walk_repository(tmp_path)]
+    assert paths == [".ignore", "src/a.py", "web/.ignore", "web/main.js"], paths
+
+
+def test_the_walk_stops_at_its_size_cap_and_says_so(tmp_path, caplog):
+    from codespec.indexing import build_repository_index
+
+    for name in "abcd":
+        (tmp_path / f"{name}.py").write_text("x = 1\n" * 100)  # 600 bytes each
+    report = WalkReport()
+    assert [f.path for f in walk_repository(tmp_path, report=report, max_total_bytes=1500)] == ["a.py", "b.py"]
+    assert report.over_cap and report.taken_bytes == 1200
+    tokenizer = type("Bytes", (), {"__call__": lambda self, texts, **kw: {"input_ids": [list(t.encode()) for t in texts]},
+                                   "get_vocab": lambda self: {}, "fingerprint_class": "bytes"})()
+    with caplog.at_level("WARNING"):
+        built = build_repository_index(tmp_path, tokenizer, tmp_path.parent / "capped.csidx", progress=False,
+                                       max_total_bytes=1500)
+    assert built.files == 2 and built.skipped.over_cap
+    assert "stopped at the size cap" in caplog.text and "--index-max-mb" in caplog.text
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs Linux's /proc")
+def test_the_walk_skips_what_vanishes_or_cannot_be_read():
+    """/proc/self: entries listed and gone before they are read (an fd's fdinfo), files
+    that refuse reading; the walk goes on past each."""
+    report = WalkReport()
+    found = list(walk_repository(Path("/proc/self"), report=report))
+    assert found and report.unreadable > 0
+
+
 @pytest.mark.model
 def test_incremental_index_retokenizes_only_changed_files(tmp_path, default_model):
     from codespec.index import SuffixIndex

@@ -35,7 +35,7 @@ def register(commands: Any) -> None:
     build.add_argument("path", metavar="PATH", help="the repository's folder")
     build.add_argument("--out", metavar="FILE", help="index file to write (default: in the cache dir, named after PATH)")
     build.add_argument("--json", action="store_true", help='print {"files", "tokens", "seconds", "bytes", ...}')
-    add_settings_arguments(build, TOKENIZER_FIELDS)
+    add_settings_arguments(build, (*TOKENIZER_FIELDS, "index_max_mb"))
     build.set_defaults(handler=lambda a: _build(Path(a.path), a))
 
     stats = actions.add_parser("stats", help="what an index file holds")
@@ -72,18 +72,22 @@ def implicit_build(argv: list[str]) -> list[str]:
 
 def _build(root: Path, args: argparse.Namespace) -> int:
     from codespec.indexing import build_repository_index, default_index_path
+    from codespec.indexing.build import capped_message
     from codespec.models.loading import load_tokenizer
 
     if not root.is_dir():
         raise CodespecError(f"{root}: not a directory; give the repository's folder")
     settings = settings_from_args(args)
     out = Path(args.out) if args.out else default_index_path(settings.cache_dir, root)
-    report = build_repository_index(root, load_tokenizer(settings), out, progress=not args.json)
+    report = build_repository_index(root, load_tokenizer(settings), out, progress=not args.json,
+                                    max_total_bytes=settings.index_max_mb << 20)
     if args.json:
         print(json.dumps(report.to_json()))
     else:
         print(f"indexed {report.files:,} files, {report.tokens:,} tokens in {report.seconds:.1f} s "
               f"({report.reused_files:,} unchanged files reused) -> {report.path} ({report.bytes / 1e6:.1f} MB)")
+        if report.skipped.over_cap:
+            print(capped_message(root, report.files, report.skipped.taken_bytes, settings.index_max_mb << 20))
     return 0
 
 

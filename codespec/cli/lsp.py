@@ -37,7 +37,7 @@ def register(commands: Any) -> None:
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
                    help="stderr log level (default info: start-up, indexing and failures, never document "
                         "text; debug adds every protocol message)")
-    add_settings_arguments(p, ("api_key", "max_active_requests") + MODEL_FIELDS + SPECULATION_FIELDS + CACHE_FIELDS)
+    add_settings_arguments(p, ("api_key", "max_active_requests", "index_max_mb") + MODEL_FIELDS + SPECULATION_FIELDS + CACHE_FIELDS)
     p.set_defaults(handler=run)
 
 

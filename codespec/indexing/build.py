@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -28,6 +29,7 @@ from codespec.prompts import encode_texts
 from codespec.indexing.walk import WalkReport, read_text, walk_repository
 
 _BATCH_FILES = 64
+log = logging.getLogger("codespec.index")
 
 
 @dataclass
@@ -94,10 +96,12 @@ def _fingerprint(tokenizer: Any) -> str:
 
 
 def build_repository_index(root: Path, tokenizer: Any, out: Path, *, progress: bool = True,
-                           on_file: Callable[[int, int], None] | None = None) -> IndexReport:
+                           on_file: Callable[[int, int], None] | None = None,
+                           max_total_bytes: int | None = None) -> IndexReport:
     """Index `root` into `out` (incrementally: unchanged files keep their tokens);
     `progress` draws bars on stderr, `on_file(done, total)` reports each file read
-    (the language server turns it into `window/workDoneProgress`)."""
+    (the language server turns it into `window/workDoneProgress`). The walk stops once
+    its files reach `max_total_bytes`, and the report says so (`IndexReport.capped`)."""
     started = time.perf_counter()
     root = Path(root).resolve()
     if not root.is_dir():
@@ -105,7 +109,10 @@ def build_repository_index(root: Path, tokenizer: Any, out: Path, *, progress: b
     fingerprint = tokenizer_fingerprint(tokenizer)
     previous = _previous_tokens(out, fingerprint)
     skipped = WalkReport()
-    found = list(tqdm(walk_repository(root, report=skipped), desc="scan", unit=" files", disable=not progress))
+    found = list(tqdm(walk_repository(root, report=skipped, max_total_bytes=max_total_bytes), desc="scan",
+                      unit=" files", disable=not progress))
+    if skipped.over_cap:
+        log.warning("%s", capped_message(root, len(found), skipped.taken_bytes, max_total_bytes or 0))
 
     tokens: dict[str, np.ndarray] = {}
     facts: dict[str, tuple[str, int, int]] = {}
@@ -146,6 +153,12 @@ def build_repository_index(root: Path, tokenizer: Any, out: Path, *, progress: b
     )
 
 
+def capped_message(root: Path, files: int, taken: int, cap: int) -> str:
+    return (f"indexing {root}: stopped at the size cap, {files} files ({taken / 2**20:.1f} MiB) taken of a "
+            f"{cap / 2**20:.0f} MiB cap; the rest is not indexed. Point --repo at the project's folder, list what "
+            f"to leave out in a .codespecignore (or .gitignore, .ignore), or raise --index-max-mb")
+
+
 def _encode_batch(tokenizer: Any, pending: list[tuple[str, str]], tokens: dict[str, np.ndarray], bar: tqdm) -> None:
     if not pending:
         return
@@ -166,14 +179,16 @@ def _previous_tokens(out: Path, fingerprint: str) -> dict[str, tuple[str, np.nda
 
 
 def build_static_index(root: Path, tokenizer: Any, cache_dir: Path, *,
-                       on_file: Callable[[int, int], None] | None = None) -> tuple[IndexReport, StaticIndex]:
+                       on_file: Callable[[int, int], None] | None = None,
+                       max_total_bytes: int | None = None) -> tuple[IndexReport, StaticIndex]:
     """Index `root` into its file under `cache_dir` (quietly, incrementally) and load the
     result, checked against `tokenizer`: what a server or language server swaps in as its
     static index."""
     from codespec.index import SuffixIndex
 
     out = default_index_path(cache_dir, root)
-    report = build_repository_index(root, tokenizer, out, progress=False, on_file=on_file)
+    report = build_repository_index(root, tokenizer, out, progress=False, on_file=on_file,
+                                    max_total_bytes=max_total_bytes)
     return report, SuffixIndex.load(out, tokenizer=tokenizer_fingerprint(tokenizer)).static
 
 

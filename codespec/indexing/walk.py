@@ -1,9 +1,12 @@
 """Walk a repository for indexing: the files a developer would call source.
 
-Skipped: what `.gitignore` files (at any depth) and a root `.codespecignore` exclude,
-version-control and vendored or environment folders, symlinks that leave the tree or
-loop, files over `max_bytes`, binary files (a NUL byte in the first 8 KiB), lock files
-and generated files (minified, or marked "@generated" / "DO NOT EDIT" near the top).
+Skipped: what `.gitignore` and `.ignore` files (at any depth, as git and ripgrep read
+them) and a root `.codespecignore` exclude, version-control, dependency, vendored,
+build and environment folders (`SKIPPED_DIRS`), symlinks that leave the tree or loop,
+files over `max_bytes`, binary files (a NUL byte in the first 8 KiB), lock files and
+generated files (minified, or marked "@generated" / "DO NOT EDIT" near the top), and
+what vanishes or cannot be read while the walk runs. Once the files taken reach
+`max_total_bytes` the walk stops and says how many it left (`WalkReport.over_cap`).
 Text that is not valid UTF-8 is decoded with replacement characters, never refused.
 
 >>> # for f in walk_repository(Path(".")): print(f.path, f.size)
@@ -19,10 +22,17 @@ from typing import Iterator
 import pathspec
 
 MAX_FILE_BYTES = 1 << 20
+IGNORE_FILES = (".gitignore", ".ignore")  # git's and ripgrep's; a deeper one overrides a shallower one
 SKIPPED_DIRS = frozenset({
-    ".git", ".hg", ".svn", "node_modules", "vendor", "third_party", "__pycache__", ".venv", "venv",
-    "site-packages", ".tox", ".nox", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".hypothesis",
-    "dist", "build", ".eggs", "target", ".idea", ".vscode", ".codespec",
+    # version control, editors, codespec's own
+    ".git", ".hg", ".svn", ".idea", ".vscode", ".codespec",
+    # dependencies and vendored code
+    "node_modules", "bower_components", "jspm_packages", ".pnpm-store", ".yarn", "vendor", "third_party",
+    "Pods", "Carthage", ".bundle", "site-packages", ".venv", "venv", ".conda", ".eggs",
+    # builds, caches and environments
+    "dist", "build", "out", "target", "_build", ".next", ".nuxt", ".svelte-kit", ".parcel-cache", ".turbo",
+    ".gradle", ".terraform", ".cache", "coverage", "htmlcov", "__pycache__", ".tox", ".nox", ".mypy_cache",
+    ".pytest_cache", ".ruff_cache", ".hypothesis",
 })
 LOCK_FILES = frozenset({
     "package-lock.json", "yarn.lock", "pnpm-lock.yaml", "poetry.lock", "uv.lock", "Cargo.lock",
@@ -51,46 +61,66 @@ class WalkReport:
     binary: int = 0
     generated: int = 0
     links: int = 0
+    unreadable: int = 0  # vanished, or not ours to read
+    over_cap: bool = False  # the walk stopped at `max_total_bytes`
+    taken_bytes: int = 0
 
 
-def walk_repository(root: Path, max_bytes: int = MAX_FILE_BYTES, report: WalkReport | None = None) -> Iterator[RepoFile]:
-    """Files to index under `root`, in a stable (sorted) order."""
+def walk_repository(root: Path, max_bytes: int = MAX_FILE_BYTES, report: WalkReport | None = None,
+                    max_total_bytes: int | None = None) -> Iterator[RepoFile]:
+    """Files to index under `root`, in a stable (sorted) order, until they reach
+    `max_total_bytes` (None: all)."""
     root = Path(root).resolve()
     report = report if report is not None else WalkReport()
     root_spec = _read_ignore(root / ".codespecignore")
-    yield from _walk(root, root, [(root, root_spec)] if root_spec else [], {root}, max_bytes, report)
+    for found in _walk(root, root, [(root, root_spec)] if root_spec else [], {root}, max_bytes, report):
+        if max_total_bytes is not None and report.taken_bytes + found.size > max_total_bytes:
+            report.over_cap = True
+            return
+        report.taken_bytes += found.size
+        yield found
 
 
 def _walk(root: Path, directory: Path, specs: list[tuple[Path, pathspec.PathSpec]], seen: set[Path],
           max_bytes: int, report: WalkReport) -> Iterator[RepoFile]:
-    local = _read_ignore(directory / ".gitignore")
-    if local is not None:
-        specs = [*specs, (directory, local)]
+    for name in IGNORE_FILES:
+        local = _read_ignore(directory / name)
+        if local is not None:
+            specs = [*specs, (directory, local)]
     try:
         entries = sorted(os.scandir(directory), key=lambda e: e.name)
     except OSError:
+        report.unreadable += 1
         return
     for entry in entries:
-        path = Path(entry.path)
-        is_dir = entry.is_dir(follow_symlinks=True)
-        if _ignored(path, is_dir, specs) or (is_dir and entry.name in SKIPPED_DIRS):
-            report.ignored += 1
-            continue
-        if entry.is_symlink():
-            target = path.resolve()
-            if not target.is_relative_to(root) or (is_dir and target in seen):
-                report.links += 1  # leaves the tree, or loops back into it
-                continue
-        if is_dir:
-            real = path.resolve()
-            if real in seen:
-                report.links += 1
-                continue
-            yield from _walk(root, path, specs, seen | {real}, max_bytes, report)
-        elif entry.is_file(follow_symlinks=True):
-            found = _check_file(root, path, entry, max_bytes, report)
-            if found is not None:
-                yield found
+        try:
+            yield from _visit(root, entry, specs, seen, max_bytes, report)
+        except OSError:  # gone since the folder was listed (/proc), or not ours to read
+            report.unreadable += 1
+
+
+def _visit(root: Path, entry: os.DirEntry, specs: list[tuple[Path, pathspec.PathSpec]], seen: set[Path],
+           max_bytes: int, report: WalkReport) -> Iterator[RepoFile]:
+    path = Path(entry.path)
+    is_dir = entry.is_dir(follow_symlinks=True)
+    if _ignored(path, is_dir, specs) or (is_dir and entry.name in SKIPPED_DIRS):
+        report.ignored += 1
+        return
+    if entry.is_symlink():
+        target = path.resolve()
+        if not target.is_relative_to(root) or (is_dir and target in seen):
+            report.links += 1  # leaves the tree, or loops back into it
+            return
+    if is_dir:
+        real = path.resolve()
+        if real in seen:
+            report.links += 1
+            return
+        yield from _walk(root, path, specs, seen | {real}, max_bytes, report)
+    elif entry.is_file(follow_symlinks=True):
+        found = _check_file(root, path, entry, max_bytes, report)
+        if found is not None:
+            yield found
 
 
 def _check_file(root: Path, path: Path, entry: os.DirEntry, max_bytes: int, report: WalkReport) -> RepoFile | None:
@@ -106,6 +136,7 @@ def _check_file(root: Path, path: Path, entry: os.DirEntry, max_bytes: int, repo
         with open(path, "rb") as f:
             head = f.read(_SNIFF_BYTES)
     except OSError:
+        report.unreadable += 1
         return None
     if b"\0" in head:
         report.binary += 1

@@ -94,7 +94,8 @@ def load_backend(settings: Settings) -> Backend | UpstreamBackend:
         # Only now, with the engine calibrated: an index build beside the timed passes held
         # one of the cores and made them ~2x slower (session 38: they ran 50% of their time).
         def rebuild() -> Any:
-            return build_static_index(root, loaded.tokenizer, settings.cache_dir)[1]
+            return build_static_index(root, loaded.tokenizer, settings.cache_dir,
+                                      max_total_bytes=settings.index_max_mb << 20)[1]
 
         out = default_index_path(settings.cache_dir, root)
         print(f"codespec: indexing {root} in the background -> {out}", file=sys.stderr)

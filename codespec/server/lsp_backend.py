@@ -101,9 +101,11 @@ class InProcessBackend:
                 progress(f"{name}: {done}/{total} files", int(100 * done / max(total, 1)))
 
             report, self.index.static = await detached(build_static_index, root, self.tokenizer,
-                                                       self.settings.cache_dir, on_file=on_file)
+                                                       self.settings.cache_dir, on_file=on_file,
+                                                       max_total_bytes=self.settings.index_max_mb << 20)
             self.root = root
-            summaries.append(f"{root.name}: {report.files} files, {report.tokens} tokens")
+            capped = f" (stopped at the {self.settings.index_max_mb} MiB cap)" if report.skipped.over_cap else ""
+            summaries.append(f"{root.name}: {report.files} files, {report.tokens} tokens{capped}")
             break  # one static index: the first folder (others still get open-buffer drafts)
         return "; ".join(summaries) or "no workspace folder"
 
@@ -119,7 +121,8 @@ class InProcessBackend:
         from codespec.indexing import build_static_index
 
         def build() -> Any:
-            return build_static_index(root, self.tokenizer, self.settings.cache_dir)[1]
+            return build_static_index(root, self.tokenizer, self.settings.cache_dir,
+                                      max_total_bytes=self.settings.index_max_mb << 20)[1]
 
         try:
             self.index.rebuild_in_background(build)

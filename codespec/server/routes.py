@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -431,14 +432,17 @@ async def index_workspace(req: WorkspaceRequest, b: AnyBackend = Depends(backend
     root = Path(req.root)
     if not root.is_absolute() or not root.is_dir():
         raise RequestError(f"root {req.root!r}: give the absolute path of a local folder")
+    if not os.access(root, os.R_OK | os.X_OK):
+        raise RequestError(f"root {req.root!r}: this server may not read that folder")
 
     def build() -> Any:
         with _workspace_lock:  # the swap too: the last folder asked for is the one served
-            report, index.static = build_static_index(root, b.tokenizer, b.settings.cache_dir)
+            report, index.static = build_static_index(root, b.tokenizer, b.settings.cache_dir,
+                                                      max_total_bytes=b.settings.index_max_mb << 20)
             return report
 
     report = await run_in_threadpool(build)
-    return {"root": str(root), "files": report.files, "tokens": report.tokens}
+    return {"root": str(root), "files": report.files, "tokens": report.tokens, "capped": report.skipped.over_cap}
 
 
 @router.delete("/v1/index/documents/{key:path}")

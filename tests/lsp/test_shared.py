@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import httpx2
+import pytest
 from lsprotocol import types
 from pygls.lsp.client import LanguageClient
 
@@ -162,6 +163,13 @@ def test_the_workspace_route_is_off_unless_enabled(tmp_path):
             assert backend.index.stats()["static"]["files"] == 1
             status, answer = asyncio.run(_post(create_app(settings, backend=backend), {"root": "relative/dir"}))
             assert status == 400 and "absolute path" in answer["error"]["message"], answer
+            # what vanishes while it is walked is skipped; a folder not ours to read is a 400
+            status, answer = asyncio.run(_post(create_app(settings, backend=backend), {"root": "/proc/self"}))
+            assert status == 200, answer
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr("os.access", lambda path, mode: False)
+                status, answer = asyncio.run(_post(create_app(settings, backend=backend), {"root": str(folder)}))
+            assert status == 400 and "may not read" in answer["error"]["message"], answer
         finally:
             backend.close()
 
