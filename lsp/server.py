@@ -33,7 +33,7 @@ from typing import Any, Callable
 from urllib.parse import unquote, urlparse
 
 from lsprotocol import types
-from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
+from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams, JsonRpcInvalidRequest
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
 
@@ -78,8 +78,16 @@ class CodespecProtocol(LanguageServerProtocol):
             return _HANDLED
 
     def handle_message(self, message: Any) -> None:
-        if message is not _HANDLED:
-            super().handle_message(message)
+        if message is _HANDLED:
+            return
+        if self._shutdown and getattr(message, "method", None) not in (None, types.EXIT) \
+                and getattr(message, "id", None) is not None:
+            # LSP: a request after `shutdown` is answered InvalidRequest (pygls drops it, and
+            # the client waits for ever)
+            error = JsonRpcInvalidRequest(f"{message.method} after shutdown: the server is stopping")
+            self._send_response(message.id, error=error.to_response_error())
+            return
+        super().handle_message(message)
 
 
 _HANDLED = object()  # a frame answered (or dropped) while it was parsed

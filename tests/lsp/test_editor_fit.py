@@ -258,3 +258,19 @@ def test_the_log_reaches_the_editor_at_its_level(tmp_path):
         raise AssertionError(ed.client.logs)
 
     run(case, tmp_path)
+
+
+def test_a_request_after_shutdown_is_answered_invalid_request(tmp_path):
+    """LSP: once `shutdown` is answered, any other request gets InvalidRequest (pygls
+    dropped them unanswered, and an editor waits for each)."""
+    from pygls.exceptions import JsonRpcException
+
+    async def case(ed: Editor) -> None:
+        text = f"def f(a):\n    {script('    return a')}\n    "
+        uri = ed.open("late.py", text)
+        await ed.client.shutdown_async(None)
+        with pytest.raises(JsonRpcException) as refused:
+            await ed.ask(uri, text, len(text))
+        assert refused.value.code == -32600 and "after shutdown" in str(refused.value), refused.value
+
+    run(case, tmp_path)
