@@ -137,6 +137,8 @@ class Settings(BaseSettings):
                                   "bytes; more gets HTTP 431.")
     header_timeout_s: float = Field(10.0, gt=0, description="Seconds a connection has to send a request's "
                                     "headers (from connect, or from the last response); then HTTP 408 and close.")
+    log_file: str = Field("", description="`codespec serve` logs to this file (rotated at 4 MiB, two old ones "
+                          "kept) instead of stderr; per-request lines come only with --log-level debug.")
     body_timeout_s: float = Field(20.0, gt=0, description="Seconds a request's body has to arrive after its "
                                   "headers; then HTTP 408 and close.")
     idle_timeout_s: float = Field(5.0, gt=0, description="Seconds an idle kept-alive connection stays open.")

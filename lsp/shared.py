@@ -15,7 +15,10 @@ Under `<cache_dir>/shared/`, for each model-settings key:
   folder (`codespec serve --exit-when-unused DIR`) and exits once no listed process
   has been alive for `CODESPEC_SHARED_GRACE_S` (60 s): a window reload in between
   keeps the model;
-- `KEY.log`: the server's log.
+- `KEY.log`: the server's log, rotated at 4 MiB (per-request lines only at debug).
+
+The folder is this user's alone (0700, tightened if it was not; a symlink or another
+user's folder is refused), and its files are opened without following symlinks.
 
 The server binds 127.0.0.1 with a random API key that only this user can read, so no
 other local user can drive it.
@@ -32,6 +35,7 @@ import os
 import secrets
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -41,6 +45,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from codespec.errors import CodespecError
+from codespec.server.logs import open_no_follow
 from codespec.tempfiles import alive, temp_beside
 
 log = logging.getLogger("codespec.lsp")
@@ -87,13 +92,12 @@ def attach(settings: Any, on_wait: Callable[[str], None] = lambda message: None)
     """The running shared server for `settings`, started if there is none; registers this
     process as one of its clients. Returns once it answers (a new one loads its model
     first). Raises CodespecError, one line, when it cannot start."""
-    root = Path(settings.cache_dir) / "shared"
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    root = private_folder(Path(settings.cache_dir) / "shared")
     key = server_key(settings)
-    clients = root / f"{key}.clients"
-    clients.mkdir(exist_ok=True)
-    (clients / str(os.getpid())).touch()  # before the server can look: it must not see none
-    with open(root / f"{key}.lock", "w") as lock:
+    clients = private_folder(root / f"{key}.clients")
+    os.close(os.open(clients / str(os.getpid()), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))  # before the
+    # server can look: it must not see none
+    with os.fdopen(os.open(root / f"{key}.lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         server = read_state(root / f"{key}.json")
         if server is None or not alive(server.pid):
@@ -103,6 +107,22 @@ def attach(settings: Any, on_wait: Callable[[str], None] = lambda message: None)
             on_wait(f"using the shared server at {server.url} (pid {server.pid})")
     wait_ready(server)
     return server
+
+
+def private_folder(path: Path) -> Path:
+    """`path` as a folder only this user can enter, made so if needed: an existing one
+    that others may write is tightened to 0700; a symlink, or a folder of another user,
+    is refused (the API key and the server's log live here)."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise CodespecError(f"{path} is a symlink or not a folder: remove it, and codespec makes its own")
+    if info.st_uid != os.getuid():
+        raise CodespecError(f"{path} belongs to another user (uid {info.st_uid}): remove it, or set "
+                            "CODESPEC_CACHE_DIR to a folder of yours")
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        os.chmod(path, 0o700)  # others could read the API key or plant files: no longer
+    return path
 
 
 def read_state(path: Path) -> SharedServer | None:
@@ -122,7 +142,13 @@ def start(settings: Any, root: Path, key: str, clients: Path) -> SharedServer:
     # server sends its workspace (POST /v1/index/workspace)
     env.update(CODESPEC_REPO="", CODESPEC_INDEX="", CODESPEC_INDEX_WORKSPACES="true")
     log_path = root / f"{key}.log"
-    with open(log_path, "ab") as out:
+    env["CODESPEC_LOG_FILE"] = str(log_path)  # the server logs there, rotating it (server/logs.py)
+    try:  # what the server prints before its logging starts (a crash at import) goes there too
+        out = open_no_follow(str(log_path))
+    except OSError as exc:
+        raise CodespecError(f"{log_path}: cannot open the shared server's log ({exc.strerror}); a symlink there "
+                            "is refused: remove it") from None
+    with out:
         process = subprocess.Popen(
             [sys.executable, "-m", "codespec", "serve", "--host", "127.0.0.1", "--port", str(port),
              "--exit-when-unused", str(clients)],

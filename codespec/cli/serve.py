@@ -24,7 +24,8 @@ from codespec.errors import CodespecError
 
 SERVE_FIELDS = ("host", "port", "api_key", "index", "repo", "index_max_mb", "upstream", "upstream_api_key",
                 "max_tokens_limit", "infill_layout", "infill_max_tokens", "max_request_bytes", "max_header_bytes",
-                "header_timeout_s", "body_timeout_s", "idle_timeout_s", "max_active_requests", "max_waiting_requests")
+                "header_timeout_s", "body_timeout_s", "idle_timeout_s", "max_active_requests", "max_waiting_requests",
+                "log_file")
 
 
 def register(commands: Any) -> None:
@@ -32,6 +33,8 @@ def register(commands: Any) -> None:
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", metavar="FILE", help="a TOML file of settings (flags and env override it)")
     add_settings_arguments(p, SERVE_FIELDS + MODEL_FIELDS + SPECULATION_FIELDS + CACHE_FIELDS)
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="what the log keeps; per-request lines only at debug")
     p.add_argument("--exit-when-unused", metavar="DIR",
                    help="exit once no process named in DIR (a file per pid) has been alive for "
                         "CODESPEC_SHARED_GRACE_S (60 s); `codespec lsp --shared` starts its shared server so")
@@ -50,12 +53,14 @@ def is_loopback(host: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     from codespec.server.app import create_app, load_backend
     from codespec.server.http import serve
+    from codespec.server.logs import configure_server_logging
 
     if args.config:
         if not os.path.isfile(args.config):
             raise CodespecError(f"--config {args.config}: no such file")
         os.environ["CODESPEC_CONFIG"] = args.config
     settings = settings_from_args(args)
+    configure_server_logging(args.log_level, settings.log_file)
     if not is_loopback(settings.host) and not settings.api_key:
         raise CodespecError(f"--host {settings.host} is reachable from other machines: set an API key "
                             "(CODESPEC_API_KEY or --api-key) or bind to 127.0.0.1")
@@ -67,7 +72,9 @@ def run(args: argparse.Namespace) -> int:
         exit_when_unused(Path(args.exit_when_unused))  # watching from the start: editors gone mid-load too
     backend = load_backend(settings)  # before binding: a bad model or index fails here, in one line
     try:
-        serve(create_app(settings, backend=backend), settings, on_shutdown=backend.drain, log_level="info")
+        # log_config None: uvicorn's loggers go through the handler configured above
+        serve(create_app(settings, backend=backend), settings, on_shutdown=backend.drain, log_level=args.log_level,
+              log_config=None, access_log=args.log_level == "debug")
     finally:
         backend.close()
     return 0

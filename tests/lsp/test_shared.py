@@ -98,6 +98,9 @@ async def _two_windows(tmp_path: Path) -> None:
             assert (await http.get("/v1/models")).status_code == 401
             assert (await http.post("/v1/index/workspace", json={"root": "/etc"})).status_code == 401
             assert (await http.get("/v1/models", headers={"Authorization": f"Bearer {server['api_key']}"})).is_success
+        # its log keeps no line per request (those come at debug only)
+        log_text = Path(server["log"]).read_text(errors="replace")
+        assert "POST /infill" not in log_text and "GET /v1/models" not in log_text, log_text[-1500:]
         # killed: the next request starts another and is answered
         os.kill(server["pid"], signal.SIGKILL)
         while alive(server["pid"]):
@@ -193,7 +196,7 @@ def test_the_shared_server_gets_every_model_setting_the_language_server_takes():
     from codespec.lsp.shared import PASSED_FIELDS
 
     # spelled out in lsp/shared.py (lsp cannot import cli): a field added to a group must reach it
-    assert PASSED_FIELDS == MODEL_FIELDS + SPECULATION_FIELDS + CACHE_FIELDS + ("max_active_requests",)
+    assert PASSED_FIELDS == MODEL_FIELDS + SPECULATION_FIELDS + CACHE_FIELDS + ("max_active_requests", "index_max_mb")
 
 
 def test_a_gone_server_is_replaced_whatever_the_transport_said(tmp_path):
@@ -241,3 +244,49 @@ def test_a_gone_server_is_replaced_whatever_the_transport_said(tmp_path):
     except ConnectionResetError:
         pass
     assert started == [True]
+
+
+def test_the_state_folder_is_this_users_alone(tmp_path):
+    from codespec.errors import CodespecError
+    from codespec.lsp.shared import private_folder, start
+
+    loose = tmp_path / "shared"
+    loose.mkdir(mode=0o777)
+    loose.chmod(0o777)
+    assert private_folder(loose) == loose and oct(loose.stat().st_mode & 0o777) == "0o700"  # tightened
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", tmp_path / "linked")
+    with pytest.raises(CodespecError, match="symlink"):
+        private_folder(tmp_path / "linked")
+    # a symlink planted where the server's log goes is refused, its target untouched
+    target = tmp_path / "victim.txt"
+    target.write_text("mine\n")
+    os.symlink(target, loose / "k.log")
+    with pytest.raises(CodespecError, match="symlink there is refused"):
+        start(Settings(cache_dir=tmp_path), loose, "k", private_folder(loose / "k.clients"))
+    assert target.read_text() == "mine\n"
+
+
+def test_the_server_log_rotates_and_refuses_a_symlink(tmp_path):
+    import logging
+
+    from codespec.server.logs import LOG_FILE_BACKUPS, LOG_FILE_BYTES, NoFollowRotatingFile
+
+    path = tmp_path / "serve.log"
+    handler = NoFollowRotatingFile(str(path), maxBytes=LOG_FILE_BYTES, backupCount=LOG_FILE_BACKUPS)
+    logger = logging.getLogger("codespec.test-rotation")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        line = "x" * 1000
+        for _ in range(LOG_FILE_BYTES * (LOG_FILE_BACKUPS + 2) // 1000):
+            logger.warning(line)
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    logs = sorted(tmp_path.glob("serve.log*"))
+    assert len(logs) == LOG_FILE_BACKUPS + 1 and all(p.stat().st_size <= LOG_FILE_BYTES for p in logs), logs
+    os.symlink(tmp_path / "victim", tmp_path / "linked.log")
+    with pytest.raises(OSError):
+        NoFollowRotatingFile(str(tmp_path / "linked.log"), maxBytes=LOG_FILE_BYTES)
+    assert not (tmp_path / "victim").exists()
