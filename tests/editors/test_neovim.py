@@ -120,3 +120,42 @@ def test_tab_without_a_suggestion_is_a_tab(nvim):
     nvim.input("Go<Tab>y")
     wait_for(lambda: len(lines(nvim)) > 1 and lines(nvim)[1].endswith("y"), "the typed line")
     assert lines(nvim)[1] == "    y"
+
+
+def test_one_server_per_root_and_none_for_a_buffer_without_a_file(nvim):
+    """`setup()` ran after start-up (as a lazy-loading plugin manager runs it): the empty
+    [No Name] buffer gets no server of its own (it would root one at the current folder
+    and index it); two files under one root share one server."""
+    edit(nvim, "a.py", "x = 1\n")
+    wait_for(lambda: nvim.exec_lua("return #vim.lsp.get_clients({ name = 'codespec' })") == 1, "a.py's server")
+    nvim.command("enew")  # a buffer with no file
+    nvim.command("setfiletype python")
+    (nvim.tmp / "pkg").mkdir()
+    edit(nvim, "pkg/b.py", "y = 2\n")
+    time.sleep(1)  # a second server would have started by now
+    clients = nvim.exec_lua("""
+        local out = {}
+        for _, c in ipairs(vim.lsp.get_clients({ name = 'codespec' })) do table.insert(out, c.root_dir) end
+        return out""")
+    assert clients == [str(nvim.tmp)], clients
+    unnamed = nvim.exec_lua("""
+        for _, b in ipairs(vim.api.nvim_list_bufs()) do
+          if vim.api.nvim_buf_get_name(b) == '' and #vim.lsp.get_clients({ bufnr = b, name = 'codespec' }) > 0 then
+            return true
+          end
+        end
+        return false""")
+    assert unnamed is False
+
+
+def test_start_up_is_reported_in_the_status_and_in_notifications(nvim):
+    nvim.exec_lua("""
+        _G.notes = {}
+        vim.notify = function(message, level) table.insert(_G.notes, message) end""")
+    edit(nvim, "c.py", "z = 3\n")
+    seen = set()
+    wait_for(lambda: seen.add(status(nvim)) or status(nvim) == "codespec:ready", "the model load")
+    assert "codespec:loading" in seen, seen  # the load is shown while it lasts
+    notes = wait_for(lambda: [n for n in nvim.exec_lua("return _G.notes") if "ready" in n] and
+                     nvim.exec_lua("return _G.notes"), "the ready notification")
+    assert any("loading the model" in n for n in notes) and any(n.startswith("codespec: ready") for n in notes), notes

@@ -328,3 +328,51 @@ def test_the_real_server_completes_in_vscode(vscode):
     # the ghost text is the item's first line (later lines show below it): it lands after
     # the indentation VS Code put on the new line
     vscode.save(path, lambda saved: saved.startswith(f"{before}\n    {ghost.splitlines()[0].strip()}"))
+
+
+MEASURE = '''def measure_table(rows):
+    widths = {}
+
+    return tuple(y for x, y in sorted(widths.items()))
+
+
+def iter_rows(rows, col_count):
+    for row in rows:
+        yield row + ("",) * (col_count - len(row))
+'''
+
+
+@pytest.mark.model
+def test_tab_undo_and_ask_again_never_serves_past_the_function(vscode):
+    """A suggestion inside a function whose loop was deleted; Tab; undo; Enter again at
+    the same place: the second suggestion (served from the language server's caches)
+    stays inside the function too, and the file saved with each parses. Runs after
+    `test_the_real_server_completes_in_vscode`, which set the real server up."""
+    import ast
+
+    vscode.wait(lambda: "ready" in vscode.status(), "the default model loaded", 180)
+    path = vscode.open("measure.py", MEASURE)
+    original_functions = {"measure_table", "iter_rows"}
+
+    def at_line_two_end() -> None:
+        vscode.chord(Keys.HOME)
+        vscode.keys(Keys.DOWN, Keys.END)
+
+    def suggest_and_accept(what: str) -> str:
+        at_line_two_end()
+        vscode.keys(Keys.ENTER)
+        vscode.wait(lambda: vscode.ghost().strip(), f"the {what} ghost text", 120)
+        vscode.keys(Keys.TAB)
+        saved = vscode.save(path, lambda text: text != MEASURE)
+        tree = ast.parse(saved)  # accepted, the file parses
+        functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+        assert functions == original_functions, (what, saved)  # nothing past the function
+        return saved
+
+    suggest_and_accept("first")
+    for _ in range(6):  # undo the accept and the Enter
+        vscode.chord("z")
+        if vscode.poll(lambda: vscode.save(path, lambda text: True) == MEASURE, 2):
+            break
+    assert path.read_text() == MEASURE
+    suggest_and_accept("second")

@@ -47,6 +47,20 @@ function initializationOptions(config: vscode.WorkspaceConfiguration): Record<st
   };
 }
 
+// The state in words, for the status bar's text: loading, indexing 40%, ready, error
+// (a completion being computed shows the spinner beside "working").
+export function statusLabel(status: Status): string {
+  const message = status.message ?? "";
+  if (status.state === "busy") {
+    return message === "starting" ? "starting" : message.startsWith("loading") ? "loading" : "working";
+  }
+  if (status.state === "indexing") {
+    const percent = /^(\d+)%/.exec(message);
+    return percent ? `indexing ${percent[1]}%` : "indexing";
+  }
+  return status.state;
+}
+
 function showStatus(status: Status): void {
   const icons: Record<Status["state"], string> = {
     busy: "$(loading~spin)",
@@ -55,7 +69,7 @@ function showStatus(status: Status): void {
     error: "$(error)",
   };
   const nothing = status.state === "ready" && status.message?.startsWith(NOTHING_HERE);
-  statusItem.text = `${nothing ? "$(circle-slash)" : icons[status.state] ?? ""} codespec`;
+  statusItem.text = `${nothing ? "$(circle-slash)" : icons[status.state] ?? ""} codespec: ${statusLabel(status)}`;
   statusItem.tooltip = status.message ? `codespec: ${status.state}: ${status.message}` : `codespec: ${status.state}`;
   statusItem.show();
   // The model finished loading: ask again where the cursor is, since a request VS Code

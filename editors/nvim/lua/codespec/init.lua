@@ -36,20 +36,68 @@ local function command(config)
   return cmd
 end
 
-local function on_status(_, result)
+--- The server's `codespec/status` in words: loading, indexing 40%, ready, error, or
+--- busy while a completion is computed.
+local function status_label(result)
   local value = result and result.state or "unknown"
-  if result and result.message and result.message:find("^loading") then
-    value = "loading" -- the model loads: not off, not broken
+  local message = result and result.message or ""
+  if value == "busy" and (message:find("^loading") or message == "starting") then
+    return "loading" -- the model loads (the first start prepares it: a minute or more)
   end
-  state.status = value
-  vim.g.codespec_status = value
+  if value == "indexing" then
+    local percent = message:match("^(%d+)%%")
+    return percent and ("indexing " .. percent .. "%") or "indexing"
+  end
+  return value
+end
+
+-- Said once per change of phase (not for each completion's busy and ready): the start
+-- takes a while the first time, and the person should know why nothing shows yet.
+local function announce(label, message)
+  local phase = label:match("^%a+")
+  if phase == state.phase or phase == "busy" or (phase == "ready" and state.phase == nil) then
+    state.phase = phase ~= "busy" and phase or state.phase
+    return
+  end
+  state.phase = phase
+  if phase == "loading" then
+    vim.notify("codespec: loading the model (the first start prepares it, a minute or more)", vim.log.levels.INFO)
+  elseif phase == "indexing" then
+    vim.notify("codespec: indexing the workspace", vim.log.levels.INFO)
+  elseif phase == "ready" then
+    vim.notify("codespec: ready" .. (message ~= "" and (" (" .. message .. ")") or ""), vim.log.levels.INFO)
+  elseif phase == "error" then
+    vim.notify("codespec: " .. (message ~= "" and message or "error"), vim.log.levels.ERROR)
+  end
+end
+
+local function on_status(_, result)
+  local label = status_label(result)
+  announce(label, result and result.message or "")
+  state.status = label
+  vim.g.codespec_status = label
   vim.cmd("redrawstatus")
 end
 
---- The client's status for a statusline: `%{v:lua.require'codespec'.status()}`.
+--- The client's status for a statusline: `%{v:lua.require'codespec'.status()}`, e.g.
+--- "codespec:loading", "codespec:indexing 40%", "codespec:ready", "codespec:error".
 function M.status()
   return "codespec:" .. (state.status or "off")
 end
+
+--- The folder a buffer's server is rooted at: the nearest folder above its file with a
+--- root marker, else the file's own folder; nil for a buffer with no file (the empty
+--- [No Name] buffer, a scratch buffer), which gets no server: one server per root, and
+--- none indexing whatever folder Neovim was started in.
+local function root_of(bufnr, markers)
+  local name = vim.api.nvim_buf_get_name(bufnr)
+  if name == "" or vim.bo[bufnr].buftype ~= "" then
+    return nil
+  end
+  local marker = vim.fs.find(markers, { upward = true, path = vim.fs.dirname(name) })[1]
+  return marker and vim.fs.dirname(marker) or vim.fs.dirname(name)
+end
+M.root_of = root_of
 
 -- -- fallback ghost text (before Neovim 0.12) ---------------------------------------
 local function clear()
@@ -188,31 +236,42 @@ function M.setup(opts)
     vim.lsp.config("codespec", {
       cmd = command(config),
       filetypes = config.filetypes,
-      root_markers = config.root_markers,
+      -- a function: a buffer whose root is nil (no file) is not attached at all
+      root_dir = function(bufnr, on_dir)
+        local root = root_of(bufnr, config.root_markers)
+        if root then
+          on_dir(root)
+        end
+      end,
       init_options = config.init_options,
       handlers = handlers,
     })
     vim.lsp.enable("codespec")
   else -- Neovim 0.9/0.10
+    local function start(bufnr)
+      local root = root_of(bufnr, config.root_markers)
+      if not root or (config.filetypes and not vim.tbl_contains(config.filetypes, vim.bo[bufnr].filetype)) then
+        return
+      end
+      vim.lsp.start({
+        name = "codespec",
+        cmd = command(config),
+        root_dir = root,
+        init_options = config.init_options,
+        handlers = handlers,
+      }, { bufnr = bufnr })
+    end
     vim.api.nvim_create_autocmd("FileType", {
       group = vim.api.nvim_create_augroup("codespec_start", { clear = true }),
       callback = function(args)
-        if vim.bo[args.buf].buftype ~= "" then
-          return
-        end
-        if config.filetypes and not vim.tbl_contains(config.filetypes, vim.bo[args.buf].filetype) then
-          return
-        end
-        local root = vim.fs.dirname(vim.fs.find(config.root_markers, { upward = true, path = vim.api.nvim_buf_get_name(args.buf) })[1] or "")
-        vim.lsp.start({
-          name = "codespec",
-          cmd = command(config),
-          root_dir = root ~= "" and root or vim.fn.getcwd(),
-          init_options = config.init_options,
-          handlers = handlers,
-        }, { bufnr = args.buf })
+        start(args.buf)
       end,
     })
+    for _, bufnr in ipairs(vim.api.nvim_list_bufs()) do -- set up after start-up: the buffers already open
+      if vim.api.nvim_buf_is_loaded(bufnr) then
+        start(bufnr)
+      end
+    end
   end
   vim.api.nvim_create_autocmd("LspAttach", {
     group = vim.api.nvim_create_augroup("codespec_attach", { clear = true }),
