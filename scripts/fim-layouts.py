@@ -20,9 +20,9 @@ import time
 from codespec import forward
 from codespec.bench.typing import score, typing_replay
 from codespec.engine import Engine, GenerationConfig
-from codespec.lsp.fit import closed, fit_indent
+from codespec.lsp.cut import Landing
 from codespec.lsp.options import LspOptions
-from codespec.lsp.syntax import BlockEnd, Mode, block_indent, classify
+from codespec.lsp.syntax import Mode, classify
 from codespec.lsp.window import fim_request
 from codespec.prompts import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, encode, fim_ids, grid_start, special_id
 from codespec.settings import Settings
@@ -61,8 +61,8 @@ def main() -> None:
             began = time.perf_counter()
             out = engine.generate(ids, GenerationConfig(max_new_tokens=48))
             healed = held.heal(out.text)
-            block = BlockEnd(mode, block_indent(ask.text, ask.offset), "python")
-            shown = "" if healed is None else fit_indent(closed(block.finish(healed)), ask.text, ask.offset, "python")
+            landing = Landing.at(ask.text, ask.offset, "python", mode)
+            shown = "" if healed is None else landing.fit(healed)
             s = score(ask, shown)
             lines, chars = lines + s.first_line_exact, chars + s.chars_accepted
             cached, prompt_tokens = cached + out.stats.cached_prompt_tokens, prompt_tokens + len(ids)
