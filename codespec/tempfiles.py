@@ -15,6 +15,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
+from typing import IO
 
 
 
@@ -58,3 +59,10 @@ def alive(pid: int) -> bool:
     with contextlib.suppress(OSError, IndexError):  # no /proc (macOS): signal 0 is the answer
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     return True
+
+
+def open_no_follow(path: str, encoding: str | None = "utf-8") -> IO[str]:
+    """`path` opened to append (created 0600), refusing a symlink in its place (OSError)
+    rather than writing wherever it points."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    return os.fdopen(fd, "a", encoding=encoding)

@@ -45,8 +45,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from codespec.errors import CodespecError
-from codespec.server.logs import open_no_follow
-from codespec.tempfiles import alive, temp_beside
+from codespec.tempfiles import alive, open_no_follow, temp_beside
 
 log = logging.getLogger("codespec.lsp")
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import logging
 import logging.handlers
-import os
 import sys
 from typing import IO
+
+from codespec.tempfiles import open_no_follow
 
 LOG_FILE_BYTES = 4 << 20
 LOG_FILE_BACKUPS = 2
@@ -28,11 +29,6 @@ class NoFollowRotatingFile(logging.handlers.RotatingFileHandler):
 
     def _open(self) -> IO[str]:
         return open_no_follow(self.baseFilename, self.encoding)
-
-
-def open_no_follow(path: str, encoding: str | None = "utf-8") -> IO[str]:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    return os.fdopen(fd, "a", encoding=encoding)
 
 
 def configure_server_logging(level_name: str, log_file: str = "") -> None:
