@@ -34,7 +34,7 @@ class ExtraFile:
 # shared flag for splitting special tokens and sets it on each call (a mutable borrow of
 # the Rust object), so two threads at once (a request's prompt, an open buffer for the
 # index, the scheduler decoding) either raise "Already borrowed" or tokenize a FIM prompt
-# with its markers split (issues 29, 32). Calls are short; a 5 MB file takes ~1 s.
+# with its markers split. Calls are short; a 5 MB file takes ~1 s.
 TOKENIZER_LOCK = threading.RLock()
 
 

@@ -1,5 +1,5 @@
 """Temporary files for write-then-rename, named so a later run can clean up after a
-killed one (issue 32: each killed index build left a `.tmp` of up to 14 MB for ever).
+killed one (each killed index build left a `.tmp` of up to 14 MB for ever).
 
     fd, tmp = temp_beside(path)      # `.<name>.<pid>.<random>.tmp` in path's folder
     ...write, fsync...

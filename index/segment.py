@@ -99,7 +99,7 @@ class Segment:
             if ends.shape[0] > MAX_OCCURRENCES:
                 step = -(-ends.shape[0] // MAX_OCCURRENCES)
                 # a copy, not a strided view: numba types a non-contiguous array apart, and
-                # build_draft compiled inside a request for it (3.5 s, session 24's replay)
+                # build_draft compiled inside a request for it (3.5 s in a typing replay)
                 ends = np.ascontiguousarray(ends[::step])
             return length, ends
         any_dead = self.any_dead

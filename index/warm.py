@@ -2,7 +2,7 @@
 
 The search kernels are compiled once per machine into numba's on-disk cache, but each
 process still loads and types them on first use: 0.3 s on the 2-core VM, paid by the
-first speculative request (the H100 run of session 20 saw the first edit request take
+first speculative request (an H100 run saw the first edit request take
 0.54 s against a median of 0.15). Long-lived processes call `warm_up()` at start-up.
 
 >>> warm_up() >= 0.0
@@ -30,14 +30,14 @@ def warm_up() -> float:
     index.add_document("past", _TOKENS + [9, 9, 8])
     # Contexts as lists (front ends) and as the matcher's read-only view of its tokens
     # (the proposers): numba compiles a kernel once per argument type, and a read-only
-    # array is a type of its own. Missing it, the H100 run of session 23 compiled
+    # array is a type of its own. Missing it, an H100 run compiled
     # scan_longest_match inside a timed request (0.6 s) on a machine with a cold cache.
     viewed = ContextMatcher(_TOKENS + [9, 9]).tokens
     assert not viewed.flags.writeable, "the proposers' contexts are read-only views"
     # A static index loaded from its file (what serve and lsp query) holds read-only
     # memory-mapped arrays, another type again: missing them, the first requests after a
     # language server loaded its workspace index compiled build_draft (twice ~3.5 s on
-    # the Zen 5 VM's typing replay with a cold cache, session 24).
+    # the Zen 5 VM's typing replay with a cold cache).
     with tempfile.TemporaryDirectory(prefix="codespec-warm-") as folder:
         path = Path(folder) / "warm.csidx"
         index.save(path)

@@ -1,4 +1,4 @@
-"""Work before the person asks (issue 29): the prompt of the next likely request, handed
+"""Work before the person asks: the prompt of the next likely request, handed
 to the backend to prefill in idle time.
 
 Once a document is opened or edited and then left alone for `IDLE_S`, the next request

@@ -72,7 +72,7 @@ async def detached(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """`fn(*args, **kwargs)` on a daemon thread of its own. Not `asyncio.to_thread`: the
     event loop's executor threads are joined when the loop ends, so a model load or an
     index build in one kept the language server alive for minutes after the editor closed
-    its pipe (issue 31)."""
+    its pipe."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
 

@@ -1,4 +1,4 @@
-"""Cross-file context (issue 29): the code the person worked on lately in other files,
+"""Cross-file context: the code the person worked on lately in other files,
 before the file's own window, in the model's repository layout (<|repo_name|>, then
 <|file_sep|>path + text per file, prompts.fim_ids), as llama.vim's ring of chunks does.
 

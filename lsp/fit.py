@@ -1,4 +1,4 @@
-"""Fitting a finished completion to the line the editor holds (issue 31).
+"""Fitting a finished completion to the line the editor holds.
 
 Three things editors do around the cursor that a completion must respect:
 

@@ -1,4 +1,4 @@
-"""The server's life: it ends with the editor that started it (issue 31)."""
+"""The server's life: it ends with the editor that started it."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ log = logging.getLogger("codespec.lsp")
 def watch_parent(pid: int, every_s: float = 2.0) -> None:
     """End this process when the editor that started it (`processId`) is gone, as the LSP
     spec asks: an editor killed without `shutdown` (a closed browser tab of code-server)
-    left a 2.5 GB server running for minutes (issue 31)."""
+    left a 2.5 GB server running for minutes."""
     def watch() -> None:
         while True:
             time.sleep(every_s)

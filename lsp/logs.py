@@ -1,4 +1,4 @@
-"""The language server's log, sent to the editor as `window/logMessage` (issue 31).
+"""The language server's log, sent to the editor as `window/logMessage`.
 
 VS Code's language client writes everything a server prints on stderr into its output
 channel marked `[error]`, start-up notes included. A message sent as `window/logMessage`

@@ -21,7 +21,7 @@ class LspOptions(BaseModel):
 
     enable: bool = Field(True, description="Offer inline completions.")
     max_tokens: int = Field(128, ge=1, le=1024, description="Most tokens one completion may generate.")
-    # 768, not 1024 (session 23, the typing replay on a 2-core CPU): the first request in a
+    # 768, not 1024 (the typing replay on a 2-core CPU): the first request in a
     # file 1.2 s instead of 1.5, and no first line lost (57% exact against 52%)
     prefix_tokens: int = Field(768, ge=16, le=16384, description="Tokens of the file before the cursor.")
     suffix_tokens: int = Field(256, ge=0, le=8192, description="Tokens of the file after the cursor.")

@@ -100,7 +100,7 @@ class CodespecServer(LanguageServer):
         self.editor_log: Any = None  # lsp.logs.EditorLog, set by the CLI over stdio (only)
         self.backend: CompletionBackend | None = None
         # the model loading (set on `initialized`): a request that comes meanwhile waits for it
-        # rather than being answered null, which no editor asks again (issue 31)
+        # rather than being answered null, which no editor asks again
         self.loading: asyncio.Future[CompletionBackend | None] | None = None
         self.options = LspOptions()
         # uri -> (the generation running for it, the text before its cursor)

@@ -1,4 +1,4 @@
-"""One `codespec serve` per user and model, shared by every editor window (issue 31).
+"""One `codespec serve` per user and model, shared by every editor window.
 
 Each `codespec lsp` loading its own model costs every window ~2.5 GB and a model load.
 `codespec lsp --shared` instead finds the local server that serves its model settings,

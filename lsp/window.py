@@ -1,5 +1,5 @@
 """The prompt's window around the cursor, laid out so that typing invalidates as little
-of the server's cached KV as possible (issue 29).
+of the server's cached KV as possible.
 
 The KV prefix cache reuses a prompt's leading tokens only while they stay the same. A
 window that keeps "the last N characters before the cursor" starts one character later
@@ -103,7 +103,7 @@ class HeldSpace:
 def whole_lines(text: str) -> str:
     """The longest run of complete lines of `text` that closes every bracket it opens and
     does not end on a block's header: what a completion answered before its generation
-    ends may show (issue 31: never a suggestion cut inside an unclosed `return (`, nor
+    ends may show (never a suggestion cut inside an unclosed `return (`, nor
     one that ends on an `if s:` whose body is still to come).
 
     >>> whole_lines("x = f(1,\\n      2)\\ny = [\\n")

@@ -208,7 +208,7 @@ def test_a_benchs_json_names_the_backend_and_its_kernel_layout(monkeypatch):
 def test_timings_taken_while_the_machine_was_busy_steer_this_engine_and_are_not_stored(monkeypatch, tmp_path,
                                                                                         caplog):
     """A profile timed while other processes held the cores priced every later process's
-    passes 3x too high (session 37: 158.7 ms a pass where 43 was right). Such timings
+    passes 3x too high (158.7 ms a pass where 43 was right). Such timings
     calibrate this engine alone; the profile keeps its probes, and the next start times
     the passes again."""
     monkeypatch.setattr(engine_module, "QUIET_SHARE", 0.8)

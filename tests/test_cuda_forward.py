@@ -216,18 +216,18 @@ def test_the_backends_settings_are_checked_at_start_up(monkeypatch):
     monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "fold")  # its counts, one per (row, KV head)
     backend = CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))
     assert backend.attention == "fold" and backend._attention_counts.shape == (32 * backend.kv_heads,)
-    monkeypatch.setenv("CODESPEC_CUDA_KEY_BLOCK", "64")  # session 40: attention's blocks, in the profile's key
+    monkeypatch.setenv("CODESPEC_CUDA_KEY_BLOCK", "64")  # attention's blocks, in the profile's key
     backend = CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))
     assert backend.key_block == 64 and backend._kernels["key_block"] == 64
     monkeypatch.setenv("CODESPEC_CUDA_KEY_BLOCK", "96")
     with pytest.raises(SettingError, match="^CODESPEC_CUDA_KEY_BLOCK='96': input should be 64 or 128$"):
         CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))
     monkeypatch.delenv("CODESPEC_CUDA_KEY_BLOCK")
-    monkeypatch.setenv("CODESPEC_CUDA_EARLY", "1")  # removed in session 40: named, not ignored
-    with pytest.raises(SettingError, match="^CODESPEC_CUDA_EARLY is gone \\(session 40: .*\\); unset it$"):
+    monkeypatch.setenv("CODESPEC_CUDA_EARLY", "1")  # removed: named, not ignored
+    with pytest.raises(SettingError, match="^CODESPEC_CUDA_EARLY is gone \\(.*\\); unset it$"):
         CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))
     monkeypatch.delenv("CODESPEC_CUDA_EARLY")
-    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "walk")  # session 40 removed it: one clear line
+    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "walk")  # removed: one clear line
     with pytest.raises(SettingError,
                        match="^CODESPEC_CUDA_ATTENTION='walk': input should be 'worklist', 'grid' or 'fold'$"):
         CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))

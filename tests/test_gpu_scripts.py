@@ -125,7 +125,7 @@ def test_the_exactness_stages_run_the_step_winner_first_with_prompt_lookup_besid
     assert "--systems hf_prompt_lookup,codespec" in results["edit_step"]["command"]
     assert "--systems hf_prompt_lookup,codespec" in results["edit"]["command"]
     assert "--systems codespec " in results["edit_eager"]["command"]
-    # every other bench request (session 52): repo, agent and editor, against plain decoding
+    # every other bench request: repo, agent and editor, against plain decoding
     assert "workloads --workloads repo,agent,editor --systems codespec " in results["workloads"]["command"]
     assert results["workloads_step"]["env"]["CODESPEC_CUDA_FUSED"] == "1"
     assert results["stress_step"]["env"]["CODESPEC_CUDA_FUSED"] == "1"
@@ -349,10 +349,10 @@ def test_the_lm_screen_stage_runs_on_request_and_lands_in_the_json(monkeypatch, 
 
 def test_plain_five_times_the_five_launch_layers_and_each_candidate_where_the_pdl_stage_kept_their_bits(
         monkeypatch, tmp_path):
-    """`--stages plain_five` (session 38): the plain bar's candidates, plain decoding with
-    the five-launch layers, with attention over 64-key blocks (session 40), begun before
-    its wait, gate/up over every SM, and all three (session 41), lm_head's screen, alone and with
-    them (session 42); each new one's tree rows
+    """`--stages plain_five`: the plain bar's candidates, plain decoding with
+    the five-launch layers, with attention over 64-key blocks, begun before
+    its wait, gate/up over every SM, and all three, lm_head's screen, alone and with
+    them; each new one's tree rows
     against its decode steps first. All skipped, saying why, where the pdl stage found the
     fold changing a bit; early keys', where it found them changing one."""
     import json
@@ -490,7 +490,7 @@ def test_every_traced_variant_builds_a_traced_backend(monkeypatch):
 
 def test_each_variant_starts_from_the_runs_settings_not_the_last_variants(monkeypatch):
     """The step stage puts each variant's settings into the environment to build its
-    backend; the next variant still starts from the run's own (session 32's stage read
+    backend; the next variant still starts from the run's own (an H100 run's stage read
     them back: `default (again)` ran with the grid attention of `grid attention`)."""
     monkeypatch.delenv("CODESPEC_CUDA_ATTENTION", raising=False)
     monkeypatch.delenv("CODESPEC_CUDA_PDL", raising=False)
@@ -516,7 +516,7 @@ def test_each_variant_starts_from_the_runs_settings_not_the_last_variants(monkey
 
 @pytest.mark.parametrize("pass_row_group", ["0", "4"])
 def test_a_pass_replay_replays_its_own_pass_in_its_own_graph(monkeypatch, pass_row_group):
-    """gpu_measure.pass_replay (session 40): the step stage's `device_step_ms` replayed the
+    """gpu_measure.pass_replay: the step stage's `device_step_ms` replayed the
     graph with the metadata of the pass before it, a 32-row pass. A replay now carries its
     own pass's metadata (one live row for a step, 32 for the pass), in the graph that pass
     takes: the wide passes' where CODESPEC_CUDA_PASS_ROW_GROUP gives one."""

@@ -16,11 +16,11 @@ gpu_bits = pytest.importorskip("gpu_bits")
 
 
 def test_the_smoke_stage_turns_off_what_failed_to_run_for_the_whole_run(monkeypatch, tmp_path):
-    """`smoke` (session 39): each untried part in a fresh process; a part that fails, or
+    """`smoke`: each untried part in a fresh process; a part that fails, or
     dies without its JSON line (a device fault), is off for the rest of the run: the fused
     layers (NO_FUSED: no fused variant, no fused pdl check, and PDL still judged on the
     default layers alone; the candidates not tried), or the plain bar's candidates
-    (session 41, NO_CANDIDATES: early keys and the fused products' other tiles)."""
+    (NO_CANDIDATES: early keys and the fused products' other tiles)."""
     import os
     import subprocess
 
@@ -70,7 +70,7 @@ def test_the_smoke_stage_turns_off_what_failed_to_run_for_the_whole_run(monkeypa
     assert not gpu_step.fails_to_run(gpu_step.FIVE_LAUNCHES) and gpu_step.fails_to_run(gpu_step.EVERY_CANDIDATE)
     assert gpu_step.fails_to_run(gpu_step.FIVE_LAUNCHES, gpu_step.EVERY_TILES)  # the candidates' tile
     assert gpu_step.unchecked(gpu_step.variant_env(gpu_step.VARIANTS["early keys"]))
-    # the candidates ran, lm_head's screen after them did not (session 42): the screen
+    # the candidates ran, lm_head's screen after them did not: the screen
     # alone is off for the run
     monkeypatch.delenv(gpu_step.NO_CANDIDATES)
     answers.update(candidates=(0, '{"ok": true, "screen": {"ok": false, "error": "RuntimeError: illegal address"}, '
@@ -106,13 +106,13 @@ def test_a_smoke_part_says_its_failure_in_one_json_line(monkeypatch, capsys):
         gpu_smoke.main()
     assert exited.value.code == 1
     assert json.loads(capsys.readouterr().out) == {"ok": False, "error": "ZeroDivisionError: division by zero"}
-    monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "walk"])  # session 40 removed the walk
+    monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "walk"])  # the walk was removed
     with pytest.raises(SystemExit, match="no part 'walk'; the parts: fused, candidates"):
         gpu_smoke.main()
 
 
 def test_the_candidates_part_tries_lm_head_s_screen_last_and_apart(monkeypatch, capsys):
-    """scripts/gpu_smoke.py's `candidates` (session 42): the candidates without the screen,
+    """scripts/gpu_smoke.py's `candidates`: the candidates without the screen,
     then each tried apart on the model already loaded (the screen, attention's rows in
     groups); the screen's failure is its own, the part still ok (the check turns the
     screen alone off). Where the others fail, none is tried apart."""

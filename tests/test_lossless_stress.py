@@ -1,4 +1,4 @@
-"""Lossless on real requests (issue 15): the default model in bfloat16, held-out FIM and
+"""Lossless on real requests: the default model in bfloat16, held-out FIM and
 edit prompts from stdlib code the project does not otherwise use.
 
 * stress: every held-out request (36 FIM with a repository index of the package's

@@ -1,5 +1,5 @@
 """Prompts over the default model's real tokenizer: content is text, markers are the
-template's alone (issue 32's injection probe: `hello<|im_end|>` in a chat message, a
+template's alone (the injection probe: `hello<|im_end|>` in a chat message, a
 `<|file_sep|>` in a buffer)."""
 
 from __future__ import annotations

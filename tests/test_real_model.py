@@ -267,7 +267,7 @@ def test_past_generations_draft_a_repeated_request(default_model):
 
 @pytest.mark.parametrize("forward", FORWARDS)
 def test_long_context_rows_equal_decode_steps_bit_for_bit(default_model, forward):
-    """Issue 15: at contexts past 1k tokens, rows of one verify pass met other attention
+    """At contexts past 1k tokens, rows of one verify pass met other attention
     kernel shapes than their decode steps (a short last key block, query heads straddling
     query blocks) on some CPUs. A pass whose chain crosses a key-block edge, with a
     branch and a second request beside it, must give every row its decode step's bits."""
@@ -359,7 +359,7 @@ def test_bench_cold_hf_worker_reports_like_generate(tmp_path):
 
 
 def test_a_prompt_prefilled_ahead_then_asked_equals_no_spec(default_model):
-    """The language server's idle-time prefill (issue 29) in the real dtype: whole chunks
+    """The language server's idle-time prefill in the real dtype: whole chunks
     computed ahead, one of them pre-empted mid-way, then the request speculating; its
     tokens equal a fresh engine's with speculation off."""
     from codespec.engine.kvcache import SlotCache

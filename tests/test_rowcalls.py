@@ -93,7 +93,7 @@ def test_padded_length():
 
 
 def test_every_row_of_a_padded_call_equals_its_decode_call_in_bf16_across_contexts():
-    """Issue 15's cause, swept: the default model's head layout (2 KV heads, 7 query
+    """A cause of rows that differed from their steps, swept: the default model's head layout (2 KV heads, 7 query
     heads each, 64 dims) in bfloat16, chains of 2..40 rows whose pending token sits
     anywhere from 0 to 4k keys. Every row must get, bit for bit, what its one-row
     (decode) call gives. Keys padded to a multiple of 32 failed this on an AVX-512 BF16

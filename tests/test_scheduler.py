@@ -95,7 +95,7 @@ def test_without_a_thread_drain_runs_every_request_on_the_callers_thread():
 
 def test_a_listener_that_fails_on_tokens_still_hears_the_end():
     """A front end whose on_tokens raised used to be dropped without a word: the language
-    server then waited for that completion forever (issue 29's hang)."""
+    server then waited for that completion forever (a hang)."""
     scheduler = Scheduler(tiny_engine(), max_active=2)
     ended = threading.Event()
     outcome = []

@@ -263,7 +263,7 @@ def test_acceptance_keeps_guesses_apart_from_matches():
 
 
 def test_prefill_ahead_computes_the_chunks_a_request_then_reuses_losslessly():
-    """Background prefill (Engine.prefill_ahead, issue 29): one whole chunk per call, into
+    """Background prefill (Engine.prefill_ahead): one whole chunk per call, into
     the slot a request then reuses; the request's output equals a fresh engine's."""
     model = rows_model("qwen2", "padded", vocab_size=64, seed=2)
     prompt = prompts(64, 1, seed=5, repeat=False)[0] * 3

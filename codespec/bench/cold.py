@@ -13,7 +13,7 @@ benchmark or test uses) runs in its own process under each system, interleaved:
 
 Each process is timed from spawn to exit by this one; each child reports its model load
 (`load_transformers`) and its age at the first token. "Net" is wall minus model load: what
-speculation can change (issue 16's bar compares it). Cold start is spawn to first token.
+speculation can change. Cold start is spawn to first token.
 
     results = run_cold(settings, requests, systems, repeat=1, on_run=print)
 """

@@ -1,4 +1,4 @@
-"""`codespec bench load`: a real `codespec serve` under concurrent short requests (issue 32).
+"""`codespec bench load`: a real `codespec serve` under concurrent short requests.
 
 The same mixed request list (FIM at a function body's start, a plain completion after a
 `def` line, a chat request about a function; 24 new tokens each) over functions of

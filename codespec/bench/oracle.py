@@ -11,7 +11,7 @@ accepts and commits exactly what it would with the model, and no arithmetic runs
 pass waits `pass_s` per bucket of `bucket` rows, as a GPU backend's replays take about the
 same time whatever rows they hold (forward/cuda.py), plus `row_s` per row past a
 replay's first (each real row's attention: ~3 us on the H100, whose 64-row pass cost
-1.63 ms against a step's 1.34 in session 20, ~90 us of that the host's layout of the
+1.63 ms against a step's 1.34 on 2026-11-26, ~90 us of that the host's layout of the
 rows then): the engine sees GPU-shaped pass costs (its goodput controller calibrates on them) while the host does nothing else, as
 while a GPU computes. Passes queue on a virtual device, one after another, and plain
 steps are queued one ahead as the cuda backend queues them (forward/chained.py;

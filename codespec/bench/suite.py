@@ -113,7 +113,7 @@ class Result:
             "draft_tokens_per_pass": round(sum(r.draft_tokens for r in run.requests) / passes, 3) if passes else None,
             "ttft_p50_s": round(statistics.median(ttfts), 4) if ttfts else None,
             # prompt tokens read (not taken from a cache) per second of time to first token:
-            # prefill speed as each system delivers it (issue 28)
+            # prefill speed as each system delivers it
             "prefill_tokens_per_s": _prefill_rate(run.requests),
             "latency_p50_s": round(statistics.median(latencies), 3),
             "latency_p95_s": round(_percentile(latencies, 0.95), 3),

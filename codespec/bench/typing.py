@@ -1,5 +1,5 @@
 """A person writing code, as events an editor sends: the typing replay behind `codespec
-bench editor` (issue 29).
+bench editor`.
 
 Real functions of standard-library modules codespec uses nowhere else (`colorsys`,
 `statistics`, `bisect`), so every machine has them offline and no index holds them. For

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
 def serve(server: Any, address: tuple[str, int] | None = None) -> NoReturn:
     """Serve until the editor closes our stdin (or the socket) or sends `exit`, then end
     the process at once: a thread still loading the model or indexing would otherwise
-    keep it, and its gigabytes, alive for minutes after the editor went (issue 31).
+    keep it, and its gigabytes, alive for minutes after the editor went.
 
     Over stdio the log goes to the editor as `window/logMessage`, each line at its level
     (lsp/logs.py), from the `initialize` request on; stderr keeps what comes before it and,

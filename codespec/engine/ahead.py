@@ -1,4 +1,4 @@
-"""Drafting the next pass while the device computes this one (issue 30: the index and the
+"""Drafting the next pass while the device computes this one (the index and the
 controller on the CPU overlapping the GPU's pass).
 
 A request's next draft depends on what this pass accepts, so the host can only work

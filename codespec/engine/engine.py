@@ -114,7 +114,7 @@ class Engine:
         cache's graph): that cost belongs to start-up, not to the first request. Then a
         tree's accepted path kept: the KV compaction's kernel is compiled (or loaded from
         Triton's cache) here too, not in the first request whose draft takes a branch
-        (0.3+ s on the H100 machine's fresh process, session 29). A backend whose passes
+        (0.3+ s in a fresh process on an H100, 2026-11-27). A backend whose passes
         of more rows replay another graph names their sizes (`warm_up_rows`): a chain of
         each is run too, so the first request's prefill captures nothing."""
         if not self.cache.free_slots:
@@ -159,7 +159,7 @@ class Engine:
         return Run(self, prompt_ids, config)
 
     def prefill_ahead(self, prompt_ids: Sequence[int], preempted: Callable[[], bool] | None = None) -> int | None:
-        """Background work (issue 29): the KV of the next prefill pass (a whole chunk, or a
+        """Background work: the KV of the next prefill pass (a whole chunk, or a
         sub-chunk of the last one) of a prompt a request is likely to send soon, into the
         free slot that shares most of it. Returns the tokens computed (0: pre-empted),
         None when nothing is left to do (its whole passes are cached, or no slot is free).
@@ -238,7 +238,7 @@ class Engine:
         """Whether the goodput controller drafts: only once its cost model can price
         passes. Before that (no stored calibration, too few passes seen) the chain
         policy's prior drafts, k tokens for a k-token match: a request never waits for
-        a calibration (issue 16)."""
+        a calibration."""
         return self.draft_policy == "goodput" and self.cost.ready
 
     def _draft(self, run: Run) -> Draft | controller.Offered:

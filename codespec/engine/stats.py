@@ -107,8 +107,8 @@ class HostClock:
     """Where an engine's steps spend their time: in the forward's passes (prefill and
     verify, up to their results on the host) or on the host around them (drafting, the
     controller, trees, acceptance, bookkeeping). On a GPU the host part is time the
-    device waits: at batch 8 it took ~1.4 ms a pass on a 2-core CPU before session 24's
-    numba matcher, about what an H100 verify pass of the default model takes
+    device waits: at batch 8 it took ~1.4 ms a pass on a 2-core CPU before the numba
+    matcher, about what an H100 verify pass of the default model takes
     (docs/benchmarks.md)."""
 
     steps: int = 0

@@ -38,7 +38,7 @@ six launches a layer with CODESPEC_CUDA_REDUCE=fold (eight with q/k/v's and down
 reduce launches), in programs of CODESPEC_CUDA_TILE_ROWS rows (CODESPEC_CUDA_ROW_GROUP of
 such blocks a program, each weight tile loaded once for them). On Hopper our kernels
 launch as programmatic dependents (CODESPEC_CUDA_PDL, kernels/_triton_pdl.py): each
-starts while the one before ends (a step 1-5% faster on the H100, session 29's two runs).
+starts while the one before ends (a step 1-5% faster on an H100, two runs on 2026-11-27).
 
 On a CPU the same code runs eagerly with the attention's torch reference: that is how
 the tests check the layout (float64 tiny models; TRITON_INTERPRET=1 for the kernel).
@@ -160,7 +160,7 @@ class CudaForward:
         # Our kernels launched as programmatic dependents (kernels/_triton_pdl.py), the
         # fused products warming their own weights first with `prefetch`: CODESPEC_CUDA_PDL,
         # `auto` by default: launch on Hopper (the H100's step 0.95x without it, its bits
-        # the same: scripts/gpu_step.py's pdl check, session 29), off on older GPUs and CPUs.
+        # the same: scripts/gpu_step.py's pdl check on an H100), off on older GPUs and CPUs.
         self.pdl = pdl or settings.pdl
         if self.pdl == "auto":
             self.pdl = "launch" if is_hopper(self.device) else "off"

@@ -26,12 +26,12 @@ from codespec.kernels.trace import TakeTrace
 
 # The fused layers' tiles: the fastest of each fused product (its norm, SiLU or residual
 # inside) in the session-23 H100 probe (scripts/gpu_check.py's fusedtiles stage), chosen
-# for the first fused layers; the next GPU run's `fusedtiles16` sweeps session 30's.
+# for the first fused layers; the next GPU run's `fusedtiles16` sweeps the rest.
 FUSED_TILES = {"qkv": Config(64, 64, 64, splits=8), "o": Config(64, 16, 128),
                "gate_up": Config(64, 128, 128, num_warps=8, num_stages=3), "down": Config(64, 32, 64, splits=8),
                "lm_head": Config(64, 128, 64)}
 # lm_head's tile behind its int8 screen (CODESPEC_CUDA_LM_SCREEN): 32 outputs a program, so
-# a flagged block is 57 KB for one SM (~2 us at the ~30 GB/s session 40's trace puts an SM
+# a flagged block is 57 KB for one SM (~2 us at the ~30 GB/s an H200 trace puts an SM
 # at), not 128 outputs' 229 KB (~8 us); the screen's programs still read 128 tokens each.
 SCREENED_LM_HEAD = Config(64, 32, 64)
 SCREEN_BLOCK_N = 128

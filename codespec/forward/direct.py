@@ -1,7 +1,7 @@
 """The torch-free load: a model straight from its files to the `rowdecoder` backend.
 
 A fresh process that imports torch and transformers spends ~2 s on it before its first
-token (issue 16), and a server keeps a second copy of the weights in memory. Where the
+token, and a server keeps a second copy of the weights in memory. Where the
 row decoder serves the model anyway (CPU with AVX-512 BF16, bfloat16, a Qwen2/Llama
 model with the default rotary embedding, weights stored in bfloat16) nothing of torch is
 needed: the weights come from the safetensors files (weights.py), the tokenizer from

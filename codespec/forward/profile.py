@@ -10,7 +10,7 @@ Two things cost seconds to learn and come out the same on every start on one mac
 Each backend (base.py) builds its own key: `torch_key` or `rows_key`.
 
 Done inside a request, they made speculation slower than plain decoding in every
-fresh `codespec generate` process (issue 16). So they are stored per machine and
+fresh `codespec generate` process. So they are stored per machine and
 setting, and every later process reads them in milliseconds:
 
     profile = load(cache_dir, key)       # None: missing, corrupt or for another setting

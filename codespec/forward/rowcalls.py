@@ -13,7 +13,7 @@ shapes, and with them the kernels' summation orders, follow the call's query row
 its key count. Measured on an AMD EPYC (avx512_bf16, torch 2.13): keys padded only to a
 multiple of 32 left a short last key block whose length varied with the pass, and a
 token's query heads straddling two 32-row query blocks met a tail block of another
-size; either changed a row's bits (20 of 6,650 rows at contexts past 1.2k; issue 15).
+size; either changed a row's bits (20 of 6,650 rows at contexts past 1.2k).
 
 So every padded call is laid out so that a row only ever meets the same GEMM shapes:
 * keys are padded to whole `KEY_BLOCK` blocks (`padded_length`): every key block is full,

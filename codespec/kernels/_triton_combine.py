@@ -2,7 +2,7 @@
 sum of weights, weighted values) into its output, in block order, CHUNK at a time, so a
 row's keys alone fix the order; the `fold` schedule's combine of a row's query group at
 once, and the zeros of rows with no keys. Apart from kernels/_triton_attention*.py, which
-compute the partials (session 41: that module had grown past 500 lines)."""
+compute the partials (that module had grown past 500 lines)."""
 
 from __future__ import annotations
 

@@ -142,7 +142,7 @@ def _row_linear_kernel(x_ptr, w_ptr, bias_ptr, norm_ptr, residual_ptr, out_ptr, 
         if ROW_GROUP == 1:
             # what the epilogue reads that no kernel writes (the bias, rotary's tables at the
             # rows' positions, where K and V go), in flight during the K loop: off the chain
-            # of the program that stores the outputs (session 38's trace: q/k/v's epilogue
+            # of the program that stores the outputs (an H200 trace: q/k/v's epilogue
             # 1.3 us, its two dependent reads of positions then tables)
             inputs = _epilogue_inputs(m, tl.program_id(0) * BLOCK_N, bias_ptr, context_ptr, path_len_ptr, cos_ptr,
                                       sin_ptr, positions_ptr, wslot_ptr, wpos_ptr, s_rope, s_kv_slot, s_kv_head,

@@ -4,7 +4,7 @@ kernels: `CODESPEC_CUDA_PDL` (forward/cuda_settings.py).
 Why. A plain step of the default model is ~280 kernels, and in a CUDA graph each one
 starts only when the one before it has ended and its writes are out: the products are
 latency-bound (a 2 MB product takes ~4 us on an H100 where its bytes take 0.7), and the
-gaps between kernels were 0.19 ms of a 1.17 ms step (session 20's profile). Launched
+gaps between kernels were 0.19 ms of a 1.17 ms step (an H100 profile, 2026-11-26). Launched
 with PDL, a kernel's programs start as soon as every program of the kernel before it has
 started (each calls `pdl_start` first), run what reads no earlier kernel's output (the
 products: warming their own weights into L2, which no pass writes), and then wait in
@@ -18,7 +18,7 @@ writing memory an earlier kernel read (the graph reuses buffers), is safe after 
 
 PDL=False (the interpreter, GPUs before Hopper, the setting off) compiles both calls away.
 
-`pdl_wait_for` and `pdl_done` (session 33, CODESPEC_CUDA_PDL=flags, kernels/flags.py): the
+`pdl_wait_for` and `pdl_done` (CODESPEC_CUDA_PDL=flags, kernels/flags.py): the
 same launches waiting on a count each program of the launch before raises after its
 stores, instead of on that launch's end."""
 

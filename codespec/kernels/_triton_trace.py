@@ -1,7 +1,7 @@
 """Time marks inside the cuda backend's kernels: where a product's microseconds go
 (kernels/trace.py reads them; scripts/gpu_trace.py's `trace` stage).
 
-Why. Session 32's H100 run cut a step from 273 launches to 125 and saved ~20 us of
+Why. An H100 run (2026-11-27) cut a step from 273 launches to 125 and saved ~20 us of
 1.2 ms: launches were not the cost, and no profiler says what is. Each program of a
 traced launch writes the time at a few points of its own work, PHASES of them, into its
 row of a region the tracer gave that launch: when it started, when the kernel before had
@@ -10,7 +10,7 @@ when it stored its last output. Every point is a store of one value by one progr
 a synchronisation: a traced kernel computes what it computes untraced.
 
 Two clocks (`CLOCK`): on a GPU `%globaltimer`, nanoseconds common to every SM (32 ns
-steps on Hopper), and at the start the SM the program runs on (`%smid`, session 41:
+steps on Hopper), and at the start the SM the program runs on (`%smid`:
 whether the busiest SM's bytes set a product's time); under the interpreter, which cannot run inline PTX and runs programs
 one after another, a logical clock: one shared counter, incremented at each mark, so the
 tests see the marks' order. CLOCK=0 (untraced) compiles every mark away."""

@@ -98,8 +98,8 @@ static void tail_weights(const uint16_t *stripe, int64_t pairs, int64_t whole, i
  * through memory (520 MB, past its 300 MB L3), medians of 15 interleaved rounds: 24.7 ms
  * against 27.0 without; one row 19.3 against 20.4; 8 and 16 steps no better. Prefetching
  * on into the next stripe (every line, while the second half of this one runs) lost:
- * 28.9 ms against 25.1 at 32 rows (session 35, whole 64-column rows of pairs; with
- * halves, an L2 prefetch 8-16 blocks further was within the noise, session 36). */
+ * 28.9 ms against 25.1 at 32 rows (whole 64-column rows of pairs; with
+ * halves, an L2 prefetch 8-16 blocks further was within the noise; an AMX Xeon, 2026-11-27). */
 #define PREFETCH_STEPS 4
 
 /* Ask for the lines of a half stripe's block of pairs PREFETCH_STEPS blocks ahead (wp: the

@@ -1,5 +1,5 @@
 """Launches that wait on counts, not on the launch before's end (CODESPEC_CUDA_PDL=flags,
-session 33; kernels/_triton_pdl.py's `pdl_wait_for` and `pdl_done`).
+kernels/_triton_pdl.py's `pdl_wait_for` and `pdl_done`).
 
 Why. With programmatic dependent launch a kernel's programs start early and wait in
 `griddepcontrol.wait` until the kernel before has ended and its memory is flushed: a

@@ -1,8 +1,8 @@
 """lm_head's greedy choices through an int8 screen on the cuda backend
-(CODESPEC_CUDA_LM_SCREEN, session 42): every choice the bits the full product gives,
+(CODESPEC_CUDA_LM_SCREEN): every choice the bits the full product gives,
 from ~half its bytes.
 
-Why. lm_head is the step's largest product (session 40's H200 trace: 87 us of a ~0.94 ms
+Why. lm_head is the step's largest product (an H200 trace, 2026-11-28: 87 us of a ~0.94 ms
 step, 155 of a 32-row pass), and a greedy row needs only its argmax. The CPU path
 already finds it through an int8 screen (kernels/lmchoice.py). Here, in the fused
 layers' graph, four launches for lm_head's two:

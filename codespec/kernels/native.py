@@ -7,7 +7,7 @@ so concurrent first uses and interrupted builds leave no broken library. Each bu
 records the library's size and sha256 beside it (`codespec-<hash>.json`); a library
 that does not match its record (truncated, overwritten, or from before records) is
 rebuilt once before it is mapped: mapping a truncated library crashed the process
-with a bus error on every run (issue 32).
+with a bus error on every run.
 `-ffp-contract=off` keeps the compiler from fusing a multiply and an add into one
 rounding in some builds and not others: the kernels' sums are spelled out, and the
 bits must not depend on the CPU the code was compiled for. `-fopenmp` links

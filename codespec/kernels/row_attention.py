@@ -23,24 +23,24 @@ code for every block, and the first two then launch the same combine (the same b
   and a slot of 2,048+ positions is 2,048 programs whatever the pass holds (at 4 warps
   and ~120-150 registers a thread, three fit an SM: ~5 waves for a step, of programs
   that mostly find a padding row and exit);
-* `fold` (session 30; opt-in, the five-launch layers' attention): the worklist's launch, and the
+* `fold` (opt-in, the five-launch layers' attention): the worklist's launch, and the
   program that stores a (row, KV head)'s last block combines its query heads, all at once
   (an atomic count per pair, as row_linear's fold: one launch a layer, not two). Its
   combine's layout is another, so are its bits; a row's are still its keys' alone.
-  Session 26's `single` folded the combine one head at a time (seven chains of dependent
+  A `single` schedule folded the combine one head at a time (seven chains of dependent
   loads in one program) and took 2-7x the two launches on the H100.
 
-`early` (session 41, CODESPEC_CUDA_EARLY_KEYS; worklist and fold): a program begins its
+`early` (CODESPEC_CUDA_EARLY_KEYS; worklist and fold): a program begins its
 first item before it waits for the kernel before (q/k/v, whose epilogue stores this
 pass's K and V): the pass's metadata and path, then the keys and values of the item's
 block that lie in the row's context below `context - rows`, which no kernel of this
 replay writes (forward/passlayout.py). After the wait it loads the query and the block's
-other keys, the same values into the same arithmetic: the same bits. Session 40's trace
+other keys, the same values into the same arithmetic: the same bits. An H200 trace
 of the fold's step at 512 keys: the program that ended last took 8.2 us after its wait,
 a chain of ~6 dependent round trips (the pass's blocks, the row's metadata, the path,
 keys and values, the count, the partials); the early loads take three of them off it.
 
-`item_rows` (session 42, CODESPEC_CUDA_ATTENTION_ROWS; worklist and fold, not with
+`item_rows` (CODESPEC_CUDA_ATTENTION_ROWS; worklist and fold, not with
 `early`): the pass's rows in groups of that many consecutive ones; a group's shared
 blocks, the leading key blocks that lie wholly in the context of each of its rows with
 keys, all of one slot, are one item each: the block's keys and values loaded once, then
@@ -76,13 +76,13 @@ BLOCK_PROGRAMS = 16  # programs per (row, KV head) along the block axis: rows of
 # fixed for a CUDA graph, sized by the slot's length). A launch detail: not in the bits.
 SCHEDULES = ("worklist", "grid", "fold")
 ITEM_ROWS = (1, 2, 4)  # rows a group of items may hold (item_rows)
-# Session 39's `walk` (one program walking up to 8 key blocks of a row in order, online
+# A `walk` schedule (one program walking up to 8 key blocks of a row in order, online
 # softmax, pipelined, no combine for a row of up to 1,024 keys) lost on the H200 (session
 # 40): 14.4 us a layer against the fold's 8.9 in the five-launch step: a chain of blocks
 # in one program is slower than the blocks in parallel and a combine. Removed.
 # The fold's partials combined per step: a row of up to FOLD_KEYS keys in one step, its
 # maxima, sums and values in one round trip (8 blocks of 128 keys, a [7 -> 16, 8, 64]
-# float32 tile; 16 blocks of 64, session 40: 254 registers a thread on sm_90 under Triton
+# float32 tile; 16 blocks of 64: 254 registers a thread on sm_90 under Triton
 # 3.6, no spills). Part of a row's bits where it has more blocks than a step.
 FOLD_KEYS = 1024
 
@@ -92,7 +92,7 @@ def fold_chunk(key_block: int) -> int:
 # The worklist's wave and warps (the combine's warps too: they lay out its reduction, so
 # they are in the bits, the same for every row of a build). Compiled for sm_90 as a
 # launch specializes it, the kernel takes ~145 registers a thread at 4 or 8 warps and
-# spills at neither. On the H100 (session 29, scripts/gpu_step.py's attention probe, CUDA
+# spills at neither. On the H100 (scripts/gpu_step.py's attention probe, CUDA
 # graphs) 4 warps two programs an SM beat 8 warps one in every layout timed: a step 9.1
 # against 9.6 us at 512 keys and 9.6 against 10.1 at 2,048, 32-row passes 13.8 against
 # 15.5 and 26.1 against 33.2, 64 rows 17.7 against 21.3; 8 warps two programs an SM was

@@ -12,8 +12,8 @@ within a split, the splits added in split order), the norm's sum of squares is p
 and each rounding to the model's dtype falls where transformers' eager code rounds. So
 a row's bits depend on its own input row and the configuration alone.
 
-Nothing serial before the product's loop (the fused layers' second version, session 30).
-Session 23 measured the first fused products at 2-4x cuBLAS's, and their compiled code
+Nothing serial before the product's loop (the fused layers' second version).
+An H100 run measured the first fused products at 2-4x cuBLAS's, and their compiled code
 shows why: the norm walked each program's rows of x, BLOCK_K at a time, a chain of
 dependent loads before the weights' pipelined loop began, and SiLU(gate) * up was
 recomputed from both halves by every column block of down. Now the product that writes
@@ -30,7 +30,7 @@ reads and computes only the rows that hold a token (the others' loads are masked
 bytes move) and a block of padding rows does nothing; a live row's arithmetic is
 unchanged, so are its bits.
 
-Row groups (`Config.row_group`, session 33). With 16-row programs a pass of 32 rows was
+Row groups (`Config.row_group`). With 16-row programs a pass of 32 rows was
 two programs a block of outputs, each reading the block's weights: the pass read every
 weight twice. A program now computes up to `row_group` blocks of rows with each weight
 tile it loads, each block its own product of the block's shape, and only the blocks up

@@ -18,7 +18,7 @@
  * rows of pairs, because the tile unit (amx.c) takes a 32-row pass half a stripe at a
  * time: each half then streams contiguously. On the AMX VM, products with the weights in
  * memory, medians of 11 interleaved: 4864 x 896 one row 25.4 -> 22.5 ms for 24, 32 rows
- * 39.1 -> 38.1; 896 x 4864 one row 14.1 -> 11.7, 32 rows 21.9 -> 19.5 (session 36).
+ * 39.1 -> 38.1; 896 x 4864 one row 14.1 -> 11.7, 32 rows 21.9 -> 19.5.
  *
  * The dot product (`rowgemm_isa` == 2, AVX-512 BF16): lane c of an fp32 accumulator
  * takes pair p = 0, 1, 2, ... in order, one VDPBF16PS each (x's pair broadcast), then the

@@ -39,7 +39,7 @@ from typing import Any, Callable
 import torch
 
 PHASES = ("start", "waited", "computed", "reduced", "ended")  # a program's marks, in its region's row
-# After the marks, the SM a program ran on, plus one (0: not known; %smid on a GPU, session 41)
+# After the marks, the SM a program ran on, plus one (0: not known; %smid on a GPU)
 SM_COLUMN = len(PHASES)
 COLUMNS = SM_COLUMN + 1
 UNTRACED, GLOBALTIMER, LOGICAL = 0, 1, 2  # the kernels' CLOCK: none, %globaltimer (ns), a shared counter
@@ -152,8 +152,8 @@ def _per_sm(rows: torch.Tensor, unit: float) -> dict[str, Any]:
     `computed` mark) shared the SMs, where the marks say which SM each ran on: how many
     SMs, the most on one, and the median time in the K loop (`computed`) of the programs
     alone on their SM and of those sharing it. If an SM's programs share a fixed rate,
-    the sharing ones take longer by their number (session 41's reading of session 40's
-    trace); if each program has its own, they do not."""
+    the sharing ones take longer by their number (how an H200 trace
+    reads); if each program has its own, they do not."""
     if rows.shape[1] <= SM_COLUMN or not bool((rows[:, SM_COLUMN] > 0).any()):
         return {}
     computed, waited = PHASES.index("computed"), PHASES.index("waited")

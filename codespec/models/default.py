@@ -82,8 +82,8 @@ def is_prepared(cache_dir: Path, model: PackagedModel = DEFAULT_MODEL) -> bool:
 
 
 def _tokenizer_sound(path: Path, model: PackagedModel) -> bool:
-    """Whether the cached tokenizer keeps each of `model`'s control tokens one id. Since
-    session 40 the manifest records it at conversion; a cache prepared before is checked
+    """Whether the cached tokenizer keeps each of `model`'s control tokens one id. The
+    manifest records it at conversion; a cache prepared before is checked
     once with `tokenizers` (~0.2 s) and its manifest updated (write, then rename), or is
     not prepared: transformers before 5.18 converted the GGUF's tokenizer without them,
     and every FIM request failed (check_control_tokens)."""

@@ -92,7 +92,7 @@ def load_backend(settings: Settings) -> Backend | UpstreamBackend:
     scheduler, loaded = start_scheduler(settings, index, load)
     if root is not None:
         # Only now, with the engine calibrated: an index build beside the timed passes held
-        # one of the cores and made them ~2x slower (session 38: they ran 50% of their time).
+        # one of the cores and made them ~2x slower (they ran 50% of their time).
         def rebuild() -> Any:
             return build_static_index(root, loaded.tokenizer, settings.cache_dir,
                                       max_total_bytes=settings.index_max_mb << 20)[1]

@@ -1,4 +1,4 @@
-"""uvicorn around the app, with the guards a long-running endpoint needs (issue 32).
+"""uvicorn around the app, with the guards a long-running endpoint needs.
 
     serve(app, settings, on_shutdown=backend.drain)   # blocks until SIGINT / SIGTERM
 

@@ -146,7 +146,7 @@ class InProcessBackend:
 
 
 class PromptCacheStats:
-    """How much of each completion's prompt the KV prefix cache held (issue 29: the
+    """How much of each completion's prompt the KV prefix cache held (the
     window stays put while the person types, so this should stay high)."""
 
     def __init__(self) -> None:

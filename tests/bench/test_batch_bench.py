@@ -45,7 +45,7 @@ def test_every_policy_at_every_batch_size_matches_speculation_off():
 
 
 def test_the_tree_bar_is_repository_fims():
-    """Trees against chain-16 is issue 4's bar on repository FIM; an edit's copy is one
+    """Trees against chain-16 is the bar on repository FIM; an edit's copy is one
     chain (a 16-node tree spreads over branches it does not need): no check there."""
     from codespec.bench.batch_bench import BatchResult
 

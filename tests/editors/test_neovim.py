@@ -1,4 +1,4 @@
-"""Neovim 0.11 with `editors/nvim`, driven as a person types (issue 31): keys go in
+"""Neovim 0.11 with `editors/nvim`, driven as a person types: keys go in
 through Neovim's input queue (pynvim `input`), the plugin asks `codespec lsp` for a
 completion, shows it as ghost text, and <Tab> inserts it. The server is the real one
 over the scripted backend (tests/lsp/scripted.py), so the text to expect is exact.

@@ -1,4 +1,4 @@
-"""VS Code as its users run it (issue 31): code-server in headless Chromium, the extension
+"""VS Code as its users run it: code-server in headless Chromium, the extension
 installed from the .vsix the README's commands build, keys typed through the browser by
 selenium. The extension starts `codespec lsp` over the scripted backend
 (tests/lsp/scripted.py): the server, the protocol and VS Code are the real ones, and
@@ -105,7 +105,7 @@ class VSCode:
         def saved() -> bool:
             # the value goes in as one paste (CDP's insertText), not key by key: typed
             # key by key on a slow machine, the field was re-rendered mid-value with the
-            # value saved before, and the remaining keys landed after it (CI, session 47:
+            # value saved before, and the remaining keys landed after it (CI on 2026-12-02:
             # ".../missing/codespec" + "ytest-2/vscode0/codespec-broken"); why it
             # re-renders then is not known. A paste is one edit, as a person's is
             self.click(".setting-item-control input", f"the {key} field")

@@ -1,8 +1,8 @@
 """index.warm_up() loads every numba kernel a draft calls, with every argument type the
 proposers pass: a kernel typed for the first time compiles inside a request when numba's
-disk cache is cold (a fresh machine: 0.6 s in one timed H100 request, session 23; a
+disk cache is cold (a fresh machine: 0.6 s in one timed H100 request; a
 static index loaded from its file, read-only mapped arrays: two ~3.5 s stalls in a
-language server's typing replay, session 24)."""
+language server's typing replay)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 before triton compiles anything (before `codespec.kernels._triton` is imported). Its
 repeated patch of the language on every device-function call is skipped
 (interpreter_patch.py: the slowest of these tests 43 -> 20 s), and so are the int32
-overflow checks whose results the interpreter throws away (32 -> 20 s, session 57)."""
+overflow checks whose results the interpreter throws away (32 -> 20 s on an AMX Xeon)."""
 
 import os
 

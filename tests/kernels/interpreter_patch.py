@@ -7,7 +7,7 @@ A call of one @triton.jit function from another (a device function: our kernels'
 row loads, their combine and reduce helpers) patches the language again on every call,
 though the launch around it has patched those very modules (the patch walks each module
 with `inspect.getmembers`): in triton 3.9 that was 58% of a fused-layers test (91 of 156
-s under cProfile, 132k calls, session 50). Inside a launch whose patch covered the
+s under cProfile, 132k calls, an AMX Xeon). Inside a launch whose patch covered the
 device function's language modules the device call's patch is the same patch again, so
 it is skipped; anywhere else (no launch running, or a module the launch did not patch)
 the interpreter patches as it always does. Output is unchanged: the kernels' tests
@@ -20,7 +20,7 @@ Every int32 `+`, `-` and `*` in a kernel asks for an overflow check (`sanitize_o
 on by default): the front end casts both operands to int64, redoes the operation, compares
 it with int32's bounds, and hands the result to `device_assert`, which drops it unless the
 options say `debug`. The interpreter's builder never sets `debug`, so each check is work
-whose result nobody reads: 42% of the narrow-steps test under cProfile (session 57). Its
+whose result nobody reads: 42% of the narrow-steps test under cProfile. Its
 options say `sanitize_overflow=False` instead, the setting a GPU compile reaches when it
 drops the same assert; with `debug` on (nothing in triton 3.9 sets it, but a later
 release might) the checks stay, since they would then raise."""

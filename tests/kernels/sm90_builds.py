@@ -83,7 +83,7 @@ def builds() -> dict:
             {**shapes, "KV_HEADS": 2, "ROWS_PAD": 64, "HEADS_PAD": 16, "CHUNK": 8, "PDL": True, "CLOCK": clock,
              "FLAGS": flagged, "EARLY": False},
             warps=WORK_WARPS)
-    # 64-key blocks (CODESPEC_CUDA_KEY_BLOCK=64, session 40): the worklist and the fold
+    # 64-key blocks (CODESPEC_CUDA_KEY_BLOCK=64): the worklist and the fold
     out["worklist pdl 64"] = build(_triton_attention._row_attention_work_kernel,
                                    dict(pointers + meta + [("rows", "i32")] + strides + trace + flags),
                                    {**shapes, "KEY_BLOCK": 64, "KV_HEADS": 2, "ROWS_PAD": 64, "PDL": True, "CLOCK": 0,
@@ -96,7 +96,7 @@ def builds() -> dict:
                                {**shapes, "KEY_BLOCK": 64, "KV_HEADS": 2, "ROWS_PAD": 64, "HEADS_PAD": 16, "CHUNK": 16,
                                 "PDL": True, "CLOCK": 0, "FLAGS": False, "EARLY": False},
                                warps=WORK_WARPS)
-    # the first item begun before the wait (CODESPEC_CUDA_EARLY_KEYS, session 41): the worklist
+    # the first item begun before the wait (CODESPEC_CUDA_EARLY_KEYS): the worklist
     # and the fold, at either key block
     for block, chunk in ((128, 8), (64, 16)):
         out[f"worklist pdl early {block}"] = build(_triton_attention._row_attention_work_kernel,
@@ -112,7 +112,7 @@ def builds() -> dict:
                                                 "HEADS_PAD": 16, "CHUNK": chunk, "PDL": True, "CLOCK": 0,
                                                 "FLAGS": False, "EARLY": True},
                                                warps=WORK_WARPS)
-    # rows in groups (CODESPEC_CUDA_ATTENTION_ROWS, session 42): the worklist at either key block,
+    # rows in groups (CODESPEC_CUDA_ATTENTION_ROWS): the worklist at either key block,
     # the fold at 128 (at 64 its combine spills beside them: refused)
     for rows_an_item in (2, 4):
         for block in (128, 64):
@@ -204,9 +204,9 @@ def builds() -> dict:
     launched = {f"five {name}": (name, tile) for name, tile in FUSED_TILES.items()}
     launched.update({f"five {label}": ("gate_up", tile) for label, tile in gpu_step.FIVE_GATE_UP_TILES.items()})
     launched.update({f"five {label}": ("down", tile) for label, tile in gpu_step.FIVE_DOWN_TILES.items()})
-    # ... and reading their live rows before the wait (CODESPEC_CUDA_EARLY_ROWS, session 41)
+    # ... and reading their live rows before the wait (CODESPEC_CUDA_EARLY_ROWS)
     launched.update({f"five {name} early rows": (name, tile) for name, tile in FUSED_TILES.items()})
-    # ... and lm_head behind its int8 screen over the normed rows (CODESPEC_CUDA_LM_SCREEN, session 42)
+    # ... and lm_head behind its int8 screen over the normed rows (CODESPEC_CUDA_LM_SCREEN)
     launched["five lm_head screened"] = ("lm_head", SCREENED_LM_HEAD)
     for label, (name, tile) in launched.items():
         n_size, k_size = shapes_nk[name]

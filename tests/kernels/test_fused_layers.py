@@ -108,7 +108,7 @@ def two_blocks_of_rows(monkeypatch):
 
 @pytest.mark.parametrize("attention", ["worklist", "fold"])
 def test_narrow_steps_keep_every_row_the_bits_of_the_full_bucket(triton_products, monkeypatch, attention):
-    """CODESPEC_CUDA_NARROW_STEPS=1 (session 41): a pass of up to tile_rows rows replays a
+    """CODESPEC_CUDA_NARROW_STEPS=1: a pass of up to tile_rows rows replays a
     graph of the bucket's first 16 rows alone (no blocks of padding rows), a wider one the
     whole bucket. A 3-row pass gets the full bucket's logits; a 20-row tree (the bucket's
     graph) its decode steps' bits (the narrow graph's); with early keys too (their bound,
@@ -158,7 +158,7 @@ def test_a_row_group_keeps_every_row_its_decode_steps_and_a_group_of_ones_bits(t
 
 
 def test_passes_of_grouped_rows_keep_every_row_its_decode_steps(triton_products, monkeypatch):
-    """CODESPEC_CUDA_PASS_ROW_GROUP=4 (session 39): a pass wider than a block of 16 rows
+    """CODESPEC_CUDA_PASS_ROW_GROUP=4: a pass wider than a block of 16 rows
     replays a second graph whose products compute the bucket's four blocks with each
     weight tile, while steps keep the group of one's: its tree rows still have their
     decode steps' bits, and its logits are those of a pass in the steps' layout. A pass
@@ -222,7 +222,7 @@ def test_lm_head_s_screen_waits_on_counts_too(monkeypatch):
 
 @pytest.mark.parametrize("setting", ["CODESPEC_CUDA_EARLY_ROWS", "CODESPEC_CUDA_EARLY_KEYS"])
 def test_reads_moved_before_the_wait_give_the_fused_layers_same_logits(monkeypatch, setting):
-    """Session 41's candidates move reads before the wait for the kernel before: the
+    """The plain bar's candidates move reads before the wait for the kernel before: the
     products' live rows, attention's first block. Under the interpreter (every launch in
     turn) a tree pass's logits are the bits without them, and the backend took them."""
     logits, forwards = pass_logits(monkeypatch, "fold", "fold", setting, ("0", "1"))
@@ -232,7 +232,7 @@ def test_reads_moved_before_the_wait_give_the_fused_layers_same_logits(monkeypat
 
 
 def test_attention_rows_in_groups_give_the_fused_layers_same_logits(monkeypatch):
-    """CODESPEC_CUDA_ATTENTION_ROWS=4 (session 42): a tree pass's rows in groups of four, their
+    """CODESPEC_CUDA_ATTENTION_ROWS=4: a tree pass's rows in groups of four, their
     shared context blocks loaded once a group; under the interpreter the five-launch
     layers' logits are the bits of one row an item. Refused with early keys, the grid,
     and the fold at 64-key blocks."""
@@ -283,7 +283,7 @@ def test_counted_launches_ask_for_the_fused_layers(monkeypatch):
 @pytest.mark.parametrize("schedule", ["worklist", "fold"])
 def test_attention_launches_take_the_backends_key_block_and_rows_stay_steps(monkeypatch, schedule, setting, value,
                                                                           argument, passed):
-    """CODESPEC_CUDA_KEY_BLOCK=64 and CODESPEC_CUDA_EARLY_KEYS=1 (session 41) reach every
+    """CODESPEC_CUDA_KEY_BLOCK=64 and CODESPEC_CUDA_EARLY_KEYS=1 reach every
     attention launch (the Triton kernel under the interpreter), and a tree row over 70
     keys (two 64-key blocks; with early keys, some below context - rows of an 8-row
     bucket, some above) still gets its decode step's bits."""
@@ -307,7 +307,7 @@ def test_attention_launches_take_the_backends_key_block_and_rows_stay_steps(monk
 
 
 def test_lm_head_behind_its_screen_keeps_every_choice_and_row(triton_products, monkeypatch):
-    """CODESPEC_CUDA_LM_SCREEN=1 (session 42; kernels/lm_screen.py): the normed rows, the
+    """CODESPEC_CUDA_LM_SCREEN=1 (kernels/lm_screen.py): the normed rows, the
     screen, the flagged blocks and the choices, four Triton launches under the
     interpreter. A tree row's logits (the full product over its normed row, outside the
     graph) are its decode steps' bits; every pass's choices are the argmax of those

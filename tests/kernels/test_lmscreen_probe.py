@@ -90,7 +90,7 @@ def test_the_stage_reports_coverage_flags_and_both_timings(monkeypatch):
 @pytest.mark.model
 def test_on_the_default_models_lm_head_real_rows_flag_a_few_blocks_of_1187(default_model):
     """The real weights (lm_head is the tied embeddings) and real final hidden states of
-    code: every choice covered, and a row flags a few of the 1,187 blocks (session 34,
+    code: every choice covered, and a row flags a few of the 1,187 blocks (
     64 rows: median 2, at most 13), so the exact product would recompute ~0.2% of
     lm_head for a step."""
     model, tokenizer = default_model.model, default_model.tokenizer

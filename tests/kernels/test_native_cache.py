@@ -1,4 +1,4 @@
-"""The compiled kernels' cache survives damage (issue 32): a truncated library crashed
+"""The compiled kernels' cache survives damage: a truncated library crashed
 every later run with a bus error, and a garbage one fell back, silently, to a far
 slower route. Now each is found before it is mapped and rebuilt once."""
 

@@ -159,7 +159,7 @@ def test_the_fold_schedule_matches_the_reference_and_leaves_its_counts_zero(dtyp
 
 @pytest.mark.parametrize("schedule", ["worklist", "fold"])
 def test_64_key_blocks_match_the_reference(schedule, monkeypatch):
-    """CODESPEC_CUDA_KEY_BLOCK=64 (session 40): rows of one to eighteen 64-key blocks (a
+    """CODESPEC_CUDA_KEY_BLOCK=64: rows of one to eighteen 64-key blocks (a
     fold's combine takes 16 a step: ten in one, eighteen in two), paths and a padding row,
     equal to the reference; any wave gives the same bits, and the fold leaves its counts
     zero."""
@@ -191,13 +191,13 @@ def test_the_fold_schedule_needs_its_counts():
     with pytest.raises(ValueError, match="fold schedule needs counts"):
         fold(query, keys, keys, rows, counts=torch.zeros(3, dtype=torch.int32))  # 2 rows x 2 KV heads
     with pytest.raises(ValueError, match="attention schedule 'walk': expected one of worklist, grid, fold"):
-        row_attention(query, keys, keys, **rows, scale=1.0, force_triton=True, schedule="walk")  # removed, session 40
+        row_attention(query, keys, keys, **rows, scale=1.0, force_triton=True, schedule="walk")  # removed: it lost on an H200
 
 
 @pytest.mark.parametrize("key_block", [None, 64])
 @pytest.mark.parametrize("schedule", ["worklist", "fold"])
 def test_early_keys_give_the_same_bits(schedule, key_block, monkeypatch):
-    """`early` (CODESPEC_CUDA_EARLY_KEYS, session 41): a program's first item loaded before
+    """`early` (CODESPEC_CUDA_EARLY_KEYS): a program's first item loaded before
     its wait in two parts, the context's keys below context - rows, then the rest. Rows
     whose blocks lie wholly below that bound, cross it, or lie above it (a short context,
     a path, a padding row), in waves with items per program of several, one and none:
@@ -224,7 +224,7 @@ def test_early_keys_give_the_same_bits(schedule, key_block, monkeypatch):
 @pytest.mark.parametrize("item_rows", [2, 4])
 @pytest.mark.parametrize("schedule", ["worklist", "fold"])
 def test_rows_in_groups_give_the_same_bits(schedule, item_rows, monkeypatch):
-    """`item_rows` (CODESPEC_CUDA_ATTENTION_ROWS, session 42): rows in groups of consecutive
+    """`item_rows` (CODESPEC_CUDA_ATTENTION_ROWS): rows in groups of consecutive
     ones, a group's blocks wholly in each of its rows' context (all of one slot) loaded
     once and each row's partial computed from them. A verify pass's rows (one slot, a long
     shared context, then paths), a group of two slots, short contexts and a padding row,

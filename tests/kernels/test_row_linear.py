@@ -414,7 +414,7 @@ def test_a_row_group_must_be_one_two_or_four_blocks_and_tile_the_rows():
 
 @pytest.mark.parametrize("fused,splits,group", covering(FUSED + [dict()], [(1, 1), (4, 1), (2, 2)], spread=[1]))
 def test_live_rows_read_before_the_wait_give_the_same_bits(fused, splits, group):
-    """`early_rows` (CODESPEC_CUDA_EARLY_ROWS, session 41): which rows hold a token is read
+    """`early_rows` (CODESPEC_CUDA_EARLY_ROWS): which rows hold a token is read
     before the wait, past L1, not after it. Every row that holds one gets the bits it gets
     without (a step's one row, a pass's first 20, rows scattered over both blocks), its sums
     of squares too, folded split or not, in a row group or not; and the rope epilogue's

@@ -4,7 +4,7 @@ is valid, the atomics and barriers lower as meant, a product's warming of its ow
 weights is not dropped as dead code, and no kernel spills at the warps it launches with. Each is compiled as a launch
 on the GPU specializes it (pointers 16-byte aligned, integers multiples of 16): without
 that, loads neither vectorize nor pipeline, and registers and spills are not the GPU's
-(sessions 26-27 read 255 registers and spills off such builds). In a process of its
+(H100 runs read 255 registers and spills off such builds). In a process of its
 own (sm90_builds.py, run as a script): the interpreter (tests/kernels/conftest.py) replaces
 triton.jit here."""
 
@@ -55,7 +55,7 @@ def test_attention_schedules_launch_without_spilling(compiled):
     assert compiled["worklist"]["stack"] == 0 and compiled["worklist pdl"]["stack"] == 0
     assert compiled["fold pdl"]["stack"] == 0
     assert compiled["worklist pdl 64"]["stack"] == 0 and compiled["fold pdl 64"]["stack"] == 0
-    # rows in groups (session 42): the fold at 128-key blocks takes ~255 registers, no stack
+    # rows in groups: the fold at 128-key blocks takes ~255 registers, no stack
     # in pairs (in fours 8 bytes under Triton 3.6, none under 3.9); the worklist ~170 and,
     # at 128-key blocks, a few bytes of local memory
     assert compiled["fold pdl rows 2 128"]["stack"] == 0 and compiled["fold pdl rows 4 128"]["stack"] <= 16
@@ -124,7 +124,7 @@ def k_loops(ptx: str) -> list[str]:
                                     "five five-launch, gate_up split 2", "five five-launch, down 16 outputs, split 19"])
 def test_the_five_launch_products_k_loops_wait_on_no_load_of_their_own(compiled, kernel):
     """Every load a fused product's K loop uses comes through its pipeline: none waits a
-    round trip each step. Session 41 found the norm's weight read by a plain 2-byte load
+    round trip each step. An offline sm_90 build showed the norm's weight read by a plain 2-byte load
     each step where 4 warps share a 128-wide K step (1 element a thread: too narrow for an
     asynchronous copy): gate/up in 16 or 32 outputs at 4 warps, and the gateup probe's
     `4 warps`. Two warps, or 8, pipeline it. Built as the step launches each tile."""
@@ -148,7 +148,7 @@ def opcodes(ptx: str) -> collections.Counter:
 
 @pytest.mark.parametrize("product", ["qkv", "o", "gate_up", "down", "lm_head"])
 def test_live_rows_read_before_the_wait_move_the_metadatas_loads_and_nothing_else(compiled, product):
-    """CODESPEC_CUDA_EARLY_ROWS (session 41), built as the five-launch layers launch each
+    """CODESPEC_CUDA_EARLY_ROWS, built as the five-launch layers launch each
     product: before the wait it reads the pass's metadata alone, past L1; every other
     instruction is the build's without it, one for one, at the same registers (session
     33's `early` also moved the residual, and another layout of the epilogue's sums came
@@ -207,7 +207,7 @@ def test_a_folded_q_k_v_reads_its_epilogues_inputs_before_its_loop(compiled):
     """The five-launch layers' q/k/v (its split folded): the bias, the positions, rotary's
     tables at them and where K and V go come in right after the wait, in flight during
     the K loop; past the count, the program that stores the outputs reads the partials
-    alone (session 38's H200 trace: the epilogue's dependent reads 1.3 us of q/k/v's 6.4)."""
+    alone (an H200 trace: the epilogue's dependent reads 1.3 us of q/k/v's 6.4)."""
     ptx = compiled["linear m16 qkv fold"]["ptx"]
     wait = ptx.index("griddepcontrol.wait")
     loop = ptx.index("cp.async", wait)
@@ -262,7 +262,7 @@ def loops(ptx: str) -> int:
 
 
 def test_a_norm_from_squares_walks_nothing_before_the_products_loop(compiled):
-    """Session 23's fused q/k/v walked its rows of x in a loop of dependent loads before
+    """The first fused q/k/v walked its rows of x in a loop of dependent loads before
     its pipelined loop (ptxas unrolls it by four: ~4 round trips to L2 a product). Fed
     the sums of squares, the product has its K loop alone, as the plain products do."""
     assert loops(compiled["linear m16 qkv walk"]["ptx"]) == loops(compiled["linear m16 qkv"]["ptx"]) + 1

@@ -1,4 +1,4 @@
-"""Prefilling ahead (issue 29 item 2): once the person pauses, the language server hands
+"""Prefilling ahead: once the person pauses, the language server hands
 the backend the prompt of the request most likely to come, and the request then finds
 its chunks in the KV cache."""
 

@@ -1,4 +1,4 @@
-"""Cross-file context (issue 29): code from the files the person left, before the file's
+"""Cross-file context: code from the files the person left, before the file's
 own window, in the repository layout; it changes when the person switches files, never
 while they type in one."""
 

@@ -1,4 +1,4 @@
-"""What VS Code users met (issue 31), over the real server with a scripted backend
+"""What VS Code users met, over the real server with a scripted backend
 (`tests/lsp/scripted.py`): the text is fixed, so each case is exact.
 
 Each script is what the model writes after the prompt's middle, the whitespace held

@@ -1,4 +1,4 @@
-"""Fuzzing the language server (issue 32): hypothesis-generated JSON-RPC params for its
+"""Fuzzing the language server: hypothesis-generated JSON-RPC params for its
 requests (inline completion, execute command, stats) and notifications (open, change,
 close, configuration), sent raw past the client's own type checks, to a real `codespec
 lsp` over a tiny model. Every request is answered with its id (a result or an error

@@ -1,5 +1,5 @@
 """`codespec lsp --server` / `--shared`: what goes to the server goes through one worker
-per kind (issue 32's bound on threads holds over HTTP too)."""
+per kind (the bound on threads holds over HTTP too)."""
 
 from __future__ import annotations
 

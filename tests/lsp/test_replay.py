@@ -1,4 +1,4 @@
-"""`codespec lsp` through a long, messy editor session (issue 29's hang, issue 32's
+"""`codespec lsp` through a long, messy editor session (a hang, a
 unanswered requests and unbounded threads), over a tiny model so that it runs in the
 default suite: a real server process, a real LSP client (pygls).
 

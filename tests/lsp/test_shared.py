@@ -1,4 +1,4 @@
-"""One model server for every editor window (issue 31, item 8): two `codespec lsp
+"""One model server for every editor window (item 8): two `codespec lsp
 --shared` processes, as two VS Code windows start them, load one model between them in
 one `codespec serve`, both complete through it, and it exits once both have gone. Over
 the tiny FIM model, so it runs in the default suite."""
@@ -114,7 +114,7 @@ async def _two_windows(tmp_path: Path) -> None:
         killed, server = server, json.loads(states[0].read_text())
         first = result
         if server["pid"] == killed["pid"]:
-            # Seen in 3 of ~17 local runs (session 20), cause not found: the first request
+            # Seen in 3 of ~17 local runs, cause not found: the first request
             # after the kill was answered empty and started no server. The next one must.
             result = await answered(ask(a, uri, changed.count("\n") - 1, 4))
             server = json.loads(states[0].read_text())

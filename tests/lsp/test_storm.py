@@ -1,4 +1,4 @@
-"""Issue 32's memory probe, as a test: the real `codespec lsp` on the default model, a
+"""A memory probe, as a test: the real `codespec lsp` on the default model, a
 5 MB document changed 500 times (whole-text changes, as the probe's client sent them).
 Twenty such changes used to take the process from 2.8 GB to 11.8 GB, a thread per
 change. The bar: memory within 1 GB of its start, threads bounded, the server still

@@ -1,4 +1,4 @@
-"""The prompt window stays put while a person types (issue 29): consecutive requests of
+"""The prompt window stays put while a person types: consecutive requests of
 the typing replay share everything before the cursor's line, as tokens, so the KV prefix
 cache can reuse it; the old window (the last N characters before the cursor) shared
 nothing in a file longer than N."""

@@ -1,4 +1,4 @@
-"""A damaged model directory is one clear line, before anything loads (issue 32: a
+"""A damaged model directory is one clear line, before anything loads (a
 garbage config.json and truncated weights gave tracebacks)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fuzzing the HTTP surface (issue 32): hypothesis-generated bodies, from random JSON to
+"""Fuzzing the HTTP surface: hypothesis-generated bodies, from random JSON to
 near-valid requests with wrong types and edge values, on every POST route. Each gets a
 well-formed answer (a 2xx with the route's shape, or a 4xx with an OpenAI-style error
 body, never a 500) and the server answers /health after. Over a tiny model, so a valid

@@ -1,4 +1,4 @@
-"""Issue 32's HTTP probes, each a test: bad input is a 4xx with an OpenAI-style body, a
+"""HTTP probes, each a test: bad input is a 4xx with an OpenAI-style body, a
 client that leaves frees its slot, slow or oversized headers are refused, a stopping
 server ends its streams with an error event, big bodies do not block the event loop."""
 

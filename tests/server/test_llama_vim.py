@@ -1,4 +1,4 @@
-"""llama.vim's own requests against `/infill` (issue 31), as its code builds them
+"""llama.vim's own requests against `/infill`, as its code builds them
 (autoload/llama.vim: `llama#fim` and the ring-buffer update), on the default model: the
 warm-up with `n_predict` 0, the first request with its 250 ms limit and a later one
 with 1000 ms, each answer carrying every field llama.vim reads, a multi-token suggestion
