@@ -1,4 +1,4 @@
-"""Score fill-in-the-middle prompt layouts on the typing replay (issue 29), the model alone.
+"""Score fill-in-the-middle prompt layouts on the typing replay, the model alone.
 
 Every request of `codespec bench editor`'s replay (codespec/bench/typing.py) is built as
 `codespec lsp` builds it (lsp/window.py: the window before the cursor's line, the typed

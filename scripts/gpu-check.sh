@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole GPU verification of the cuda backend (issue 30), in one run of at most ~9 min
+# The whole GPU verification of the cuda backend, in one run of at most ~9 min
 # on a machine with torch, transformers and triton but no network:
 #   kernel and row exactness on CUDA, the pass-cost curve, the held-out lossless stress
 #   set, `codespec bench verify` (batch 1 and 8), the edit workload against

@@ -3,7 +3,7 @@
 # dependencies its image lacks as cp312 manylinux wheels (.whl/) and the default model's
 # config and tokenizer files (.gpu/; the model itself is prepared here first if needed);
 # gguf reads the real weights there (scripts/gpu-weights.sh); transformers 5.18 because
-# the image's 5.17 converts the GGUF's tokenizer without its FIM tokens (session 40).
+# the image's 5.17 converts the GGUF's tokenizer without its FIM tokens (2026-11-28).
 # Both folders stay out of git; together ~30 MB.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The default model's real weights onto a GPU machine that takes at most 64 MiB a call
-# (issue 30: "the real weights where you can bring them over in parts"). The official
+# ("the real weights where you can bring them over in parts"). The official
 # Q4_K_M GGUF (491 MB) goes over in 59 MiB pieces, one a call, while the machine stays
 # warm between calls (30 s); scripts/gpu-check.sh --real .gpuw-in then joins them,
 # checks the official sha256 and converts them as `codespec model prepare` does.

@@ -10,7 +10,7 @@ the GPU, never what it computes, checked bit for bit before any stage times or t
 
 Where one fails, its flag (gpu_step: NO_PDL, NO_FOLD, SAME_BITS' own) is set for the rest
 of the run, so no later stage, process or variant takes it. Split from scripts/gpu_step.py
-(session 52), whose settings and variants it checks."""
+(2026-12-03), whose settings and variants it checks."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ FOLD_TOLERANCE = 0.05
 @torch.inference_mode()
 def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any]:
     """Programmatic dependent launch (CODESPEC_CUDA_PDL) and a split summed by its last
-    program (CODESPEC_CUDA_REDUCE=fold), both session 27's and never run on a GPU before,
+    program (CODESPEC_CUDA_REDUCE=fold), both the 2026-11-27 and never run on a GPU before,
     change when and where work runs, never what it computes: a prompt prefilled and a
     64-node tree pass's logits, with them (`repeat` times) against without, bit for bit,
     for the default layers (PDL) and the fused ones of 16-row programs (PDL warming the
@@ -89,7 +89,7 @@ def pdl_check(loaded: Any, context: int = 700, repeat: int = 3) -> dict[str, Any
                     continue
                 # The fold sums a block's squares in the product's tile, the reduce kernel
                 # in its own one-row tile: on a GPU their layouts reduce in other orders, so
-                # its bits may differ and be right (session 32's H100 run: they did). What
+                # its bits may differ and be right (the 2026-11-27 H100 run: they did). What
                 # would show a race: passes that differ from each other, or far from these.
                 steady = all(torch.equal(logits, runs[0]) for logits in runs[1:])
                 relative = float((runs[0].float() - reference.float()).norm() / reference.float().norm())
@@ -140,8 +140,8 @@ def _first_layer_apart(ours: list[tuple[torch.Tensor, torch.Tensor]],
 
 
 def where_bits_part(reference: torch.Tensor, runs: list[torch.Tensor], reference_kv: list, kv: list) -> dict[str, Any]:
-    """Where a SAME_BITS setting's passes part from the five-launch layers' (session 38:
-    `early` did on an H200, and the bits alone could not say where; session 40: from layer
+    """Where a SAME_BITS setting's passes part from the five-launch layers' (2026-11-28:
+    `early` did on an H200, and the bits alone could not say where; 2026-11-28: from layer
     20's keys on, the same every pass: arithmetic, not a race): whether its passes
     agree with each other (a race would not), how far and in how many of the tree's rows
     the first differs, and the first layer whose keys or values differ after the prefill

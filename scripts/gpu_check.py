@@ -18,11 +18,11 @@ and its real tokenizer (carried). Stages, each timed and each allowed to fail al
 6. edit: `codespec bench workloads --workloads edit` (plain, transformers' prompt
    lookup, codespec). A random model copies nothing from its prompt: its acceptance
    comes from the run's own generations, which codespec's index takes in as they are
-   written (session 40: 1.5-2.1 tokens a pass), the real weights' from the prompt too;
+   written (2026-11-28: 1.5-2.1 tokens a pass), the real weights' from the prompt too;
 7. workloads: `codespec bench workloads --workloads repo,agent,editor --systems
    codespec` (plain beside it): the bench's other requests, each against plain decoding.
 
-`smoke` (first, session 39; scripts/gpu_smoke.py): the fused layers once in a process of
+`smoke` (first, 2026-11-28; scripts/gpu_smoke.py): the fused layers once in a process of
 their own, before this one launches them; where they fail they are off for the rest of
 the run (a device fault here would end every stage after it).
 
@@ -40,8 +40,8 @@ variant wins by 3% with its rows exact, edit, verify and stress run again
 with it as `edit_step`, `verify_step`, `stress_step`) and `plain` (plain decoding
 through the engine, ms per token with steps queued one ahead and without; where their
 outputs differ or it fails, the later stages run with CODESPEC_CUDA_CHAIN=0; with the
-step stage's winner as `plain_step`), in the default stages; `plain_five` (session 38:
-the same with the five-launch layers, and with attention over 64-key blocks (session 40)
+step stage's winner as `plain_step`), in the default stages; `plain_five` (2026-11-28:
+the same with the five-launch layers, and with attention over 64-key blocks (2026-11-28)
 unless the pdl stage found the fold changing a bit: the plain bar's candidates, without the
 step stage); `fused` (the backend with
 fused layers, CODESPEC_CUDA_FUSED: its rows, costs and profile), `fusedtiles` (each
@@ -54,15 +54,15 @@ steps), on request. Edit, verify and stress run again with CODESPEC_CUDA_FUSED=1
 (CODESPEC_CUDA_PREFILL=eager) as `edit_eager`, `verify_eager`, `stress_eager`, and without
 drafting ahead (CODESPEC_LOOK_AHEAD=off) as `verify_noahead` and the like (on request).
 
-`persist` (scripts/gpu_persist.py, session 32): the layer's four products, 24 layers, in
+`persist` (scripts/gpu_persist.py, 2026-11-27): the layer's four products, 24 layers, in
 one persistent launch with grid barriers (and warming each next product's weights)
 against one launch a product: whether a persistent kernel would reach the plain-step bar
-where fewer launches did not. `trace` (scripts/gpu_trace.py, session 33): the fused
+where fewer launches did not. `trace` (scripts/gpu_trace.py, 2026-11-27): the fused
 step's and 32-row pass's timelines from %globaltimer marks in every program of every
 launch (kernels/trace.py): where each launch's share of the step goes. `lmscreen`
-(scripts/gpu_lmscreen.py, session 34; on request): an int8 screen of lm_head against the
+(scripts/gpu_lmscreen.py, 2026-11-27; on request): an int8 screen of lm_head against the
 bf16 product, at a step's 16 rows and a pass's 32, and the vocab blocks it leaves to the
-exact product. `gateup` (scripts/gpu_gateup.py, session 39; on request): the fused
+exact product. `gateup` (scripts/gpu_gateup.py, 2026-11-28; on request): the fused
 layers' gate/up with each of what it adds to a bare product taken away in turn, cold
 and hot in L2, beside cuBLAS's.
 
@@ -121,7 +121,7 @@ PROBES = ("smoke", "kernel", "pdl", "rows", "costs", "profile", "anatomy", "atte
           "buckets", "rows_real")
 # The exactness stages, each in a fresh process: the edit workload against transformers'
 # prompt lookup, `bench verify` at batch 1 and 8, the held-out stress set, and the bench's
-# other workloads (repo, agent, editor: session 52, so every bench request runs on the GPU)
+# other workloads (repo, agent, editor: 2026-12-03, so every bench request runs on the GPU)
 EXACTNESS = ("edit", "verify", "stress", "workloads")
 STAGES = frozenset(PROBES) | {kind + suffix for kind in EXACTNESS
                               for suffix in ("", "_fused", "_eager", "_noahead", "_real")}
@@ -304,7 +304,7 @@ def exactness_stages(results: dict[str, Any], wanted: list[str], model_dir: Path
     batch 1 and 8, and codespec against transformers' prompt lookup on edit; `workloads`,
     the bench's repo, agent and editor requests against plain decoding). With `real` (real_model
     prepared the default model's real weights), `*_real` first: real acceptance, real
-    prompt lookup, and what resolving issue 30 waits on (session 40's deadline reached
+    prompt lookup, and what resolving an earlier changewaits on (the 2026-11-28 deadline reached
     them after the winner's, and their FIM requests failed). Then, where the step stage
     found a winner, its runs (`*_step`, prompt lookup beside it too: the evidence for
     making it the default); then the default backend's, then the variants asked for
@@ -382,7 +382,7 @@ def main() -> None:
     results["backend"] = {"name": loaded.backend, "reason": loaded.reason, "rows": getattr(loaded.forward, "rows", None),
                           "setup_s": round(time.perf_counter() - began, 1)}
     print(f"[gpu-check] {results['device']}: backend {loaded.backend} ({loaded.reason})", flush=True)
-    if "smoke" in wanted:  # session 39's untried kernels, each first in a process of its own
+    if "smoke" in wanted:  # the 2026-11-28 untried kernels, each first in a process of its own
         stage(results, "smoke", lambda: smoke_stage(model_dir), out, needs_s=60)
     if "kernel" in wanted:
         stage(results, "kernel", kernel_checks, out)
@@ -402,14 +402,14 @@ def main() -> None:
         stage(results, "step", lambda: step_probe(loaded), out, needs_s=60)
     if "plain" in wanted:
         stage(results, "plain", lambda: plain_probe(loaded), out, needs_s=20)
-        if results["plain"].get("identical") is not True:  # never on a GPU before session 26's run
+        if results["plain"].get("identical") is not True:  # never on a GPU before the 2026-11-27 run
             os.environ["CODESPEC_CUDA_CHAIN"] = "0"  # the later stages measure the rest, not this
             results["plain"]["chain_off_for_the_rest"] = True
         if winner_env(results) is not None:  # the bar's plain decoding with the step stage's winner
             stage(results, "plain_step", lambda: with_env(loaded, winner_env(results), plain_probe), out, needs_s=20)
     if "plain_five" in wanted:  # the plain bar's candidates: the five-launch layers, and with attention over
-        # 64-key blocks (session 40), begun before its wait, gate/up over every SM and all of them
-        # (session 41); each new one's tree rows against its decode steps first
+        # 64-key blocks (2026-11-28), begun before its wait, gate/up over every SM and all of them
+        # (2026-11-28); each new one's tree rows against its decode steps first
         for name, extra, tiles in PLAIN_FIVE:
             env = variant_env({**FIVE_LAUNCHES, **extra})
             if unchecked(env) or fails_to_run(env, tiles):

@@ -1,7 +1,7 @@
-"""The `gateup` stage of scripts/gpu_check.py (session 39): why the fused layers' gate/up
+"""The `gateup` stage of scripts/gpu_check.py (2026-11-28): why the fused layers' gate/up
 takes twice its bytes.
 
-Session 38's H200 trace: gate/up is 26% of a five-launch step (10.9 us a layer), its K
+The 2026-11-28 H200 trace: gate/up is 26% of a five-launch step (10.9 us a layer), its K
 loop alone 10.2 us for 17.4 MB (3.6 us at 4.8 TB/s), though its weights were warmed into
 L2 while o ran. Bare, the same product in row_linear took 6.4 us on the H100 (session
 20's `gemm` probe, cuBLAS 6.5, bytes 5.9). What the fused one adds: 16-row programs, the
@@ -41,7 +41,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "K step 64": {"block_k": 64, "num_stages": 4},
     "K step 256": {"block_k": 256, "num_stages": 2},
     "64 outputs": {"block_n": 64},
-    # session 41: every SM a program or more (608 and 304 of them), at two warps: at four, the
+    # 2026-11-28: every SM a program or more (608 and 304 of them), at two warps: at four, the
     # norm's weight is a plain load each K step (so is `4 warps` above: read it with that)
     "16 outputs, 2 warps": {"block_n": 16, "num_warps": 2, "num_stages": 4},
     "32 outputs, 2 warps": {"block_n": 32, "num_warps": 2, "num_stages": 4},

@@ -36,7 +36,7 @@ def kernel_checks() -> dict[str, Any]:
                                                         path_len=path_len[r:r + 1], scale=0.125,
                                                         schedule=meta["schedule"])[0])
                       for r in range(0, rows, 7))
-    # before the keys of other slots change below (session 32's run compared the fold
+    # before the keys of other slots change below (the 2026-11-27 run compared the fold
     # against this reference after they had: a relative error of 0.63 that was the check's)
     own = {k: v for k, v in meta.items() if k != "schedule"}
     fold = _own_bits_check("fold", query, keys, values, own, ref)
@@ -59,7 +59,7 @@ def kernel_checks() -> dict[str, Any]:
 
 def _own_bits_check(schedule: str, query: Any, keys: Any, values: Any, meta: dict[str, Any],
                     ref: Any) -> dict[str, Any]:
-    """An attention schedule of its own bits, `fold` (session 30): its error against the
+    """An attention schedule of its own bits, `fold` (2026-11-27): its error against the
     reference, each row alone against the pass, and its counts left zero, as
     `{schedule}_...`; an error is reported, not raised."""
     from codespec.kernels.row_attention import row_attention
@@ -80,7 +80,7 @@ def _own_bits_check(schedule: str, query: Any, keys: Any, values: Any, meta: dic
 
 
 def _schedule_check(query: Any, keys: Any, values: Any, meta: dict[str, Any]) -> dict[str, Any]:
-    """Attention's default schedule (worklist, session 26, never run on a GPU before)
+    """Attention's default schedule (worklist, 2026-11-27, never run on a GPU before)
     against the grid's bits. Where it fails or differs, the rest of the run (and its
     subprocesses) uses the grid: one untried kernel must not cost the whole check."""
     from codespec.kernels.row_attention import row_attention

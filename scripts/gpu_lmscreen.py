@@ -1,8 +1,8 @@
-"""The lm_head screen probe (`lmscreen` stage, session 34): would greedy choices through an
+"""The lm_head screen probe (`lmscreen` stage, 2026-11-27): would greedy choices through an
 int8 copy of lm_head save what its bytes promise on the GPU, and how many vocab blocks
 would the exact product still have to compute?
 
-lm_head is the step's largest product (session 32: 133 us of ~1.2 ms on the H100, its
+lm_head is the step's largest product (2026-11-27: 133 us of ~1.2 ms on the H100, its
 bf16 bytes 91 us). A greedy row needs its argmax alone. The CPU path already finds it
 through an int8 screen (kernels/lmchoice.py). The GPU design (docs/benchmarks.md, "Next
 GPU run") screens every vocab block in int8, flags the blocks that may hold the row's
@@ -11,7 +11,7 @@ the bits it has without the screen. This probe prices the first half: the screen
 against the bf16 product at one row and at 32, and the blocks it flags.
 
 The screen itself is kernels/lm_screen.py's (its bound in that module's docstring), which
-the fused layers now run behind CODESPEC_CUDA_LM_SCREEN (session 42); here it screens
+the fused layers now run behind CODESPEC_CUDA_LM_SCREEN (2026-11-28); here it screens
 rows whose norms the host computes in float64.
 """
 

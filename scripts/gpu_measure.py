@@ -30,7 +30,7 @@ def pass_replay(forward: Any, cache: Any, context: int, tree: Any) -> Callable[[
     """A replay of the graph that runs `tree`'s pass over `context` keys, with that pass's
     metadata in the bucket: the graph of the layout the backend gives a pass of its rows
     (the bucket's, the wide passes' with CODESPEC_CUDA_PASS_ROW_GROUP, the narrow steps'
-    with CODESPEC_CUDA_NARROW_STEPS). Until session 40 the step stage replayed whatever
+    with CODESPEC_CUDA_NARROW_STEPS). Until 2026-11-28 the step stage replayed whatever
     pass ran last: its `device_step_ms` was a 32-row pass's."""
     forward.choices(cache, [(0, context, tree)])  # the pass's metadata (and its graph captured)
     bucket = forward._buckets[cache]

@@ -1,7 +1,7 @@
-"""The persistent-kernel probe (`persist` stage, session 32): would one kernel running a
-step's products reach issue 30's plain-step bar, where launching them did not?
+"""The persistent-kernel probe (`persist` stage, 2026-11-27): would one kernel running a
+step's products reach the plain-step bar, where launching them did not?
 
-Session 32's H100 run cut a step from 273 launches to 125 and it went from 1.21 to 1.19
+The 2026-11-27 H100 run cut a step from 273 launches to 125 and it went from 1.21 to 1.19
 ms: the launches were not the cost. Each product is a chain of dependent memory round
 trips, and while it runs no other weights stream. A persistent kernel (Hazy Research's
 Llama-1B "megakernel") keeps every SM's programs alive across the products, meets at a
@@ -15,7 +15,7 @@ their own weights, one row, fp32 activations; no norm, attention or epilogue):
 - `persistent`: all 96 products in one launch of one program an SM, a barrier between
   them (and warming the next product's weights before each barrier);
 - `barriers`: the persistent launch without the products: what 96 barriers cost;
-- `launched flags` (session 33): one launch a product as a programmatic dependent, but
+- `launched flags` (2026-11-27): one launch a product as a programmatic dependent, but
   waiting on a count the launch before raises after its stores (release/acquire at GPU
   scope) instead of `griddepcontrol.wait`, which waits for that launch to end and flush:
   what a launch boundary costs beyond its last store. PDL launches a kernel only once

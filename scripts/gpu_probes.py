@@ -22,9 +22,9 @@ def attention_probe() -> dict[str, Any]:
     default model's heads), in CUDA graphs: a step (one real row) at 512 and 2048 keys,
     passes of 32 chain rows at 512 and 2048 and of 64 at 512, by schedule; whether the
     worklist's rows have the grid's bits (the same code per block and combine: they
-    should); the fold's (session 30: its own combine, so its own bits) within bf16's
+    should); the fold's (2026-11-27: its own combine, so its own bits) within bf16's
     rounding of the grid's, and a pass's first row with the bits of the step over the
-    same keys; each over 128-key blocks and over 64 (session 40, CODESPEC_CUDA_KEY_BLOCK:
+    same keys; each over 128-key blocks and over 64 (2026-11-28, CODESPEC_CUDA_KEY_BLOCK:
     other bits, the grid's at the same blocks the reference)."""
     from codespec.kernels import row_attention as module
 
@@ -41,7 +41,7 @@ def attention_probe() -> dict[str, Any]:
         path_len[:real] = torch.arange(1, real + 1, device="cuda")  # a chain: row i sees i + 1 drafted keys
         path = (keys_in_row + torch.arange(64, device="cuda")).repeat(64, 1).contiguous()
         layouts[name] = dict(slots=zeros, context=context, path=path, path_len=path_len)
-    # (schedule, programs an SM, warps, key block, early keys); early keys (session 41), alone in
+    # (schedule, programs an SM, warps, key block, early keys); early keys (2026-11-28), alone in
     # a graph with nothing before them to overlap, say their bits are the launch's without
     # them and what the split loads cost, not what they save in a step (`step`, `trace`)
     schedules = {"grid": ("grid", 2, 4, 128, False), "worklist w4 x2": ("worklist", 2, 4, 128, False),

@@ -1,4 +1,4 @@
-"""The `smoke` stage of scripts/gpu_check.py (session 39): the kernels no GPU has run yet,
+"""The `smoke` stage of scripts/gpu_check.py (2026-11-28): the kernels no GPU has run yet,
 each once, in a process of its own, before the check's own process launches them.
 
 Why. A kernel that faults on the device (an illegal address, a misaligned access)
@@ -11,14 +11,14 @@ process: the smoke costs the imports and a few launches.
 Parts (`python scripts/gpu_smoke.py PART MODEL_DIR`, one JSON line out, exit 1 on a
 failure):
 * `fused`: the five-launch layers on the random model: a prompt prefilled, then a tree
-  pass, its logits finite. (Session 39's `walk` part ran attention's walk schedule;
-  session 40 removed the schedule.)
-* `candidates` (session 41): the same with every candidate for the plain bar
+  pass, its logits finite. (The 2026-11-28 `walk` part ran attention's walk schedule;
+  2026-11-28 removed the schedule.)
+* `candidates` (2026-11-28): the same with every candidate for the plain bar
   (gpu_step.EVERY_NARROW: attention over 64-key blocks begun before its wait, the
   products' live rows read before theirs, gate/up's 16-output tile at two warps) and
   narrow steps (CODESPEC_CUDA_NARROW_STEPS), a one-row step through their graph too;
   then, in the same process on the model already loaded, each of gpu_step.TRIED_APART
-  (session 42): all that with lm_head behind its int8 screen (its four launches and its
+  (2026-11-28): all that with lm_head behind its int8 screen (its four launches and its
   logits' full product, `screen`), and the five-launch layers with attention's rows in
   groups (`attention_rows`). Where one of those alone fails, the check turns it off and
   keeps the others."""

@@ -10,7 +10,7 @@ missed (plain decoding 3.6-4.6x the weights' read time; bar 3x):
 
 Here too: the settings the other stages share (DEFAULTS, VARIANTS, the flags a failed
 check sets for the whole run, SAME_BITS). The `pdl` stage, which sets those flags, lives
-in scripts/gpu_bits.py; the attention and l2 probes in scripts/gpu_probes.py (session 41)."""
+in scripts/gpu_bits.py; the attention and l2 probes in scripts/gpu_probes.py (2026-11-28)."""
 
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ from gpu_measure import (_engine, _wall_ms, device_ms, pass_replay, profile_step
                          step_floor)
 
 # The settings every variant sets (the defaults), and each variant's own over them: the
-# default first and last, to see the machine drift between them. Session 29 made
+# default first and last, to see the machine drift between them. 2026-11-27 made
 # programmatic dependent launch the default on Hopper (`auto`); `no pdl` times without
 # it, and the fused layers with it, their programs of 64 or 16 rows (a step computes one
-# block), their products warming their own weights. Session 29 removed the variants that
+# block), their products warming their own weights. 2026-11-27 removed the variants that
 # lost on the H100: L2 warming on a side stream, the real rows' argmax, `single` attention.
 DEFAULTS = {"CODESPEC_CUDA_ATTENTION": "worklist", "CODESPEC_CUDA_FUSED": "0", "CODESPEC_CUDA_PDL": "auto",
             "CODESPEC_CUDA_TILE_ROWS": "64", "CODESPEC_CUDA_REDUCE": "launch",
@@ -38,12 +38,12 @@ DEFAULTS = {"CODESPEC_CUDA_ATTENTION": "worklist", "CODESPEC_CUDA_FUSED": "0", "
             "CODESPEC_CUDA_LM_SCREEN": "0", "CODESPEC_CUDA_ATTENTION_ROWS": "1",
             "TORCH_BLAS_PREFER_CUBLASLT": "0"}  # torch reads it at start-up: a later stage's process
 FUSED, M16 = {"CODESPEC_CUDA_FUSED": "1"}, {"CODESPEC_CUDA_FUSED": "1", "CODESPEC_CUDA_TILE_ROWS": "16"}
-# session 32's fastest step: five launches a layer (both folds), 16-row programs, PDL warming
+# the 2026-11-27 fastest step: five launches a layer (both folds), 16-row programs, PDL warming
 FIVE_LAUNCHES = {**M16, "CODESPEC_CUDA_PDL": "prefetch", "CODESPEC_CUDA_REDUCE": "fold",
                  "CODESPEC_CUDA_ATTENTION": "fold"}
-PASS_BAR = 1.3  # issue 30: a 32-row verify pass at most this many steps; a winner must keep it
+PASS_BAR = 1.3  # an earlier change: a 32-row verify pass at most this many steps; a winner must keep it
 # Gate/up's tile for the five-launch step (reported only: tiles have no setting). Its 76
-# programs of 128 outputs leave 56 of the H200's 132 SMs without one. Session 40's trace
+# programs of 128 outputs leave 56 of the H200's 132 SMs without one. The 2026-11-28 trace
 # fits one rate for every product: an SM's programs read ~28-30 GB/s between them (gate/up's
 # median program, 229 KB in 7.6 us; lm_head, whose 1,187 programs keep every SM busy, 3.1
 # TB/s over 132 SMs; o's and down's with ~1.5 us of latency added). By that, a product takes
@@ -51,31 +51,31 @@ PASS_BAR = 1.3  # issue 30: a 32-row verify pass at most this many steps; a winn
 # two on 20 SMs, the bytes of one of 76 (no gain), where 608 of 16 outputs put at most 5
 # of 28 KB on any (143 KB against 229: ~3 us a layer less) and 304 of 32 at most 3 of 57
 # KB (172 KB). Two warps: at four, a 128-wide K step is one norm weight a thread, too narrow
-# to copy asynchronously, and the K loop waits on a plain load each step (session 41's sm_90
+# to copy asynchronously, and the K loop waits on a plain load each step (the 2026-11-28 sm_90
 # build; tests/kernels/test_sm90_compile.py).
 FIVE_GATE_UP_TILES = {"five-launch, gate_up 16 outputs": Config(16, 16, 128, num_warps=2, num_stages=4),
                       "five-launch, gate_up 32 outputs": Config(16, 32, 128, num_warps=2, num_stages=4),
                       "five-launch, gate_up 64 outputs": Config(16, 64, 128, num_warps=8, num_stages=3),
                       "five-launch, gate_up split 2": Config(16, 128, 128, splits=2, num_warps=8, num_stages=3)}
-# Down's for it (session 41, reported only): by the same rate, its 224 programs of 41 KB put
+# Down's for it (2026-11-28, reported only): by the same rate, its 224 programs of 41 KB put
 # two on 92 SMs (82 KB); 1,064 of 16 outputs and a 19-way split of K (8 KB each, folded)
 # put at most 9 on any (72 KB): what the rate model says of a second product.
 FIVE_DOWN_TILES = {"five-launch, down 16 outputs, split 19": Config(16, 16, 64, splits=19, num_warps=2,
                                                                    num_stages=4)}
-# lm_head behind its int8 screen (session 42, kernels/lm_screen.py): session 38's probe timed
+# lm_head behind its int8 screen (2026-11-28, kernels/lm_screen.py): the 2026-11-28 probe timed
 # the screen at 51 against the bf16 product's 75 us (16 rows), and the real weights' rows
 # flag ~2 of 1,187 blocks; ~20 us a step if the four launches cost what the probe says.
 LM_SCREEN = {"CODESPEC_CUDA_LM_SCREEN": "1"}
-# Attention's rows in pairs sharing their context's key blocks (session 42,
-# kernels/row_attention.py): for the pass bar, where session 40's 32-row pass spent 14.4
+# Attention's rows in pairs sharing their context's key blocks (2026-11-28,
+# kernels/row_attention.py): for the pass bar, where the 2026-11-28 32-row pass spent 14.4
 # us a layer in attention against a step's 8.9 (320 items, two rounds of the wave); in
 # pairs, 192 items, one round. Pairs, not fours: the fold with groups of four took 8
 # bytes of stack under Triton 3.6 (pairs none). Not with early keys, so not among
 # EVERY_CANDIDATE.
 ATTENTION_ROWS = {"CODESPEC_CUDA_ATTENTION_ROWS": "2"}
-# The plain bar's candidates together (session 41): the five-launch layers with attention
+# The plain bar's candidates together (2026-11-28): the five-launch layers with attention
 # over 64-key blocks, begun before its wait, the products' live rows read before theirs,
-# gate/up over every SM, and (session 42) lm_head's screen (the step stage, the plain_five
+# gate/up over every SM, and (2026-11-28) lm_head's screen (the step stage, the plain_five
 # stage's `plain_five_all`, the trace).
 EVERY_CANDIDATE = {**FIVE_LAUNCHES, "CODESPEC_CUDA_KEY_BLOCK": "64", "CODESPEC_CUDA_EARLY_KEYS": "1",
                    "CODESPEC_CUDA_EARLY_ROWS": "1", **LM_SCREEN}
@@ -92,7 +92,7 @@ def variant_env(own: dict[str, str], run: Mapping[str, str | None] | None = None
     then the variant's own. `run`: the run's settings as a stage found them (default: the
     environment now). A stage that measures variants one after another passes what it
     saved at its start: each variant's settings go into the environment, and until
-    session 33 the step stage read the next variant's from there (every variant after
+    2026-11-27 the step stage read the next variant's from there (every variant after
     `fused m16 pdl/prefetch fold, fold attention` ran with attention folded, and after
     `grid attention`, the grid; `default (again)` too)."""
     run = os.environ if run is None else run
@@ -106,37 +106,37 @@ VARIANTS: dict[str, dict[str, str]] = {
     "default": {}, "no pdl": {"CODESPEC_CUDA_PDL": "off"},
     "fused m16 pdl/prefetch": {**M16, "CODESPEC_CUDA_PDL": "prefetch"},
     "fused m16 pdl/prefetch fold": {**M16, "CODESPEC_CUDA_PDL": "prefetch", "CODESPEC_CUDA_REDUCE": "fold"},
-    # five launches a layer (session 30): the fused layers folded, attention's combine folded
+    # five launches a layer (2026-11-27): the fused layers folded, attention's combine folded
     "fused m16 pdl/prefetch fold, fold attention": FIVE_LAUNCHES,
-    # ... attention over 64-key blocks (session 40): alone, 6.6 against 8.3 us a layer at 512
-    # keys on every run since session 29; twice the items, the fold's combine 16 partials a step
+    # ... attention over 64-key blocks (2026-11-28): alone, 6.6 against 8.3 us a layer at 512
+    # keys on every run since 2026-11-27; twice the items, the fold's combine 16 partials a step
     "fused m16 pdl/prefetch fold, fold attention, 64-key blocks": {**FIVE_LAUNCHES, "CODESPEC_CUDA_KEY_BLOCK": "64"},
-    # ... attention's first item begun before its wait (session 41: three of the ~6 round trips
-    # after it, where the fold's last program took 8.2 us a layer in session 40's trace)
+    # ... attention's first item begun before its wait (2026-11-28: three of the ~6 round trips
+    # after it, where the fold's last program took 8.2 us a layer in the 2026-11-28 trace)
     "fused m16 pdl/prefetch fold, fold attention, early keys": {**FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY_KEYS": "1"},
     "fused m16 pdl/prefetch fold, fold attention, 64-key blocks, early keys": {
         **FIVE_LAUNCHES, "CODESPEC_CUDA_KEY_BLOCK": "64", "CODESPEC_CUDA_EARLY_KEYS": "1"},
-    # ... each product's live rows read before its wait (session 41: one round trip off each)
+    # ... each product's live rows read before its wait (2026-11-28: one round trip off each)
     "fused m16 pdl/prefetch fold, fold attention, early rows": {**FIVE_LAUNCHES, "CODESPEC_CUDA_EARLY_ROWS": "1"},
-    # ... lm_head behind its int8 screen (session 42)
+    # ... lm_head behind its int8 screen (2026-11-28)
     "fused m16 pdl/prefetch fold, fold attention, lm screen": {**FIVE_LAUNCHES, **LM_SCREEN},
-    # ... attention's rows in pairs sharing their context's blocks (session 42: the pass bar)
+    # ... attention's rows in pairs sharing their context's blocks (2026-11-28: the pass bar)
     "fused m16 pdl/prefetch fold, fold attention, attention rows 2": {**FIVE_LAUNCHES, **ATTENTION_ROWS},
-    # ... steps in a graph of the bucket's first 16 rows alone (session 41: no blocks of
+    # ... steps in a graph of the bucket's first 16 rows alone (2026-11-28: no blocks of
     # padding rows; its rows are checked against the full bucket's where it wins)
     "fused m16 pdl/prefetch fold, fold attention, narrow steps": {**FIVE_LAUNCHES, "CODESPEC_CUDA_NARROW_STEPS": "1"},
     # ... and passes wider than a block in a graph of their own, rows grouped four blocks a
-    # weight tile (session 39): a step's graph a group of one's, a 32-row pass's weights once
+    # weight tile (2026-11-28): a step's graph a group of one's, a 32-row pass's weights once
     "fused m16 pdl/prefetch fold, fold attention, pass row group": {**FIVE_LAUNCHES,
                                                                     "CODESPEC_CUDA_PASS_ROW_GROUP": "4"},
     "fused m16 pdl/prefetch fold, fold attention, 64-key blocks, pass row group": {
         **FIVE_LAUNCHES, "CODESPEC_CUDA_KEY_BLOCK": "64", "CODESPEC_CUDA_PASS_ROW_GROUP": "4"},
-    # ... computing a bucket's four blocks of rows in one program a weight tile (session 33)
+    # ... computing a bucket's four blocks of rows in one program a weight tile (2026-11-27)
     "fused m16 pdl/prefetch fold, fold attention, row group": {**FIVE_LAUNCHES, "CODESPEC_CUDA_ROW_GROUP": "4"},
     # ... each launch waiting on the count of the stores before it, not on that launch's end
     "fused m16 pdl/flags fold, fold attention": {**FIVE_LAUNCHES, "CODESPEC_CUDA_PDL": "flags"},
     # 32-row programs: a 32-row pass is one block of rows (16-row programs read every
-    # weight twice for it: session 29's 16-row fused pass cost 1.56 steps)
+    # weight twice for it: the 2026-11-27 16-row fused pass cost 1.56 steps)
     "fused m32 pdl/prefetch fold": {**FUSED, "CODESPEC_CUDA_TILE_ROWS": "32", "CODESPEC_CUDA_PDL": "prefetch",
                                     "CODESPEC_CUDA_REDUCE": "fold"},
     "fused m32 pdl/prefetch fold, fold attention": {**FUSED, "CODESPEC_CUDA_TILE_ROWS": "32",
@@ -154,10 +154,10 @@ NO_FOLD = "CODESPEC_GPU_CHECK_NO_FOLD"  # ... where a folded split did
 # set by the smoke stage (gpu_smoke.py) where the fused layers failed to run: nothing in
 # this process may launch them (a device fault would end every stage after it)
 NO_FUSED = "CODESPEC_GPU_CHECK_NO_FUSED"
-# ... and where the plain bar's candidates failed to (session 41: attention's early keys,
+# ... and where the plain bar's candidates failed to (2026-11-28: attention's early keys,
 # gate/up's 16-output tile; EVERY_CANDIDATE)
 NO_CANDIDATES = "CODESPEC_GPU_CHECK_NO_CANDIDATES"
-# ... and where lm_head's screen failed to, the other candidates running (session 42: its
+# ... and where lm_head's screen failed to, the other candidates running (2026-11-28: its
 # four launches are tried last in the candidates' process)
 NO_SCREEN = "CODESPEC_GPU_CHECK_NO_SCREEN"
 # ... and where attention's rows in groups failed to
@@ -167,19 +167,19 @@ NO_ATTENTION_ROWS = "CODESPEC_GPU_CHECK_NO_ATTENTION_ROWS"
 TRIED_APART = (("screen", EVERY_NARROW, EVERY_TILES, NO_SCREEN),
                ("attention_rows", {**FIVE_LAUNCHES, **ATTENTION_ROWS}, None, NO_ATTENTION_ROWS))
 # Settings that move reads or share a weight tile among blocks of rows, never a row's
-# arithmetic (session 33): the pdl stage asks the five-launch layers for the same bits with
-# each as without; where one differs, its flag is set and no stage takes it. (Session 33's
-# `early` was one until session 40 found what changed its bits on the H200: another
+# arithmetic (2026-11-27): the pdl stage asks the five-launch layers for the same bits with
+# each as without; where one differs, its flag is set and no stage takes it. (The 2026-11-27
+# `early` was one until 2026-11-28 found what changed its bits on the H200: another
 # layout of the epilogue's sums, not a read; removed.)
 SAME_BITS = {"row group": ({"CODESPEC_CUDA_ROW_GROUP": "4"}, "CODESPEC_GPU_CHECK_NO_GROUP"),
              "flags": ({"CODESPEC_CUDA_PDL": "flags"}, "CODESPEC_GPU_CHECK_NO_FLAGS"),
-             # session 39: the tree pass (64 rows) in the wide passes' graph, rows grouped
+             # 2026-11-28: the tree pass (64 rows) in the wide passes' graph, rows grouped
              "pass row group": ({"CODESPEC_CUDA_PASS_ROW_GROUP": "4"}, "CODESPEC_GPU_CHECK_NO_PASS_GROUP"),
-             # session 41: attention's first item begun before the wait (the same loads, split)
+             # 2026-11-28: attention's first item begun before the wait (the same loads, split)
              "early keys": ({"CODESPEC_CUDA_EARLY_KEYS": "1"}, "CODESPEC_GPU_CHECK_NO_EARLY_KEYS"),
              # ... and the products' live rows read before their wait
              "early rows": ({"CODESPEC_CUDA_EARLY_ROWS": "1"}, "CODESPEC_GPU_CHECK_NO_EARLY_ROWS"),
-             # session 42: attention's rows in groups (the same partials, their keys loaded once)
+             # 2026-11-28: attention's rows in groups (the same partials, their keys loaded once)
              "attention rows": (ATTENTION_ROWS, "CODESPEC_GPU_CHECK_NO_ATTENTION_GROUPS")}
 # Every flag the smoke and pdl stages may set for the rest of the run
 CHECK_FLAGS = (NO_PDL, NO_FOLD, NO_FUSED, NO_CANDIDATES, NO_SCREEN, NO_ATTENTION_ROWS,
@@ -196,7 +196,7 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
     medians of 30) with each variant (VARIANTS), and the step's and the pass's graphs
     replayed 20 times back to back with their own metadata (device ms, no host between).
     Then each family's best
-    (FAMILIES) together, where two or more beat the default alone; session 20's
+    (FAMILIES) together, where two or more beat the default alone; the 2026-11-26
     fastest tiles for down and lm_head (`down tiles`, `lm_head tile`: row_linear, the
     latter with the greedy choices from its epilogue, no argmax pass; reported only:
     tiles have no setting); the fastest variant's rows against its decode steps (a cache hint cannot
@@ -204,7 +204,7 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
     profile; and the fastest fused variant's profile where it did not win. The winner
     (`best`) is the fastest step among the variants whose 32-row pass stays within
     PASS_BAR steps (`fastest_step` names the fastest of all), both by the graphs' device
-    times since session 40 (the host's wall time of one graph moved by 13% between two
+    times since 2026-11-28 (the host's wall time of one graph moved by 13% between two
     variants that built it; the engine queues plain steps one ahead, so the host's part
     is hidden there)."""
     from codespec.forward.cuda import CudaForward
@@ -246,7 +246,7 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
         if time.perf_counter() - began < deadline_s:
             result["down tiles"] = _measure(loaded, envs["default"], floor["floor_ms"], context,
                                             tiles={"down": Config(64, 32, 64, splits=4)})
-        if time.perf_counter() - began < deadline_s:  # session 20's fastest lm_head tile, its choices in the epilogue
+        if time.perf_counter() - began < deadline_s:  # the 2026-11-26 fastest lm_head tile, its choices in the epilogue
             result["lm_head tile"] = _measure(loaded, envs["default"], floor["floor_ms"], context,
                                               tiles={"lm_head": Config(64, 64, 64)})
         if time.perf_counter() - began < deadline_s:  # cuBLAS's split-K reduced in fp32: its choice of kernels
@@ -257,7 +257,7 @@ def step_probe(loaded: Any, deadline_s: float = 100.0, context: int = 512) -> di
         for product, label, tile in other_tiles:  # the five-launch step with another tile of one product
             if time.perf_counter() - began < deadline_s and not unchecked(five) and not fails_to_run(five, tile):
                 result[label] = _measure(loaded, five, floor["floor_ms"], context, tiles={product: tile})
-        every = variant_env(EVERY_CANDIDATE, saved)  # session 41: every candidate together
+        every = variant_env(EVERY_CANDIDATE, saved)  # 2026-11-28: every candidate together
         if time.perf_counter() - began < deadline_s and not unchecked(every) and not fails_to_run(every, EVERY_TILES):
             result[EVERY_LABEL] = _measure(loaded, every, floor["floor_ms"], context, tiles=EVERY_TILES)
         best = min((k for k in timed if k in keeps), key=timed.get, default=min(timed, key=timed.get))
@@ -302,7 +302,7 @@ def fails_to_run(env: Mapping[str, str], tiles: Mapping[str, Any] | None = None)
 def unchecked(env: dict[str, str]) -> bool:
     """Whether `env` takes PDL, the fold or a SAME_BITS setting where the pdl stage found
     it changing a bit, or the fused layers where they failed their smoke (gpu_smoke.py).
-    (Session 38's exception, a setting taken where a combination holding it kept the
+    (The 2026-11-28 exception, a setting taken where a combination holding it kept the
     bits, went with `early`, its one case.)"""
     if (env.get("CODESPEC_CUDA_PDL", "off") not in ("off", "auto") and bool(os.environ.get(NO_PDL))) or \
             (env.get("CODESPEC_CUDA_REDUCE", "launch") == "fold" and bool(os.environ.get(NO_FOLD))) or \
@@ -368,7 +368,7 @@ def _measure(loaded: Any, env: dict[str, str], floor_ms: float, context: int,
             entry["step_over_floor"] = round(entry["step_ms"] / floor_ms, 2)
             entry["pass32_over_step"] = round(entry["pass32_ms"] / entry["step_ms"], 2)
             # the graphs alone, replayed back to back with their own pass's metadata: the
-            # kernels' time without the host's (session 40: one graph's host wall differed
+            # kernels' time without the host's (2026-11-28: one graph's host wall differed
             # by 13% between two variants that built it), what the winner is chosen by
             entry["device_step_ms"] = device_ms(pass_replay(forward, cache, context, step))
             entry["device_pass32_ms"] = device_ms(pass_replay(forward, cache, context, pass32))

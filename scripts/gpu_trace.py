@@ -1,7 +1,7 @@
-"""The `trace` stage (session 33): where a step's time goes inside the fused layers, launch
+"""The `trace` stage (2026-11-27): where a step's time goes inside the fused layers, launch
 by launch and inside each launch's programs (kernels/trace.py).
 
-Why. Session 32's H100 run left the plain step at 1.19 ms against a 1.0 ms bar, and
+Why. The 2026-11-27 H100 run left the plain step at 1.19 ms against a 1.0 ms bar, and
 cutting launches (273 -> 125) did not move it; the products' per-launch times (qkv 6.7
 us for 2 MB, o 4.5 for 1.6, down 10.1 for 8.7) say each is a chain of latencies, not
 which. Here the fused backend's kernels write %globaltimer at each phase of each program
@@ -28,22 +28,22 @@ from gpu_measure import _engine, device_ms, pass_replay
 from gpu_step import (ATTENTION_ROWS, DEFAULTS, EVERY_CANDIDATE, EVERY_LABEL, EVERY_NARROW, EVERY_TILES,
                       FIVE_LAUNCHES, fails_to_run, restore_environment, variant_env)
 
-# The fastest step of session 32 (five launches a layer); the same with attention over
-# 64-key blocks (CODESPEC_CUDA_KEY_BLOCK=64, session 40: 6.6 against 8.3 us alone); with
+# The fastest step of 2026-11-27 (five launches a layer); the same with attention over
+# 64-key blocks (CODESPEC_CUDA_KEY_BLOCK=64, 2026-11-28: 6.6 against 8.3 us alone); with
 # passes wider than a block in the row-grouped graph (CODESPEC_CUDA_PASS_ROW_GROUP=4:
-# session 40's step stage timed its 32-row pass slower, 1.51 against 1.39 ms: where?).
+# the 2026-11-28 step stage timed its 32-row pass slower, 1.51 against 1.39 ms: where?).
 TRACED = {"fused m16 pdl/prefetch fold, fold attention": FIVE_LAUNCHES,
           "fused m16 pdl/prefetch fold, fold attention, 64-key blocks": {**FIVE_LAUNCHES,
                                                                          "CODESPEC_CUDA_KEY_BLOCK": "64"},
           "fused m16 pdl/prefetch fold, fold attention, pass row group": {**FIVE_LAUNCHES,
                                                                           "CODESPEC_CUDA_PASS_ROW_GROUP": "4"},
-          # session 41: attention begun before its wait, and every candidate with gate/up over every SM
+          # 2026-11-28: attention begun before its wait, and every candidate with gate/up over every SM
           "fused m16 pdl/prefetch fold, fold attention, early keys": {**FIVE_LAUNCHES,
                                                                       "CODESPEC_CUDA_EARLY_KEYS": "1"},
           EVERY_LABEL: EVERY_CANDIDATE,
           # ... and steps in a graph of the bucket's first 16 rows (no idle blocks of rows)
           EVERY_LABEL + ", narrow steps": EVERY_NARROW,
-          # session 42: attention's rows in pairs (the pass bar: its 32-row pass)
+          # 2026-11-28: attention's rows in pairs (the pass bar: its 32-row pass)
           "fused m16 pdl/prefetch fold, fold attention, attention rows 2": {**FIVE_LAUNCHES, **ATTENTION_ROWS}}
 TRACED_TILES = {EVERY_LABEL: EVERY_TILES,  # a variant's fused tiles (tiles have no setting)
                 EVERY_LABEL + ", narrow steps": EVERY_TILES}
@@ -110,7 +110,7 @@ def report(stage: dict[str, Any]) -> str:
     `_per_sm` and `_idle`)."""
     from codespec.kernels.trace import PHASES, PROGRAM_FIELDS
 
-    # the programs' columns (session 41): the SMs' where the run's marks name them, the idle ones'
+    # the programs' columns (2026-11-28): the SMs' where the run's marks name them, the idle ones'
     columns = ["launches", "share", "share_sum", "lead", "release", *PHASES[1:], *PROGRAM_FIELDS]
     out = []
     for variant, passes in stage.items():
