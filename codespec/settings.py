@@ -147,3 +147,21 @@ class Settings(BaseSettings):
     index_workspaces: bool = Field(False, description="Let clients have a local folder indexed as the "
                                    "repository (POST /v1/index/workspace); on in the shared server of "
                                    "`codespec lsp --shared`, whose API key only its user can read.")
+
+
+def reference_markdown() -> str:
+    """docs/settings.md: every setting, its variable, flag, default and description, from
+    the fields themselves (tests/test_settings_doc.py keeps the file equal to this)."""
+    rows = ["# Settings", "",
+            "Every setting is a `CODESPEC_<NAME>` environment variable and a flag of the commands that use it "
+            "(`codespec <command> --help` lists a command's); `codespec serve --config FILE` also reads them from a "
+            "TOML file. Flags win over variables, variables over the file. Generated from `codespec/settings.py` "
+            "by `python -c 'from codespec.settings import reference_markdown as r; print(r(), end=\"\")' > "
+            "docs/settings.md`.", "",
+            "| setting | variable, flag | default | what it does |", "|---|---|---|---|"]
+    for name, field in Settings.model_fields.items():
+        default = "`$XDG_CACHE_HOME/codespec`" if name == "cache_dir" else f"`{field.default!r}`"
+        flag = "--" + name.replace("_", "-")
+        description = (field.description or "").replace("|", "\\|")
+        rows.append(f"| `{name}` | `CODESPEC_{name.upper()}`, `{flag}` | {default} | {description} |")
+    return "\n".join(rows) + "\n"
