@@ -3,8 +3,8 @@ takes twice its bytes.
 
 The 2026-11-28 H200 trace: gate/up is 26% of a five-launch step (10.9 us a layer), its K
 loop alone 10.2 us for 17.4 MB (3.6 us at 4.8 TB/s), though its weights were warmed into
-L2 while o ran. Bare, the same product in row_linear took 6.4 us on the H100 (session
-20's `gemm` probe, cuBLAS 6.5, bytes 5.9). What the fused one adds: 16-row programs, the
+L2 while o ran. Bare, the same product in row_linear took 6.4 us on the H100
+(the 2026-11-26 `gemm` probe, cuBLAS 6.5, bytes 5.9). What the fused one adds: 16-row programs, the
 norm from the sums of squares, the SiLU pairs' epilogue, PDL and the warming. Here each
 is taken away in turn (and the tile's warps, pipeline depth, K step and a two-way split
 folded tried), each variant timed in CUDA graphs of the 24 layers' weights in turn

@@ -13,7 +13,8 @@ import pytest
 ROOT = Path(__file__).parents[1]
 # built from pieces, so that this file does not match itself
 WORDS = "|".join(("sess" + "ions?", "iss" + "ues?", "st" + "ops?"))
-MENTION = re.compile(rf"\b(?:{WORDS}) ?#?[0-9]+", re.IGNORECASE)
+# on one line, or broken across two (a comment's or docstring's wrapped line)
+MENTION = re.compile(rf"\b(?:{WORDS})(?: |\s*\n[ \t]*(?:#|//|\*)?[ \t]*)#?[0-9]+", re.IGNORECASE)
 NAME = re.compile(r"(?:sess" + r"ion|[-_]s)[0-9]+(?=[-_.])", re.IGNORECASE)
 
 
@@ -36,7 +37,8 @@ def test_no_tracked_file_names_a_work_session_or_an_issue():
         data = path.read_bytes()
         if b"\0" in data[:8192]:
             continue  # binary
-        for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
-            if MENTION.search(line):
-                found.append(f"{name}:{number}: {line.strip()[:120]}")
+        text = data.decode("utf-8", errors="replace")
+        for hit in MENTION.finditer(text):
+            number = text.count("\n", 0, hit.start()) + 1
+            found.append(f"{name}:{number}: {hit.group()!r}")
     assert not found, "\n".join(found[:40])

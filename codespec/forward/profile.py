@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Bump when what a profile means changes (cost features, probe semantics). 2 (session
-# 38): the share of their wall time the timed passes ran is recorded, and timings taken on a
+# Bump when what a profile means changes (cost features, probe semantics). 2
+# (2026-11-28): the share of their wall time the timed passes ran is recorded, and timings taken on a
 # busy machine are not stored (engine.busy_share); a format-1 file may hold such timings, so it
 # is measured again once.
 FORMAT = 2

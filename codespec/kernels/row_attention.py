@@ -47,8 +47,8 @@ keys, all of one slot, are one item each: the block's keys and values loaded onc
 each row's partial from them in turn, through the same arithmetic (the same positions,
 so the same values: the same bits as one row an item). Each row's other blocks are
 items of their own. A verify pass's rows of one request share their context, so a
-32-row pass at 512 keys reads each context block once a group, not once a row (session
-40's H200 trace: attention 14.4 us a layer in the pass against 8.9 in a step, its 320
+32-row pass at 512 keys reads each context block once a group, not once a row
+(the 2026-11-28 H200 trace: attention 14.4 us a layer in the pass against 8.9 in a step, its 320
 items two rounds of the 264-program wave; in groups of four, 64 shared items and 64
 own). Compiled for sm_90 (Triton 3.6): the worklist ~170 registers, the fold ~255 at
 128-key blocks, no spills in pairs (8 bytes of stack in fours); the fold at 64-key
@@ -77,8 +77,8 @@ BLOCK_PROGRAMS = 16  # programs per (row, KV head) along the block axis: rows of
 SCHEDULES = ("worklist", "grid", "fold")
 ITEM_ROWS = (1, 2, 4)  # rows a group of items may hold (item_rows)
 # A `walk` schedule (one program walking up to 8 key blocks of a row in order, online
-# softmax, pipelined, no combine for a row of up to 1,024 keys) lost on the H200 (session
-# 40): 14.4 us a layer against the fold's 8.9 in the five-launch step: a chain of blocks
+# softmax, pipelined, no combine for a row of up to 1,024 keys) lost on the H200
+# (2026-11-28): 14.4 us a layer against the fold's 8.9 in the five-launch step: a chain of blocks
 # in one program is slower than the blocks in parallel and a combine. Removed.
 # The fold's partials combined per step: a row of up to FOLD_KEYS keys in one step, its
 # maxima, sums and values in one round trip (8 blocks of 128 keys, a [7 -> 16, 8, 64]

@@ -147,8 +147,8 @@ class CostModel:
     the machine's load. Why these variables: on the default model (2 cores, bf16) a row
     costs ~1.3 ms in the linear layers plus one attention call per layer that grows with
     its context (~45 us per layer at 500 keys, ~80 us at 1,200), so a line in rows
-    alone, timed at one context length, misprices requests with longer prompts (issue
-    4's batch-8 FIM runs: ~1.2k-token prompts, timed at 512); and each extra block
+    alone, timed at one context length, misprices requests with longer prompts
+    (the batch-8 FIM runs: ~1.2k-token prompts, timed at 512); and each extra block
     re-reads every weight (~20 ms). Start-up timing at two context lengths and on both
     sides of a block boundary separates them. Single timings scatter by +-15%, so a
     fitted model decides better than interpolated points. One-row passes are padded to

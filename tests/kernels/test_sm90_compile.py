@@ -150,8 +150,8 @@ def opcodes(ptx: str) -> collections.Counter:
 def test_live_rows_read_before_the_wait_move_the_metadatas_loads_and_nothing_else(compiled, product):
     """CODESPEC_CUDA_EARLY_ROWS, built as the five-launch layers launch each
     product: before the wait it reads the pass's metadata alone, past L1; every other
-    instruction is the build's without it, one for one, at the same registers (session
-    33's `early` also moved the residual, and another layout of the epilogue's sums came
+    instruction is the build's without it, one for one, at the same registers
+    (the 2026-11-27 `early` also moved the residual, and another layout of the epilogue's sums came
     with it: its bits differed)."""
     base, early = compiled[f"five {product}"], compiled[f"five {product} early rows"]
     wait = early["ptx"].index("griddepcontrol.wait")
