@@ -5,7 +5,7 @@
 #   set, `codespec bench verify` (batch 1 and 8), the edit workload against
 #   transformers' prompt lookup and the bench's other workloads against plain decoding,
 #   on the default model's shapes with seeded random weights (--real: and its real ones).
-# Before it, on a machine with network (docs/benchmarks.md, "The GPU verifier"): scripts/gpu-prepare.sh, which puts
+# Before it, on a machine with network (docs/gpu.md, "How to verify it"): scripts/gpu-prepare.sh, which puts
 # the missing wheels in .whl/ and the default model's config and tokenizer in .gpu/.
 # Results: $OUT/gpu-check.json (OUT defaults to ./gpu-out) and a summary printed last.
 set -uo pipefail

@@ -8,7 +8,7 @@
 #   scripts/gpu-weights.sh split     # here, with the part packages: .gpuw1/ .. .gpuw8/
 #   scripts/gpu-weights.sh take N    # there, in the call that carries .gpuwN: into .gpuw-in/
 #
-# The pieces stay out of git (.gitignore: /.gpuw*/). Docs: docs/benchmarks.md, "The GPU verifier".
+# The pieces stay out of git (.gitignore: /.gpuw*/). Docs: docs/gpu.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PIECE_MIB=59  # with the ~3 MB working tree, under a call's 64 MiB

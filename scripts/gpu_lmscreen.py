@@ -4,8 +4,8 @@ would the exact product still have to compute?
 
 lm_head is the step's largest product (2026-11-27: 133 us of ~1.2 ms on the H100, its
 bf16 bytes 91 us). A greedy row needs its argmax alone. The CPU path already finds it
-through an int8 screen (kernels/lmchoice.py). The GPU design (docs/benchmarks.md, "Next
-GPU run") screens every vocab block in int8, flags the blocks that may hold the row's
+through an int8 screen (kernels/lmchoice.py). The GPU design (docs/gpu.md, "Open")
+screens every vocab block in int8, flags the blocks that may hold the row's
 choice, and recomputes those with lm_head's own row_linear tile, so every choice keeps
 the bits it has without the screen. This probe prices the first half: the screen kernel
 against the bf16 product at one row and at 32, and the blocks it flags.

@@ -28,7 +28,7 @@ from codespec.bench.request_sets import Workload
 from codespec.engine import Engine, GenerationConfig
 from codespec.engine.kvcache import SlotCache
 
-H100_STEP_MS = 1.45  # a plain step of the default model on an H100 (docs/benchmarks.md, 2026-11-26)
+H100_STEP_MS = 1.45  # a plain step of the default model on an H100 (docs/gpu.md; 2026-11-26)
 H100_ROW_US = 3.0  # each further row of a pass there: (1.63 - 1.34 ms - ~0.09 of host layout) / 63
 
 

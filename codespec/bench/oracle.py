@@ -1,6 +1,6 @@
 """A forward that replays a model's greedy output, for timing the engine's host path alone.
 
-On a GPU a verify pass takes ~1.5 ms (docs/benchmarks.md, H100), so the host's part of
+On a GPU a verify pass takes ~1.5 ms (docs/gpu.md, H100), so the host's part of
 each pass (drafting, the controller, building trees, accepting, committing) decides
 whether speculation pays at batch 8. On a CPU the model's passes take 25-60 ms and
 torch's OpenMP workers still spin on the cores when the host's work starts, so that

@@ -67,7 +67,7 @@ def tail_tokens(chunk: int, device: Any) -> int:
     TAIL_PARTS on a CPU, where a pass costs its tokens; the whole chunk on a GPU, where an
     eager prefill pass costs its ~800 kernel launches whatever its tokens, so sub-chunks
     only add passes (H100, edit requests: time to first token 0.06 s with whole chunks,
-    0.24 s with sub-chunks; docs/benchmarks.md).
+    0.24 s with sub-chunks).
 
     >>> tail_tokens(256, "cpu"), tail_tokens(256, "cuda:0")
     (32, 256)

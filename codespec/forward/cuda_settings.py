@@ -2,7 +2,7 @@
 is `CODESPEC_CUDA_TILE_ROWS`), each described on its field below; read once per backend
 (forward/cuda.py) and checked there: a bad value is one clear line at start-up. They
 stay out of the CLI's flags: they choose among kernel layouts measured on a GPU
-(docs/benchmarks.md), not what a user asks of a request.
+(docs/gpu.md), not what a user asks of a request.
 
 >>> CudaSettings.from_env({"CODESPEC_CUDA_ROWS": "32"}).rows
 32

@@ -53,7 +53,7 @@ STOPPED = -2  # rowdecoder_forward's answer when `stop` ended the pass
 # AMX (isa 3): the products are compute-bound at 256 rows, but every pass reads the
 # layers' 716 MB again; on the 2-core Emerald Rapids VM, interleaved medians, 1,024-row
 # passes prefilled 1,024 tokens 12-16% faster than 256-row ones, 2,048 tokens 18%
-# (2,048-row passes: the same) and 512 tokens 12% (docs/benchmarks.md, an AMX Xeon, 2026-11-27). The
+# (2,048-row passes: the same) and 512 tokens 12% (an AMX Xeon, 2026-11-27). The
 # AVX-512 and AVX2 paths keep the chunk (256 was the fastest 1k-token prefill on them).
 PREFILL_ROWS = {AMX: 1024}
 

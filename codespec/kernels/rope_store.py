@@ -7,7 +7,7 @@ launches beside inductor's rotary, four. Rotary rounds in the model's dtype afte
 product and after the sum, as transformers' eager code does. Exactness does not rest on
 matching the eager prefill's bits (every pass and step stores its K here); whether it
 matches on a device is scripts/gpu_check.py's `rope_store_*_differing` (the H100 run of
-2026-11-26: not the same bits; docs/benchmarks.md has the counts). Compiling for sm_90
+2026-11-26: not the same bits). Compiling for sm_90
 offline found why: Triton fused `x * cos` into the sum as one bf16 fma, the
 product never rounded; the kernel now launches with fused multiply-adds off
 (_triton.ROPE_FP_FUSION), and the next GPU run's counts should be zero.
