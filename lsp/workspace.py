@@ -27,9 +27,11 @@ async def index_workspace(ls: CodespecServer, backend: CompletionBackend) -> Non
     ls.status("indexing", "0%")
     token = await _progress_token(ls)
     loop = asyncio.get_running_loop()
-    shown = {"percent": 0}
+    shown = {"percent": 0, "done": False}
 
     def report(message: str, percent: int) -> None:
+        if shown["done"]:  # handed over after the end (a backend that reports on this thread): dropped
+            return
         if token is not None:
             ls.work_done_progress.report(token, types.WorkDoneProgressReport(message=message, percentage=percent))
         if percent != shown["percent"]:  # the status too, for a status bar: "indexing 40%" (once per percent)
@@ -40,11 +42,13 @@ async def index_workspace(ls: CodespecServer, backend: CompletionBackend) -> Non
         summary = await backend.index_workspace([str(r) for r in ls.roots],
                                                 lambda m, p: loop.call_soon_threadsafe(report, m, p))
     except Exception as exc:
+        shown["done"] = True
         log.warning("indexing failed: %s", exc, exc_info=log.isEnabledFor(logging.DEBUG))
         if token is not None:
             ls.work_done_progress.end(token, types.WorkDoneProgressEnd(message=f"failed: {exc}"))
         ls.status("error", f"indexing failed: {exc}")
         return
+    shown["done"] = True
     if token is not None:
         ls.work_done_progress.end(token, types.WorkDoneProgressEnd(message=summary))
     ls.status("ready", summary)

@@ -274,3 +274,15 @@ def test_a_request_after_shutdown_is_answered_invalid_request(tmp_path):
         assert refused.value.code == -32600 and "after shutdown" in str(refused.value), refused.value
 
     run(case, tmp_path)
+
+
+def test_the_last_status_after_indexing_is_ready(tmp_path):
+    """A backend that reports its progress on the event loop's own thread (the scripted
+    one, `--server` against an engine) hands those reports over after its indexing ends:
+    they must not follow "ready" with an "indexing" status the editor then shows."""
+    async def case(ed: Editor) -> None:
+        await asyncio.sleep(0.5)  # any late report has been sent by now
+        states = [state for state, _ in ed.statuses]
+        assert "indexing" in states and states[-1] == "ready", ed.statuses
+
+    run(case, tmp_path, options={"indexWorkspace": True})
