@@ -59,9 +59,14 @@ def nvim(tmp_path):
 
 
 def edit(vim, name: str, text: str) -> None:
+    """Open `name` holding `text`, and wait until the client is attached to it (Neovim
+    attaches on its next event-loop turn once the plugin's `root_dir` has named the root,
+    and keys typed before that reach no language server)."""
     path = vim.tmp / name
     path.write_text(text)
     vim.command(f"edit {path}")
+    wait_for(lambda: vim.exec_lua("return #vim.lsp.get_clients({ bufnr = 0, name = 'codespec' })") > 0,
+             f"the client attached to {name}")
 
 
 def status(vim) -> str:

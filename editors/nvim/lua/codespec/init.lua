@@ -60,14 +60,19 @@ local function announce(label, message)
     return
   end
   state.phase = phase
+  -- one short line each: a message wider than the command line makes Neovim's own
+  -- notify stop at a "Press ENTER" prompt, which would swallow the person's next keys
+  local function say(text, level)
+    vim.notify(text:sub(1, math.max(vim.v.echospace - 1, 24)), level)
+  end
   if phase == "loading" then
-    vim.notify("codespec: loading the model (the first start prepares it, a minute or more)", vim.log.levels.INFO)
+    say("codespec: loading the model", vim.log.levels.INFO)
   elseif phase == "indexing" then
-    vim.notify("codespec: indexing the workspace", vim.log.levels.INFO)
+    say("codespec: indexing the workspace", vim.log.levels.INFO)
   elseif phase == "ready" then
-    vim.notify("codespec: ready" .. (message ~= "" and (" (" .. message .. ")") or ""), vim.log.levels.INFO)
+    say("codespec: ready", vim.log.levels.INFO)
   elseif phase == "error" then
-    vim.notify("codespec: " .. (message ~= "" and message or "error"), vim.log.levels.ERROR)
+    say("codespec: " .. (message ~= "" and message or "error"), vim.log.levels.ERROR)
   end
 end
 
