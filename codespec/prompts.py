@@ -168,8 +168,8 @@ def chat_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
     """A chat prompt in which only the template's own markers are control tokens.
 
     Message text is content: `<|im_end|>` or `<|file_sep|>` written by a user or returned
-    by a tool stays plain text, so it cannot close its turn and open a system one
-    (an earlier change). The template is rendered around placeholders; the text between two of its
+    by a tool stays plain text, so it cannot close its turn and open a system one.
+    The template is rendered around placeholders; the text between two of its
     special tokens (its own words and the contents within) is tokenized with special
     tokens split. A fast tokenizer splits at special tokens before anything else, so for
     content without marker strings the ids equal `apply_chat_template(tokenize=True)`'s.

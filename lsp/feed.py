@@ -16,7 +16,7 @@ class BufferFeed:
     `didChange` storm costs one tokenization per settle, not a thread and a copy per
     change: each file keeps only its latest value until the worker takes it, and the
     worker waits `settle_s` after a change so that a burst of keystrokes coalesces
-    (an earlier change: a thread per change took a 5 MB document's server from 2.8 to 11.8 GB)."""
+    (a thread per change took a 5 MB document's server from 2.8 to 11.8 GB)."""
 
     def __init__(self, apply: Callable[[str, Any], None], settle_s: float = 0.3) -> None:
         self.apply, self.settle_s = apply, settle_s

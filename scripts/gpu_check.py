@@ -304,7 +304,7 @@ def exactness_stages(results: dict[str, Any], wanted: list[str], model_dir: Path
     batch 1 and 8, and codespec against transformers' prompt lookup on edit; `workloads`,
     the bench's repo, agent and editor requests against plain decoding). With `real` (real_model
     prepared the default model's real weights), `*_real` first: real acceptance, real
-    prompt lookup, and what resolving an earlier changewaits on (the 2026-11-28 deadline reached
+    prompt lookup, and what resolving the GPU verification waits on (the 2026-11-28 deadline reached
     them after the winner's, and their FIM requests failed). Then, where the step stage
     found a winner, its runs (`*_step`, prompt lookup beside it too: the evidence for
     making it the default); then the default backend's, then the variants asked for

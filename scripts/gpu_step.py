@@ -41,7 +41,7 @@ FUSED, M16 = {"CODESPEC_CUDA_FUSED": "1"}, {"CODESPEC_CUDA_FUSED": "1", "CODESPE
 # the 2026-11-27 fastest step: five launches a layer (both folds), 16-row programs, PDL warming
 FIVE_LAUNCHES = {**M16, "CODESPEC_CUDA_PDL": "prefetch", "CODESPEC_CUDA_REDUCE": "fold",
                  "CODESPEC_CUDA_ATTENTION": "fold"}
-PASS_BAR = 1.3  # an earlier change: a 32-row verify pass at most this many steps; a winner must keep it
+PASS_BAR = 1.3  # the bar: a 32-row verify pass at most this many steps; a winner must keep it
 # Gate/up's tile for the five-launch step (reported only: tiles have no setting). Its 76
 # programs of 128 outputs leave 56 of the H200's 132 SMs without one. The 2026-11-28 trace
 # fits one rate for every product: an SM's programs read ~28-30 GB/s between them (gate/up's
