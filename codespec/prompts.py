@@ -105,6 +105,7 @@ FIM_LAYOUTS = ("psm", "spm")
 FIM_END_TOKENS = (FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE, "<|fim_pad|>", REPO_NAME, FILE_SEP)
 
 
+@functools.lru_cache(maxsize=8)  # one per tokenizer a process serves: asked by every FIM request
 def fim_end_ids(tokenizer: Any) -> frozenset[int]:
     """The ids of the tokenizer's FIM and repository tokens (those it has)."""
     return frozenset(i for token in FIM_END_TOKENS if (i := special_id(tokenizer, token)) is not None)

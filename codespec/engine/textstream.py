@@ -23,11 +23,24 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 REPLACEMENT = "\ufffd"
+EndAt = Callable[[str], "tuple[int, int] | None"]  # GenerationConfig.end_at: where an output ends, once known
+
+
+def settled_end(text: str, end_at: EndAt) -> int:
+    """How much of `text` a text rule has settled: its whole lines, short of where the
+    rule ends the output and of trailing whitespace (which the final text drops).
+
+    >>> settled_end("a = 1\\nb = 2\\n\\nc", lambda t: None)
+    11
+    """
+    cut = end_at(text)
+    end = min(text.rfind("\n") + 1, len(text) if cut is None else cut[0])
+    return len(text[:end].rstrip())
 
 
 class TextStream:
     def __init__(self, decode: Callable[[Sequence[int]], str], stop: Sequence[str] = (),
-                 min_indent: int = 0, end_at: Callable[[str], tuple[int, int] | None] | None = None) -> None:
+                 min_indent: int = 0, end_at: EndAt | None = None) -> None:
         self.decode = decode
         self.stop = tuple(stop)
         self.holdback = max((len(s) for s in stop), default=1) - 1
@@ -46,13 +59,12 @@ class TextStream:
             indent = len(text) - newline - 1 - len(body)
             if body and indent < self.min_indent:
                 end = min(end, newline + 1 + indent)
-        hits = [i for s in self.stop if (i := text.find(s)) >= 0]  # the last tokens may complete one
+        # the last tokens may complete a stop string; none starts before what was sent
+        hits = [i for s in self.stop if (i := text.find(s, self.sent)) >= 0]
         if hits:
             end = min(end, min(hits))
         if self.end_at is not None:
-            cut = self.end_at(text)
-            end = min(end, text.rfind("\n") + 1, len(text) if cut is None else cut[0])
-            end = len(text[:end].rstrip())
+            end = min(end, settled_end(text, self.end_at))
         while end > self.sent and text[end - 1] == REPLACEMENT:
             end -= 1
         if end <= self.sent:

@@ -37,7 +37,6 @@ class InProcessBackend:
         self.scheduler, _ = start_scheduler(settings, self.index)  # the backend select.py picks
         self.engine = self.scheduler.engine
         self.tokenizer = self.engine.tokenizer
-        self.fim_ends = fim_end_ids(self.tokenizer)  # a FIM token from the model ends its completion
         self.acceptance: Counter[str] = Counter()
         self.prompts = PromptCacheStats()
         self.root: Path | None = None  # the indexed workspace folder
@@ -83,7 +82,8 @@ class InProcessBackend:
                     self.prompts.add(outcome.stats.prompt_tokens, outcome.stats.cached_prompt_tokens)
                 loop.call_soon_threadsafe(settle, done, outcome.text)
 
-        config = GenerationConfig(max_new_tokens=request.max_tokens, end_ids=self.fim_ends)
+        # a FIM token from the model ends its completion
+        config = GenerationConfig(max_new_tokens=request.max_tokens, end_ids=fim_end_ids(self.tokenizer))
         ticket = self.scheduler.submit(self.prompt_ids(request), config, on_tokens=on_tokens, on_done=on_done)
         try:
             return await done

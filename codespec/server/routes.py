@@ -31,6 +31,7 @@ from starlette.concurrency import run_in_threadpool
 
 from codespec import prompts
 from codespec.engine import Generation, GenerationConfig
+from codespec.engine.textstream import settled_end
 from codespec.errors import RequestError
 from codespec.index import SuffixIndex
 from codespec.lsp.cut import Landing, infill_mode
@@ -169,7 +170,7 @@ async def completions(req: CompletionRequest, request: Request, b: AnyBackend = 
     fim: dict[str, Any] = {}
     if req.suffix is not None:  # a fill-in-the-middle ends where it meets the suffix, and at the FIM tokens
         meeting = Landing.meeting(req.prompt_text + req.suffix, len(req.prompt_text))
-        fim = {"end_at": meeting.end, "end_ids": await run_in_threadpool(prompts.fim_end_ids, b.tokenizer)}
+        fim = {"end_at": meeting.end, "end_ids": prompts.fim_end_ids(b.tokenizer)}
     config = GenerationConfig(max_new_tokens=req.max_tokens, stop=tuple(req.stop), temperature=req.temperature,
                               top_p=req.top_p, seed=req.seed, logprobs=_alternatives(b, req.alternatives), **fim)
     envelope = _Envelope(f"cmpl-{uuid.uuid4().hex}", b.name)
@@ -284,8 +285,7 @@ def healed_end(held: HeldSpace, landing: Landing) -> Callable[[str], tuple[int, 
     def end_at(raw: str) -> tuple[int, int] | None:
         healed = held.heal(raw)
         if healed is None:  # it disagrees with the cursor: known at the first differing character
-            differs = next(i for i, (a, c) in enumerate(zip(raw, held.text + "\0" * len(raw))) if a != c)
-            return 0, differs + 1
+            return 0, len(os.path.commonprefix([raw, held.text])) + 1
         if len(raw) <= len(held.text):
             return None
         end = landing.end(healed)
@@ -324,12 +324,10 @@ class Healed:
         """What of the content is certain after `piece`: whole lines, short of where the
         output ends and of trailing whitespace (one line comes whole, at the end)."""
         self.raw += piece
-        text = self.held.heal(self.raw) or ""
         if self.landing.mode is not Mode.MULTI:
             return ""
-        end = self.landing.end(text)
-        upto = min(text.rfind("\n") + 1, len(text) if end is None else end[0])
-        return self._send(text[: len(text[:upto].rstrip())])
+        text = self.held.heal(self.raw) or ""
+        return self._send(text[: settled_end(text, self.landing.end)])
 
     def finish(self, final_raw: str) -> str:
         return self._send(self.landing.trim(self.held.heal(final_raw) or ""))
