@@ -166,13 +166,14 @@ def next_code_line(text: str, offset: int, language_id: str) -> str | None:
     """The first line below the cursor's line that holds code (not blank, not a comment),
     right-stripped; None at the end of the file."""
     comment = COMMENT_STARTS.get(language_id)
-    line_end = text.find("\n", offset)
-    if line_end < 0:
-        return None
-    for line in text[line_end + 1 :].split("\n"):
+    start = text.find("\n", offset) + 1
+    while start > 0:  # line by line, not a split of the whole rest of the file per request
+        end = text.find("\n", start)
+        line = text[start : len(text) if end < 0 else end]
         body = line.strip()
         if body and not (comment and body.startswith(comment)):
             return line.rstrip()
+        start = end + 1
     return None
 
 
@@ -191,9 +192,10 @@ def without_open_header(text: str) -> str:
     'x = 1'
     """
     lines = text.rstrip().split("\n")
-    while lines and lines[-1].rstrip().endswith(":") and lines != [""]:
-        lines.pop()
-    return "\n".join(lines).rstrip() if len(lines) < len(text.rstrip().split("\n")) else text
+    kept = len(lines)
+    while kept and lines[kept - 1].rstrip().endswith(":"):
+        kept -= 1
+    return text if kept == len(lines) else "\n".join(lines[:kept]).rstrip()
 
 
 def infill_mode(text: str, offset: int) -> Mode:
