@@ -215,6 +215,33 @@ def run_verify_bench(
     return results
 
 
+def verify_results(loaded: Any, settings: Any, set_names: Sequence[str], batches: Sequence[int], count: int,
+                   new_tokens: int, repeat: int = 1,
+                   on_result: Callable[[BatchResult], None] | None = None) -> list[BatchResult]:
+    """The suite on a loaded model: every policy's engine shares one KV cache (cleared
+    before each run), each set its own proposer."""
+    from codespec.engine.engine import look_ahead_of
+    from codespec.engine.kvcache import SlotCache
+    from codespec.policy.warm import warm_up
+
+    forward, tok = loaded.forward, loaded.tokenizer
+    request_sets, proposers = verify_sets(tok, settings, set_names, count, new_tokens)
+    longest = max(len(w.prompt_ids) + w.max_new_tokens for ws in request_sets.values() for w in ws)
+    cache = SlotCache(forward.config, slots=count + 1, slot_tokens=longest + 64, dtype=forward.kv_dtype,
+                      device=forward.device, chunk=settings.prefill_chunk_tokens)
+    engines: dict[tuple[str, str], Engine] = {}
+
+    def engine_for(set_name: str, policy: Policy) -> Engine:
+        key = (set_name, policy.name)
+        if key not in engines:
+            engines[key] = Engine(forward, tok, proposers[set_name], max_draft_tokens=policy.max_draft_tokens,
+                                  draft_policy=policy.draft_policy, cache=cache, look_ahead=look_ahead_of(settings))
+        return engines[key]
+
+    warm_up()  # as serve and lsp do at start-up: else the first drafting system loads numba's kernels in its run
+    return run_verify_bench(engine_for, request_sets, batches, repeat=repeat, on_result=on_result)
+
+
 def format_verify_table(results: Sequence[BatchResult]) -> str:
     header = (f"{'set':<9}{'batch':>6}  {'system':<10}{'agg tok/s':>10}{'req tok/s':>10}{'p50 s':>8}{'p95 s':>8}"
               f"{'ttft s':>8}{'acc/pass':>9}{'budget':>8}{'host ms':>8}  identical")

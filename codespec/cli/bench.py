@@ -398,40 +398,21 @@ def _verify_args(args: argparse.Namespace) -> tuple[list[str], Path | None, list
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from codespec.bench.batch_bench import bar_checks, format_verify_table, run_verify_bench, verify_sets
+    from codespec.bench.batch_bench import bar_checks, format_verify_table, verify_results
     from codespec import forward
-    from codespec.engine import Engine
-    from codespec.engine.engine import look_ahead_of
-    from codespec.engine.kvcache import SlotCache
 
     set_names, out_dir, batches = _verify_args(args)
     settings = settings_from_args(args)
     loaded = forward.load(settings)
-    tok = loaded.tokenizer
     count = args.requests
     new_tokens = args.max_new_tokens or 96
-    request_sets, proposers = verify_sets(tok, settings, set_names, count, new_tokens)
-    longest = max(len(w.prompt_ids) + w.max_new_tokens for ws in request_sets.values() for w in ws)
-    cache = SlotCache(loaded.forward.config, slots=count + 1, slot_tokens=longest + 64,
-                      dtype=loaded.forward.kv_dtype, device=loaded.forward.device, chunk=settings.prefill_chunk_tokens)
-    engines: dict[tuple[str, str], Engine] = {}
-
-    def engine_for(set_name: str, policy: Any) -> Engine:
-        key = (set_name, policy.name)
-        if key not in engines:
-            engines[key] = Engine(loaded.forward, tok, proposers[set_name], max_draft_tokens=policy.max_draft_tokens,
-                                  draft_policy=policy.draft_policy, cache=cache, look_ahead=look_ahead_of(settings))
-        return engines[key]
 
     def progress(result: Any) -> None:
         j = result.to_json()
         print(f"  {j['set']} batch {j['batch']} {j['system']}: {j['tokens']} tokens in {j['wall_s']:.1f} s, "
               f"{j['accepted_tokens_per_pass']:.2f} tokens/pass", file=sys.stderr, flush=True)
 
-    from codespec.policy.warm import warm_up
-
-    warm_up()  # as serve and lsp do at start-up: else the first drafting system loads numba's kernels in its run
-    results = run_verify_bench(engine_for, request_sets, batches, repeat=args.repeat, on_result=progress)
+    results = verify_results(loaded, settings, set_names, batches, count, new_tokens, args.repeat, progress)
     checks = bar_checks(results)
     import torch
 

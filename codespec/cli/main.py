@@ -1,4 +1,4 @@
-"""`codespec` command line: generate, model, bench.
+"""`codespec` command line: generate, index, model, bench, serve, lsp, check.
 
 Every command reports a user error as one line on stderr (`codespec: error: ...`) and
 exits with status 2; `--json` output goes to stdout alone, progress bars to stderr.
@@ -18,7 +18,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from codespec.cli import bench, generate, index, lsp, model, serve
+    from codespec.cli import bench, check, generate, index, lsp, model, serve
 
     parser = argparse.ArgumentParser(
         prog="codespec",
@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.register(commands)
     serve.register(commands)
     lsp.register(commands)
+    check.register(commands)
     return parser
 
 
