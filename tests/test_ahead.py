@@ -8,7 +8,8 @@ import pytest
 from codespec.engine import Engine, GenerationConfig, ahead
 from codespec.engine.scheduler import Scheduler
 from codespec.forward import of_model
-from codespec.forward.cuda import CudaForward
+from codespec.cuda.forward import CudaForward
+from codespec.cuda.settings import CudaSettings
 from codespec.models.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from tests.test_engine_lossless import prompts
@@ -16,7 +17,7 @@ from tests.test_engine_lossless import prompts
 
 def _engine(look_ahead: bool, forward=None) -> Engine:
     model = tiny_model("qwen2", vocab_size=16, seed=3)
-    forward = forward or CudaForward(model, rows=16)  # on CPU: eager, its `launch` computes at once
+    forward = forward or CudaForward(model, CudaSettings(rows=16))  # on CPU: eager, its `launch` computes at once
     engine = Engine(forward, None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=8,
                     draft_policy="goodput", eos_token_ids=[], look_ahead=look_ahead, slots=4)
     engine.calibrate()
@@ -52,7 +53,7 @@ def test_drafting_ahead_is_lossless_and_taken_where_the_pass_commits_the_guess()
 def test_a_backend_without_launch_does_not_look_ahead():
     model = tiny_model("qwen2", vocab_size=16, seed=3)
     assert not Engine(of_model(model), None, eos_token_ids=[]).look_ahead  # the CPU backends compute in their call
-    assert Engine(CudaForward(model, rows=8), None, eos_token_ids=[]).look_ahead
+    assert Engine(CudaForward(model, CudaSettings(rows=8)), None, eos_token_ids=[]).look_ahead
 
 
 def test_a_guess_leaves_the_session_as_it_was():
@@ -100,6 +101,6 @@ def test_a_failing_guess_fails_no_request(monkeypatch):
 @pytest.mark.parametrize("rows", [4])
 def test_a_pass_longer_than_the_bucket_still_looks_ahead_losslessly(rows):
     model = tiny_model("qwen2", vocab_size=16, seed=3)
-    engine = _engine(look_ahead=True, forward=CudaForward(model, rows=rows))  # passes of several replays
+    engine = _engine(look_ahead=True, forward=CudaForward(model, CudaSettings(rows=rows)))  # passes of several replays
     prompt_list = prompts(16, 4, seed=13, repeat=True)
     assert _run_batch(engine, prompt_list, 24) == _run_batch(engine, prompt_list, 24, speculate=False)

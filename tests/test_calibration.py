@@ -196,13 +196,13 @@ def test_a_benchs_json_names_the_backend_and_its_kernel_layout(monkeypatch):
     from types import SimpleNamespace
 
     from codespec.cli import bench
-    from codespec.forward.cuda import CudaForward
+    from codespec.cuda.forward import CudaForward
 
-    monkeypatch.setenv("CODESPEC_CUDA_FUSED", "1")
+    monkeypatch.setenv("CODESPEC_CUDA_ROWS", "32")
     model = tiny_model("qwen2", vocab_size=16, seed=3)
     loaded = SimpleNamespace(backend="cuda", reason=None, forward=CudaForward(model))
     record = bench._backend(loaded)
-    assert record["name"] == "cuda" and "fused=True" in record["layout"] and "attention=worklist" in record["layout"]
+    assert record["name"] == "cuda" and "rows=32" in record["layout"] and "pdl=False" in record["layout"]
 
 
 def test_timings_taken_while_the_machine_was_busy_steer_this_engine_and_are_not_stored(monkeypatch, tmp_path,

@@ -1,4 +1,4 @@
-"""Plain steps queued one ahead on the device (forward/chained.py, the cuda backend's
+"""Plain steps queued one ahead on the device (cuda/chained.py, the cuda backend's
 `launch(..., chain_next=True)`), checked on CPU where the backend runs eagerly: the
 queued step is the one the engine asks for next (then it is not run again), and
 anything else drops it without a trace in what the engine computes."""
@@ -10,7 +10,8 @@ import pytest
 from codespec.engine import Engine, GenerationConfig
 from codespec.engine.scheduler import Scheduler
 from codespec.errors import SettingError
-from codespec.forward.cuda import CudaForward
+from codespec.cuda.forward import CudaForward
+from codespec.cuda.settings import CudaSettings
 from codespec.models.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from codespec.policy.tree import VerifyTree
@@ -22,7 +23,7 @@ PLAIN = GenerationConfig(max_new_tokens=20, speculate=False)
 
 def engine_of(model, chain: str, monkeypatch, **kwargs) -> Engine:
     monkeypatch.setenv("CODESPEC_CUDA_CHAIN", chain)
-    return Engine(CudaForward(model, rows=4), None, PromptLookupProposer(min_match_tokens=1), eos_token_ids=[],
+    return Engine(CudaForward(model, CudaSettings(rows=4)), None, PromptLookupProposer(min_match_tokens=1), eos_token_ids=[],
                   **kwargs)
 
 
@@ -49,9 +50,9 @@ def test_a_batch_whose_runs_end_at_different_times(monkeypatch):
     monkeypatch.setenv("CODESPEC_CUDA_CHAIN", "1")
     batch = [[1, 2, 3, 4] * 2, [6, 7, 8] * 3, [9, 1, 9, 2], [3, 3, 4] * 3, [2, 7, 1]]
     configs = [GenerationConfig(max_new_tokens=n, speculate=False) for n in (24, 9, 17, 3, 30)]
-    probe = Engine(CudaForward(model, rows=8), None, eos_token_ids=[])
+    probe = Engine(CudaForward(model, CudaSettings(rows=8)), None, eos_token_ids=[])
     end = probe.generate(batch[0], configs[0]).token_ids[6]  # the first request ends by its 7th token
-    engine = Engine(CudaForward(model, rows=8), None, eos_token_ids=[end], slots=4)
+    engine = Engine(CudaForward(model, CudaSettings(rows=8)), None, eos_token_ids=[end], slots=4)
     scheduler = Scheduler(engine, max_active=4, max_waiting=4)
     try:
         together = run_all(scheduler, batch, configs)
@@ -85,7 +86,7 @@ def test_a_queued_step_not_asked_for_leaves_nothing_behind(monkeypatch):
     monkeypatch.setenv("CODESPEC_CUDA_CHAIN", "1")
     runs = []
     for chain in (True, False):
-        forward = CudaForward(model, rows=4)
+        forward = CudaForward(model, CudaSettings(rows=4))
         engine = Engine(forward, None, eos_token_ids=[], slots=2)
         cache = engine.cache
         prompt = list(range(1, 12))
@@ -122,7 +123,7 @@ def test_the_engine_says_when_the_next_pass_is_a_plain_step(monkeypatch):
 def test_a_bad_setting_is_refused(monkeypatch):
     monkeypatch.setenv("CODESPEC_CUDA_CHAIN", "sometimes")  # 0/1, true/false, yes/no, on/off are words it takes
     with pytest.raises(SettingError, match="CODESPEC_CUDA_CHAIN='sometimes'"):
-        CudaForward(tiny_model("qwen2", vocab_size=16, seed=3), rows=4)
+        CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))
 
 
 def test_a_request_that_ended_leaves_the_others_rows_to_take(monkeypatch):
@@ -132,7 +133,7 @@ def test_a_request_that_ended_leaves_the_others_rows_to_take(monkeypatch):
     monkeypatch.setenv("CODESPEC_CUDA_CHAIN", "1")
     outs = []
     for chain in (True, False):
-        forward = CudaForward(model, rows=4)
+        forward = CudaForward(model, CudaSettings(rows=4))
         cache = Engine(forward, None, eos_token_ids=[], slots=3).cache
         heads = []
         for prompt in ([*range(1, 12)], [*range(5, 14)], [3, 1, 4, 1, 5]):
@@ -155,7 +156,7 @@ def test_a_pass_s_choices_are_copied_back_when_it_is_queued_not_when_they_are_re
     a CUDA tensor that logs its copy, and events that log their record and wait."""
     import torch
 
-    from codespec.forward import chained
+    from codespec.cuda import chained
 
     log: list[str] = []
 
@@ -186,7 +187,8 @@ def test_the_choices_a_launch_hands_back_were_collected_before_the_next_step_was
     """The backend's side of the test above: every Collect that `launch` returns (the
     pass's own, or the queued step's when it is taken) was made, so its copy queued,
     before that launch queued the step after it."""
-    from codespec.forward import chained, cuda
+    from codespec.cuda import chained
+    from codespec.cuda import forward as cuda
 
     clock, made = [0], {}
 

@@ -1,7 +1,7 @@
-"""The `cuda` backend's layout (forward/cuda.py), checked on CPU where it runs eagerly
+"""The `cuda` backend's layout (cuda/forward.py), checked on CPU where it runs eagerly
 with the attention's torch reference: float64 tiny models, so a failure means the layout
 is wrong, not rounding. Its CUDA run (graphs, the Triton kernel, bf16) is
-scripts/gpu-check.sh's.
+`codespec check`'s.
 
 Buckets of 8 rows here, so that 16-token drafts and batched trees run as several replays."""
 
@@ -15,10 +15,10 @@ from codespec.engine import Engine, GenerationConfig
 from codespec.engine.kvcache import SlotCache
 from codespec.engine.scheduler import Scheduler
 from codespec.errors import SettingError
-from codespec.forward import cuda
-from codespec.forward.cuda import CudaForward
-from codespec.forward.cuda_settings import CudaSettings, is_hopper, require_hopper
-from codespec.forward.passlayout import chain_rows, fill_staging, pass_rows, tree_rows
+from codespec.cuda import forward as cuda
+from codespec.cuda.forward import CudaForward
+from codespec.cuda.passlayout import chain_rows, fill_staging, pass_rows, tree_rows
+from codespec.cuda.settings import CudaSettings, is_hopper, launches_pdl
 from codespec.models.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from codespec.policy.tree import VerifyTree
@@ -32,7 +32,7 @@ def test_speculative_equals_plain_across_replays(arch, policy):
     accepted = rejected = 0
     for vocab, repeat in ((16, True), (128, False)):
         model = tiny_model(arch, vocab_size=vocab, seed=3)
-        engine = Engine(CudaForward(model, rows=8), None, PromptLookupProposer(min_match_tokens=1),
+        engine = Engine(CudaForward(model, CudaSettings(rows=8)), None, PromptLookupProposer(min_match_tokens=1),
                         max_draft_tokens=16, eos_token_ids=[], draft_policy=policy)
         more_accepted, more_rejected = speculation_checked(engine, prompts(vocab, 6, seed=vocab, repeat=repeat), 40)
         accepted, rejected = accepted + more_accepted, rejected + more_rejected
@@ -44,37 +44,15 @@ def test_plain_decoding_equals_transformers_generate(kv_heads):
     """The backend is the model: its own forward (prefill chunks, then one-row steps in
     the bucket) gives transformers' greedy output."""
     model = tiny_model("qwen2", vocab_size=64, seed=5, num_key_value_heads=kv_heads)
-    engine = Engine(CudaForward(model, rows=4), None, eos_token_ids=[])
+    engine = Engine(CudaForward(model, CudaSettings(rows=4)), None, eos_token_ids=[])
     for prompt in prompts(64, 3, seed=1, repeat=False):
         hf = hf_greedy(model, prompt, 24)
         assert engine.generate(prompt, GenerationConfig(max_new_tokens=24, speculate=False)).token_ids == hf
 
 
-@pytest.mark.parametrize("prefill", ["bucket", "eager"])
-def test_prefill_in_replays_or_eager_passes_is_the_model_and_its_reuse_too(monkeypatch, prefill):
-    """Prompts over several 8-token chunks (prefill as bucket replays, or eager causal
-    passes), then prompts that reuse what is cached: transformers' greedy output."""
-    monkeypatch.setenv("CODESPEC_CUDA_PREFILL", prefill)
-    model = tiny_model("qwen2", vocab_size=64, seed=5)
-    forward = CudaForward(model, rows=4)
-    assert forward.eager_prefill == (prefill == "eager")
-    cache = SlotCache(model.config, slots=2, slot_tokens=128, dtype=torch.float64, chunk=8)
-    engine = Engine(forward, None, eos_token_ids=[], cache=cache)
-    base = prompts(64, 1, seed=2, repeat=False)[0] * 2
-    for prompt in (base, base + [5, 6, 7, 8, 9, 10, 11, 12, 13], base[:19]):
-        generation = engine.generate(prompt, GenerationConfig(max_new_tokens=12, speculate=False))
-        assert generation.token_ids == hf_greedy(model, prompt, 12)
-    # the last prompt (19 tokens) reused all but its last token where a replayed prefill row
-    # is a decode step (Forward.prefill_exact), two whole chunks after eager passes
-    assert generation.stats.cached_prompt_tokens == (16 if prefill == "eager" else 18)
-    monkeypatch.setenv("CODESPEC_CUDA_PREFILL", "graph")
-    with pytest.raises(SettingError, match="CODESPEC_CUDA_PREFILL"):
-        CudaForward(model, rows=4)
-
-
 def test_batched_requests_equal_each_alone():
     model = tiny_model("qwen2", vocab_size=16, seed=3)
-    engine = Engine(CudaForward(model, rows=8), None, PromptLookupProposer(min_match_tokens=1), eos_token_ids=[],
+    engine = Engine(CudaForward(model, CudaSettings(rows=8)), None, PromptLookupProposer(min_match_tokens=1), eos_token_ids=[],
                     slots=4, max_draft_tokens=8)
     batch = [[1, 2, 3, 4] * 2, [5, 6, 7] * 3, [9, 1, 9, 2], [3, 3, 4] * 3]
     config = GenerationConfig(max_new_tokens=24)
@@ -91,7 +69,7 @@ def test_a_row_equals_its_decode_step_bit_for_bit_wherever_its_keys_sit():
     """A tree row off the main chain (its ancestors scattered in the slot) gets the same
     logits as the decode step that sees the same keys laid out contiguously."""
     model = tiny_model("qwen2", vocab_size=32, seed=7, dtype=torch.float32)
-    forward = CudaForward(model, rows=8)
+    forward = CudaForward(model, CudaSettings(rows=8))
     engine = Engine(forward, None, eos_token_ids=[], slots=2)
     cache = engine.cache
     prompt = list(range(1, 20))
@@ -169,7 +147,7 @@ def test_the_pass_layout_is_pass_rows_bucket_by_bucket(seed):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_a_replay_writes_no_key_a_row_of_it_reads_below_its_context_less_the_bucket(seed):
-    """What attention's early loads rest on (kernels/row_attention.py, `early`): in every
+    """What attention's early loads rest on (cuda/attention.py, `early`): in every
     replay of a pass, each K and V write in a slot lands at or above context - bucket for
     every row of that replay in that slot, so a row's keys below that bound were written
     before the replay began. Trees spanning several replays, deep branches, and a prefill
@@ -189,97 +167,11 @@ def test_a_replay_writes_no_key_a_row_of_it_reads_below_its_context_less_the_buc
         assert checked == len(rows)
 
 
-def test_the_backends_settings_are_checked_at_start_up(monkeypatch):
-    """Every CODESPEC_CUDA_* setting (forward/cuda_settings.py): its default, a good value
-    taken, a bad one a clear error naming it."""
-    assert CudaSettings.from_env({}) == CudaSettings()
-    good = {"ROWS": ("32", 32), "PREFILL": ("eager", "eager"), "FUSED": ("1", True), "COMPILE": ("0", False),
-            "ATTENTION": ("grid", "grid"), "CHAIN": ("0", False), "PDL": ("prefetch", "prefetch"),
-            "TILE_ROWS": ("16", 16), "REDUCE": ("fold", "fold")}
-    for name, (raw, value) in good.items():
-        assert getattr(CudaSettings.from_env({f"CODESPEC_CUDA_{name}": raw}), name.lower()) == value
-        with pytest.raises(SettingError, match=f"CODESPEC_CUDA_{name}='lots'"):
-            CudaSettings.from_env({f"CODESPEC_CUDA_{name}": "lots"})
-    assert all(field.description for field in CudaSettings.model_fields.values())  # STYLE 7
-    assert CudaSettings.from_env({"CODESPEC_CUDA_TILE_ROWS": ""}).tile_rows == 64  # empty: the default
-    monkeypatch.setenv("CODESPEC_CUDA_TILE_ROWS", "16")
-    assert CudaSettings().tile_rows == CudaSettings.from_env().tile_rows == 16  # pydantic-settings' own read
-    monkeypatch.delenv("CODESPEC_CUDA_TILE_ROWS")
-    monkeypatch.setenv("CODESPEC_CUDA_ROWS", "0")
-    with pytest.raises(SettingError, match="^CODESPEC_CUDA_ROWS='0': input should be greater than or equal to 1$"):
-        CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))  # the environment's bad value, at start-up
-    monkeypatch.setenv("CODESPEC_CUDA_ROWS", "32")
-    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "grid")  # the backend passes it to every attention launch
-    backend = CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))
-    assert (backend.rows, backend.attention) == (32, "grid")
-    assert CudaSettings.from_env({"CODESPEC_CUDA_ATTENTION": "fold"}).attention == "fold"
-    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "fold")  # its counts, one per (row, KV head)
-    backend = CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))
-    assert backend.attention == "fold" and backend._attention_counts.shape == (32 * backend.kv_heads,)
-    monkeypatch.setenv("CODESPEC_CUDA_KEY_BLOCK", "64")  # attention's blocks, in the profile's key
-    backend = CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))
-    assert backend.key_block == 64 and backend._kernels["key_block"] == 64
-    monkeypatch.setenv("CODESPEC_CUDA_KEY_BLOCK", "96")
-    with pytest.raises(SettingError, match="^CODESPEC_CUDA_KEY_BLOCK='96': input should be 64 or 128$"):
-        CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))
-    monkeypatch.delenv("CODESPEC_CUDA_KEY_BLOCK")
-    monkeypatch.setenv("CODESPEC_CUDA_EARLY", "1")  # removed: named, not ignored
-    with pytest.raises(SettingError, match="^CODESPEC_CUDA_EARLY is gone \\(.*\\); unset it$"):
-        CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))
-    monkeypatch.delenv("CODESPEC_CUDA_EARLY")
-    monkeypatch.setenv("CODESPEC_CUDA_ATTENTION", "walk")  # removed: one clear line
-    with pytest.raises(SettingError,
-                       match="^CODESPEC_CUDA_ATTENTION='walk': input should be 'worklist', 'grid' or 'fold'$"):
-        CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))
-
-
-def test_settings_that_need_hopper_name_the_device_s_capability(monkeypatch):
-    """CODESPEC_CUDA_PDL=launch or prefetch on an older GPU: one clear line; `auto` (the
-    default) launches as programmatic dependents on Hopper alone, never on a CPU."""
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 6))
-    with pytest.raises(SettingError, match=r"^CODESPEC_CUDA_PDL=launch .* this one is 8\.6: unset it$"):
-        require_hopper(torch.device("cuda"), "CODESPEC_CUDA_PDL=launch (programmatic dependent launch)", "unset it")
-    require_hopper(torch.device("cpu"), "CODESPEC_CUDA_PDL=launch", "unset it")  # no GPU kernels run there
-    assert not is_hopper(torch.device("cuda")) and not is_hopper(torch.device("cpu"))
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
-    require_hopper(torch.device("cuda"), "CODESPEC_CUDA_PDL=launch", "unset it")
-    assert is_hopper(torch.device("cuda")) and not is_hopper(torch.device("cpu"))
-    model = tiny_model("qwen2", vocab_size=16, seed=3)
-    assert CudaForward(model).pdl == "off"  # a CPU model: auto is off
-    monkeypatch.setenv("CODESPEC_CUDA_PDL", "launch")
-    assert CudaForward(model).pdl == "launch"
-
-
 def test_unsupported_models_are_named():
     assert cuda.unsupported(tiny_model("qwen2", vocab_size=16)) is None
     assert "sliding" in cuda.unsupported(tiny_model("qwen2", vocab_size=16, use_sliding_window=True, sliding_window=8))
     dynamic = tiny_model("qwen2", vocab_size=16, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
     assert "rotary embedding 'dynamic'" in cuda.unsupported(dynamic)  # cos and sin change with the pass
-
-
-def test_row_linear_tiles_serve_the_products_they_fit(monkeypatch):
-    """Products named in `tiles` go through kernels/row_linear.py (its reference on CPU),
-    the others through F.linear, and speculation stays lossless either way."""
-    from codespec.kernels import row_linear as module
-    from codespec.kernels.row_linear import Config
-
-    served = []
-    real = module.row_linear
-
-    def counting(x, weight, bias=None, **kw):
-        served.append(tuple(weight.shape))
-        return real(x, weight, bias, **kw)
-
-    monkeypatch.setattr(cuda, "row_linear", counting)
-    model = tiny_model("qwen2", vocab_size=16, seed=3)
-    tiles = {"qkv": Config(block_m=8, block_n=16, block_k=16), "down": Config(block_m=8, block_n=16, block_k=32),
-             "o": Config(block_m=8, block_n=48, block_k=16),  # o: 48 does not divide 64 outputs, F.linear
-             "lm_head": Config(block_m=8, block_n=16, block_k=16)}  # its choices from the epilogue
-    engine = Engine(CudaForward(model, rows=8, tiles=tiles), None, PromptLookupProposer(min_match_tokens=1),
-                    max_draft_tokens=16, eos_token_ids=[])
-    accepted, rejected = speculation_checked(engine, prompts(16, 4, seed=16, repeat=True), 32)
-    assert accepted > 0 and rejected > 0
-    assert set(served) == {(model.config.hidden_size + 2 * 2 * 16, 64), (64, 128), (16, 64)}, set(served)
 
 
 def test_start_up_runs_one_step_and_leaves_no_reusable_prefix(monkeypatch):
@@ -288,7 +180,7 @@ def test_start_up_runs_one_step_and_leaves_no_reusable_prefix(monkeypatch):
     path (the KV compaction's kernel); the slot it used holds nothing a prompt could
     reuse, so output is unchanged."""
     model = tiny_model("qwen2", vocab_size=64, seed=5)
-    forward = CudaForward(model, rows=4)
+    forward = CudaForward(model, CudaSettings(rows=4))
     calls, kept = [], []
     real, real_keep = forward.choices, forward.keep
     monkeypatch.setattr(forward, "choices", lambda cache, requests: calls.append(requests) or real(cache, requests))
@@ -301,88 +193,6 @@ def test_start_up_runs_one_step_and_leaves_no_reusable_prefix(monkeypatch):
     out = engine.generate(prompt, GenerationConfig(max_new_tokens=12, speculate=False))
     assert out.stats.cached_prompt_tokens == 0
     assert out.token_ids == hf_greedy(model, prompt, 12)
-
-
-def test_start_up_also_runs_a_pass_wide_enough_for_the_wide_passes_graph(monkeypatch):
-    """CODESPEC_CUDA_PASS_ROW_GROUP: passes wider than a block of tile_rows replay a graph
-    of their own, so start-up runs a chain of tile_rows + 1 rows after the step (its
-    capture is not the first request's), and the slot still holds nothing reusable."""
-    monkeypatch.setenv("CODESPEC_CUDA_TILE_ROWS", "16")
-    monkeypatch.setenv("CODESPEC_CUDA_PASS_ROW_GROUP", "4")
-    model = tiny_model("qwen2", vocab_size=64, seed=5)
-    forward = CudaForward(model, rows=64, fused=True)
-    assert forward.warm_up_rows == (1, 17)
-    widths = []
-    real = forward.choices
-    monkeypatch.setattr(forward, "choices", lambda cache, requests: widths.append(len(requests[0][2])) or
-                        real(cache, requests))
-    forward.warm_up_pass = True
-    engine = Engine(forward, None, eos_token_ids=[])
-    assert widths == [1, 17] and engine.cache.free_slots == engine.cache.slots
-    prompt = [0, 0, 0, 5]  # the warm-up's tokens: nothing may be reused from that slot
-    out = engine.generate(prompt, GenerationConfig(max_new_tokens=8, speculate=False))
-    assert out.stats.cached_prompt_tokens == 0 and out.token_ids == hf_greedy(model, prompt, 8)
-    monkeypatch.delenv("CODESPEC_CUDA_PASS_ROW_GROUP")
-    assert CudaForward(model, rows=64, fused=True).warm_up_rows == (1,)  # one graph: a step warms it
-
-
-@pytest.mark.parametrize("kv_heads", [2, 1])
-def test_fused_layers_are_the_model_and_stay_lossless(kv_heads):
-    """`fused`: every product through row_linear with the norm, SiLU and residual inside
-    (their torch reference on CPU): transformers' greedy output, speculation lossless."""
-    model = tiny_model("qwen2", vocab_size=64, seed=5, num_key_value_heads=kv_heads)
-    forward = CudaForward(model, rows=16, fused=True)
-    assert forward.fused and forward.tiles["qkv"].block_m == 16
-    engine = Engine(forward, None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=24, eos_token_ids=[])
-    for prompt in prompts(64, 3, seed=1, repeat=False):
-        assert engine.generate(prompt, GenerationConfig(max_new_tokens=16, speculate=False)).token_ids == \
-            hf_greedy(model, prompt, 16)
-    small = tiny_model("qwen2", vocab_size=16, seed=3)
-    engine = Engine(CudaForward(small, rows=16, fused=True), None, PromptLookupProposer(min_match_tokens=1),
-                    max_draft_tokens=24, eos_token_ids=[])
-    accepted, rejected = speculation_checked(engine, prompts(16, 4, seed=16, repeat=True), 40)
-    assert accepted > 10 and rejected > 0
-
-
-def test_lm_head_behind_its_screen_stays_lossless(monkeypatch):
-    """CODESPEC_CUDA_LM_SCREEN=1 through the kernels' torch references (the Triton
-    kernels: tests/kernels/test_lm_screen.py and test_fused_layers.py): transformers'
-    greedy output, speculation lossless, the logits of prefill and of every pass the
-    full product's."""
-    from codespec.forward import cuda_fused
-    from codespec.kernels.row_linear import row_linear
-
-    launched = []
-    monkeypatch.setattr(cuda_fused, "row_linear", lambda *args, **kwargs: launched.append(
-        (kwargs.get("screened") is not None, kwargs.get("pdl"))) or row_linear(*args, **kwargs))
-    monkeypatch.setenv("CODESPEC_CUDA_LM_SCREEN", "1")
-    monkeypatch.setenv("CODESPEC_CUDA_PDL", "prefetch")  # launched as on Hopper (the kernels' references here)
-    model = tiny_model("qwen2", vocab_size=64, seed=5)
-    forward = CudaForward(model, rows=16, fused=True)
-    assert forward.screen is not None and forward.screen.q.dtype == torch.int8
-    engine = Engine(forward, None, PromptLookupProposer(min_match_tokens=1), max_draft_tokens=24, eos_token_ids=[])
-    for prompt in prompts(64, 2, seed=1, repeat=False):
-        assert engine.generate(prompt, GenerationConfig(max_new_tokens=16, speculate=False)).token_ids == \
-            hf_greedy(model, prompt, 16)
-    # the screened product warms no weights (most blocks are never read); the graph's other
-    # products do; the prefill's logits, outside the graph, launch plainly
-    assert {pdl for screened, pdl in launched if screened} == {"launch"}
-    assert {pdl for screened, pdl in launched if not screened} == {"prefetch", None}
-    small = tiny_model("qwen2", vocab_size=16, seed=3)
-    engine = Engine(CudaForward(small, rows=16, fused=True), None, PromptLookupProposer(min_match_tokens=1),
-                    max_draft_tokens=24, eos_token_ids=[])
-    accepted, rejected = speculation_checked(engine, prompts(16, 4, seed=16, repeat=True), 40)
-    assert accepted > 10 and rejected > 0
-
-
-def test_fused_layers_need_tiles_that_fit(monkeypatch):
-    model = tiny_model("qwen2", vocab_size=16, seed=3)
-    with pytest.raises(SettingError, match="no row_linear tile fits"):
-        CudaForward(model, rows=8, fused=True)  # 8 rows: no tile of 16 rows or more
-    monkeypatch.setenv("CODESPEC_CUDA_FUSED", "1")
-    assert CudaForward(model, rows=16).fused
-    monkeypatch.setenv("CODESPEC_CUDA_TILE_ROWS", "16")  # programs of 16 rows in a bucket of 32
-    assert {tile.block_m for tile in CudaForward(model, rows=32).tiles.values()} == {16}
 
 
 class _DeepBranches:
@@ -411,7 +221,7 @@ class _DeepBranches:
 
 def test_a_branch_deeper_than_the_bucket_is_cut_not_an_error():
     model = tiny_model("qwen2", vocab_size=16, seed=3)
-    forward = CudaForward(model, rows=4)
+    forward = CudaForward(model, CudaSettings(rows=4))
     engine = Engine(forward, None, _DeepBranches(), max_draft_tokens=9, eos_token_ids=[], draft_policy="tree")
     for prompt in prompts(16, 3, seed=7, repeat=True):
         plain = engine.generate(prompt, GenerationConfig(24, speculate=False))
@@ -433,31 +243,55 @@ def test_a_path_longer_than_the_bucket_is_refused_not_written():
         fill_staging(staging, rows, 4, 4)  # rows 4..6: the branch's deep end
 
 
-def test_the_machine_profile_is_keyed_by_every_setting_that_changes_a_pass(monkeypatch):
+def test_prefill_in_replays_is_the_model_and_its_reuse_too():
+    """Prompts over several 8-token chunks (prefill as bucket replays), then prompts that
+    reuse what is cached: transformers' greedy output."""
+    model = tiny_model("qwen2", vocab_size=64, seed=5)
+    forward = CudaForward(model, CudaSettings(rows=4))
+    cache = SlotCache(model.config, slots=2, slot_tokens=128, dtype=torch.float64, chunk=8)
+    engine = Engine(forward, None, eos_token_ids=[], cache=cache)
+    base = prompts(64, 1, seed=2, repeat=False)[0] * 2
+    for prompt in (base, base + [5, 6, 7, 8, 9, 10, 11, 12, 13], base[:19]):
+        generation = engine.generate(prompt, GenerationConfig(max_new_tokens=12, speculate=False))
+        assert generation.token_ids == hf_greedy(model, prompt, 12)
+    # the last prompt (19 tokens) reused all but its last token: a replayed prefill row is
+    # a decode step (Forward.prefill_exact)
+    assert generation.stats.cached_prompt_tokens == 18
+
+
+def test_the_backends_settings_are_read_and_checked(monkeypatch):
+    """Every CODESPEC_CUDA_* setting (cuda/settings.py): read by pydantic-settings, a bad
+    value a clear error naming it, each described."""
+    assert all(field.description for field in CudaSettings.model_fields.values())  # STYLE 7
+    monkeypatch.setenv("CODESPEC_CUDA_ROWS", "32")
+    monkeypatch.setenv("CODESPEC_CUDA_CHAIN", "0")
+    backend = CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))
+    assert (backend.rows, backend.chains_steps) == (32, False)
+    monkeypatch.setenv("CODESPEC_CUDA_ROWS", "0")
+    with pytest.raises(SettingError, match="^CODESPEC_CUDA_ROWS='0': input should be greater than or equal to 1$"):
+        CudaForward(tiny_model("qwen2", vocab_size=16, seed=3))  # the environment's bad value, at start-up
+    monkeypatch.setenv("CODESPEC_CUDA_ROWS", "")  # empty: the default
+    assert CudaSettings().rows == 64
+
+
+def test_pdl_launches_on_hopper_alone(monkeypatch):
+    """`auto` (the default) launches as programmatic dependents on Hopper, never on an
+    older GPU or a CPU; `on` on an older GPU is one clear line."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 6))
+    assert not launches_pdl("auto", torch.device("cuda")) and not is_hopper(torch.device("cuda"))
+    with pytest.raises(SettingError, match=r"^CODESPEC_CUDA_PDL=on .* this one is 8\.6: unset it$"):
+        launches_pdl("on", torch.device("cuda"))
+    assert not launches_pdl("on", torch.device("cpu"))  # no GPU kernels run there
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
+    assert launches_pdl("auto", torch.device("cuda")) and not launches_pdl("off", torch.device("cuda"))
+    assert CudaForward(tiny_model("qwen2", vocab_size=16, seed=3)).pdl is False  # a CPU model
+
+
+def test_the_machine_profile_is_keyed_by_every_setting_that_changes_a_pass():
     """The goodput controller's cost curve is stored under the backend's profile key: a
-    curve measured with one layout (the fused layers, PDL, another attention schedule)
-    must not price the passes of another."""
+    curve measured with one layout must not price the passes of another."""
     model = tiny_model("qwen2", vocab_size=16, seed=3)
     key = CudaForward(model).profile_key()
     assert CudaForward(model).profile_key() == key  # the same settings: the stored curve serves
-    for name, value in (("FUSED", "1"), ("ATTENTION", "grid"), ("PDL", "launch"), ("REDUCE", "fold"),
-                        ("ROWS", "32"), ("KEY_BLOCK", "64"), ("EARLY_KEYS", "1"),
-                        ("EARLY_ROWS", "1")):
-        monkeypatch.setenv(f"CODESPEC_CUDA_{name}", value)
-        assert CudaForward(model).profile_key() != key, name
-        monkeypatch.delenv(f"CODESPEC_CUDA_{name}")
-    monkeypatch.setenv("CODESPEC_CUDA_FUSED", "1")
-    fused = CudaForward(model).profile_key()
-    monkeypatch.setenv("CODESPEC_CUDA_TILE_ROWS", "16")
-    assert CudaForward(model).profile_key() != fused  # the fused products' programs
-
-
-def test_fused_q_k_v_tiles_hold_whole_heads():
-    """Rotary runs in q/k/v's epilogue: its blocks are whole heads of q, k or v, whatever
-    the head size (the default tile's 64 outputs halved for 16-wide heads of one KV
-    head, widened for heads of 128)."""
-    for dim, kv_heads in ((16, 1), (16, 2), (128, 2)):
-        model = tiny_model("qwen2", vocab_size=16, seed=3, num_key_value_heads=kv_heads, head_dim=dim,
-                           hidden_size=4 * dim if dim < 64 else 256)
-        block = CudaForward(model, rows=16, fused=True).tiles["qkv"].block_n
-        assert block % dim == 0 and (kv_heads * dim) % block == 0, (dim, kv_heads, block)
+    for other in (CudaSettings(rows=32), CudaSettings(compile=False)):
+        assert CudaForward(model, other, graphs=True).profile_key() != CudaForward(model, graphs=True).profile_key()

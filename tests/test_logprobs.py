@@ -11,7 +11,8 @@ from codespec.engine import Engine, GenerationConfig
 from codespec.engine.logprobs import Committed
 from codespec.errors import RequestError
 from codespec.forward import of_model
-from codespec.forward.cuda import CudaForward
+from codespec.cuda.forward import CudaForward
+from codespec.cuda.settings import CudaSettings
 from codespec.models.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from tests.test_engine_lossless import prompts
@@ -24,7 +25,7 @@ def engine_of(forward) -> Engine:
 @pytest.mark.parametrize("backend", ["transformers", "cuda"])
 def test_logprobs_change_nothing_and_speculation_changes_no_value(backend):
     model = tiny_model("qwen2", vocab_size=16, seed=3)
-    engine = engine_of(of_model(model) if backend == "transformers" else CudaForward(model, rows=8))
+    engine = engine_of(of_model(model) if backend == "transformers" else CudaForward(model, CudaSettings(rows=8)))
     accepted = 0
     for prompt in prompts(16, 4, seed=16, repeat=True):
         plain = engine.generate(prompt, GenerationConfig(max_new_tokens=24, speculate=False))

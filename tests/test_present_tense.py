@@ -14,7 +14,7 @@ ROOT = Path(__file__).parents[1]
 # built from pieces, so that this file does not match itself
 WORDS = "|".join(("sess" + "ions?", "iss" + "ues?", "st" + "ops?"))
 # on one line, or broken across two (a comment's or docstring's wrapped line)
-MENTION = re.compile(rf"\b(?:{WORDS})(?: |\s*\n[ \t]*(?:#|//|\*)?[ \t]*)#?[0-9]+", re.IGNORECASE)
+MENTION = re.compile(rf"\b(?:{WORDS})(?:[ -]|\s*\n[ \t]*(?:#|//|\*)?[ \t]*)#?[0-9]+", re.IGNORECASE)
 NAME = re.compile(r"(?:sess" + r"ion|[-_]s)[0-9]+(?=[-_.])", re.IGNORECASE)
 
 

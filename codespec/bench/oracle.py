@@ -9,12 +9,12 @@ each request's greedy output (measured once with the real model), every row's ch
 the next token of that output where the row's path follows it, so every policy drafts,
 accepts and commits exactly what it would with the model, and no arithmetic runs. Each
 pass waits `pass_s` per bucket of `bucket` rows, as a GPU backend's replays take about the
-same time whatever rows they hold (forward/cuda.py), plus `row_s` per row past a
+same time whatever rows they hold (cuda/forward.py), plus `row_s` per row past a
 replay's first (each real row's attention: ~3 us on the H100, whose 64-row pass cost
 1.63 ms against a step's 1.34 on 2026-11-26, ~90 us of that the host's layout of the
 rows then): the engine sees GPU-shaped pass costs (its goodput controller calibrates on them) while the host does nothing else, as
 while a GPU computes. Passes queue on a virtual device, one after another, and plain
-steps are queued one ahead as the cuda backend queues them (forward/chained.py;
+steps are queued one ahead as the cuda backend queues them (cuda/chained.py;
 CODESPEC_CUDA_CHAIN=0 turns both off): a queued step starts when the pass before it
 ends, however long the host takes. `codespec bench host` runs it (bench/host_bench.py).
 
@@ -36,8 +36,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from codespec.errors import CodespecError
-from codespec.forward.chained import next_starts, plain_steps, queued_rows
-from codespec.forward.cuda_settings import CudaSettings
+from codespec.cuda.chained import next_starts, plain_steps, queued_rows
+from codespec.cuda.settings import CudaSettings
 from codespec.policy.tree import VerifyTree
 
 
@@ -66,7 +66,7 @@ class OracleForward:
         self.config = SimpleNamespace(num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
                                       hidden_size=1, head_dim=1, max_position_embeddings=max_context)
         self.generation_config = SimpleNamespace(eos_token_id=eos_id)
-        self.chains_steps = CudaSettings.from_env().chain  # as the cuda backend
+        self.chains_steps = CudaSettings().chain  # as the cuda backend
         self.chained_taken = self.chained_dropped = 0
         self._free_at = 0.0  # when the virtual device has run every pass queued on it
         # a queued plain step: its (slot, start, token) rows, their choices, when it ends
@@ -95,7 +95,7 @@ class OracleForward:
                chain_next: bool = False) -> Callable[[], list[int]]:
         """The pass queued: its choices are ready once the virtual device has run it, as
         a GPU's asynchronous launch (the host may work meanwhile: engine/ahead.py); with
-        `chain_next`, the plain step after it queued behind it (forward/chained.py)."""
+        `chain_next`, the plain step after it queued behind it (cuda/chained.py)."""
         queued, self._queued = self._queued, None
         rows = queued_rows(queued[0], requests) if queued is not None else None
         if rows is not None:

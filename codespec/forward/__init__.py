@@ -7,8 +7,8 @@
       hf_weights.py    ... its weights from a transformers model
     transformers.py  `transformers` (row-exact: attention.py, rowcalls.py, rowblocks.py,
                      rowplan.py) and `masked`
-    cuda.py          `cuda`: fixed-shape passes in CUDA graphs (cuda_layers.py, cuda_fused.py,
-                     passlayout.py, chained.py; its CODESPEC_CUDA_* settings: cuda_settings.py)
+    codespec/cuda/   `cuda`: fixed-shape passes in CUDA graphs, with its Triton kernels and
+                     settings (a package of its own)
     profile.py       the machine profile each backend's probes and pass timings are stored in
 
 Nothing here imports torch at module level except the transformers backend's modules,

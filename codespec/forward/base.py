@@ -36,10 +36,10 @@ with `exact = False`.
     forward.keep(cache, [(slot, start, path)])      # accepted nodes' KV moved after the context
 
 Optional: `launch(cache, requests)` queues the pass `choices` runs and returns what waits
-for its choices (a GPU backend's, forward/cuda.py): the engine drafts ahead meanwhile
+for its choices (a GPU backend's, cuda/forward.py): the engine drafts ahead meanwhile
 (engine/ahead.py). A backend with `chains_steps` takes `launch(..., chain_next=True)`
 where every request's next pass is a plain greedy step, and queues it behind this one
-(forward/chained.py). `max_tail` (below) caps a row's off-chain path.
+(cuda/chained.py). `max_tail` (below) caps a row's off-chain path.
 """
 
 from __future__ import annotations

@@ -161,7 +161,7 @@ def _for_model(model: Any, wanted: str, quantize: str) -> tuple[Forward, str | N
     if wanted == "rowdecoder" and why is not None:
         raise ModelError(f"CODESPEC_FORWARD=rowdecoder: the row decoder does not serve this model here: {why}")
     if wanted == "cuda" or (not wanted and why is not None and _on_cuda(model)):
-        from codespec.forward import cuda
+        from codespec.cuda import forward as cuda
 
         refused = cuda.unsupported(model) or (None if _on_cuda(model) else "the model is not on a CUDA device")
         if refused is None:
@@ -183,7 +183,8 @@ def of_model(model: Any, *, backend: str = "", quantize: str = "none", screen: b
     forward (the `cuda` backend for Qwen2/Llama on CUDA); "rowdecoder", "cuda", "transformers"
     or "masked" pick one. `screen=False`: greedy
     passes on the row decoder compute full logits (tests that compare the two)."""
-    from codespec.forward import cuda, hf_weights
+    from codespec.cuda import forward as cuda
+    from codespec.forward import hf_weights
     from codespec.forward.transformers import TorchForward
 
     if backend == "rowdecoder" or (backend == "" and hf_weights.unsupported(model) is None):

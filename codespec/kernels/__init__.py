@@ -5,20 +5,13 @@ C, built by the system's gcc on first use (native.py) and driven through ctypes,
 * `rowdecoder.c`: a Qwen2/Llama decoder stack for every row of a pass in one call;
 * `int8`: int8 weights and their row-exact products; `lmchoice`: the exact greedy choice
   through lm_head's int8 screen.
-Triton, for CUDA tensors (`_triton.py`, `_triton_attention*.py`, `_triton_linear*.py`,
-imported only when a kernel runs; tests run them on CPU under
-`TRITON_INTERPRET=1`; `_triton_pdl.py` holds what the cuda backend's kernels share to
-launch as programmatic dependents), each module a wrapper that checks shapes, dtypes and
+Triton, for CUDA tensors (`_triton.py`, imported only when a kernel runs; tests run them
+on CPU under `TRITON_INTERPRET=1`), each module a wrapper that checks shapes, dtypes and
 contiguity, and `<op>_ref` in plain torch that CPU tensors use:
 * `compact.compact_kv`: move each request's accepted path to be contiguous in its KV slot;
-* `tree_mask.tree_mask`: the ancestor-or-self mask of a batch of trees;
-* `row_attention.row_attention`: each row over its own logical keys, in key blocks
-  combined in order (the cuda backend's attention);
-* `rope_store.rope_store`: rotary on q and k, and K and V stored in their KV slots;
-* `row_linear.row_linear`: a row-exact product with our own tiles, optionally with the
-  norm or SiLU before it and the residual add after it, over the rows that hold a token;
-* `lm_screen`: lm_head's greedy choices through an int8 screen (`head_rows`,
-  `screen_bounds`, then row_linear's `screened` blocks), each the full product's.
+* `tree_mask.tree_mask`: the ancestor-or-self mask of a batch of trees.
+The cuda backend's own kernels (row attention, rotary and the KV store) live with it in
+codespec/cuda/.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def test_the_oracle_sleeps_per_bucket_and_refuses_what_it_cannot_replay():
 
 def test_the_oracle_queues_passes_and_plain_steps_on_a_virtual_device(monkeypatch):
     """Passes run one after another on the oracle's virtual device; a plain step queued
-    behind a pass (forward/chained.py) starts when that pass ends, whatever the host does,
+    behind a pass (cuda/chained.py) starts when that pass ends, whatever the host does,
     and is taken when asked for, dropped when not."""
     from codespec.bench import oracle as module
 

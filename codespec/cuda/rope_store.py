@@ -1,16 +1,14 @@
 """The CUDA backend's step between the q/k/v product and attention, in one launch:
-rotary on q and k, and each row's K and V stored in its KV slot (forward/cuda.py).
+rotary on q and k, and each row's K and V stored in its KV slot (cuda/forward.py).
 
 As a torch.compile'd function with `index_copy_` this took five kernels a layer on the
 H100 (the rotary, the stores, and copies functionalization added); as two index_copy_
 launches beside inductor's rotary, four. Rotary rounds in the model's dtype after each
 product and after the sum, as transformers' eager code does. Exactness does not rest on
 matching the eager prefill's bits (every pass and step stores its K here); whether it
-matches on a device is scripts/gpu_check.py's `rope_store_*_differing` (the H100 run of
-2026-11-26: not the same bits). Compiling for sm_90
-offline found why: Triton fused `x * cos` into the sum as one bf16 fma, the
-product never rounded; the kernel now launches with fused multiply-adds off
-(_triton.ROPE_FP_FUSION), and the next GPU run's counts should be zero.
+matches on a device was checked on an H100 (2026-11-26: not the same bits); compiling for
+sm_90 offline found why: Triton fused `x * cos` into the sum as one bf16 fma, the product
+never rounded. The kernel launches with fused multiply-adds off (_rope_store.ROPE_FP_FUSION).
 
 Padding rows store their `source` row's K and V (the same values to the same place).
 
@@ -43,7 +41,7 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, source: 
     `live` (the pass's context and path_len): the kernel skips rows that hold no token
     (padding: their store would repeat their source row's, their q is left undefined);
     the reference computes every row. `pdl`: launched as a programmatic dependent on CUDA
-    (kernels/_triton_pdl.py)."""
+    (cuda/_pdl.py)."""
     rows = qkv.shape[0]
     dim = keys.shape[3]
     check(qkv.dim() == 2 and qkv.shape[1] == (heads + 2 * kv_heads) * dim and qkv.stride(1) == 1,
@@ -62,9 +60,9 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, source: 
     check(out.shape == (rows, heads, dim) and out.stride(2) == 1, "out must be [rows, heads, dim]")
     check_live(live, qkv)
     if use_triton(qkv, force_triton):
-        from codespec.kernels import _triton
+        from codespec.cuda import _rope_store
 
-        _triton.rope_store(qkv, cos, sin, positions, source, write_slots, write_positions, keys, values, out, heads,
+        _rope_store.rope_store(qkv, cos, sin, positions, source, write_slots, write_positions, keys, values, out, heads,
                            kv_heads, live, pdl and qkv.is_cuda)
     else:
         if positions is not None:

@@ -1,5 +1,5 @@
 """Programmatic dependent launch (PDL, sm_90 and later) for the cuda backend's Triton
-kernels: `CODESPEC_CUDA_PDL` (forward/cuda_settings.py).
+kernels: `CODESPEC_CUDA_PDL` (cuda/settings.py).
 
 Why. A plain step of the default model is ~280 kernels, and in a CUDA graph each one
 starts only when the one before it has ended and its writes are out: the products are
@@ -17,10 +17,7 @@ ends only after the one before it did, so reading what any earlier kernel wrote,
 writing memory an earlier kernel read (the graph reuses buffers), is safe after the wait.
 
 PDL=False (the interpreter, GPUs before Hopper, the setting off) compiles both calls away.
-
-`pdl_wait_for` and `pdl_done` (CODESPEC_CUDA_PDL=flags, kernels/flags.py): the
-same launches waiting on a count each program of the launch before raises after its
-stores, instead of on that launch's end."""
+"""
 
 from __future__ import annotations
 
@@ -42,52 +39,6 @@ def pdl_wait(PDL: tl.constexpr):
     # read of anything a kernel writes, and in every program (the ordering's transitivity).
     if PDL:
         gdc_wait()
-
-
-# A counted launch's place (kernels/flags.py), runtime integers every launch of a pass
-# passes differently: Triton would compile a kernel again for each divisibility by 16
-# (and for 1) it saw, several builds of each product on the GPU machine, ~2 s each.
-COUNTED = ["launch", "before"]
-# Reads of a launch's count before a program gives up on it (~1 us each: seconds). Only a
-# bug gets there: every program it waits for has started (kernels/flags.py).
-FLAG_SPIN_LIMIT = tl.constexpr(1 << 22)
-
-
-@triton.jit
-def pdl_wait_for(counts_ptr, launch, before, PDL: tl.constexpr, FLAGS: tl.constexpr):
-    # Wait for the kernel before (kernels/flags.py): its end and its writes visible
-    # (`pdl_wait`), or with FLAGS every one of its `before` programs' count, which each
-    # raised after its stores (counts_ptr[launch - 1], read with acquire at GPU scope); a
-    # count still short after FLAG_SPIN_LIMIT reads is recorded in counts_ptr[0].
-    if FLAGS:
-        count_ptr = counts_ptr + launch - 1
-        wait_count(count_ptr, tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu"), before, counts_ptr,
-                   FLAG_SPIN_LIMIT)
-    else:
-        pdl_wait(PDL)
-
-
-@triton.jit
-def wait_count(count_ptr, seen, target, error_ptr, SPIN_LIMIT: tl.constexpr):
-    # Read the count from `seen` on (acquire at GPU scope: what the programs that raised
-    # it stored is visible after) until it reaches `target`, SPIN_LIMIT reads at most; one
-    # that stays short raises *error_ptr and goes on (wrong numbers, never a hung GPU).
-    spins = 0
-    while (seen < target) & (spins < SPIN_LIMIT):
-        seen = tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
-        spins += 1
-    if seen < target:
-        tl.atomic_max(error_ptr, 1, sem="relaxed", scope="gpu")
-    tl.debug_barrier()
-
-
-@triton.jit
-def pdl_done(counts_ptr, launch, FLAGS: tl.constexpr):
-    # With FLAGS, after the program's last store: every thread's stores, then its count
-    # (release at GPU scope: the next launch's acquire sees them).
-    if FLAGS:
-        tl.debug_barrier()
-        tl.atomic_add(counts_ptr + launch, 1, sem="release", scope="gpu")
 
 
 def launch_options(pdl: bool, fp_fusion: bool = True) -> dict[str, bool]:
