@@ -13,8 +13,10 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from codespec.cuda.settings import CudaSettings
 
 DType = Literal["auto", "float32", "bfloat16", "float16", "float64"]
 Device = Literal["auto", "cpu", "cuda"]
@@ -38,7 +40,7 @@ class Settings(BaseSettings):
         from pydantic_settings import TomlConfigSettingsSource
 
         sources = [init_settings, env_settings]
-        config = os.environ.get("CODESPEC_CONFIG")
+        config = settings_cls.model_config.get("toml_file") or os.environ.get("CODESPEC_CONFIG")
         if config:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config))
         return tuple(sources)
@@ -147,21 +149,106 @@ class Settings(BaseSettings):
     index_workspaces: bool = Field(False, description="Let clients have a local folder indexed as the "
                                    "repository (POST /v1/index/workspace); on in the shared server of "
                                    "`codespec lsp --shared`, whose API key only its user can read.")
+    shared_grace_s: float = Field(60.0, ge=0, description="Seconds the shared server of `codespec lsp --shared` "
+                                  "keeps running after its last editor left (the next window finds it warm).")
+
+    # -- this machine's kernels: not flags, they choose how passes run, not what they compute
+    forward: Literal["", "rowdecoder", "cuda", "transformers", "masked"] = Field(
+        "", description="The backend that runs the passes ('': the fastest that applies, and `model info` says "
+        "why; 'rowdecoder' also on a CPU without AVX-512 BF16 or AVX2, portable and slow: for checks).")
+    linear: Literal["", "rowgemm", "onednn", "torch"] = Field(
+        "", description="transformers' linear kernel ('': rowgemm where it runs; anything but rowgemm rules the "
+        "row decoder out).")
+    amx: Literal["on", "off"] = Field("on", description="The C kernels' AMX path on CPUs that have it ('off': "
+                                      "AVX-512 BF16 instead).")
+    lm_screen: Literal["on", "off"] = Field(
+        "on", description="Greedy passes on the row decoder find each choice through an int8 screen of lm_head "
+        "(half its bytes), the exact product only where the choice may lie: the same choices.")
+    compiler: str = Field("gcc", validation_alias=AliasChoices("CODESPEC_COMPILER", "CC"),
+                          description="The C compiler that builds the kernels on first use (also read from CC).")
+    peers_dir: Path | None = Field(None, description="Where `scripts/install-bench-peers.sh` put the bench's "
+                                   "peers (llama.cpp; default: <cache_dir>/peers).")
+    cuda: CudaSettings = Field(default_factory=CudaSettings.checked,
+                               description="The cuda backend's settings (CODESPEC_CUDA_*, below).")
+
+    def effective(self) -> dict[str, object]:
+        """Every value in force, as `model info --json` and `/health` show them (keys left out)."""
+        return self.model_dump(mode="json", exclude={"api_key", "upstream_api_key"})
+
+    @classmethod
+    def with_file(cls, path: str | Path, **values: object) -> Settings:
+        """Settings with the TOML file `path` under the environment and `values` (flags)."""
+
+        class FromFile(cls):  # type: ignore[valid-type, misc]
+            model_config = SettingsConfigDict(**{**cls.model_config, "toml_file": str(path)})
+
+        return FromFile(**values)
+
+
+def current() -> Settings:
+    """The settings the environment (and CODESPEC_CONFIG's file) gives, read now: for the
+    switches no flag sets, read where they act. A bad value is one SettingError line."""
+    from pydantic import ValidationError
+
+    from codespec.errors import SettingError
+
+    try:
+        return Settings()
+    except ValidationError as error:
+        raise SettingError(error_line(error)) from None
+
+
+def error_line(error: object, flags: tuple[str, ...] = ()) -> str:
+    """A pydantic ValidationError of Settings as one line naming where the value came
+    from: `--flag` for a field in `flags` (given on the command line), else its variable."""
+    first = error.errors()[0]  # type: ignore[attr-defined]
+    loc = [str(part) for part in first["loc"]]
+    if loc and loc[0] in flags:
+        return f"--{loc[0].replace('_', '-')} {first['input']}: {first['msg'].lower()}"
+    return f"CODESPEC_{'_'.join(loc).upper()}={first['input']!r}: {first['msg'].lower()}"
+
+
+def environment_switches(names: tuple[str, ...]) -> dict[str, str]:
+    """The values of other libraries' environment switches among `names` (torch's and
+    oneDNN's kernel choices): part of the machine profile's key."""
+    return {name: os.environ[name] for name in names if name in os.environ}
+
+
+def child_environment(**extra: str) -> dict[str, str]:
+    """This process's environment plus `extra`, for a process it starts (a server, a peer):
+    settings travel to it as CODESPEC_* variables."""
+    return {**os.environ, **extra}
+
+
+def no_advisory_warnings() -> None:
+    """transformers' advisory warnings off, unless the user set them: they would interleave
+    with the CLI's one-line messages."""
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+
+# settings without a flag: this machine's kernels and the shared server's grace
+ENV_ONLY = ("shared_grace_s", "forward", "linear", "amx", "lm_screen", "compiler", "peers_dir", "cuda")
 
 
 def reference_markdown() -> str:
     """docs/settings.md: every setting, its variable, flag, default and description, from
     the fields themselves (tests/test_settings_doc.py keeps the file equal to this)."""
     rows = ["# Settings", "",
-            "Every setting is a `CODESPEC_<NAME>` environment variable and a flag of the commands that use it "
-            "(`codespec <command> --help` lists a command's); `codespec serve --config FILE` also reads them from a "
+            "Every setting is a `CODESPEC_<NAME>` environment variable, and most are flags of the commands that use "
+            "them (`codespec <command> --help` lists a command's); `codespec serve --config FILE` also reads them from a "
             "TOML file. Flags win over variables, variables over the file. Generated from `codespec/settings.py` "
             "by `python -c 'from codespec.settings import reference_markdown as r; print(r(), end=\"\")' > "
             "docs/settings.md`.", "",
             "| setting | variable, flag | default | what it does |", "|---|---|---|---|"]
     for name, field in Settings.model_fields.items():
+        if name == "cuda":
+            continue
         default = "`$XDG_CACHE_HOME/codespec`" if name == "cache_dir" else f"`{field.default!r}`"
-        flag = "--" + name.replace("_", "-")
+        variable = "`CODESPEC_COMPILER` or `CC`" if name == "compiler" else f"`CODESPEC_{name.upper()}`"
+        flag = f", `--{name.replace('_', '-')}`" if name not in ENV_ONLY else ""
         description = (field.description or "").replace("|", "\\|")
-        rows.append(f"| `{name}` | `CODESPEC_{name.upper()}`, `{flag}` | {default} | {description} |")
+        rows.append(f"| `{name}` | {variable}{flag} | {default} | {description} |")
+    for name, field in CudaSettings.model_fields.items():
+        description = (field.description or "").replace("|", "\\|")
+        rows.append(f"| `cuda.{name}` | `CODESPEC_CUDA_{name.upper()}` | `{field.default!r}` | {description} |")
     return "\n".join(rows) + "\n"

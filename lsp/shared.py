@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from codespec.errors import CodespecError
+from codespec.settings import child_environment, current
 from codespec.tempfiles import alive, open_no_follow, temp_beside
 
 log = logging.getLogger("codespec.lsp")
@@ -61,7 +62,7 @@ POLL_S = 0.25
 
 
 def grace_s() -> float:
-    return float(os.environ.get("CODESPEC_SHARED_GRACE_S", "60"))
+    return current().shared_grace_s
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ def read_state(path: Path) -> SharedServer | None:
 def start(settings: Any, root: Path, key: str, clients: Path) -> SharedServer:
     port = free_port()
     api_key = secrets.token_urlsafe(24)
-    env = {**os.environ, **{f"CODESPEC_{f.upper()}": v for f, v in passed_settings(settings).items()}}
+    env = child_environment(**{f"CODESPEC_{f.upper()}": v for f, v in passed_settings(settings).items()})
     env["CODESPEC_API_KEY"] = api_key  # in the environment, not argv, which every user can read
     # no repository of its own (not the first editor's working directory): each language
     # server sends its workspace (POST /v1/index/workspace)

@@ -28,7 +28,7 @@ def run(capsys, *argv):
         ("ok", ["index", "export", "p", "--sglang", "c.jsonl"], "not a codespec index"),
         ("ok", ["index", "export", "p", "--sglang", "c.jsonl", "--max-tokens", "0"], "positive"),
         ("ok", ["generate", "--max-new-tokens", "0", "p"], "at least 1"),
-        ("ok", ["generate", "--max-draft-tokens", "-1", "p"], "bad setting max_draft_tokens"),
+        ("ok", ["generate", "--max-draft-tokens", "-1", "p"], "--max-draft-tokens -1: input should be greater than or equal to 0"),
         ("ok", ["generate", "--model", "/no/such/model", "p"], "no such directory"),
         (None, ["bench", "--workloads", "chat"], "unknown chat"),
         (None, ["bench", "verify", "--sets", "chat"], "unknown chat"),

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from codespec.settings import current
 from codespec.forward import hf_weights, rowblocks, select
 from codespec.forward import rowdecoder as rowdecoder_module
 from codespec.forward.rows import plan_rows
@@ -143,8 +144,8 @@ def test_models_it_does_not_know_keep_transformers_forward(monkeypatch):
     with pytest.raises(ModelError, match="--quantize int8 runs on the C row decoder"):
         select._for_model(narrow, "", "int8")
     monkeypatch.setenv("CODESPEC_FORWARD", "fast")
-    with pytest.raises(ValueError, match="CODESPEC_FORWARD"):
-        select.forward_wanted()
+    with pytest.raises(ValueError, match="CODESPEC_FORWARD='fast'"):
+        current()
 
 
 def test_float_models_keep_transformers_forward(monkeypatch):

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from codespec.settings import current
 from codespec.forward import direct, hf_weights, rowblocks, rowdecoder, select, weights
 from codespec.forward.rows import RowForward, plan_rows
 from codespec.forward.tokenizer import DirectTokenizer
@@ -148,7 +149,7 @@ def test_unsupported_says_why(tmp_path, monkeypatch):
     assert direct.unsupported(tmp_path, settings) == "weights not stored in bfloat16"
     assert "CUDA" in direct.unsupported(tmp_path, SimpleNamespace(device="cuda", dtype="auto"))
     monkeypatch.setenv("CODESPEC_FORWARD", "transformers")
-    assert select._asked_elsewhere(select.forward_wanted(), "") == \
+    assert select._asked_elsewhere(current().forward, "") == \
         "CODESPEC_FORWARD=transformers"
     (tmp_path / "model.safetensors").write_bytes(b"\xff" * 16)
     with pytest.raises(ModelError, match="not a readable safetensors file"):

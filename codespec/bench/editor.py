@@ -310,7 +310,9 @@ def run_editor_bench(replay: Replay, systems: list[str], root: Path, log: Callab
                      pause_s: float = 0.0) -> list[SystemResult]:
     from codespec.bench import llamacpp
 
-    env = {**os.environ}
+    from codespec.settings import child_environment
+
+    env = child_environment()
     results = []
     for system in systems:
         if system == "lsp":

@@ -19,7 +19,6 @@ all three and the report names the best per workload.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import tempfile
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from codespec.settings import default_cache_dir
+from codespec.settings import child_environment, current
 
 GGUF_BF16 = "qwen2.5-coder-0.5b-instruct-bf16.gguf"
 START_TIMEOUT_S = 120
@@ -49,7 +48,8 @@ LOOKUP_SYSTEMS = ("llamacpp-simple", "llamacpp-mod", "llamacpp-map-k")
 
 
 def peers_dir() -> Path:
-    return Path(os.environ.get("CODESPEC_PEERS_DIR") or default_cache_dir() / "peers")
+    settings = current()
+    return Path(settings.peers_dir or settings.cache_dir / "peers")
 
 
 def server_binary() -> Path:
@@ -95,7 +95,8 @@ class LlamaServer:
         args = [str(binary), "-m", str(gguf_path()), "--host", "127.0.0.1", "--port", str(port),
                 "-t", str(self.threads), "-tb", str(self.threads), "-c", str(self.context), "-np", "1",
                 *SPEC_ARGS[self.system], *self.extra]
-        env = {**os.environ, "LD_LIBRARY_PATH": f"{binary.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+        env = child_environment()
+        env["LD_LIBRARY_PATH"] = f"{binary.parent}:{env.get('LD_LIBRARY_PATH', '')}"
         self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + START_TIMEOUT_S

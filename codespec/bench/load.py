@@ -145,14 +145,13 @@ def _level(url: str, reqs: list[LoadRequest], concurrency: int) -> Level:
 def run_load(reqs: list[LoadRequest], concurrencies: tuple[int, ...], log: Callable[[str], None],
              env: dict[str, str] | None = None) -> list[Level]:
     """Each level against a fresh `codespec serve` (8 active requests at most)."""
-    import os
-
     from codespec.bench.editor import ServeProcess
+    from codespec.settings import child_environment
 
     levels = []
     with tempfile.TemporaryDirectory(prefix="codespec-load-") as empty:
         for concurrency in concurrencies:
-            with ServeProcess(Path(empty), env or dict(os.environ),
+            with ServeProcess(Path(empty), env or child_environment(),
                               extra=("--max-active-requests", str(max(concurrencies)))) as server:
                 _level(server.url, reqs[-1:], 1)  # warm-up: first-call costs out of the timing
                 _check_idle(server.url)

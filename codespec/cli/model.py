@@ -89,6 +89,7 @@ def run_info(args: argparse.Namespace) -> int:
     if manifest:
         info["source_sha256"] = manifest["sha256"]
     info["profile"] = _stored_profile_facts(settings.cache_dir, loaded.forward.profile_key())
+    info["settings"] = settings.effective()
     print_facts(info, args.json)
     return 0
 

@@ -16,7 +16,7 @@ from typing import Iterable
 from pydantic import ValidationError
 
 from codespec.errors import CodespecError
-from codespec.settings import Settings
+from codespec.settings import Settings, error_line
 
 MODEL_FIELDS = ("model", "dtype", "device", "quantize", "cache_dir", "threads")
 SPECULATION_FIELDS = ("draft_policy", "max_draft_tokens", "min_match_tokens", "max_match_tokens", "look_ahead")
@@ -43,19 +43,18 @@ def add_settings_arguments(parser: argparse.ArgumentParser, names: Iterable[str]
         )
 
 
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    """Settings from CODESPEC_* env, overridden by the flags the user gave."""
+def settings_from_args(args: argparse.Namespace, config: str | None = None) -> Settings:
+    """Settings from CODESPEC_* env (over the TOML file `config`, where given), overridden
+    by the flags the user gave."""
     given = {
         key.removeprefix("setting_"): value
         for key, value in vars(args).items()
         if key.startswith("setting_") and value is not None
     }
     try:
-        return Settings(**given)
+        return Settings.with_file(config, **given) if config else Settings(**given)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(p) for p in error["loc"]) or "settings"
-        raise CodespecError(f"bad setting {where}: {error['msg']}") from None
+        raise CodespecError(error_line(exc, tuple(given))) from None
 
 
 def print_facts(facts: dict[str, object], as_json: bool) -> None:

@@ -58,8 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if args.config:
         if not os.path.isfile(args.config):
             raise CodespecError(f"--config {args.config}: no such file")
-        os.environ["CODESPEC_CONFIG"] = args.config
-    settings = settings_from_args(args)
+    settings = settings_from_args(args, config=args.config)
     configure_server_logging(args.log_level, settings.log_file)
     if not is_loopback(settings.host) and not settings.api_key:
         raise CodespecError(f"--host {settings.host} is reachable from other machines: set an API key "

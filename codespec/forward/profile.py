@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from codespec.settings import environment_switches
+
 # Bump when what a profile means changes (cost features, probe semantics). 2
 # (2026-11-28): the share of their wall time the timed passes ran is recorded, and timings taken on a
 # busy machine are not stored (engine.busy_share); a format-1 file may hold such timings, so it
@@ -147,7 +149,7 @@ def _key(config: Any, source: str, dtype: str, device: Any, threads: int, layout
         "device": str(device),
         "threads": str(threads),
         "layout": layout,
-        "env": ",".join(f"{name}={os.environ[name]}" for name in KERNEL_ENV if name in os.environ),
+        "env": ",".join(f"{name}={value}" for name, value in environment_switches(KERNEL_ENV).items()),
     }
 
 

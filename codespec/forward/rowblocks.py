@@ -50,7 +50,6 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 
-from codespec.forward.select import linear_wanted
 
 MAX_BLOCK = 64  # probed up to here: beyond it a pass is blocked anyway
 MIN_BLOCK = 3  # the smallest block that splits every pass without a lone row
@@ -113,7 +112,9 @@ def linear_kernel(dtype: torch.dtype, device: torch.device | str) -> str:
     "rowgemm" (CPU, bfloat16, AVX-512 BF16 or AVX2 with FMA, and a C compiler:
     kernels/rowgemm.py, exact by construction), else "onednn-packed" (CPU, bfloat16, oneDNN present), else
     "torch" (`F.linear`). `CODESPEC_LINEAR=onednn` or `=torch` picks a fallback."""
-    wanted = linear_wanted()
+    from codespec.settings import current
+
+    wanted = current().linear
     if torch.device(device).type != "cpu" or dtype != torch.bfloat16 or wanted == "torch":
         return "torch"
     if wanted in ("", "rowgemm"):

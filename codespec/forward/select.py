@@ -2,9 +2,9 @@
 
 At start-up, once per process, from the machine, the model and two settings:
 
-1. `CODESPEC_FORWARD` ("": the fastest that applies; `rowdecoder`, `cuda`, `transformers`
-   or `masked`: that one) and `CODESPEC_LINEAR` (transformers' linear kernel: `rowgemm`,
-   `onednn` or `torch`; anything but rowgemm rules the row decoder out).
+1. The `forward` and `linear` settings (CODESPEC_FORWARD: "" the fastest that applies,
+   or a backend by name; CODESPEC_LINEAR: transformers' linear kernel; anything but
+   rowgemm rules the row decoder out).
 2. The torch-free load (direct.py) where the C row decoder serves the model from its
    files: CPU with AVX-512 BF16 or AVX2 with FMA, bfloat16, Qwen2/Llama, default rotary
    embedding, weights stored in bfloat16. No torch or transformers import: a fast start
@@ -26,35 +26,16 @@ backend.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from codespec.errors import ModelError, SettingError
+from codespec.errors import ModelError
 from codespec.forward import direct
 from codespec.forward.base import Forward
 from codespec.settings import Settings
 
-FORWARD_CHOICES = ("rowdecoder", "cuda", "transformers", "masked")  # CODESPEC_FORWARD
-LINEAR_CHOICES = ("rowgemm", "onednn", "torch")  # CODESPEC_LINEAR: force one (rowgemm only where it runs)
 FASTEST = "the fastest backend that applies"
-
-
-def forward_wanted() -> str:
-    """CODESPEC_FORWARD's choice ("" when unset; a typo is an error, not a silent default)."""
-    choice = os.environ.get("CODESPEC_FORWARD", "")
-    if choice and choice not in FORWARD_CHOICES:
-        raise SettingError(f"CODESPEC_FORWARD={choice!r}: expected one of {', '.join(FORWARD_CHOICES)}")
-    return choice
-
-
-def linear_wanted() -> str:
-    """CODESPEC_LINEAR's choice ("" when unset; a typo is an error). rowblocks.py applies it."""
-    choice = os.environ.get("CODESPEC_LINEAR", "")
-    if choice and choice not in LINEAR_CHOICES:
-        raise SettingError(f"CODESPEC_LINEAR={choice!r}: expected one of {', '.join(LINEAR_CHOICES)}")
-    return choice
 
 
 @dataclass
@@ -112,7 +93,7 @@ def load(settings: Settings, *, progress: bool = True, transformers: bool = Fals
     from codespec.models.loading import resolve_model_path
 
     native.use_cache_dir(settings.cache_dir)  # where the C kernels are built, beside the models
-    wanted, linear = forward_wanted(), linear_wanted()
+    wanted, linear = settings.forward, settings.linear
     name, path = resolve_model_path(settings.model, settings, progress=progress)
     asked = _asked_elsewhere(wanted, linear)
     refused = asked or _torch_free_refused(path, settings, portable=wanted == "rowdecoder")
@@ -123,7 +104,7 @@ def load(settings: Settings, *, progress: bool = True, transformers: bool = Fals
     from codespec.models.loading import load_transformers
 
     model, tokenizer, weights = load_transformers(settings, name, path)
-    forward, why_not_rows = _for_model(model, wanted, settings.quantize)
+    forward, why_not_rows = _for_model(model, wanted, settings.quantize, settings.cuda)
     if forward.name == "rowdecoder":
         reason = f"{FASTEST} with transformers' weights: {refused or 'transformers was asked for (bench)'}"
     elif forward.name == "cuda" and not asked:
@@ -150,7 +131,7 @@ def _torch_free_refused(path: str, settings: Settings, *, portable: bool = False
     return direct.unsupported(path, settings, portable=portable)
 
 
-def _for_model(model: Any, wanted: str, quantize: str) -> tuple[Forward, str | None]:
+def _for_model(model: Any, wanted: str, quantize: str, cuda_settings: Any = None) -> tuple[Forward, str | None]:
     """The backend for a transformers model, and why the row decoder does not serve it."""
     from codespec.forward import hf_weights
 
@@ -165,7 +146,7 @@ def _for_model(model: Any, wanted: str, quantize: str) -> tuple[Forward, str | N
 
         refused = cuda.unsupported(model) or (None if _on_cuda(model) else "the model is not on a CUDA device")
         if refused is None:
-            return of_model(model, backend="cuda"), why
+            return of_model(model, backend="cuda", cuda_settings=cuda_settings), why
         if wanted == "cuda":
             raise ModelError(f"CODESPEC_FORWARD=cuda: the cuda backend does not serve this model here: {refused}")
         why = f"{why}; the cuda backend: {refused}"
@@ -177,12 +158,14 @@ def _on_cuda(model: Any) -> bool:
     return model.get_input_embeddings().weight.device.type == "cuda"
 
 
-def of_model(model: Any, *, backend: str = "", quantize: str = "none", screen: bool = True) -> Forward:
+def of_model(model: Any, *, backend: str = "", quantize: str = "none", screen: bool = True,
+             cuda_settings: Any = None) -> Forward:
     """The backend for a transformers model already loaded: `backend` "" is the row decoder
     where it serves the model (hf_weights.unsupported), else transformers' row-exact
     forward (the `cuda` backend for Qwen2/Llama on CUDA); "rowdecoder", "cuda", "transformers"
-    or "masked" pick one. `screen=False`: greedy
-    passes on the row decoder compute full logits (tests that compare the two)."""
+    or "masked" pick one. `screen=False`: greedy passes on the row decoder compute full
+    logits (tests that compare the two); `cuda_settings`: the cuda backend's (None: the
+    environment's)."""
     from codespec.cuda import forward as cuda
     from codespec.forward import hf_weights
     from codespec.forward.transformers import TorchForward
@@ -190,5 +173,5 @@ def of_model(model: Any, *, backend: str = "", quantize: str = "none", screen: b
     if backend == "rowdecoder" or (backend == "" and hf_weights.unsupported(model) is None):
         return hf_weights.row_forward(model, quantize=quantize, screen=screen)
     if backend == "cuda" or (backend == "" and _on_cuda(model) and cuda.unsupported(model) is None):
-        return cuda.CudaForward(model)
+        return cuda.CudaForward(model, cuda_settings)
     return TorchForward(model, exact=backend != "masked")

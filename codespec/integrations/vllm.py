@@ -31,6 +31,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from codespec.settings import current
 from codespec.errors import CodespecError
 from codespec.index import SuffixIndex
 from codespec.policy.proposer import IndexedProposer, PromptLookupProposer
@@ -61,7 +62,7 @@ class CodespecProposer:
         self.k = int(spec.num_speculative_tokens)
         self.min_match = int(getattr(spec, "prompt_lookup_min", None) or MIN_MATCH_DEFAULT)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
-        path = index_path or os.environ.get(INDEX_ENV, "")
+        path = index_path or current().index
         self.index = _load_index(path, vllm_config.model_config) if path else None
         if self.index is not None:
             self.proposer: Any = IndexedProposer(self.index, min_match_tokens=self.min_match)

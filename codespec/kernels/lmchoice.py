@@ -18,25 +18,20 @@ Torch-free (numpy and ctypes), like the row decoder that uses it.
 from __future__ import annotations
 
 import ctypes
-import os
 from typing import Any
 
 import numpy as np
 
-from codespec.errors import SettingError
 from codespec.kernels import int8
-
-SCREEN_CHOICES = ("on", "off")  # CODESPEC_LM_SCREEN
 
 _pointer, _size = ctypes.c_void_p, ctypes.c_int64
 
 
 def wanted() -> bool:
-    """Whether CODESPEC_LM_SCREEN allows the screen (default on; a typo is an error)."""
-    choice = os.environ.get("CODESPEC_LM_SCREEN", "")
-    if choice and choice not in SCREEN_CHOICES:
-        raise SettingError(f"CODESPEC_LM_SCREEN={choice!r}: expected one of {', '.join(SCREEN_CHOICES)}")
-    return choice != "off"
+    """Whether the lm_screen setting allows the screen (default on; a typo is an error)."""
+    from codespec.settings import current
+
+    return current().lm_screen == "on"
 
 
 def declare(lib: Any) -> Any:

@@ -54,15 +54,17 @@ def use_cache_dir(cache_dir: Path | str) -> None:
 
 
 def _cache_dir() -> Path:
-    from codespec.settings import default_cache_dir
+    from codespec.settings import current
 
     if _chosen_dir:
         return _chosen_dir[0] / "kernels"
-    return Path(os.environ.get("CODESPEC_CACHE_DIR") or default_cache_dir()) / "kernels"
+    return Path(current().cache_dir) / "kernels"
 
 
 def _compiler() -> str | None:
-    return shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
+    from codespec.settings import current
+
+    return shutil.which(current().compiler) or shutil.which("cc")
 
 
 def _build(compiler: str, target: Path, sources: tuple[Path, ...] = SOURCES) -> None:

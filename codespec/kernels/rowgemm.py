@@ -31,11 +31,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from codespec.errors import SettingError
 from codespec.kernels import check, native
 
 if TYPE_CHECKING:  # imported where a tensor is handled: the torch-free load (forward/direct.py) has none
@@ -68,11 +66,10 @@ def library() -> ctypes.CDLL | None:
 
 
 def default_cap() -> int:
-    """The fastest path a process may take: AMX unless `CODESPEC_AMX=off` (a typo is an error)."""
-    choice = os.environ.get("CODESPEC_AMX", "")
-    if choice not in ("", "on", "off"):
-        raise SettingError(f"CODESPEC_AMX={choice!r}: expected on or off")
-    return AVX512_BF16 if choice == "off" else AMX
+    """The fastest path a process may take: AMX unless the amx setting is off (a typo is an error)."""
+    from codespec.settings import current
+
+    return AVX512_BF16 if current().amx == "off" else AMX
 
 
 @functools.cache

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from codespec.errors import ModelError
 from codespec.models import default
-from codespec.settings import Settings
+from codespec.settings import Settings, no_advisory_warnings
 
 if TYPE_CHECKING:
     import torch
@@ -80,7 +80,7 @@ def set_threads(threads: int) -> None:
 def quiet_transformers() -> None:
     """transformers' own warnings and weight-loading bars would drown our output (called
     where transformers is imported: a process that never loads it never pays its import)."""
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    no_advisory_warnings()
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()

@@ -169,7 +169,8 @@ class Backend(Served):
                 "kv_cache": {"slots": cache.slots, "free_slots": cache.free_slots, "slot_tokens": cache.slot_tokens},
                 "index": index_summary(self.index),
                 # which backend runs the passes, why, and whether this process ever imported torch
-                "forward": {**self.forward, "torch_imported": "torch" in sys.modules}}
+                "forward": {**self.forward, "torch_imported": "torch" in sys.modules},
+                "settings": self.settings.effective()}
 
     def refresh_gauges(self) -> None:
         self.metrics.degraded.set(1 if self.forward.get("degraded") else 0)

@@ -128,7 +128,8 @@ class UpstreamBackend(Served):
         return result
 
     def health(self) -> dict[str, Any]:
-        return {"status": "ok", "model": self.name, "upstream": self.client.url, "active": self.active}
+        return {"status": "ok", "model": self.name, "upstream": self.client.url, "active": self.active,
+                "settings": self.settings.effective()}
 
     def refresh_gauges(self) -> None:
         self.metrics.active.set(self.active)

@@ -19,7 +19,9 @@ async def test_api_key_is_required_when_set(default_model):
     try:
         app = create_app(backend.settings, backend=backend)
         async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://t") as http:
-            assert (await http.get("/health")).status_code == 200  # health stays open for probes
+            health = await http.get("/health")  # open for probes: the effective settings, never the key
+            assert health.status_code == 200 and "s3cret" not in health.text
+            assert health.json()["settings"]["max_draft_tokens"] == backend.settings.max_draft_tokens
             r = await http.get("/v1/models")
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
             r = await http.get("/v1/models", headers={"Authorization": "Bearer wrong"})
