@@ -14,7 +14,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def default_model():
-    from codespec import forward
+    from codespec.forward import select as forward
     from codespec.settings import Settings
 
     # transformers' model too: tests compare against it (its forward, HF generate)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from codespec.engine import Engine, GenerationConfig, ahead
+from codespec.engine.engine import Engine, GenerationConfig
+from codespec.engine import ahead
 from codespec.engine.scheduler import Scheduler
-from codespec.forward import of_model
+from codespec.forward.select import of_model
 from codespec.cuda.forward import CudaForward
 from codespec.cuda.settings import CudaSettings
 from codespec.models.tiny import tiny_model
@@ -65,7 +66,7 @@ def test_a_guess_leaves_the_session_as_it_was():
     made = 0
     try:
         while not run.done:
-            run.step()
+            engine.advance(run)
             if run.done:
                 break
             session = run.session

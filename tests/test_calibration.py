@@ -10,12 +10,12 @@ import pytest
 from codespec.forward import profile as calibration
 from codespec.forward import rowblocks, rowcalls
 from codespec.policy import controller
-from codespec.engine import Engine, GenerationConfig
+from codespec.engine.engine import Engine, GenerationConfig
 from codespec.engine import engine as engine_module
 from codespec.engine.kvcache import SlotCache
 from codespec.models.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
-from codespec.forward import of_model
+from codespec.forward.select import of_model
 from tests.test_engine_lossless import prompts
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6] * 4  # repeats: the prompt lookup drafts from the start
@@ -153,7 +153,7 @@ def test_uncalibrated_controller_drafts_k_for_k_until_its_online_fit_is_ready():
     engine = engine_on(tiny_model("qwen2", vocab_size=16, seed=3), None)
     assert not engine.cost.ready and not engine.cost.calibrated
     run = engine.start(PROMPT, GenerationConfig(max_new_tokens=60))
-    run.step()  # prefill
+    engine.advance(run)  # prefill
     draft = engine._draft(run)
     chain = run.session.draft(run.draft_budget())
     assert draft.token_ids == chain.token_ids and len(draft) <= draft.match_len

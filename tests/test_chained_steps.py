@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from codespec.engine import Engine, GenerationConfig
+from codespec.engine.engine import Engine, GenerationConfig
 from codespec.engine.scheduler import Scheduler
 from codespec.errors import SettingError
 from codespec.cuda.forward import CudaForward
@@ -107,16 +107,16 @@ def test_the_engine_says_when_the_next_pass_is_a_plain_step(monkeypatch):
     model = tiny_model("qwen2", vocab_size=16, seed=3)
     engine = engine_of(model, "1", monkeypatch, slots=3)
     run = engine.start([1, 2, 3], GenerationConfig(max_new_tokens=3, speculate=False))
-    run.step()  # the prefill
+    engine.advance(run)  # the prefill
     one = [VerifyTree.chain(4)]
     assert engine._plain_next([run], one)
-    run.step()
+    engine.advance(run)
     assert not engine._plain_next([run], one)  # its last token next: nothing after it
     spec = engine.start([1, 2, 3], GenerationConfig(max_new_tokens=9))
-    spec.step()
+    engine.advance(spec)
     assert not engine._plain_next([spec], one)
     sampled = engine.start([1, 2, 3], GenerationConfig(max_new_tokens=9, speculate=False, temperature=0.7))
-    sampled.step()
+    engine.advance(sampled)
     assert not engine._plain_next([sampled], one)
 
 

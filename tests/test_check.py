@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from codespec.bench.check import pass_costs, random_tree, row_checks, run_checks
-from codespec.forward import of_model, rowblocks
+from codespec.forward import rowblocks
+from codespec.forward.select import of_model
 from codespec.forward.select import Loaded
 from codespec.kernels import rowgemm
 from codespec.models.tiny import tiny_model

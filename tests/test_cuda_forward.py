@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from codespec.engine import Engine, GenerationConfig
+from codespec.engine.engine import Engine, GenerationConfig
 from codespec.engine.kvcache import SlotCache
 from codespec.engine.scheduler import Scheduler
 from codespec.errors import SettingError

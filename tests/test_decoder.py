@@ -16,7 +16,7 @@ from codespec.settings import current
 from codespec.forward import hf_weights, rowblocks, select
 from codespec.forward import rowdecoder as rowdecoder_module
 from codespec.forward.rows import plan_rows
-from codespec.engine import Engine, GenerationConfig
+from codespec.engine.engine import Engine, GenerationConfig
 from codespec.errors import ModelError
 from codespec.kernels import rowgemm
 from codespec.engine.kvcache import SlotCache
@@ -24,7 +24,7 @@ from codespec.models.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from codespec.policy.tree import VerifyTree
 from codespec.engine.verifier import Verifier
-from codespec.forward import of_model
+from codespec.forward.select import of_model
 from tests.isa_paths import isa_params
 
 def as_tensor(logits):

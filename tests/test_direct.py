@@ -22,7 +22,7 @@ from codespec.settings import current
 from codespec.forward import direct, hf_weights, rowblocks, rowdecoder, select, weights
 from codespec.forward.rows import RowForward, plan_rows
 from codespec.forward.tokenizer import DirectTokenizer
-from codespec.engine import Engine, GenerationConfig
+from codespec.engine.engine import Engine, GenerationConfig
 from codespec.errors import ModelError
 from codespec.kernels import rowgemm
 from codespec.engine.kvcache import SlotCache

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codespec.engine import Engine, GenerationConfig
+from codespec.engine.engine import Engine, GenerationConfig
 from codespec.models.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
-from codespec.forward import of_model
+from codespec.forward.select import of_model
 
 
 def prompts(vocab: int, count: int, seed: int, repeat: bool) -> list[list[int]]:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codespec.engine import Engine, GenerationConfig
+from codespec.engine.engine import Engine, GenerationConfig
 from codespec.engine.logprobs import Committed
 from codespec.errors import RequestError
-from codespec.forward import of_model
+from codespec.forward.select import of_model
 from codespec.cuda.forward import CudaForward
 from codespec.cuda.settings import CudaSettings
 from codespec.models.tiny import tiny_model
@@ -89,7 +89,7 @@ def test_steps_hand_streams_their_logprobs():
     run = engine.start([1, 2, 3, 1, 2, 3], GenerationConfig(max_new_tokens=8, logprobs=1))
     pieces = []
     while not run.done:
-        kept = run.step()
+        kept = engine.advance(run)
         assert isinstance(kept, Committed) and len(kept.logprobs) == len(kept)
         pieces.extend(kept.logprobs)
     assert pieces == run.result().logprobs

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 
 from codespec.bench.heldout import heldout_requests
-from codespec.engine import Engine, GenerationConfig
+from codespec.engine.engine import Engine, GenerationConfig
 from codespec.index import SuffixIndex
 from codespec.prompts import encode_texts
 from codespec.policy.proposer import IndexedProposer

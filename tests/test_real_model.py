@@ -14,8 +14,8 @@ import textwrap
 
 import pytest
 
-from codespec.engine import Engine, GenerationConfig
-from codespec.forward import of_model
+from codespec.engine.engine import Engine, GenerationConfig
+from codespec.forward.select import of_model
 from codespec.policy.proposer import PromptLookupProposer
 
 pytestmark = pytest.mark.model

@@ -8,12 +8,12 @@ import pytest
 import torch
 from scipy.stats import chi2_contingency, chisquare
 
-from codespec.engine import Engine, GenerationConfig
+from codespec.engine.engine import Engine, GenerationConfig
 from codespec.models.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from codespec.engine.sampling import SamplingParams, sample_accept, target_probs
 from codespec.policy.tree import VerifyTree
-from codespec.forward import of_model
+from codespec.forward.select import of_model
 
 P_VALUE = 1e-3  # a true distribution mismatch at these sample sizes gives p << 1e-6
 

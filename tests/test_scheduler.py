@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from codespec.engine import Engine, GenerationConfig
+from codespec.engine.engine import Engine, GenerationConfig
 from codespec.models.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from codespec.engine.scheduler import Scheduler, SchedulerFull
-from codespec.forward import of_model
+from codespec.forward.select import of_model
 
 
 def run_all(scheduler, prompts, config):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codespec.engine import Engine, GenerationConfig
+from codespec.engine.engine import Engine, GenerationConfig
 from codespec.errors import CodespecError, RequestError
 from codespec.engine.kvcache import SlotCache
 from codespec.forward.transformers import TorchForward

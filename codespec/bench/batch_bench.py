@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from codespec.bench.request_sets import Workload, edit_set, repo_fim_set
-from codespec.engine import Engine, Generation, GenerationConfig
+from codespec.engine.engine import Engine, Generation, GenerationConfig
 from codespec.engine.scheduler import Scheduler
 
 FIXED_LENGTHS = (4, 8, 16)

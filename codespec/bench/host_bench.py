@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 from codespec.bench.batch_bench import BatchResult, run_verify_bench
 from codespec.bench.oracle import OracleForward
 from codespec.bench.request_sets import Workload
-from codespec.engine import Engine, GenerationConfig
+from codespec.engine.engine import Engine, GenerationConfig
 from codespec.engine.kvcache import SlotCache
 
 H100_STEP_MS = 1.45  # a plain step of the default model on an H100 (docs/gpu.md; 2026-11-26)

@@ -36,7 +36,7 @@ from codespec.bench import llamacpp
 from codespec.bench.peers import ArcticProposer, arctic_available, hf_prompt_lookup
 from codespec.bench.sessions import Workload
 from codespec.bench.systems import BF16_REFERENCE, ALIASES, PLAIN, SYSTEM_NAMES, SYSTEMS, SystemSpec  # noqa: F401 (re-exported)
-from codespec.engine import Engine, GenerationConfig
+from codespec.engine.engine import Engine, GenerationConfig
 from codespec.index import SuffixIndex
 from codespec.policy.warm import warm_up
 from codespec.engine.kvcache import SlotCache
@@ -163,7 +163,7 @@ class Context:
         --quantize int8: the row decoder over the same transformers model)."""
         if quantize is None or quantize == self.settings.quantize:
             return self.loaded.forward
-        from codespec.forward import of_model
+        from codespec.forward.select import of_model
 
         return of_model(self.loaded.model, quantize=quantize)
 

@@ -258,7 +258,7 @@ def run_index(args: argparse.Namespace) -> int:
 
 def run_workloads(args: argparse.Namespace) -> int:
     from codespec.bench.sessions import WORKLOADS
-    from codespec import forward
+    from codespec.forward import select as forward
     from codespec.bench.suite import Context, available_systems, bar_checks, format_table, run_suite
 
     workload_names = _pick(args.workloads, WORKLOADS, "workloads")
@@ -399,7 +399,7 @@ def _verify_args(args: argparse.Namespace) -> tuple[list[str], Path | None, list
 
 def run_verify(args: argparse.Namespace) -> int:
     from codespec.bench.batch_bench import bar_checks, format_verify_table, verify_results
-    from codespec import forward
+    from codespec.forward import select as forward
 
     set_names, out_dir, batches = _verify_args(args)
     settings = settings_from_args(args)
@@ -433,10 +433,10 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def run_host(args: argparse.Namespace) -> int:
-    from codespec import forward
+    from codespec.forward import select as forward
     from codespec.bench.batch_bench import bar_checks, format_verify_table, verify_sets
     from codespec.bench.host_bench import H100_ROW_US, H100_STEP_MS, greedy_sequences, run_host_bench
-    from codespec.engine import Engine
+    from codespec.engine.engine import Engine
     from codespec.engine.engine import look_ahead_of
     from codespec.engine.kvcache import SlotCache
     from codespec.policy.warm import warm_up

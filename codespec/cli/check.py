@@ -37,7 +37,7 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from codespec import forward
+    from codespec.forward import select as forward
     from codespec.bench.check import run_checks
 
     settings = settings_from_args(args)

@@ -37,8 +37,8 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from codespec import forward
-    from codespec.engine import Engine, GenerationConfig
+    from codespec.forward import select as forward
+    from codespec.engine.engine import Engine, GenerationConfig
     from codespec.prompts import encode_prompt
 
     imported = process_age()

@@ -44,9 +44,10 @@ def register(commands: Any) -> None:
 
 
 def run_prepare(args: argparse.Namespace) -> int:
-    from codespec import forward
-    from codespec.engine import Engine
-    from codespec.models.loading import pick_device, pick_dtype, resolve_model_path, write_serving_copy
+    from codespec.forward import select as forward
+    from codespec.engine.engine import Engine
+    from codespec.models.loading import pick_device, pick_dtype, resolve_model_path
+    from codespec.models.serving import write_serving_copy
 
     settings = settings_from_args(args)
     if args.gguf:
@@ -79,7 +80,7 @@ def run_prepare(args: argparse.Namespace) -> int:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from codespec import forward
+    from codespec.forward import select as forward
     from codespec.models.loading import read_manifest
 
     settings = settings_from_args(args)

@@ -5,7 +5,7 @@ A `Run` is one request's life: its KV slot, proposer session, stop condition and
 advances several runs at once: each new run is prefilled (reusing a cached prompt
 prefix when a slot holds one), and all the others share one verify pass;
 it returns the tokens each run committed, so callers can stream them. The scheduler
-calls it with every active request; `Run.step()` and `Engine.generate` drive one run.
+calls it with every active request; `Engine.advance` and `Engine.generate` drive one run.
 
     engine = Engine(loaded.forward, loaded.tokenizer, PromptLookupProposer())   # forward.load(settings)
     out = engine.generate(tokenizer.encode("def fib(n):"), GenerationConfig(max_new_tokens=64))
@@ -26,14 +26,16 @@ from typing import Any, Callable, Iterable, Sequence
 from codespec import prompts
 from codespec.engine import ahead
 from codespec.engine.kvcache import DEFAULT_CHUNK, CacheFull, Preempted, SlotCache
-from codespec.engine.run import Generation, GenerationConfig, Run
+from codespec.engine.run import Generation, GenerationConfig, Run, acceptance_of
+from codespec.engine.stopping import StopCondition
+from codespec.errors import RequestError
 from codespec.engine.stats import HostClock
 from codespec.engine.verifier import Verifier
 from codespec.forward import profile
 from codespec.forward.base import Forward, eos_ids, max_context
 from codespec.index import Draft, SuffixIndex
 from codespec.policy import controller, fastchoice
-from codespec.policy.proposer import IndexedProposer, PromptLookupProposer, Proposer
+from codespec.policy.proposer import IndexedProposer, NoProposer, PromptLookupProposer, Proposer
 from codespec.policy.tree import Item, VerifyTree
 from codespec.settings import Settings
 
@@ -156,7 +158,40 @@ class Engine:
         return prompts.decode(self.tokenizer, token_ids)
 
     def start(self, prompt_ids: Sequence[int], config: GenerationConfig) -> Run:
-        return Run(self, prompt_ids, config)
+        """A run for the request, its prompt checked: one clear RequestError otherwise."""
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise RequestError("the prompt is empty: give at least one token")
+        # Every backend gathers the embedding row of each id unchecked (the row decoder's C,
+        # the cuda backend's Triton gather): an id outside the table would read past it.
+        vocab = getattr(self.forward.config, "vocab_size", None)  # None: no table (bench/oracle.py)
+        lowest, highest = min(prompt), max(prompt)
+        if vocab is not None and (lowest < 0 or highest >= vocab):
+            bad = lowest if lowest < 0 else highest
+            raise RequestError(f"token id {bad} is outside the model's vocabulary (ids 0 to {vocab - 1})")
+        # Drafts never exceed the tokens still allowed, so a pass's rows fit in this room too.
+        room = self.context_limit - len(prompt)
+        if room < 1:
+            raise RequestError(
+                f"the prompt has {len(prompt)} tokens; this server's context holds {self.context_limit} "
+                f"(model: {self.max_context}, KV slot: {self.cache.slot_tokens} tokens)")
+        stop = StopCondition(self.eos_token_ids | config.end_ids, min(config.max_new_tokens, room), config.stop,
+                             self.decode if self.tokenizer is not None else None, config.min_indent, config.end_at)
+        proposer = self.proposer if config.speculate else NoProposer()
+        return Run(prompt, config, stop=stop, session=proposer.start(prompt),
+                   plain=isinstance(proposer, NoProposer) or self.max_draft_tokens == 0,
+                   accept=acceptance_of(config, self.forward.device),
+                   acceptance=controller.Acceptance(self.acceptance), max_draft=self.max_draft_tokens,
+                   decode=self.decode, release=self.cache.release)
+
+    def advance(self, run: Run) -> list[int]:
+        """Prefill (first call) or one verify pass of `run` alone; the tokens it committed.
+        Raises what ended the run, where it failed."""
+        assert not run.done, "advance() after the run finished"
+        kept = self.step([run])[0]
+        if run.error is not None:
+            raise run.error
+        return kept
 
     def prefill_ahead(self, prompt_ids: Sequence[int], preempted: Callable[[], bool] | None = None) -> int | None:
         """Background work: the KV of the next prefill pass (a whole chunk, or a
@@ -193,7 +228,7 @@ class Engine:
         run = self.start(prompt_ids, config)
         try:
             while not run.done:
-                run.step()
+                self.advance(run)
         finally:
             run.close()
         return run.result()
@@ -219,19 +254,27 @@ class Engine:
         ready = [run for run in runs if run.prefilled and not run.done]
         for run in runs:
             if not run.prefilled:
-                committed[id(run)] = run._guarded(run._prefill)
-        drafts = [run._guarded(lambda r=run: self._draft(r)) for run in ready]
+                committed[id(run)] = run.guarded(lambda r=run: self._prefill(r))
+        drafts = [run.guarded(lambda r=run: self._draft(r)) for run in ready]
         ready, drafts = [r for r in ready if not r.done], [d for r, d in zip(ready, drafts) if not r.done]
         if ready:
             try:
                 outs = self._verify(ready, drafts, prefill_next)
             except Exception as exc:
                 for run in ready:
-                    run._fail(exc)
+                    run.fail(exc)
                 outs = [[] for _ in ready]
             for run, kept in zip(ready, outs):
                 committed[id(run)] = kept
         return [committed.get(id(run), []) for run in runs]
+
+    def _prefill(self, run: Run) -> list[int]:
+        """The run's prompt into a KV slot (reusing what one holds of it), its first token."""
+        if run.slot is None:
+            run.slot, reused = self.cache.acquire(run.prompt)
+            run.stats.cached_prompt_tokens = reused
+        logits = self.verifier.prefill(run.slot, run.prompt, start=run.stats.cached_prompt_tokens)
+        return run.prefilled_with(self.verifier.first(logits, run.accept))
 
     @property
     def _controlled(self) -> bool:
@@ -287,7 +330,7 @@ class Engine:
         results = self.verifier.verify(items, during, chain_next=not prefill_next and self._plain_next(runs, trees))
         seconds = time.perf_counter() - began
         self.cost.observe(rows, seconds, keys)
-        return [run._after_pass(draft, tree, result) for run, draft, tree, result in zip(runs, drafts, trees, results)]
+        return [run.after_pass(draft, tree, result) for run, draft, tree, result in zip(runs, drafts, trees, results)]
 
     @staticmethod
     def _plain_next(runs: Sequence[Run], trees: list[VerifyTree]) -> bool:

@@ -1,7 +1,7 @@
 """One request's life in the engine: its configuration, its run, its result.
 
 A `Run` holds a request's KV slot, proposer session, stop condition and stats; the
-engine (engine.py) advances many at once. `GenerationConfig` is what a request asks
+engine (engine.py) builds it, checks its prompt and advances many at once. `GenerationConfig` is what a request asks
 for, `Generation` what it gets back.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from codespec.engine import ahead
 from codespec.engine.logprobs import MAX_TOP, Committed, TokenLogprob, with_logprobs
@@ -19,11 +19,7 @@ from codespec.engine.stopping import StopCondition
 from codespec.errors import RequestError
 from codespec.index import Draft
 from codespec.policy import controller
-from codespec.policy.proposer import NoProposer
 from codespec.policy.tree import Accept, VerifyTree
-
-if TYPE_CHECKING:
-    from codespec.engine.engine import Engine
 
 
 @dataclass(frozen=True)
@@ -77,45 +73,26 @@ class Generation:
 
 
 class Run:
-    """One request: its KV slot, proposer session, stop condition and stats."""
+    """One request's state: its prompt, KV slot, proposer session, stop condition, what it
+    committed and its stats. The engine (engine.py) validates it, drives it and reads it;
+    a run calls nothing of the engine's. `release` gives a KV slot back to the cache."""
 
-    def __init__(self, engine: Engine, prompt_ids: Sequence[int], config: GenerationConfig) -> None:
-        prompt = [int(t) for t in prompt_ids]
-        if not prompt:
-            raise RequestError("the prompt is empty: give at least one token")
-        # Every backend gathers the embedding row of each id unchecked (the row decoder's C,
-        # the cuda backend's Triton gather): an id outside the table would read past it.
-        vocab = getattr(engine.forward.config, "vocab_size", None)  # None: no table (bench/oracle.py)
-        lowest, highest = min(prompt), max(prompt)
-        if vocab is not None and (lowest < 0 or highest >= vocab):
-            bad = lowest if lowest < 0 else highest
-            raise RequestError(f"token id {bad} is outside the model's vocabulary (ids 0 to {vocab - 1})")
-        # Drafts never exceed the tokens still allowed, so a pass's rows fit in this room too.
-        room = engine.context_limit - len(prompt)
-        if room < 1:
-            raise RequestError(
-                f"the prompt has {len(prompt)} tokens; this server's context holds {engine.context_limit} "
-                f"(model: {engine.max_context}, KV slot: {engine.cache.slot_tokens} tokens)"
-            )
-        self.engine = engine
+    def __init__(self, prompt: list[int], config: GenerationConfig, *, stop: StopCondition, session: Any,
+                 plain: bool, accept: Accept | None, acceptance: controller.Acceptance, max_draft: int,
+                 decode: Callable[[Sequence[int]], str], release: Callable[[int], None]) -> None:
         self.config = config
         self.prompt = prompt
-        self.stop = StopCondition(
-            engine.eos_token_ids | config.end_ids,
-            min(config.max_new_tokens, room),
-            config.stop,
-            engine.decode if engine.tokenizer is not None else None,
-            config.min_indent,
-            config.end_at,
-        )
-        proposer = engine.proposer if config.speculate else NoProposer()
-        self.session = proposer.start(prompt)
-        self.plain = isinstance(proposer, NoProposer) or engine.max_draft_tokens == 0  # never drafts
-        self.accept: Accept | None = _acceptance(config, engine.forward.device)
+        self.stop = stop
+        self.session = session
+        self.plain = plain  # never drafts
+        self.accept = accept
         self.logprobs: list[TokenLogprob] | None = None  # one per generated token, when asked
         if config.logprobs is not None:
             self.accept, self.logprobs = with_logprobs(self.accept, config.logprobs), []
-        self.acceptance = controller.Acceptance(engine.acceptance)
+        self.acceptance = acceptance
+        self.max_draft = max_draft
+        self.decode = decode
+        self._release = release
         self.slot: int | None = None
         self.generated: list[int] = []
         self.finish_reason: str | None = None
@@ -130,22 +107,15 @@ class Run:
     def done(self) -> bool:
         return self.finish_reason is not None
 
-    def step(self) -> list[int]:
-        """Prefill (first call) or one verify pass; returns the tokens committed."""
-        assert not self.done, "step() after the run finished"
-        kept = self.engine.step([self])[0]
-        if self.error is not None:
-            raise self.error
-        return kept
-
-    def _guarded(self, work: Any) -> Any:
+    def guarded(self, work: Callable[[], Any]) -> Any:
+        """`work()`, or [] with the run failed where it raises: one run's failure is its own."""
         try:
             return work()
         except Exception as exc:
-            self._fail(exc)
+            self.fail(exc)
             return []
 
-    def _fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException) -> None:
         self.error = exc
         self.finish_reason = "error"
         self.close()
@@ -153,28 +123,24 @@ class Run:
     def close(self) -> None:
         """Give the KV slot back (its contents stay cached for a later prompt)."""
         if self.slot is not None:
-            self.engine.cache.release(self.slot)
+            self._release(self.slot)
             self.slot = None
 
     def draft_budget(self) -> int:
         # A pass commits at most budget + 1 tokens: never draft past the token limit.
         remaining = self.stop.max_new_tokens - len(self.generated)
-        return max(0, min(self.engine.max_draft_tokens, remaining - 1))
+        return max(0, min(self.max_draft, remaining - 1))
 
-    def _prefill(self) -> list[int]:
-        engine = self.engine
-        if self.slot is None:
-            self.slot, reused = engine.cache.acquire(self.prompt)
-            self.stats.cached_prompt_tokens = reused
-        logits = engine.verifier.prefill(self.slot, self.prompt, start=self.stats.cached_prompt_tokens)
-        first = engine.verifier.first(logits, self.accept)
+    def prefilled_with(self, first: Any) -> list[int]:
+        """The prefill's first token committed (`first`: the verifier's result)."""
         self.prefilled = True
         kept = self._commit(first.committed[:1], first.logprobs)
         self.stats.ttft_s = time.perf_counter() - self._started
         self._check_time()
         return kept
 
-    def _after_pass(self, draft: Draft, tree: VerifyTree, result: Any) -> list[int]:
+    def after_pass(self, draft: Draft, tree: VerifyTree, result: Any) -> list[int]:
+        """A verify pass's result committed, its drafts' acceptance recorded."""
         kept = self._commit(result.committed, result.logprobs)
         self.last_kept = tuple(kept)
         self.stats.record_pass(len(draft), len(kept), min(result.accepted, len(kept)), draft.source)
@@ -189,7 +155,7 @@ class Run:
         if not self.done and limit is not None:
             since = self._started + (self.stats.ttft_s if self.config.time_limit_llama else 0.0)
             if time.perf_counter() - since > limit and (not self.config.time_limit_llama
-                                                        or "\n" in self.engine.decode(self.generated)):
+                                                        or "\n" in self.decode(self.generated)):
                 self.finish_reason = "length"
         if self.done:
             self.stats.wall_s = time.perf_counter() - self._started
@@ -211,12 +177,12 @@ class Run:
 
     def result(self) -> Generation:
         assert self.done, "result() before the run finished"
-        text = self.engine.decode(self.generated)
+        text = self.decode(self.generated)
         logprobs = self.logprobs
         if self.stop.text_end is not None:
             text = text[: self.stop.text_end]
             if logprobs is not None:  # the tokens a stop string cut from the text have none
-                logprobs = logprobs[: tokens_in_text(self.engine.decode, self.generated, len(text))]
+                logprobs = logprobs[: tokens_in_text(self.decode, self.generated, len(text))]
         return Generation(list(self.generated), text, self.finish_reason or "stop", self.stats, logprobs)
 
 
@@ -237,9 +203,11 @@ def tokens_in_text(decode: Any, token_ids: Sequence[int], length: int) -> int:
     return low
 
 
-def _acceptance(config: GenerationConfig, device: Any) -> Accept | None:
+def acceptance_of(config: GenerationConfig, device: Any) -> Accept | None:
+    """How a run's draft tokens are accepted: None (greedy, for the whole batch at once),
+    or its sampling rule on `device`."""
     if config.temperature == 0:
-        return None  # greedy: accepted for the whole batch at once
+        return None
     from codespec.engine.sampling import SamplingParams, new_generator, sample_accept
 
     params = SamplingParams(config.temperature, config.top_p, config.top_k)

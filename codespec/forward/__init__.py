@@ -12,10 +12,6 @@
     profile.py       the machine profile each backend's probes and pass timings are stored in
 
 Nothing here imports torch at module level except the transformers backend's modules,
-which select.py imports only when it picks them.
+which select.py imports only when it picks them. The package itself imports nothing:
+`from codespec.forward.select import load, of_model`.
 """
-
-from codespec.forward.base import Forward
-from codespec.forward.select import Loaded, load, of_model
-
-__all__ = ["Forward", "Loaded", "load", "of_model"]

@@ -77,7 +77,7 @@ def unsupported(path: str | Path, settings: Any, *, portable: bool = False) -> s
 
 def _weights_dir(path: Path) -> Path:
     """The bfloat16 serving copy `model prepare` writes (models/loading.py), else `path`."""
-    from codespec.models.loading import SERVING_COPY
+    from codespec.models.serving import SERVING_COPY
 
     copy = path / "bfloat16"
     return copy if (copy / SERVING_COPY).is_file() else path

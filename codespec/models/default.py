@@ -269,7 +269,7 @@ def split_control_tokens(tokenizer: Any, model: PackagedModel) -> list[str]:
 
 def _serving_copy(out: Path, progress: bool) -> None:
     """The bfloat16 copy every load on CPU or CUDA reads (`--dtype auto`; loading.py)."""
-    from codespec.models.loading import SERVING_COPY, write_serving_copy
+    from codespec.models.serving import SERVING_COPY, write_serving_copy
 
     if (out / "bfloat16" / SERVING_COPY).is_file():
         return

@@ -9,21 +9,19 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from codespec.errors import ModelError
 from codespec.models import default
-from codespec.settings import Settings, no_advisory_warnings
+from codespec.models.serving import quiet_transformers, serving_copy
+from codespec.settings import Settings
 
 if TYPE_CHECKING:
     import torch
 
 # "org/name" with Hugging Face's allowed characters; anything else is a local path.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-SERVING_COPY = "codespec-serving.json"  # marks a complete copy of the weights in a serving dtype
 
 
 def resolve_model_path(spec: str, settings: Settings, *, progress: bool = True) -> tuple[str, str]:
@@ -75,16 +73,6 @@ def set_threads(threads: int) -> None:
         torch.set_num_threads(threads)
     elif hasattr(os, "sched_getaffinity"):
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
-
-
-def quiet_transformers() -> None:
-    """transformers' own warnings and weight-loading bars would drown our output (called
-    where transformers is imported: a process that never loads it never pays its import)."""
-    no_advisory_warnings()
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
 
 
 def check_model_dir(path: Path | str, what: str) -> None:
@@ -145,45 +133,6 @@ def load_transformers(settings: Settings, name: str, path: str) -> tuple[Any, An
         raise ModelError(f"cannot load model {settings.model!r} from {path}: {first_line}") from exc
     model.to(device).eval()
     return model, tokenizer, weights
-
-
-def serving_copy(path: str, dtype: torch.dtype) -> str:
-    """The directory to load `path`'s weights from in `dtype`: its copy in that dtype when
-    one was written (`write_serving_copy`), else `path` itself."""
-    copy = Path(path) / _dtype_name(dtype)
-    return str(copy) if (copy / SERVING_COPY).is_file() else path
-
-
-def write_serving_copy(path: str | Path, dtype: torch.dtype) -> Path:
-    """Save `path`'s weights converted to `dtype` into `path/<dtype>/`, once (atomically).
-
-    Why: the default model is cached in float32 (exact dequantised values) and served in
-    bfloat16; converting on every load read 2.5 GB and cast it (0.8 s warm, seconds with
-    a cold page cache), where the bfloat16 copy is half the bytes and loads as is. The
-    copy is made by the very load it replaces (`from_pretrained(path, dtype=...)`), so
-    its weights are bit for bit what that load gives."""
-    quiet_transformers()
-    from transformers import AutoModelForCausalLM
-
-    copy = Path(path) / _dtype_name(dtype)
-    if (copy / SERVING_COPY).is_file():
-        return copy
-    config = json.loads((Path(path) / "config.json").read_text())
-    if (config.get("dtype") or config.get("torch_dtype")) == _dtype_name(dtype):
-        return Path(path)  # stored in that dtype already
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    with tempfile.TemporaryDirectory(prefix=f".{copy.name}-", dir=path) as tmp:
-        work = Path(tmp) / "copy"
-        model.save_pretrained(work)
-        (work / SERVING_COPY).write_text(json.dumps({"dtype": _dtype_name(dtype), "source": str(path)}))
-        if copy.exists():  # an incomplete leftover (no marker): replace it
-            shutil.rmtree(copy)
-        os.replace(work, copy)
-    return copy
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def load_tokenizer(settings: Settings, *, progress: bool = True) -> Any:

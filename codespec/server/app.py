@@ -75,7 +75,7 @@ def load_backend(settings: Settings) -> Backend | UpstreamBackend:
                                 "(CODESPEC_INDEX for vLLM's codespec proposer, docs/scale.md)")
         tokenizer = load_tokenizer(settings, progress=False)
         return UpstreamBackend.connect(settings.upstream, tokenizer, settings, settings.upstream_api_key)
-    from codespec import forward
+    from codespec.forward import select as forward
     from codespec.indexing import build_static_index, default_index_path, tokenizer_fingerprint
 
     index = SuffixIndex.load(settings.index) if settings.index else SuffixIndex()

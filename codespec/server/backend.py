@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 
-from codespec.engine import Engine, Generation, GenerationConfig
+from codespec.engine.engine import Engine, Generation, GenerationConfig
 from codespec.engine.logprobs import TokenLogprob
 from codespec.engine.scheduler import Scheduler
 from codespec.engine.textstream import TextStream
 from codespec.errors import CodespecError, RequestError
-from codespec.forward import Loaded
+from codespec.forward.select import Loaded
 from codespec.index import SuffixIndex
 from codespec.policy.warm import warm_up
 from codespec.server.logprobs import Release, TokenText
@@ -218,7 +218,7 @@ def start_scheduler(settings: Settings, index: SuffixIndex, load: Callable[[], L
     found: dict[str, Loaded] = {}
 
     def build() -> Engine:
-        from codespec import forward
+        from codespec.forward import select as forward
 
         loaded = load() if load is not None else forward.load(settings, progress=False)
         found["loaded"] = loaded

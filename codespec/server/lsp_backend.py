@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from codespec.engine import GenerationConfig
+from codespec.engine.run import GenerationConfig
 from codespec.index import SuffixIndex
 from codespec.lsp.backend import FimRequest, OnText, Progress, detached, fail, settle
 from codespec.lsp.feed import BufferFeed

@@ -30,7 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from codespec import prompts
-from codespec.engine import Generation, GenerationConfig
+from codespec.engine.run import Generation, GenerationConfig
 from codespec.engine.textstream import settled_end
 from codespec.errors import RequestError
 from codespec.index import SuffixIndex

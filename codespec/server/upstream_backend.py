@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Sequence
 
-from codespec.engine import Generation, GenerationConfig
+from codespec.engine.run import Generation, GenerationConfig
 from codespec.errors import RequestError
 from codespec.integrations.upstream import Delta, ServedModel, UpstreamClient, UpstreamError
 from codespec.engine.scheduler import SchedulerFull

@@ -12,10 +12,10 @@ from codespec.bench.batch_bench import policies
 from codespec.bench.host_bench import greedy_sequences, run_host_bench
 from codespec.bench.oracle import OracleForward
 from codespec.bench.request_sets import Workload
-from codespec.engine import Engine, GenerationConfig
+from codespec.engine.engine import Engine, GenerationConfig
 from codespec.engine.kvcache import SlotCache
 from codespec.errors import CodespecError
-from codespec.forward import of_model
+from codespec.forward.select import of_model
 from codespec.index import Draft
 from codespec.models.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer

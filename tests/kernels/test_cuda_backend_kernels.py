@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codespec.engine import Engine, GenerationConfig
+from codespec.engine.engine import Engine, GenerationConfig
 from codespec.engine.kvcache import DEFAULT_CHUNK, SlotCache
 from codespec.cuda.forward import CudaForward
 from codespec.cuda.settings import CudaSettings

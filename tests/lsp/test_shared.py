@@ -148,7 +148,7 @@ async def _cannot_start(tmp_path: Path) -> None:
 
 
 def test_the_workspace_route_is_off_unless_enabled(tmp_path):
-    from codespec import forward
+    from codespec.forward import select as forward
 
     model = tiny_fim_model(tmp_path / "model")
     folder = tmp_path / "repo"

@@ -75,7 +75,7 @@ def requests(draw):
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    from codespec import forward
+    from codespec.forward import select as forward
 
     model = tiny_fim_model(tmp_path_factory.mktemp("tiny") / "model")
     # a cache of its own: the tiny model's machine profile stays out of the user's cache

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from codespec import prompts
-from codespec.engine import Generation, GenerationConfig
+from codespec.engine.run import Generation, GenerationConfig
 from codespec.engine.stats import GenerationStats
 from codespec.lsp.cut import Landing, infill_mode
 

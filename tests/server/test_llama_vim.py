@@ -18,7 +18,7 @@ from codespec.bench.editor import (
     warmup_body,
 )
 from codespec.bench.typing import Ask
-from codespec.engine import GenerationConfig
+from codespec.engine.run import GenerationConfig
 from codespec.lsp.cut import Landing
 from codespec.lsp.syntax import Mode
 

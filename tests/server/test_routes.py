@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from codespec.engine import GenerationConfig
+from codespec.engine.run import GenerationConfig
 
 pytestmark = [pytest.mark.model, pytest.mark.anyio]
 
@@ -216,16 +216,16 @@ async def test_metrics_expose_speculation(http):
 
 
 async def test_engine_failure_fails_one_request_only(http, backend, monkeypatch):
-    from codespec.engine import Run
+    from codespec.engine.engine import Engine
 
-    original = Run._prefill
+    original = Engine._prefill
 
-    def broken(self):
-        if self.prompt and self.prompt[-1] == backend.tokenizer.convert_tokens_to_ids("<|fim_pad|>"):
+    def broken(self, run):
+        if run.prompt and run.prompt[-1] == backend.tokenizer.convert_tokens_to_ids("<|fim_pad|>"):
             raise RuntimeError("simulated kernel failure")
-        return original(self)
+        return original(self, run)
 
-    monkeypatch.setattr(Run, "_prefill", broken)
+    monkeypatch.setattr(Engine, "_prefill", broken)
     r = await http.post("/v1/completions", json={"prompt": "x<|fim_pad|>", "max_tokens": 4})
     assert r.status_code == 500 and "simulated" in r.json()["error"]["message"]
     r = await http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4})

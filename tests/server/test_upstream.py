@@ -11,7 +11,7 @@ import json
 import pytest
 
 from codespec.cli.lsp import remote_backend
-from codespec.engine import GenerationConfig
+from codespec.engine.run import GenerationConfig
 from codespec.errors import CodespecError
 from codespec.integrations.upstream import UpstreamClient, UpstreamError
 from codespec.lsp.backend import FimRequest
