@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from codespec.forward import rowplan
 from codespec.forward import profile as calibration
 from codespec.forward import rowblocks, rowcalls
 from codespec.policy import controller
@@ -92,7 +93,8 @@ def test_profile_is_stored_and_spares_the_next_engine_its_probes(monkeypatch, tm
 
 
 def first_fit(profile):
-    cost = controller.CostModel(block=profile.row_block, padded=profile.padded_rows)
+    cost = controller.CostModel(block=profile.row_block,
+                                key_span=rowplan.padded_length if profile.padded_rows else None)
     cost.calibrated_with(profile.timings)
     return cost.coefficients()
 

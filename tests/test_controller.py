@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from codespec.forward import rowplan
 from codespec.policy import controller
 from codespec.index import Draft
 
@@ -49,14 +50,14 @@ def test_padded_attention_prices_every_row_at_its_calls_padded_keys():
     draft = Draft((1, 2, 3), (-1, 0, -1), (3, 3, 1), match_len=4, source="index")
     rate = lambda m, s: 0.7  # noqa: E731
     padded = controller.CostModel.of(points)
-    padded.padded = True
+    padded.key_span = rowplan.padded_length
     assert padded.attended_keys(2000, [(3, 2)]) == 3 * 2048 and padded.attended_keys(2000, [(1, 1)]) == 2048
     assert padded.row_keys(2000, 5) == 2048 and padded.row_keys(2047, 1) == 2560  # the next key block
     assert controller.choose([draft], [rate], padded, [2000])[0].token_ids == (1,)  # the second row rides free
     lean = controller.CostModel.of(points)
     assert lean.attended_keys(2000, [(3, 2)]) == 2001 + 2002 + 2003 and lean.row_keys(2000, 5) == 2006
     cheap_keys = controller.CostModel.of({(r, k): 0.02 + 0.0005 * r + 1e-7 * k for r in (2, 8, 32) for k in (500, 5000)})
-    cheap_keys.padded = True
+    cheap_keys.key_span = rowplan.padded_length
     assert controller.choose([draft], [rate], cheap_keys, [2000])[0].token_ids == (1, 2, 3)
 
 def test_a_drafts_keys_are_its_verify_trees_keys_in_both_layouts():
@@ -72,5 +73,6 @@ def test_a_drafts_keys_are_its_verify_trees_keys_in_both_layouts():
         parents = [rng.randrange(-1, i) if rng.random() < 0.4 else i - 1 for i in range(n)]
         draft = Draft(tuple(range(n)), tuple(parents), (1,) * n, match_len=3, source="index")
         for padded in (False, True):
-            model, context = controller.CostModel(padded=padded), rng.randrange(0, 3000)
+            model = controller.CostModel(key_span=rowplan.padded_length if padded else None)
+            context = rng.randrange(0, 3000)
             assert model.draft_keys(context, draft) == model.tree_keys(context, VerifyTree.build(0, draft))

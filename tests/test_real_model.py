@@ -273,14 +273,14 @@ def test_long_context_rows_equal_decode_steps_bit_for_bit(default_model, forward
     branch and a second request beside it, must give every row its decode step's bits."""
     import torch
 
-    from codespec.forward import rowcalls
+    from codespec.forward import rowplan
     from codespec.engine.kvcache import SlotCache
     from codespec.policy.tree import VerifyTree
 
     tok, model = default_model.tokenizer, default_model.model
     source = inspect.getsource(textwrap) + inspect.getsource(json.decoder)
     ids = tok(source, add_special_tokens=False)["input_ids"]
-    edge = 3 * rowcalls.KEY_BLOCK
+    edge = 3 * rowplan.KEY_BLOCK
     prompt = ids[: edge - 12]  # the chain's rows see 1525.. keys: the pass crosses 1536
     chain = ids[edge - 12 : edge + 14]
     other = ids[300:1400]

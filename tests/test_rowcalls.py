@@ -21,7 +21,7 @@ def tree_with_branches() -> VerifyTree:
 
 def test_padded_plan_gives_each_chain_of_the_tree_one_call():
     tree = tree_with_branches()
-    assert tree.tokens == (9, 1, 2, 3, 6, 7, 5) and rowcalls.chains(tree) == [(0, 4), (4, 6), (6, 7)]
+    assert tree.tokens == (9, 1, 2, 3, 6, 7, 5) and tree.chains() == [(0, 4), (4, 6), (6, 7)]
     calls = rowcalls.plan_calls([(0, 4, VerifyTree.chain(7)), (1, 600, tree)], padded=True, group=GROUP,
                                 dtype=torch.float32, device="cpu")
     assert [(c.slot, c.first_row, c.rows) for c in calls] == [(0, 0, 1), (1, 1, 4), (1, 5, 2), (1, 7, 1)]

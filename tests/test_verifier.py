@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from codespec.forward.base import Forward
 from codespec.engine.kvcache import SlotCache
 from codespec.engine.verifier import Item, Verifier
 from codespec.forward.transformers import TorchForward
@@ -18,7 +19,7 @@ def greedy_accept(logits: torch.Tensor, tree: VerifyTree):
     return accept_choices(TorchForward.argmax(None, logits), tree)  # the backends' first-maximum rule
 
 
-class HandBuilt:
+class HandBuilt(Forward):
     """A backend whose passes return the logits it is given (the Forward protocol's surface
     the verifier uses)."""
 

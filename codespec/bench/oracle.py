@@ -38,14 +38,16 @@ import numpy as np
 from codespec.errors import CodespecError
 from codespec.cuda.chained import next_starts, plain_steps, queued_rows
 from codespec.cuda.settings import CudaSettings
+from codespec.forward.base import Forward
 from codespec.policy.tree import VerifyTree
 
 
-class OracleForward:
+class OracleForward(Forward):
     """The Forward protocol (forward/base.py) over known greedy outputs (module docstring)."""
 
     name = "oracle"
     exact = True
+    asynchronous = True
     prefill_exact = True
     min_rows = 1
     device = "cpu"

@@ -109,7 +109,9 @@ def _stored_profile_facts(cache_dir: Any, key: dict[str, str]) -> dict[str, Any]
     profile, path = profiles.load(cache_dir, key), str(profiles.profile_path(cache_dir, key))
     if profile is None:
         return {"path": path, "stored": False}
-    cost = controller.CostModel(block=profile.row_block, padded=profile.padded_rows)
+    from codespec.forward.rowplan import padded_length
+
+    cost = controller.CostModel(block=profile.row_block, key_span=padded_length if profile.padded_rows else None)
     cost.calibrated_with(profile.timings)
     a, b, c, d = cost.coefficients()
     return {

@@ -56,7 +56,7 @@ from codespec.cuda.layers import LayerWeights, Rope, add_norm, gated, layers_pas
 from codespec.cuda.passlayout import META_FIELDS, PassRows, chain_rows, fill_staging, tree_rows
 from codespec.cuda.settings import CudaSettings, launches_pdl
 from codespec.forward import profile
-from codespec.forward.base import Moves, Requests, kv_dims
+from codespec.forward.base import Forward, Moves, Requests, kv_dims
 from codespec.kernels.compact import keep_paths
 
 def unsupported(model: Any) -> str | None:
@@ -87,11 +87,12 @@ class _Bucket:
     outputs: tuple = ()  # its logits and choices
 
 
-class CudaForward:
+class CudaForward(Forward):
     """The fixed-shape backend behind the Forward protocol (module docstring)."""
 
     name = "cuda"
     exact = True
+    asynchronous = True
     min_rows = 1  # every pass runs the bucket: one row costs what the bucket costs
 
     def __init__(self, model: Any, settings: CudaSettings | None = None, *, graphs: bool | None = None) -> None:
@@ -106,7 +107,6 @@ class CudaForward:
         self.max_tail = self.rows  # a row's off-chain path fills at most a row of the [rows, rows] path table
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         self.warm_up_pass = self.graphs  # the engine runs a step at start-up: compilation, the graph's capture
-        self.warm_up_rows = (1,)
         _, self.kv_heads, self.head_dim = kv_dims(model.config)
         self.heads = model.config.num_attention_heads
         # each KV cache's buffers and graph (a graph holds the cache's addresses: it goes with it)

@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from codespec.forward import rowplan
 from codespec.index import Draft
 from codespec.policy.tree import VerifyTree
 
@@ -43,7 +42,7 @@ def main_chain(tree: VerifyTree) -> tuple[int, ...]:
     >>> main_chain(VerifyTree((9, 5, 7, 6), (-1, 0, 1, 0), (0, 1, 2, 1), (0, 2, 1)))
     (5, 7)
     """
-    _, end = rowplan.chains(tree)[0]
+    _, end = tree.chains()[0]
     return tuple(tree.tokens[1:end])
 
 

@@ -97,17 +97,17 @@ class Engine:
         self.draft_policy = draft_policy
         self.eos_token_ids = frozenset(eos_token_ids if eos_token_ids is not None
                                        else eos_ids(forward.generation_config, tokenizer))
-        self.cost = controller.CostModel(block=self.verifier.row_block, padded=self.verifier.padded_rows,
+        self.cost = controller.CostModel(block=self.verifier.row_block, key_span=self.verifier.key_span,
                                          min_rows=forward.min_rows)
         self.acceptance = controller.AcceptanceTable()  # every request's record, by match length
         self.clock = HostClock()  # steps' time in the forward and around it (bench verify's host ms/pass)
         self.calibration_share: float | None = None  # calibrate's busy_share, where it measured
-        self.look_ahead = hasattr(forward, "launch") if look_ahead is None else look_ahead
+        self.look_ahead = forward.asynchronous if look_ahead is None else look_ahead
         if stored is not None:
             self.cost.calibrated_with(stored.timings)
         elif profile_dir is not None:
             self._store_profile([])  # the probes just run: the next process skips them
-        if getattr(forward, "warm_up_pass", False):
+        if forward.warm_up_pass:
             self._warm_up_pass()
 
     def _warm_up_pass(self) -> None:
@@ -116,15 +116,12 @@ class Engine:
         cache's graph): that cost belongs to start-up, not to the first request. Then a
         tree's accepted path kept: the KV compaction's kernel is compiled (or loaded from
         Triton's cache) here too, not in the first request whose draft takes a branch
-        (0.3+ s in a fresh process on an H100, 2026-11-27). A backend whose passes
-        of more rows replay another graph names their sizes (`warm_up_rows`): a chain of
-        each is run too, so the first request's prefill captures nothing."""
+        (0.3+ s in a fresh process on an H100, 2026-11-27)."""
         if not self.cache.free_slots:
             return
         slot, _ = self.cache.acquire([0])
         try:
-            for rows in getattr(self.forward, "warm_up_rows", (1,)):
-                self.forward.choices(self.cache, [(slot, 0, VerifyTree.chain(0, [0] * (rows - 1)))])
+            self.forward.choices(self.cache, [(slot, 0, VerifyTree.chain(0))])
             self.forward.keep(self.cache, [(slot, 0, [1])])  # node 1 onto position 1: in place
         finally:
             self.cache.prefilled(slot, [])  # position 0 was written: the slot holds nothing reusable
@@ -314,7 +311,7 @@ class Engine:
                 prefill_next: bool = False) -> list[list[int]]:
         # the controller's offers are chosen with the whole batch; the fixed policies' drafts stand
         drafts = self._choose(runs, drafted) if isinstance(drafted[0], controller.Offered) else drafted
-        limit = getattr(self.forward, "max_tail", None)  # a backend's deepest branch (forward/base.py)
+        limit = self.forward.max_tail  # a backend's deepest branch (forward/base.py)
         if limit is not None:
             drafts = [d if len(d) <= limit else d.within_tail(limit) for d in drafts]
         trees = [VerifyTree.build(run.generated[-1], draft) for run, draft in zip(runs, drafts)]
@@ -368,7 +365,7 @@ class Engine:
         if self.draft_policy != "goodput" or not self.cache.free_slots:
             return
         if again:
-            self.cost = controller.CostModel(block=self.cost.block, padded=self.cost.padded,
+            self.cost = controller.CostModel(block=self.cost.block, key_span=self.cost.key_span,
                                              min_rows=self.cost.min_rows)
         elif self.cost.calibrated:
             return

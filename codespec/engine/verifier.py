@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from codespec.engine.kvcache import SlotCache
 from codespec.forward.base import Forward
+from codespec.forward.rowplan import padded_length
 from codespec.policy.tree import Accept, Item, VerifyResult, VerifyTree, accept_choices  # noqa: F401 (Accept: re-exported)
 
 
@@ -46,7 +47,9 @@ class Verifier:
         self.forward_s = 0.0  # spent inside the forward's calls (stats.HostClock)
         self.overlapped_s = 0.0  # spent in `during` work while a launched pass ran
         self.row_block, self.padded_rows = forward.probe(probes)
-        cache.exact_prefix = bool(getattr(forward, "prefill_exact", False))  # kvcache's docstring
+        # what a pass's rows read, for the cost model: padded calls read whole key blocks
+        self.key_span = padded_length if self.padded_rows else None
+        cache.exact_prefix = forward.prefill_exact  # kvcache's docstring
 
     def prefill(self, slot: int, prompt_ids: Sequence[int], start: int = 0) -> Any:
         """Compute the KV of prompt_ids[start:] in the passes `cache.spans` gives (whole
@@ -100,13 +103,12 @@ class Verifier:
     def _choices(self, requests: list[tuple[int, int, VerifyTree]], during: Callable[[], None] | None,
                  chain_next: bool = False) -> list[int]:
         """The pass's greedy choices; `during` runs between a launched pass and its results."""
-        launch = getattr(self.forward, "launch", None)
-        chain = chain_next and getattr(self.forward, "chains_steps", False)
-        if launch is None or (during is None and not chain):
+        chain = chain_next and self.forward.chains_steps
+        if not self.forward.asynchronous or (during is None and not chain):
             with self._in_forward():
                 return self.forward.choices(self.cache, requests)
         with self._in_forward():
-            collect = launch(self.cache, requests, chain_next=True) if chain else launch(self.cache, requests)
+            collect = self.forward.launch(self.cache, requests, chain_next=chain)
         if during is not None:
             began = time.perf_counter()
             during()

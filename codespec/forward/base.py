@@ -35,16 +35,17 @@ with `exact = False`.
     forward.choices(cache, [(slot, start, tree)])   # -> greedy choice per row (list[int])
     forward.keep(cache, [(slot, start, path)])      # accepted nodes' KV moved after the context
 
-Optional: `launch(cache, requests)` queues the pass `choices` runs and returns what waits
-for its choices (a GPU backend's, cuda/forward.py): the engine drafts ahead meanwhile
-(engine/ahead.py). A backend with `chains_steps` takes `launch(..., chain_next=True)`
-where every request's next pass is a plain greedy step, and queues it behind this one
-(cuda/chained.py). `max_tail` (below) caps a row's off-chain path.
+Optional capabilities, declared on the class with their defaults: an `asynchronous`
+backend's `launch(cache, requests)` queues the pass and returns what waits for its
+choices (cuda/forward.py), so the engine drafts ahead meanwhile (engine/ahead.py); one
+that `chains_steps` takes `launch(..., chain_next=True)` where every request's next pass
+is a plain greedy step, and queues it behind this one (cuda/chained.py); `max_tail` caps
+a row's off-chain path.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 # (slot, slot length before the pass, tree) per request of a pass, in packing order
 Requests = Sequence[tuple[int, int, Any]]
@@ -57,8 +58,9 @@ class Preempted(Exception):
     two layers); the pass it was computing is dropped, the passes before it stay."""
 
 
-class Forward(Protocol):
-    """A model's prefill and verify passes over `SlotCache` KV slots (module docstring)."""
+class Forward:
+    """A model's prefill and verify passes over `SlotCache` KV slots (module docstring).
+    Every backend subclasses it; the optional capabilities have their defaults here."""
 
     name: str  # the backend: "rowdecoder", "transformers" or "masked"
     config: Any  # the model's config (layers, heads, vocab_size, max_position_embeddings, ...)
@@ -66,14 +68,21 @@ class Forward(Protocol):
     kv_dtype: Any  # the KV slots' element type: a torch dtype, or numpy.uint16 (bf16 bits)
     device: Any  # where the KV slots and logits live
     exact: bool  # rows equal decode steps bit for bit (the exactness contract)
+    min_rows: int  # the fewest rows a pass computes (a lone row is padded to this many)
     # A prefill computes each position as a decode step would, so a position's KV depends
     # on the tokens up to it alone, not on the passes: any cached prefix is reusable
-    # (kvcache.py). Optional: absent means False.
-    prefill_exact: bool
-    min_rows: int  # the fewest rows a pass computes (a lone row is padded to this many)
+    # (kvcache.py).
+    prefill_exact: bool = False
     # The most nodes a row's path may hold off its tree's main chain (Draft.within_tail):
-    # the engine cuts deeper branches from drafts first. Optional: absent means no limit.
-    max_tail: int
+    # the engine cuts deeper branches from drafts first. None: no limit.
+    max_tail: int | None = None
+    # `launch` returns before the pass ends (a GPU's): the engine drafts ahead meanwhile.
+    asynchronous: bool = False
+    # `launch(..., chain_next=True)` queues the next plain greedy step behind the pass.
+    chains_steps: bool = False
+    # The first pass over a KV cache costs seconds (compilation, a graph's capture): the
+    # engine runs one at start-up.
+    warm_up_pass: bool = False
 
     def probe(self, stored: tuple[int, bool] | None) -> tuple[int, bool]:
         """(row block, padded attention): what keeps passes row-exact on this machine, adopted
@@ -97,6 +106,12 @@ class Forward(Protocol):
         """The same pass, returning only each row's greedy choice (the first maximum of its
         logits, as torch.argmax): what an all-greedy pass needs."""
         ...
+
+    def launch(self, cache: Any, requests: Requests, chain_next: bool = False) -> Callable[[], list[int]]:
+        """`choices`' pass queued; returns what waits for its choices. Synchronous backends
+        compute it now."""
+        choices = self.choices(cache, requests)
+        return lambda: choices
 
     def argmax(self, logits: Any) -> list[int]:
         """Each row's first maximum."""

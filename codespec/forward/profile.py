@@ -93,14 +93,14 @@ def torch_key(model: Any, backend: str) -> dict[str, str]:
     import torch
     import transformers
 
-    from codespec.forward import rowblocks, rowcalls
+    from codespec.forward import rowblocks, rowplan
 
     embed = model.get_input_embeddings().weight  # never a packed (meta) copy
     device, dtype, threads = embed.device, embed.dtype, torch.get_num_threads()
     config = model.config
     dtype_name = str(dtype).removeprefix("torch.")
     key = _key(config, model_source(model, dtype_name), dtype_name, device, threads,
-               f"key_block={rowcalls.KEY_BLOCK},q_block={rowcalls.Q_BLOCK},q_split={rowcalls.Q_SPLIT_LIMIT},"
+               f"key_block={rowplan.KEY_BLOCK},q_block={rowplan.Q_BLOCK},q_split={rowplan.Q_SPLIT_LIMIT},"
                f"max_block={rowblocks.MAX_BLOCK},linear={rowblocks.linear_kernel(dtype, device)},"
                f"forward={backend}")
     key.update(torch=torch.__version__, torch_build=_digest(torch.__config__.show()),

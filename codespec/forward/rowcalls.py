@@ -46,8 +46,8 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-# the torch-free layout arithmetic lives in rowplan.py (KEY_BLOCK and Q_SPLIT_LIMIT: read here by profile.py)
-from codespec.forward.rowplan import KEY_BLOCK, Q_BLOCK, Q_SPLIT_LIMIT, chains, head_slots, padded_length, tokens_per_element  # noqa: F401
+# the torch-free layout arithmetic lives in rowplan.py
+from codespec.forward.rowplan import Q_BLOCK, head_slots, padded_length, tokens_per_element
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def plan_calls(requests: Sequence[tuple[int, int, Any]], *, padded: bool, group:
     calls: list[Call] = []
     first = 0
     for slot, start, tree in requests:
-        for begin, end in chains(tree):
+        for begin, end in tree.chains():
             # the main path reads the slot; another chain a scratch copy: the context,
             # then its path (ancestors, then the chain itself)
             path = None if begin == 0 else torch.tensor(tree.path(end - 1), device=device) + start

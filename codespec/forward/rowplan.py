@@ -1,12 +1,10 @@
 """The layout arithmetic of row-exact attention calls, without torch: key padding, query
-slots per token, and a verify tree's chains. rowcalls.py builds the calls from it; the
-cost model (controller.py), the KV cache and the row decoder's row plan use it too, in
-processes that never import torch (the torch-free load, direct.py).
+slots per token. rowcalls.py builds the calls from it; the KV cache and the verifier (the
+keys a padded call reads, which the cost model is given) use it too, in processes that
+never import torch (the torch-free load, direct.py).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 KEY_BLOCK = 512  # keys per block of torch's CPU flash attention loop (kv_split_size)
 Q_BLOCK = 32  # query rows per block of that loop while a call has fewer than ...
@@ -42,21 +40,3 @@ def tokens_per_element(group: int) -> int:
     (23, 95, 2)
     """
     return max(1, (Q_SPLIT_LIMIT - 1) // head_slots(group))
-
-
-def chains(tree: Any) -> list[tuple[int, int]]:
-    """The tree's rows as chains [start, end): runs in which each node is its
-    predecessor's child. Depth-first order makes every chain consecutive; the first is
-    the main path, each other one starts at a node that is not its parent's first child.
-
-    >>> from codespec.policy.tree import VerifyTree
-    >>> chains(VerifyTree((9, 1, 2, 3, 4, 5), (-1, 0, 1, 0, 3, 1), (0, 1, 2, 1, 2, 2), ()))
-    [(0, 3), (3, 5), (5, 6)]
-    """
-    found, begin = [], 0
-    for node in range(1, len(tree)):
-        if tree.parents[node] != node - 1:
-            found.append((begin, node))
-            begin = node
-    found.append((begin, len(tree)))
-    return found

@@ -24,13 +24,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from codespec.forward import rowplan
-from codespec.forward.base import Moves, Requests
+from codespec.forward.base import Forward, Moves, Requests
 from codespec.forward.rowdecoder import RowDecoder
 from codespec.kernels import lmchoice
 
 
-class RowForward:
+class RowForward(Forward):
     """The C row decoder behind the Forward protocol (base.py)."""
 
     name = "rowdecoder"
@@ -108,7 +107,7 @@ def plan_rows(requests: Sequence[tuple[int, int, Any]]) -> tuple[np.ndarray, np.
     columns: list[list[int]] = [[] for _ in range(6)]
     path: list[int] = []
     for slot, start, tree in requests:
-        _, main = rowplan.chains(tree)[0]  # the main path: nodes [0, main)
+        _, main = tree.chains()[0]  # the main path: nodes [0, main)
         for node in range(len(tree)):
             on_main = node < main
             nodes = [] if on_main else tree.path(node)

@@ -31,7 +31,7 @@ import torch
 
 from codespec.errors import ModelError
 from codespec.forward import attention, profile, rowblocks, rowcalls
-from codespec.forward.base import Moves, Requests, kv_dims
+from codespec.forward.base import Forward, Moves, Requests, kv_dims
 from codespec.kernels.compact import keep_paths
 from codespec.kernels.tree_mask import tree_mask
 
@@ -43,7 +43,7 @@ def cache_keyword(model: Any) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-class TorchForward:
+class TorchForward(Forward):
     """transformers' forward behind the Forward protocol (module docstring)."""
 
     min_rows = 2

@@ -37,7 +37,6 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
 
-from codespec.forward import rowplan
 from codespec.index import Draft
 from codespec.policy.tree import VerifyTree
 
@@ -161,7 +160,9 @@ class CostModel:
 
     forget: float = 0.98  # weight of the past per new timing
     block: int = 0  # rows per linear-layer block (0: passes are not blocked)
-    padded: bool = False  # attention runs padded calls (rowcalls.py): keys are counted per call
+    # the keys a padded attention call reads for a row that sees n (the backend's, given by
+    # the verifier); None: each row reads its own keys
+    key_span: Callable[[int], int] | None = None
     min_rows: int = 2  # a pass of fewer rows runs (and costs) this many
     calibrated: bool = False  # fitted to start-up timings (this process's or stored ones)
     passes: int = 0  # timings observed
@@ -176,6 +177,11 @@ class CostModel:
         model = cls(block=block)
         model.calibrated_with([(*(at if isinstance(at, tuple) else (at, 0)), seconds) for at, seconds in points.items()])
         return model
+
+    @property
+    def padded(self) -> bool:
+        """Whether attention runs padded calls: keys are counted per call."""
+        return self.key_span is not None
 
     @property
     def measured(self) -> bool:
@@ -281,20 +287,21 @@ class CostModel:
 
     def attended_keys(self, context: int, chains: Sequence[tuple[int, int]]) -> int:
         """The keys a request's rows read in one pass over `context` committed tokens;
-        `chains`: (rows, depth of the last row) per chain of its tree (rowplan.chains;
+        `chains`: (rows, depth of the last row) per chain of its tree (VerifyTree.chains;
         the main path of m rows is (m, m - 1)). Lean calls read each row's own keys;
         in a padded call every row scores all of its chain's keys, padded to whole key
         blocks (the softmax work, which dominates, grows with rows x padded keys).
 
-        >>> CostModel().attended_keys(100, [(3, 2), (1, 2)]), CostModel(padded=True).attended_keys(100, [(3, 2), (1, 2)])
+        >>> blocks = lambda keys: -(-keys // 512) * 512   # a padded call: whole blocks of 512 keys
+        >>> CostModel().attended_keys(100, [(3, 2), (1, 2)]), CostModel(key_span=blocks).attended_keys(100, [(3, 2), (1, 2)])
         (409, 2048)
         """
-        if self.padded:
-            return sum(rows * rowplan.padded_length(context + last + 1) for rows, last in chains)
+        if self.key_span is not None:
+            return sum(rows * self.key_span(context + last + 1) for rows, last in chains)
         return sum(rows * (context + last + 1) - rows * (rows - 1) // 2 for rows, last in chains)
 
     def tree_keys(self, context: int, tree: VerifyTree) -> int:
-        return self.attended_keys(context, [(end - begin, tree.depths[end - 1]) for begin, end in rowplan.chains(tree)])
+        return self.attended_keys(context, [(end - begin, tree.depths[end - 1]) for begin, end in tree.chains()])
 
     def draft_keys(self, context: int, draft: Draft, depths: list[int] | None = None) -> int:
         """`tree_keys` of the pass a draft makes (its pending token, then its nodes),
@@ -313,9 +320,9 @@ class CostModel:
     def row_keys(self, context: int, depth: int) -> int:
         """The keys one more row at `depth` adds: its own (lean), or its padded call's
         (on the main path or off it alike: every row of a padded call scores them all)."""
-        if not self.padded:
+        if self.key_span is None:
             return context + depth + 1
-        return rowplan.padded_length(context + depth + 1)
+        return self.key_span(context + depth + 1)
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:

@@ -71,6 +71,22 @@ class VerifyTree:
     def children(self, node: int) -> list[int]:
         return [i for i in range(node + 1, len(self)) if self.parents[i] == node]
 
+    def chains(self) -> list[tuple[int, int]]:
+        """The rows as chains [start, end): runs in which each node is its predecessor's
+        child. Depth-first order makes every chain consecutive; the first is the main
+        path, each other one starts at a node that is not its parent's first child.
+
+        >>> VerifyTree((9, 1, 2, 3, 4, 5), (-1, 0, 1, 0, 3, 1), (0, 1, 2, 1, 2, 2), ()).chains()
+        [(0, 3), (3, 5), (5, 6)]
+        """
+        found, begin = [], 0
+        for node in range(1, len(self)):
+            if self.parents[node] != node - 1:
+                found.append((begin, node))
+                begin = node
+        found.append((begin, len(self)))
+        return found
+
 
 @dataclass(frozen=True)
 class VerifyResult:
