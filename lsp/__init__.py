@@ -1,6 +1,7 @@
 """The language server: `codespec lsp` serves `textDocument/inlineCompletion` (LSP 3.18).
 
-Never imports torch: the model runs behind a `CompletionBackend`, either in process
-(`codespec.server.lsp_backend`, loaded by the CLI) or in a running `codespec serve`
-(`lsp.http_backend`), so several editors can share one model and one index.
+The model runs behind a `CompletionBackend` (backend.py): in process
+(inprocess_backend.py, which the CLI loads: the only module here that loads a model), or
+in a running `codespec serve` (http_backend.py), so several editors can share one model
+and one index.
 """

@@ -3,9 +3,11 @@
     request = FimRequest(prefix, suffix, max_tokens=128, path="pkg/mod.py")
     text = await backend.complete(request, on_text=check)   # on_text(text) -> False stops
 
-Two implementations: `codespec.server.lsp_backend.InProcessBackend` (the engine in this
-process; imports torch, so only the CLI loads it) and `lsp.http_backend.HttpBackend`
-(a running `codespec serve`).
+Four implementations: `InProcessBackend` (inprocess_backend.py: the engine in this
+process, the default; the CLI loads it), `HttpBackend` (http_backend.py: a running
+`codespec serve`), `EngineBackend` (engine_backend.py: another engine's OpenAI-compatible
+server) and `RemoteBackend` (remote_backend.py: whichever of the last two a `--server`
+URL turns out to be).
 """
 
 from __future__ import annotations

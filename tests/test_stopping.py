@@ -74,3 +74,31 @@ def test_a_stream_never_shows_the_line_that_n_indent_cuts():
     assert stream.push(chars("a = 1\n    b")) == "a = 1\n    b"
     assert stream.push(chars("\n  c = 2")) == "\n  "  # the run ends at "c": never shown
     assert stream.finish("a = 1\n    b\n  ") == ""
+
+
+def test_incremental_text_decodes_new_tokens_alone_and_waits_for_whole_characters():
+    """Tokens as UTF-8 bytes (a byte-level BPE's worst case: every multi-byte character
+    split across tokens): pushed in random runs, the pieces join to the whole text, no
+    piece holds a half character, and no push decodes the tokens before its window."""
+    import random
+
+    from codespec.engine.textstream import REPLACEMENT, IncrementalText
+
+    source = "def f(x):  # héllo wörld 😀 中文 🧑‍💻\n    return x\n"
+    ids = list(source.encode("utf-8"))
+    rng = random.Random(1)
+    for _ in range(50):
+        decoded = []
+
+        def decode(tokens):
+            decoded.append(len(tokens))
+            return bytes(tokens).decode("utf-8", errors="replace")
+
+        text, pieces, at = IncrementalText(decode), [], 0
+        while at < len(ids):
+            step = rng.randint(1, 5)
+            pieces.append(text.push(ids[at:at + step]))
+            at += step
+        assert "".join(pieces) == text.text == source
+        assert not any(REPLACEMENT in piece for piece in pieces)
+        assert max(decoded) < len(ids)  # windows since the last whole character, never the whole output

@@ -155,7 +155,7 @@ class Context:
                                        max_draft_tokens=self.settings.max_draft_tokens, draft_policy=policy,
                                        cache=self.cache)
             self.engines[key].calibrate()  # start-up work, outside every timed request
-            warm_up()  # as serve and lsp do at start-up (server/backend.start_scheduler)
+            warm_up()  # as serve and lsp do at start-up (engine/scheduler.start_scheduler)
         return self.engines[key]
 
     def _forward(self, quantize: str | None) -> Any:

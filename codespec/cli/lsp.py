@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
             return RemoteBackend(lambda: remote_backend(args.server, settings))
     else:
         def make_backend() -> Any:
-            from codespec.server.lsp_backend import InProcessBackend
+            from codespec.lsp.inprocess_backend import InProcessBackend
 
             return InProcessBackend(settings)
 

@@ -155,8 +155,22 @@ class Engine:
         return prompts.decode(self.tokenizer, token_ids)
 
     def start(self, prompt_ids: Sequence[int], config: GenerationConfig) -> Run:
-        """A run for the request, its prompt checked: one clear RequestError otherwise."""
+        """A run for the request, its prompt checked (`check_prompt`)."""
         prompt = [int(t) for t in prompt_ids]
+        room = self.check_prompt(prompt)
+        stop = StopCondition(self.eos_token_ids | config.end_ids, min(config.max_new_tokens, room), config.stop,
+                             self.decode if self.tokenizer is not None else None, config.min_indent, config.end_at)
+        proposer = self.proposer if config.speculate else NoProposer()
+        return Run(prompt, config, stop=stop, session=proposer.start(prompt),
+                   plain=isinstance(proposer, NoProposer) or self.max_draft_tokens == 0,
+                   accept=acceptance_of(config, self.forward.device),
+                   acceptance=controller.Acceptance(self.acceptance), max_draft=self.max_draft_tokens,
+                   decode=self.decode, release=self.cache.release)
+
+    def check_prompt(self, prompt: Sequence[int]) -> int:
+        """The tokens a request with this prompt may generate; one clear RequestError for a
+        prompt this engine cannot take (the one check: the server asks it before a stream
+        starts, `start` again)."""
         if not prompt:
             raise RequestError("the prompt is empty: give at least one token")
         # Every backend gathers the embedding row of each id unchecked (the row decoder's C,
@@ -171,15 +185,8 @@ class Engine:
         if room < 1:
             raise RequestError(
                 f"the prompt has {len(prompt)} tokens; this server's context holds {self.context_limit} "
-                f"(model: {self.max_context}, KV slot: {self.cache.slot_tokens} tokens)")
-        stop = StopCondition(self.eos_token_ids | config.end_ids, min(config.max_new_tokens, room), config.stop,
-                             self.decode if self.tokenizer is not None else None, config.min_indent, config.end_at)
-        proposer = self.proposer if config.speculate else NoProposer()
-        return Run(prompt, config, stop=stop, session=proposer.start(prompt),
-                   plain=isinstance(proposer, NoProposer) or self.max_draft_tokens == 0,
-                   accept=acceptance_of(config, self.forward.device),
-                   acceptance=controller.Acceptance(self.acceptance), max_draft=self.max_draft_tokens,
-                   decode=self.decode, release=self.cache.release)
+                f"(model: {self.max_context}, KV slot: {self.cache.slot_tokens} tokens; see --kv-slot-tokens)")
+        return room
 
     def advance(self, run: Run) -> list[int]:
         """Prefill (first call) or one verify pass of `run` alone; the tokens it committed.

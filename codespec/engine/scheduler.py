@@ -26,10 +26,15 @@ import collections
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from codespec.engine.engine import Engine, Generation, GenerationConfig, Run
 from codespec.errors import CodespecError
+
+if TYPE_CHECKING:
+    from codespec.forward.select import Loaded
+    from codespec.index import SuffixIndex
+    from codespec.settings import Settings
 
 log = logging.getLogger("codespec.engine.scheduler")
 AHEAD_KEEP = 4  # prompts kept for prefilling ahead (one per document); the oldest go first
@@ -251,3 +256,29 @@ def _notify(ticket: Ticket, callback: Callable[[Any], None], value: Any) -> None
                     ticket.on_done(exc)
                 except Exception:
                     log.debug("the failed listener's on_done failed too", exc_info=True)
+
+
+def start_scheduler(settings: Settings, index: SuffixIndex, load: Callable[[], Loaded] | None = None,
+                    ) -> tuple[Scheduler, Loaded]:
+    """The serving chain that `serve` and `lsp` share: load the model (`load`, else the
+    backend select.py picks for `settings`), build the engine over `index`, calibrate it
+    (a no-op with a stored profile) and start continuous batching. All of it runs on the
+    scheduler's thread, where every step runs (one thread pool for the model)."""
+    found: dict[str, Loaded] = {}
+
+    def build() -> Engine:
+        from codespec.forward import select as forward
+        from codespec.policy.warm import warm_up
+
+        loaded = load() if load is not None else forward.load(settings, progress=False)
+        found["loaded"] = loaded
+        log.info("forward backend: %s (%s)", loaded.backend, loaded.reason)
+        if loaded.degraded:
+            log.warning("%s; the passes run on %s", loaded.degraded, loaded.backend)
+        engine = Engine.from_settings(loaded.forward, loaded.tokenizer, settings, index=index)
+        engine.calibrate()
+        warm_up()  # the drafting kernels' first-use load, at start-up rather than in the first request
+        return engine
+
+    scheduler = Scheduler(build, settings.max_active_requests, settings.max_waiting_requests)
+    return scheduler, found["loaded"]

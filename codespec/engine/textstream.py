@@ -38,6 +38,35 @@ def settled_end(text: str, end_at: EndAt) -> int:
     return len(text[:end].rstrip())
 
 
+class IncrementalText:
+    """The text of a growing token list, each push decoding only the tokens since the last
+    complete character (a byte-level BPE character may span tokens: a piece that ends in
+    U+FFFD waits for the next push). The window starts a few tokens back, so merges across
+    the boundary decode as in the whole text.
+
+    >>> text = IncrementalText(lambda ids: "".join(map(chr, ids)))
+    >>> text.push([104, 105]), text.push([33]), text.text
+    ('hi', '!', 'hi!')
+    """
+
+    def __init__(self, decode: Callable[[Sequence[int]], str]) -> None:
+        self.decode = decode
+        self.tokens: list[int] = []
+        self.text = ""
+        self._prefix = self._read = 0  # tokens [prefix, read) were decoded last time: the window's start
+
+    def push(self, tokens: Sequence[int]) -> str:
+        self.tokens.extend(tokens)
+        before = self.decode(self.tokens[self._prefix:self._read])
+        window = self.decode(self.tokens[self._prefix:])
+        if len(window) <= len(before) or window.endswith(REPLACEMENT):
+            return ""  # an incomplete character: wait for its other bytes
+        piece = window[len(before):]
+        self._prefix, self._read = self._read, len(self.tokens)
+        self.text += piece
+        return piece
+
+
 class TextStream:
     def __init__(self, decode: Callable[[Sequence[int]], str], stop: Sequence[str] = (),
                  min_indent: int = 0, end_at: EndAt | None = None) -> None:

@@ -27,7 +27,8 @@ from codespec import __version__
 from codespec.errors import CodespecError, RequestError
 from codespec.index import SuffixIndex
 from codespec.engine.scheduler import SchedulerFull
-from codespec.server.backend import Backend, GenerationFailed, ShuttingDown, start_scheduler
+from codespec.engine.scheduler import start_scheduler
+from codespec.server.backend import Backend, GenerationFailed, ShuttingDown
 from codespec.server.http import TIMED_OUT
 from codespec.server.routes import ModelNotFound, router
 from codespec.server.upstream_backend import UpstreamBackend

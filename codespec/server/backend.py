@@ -15,16 +15,15 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Iterator, Sequence
+from typing import Any, AsyncIterator, Iterator, Sequence
 
 from codespec.engine.engine import Engine, Generation, GenerationConfig
 from codespec.engine.logprobs import TokenLogprob
-from codespec.engine.scheduler import Scheduler
+from codespec.engine.scheduler import Scheduler, start_scheduler
 from codespec.engine.textstream import TextStream
 from codespec.errors import CodespecError, RequestError
 from codespec.forward.select import Loaded
 from codespec.index import SuffixIndex
-from codespec.policy.warm import warm_up
 from codespec.server.logprobs import Release, TokenText
 from codespec.server.metrics import Metrics
 from codespec.settings import Settings
@@ -132,13 +131,7 @@ class Backend(Served):
     def check_request(self, prompt_ids: Sequence[int], max_tokens: int) -> None:
         """Refuse what cannot be served before any header is sent."""
         check_limits(prompt_ids, max_tokens, self.settings)
-        vocab = self.engine.forward.config.vocab_size
-        if max(prompt_ids) >= vocab:
-            raise RequestError(f"token id {max(prompt_ids)} is outside the model's vocabulary of {vocab}")
-        if len(prompt_ids) >= self.engine.context_limit:
-            raise RequestError(f"the prompt has {len(prompt_ids)} tokens; this server's context holds "
-                               f"{self.engine.context_limit} (model {self.engine.max_context}, "
-                               f"KV slot {self.engine.cache.slot_tokens}; see --kv-slot-tokens)")
+        self.engine.check_prompt(prompt_ids)
 
     async def stream_text(self, prompt_ids: Sequence[int], config: GenerationConfig) -> AsyncIterator[Chunk]:
         """Text as it becomes safe to show (whole characters, no partial stop string),
@@ -207,31 +200,6 @@ class Backend(Served):
             finally:
                 ticket.cancel()  # a no-op when finished; frees the slot when the client left
                 self.metrics.queue_depth.set(self.scheduler.queue_depth)
-
-
-def start_scheduler(settings: Settings, index: SuffixIndex, load: Callable[[], Loaded] | None = None,
-                    ) -> tuple[Scheduler, Loaded]:
-    """The serving chain that `serve` and `lsp` share: load the model (`load`, else the
-    backend select.py picks for `settings`), build the engine over `index`, calibrate it
-    (a no-op with a stored profile) and start continuous batching. All of it runs on the
-    scheduler's thread, where every step runs (one thread pool for the model)."""
-    found: dict[str, Loaded] = {}
-
-    def build() -> Engine:
-        from codespec.forward import select as forward
-
-        loaded = load() if load is not None else forward.load(settings, progress=False)
-        found["loaded"] = loaded
-        log.info("forward backend: %s (%s)", loaded.backend, loaded.reason)
-        if loaded.degraded:
-            log.warning("%s; the passes run on %s", loaded.degraded, loaded.backend)
-        engine = Engine.from_settings(loaded.forward, loaded.tokenizer, settings, index=index)
-        engine.calibrate()
-        warm_up()  # the drafting kernels' first-use load, at start-up rather than in the first request
-        return engine
-
-    scheduler = Scheduler(build, settings.max_active_requests, settings.max_waiting_requests)
-    return scheduler, found["loaded"]
 
 
 @functools.lru_cache(maxsize=8)  # one per served tokenizer

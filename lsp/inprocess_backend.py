@@ -1,7 +1,8 @@
 """The language server's in-process backend: the engine, the scheduler and the suffix
 index in the `codespec lsp` process (the default; `--server URL` uses a running
 `codespec serve` instead). Where the torch-free backend serves the model
-(forward/select.py) nothing here imports torch; `lsp/` never does.
+(forward/select.py) nothing here imports torch; the CLI imports this module alone of
+the backends that load a model.
 
 Completions are fill-in-the-middle prompts with the model's own FIM tokens: the last
 `prefix_tokens` of the file before the cursor and the first `suffix_tokens` after it.
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from codespec.engine.run import GenerationConfig
+from codespec.engine.textstream import IncrementalText
 from codespec.index import SuffixIndex
 from codespec.lsp.backend import FimRequest, OnText, Progress, detached, fail, settle
 from codespec.lsp.feed import BufferFeed
@@ -30,7 +32,7 @@ log = logging.getLogger("codespec.lsp")
 
 class InProcessBackend:
     def __init__(self, settings: Settings) -> None:
-        from codespec.server.backend import start_scheduler
+        from codespec.engine.scheduler import start_scheduler
 
         self.settings = settings
         self.index = SuffixIndex()
@@ -62,23 +64,29 @@ class InProcessBackend:
     async def complete(self, request: FimRequest, on_text: OnText) -> str:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[str] = loop.create_future()
-        tokens: list[int] = []
-        state = {"text": ""}
+        text = IncrementalText(self.engine.decode)  # the scheduler thread's: new tokens alone decoded
+        seen = [""]  # the completion so far, on the event loop
 
-        def on_tokens(new: list[int]) -> None:  # the scheduler's thread
-            if not tokens and ticket.run is not None:  # prefilled: how much of the prompt the cache held
+        def on_tokens(new: list[int]) -> None:  # the scheduler's thread: no editor logic here
+            if not text.tokens and ticket.run is not None:  # prefilled: how much of the prompt the cache held
                 self.prompts.add(ticket.run.stats.prompt_tokens, ticket.run.stats.cached_prompt_tokens)
-            tokens.extend(new)
-            state["text"] = self.engine.decode(tokens)
-            if not on_text(state["text"]):
+            piece = text.push(new)
+            if piece:
+                loop.call_soon_threadsafe(took, piece)
+
+        def took(piece: str) -> None:  # the event loop: the language server's cut judges the text
+            if done.done():
+                return
+            seen[0] += piece
+            if not on_text(seen[0]):
                 ticket.cancel()
-                loop.call_soon_threadsafe(settle, done, state["text"])
+                settle(done, seen[0])
 
         def on_done(outcome: Any) -> None:
             if isinstance(outcome, BaseException):
                 loop.call_soon_threadsafe(fail, done, outcome)
             else:
-                if not tokens:  # finished without a token: counted here
+                if not text.tokens:  # finished without a token: counted here
                     self.prompts.add(outcome.stats.prompt_tokens, outcome.stats.cached_prompt_tokens)
                 loop.call_soon_threadsafe(settle, done, outcome.text)
 
