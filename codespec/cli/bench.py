@@ -28,12 +28,11 @@ from codespec.forward.profile import cpu_description
 def register(commands: Any) -> None:
     p = commands.add_parser("bench", help="measure workloads side by side (default), draft policies (`bench "
                             "verify`) or the suffix index (`bench index`)")
-    p.add_argument("suite", nargs="?", choices=("workloads", "index", "verify", "host", "cold", "editor", "load"),
+    p.add_argument("suite", nargs="?", choices=("workloads", "index", "verify", "cold", "editor", "load"),
                    default="workloads",
                    help="workloads: repo completion, edit, agent loop, editor session x plain, HF prompt lookup, "
                    "codespec variants, arctic-inference; verify: draft policies (none, chain-4/8/16, tree, goodput) "
-                   "at batch 1 and 8; host: the verify suite with the model replaced by its replayed greedy output and "
-                   "GPU-like pass times (--pass-ms): the engine's own time per pass; index: the index at 10k..10M tokens; cold: held-out requests, a fresh "
+                   "at batch 1 and 8; index: the index at 10k..10M tokens; cold: held-out requests, a fresh "
                    "process each (codespec generate, --no-spec, HF prompt lookup): start-up included; editor: a "
                    "typing replay against codespec lsp, codespec serve's /infill and llama-server (llama.vim's "
                    "requests); load: codespec serve under short mixed requests at concurrency 1, 4 and 8")
@@ -43,13 +42,6 @@ def register(commands: Any) -> None:
                    help="verify suite: requests per set, run at each batch size; cold suite: held-out requests, "
                    "half FIM, half edit, spread over the set (default 8); editor suite: the replay's first N "
                    "completion requests (0: all 99); load suite: requests per concurrency level (0: 24)")
-    p.add_argument("--pass-ms", type=float, default=None, metavar="MS",
-                   help="host suite: what each replayed pass of up to --bucket-rows rows costs (waited out; default "
-                   "1.45, an H100's step of the default model)")
-    p.add_argument("--bucket-rows", type=int, default=64, metavar="N",
-                   help="host suite: rows per replayed pass, as the cuda backend's bucket (default 64)")
-    p.add_argument("--row-us", type=float, default=None, metavar="US",
-                   help="host suite: what each row past a replay's first adds (default 3.0, an H100's)")
     p.add_argument("--concurrency", default="1,4,8", help="load suite: concurrency levels (default 1,4,8)")
     p.add_argument("--sizes", default="10k,100k,1M,10M", help="index suite: corpus sizes (default 10k,100k,1M,10M)")
     p.add_argument("--workloads", default="repo,edit,agent,editor",
@@ -85,7 +77,7 @@ def _pick(value: str, known: Any, what: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"index": run_index, "verify": run_verify, "host": run_host, "cold": run_cold, "editor": run_editor,
+    return {"index": run_index, "verify": run_verify, "cold": run_cold, "editor": run_editor,
             "load": run_load}.get(args.suite, run_workloads)(args)
 
 
@@ -379,7 +371,7 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 def _verify_args(args: argparse.Namespace) -> tuple[list[str], Path | None, list[int]]:
-    """The verify and host suites' sets, output folder and batch sizes (and --repeat), checked."""
+    """The verify suite's sets, output folder and batch sizes (and --repeat), checked."""
     set_names = _pick(args.sets, ("edit", "fim-repo"), "sets")
     out_dir = _out_dir(args.out)
     args.repeat = 1 if args.repeat is None else args.repeat
@@ -430,57 +422,3 @@ def run_verify(args: argparse.Namespace) -> int:
         print(f"wrote {out_dir / 'verify.json'}", file=sys.stderr)
     print(json.dumps(report))
     return 0
-
-
-def run_host(args: argparse.Namespace) -> int:
-    from codespec.forward import select as forward
-    from codespec.bench.batch_bench import bar_checks, format_verify_table, verify_sets
-    from codespec.bench.host_bench import H100_ROW_US, H100_STEP_MS, greedy_sequences, run_host_bench
-    from codespec.engine.engine import Engine
-    from codespec.engine.engine import look_ahead_of
-    from codespec.engine.kvcache import SlotCache
-    from codespec.policy.warm import warm_up
-
-    set_names, out_dir, batches = _verify_args(args)
-    pass_ms = H100_STEP_MS if args.pass_ms is None else args.pass_ms
-    row_us = H100_ROW_US if args.row_us is None else args.row_us
-    if pass_ms < 0 or row_us < 0 or args.bucket_rows < 1:
-        raise CodespecError("--pass-ms and --row-us must be >= 0 and --bucket-rows at least 1")
-    settings = settings_from_args(args)
-    loaded = forward.load(settings)
-    new_tokens = args.max_new_tokens or 96
-    request_sets, proposers = verify_sets(loaded.tokenizer, settings, set_names, args.requests, new_tokens)
-    longest = max(len(w.prompt_ids) + w.max_new_tokens for ws in request_sets.values() for w in ws)
-    cache = SlotCache(loaded.forward.config, slots=2, slot_tokens=longest + 64, dtype=loaded.forward.kv_dtype,
-                      device=loaded.forward.device, chunk=settings.prefill_chunk_tokens)
-    print(f"the model's greedy outputs ({loaded.name}, plain decoding)...", file=sys.stderr, flush=True)
-    sequences, eos = greedy_sequences(Engine(loaded.forward, loaded.tokenizer, cache=cache), request_sets)
-    del cache
-    warm_up()  # as serve and lsp do: numba's kernels load before the first timed run
-
-    def progress(result: Any) -> None:
-        j = result.to_json()
-        print(f"  {j['set']} batch {j['batch']} {j['system']}: {j['host_ms_per_pass']:.3f} host ms per pass, "
-              f"{j['accepted_tokens_per_pass']:.2f} tokens/pass", file=sys.stderr, flush=True)
-
-    results = run_host_bench(sequences, eos, loaded.tokenizer, request_sets, proposers, batches,
-                             pass_s=pass_ms / 1e3, bucket=args.bucket_rows, row_s=row_us / 1e6,
-                             chunk=settings.prefill_chunk_tokens,
-                             repeat=args.repeat, on_result=progress, look_ahead=look_ahead_of(settings))
-    machine = _machine()
-    print(f"\nthe engine over {loaded.name}'s replayed greedy outputs, {pass_ms} ms per pass of up to "
-          f"{args.bucket_rows} rows (+{row_us} us a row), {_cpu_label(machine)}; "
-          f"{args.requests} requests per set, "
-          f"up to {new_tokens} new tokens each, median of {args.repeat}")
-    print(format_verify_table(results))
-    checks = bar_checks(results)
-    for name, ok in checks.items():
-        print(f"  {'PASS' if ok else 'FAIL'}  {name}")
-    report = {"bench": "host", "model": loaded.name, "pass_ms": pass_ms, "row_us": row_us, "bucket_rows": args.bucket_rows,
-              "look_ahead": settings.look_ahead,
-              "machine": machine, "results": [r.to_json() for r in results], "checks": checks}
-    if out_dir is not None:
-        _write_json(out_dir / "host.json", report)
-        print(f"wrote {out_dir / 'host.json'}", file=sys.stderr)
-    print(json.dumps(report))
-    return 0 if all(r.identical for r in results) else 1

@@ -9,8 +9,7 @@ proposer session by those tokens, drafts from every source, then puts the sessio
 as it was. When the pass commits exactly the guessed tokens, the engine takes the
 guessed drafts and the session's state after drafting instead of drafting again (the
 controller still prices them after the pass, with the batch): on an H100 a batch-8 pass
-of the default model takes ~1.5 ms and the drafting ~0.15 ms of it (docs/benchmarks.md,
-`codespec bench host`).
+of the default model takes ~1.5 ms and the drafting ~0.15 ms of it (docs/decisions.md).
 
 Lossless as every draft is: a draft only proposes, the pass decides. The guessed drafts
 are the ones the sources give after the pass (the session's context is the same tokens).

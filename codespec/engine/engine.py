@@ -175,9 +175,9 @@ class Engine:
             raise RequestError("the prompt is empty: give at least one token")
         # Every backend gathers the embedding row of each id unchecked (the row decoder's C,
         # the cuda backend's Triton gather): an id outside the table would read past it.
-        vocab = getattr(self.forward.config, "vocab_size", None)  # None: no table (bench/oracle.py)
+        vocab = self.forward.config.vocab_size
         lowest, highest = min(prompt), max(prompt)
-        if vocab is not None and (lowest < 0 or highest >= vocab):
+        if lowest < 0 or highest >= vocab:
             bad = lowest if lowest < 0 else highest
             raise RequestError(f"token id {bad} is outside the model's vocabulary (ids 0 to {vocab - 1})")
         # Drafts never exceed the tokens still allowed, so a pass's rows fit in this room too.

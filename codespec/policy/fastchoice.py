@@ -2,8 +2,7 @@
 
 `controller.pick_priced` (each request's best source, pruned) then `choose_priced` (the
 batch's nodes by probability) is the reference: readable, and ~40 us a request in Python,
-which on a GPU is a third of the host's part of a batch-8 pass (docs/benchmarks.md,
-`codespec bench host`). `choose_all` computes the same choice, float for float: every
+which on a GPU is a third of the host's part of a batch-8 pass (docs/decisions.md). `choose_all` computes the same choice, float for float: every
 node's probability with the same operations in the same order, the same sort keys, the
 same prefix scans; a test holds it equal to the reference on random batches. Only for a
 cost model whose rows read their own keys (`CostModel.padded` False: the cuda backend,
