@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from codespec.cuda.settings import CudaSettings
+from codespec.forward.cuda.settings import CudaSettings
 
 DType = Literal["auto", "float32", "bfloat16", "float16", "float64"]
 Device = Literal["auto", "cpu", "cuda"]

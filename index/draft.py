@@ -102,7 +102,7 @@ class Draft:
         """The nodes whose path leaves the main chain (the first root, then each node's
         first child: the rows a verify pass holds contiguously, policy/tree.py) for at
         most `limit` nodes: a backend whose rows list their off-chain ancestors in a
-        fixed-width table (cuda/forward.py) holds no longer paths. The main chain and
+        fixed-width table (forward/cuda/forward.py) holds no longer paths. The main chain and
         every short branch stay; a deeper branch is cut where it gets too long.
 
         >>> d = Draft((1, 2, 3, 4, 5), (-1, 0, -1, 2, 3), (2, 2, 1, 1, 1), match_len=2, source="index")

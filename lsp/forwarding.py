@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from codespec.lsp.syntax import Mode
+from codespec.landing.syntax import Mode
 
 
 @dataclass
@@ -15,7 +15,7 @@ class Shown:
 
     prefix: str  # the document text before the cursor when it was computed
     text: str
-    mode: Mode = Mode.MULTI  # the request's mode and block (lsp/cut.py): its rest is cut by them again
+    mode: Mode = Mode.MULTI  # the request's mode and block (landing/cut.py): its rest is cut by them again
     indent: int = 0
 
 

@@ -40,13 +40,14 @@ from pygls.protocol import LanguageServerProtocol
 from codespec.lsp.ahead import Ahead
 from codespec.lsp.backend import CompletionBackend, detached, settle
 from codespec.lsp.context import Ring
-from codespec.lsp.cut import Landing
+from codespec.landing.cut import Landing
 from codespec.lsp.forwarding import Shown, along, forward
 from codespec.lsp.lifecycle import watch_parent
-from codespec.lsp.fit import fit_indent, replaced_after, rest_of_line
+from codespec.landing.fit import fit_indent, replaced_after, rest_of_line
 from codespec.lsp.options import LspOptions, parse_options
-from codespec.lsp.syntax import Mode, classify
-from codespec.lsp.window import fim_request, whole_lines
+from codespec.landing.syntax import Mode, classify
+from codespec.landing.lines import whole_lines
+from codespec.lsp.window import fim_request
 from codespec.lsp.workspace import index_workspace
 
 log = logging.getLogger("codespec.lsp")

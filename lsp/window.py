@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from codespec.landing.lines import HeldSpace
 from codespec.lsp.backend import FimRequest
-from codespec.lsp.syntax import bracket_depth
 from codespec.prompts import ExtraFile, grid_start
 
 # The character cut before tokenizing: generous (code runs ~3.5 characters a token), so
@@ -66,60 +66,3 @@ def suffix_window(after: str, budget_chars: int) -> str:
     """The text after the cursor that the prompt keeps: typing at the cursor does not
     change it (its end is budget characters past the cursor, in text that moves along)."""
     return after[:budget_chars]
-
-
-class HeldSpace:
-    """Whitespace typed at the end of the middle, held back from the prompt.
-
-    A prompt that ends in spaces makes the model start a token boundary where its
-    tokenizer never has one (indentation and the word after it are one token), and it
-    answers with one space too many (` maxc = ...` after an indent). So the prompt's
-    middle ends before that whitespace, the model writes it itself, and the completion
-    shown starts after it. A model that writes other whitespace there disagrees with
-    where the cursor is: no completion.
-
-    >>> held = HeldSpace("    ")
-    >>> held.heal("  "), held.heal("    return x"), held.heal("return x"), held.heal("\\n")
-    ('', 'return x', None, None)
-    """
-
-    def __init__(self, typed: str) -> None:
-        self.text = typed[len(typed.rstrip(" \t")) :]
-
-    @staticmethod
-    def split(middle: str) -> tuple[str, HeldSpace]:
-        """(the middle to send, what it holds back)."""
-        held = HeldSpace(middle)
-        return middle[: len(middle) - len(held.text)], held
-
-    def heal(self, raw: str) -> str | None:
-        """The completion after the cursor; "" while the model is still writing the
-        held whitespace, None when it wrote something else."""
-        if raw.startswith(self.text):
-            return raw[len(self.text) :]
-        return "" if self.text.startswith(raw) else None
-
-
-def whole_lines(text: str) -> str:
-    """The longest run of complete lines of `text` that closes every bracket it opens and
-    does not end on a block's header: what a completion answered before its generation
-    ends may show (never a suggestion cut inside an unclosed `return (`, nor
-    one that ends on an `if s:` whose body is still to come).
-
-    >>> whole_lines("x = f(1,\\n      2)\\ny = [\\n")
-    'x = f(1,\\n      2)'
-    >>> whole_lines("return (")
-    ''
-    >>> whole_lines("n = len(s)\\nif not s:\\n")
-    'n = len(s)'
-    """
-    kept, depth, at = "", 0, 0
-    while True:
-        end = text.find("\n", at)
-        if end < 0:
-            return kept
-        line = text[at:end]
-        depth += bracket_depth(line)
-        if depth <= 0 and not line.rstrip().endswith(("\\", ":")):
-            kept = text[:end]
-        at = end + 1

@@ -9,8 +9,8 @@ from codespec.engine.engine import Engine, GenerationConfig
 from codespec.engine import ahead
 from codespec.engine.scheduler import Scheduler
 from codespec.forward.select import of_model
-from codespec.cuda.forward import CudaForward
-from codespec.cuda.settings import CudaSettings
+from codespec.forward.cuda.forward import CudaForward
+from codespec.forward.cuda.settings import CudaSettings
 from codespec.models.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from tests.test_engine_lossless import prompts

@@ -198,7 +198,7 @@ def test_a_benchs_json_names_the_backend_and_its_kernel_layout(monkeypatch):
     from types import SimpleNamespace
 
     from codespec.cli import bench
-    from codespec.cuda.forward import CudaForward
+    from codespec.forward.cuda.forward import CudaForward
 
     monkeypatch.setenv("CODESPEC_CUDA_ROWS", "32")
     model = tiny_model("qwen2", vocab_size=16, seed=3)

@@ -1,4 +1,4 @@
-"""Plain steps queued one ahead on the device (cuda/chained.py, the cuda backend's
+"""Plain steps queued one ahead on the device (forward/cuda/chained.py, the cuda backend's
 `launch(..., chain_next=True)`), checked on CPU where the backend runs eagerly: the
 queued step is the one the engine asks for next (then it is not run again), and
 anything else drops it without a trace in what the engine computes."""
@@ -10,8 +10,8 @@ import pytest
 from codespec.engine.engine import Engine, GenerationConfig
 from codespec.engine.scheduler import Scheduler
 from codespec.errors import SettingError
-from codespec.cuda.forward import CudaForward
-from codespec.cuda.settings import CudaSettings
+from codespec.forward.cuda.forward import CudaForward
+from codespec.forward.cuda.settings import CudaSettings
 from codespec.models.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from codespec.policy.tree import VerifyTree
@@ -156,7 +156,7 @@ def test_a_pass_s_choices_are_copied_back_when_it_is_queued_not_when_they_are_re
     a CUDA tensor that logs its copy, and events that log their record and wait."""
     import torch
 
-    from codespec.cuda import chained
+    from codespec.forward.cuda import chained
 
     log: list[str] = []
 
@@ -187,8 +187,8 @@ def test_the_choices_a_launch_hands_back_were_collected_before_the_next_step_was
     """The backend's side of the test above: every Collect that `launch` returns (the
     pass's own, or the queued step's when it is taken) was made, so its copy queued,
     before that launch queued the step after it."""
-    from codespec.cuda import chained
-    from codespec.cuda import forward as cuda
+    from codespec.forward.cuda import chained
+    from codespec.forward.cuda import forward as cuda
 
     clock, made = [0], {}
 

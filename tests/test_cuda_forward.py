@@ -1,4 +1,4 @@
-"""The `cuda` backend's layout (cuda/forward.py), checked on CPU where it runs eagerly
+"""The `cuda` backend's layout (forward/cuda/forward.py), checked on CPU where it runs eagerly
 with the attention's torch reference: float64 tiny models, so a failure means the layout
 is wrong, not rounding. Its CUDA run (graphs, the Triton kernel, bf16) is
 `codespec check`'s.
@@ -15,10 +15,10 @@ from codespec.engine.engine import Engine, GenerationConfig
 from codespec.engine.kvcache import SlotCache
 from codespec.engine.scheduler import Scheduler
 from codespec.errors import SettingError
-from codespec.cuda import forward as cuda
-from codespec.cuda.forward import CudaForward
-from codespec.cuda.passlayout import chain_rows, fill_staging, pass_rows, tree_rows
-from codespec.cuda.settings import CudaSettings, is_hopper, launches_pdl
+from codespec.forward.cuda import forward as cuda
+from codespec.forward.cuda.forward import CudaForward
+from codespec.forward.cuda.passlayout import chain_rows, fill_staging, pass_rows, tree_rows
+from codespec.forward.cuda.settings import CudaSettings, is_hopper, launches_pdl
 from codespec.models.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from codespec.policy.tree import VerifyTree
@@ -147,7 +147,7 @@ def test_the_pass_layout_is_pass_rows_bucket_by_bucket(seed):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_a_replay_writes_no_key_a_row_of_it_reads_below_its_context_less_the_bucket(seed):
-    """What attention's early loads rest on (cuda/attention.py, `early`): in every
+    """What attention's early loads rest on (forward/cuda/attention.py, `early`): in every
     replay of a pass, each K and V write in a slot lands at or above context - bucket for
     every row of that replay in that slot, so a row's keys below that bound were written
     before the replay began. Trees spanning several replays, deep branches, and a prefill
@@ -260,7 +260,7 @@ def test_prefill_in_replays_is_the_model_and_its_reuse_too():
 
 
 def test_the_backends_settings_are_read_and_checked(monkeypatch):
-    """Every CODESPEC_CUDA_* setting (cuda/settings.py): read by pydantic-settings, a bad
+    """Every CODESPEC_CUDA_* setting (forward/cuda/settings.py): read by pydantic-settings, a bad
     value a clear error naming it, each described."""
     assert all(field.description for field in CudaSettings.model_fields.values())  # STYLE 7
     monkeypatch.setenv("CODESPEC_CUDA_ROWS", "32")

@@ -12,8 +12,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = [
-    {"codespec.errors", "codespec.settings", "codespec.prompts", "codespec.tempfiles"},
-    {"codespec.kernels", "codespec.index", "codespec.models"},
+    # the cuda backend's settings model, which Settings holds, is pydantic alone
+    {"codespec.errors", "codespec.settings", "codespec.prompts", "codespec.tempfiles",
+     "codespec.forward.cuda.settings"},
+    {"codespec.kernels", "codespec.index", "codespec.models", "codespec.landing"},
     {"codespec.forward"},
     {"codespec.policy"},
     {"codespec.engine"},

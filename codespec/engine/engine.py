@@ -340,7 +340,7 @@ class Engine:
     def _plain_next(runs: Sequence[Run], trees: list[VerifyTree]) -> bool:
         """Whether this pass and every run's next one are plain greedy steps (no draft now
         and none possible, greedy, the token limit not reached after this pass): a GPU
-        backend queues the next step behind this pass (cuda/chained.py). A run that
+        backend queues the next step behind this pass (forward/cuda/chained.py). A run that
         stops on an end token wastes the queued step, nothing more."""
         return all(len(tree) == 1 and run.plain and run.accept is None
                    and run.stop.max_new_tokens - len(run.generated) > 1 for run, tree in zip(runs, trees))

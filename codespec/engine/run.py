@@ -34,7 +34,7 @@ class GenerationConfig:
     # llama.cpp's n_indent: after the first line, a line indented less than this (and not
     # blank) ends the generation, cut before its first character
     min_indent: int = 0
-    # a text rule (lsp/cut.py's `Landing.end` for a fill-in-the-middle): given the output so
+    # a text rule (landing/cut.py's `Landing.end` for a fill-in-the-middle): given the output so
     # far, (where it ends, how far it must reach to know it) or None; a longer output must
     # end at the same place, so that plain and speculative decoding stop at the same token
     end_at: Callable[[str], tuple[int, int] | None] | None = None

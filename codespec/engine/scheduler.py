@@ -225,7 +225,7 @@ class Scheduler:
         if not batch:
             return
         # a prefill next step (another request admitted, not yet prefilled, or one waiting
-        # for a slot) would drop a plain step queued behind this one (cuda/chained.py)
+        # for a slot) would drop a plain step queued behind this one (forward/cuda/chained.py)
         prefill_next = len([e for e in self._active if not e[1].prefilled]) > len(new) or bool(self._waiting)
         outs = self.engine.step([run for _, run in batch], prefill_next=prefill_next)
         for (ticket, run), tokens in zip(batch, outs):

@@ -5,7 +5,7 @@ end (byte-level BPE splits characters across tokens; the decoder shows U+FFFD un
 rest arrives) and the last `len(longest stop string) - 1` characters, which may be the
 start of a stop string that the final text will not contain. With `min_indent` (llama.cpp's
 `n_indent`), a last line indented less than that is held from its first character: the
-run ends there. With a text rule (`end_at`, lsp/cut.py), whole lines only, and no
+run ends there. With a text rule (`end_at`, landing/cut.py), whole lines only, and no
 trailing blank lines: the rule judges a line once it is complete, and the served text
 ends without them.
 

@@ -78,7 +78,7 @@ class Verifier:
         (which must not raise) runs while the pass computes, where the backend launches
         it asynchronously (`Forward.launch`: a GPU's) and every item is greedy.
         `chain_next`: the engine's word that every item's next pass is a plain greedy
-        step, which a backend that `chains_steps` queues behind this one (cuda/chained.py)."""
+        step, which a backend that `chains_steps` queues behind this one (forward/cuda/chained.py)."""
         requests = []
         for item in items:
             start = self.cache.length(item.slot)

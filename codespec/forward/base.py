@@ -37,9 +37,9 @@ with `exact = False`.
 
 Optional capabilities, declared on the class with their defaults: an `asynchronous`
 backend's `launch(cache, requests)` queues the pass and returns what waits for its
-choices (cuda/forward.py), so the engine drafts ahead meanwhile (engine/ahead.py); one
+choices (forward/cuda/forward.py), so the engine drafts ahead meanwhile (engine/ahead.py); one
 that `chains_steps` takes `launch(..., chain_next=True)` where every request's next pass
-is a plain greedy step, and queues it behind this one (cuda/chained.py); `max_tail` caps
+is a plain greedy step, and queues it behind this one (forward/cuda/chained.py); `max_tail` caps
 a row's off-chain path.
 """
 

@@ -83,7 +83,7 @@ def rope_theta(config: Any) -> float:
 
 def family_unsupported(config: Any, backend: str = "the row decoder") -> str | None:
     """Why `config`'s layers are not Qwen2/Llama ones as our own forwards compute them
-    (this one and cuda/forward.py): None when they are."""
+    (this one and forward/cuda/forward.py): None when they are."""
     if getattr(config, "model_type", None) not in FAMILIES:
         return f"model type {getattr(config, 'model_type', None)!r} ({backend} knows {', '.join(FAMILIES)})"
     if getattr(config, "hidden_act", None) != "silu" or getattr(config, "mlp_bias", False):

@@ -142,7 +142,7 @@ def _for_model(model: Any, wanted: str, quantize: str, cuda_settings: Any = None
     if wanted == "rowdecoder" and why is not None:
         raise ModelError(f"CODESPEC_FORWARD=rowdecoder: the row decoder does not serve this model here: {why}")
     if wanted == "cuda" or (not wanted and why is not None and _on_cuda(model)):
-        from codespec.cuda import forward as cuda
+        from codespec.forward.cuda import forward as cuda
 
         refused = cuda.unsupported(model) or (None if _on_cuda(model) else "the model is not on a CUDA device")
         if refused is None:
@@ -166,7 +166,7 @@ def of_model(model: Any, *, backend: str = "", quantize: str = "none", screen: b
     or "masked" pick one. `screen=False`: greedy passes on the row decoder compute full
     logits (tests that compare the two); `cuda_settings`: the cuda backend's (None: the
     environment's)."""
-    from codespec.cuda import forward as cuda
+    from codespec.forward.cuda import forward as cuda
     from codespec.forward import hf_weights
     from codespec.forward.transformers import TorchForward
 

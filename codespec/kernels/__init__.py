@@ -11,7 +11,7 @@ contiguity, and `<op>_ref` in plain torch that CPU tensors use:
 * `compact.compact_kv`: move each request's accepted path to be contiguous in its KV slot;
 * `tree_mask.tree_mask`: the ancestor-or-self mask of a batch of trees.
 The cuda backend's own kernels (row attention, rotary and the KV store) live with it in
-codespec/cuda/.
+codespec/forward/cuda/.
 """
 
 from __future__ import annotations

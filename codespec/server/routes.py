@@ -34,9 +34,9 @@ from codespec.engine.run import Generation, GenerationConfig
 from codespec.engine.textstream import settled_end
 from codespec.errors import RequestError
 from codespec.index import SuffixIndex
-from codespec.lsp.cut import Landing, infill_mode
-from codespec.lsp.syntax import Mode
-from codespec.lsp.window import HeldSpace
+from codespec.landing.cut import Landing, infill_mode
+from codespec.landing.syntax import Mode
+from codespec.landing.lines import HeldSpace
 from codespec.server.backend import Backend, GenerationFailed, ShuttingDown
 from codespec.server.logprobs import CompletionLogprobs, chat_logprobs
 from codespec.server.upstream_backend import UpstreamBackend
@@ -223,7 +223,7 @@ async def infill(req: InfillRequest, request: Request, b: AnyBackend = Depends(b
     one, and the model answers with one space too many (`HeldSpace`).
 
     The content is cut for where it lands, as the language server cuts its suggestions
-    (lsp/cut.py): one line when text follows the cursor on its line, else the block
+    (landing/cut.py): one line when text follows the cursor on its line, else the block
     enclosing the cursor, ending where it meets the suffix's first code line; no trailing
     blank lines, nothing when only whitespace is left. The generation stops there, and at
     the model's FIM tokens."""

@@ -237,7 +237,7 @@ async def test_serve_upstream_fronts_vllm(vllm_server):
 
     from codespec.integrations.upstream import UpstreamClient
     from codespec.lsp.engine_backend import EngineBackend
-    from codespec.lsp.cut import Landing, infill_mode
+    from codespec.landing.cut import Landing, infill_mode
     from codespec.lsp.options import LspOptions
     from codespec.lsp.window import fim_request
     from codespec.models.loading import load_tokenizer
@@ -262,7 +262,7 @@ async def test_serve_upstream_fronts_vllm(vllm_server):
     options = LspOptions(max_tokens=32, fim_layout=settings.infill_layout)
     request, held = fim_request(prefix + suffix, len(prefix), options)
     direct = held.heal(await engine.complete(request, on_text=lambda t: True))
-    # /infill serves it cut for where it lands (lsp/cut.py): the function's block, not the `print` below
+    # /infill serves it cut for where it lands (landing/cut.py): the function's block, not the `print` below
     document = prefix + suffix
     landing = Landing.at(document, len(prefix), "", infill_mode(document, len(prefix)))
     assert answer["content"].strip() and answer["content"] == landing.trim(direct)

@@ -14,9 +14,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from codespec.cuda import _attention, _rope_store
-from codespec.cuda._pdl import launch_options
-from codespec.cuda.attention import WORK_WARPS
+from codespec.forward.cuda import _attention, _rope_store
+from codespec.forward.cuda._pdl import launch_options
+from codespec.forward.cuda.attention import WORK_WARPS
 
 tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 shard, shards = map(int, os.environ.get("SM90_SHARD", "0/1").split("/"))

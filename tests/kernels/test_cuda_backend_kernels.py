@@ -1,4 +1,4 @@
-"""The cuda backend (cuda/forward.py) with the Triton kernels the GPU runs, executed by the
+"""The cuda backend (forward/cuda/forward.py) with the Triton kernels the GPU runs, executed by the
 interpreter on CPU (elsewhere the CPU tests run the kernels' torch references through the
 backend). The kernels compute only the rows that hold a token, a padding row's outputs
 left undefined: the model's greedy output all the same, and speculation lossless against
@@ -11,8 +11,8 @@ import torch
 
 from codespec.engine.engine import Engine, GenerationConfig
 from codespec.engine.kvcache import DEFAULT_CHUNK, SlotCache
-from codespec.cuda.forward import CudaForward
-from codespec.cuda.settings import CudaSettings
+from codespec.forward.cuda.forward import CudaForward
+from codespec.forward.cuda.settings import CudaSettings
 from codespec.models.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from tests.kernels.interpreter_patch import PADDING_ROW_WARNINGS
@@ -26,7 +26,7 @@ pytestmark = PADDING_ROW_WARNINGS
 def test_the_kernels_on_live_rows_give_the_models_output_and_stay_lossless(monkeypatch):
     """Rotary, the KV store and attention through their Triton kernels (~3.5 s a pass
     interpreted), the products in torch here."""
-    from codespec.cuda import attention, rope_store
+    from codespec.forward.cuda import attention, rope_store
 
     for module in (attention, rope_store):
         monkeypatch.setattr(module, "use_triton", lambda tensor, force: True)  # CPU tensors: the interpreter

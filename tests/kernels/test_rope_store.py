@@ -1,4 +1,4 @@
-"""Rotary and the KV store in one launch (cuda/rope_store.py) under the Triton
+"""Rotary and the KV store in one launch (forward/cuda/rope_store.py) under the Triton
 interpreter: the same bits as transformers' arithmetic, K and V where the rows say."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codespec.cuda.rope_store import rope_store, rope_store_ref
+from codespec.forward.cuda.rope_store import rope_store, rope_store_ref
 
 pytest.importorskip("triton", reason="triton is a test dependency (pip install -e '.[test]')")
 

@@ -1,4 +1,4 @@
-"""The row-exact attention kernel (cuda/attention.py) under the Triton interpreter:
+"""The row-exact attention kernel (forward/cuda/attention.py) under the Triton interpreter:
 equal to its reference, and a row's bits depend on its logical keys alone."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
-from codespec.cuda import attention as module
-from codespec.cuda.attention import KEY_BLOCK, row_attention, row_attention_ref
+from codespec.forward.cuda import attention as module
+from codespec.forward.cuda.attention import KEY_BLOCK, row_attention, row_attention_ref
 
 pytest.importorskip("triton", reason="triton is a test dependency (pip install -e '.[test]')")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from codespec.lsp.cut import Landing, enclosing_indent, infill_mode, next_code_line
-from codespec.lsp.syntax import Mode
+from codespec.landing.cut import Landing, enclosing_indent, infill_mode, next_code_line
+from codespec.landing.syntax import Mode
 
 BODY = "def add(a, b):\n    \"\"\"Sum.\"\"\"\n    \n\ndef sub(a, b):\n    return a - b\n"
 

@@ -2,7 +2,7 @@
 (`tests/lsp/scripted.py`): the text is fixed, so each case is exact.
 
 Each script is what the model writes after the prompt's middle, the whitespace held
-back from it included (`lsp.window.HeldSpace`).
+back from it included (`landing.lines.HeldSpace`).
 
 - a request sent while the model loads is answered once it has loaded, not with null;
 - an auto-closed bracket the completion writes itself is replaced, not doubled;

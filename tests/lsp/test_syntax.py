@@ -9,7 +9,7 @@ import pytest
 
 from codespec.lsp.options import parse_options
 from codespec.lsp.forwarding import Shown, forward
-from codespec.lsp.syntax import Mode, classify, repeats_following
+from codespec.landing.syntax import Mode, classify, repeats_following
 
 BODY = "def add(a, b):\n    \"\"\"Sum.\"\"\"\n    \n\ndef sub(a, b):\n    return a - b\n"
 

@@ -11,7 +11,8 @@ import pytest
 
 from codespec.bench.typing import typing_replay
 from codespec.lsp.options import LspOptions
-from codespec.lsp.window import HeldSpace, fim_request, prefix_window
+from codespec.landing.lines import HeldSpace
+from codespec.lsp.window import fim_request, prefix_window
 from codespec.prompts import fim_ids
 
 

@@ -1,5 +1,5 @@
 """/infill and /v1/completions with a suffix serve a fill-in-the-middle cut for where it
-lands (lsp/cut.py), on the default model: llama.cpp's own server-test requests, the
+lands (landing/cut.py), on the default model: llama.cpp's own server-test requests, the
 cut's stop lossless against plain decoding under the same rule, streamed and not; what
 the model writes that is only whitespace is not served; n_predict -1 is bounded; an
 `input_extra` item without text is refused."""
@@ -13,7 +13,7 @@ import pytest
 from codespec import prompts
 from codespec.engine.run import Generation, GenerationConfig
 from codespec.engine.stats import GenerationStats
-from codespec.lsp.cut import Landing, infill_mode
+from codespec.landing.cut import Landing, infill_mode
 
 pytestmark = [pytest.mark.model, pytest.mark.anyio]
 

@@ -19,8 +19,8 @@ from codespec.bench.editor import (
 )
 from codespec.bench.typing import Ask
 from codespec.engine.run import GenerationConfig
-from codespec.lsp.cut import Landing
-from codespec.lsp.syntax import Mode
+from codespec.landing.cut import Landing
+from codespec.landing.syntax import Mode
 
 pytestmark = [pytest.mark.model, pytest.mark.anyio]
 

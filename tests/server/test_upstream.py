@@ -17,8 +17,8 @@ from codespec.integrations.upstream import UpstreamClient, UpstreamError
 from codespec.lsp.backend import FimRequest
 from codespec.lsp.engine_backend import EngineBackend
 from codespec.lsp.http_backend import HttpBackend
-from codespec.lsp.cut import Landing, infill_mode
-from codespec.lsp.window import HeldSpace
+from codespec.landing.cut import Landing, infill_mode
+from codespec.landing.lines import HeldSpace
 from codespec.prompts import fim_ids
 from codespec.server.app import create_app, load_backend
 from codespec.server.upstream_backend import UpstreamBackend
@@ -51,7 +51,7 @@ async def test_infill_through_the_front_is_the_engines_own_greedy_output(front_h
     before, held = HeldSpace.split(PREFIX)
     ids = fim_ids(default_model.tokenizer, before, SUFFIX, layout="psm")
     direct = await backend.complete(ids, GenerationConfig(max_new_tokens=24))
-    document = PREFIX + SUFFIX  # the content is cut for where it lands (lsp/cut.py), as codespec's own is
+    document = PREFIX + SUFFIX  # the content is cut for where it lands (landing/cut.py), as codespec's own is
     expected = Landing.at(document, len(PREFIX), "", infill_mode(document, len(PREFIX))).trim(held.heal(direct.text))
     body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 24, "fim_layout": "psm"}
     answer = (await front_http.post("/infill", json=body)).json()

@@ -11,7 +11,7 @@ the same program over exactly `rows` rows (the bucket, 64 by default):
   same tile program over its own input row, so a row's bits depend on that row alone;
   a pass of more rows than the bucket runs as several replays, in order (a tree's nodes
   come after their ancestors, so later replays see the KV earlier ones wrote);
-* attention goes through cuda/attention.py: one program per (row, KV head)
+* attention goes through forward/cuda/attention.py: one program per (row, KV head)
   reducing over the row's own logical keys in fixed blocks;
 * padding rows repeat the first row's token, position and KV write (same values to the
   same place; the Triton kernels skip rows that hold no token, so on a GPU they store
@@ -29,7 +29,7 @@ of the rows' choices back. A prefill runs through the same graph: a pass's token
 chain's rows, replayed `rows` at a time (~1.4 ms a replay on an H100, where an eager
 pass with causal SDPA took ~25 ms).
 
-On Hopper our Triton kernels launch as programmatic dependents (cuda/_pdl.py): each
+On Hopper our Triton kernels launch as programmatic dependents (forward/cuda/_pdl.py): each
 starts while the one before ends (a step 1-5% faster on an H100). Products that carried
 the work around them (five launches a layer) made a step faster but a 32-row verify pass
 1.40 steps against 1.10 on the H100 and H200, so the products stay cuBLAS's.
@@ -50,11 +50,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from codespec.cuda.attention import row_attention
-from codespec.cuda.chained import Chained, Collect, next_starts, plain_steps, step_rows
-from codespec.cuda.layers import LayerWeights, Rope, add_norm, gated, layers_pass, rotary_table
-from codespec.cuda.passlayout import META_FIELDS, PassRows, chain_rows, fill_staging, tree_rows
-from codespec.cuda.settings import CudaSettings, launches_pdl
+from codespec.forward.cuda.attention import row_attention
+from codespec.forward.cuda.chained import Chained, Collect, next_starts, plain_steps, step_rows
+from codespec.forward.cuda.layers import LayerWeights, Rope, add_norm, gated, layers_pass, rotary_table
+from codespec.forward.cuda.passlayout import META_FIELDS, PassRows, chain_rows, fill_staging, tree_rows
+from codespec.forward.cuda.settings import CudaSettings, launches_pdl
 from codespec.forward import profile
 from codespec.forward.base import Forward, Moves, Requests, kv_dims
 from codespec.kernels.compact import keep_paths
@@ -98,7 +98,7 @@ class CudaForward(Forward):
     def __init__(self, model: Any, settings: CudaSettings | None = None, *, graphs: bool | None = None) -> None:
         why = unsupported(model)
         assert why is None, why  # select.py checks first
-        settings = settings or CudaSettings.checked()  # CODESPEC_CUDA_* (cuda/settings.py)
+        settings = settings or CudaSettings.checked()  # CODESPEC_CUDA_* (forward/cuda/settings.py)
         self.model = model
         self.config, self.generation_config = model.config, getattr(model, "generation_config", None)
         embed = model.get_input_embeddings().weight
@@ -111,7 +111,7 @@ class CudaForward(Forward):
         self.heads = model.config.num_attention_heads
         # each KV cache's buffers and graph (a graph holds the cache's addresses: it goes with it)
         self._buckets: weakref.WeakKeyDictionary[Any, _Bucket] = weakref.WeakKeyDictionary()
-        # each KV cache's plain step queued behind the last pass (cuda/chained.py)
+        # each KV cache's plain step queued behind the last pass (forward/cuda/chained.py)
         self._chained: weakref.WeakKeyDictionary[Any, Chained] = weakref.WeakKeyDictionary()
         self.chains_steps = settings.chain  # the verifier asks for it where every next pass is a plain step
         self.chained_taken = self.chained_dropped = 0  # queued steps the engine asked for, and the others
@@ -173,7 +173,7 @@ class CudaForward(Forward):
         one sync), so the host can work meanwhile (engine/ahead.py). With `chain_next`
         (the engine says every request's next pass is a plain step) the step after this
         pass is queued behind it, its tokens this pass's choices copied on the device
-        (cuda/chained.py); when the engine then asks for that step, it is not run
+        (forward/cuda/chained.py); when the engine then asks for that step, it is not run
         again, and the one after it is queued."""
         queued = self._chained.get(cache)
         rows = queued.rows_for(requests) if queued is not None else None

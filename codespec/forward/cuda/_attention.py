@@ -1,4 +1,4 @@
-"""The Triton kernels behind `row_attention` (cuda/attention.py; imported only when
+"""The Triton kernels behind `row_attention` (forward/cuda/attention.py; imported only when
 one runs: on CUDA tensors, or on CPU under `TRITON_INTERPRET=1` in the tests).
 
 Two launches. The first is a wave of programs (two per SM, 4 warps each) sharing the
@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from codespec.cuda._pdl import launch_options, pdl_start, pdl_wait
+from codespec.forward.cuda._pdl import launch_options, pdl_start, pdl_wait
 
 
 @triton.jit

@@ -1,5 +1,5 @@
 """The CUDA backend's step between the q/k/v product and attention, in one launch:
-rotary on q and k, and each row's K and V stored in its KV slot (cuda/forward.py).
+rotary on q and k, and each row's K and V stored in its KV slot (forward/cuda/forward.py).
 
 As a torch.compile'd function with `index_copy_` this took five kernels a layer on the
 H100 (the rotary, the stores, and copies functionalization added); as two index_copy_
@@ -41,7 +41,7 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, source: 
     `live` (the pass's context and path_len): the kernel skips rows that hold no token
     (padding: their store would repeat their source row's, their q is left undefined);
     the reference computes every row. `pdl`: launched as a programmatic dependent on CUDA
-    (cuda/_pdl.py)."""
+    (forward/cuda/_pdl.py)."""
     rows = qkv.shape[0]
     dim = keys.shape[3]
     check(qkv.dim() == 2 and qkv.shape[1] == (heads + 2 * kv_heads) * dim and qkv.stride(1) == 1,
@@ -60,7 +60,7 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, source: 
     check(out.shape == (rows, heads, dim) and out.stride(2) == 1, "out must be [rows, heads, dim]")
     check_live(live, qkv)
     if use_triton(qkv, force_triton):
-        from codespec.cuda import _rope_store
+        from codespec.forward.cuda import _rope_store
 
         _rope_store.rope_store(qkv, cos, sin, positions, source, write_slots, write_positions, keys, values, out, heads,
                            kv_heads, live, pdl and qkv.is_cuda)

@@ -1,4 +1,4 @@
-"""The Triton kernel behind `rope_store` (cuda/rope_store.py; imported only when it runs:
+"""The Triton kernel behind `rope_store` (forward/cuda/rope_store.py; imported only when it runs:
 on CUDA tensors, or on CPU under `TRITON_INTERPRET=1` in the tests). The launcher takes
 arguments its wrapper already checked."""
 
@@ -8,17 +8,17 @@ import torch
 import triton
 import triton.language as tl
 
-from codespec.cuda._pdl import launch_options, pdl_start, pdl_wait
+from codespec.forward.cuda._pdl import launch_options, pdl_start, pdl_wait
 
 # Rotary rounds where transformers' eager code rounds (_rope_store_head): no fused
-# multiply-add may skip a rounding (cuda/_pdl.py, launch_options).
+# multiply-add may skip a rounding (forward/cuda/_pdl.py, launch_options).
 ROPE_FP_FUSION = False
 
 
 @triton.jit
 def holds_token(context_ptr, path_len_ptr, row, READ: tl.constexpr):
     # Whether a pass's row holds a token: it attends to something (context + path > 0); a
-    # padding row attends to nothing (cuda/passlayout.py). READ: the loads' cache
+    # padding row attends to nothing (forward/cuda/passlayout.py). READ: the loads' cache
     # modifier ("", or ".cg" before a programmatic dependent's wait: past L1, which is not
     # promised current before it).
     return tl.load(context_ptr + row, cache_modifier=READ) + tl.load(path_len_ptr + row, cache_modifier=READ) > 0

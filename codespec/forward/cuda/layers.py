@@ -1,4 +1,4 @@
-"""The cuda backend's layers (cuda/forward.py): each decoder layer's tensors with q/k/v and
+"""The cuda backend's layers (forward/cuda/forward.py): each decoder layer's tensors with q/k/v and
 gate/up fused into one product each, the rotary tables, the small functions between the
 products (torch.compile'd there on CUDA), and the pass itself (`layers_pass`)."""
 
@@ -10,7 +10,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from codespec.cuda.rope_store import rope_store
+from codespec.forward.cuda.rope_store import rope_store
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def layers_pass(model: Any, layers: list[LayerWeights], ids: torch.Tensor,
     """The pass of a transformers Qwen2/Llama `model` over token `ids` (the bucket's rows):
     its logits and greedy choices. The products through cuBLAS (fixed shapes: a row's bits
     are that row's alone); `add_norm_` and `gated_`: the work between them (torch.compile'd
-    on CUDA); rotary and the KV store in one launch (cuda/rope_store.py, `rope_of(index)`'s
+    on CUDA); rotary and the KV store in one launch (forward/cuda/rope_store.py, `rope_of(index)`'s
     tables and cache layer); `attend(index, layer, q)`: attention; `live`: the rows that
     hold a token."""
     body = model.model

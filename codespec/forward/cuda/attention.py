@@ -15,7 +15,7 @@ bits, whatever else the pass holds: the number of rows, the batch and the tree n
 enter a row's arithmetic. A row with no keys (context 0, path 0: padding) writes zeros at
 almost no cost.
 
-The Triton version (cuda/_attention.py) shares the pass's (row, key block, KV
+The Triton version (forward/cuda/_attention.py) shares the pass's (row, key block, KV
 head) items among a wave of programs (two per SM, 4 warps each), then combines. A `grid`
 schedule (a program per row, KV head and block-axis program: mostly programs that find a
 padding row and exit) and a `fold` (the combine in the same launch: other bits) lost to
@@ -58,7 +58,7 @@ def row_attention(
     scale: float,
     out: torch.Tensor | None = None,  # [rows, heads, dim], written in place when given
     force_triton: bool | None = None,
-    pdl: bool = False,  # launched as programmatic dependents on CUDA (cuda/_pdl.py)
+    pdl: bool = False,  # launched as programmatic dependents on CUDA (forward/cuda/_pdl.py)
 ) -> torch.Tensor:
     """Returns [rows, heads, dim] in the query's dtype (module docstring)."""
     rows, heads, dim = query.shape
@@ -73,7 +73,7 @@ def row_attention(
         out = torch.empty_like(query)
     check(out.shape == query.shape and out.stride(2) == 1, "out must be [rows, heads, dim]")
     if use_triton(query, force_triton):
-        from codespec.cuda import _attention
+        from codespec.forward.cuda import _attention
 
         _attention.row_attention(query, keys, values, slots, context, path, path_len, scale, out, KEY_BLOCK,
                                         wave(query.device), WORK_WARPS, pdl and query.is_cuda)

@@ -11,7 +11,7 @@ Three things editors do around the cursor that a completion must respect:
   `IndentationError` once accepted; `fit_indent` moves the completion back to the
   cursor's level where Python's rules say that level is the only one possible.
 - **The token limit.** A completion cut by `maxTokens` can stop inside an unclosed
-  `return (`. `closed` keeps its complete lines only (`window.whole_lines`).
+  `return (`. `closed` keeps its complete lines only (`lines.whole_lines`).
 
 >>> replaced_after("include) == names", ")")
 1
@@ -25,8 +25,8 @@ Three things editors do around the cursor that a completion must respect:
 
 from __future__ import annotations
 
-from codespec.lsp.syntax import BLOCK_OPENERS, CLOSERS, INDENTED, bracket_depth, indentation
-from codespec.lsp.window import whole_lines
+from codespec.landing.syntax import BLOCK_OPENERS, CLOSERS, INDENTED, bracket_depth, indentation
+from codespec.landing.lines import whole_lines
 
 OPEN, CLOSE = "([{", ")]}"
 QUOTES = "\"'`"

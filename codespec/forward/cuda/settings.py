@@ -29,7 +29,7 @@ class CudaSettings(BaseSettings):
     compile: bool = Field(True, description="The norms, residual adds and SiLU compiled by torch.compile (off: "
                           "eager, slower; for a machine where inductor cannot build).")
     chain: bool = Field(True, description="A plain greedy step queued on the device behind the pass before it, "
-                        "its tokens that pass's choices (cuda/chained.py).")
+                        "its tokens that pass's choices (forward/cuda/chained.py).")
     pdl: Literal["auto", "on", "off"] = Field(
         "auto", description="Our Triton kernels launched as programmatic dependents, each starting while the one "
         "before ends (sm_90+; auto: on there, off before; an H100's step 5% faster, the same bits).")
@@ -48,7 +48,7 @@ class CudaSettings(BaseSettings):
 
 def is_hopper(device: Any) -> bool:
     """Whether `device` is a GPU of compute capability 9.0 or later (programmatic
-    dependent launch, cuda/_pdl.py)."""
+    dependent launch, forward/cuda/_pdl.py)."""
     if device.type != "cuda":
         return False
     import torch

@@ -39,8 +39,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from codespec.lsp.fit import closed, fit_indent
-from codespec.lsp.syntax import BLOCK_OPENERS, CLOSERS, INDENTED, MAX_LINES, Mode, bracket_depth, classify, \
+from codespec.landing.fit import closed, fit_indent
+from codespec.landing.syntax import BLOCK_OPENERS, CLOSERS, INDENTED, MAX_LINES, Mode, bracket_depth, classify, \
     indentation, repeats_following
 
 COMMENT_STARTS = {"python": "#"}  # code lines below the cursor skip these (any indentation is legal)

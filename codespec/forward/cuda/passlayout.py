@@ -1,4 +1,4 @@
-"""A pass's rows as the cuda backend's bucket reads them (cuda/forward.py).
+"""A pass's rows as the cuda backend's bucket reads them (forward/cuda/forward.py).
 
 Every row of a pass is (token, position, slot, write position, context, path): the row
 attends to its slot's first `context` positions, then to `path` (its ancestors off its

@@ -1,5 +1,5 @@
 """Programmatic dependent launch (PDL, sm_90 and later) for the cuda backend's Triton
-kernels: `CODESPEC_CUDA_PDL` (cuda/settings.py).
+kernels: `CODESPEC_CUDA_PDL` (forward/cuda/settings.py).
 
 Why. A plain step of the default model is ~280 kernels, and in a CUDA graph each one
 starts only when the one before it has ended and its writes are out: the products are

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from codespec.forward.base import Requests
-from codespec.cuda.passlayout import PassRows
+from codespec.forward.cuda.passlayout import PassRows
 
 
 class Collect:
