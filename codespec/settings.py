@@ -153,7 +153,7 @@ class Settings(BaseSettings):
                                   "keeps running after its last editor left (the next window finds it warm).")
 
     # -- this machine's kernels: not flags, they choose how passes run, not what they compute
-    forward: Literal["", "rowdecoder", "cuda", "transformers", "masked"] = Field(
+    forward: Literal["", "rowdecoder", "cuda", "transformers"] = Field(
         "", description="The backend that runs the passes ('': the fastest that applies, and `model info` says "
         "why; 'rowdecoder' also on a CPU without AVX-512 BF16 or AVX2, portable and slow: for checks).")
     linear: Literal["", "rowgemm", "onednn", "torch"] = Field(

@@ -6,7 +6,7 @@
       direct.py        ... its weights from safetensors without torch (weights.py, tokenizer.py)
       hf_weights.py    ... its weights from a transformers model
     transformers.py  `transformers` (row-exact: attention.py, rowcalls.py, rowblocks.py,
-                     rowplan.py) and `masked`
+                     rowplan.py)
     codespec/forward/cuda/   `cuda`: fixed-shape passes in CUDA graphs, with its Triton kernels and
                      settings (a package of its own)
     profile.py       the machine profile each backend's probes and pass timings are stored in

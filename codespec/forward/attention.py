@@ -31,9 +31,6 @@ the tree around it, or the draft length.
 Prefill chunks (`Plan.prefill`) attend with one masked call per chunk; the chunk grid
 is absolute (kvcache.py), so a reused prefix and a fresh prefill compute the same KV.
 
-With `exact_rows=False` (the verifier's option for GPUs, whose kernels are not
-batch-invariant anyway) each request's rows attend in one call with an additive tree
-mask (kernels/tree_mask.py); outputs then match plain decoding up to float rounding.
 Sliding-window models are not supported: every row attends to its whole context.
 """
 
@@ -52,17 +49,6 @@ PLAN_KEY = "codespec_plan"
 
 
 @dataclass(frozen=True)
-class Group:
-    """One request's rows for the masked path."""
-
-    slot: int
-    start: int  # the slot's length before the pass
-    first_row: int
-    rows: int
-    mask: torch.Tensor  # [rows, start + rows] additive, in the model dtype
-
-
-@dataclass(frozen=True)
 class Plan:
     cache: Any  # SlotCache
     write_slots: torch.Tensor  # [rows] int64
@@ -70,7 +56,6 @@ class Plan:
     prefill: tuple[int, int, int] | None = None  # (slot, start, rows): a prefill chunk
     prefill_mask: torch.Tensor | None = None  # [rows, start + rows] bool
     calls: tuple[rowcalls.Call, ...] = ()  # row-exact verify (rowcalls.py)
-    groups: tuple[Group, ...] = ()  # masked verify: one entry per request
 
 
 def slot_attention(
@@ -124,13 +109,6 @@ def slot_attention(
             k, v = scratch[1][:, :, : call.keys], scratch[2][:, :, : call.keys]
         answered = slice(call.first_row, call.first_row + call.rows)
         out[0, answered] = rowcalls.attend(query[0, :, answered], k, v, call, scaling)
-    for group in plan.groups:
-        span = slice(group.slot, group.slot + 1), slice(None), slice(0, group.start + group.rows)
-        q = query[:, :, group.first_row : group.first_row + group.rows]
-        attended = F.scaled_dot_product_attention(
-            q, keys[span], values[span], attn_mask=group.mask, scale=scaling, enable_gqa=True
-        )
-        out[:, group.first_row : group.first_row + group.rows] = attended.transpose(1, 2)
     return out, None
 
 

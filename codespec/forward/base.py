@@ -10,9 +10,8 @@ Each way of computing a pass is one backend in this folder, chosen once at start
                                      Qwen2/Llama in bfloat16; weights straight from safetensors
                                      (no torch import) or from a transformers model
     transformers   transformers.py   transformers' forward with row-exact attention and row-blocked
-                                     linear layers, probed per machine: every other CPU and model, CUDA
-    masked         transformers.py   transformers' forward with an additive tree mask per request
-                                     (CODESPEC_FORWARD=masked): equal to plain decoding up to rounding
+                                     linear layers, probed per machine: every other CPU and model
+    cuda           cuda/forward.py   fixed-shape passes in CUDA graphs: Qwen2/Llama on NVIDIA GPUs
 
 Vocabulary. A pass runs *rows* over KV slots: `requests` lists each request's part as
 (slot, start, tree), where `start` is the slot's length before the pass and `tree` is
@@ -27,9 +26,9 @@ for: the same token at the same position after the same keys, computed as a one-
 pass. That makes greedy speculation lossless whatever the draft or the batch. A prefill
 needs only to be deterministic per pass, in the passes `cache.spans` gives (whole chunks
 on the absolute grid, the last chunk in sub-chunks), so a reused prompt prefix and a
-fresh prefill give the same KV. `masked` is the one backend that
-does not keep the contract (its rows differ from steps in the last bits); it says so
-with `exact = False`.
+fresh prefill give the same KV. Every backend keeps the contract (`exact`): an additive
+tree mask per request (fewer, larger attention calls) keeps it only up to rounding, so
+none attends that way.
 
     forward.prefill(cache, slot, prompt, start=0)   # -> logits [1, vocab] after the prompt
     forward.choices(cache, [(slot, start, tree)])   # -> greedy choice per row (list[int])
@@ -62,7 +61,7 @@ class Forward:
     """A model's prefill and verify passes over `SlotCache` KV slots (module docstring).
     Every backend subclasses it; the optional capabilities have their defaults here."""
 
-    name: str  # the backend: "rowdecoder", "transformers" or "masked"
+    name: str  # the backend: "rowdecoder", "cuda" or "transformers"
     config: Any  # the model's config (layers, heads, vocab_size, max_position_embeddings, ...)
     generation_config: Any  # its generation config (eos_token_id)
     kv_dtype: Any  # the KV slots' element type: a torch dtype, or numpy.uint16 (bf16 bits)

@@ -87,7 +87,7 @@ class Profile:
 
 
 def torch_key(model: Any, backend: str) -> dict[str, str]:
-    """The key of transformers' forward (`backend`: "transformers" or "masked"): the model's
+    """The key of transformers' forward (`backend`: "transformers"): the model's
     device and dtype, torch's thread count now, the kernel layout the probes depend on,
     and the machine."""
     import torch

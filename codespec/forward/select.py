@@ -14,7 +14,7 @@ At start-up, once per process, from the machine, the model and two settings:
    it knows the layers and the linear layers are rowgemm's (hf_weights.py).
 4. On CUDA, Qwen2/Llama: the `cuda` backend (cuda.py: one fixed pass shape, our row-exact
    attention kernel, CUDA graphs).
-5. Else transformers' own forward, row-exact (transformers.py), or `masked` when asked.
+5. Else transformers' own forward, row-exact (transformers.py).
 
 The choice and its reason (why each faster backend did not apply) travel with the
 loaded model: `codespec model info --json` shows them, `generate --json` names the
@@ -117,7 +117,7 @@ def load(settings: Settings, *, progress: bool = True, transformers: bool = Fals
 
 def _asked_elsewhere(wanted: str, linear: str) -> str | None:
     """The setting that rules the row decoder out (None: none does)."""
-    if wanted in ("cuda", "transformers", "masked"):
+    if wanted in ("cuda", "transformers"):
         return f"CODESPEC_FORWARD={wanted}"
     if linear not in ("", "rowgemm"):
         return f"CODESPEC_LINEAR={linear}"
@@ -163,7 +163,7 @@ def of_model(model: Any, *, backend: str = "", quantize: str = "none", screen: b
     """The backend for a transformers model already loaded: `backend` "" is the row decoder
     where it serves the model (hf_weights.unsupported), else transformers' row-exact
     forward (the `cuda` backend for Qwen2/Llama on CUDA); "rowdecoder", "cuda", "transformers"
-    or "masked" pick one. `screen=False`: greedy passes on the row decoder compute full
+    pick one. `screen=False`: greedy passes on the row decoder compute full
     logits (tests that compare the two); `cuda_settings`: the cuda backend's (None: the
     environment's)."""
     from codespec.forward.cuda import forward as cuda
@@ -174,4 +174,4 @@ def of_model(model: Any, *, backend: str = "", quantize: str = "none", screen: b
         return hf_weights.row_forward(model, quantize=quantize, screen=screen)
     if backend == "cuda" or (backend == "" and _on_cuda(model) and cuda.unsupported(model) is None):
         return cuda.CudaForward(model, cuda_settings)
-    return TorchForward(model, exact=backend != "masked")
+    return TorchForward(model)

@@ -1,4 +1,4 @@
-"""The `transformers` and `masked` backends: transformers' own forward over the KV slots.
+"""The `transformers` backend: transformers' own forward over the KV slots.
 
 Every model transformers loads runs here, on every device: CPUs without AVX-512 BF16,
 models the row decoder does not know, CUDA. The model's attention layers read and write
@@ -12,12 +12,7 @@ probed per machine (`probe`); the probes' results live in the machine profile. A
 row would take bf16's GEMV kernel (another summation order), so a one-row pass is
 padded to two rows (`min_rows`).
 
-`masked` (CODESPEC_FORWARD=masked) runs each request's rows in one attention call with
-an additive tree mask (kernels/tree_mask.py): fewer, larger calls, but a row's bits may
-differ from its decode step's in the last place, so greedy output may differ at a
-near-tie. It is there for devices whose kernels are not batch-invariant anyway.
-
-    forward = TorchForward(model, exact=True)
+    forward = TorchForward(model)
     forward.probe(None)                       # -> (row block, padded attention), measured
     logits = forward.prefill(cache, slot, prompt, 0)
 """
@@ -33,7 +28,6 @@ from codespec.errors import ModelError
 from codespec.forward import attention, profile, rowblocks, rowcalls
 from codespec.forward.base import Forward, Moves, Requests, kv_dims
 from codespec.kernels.compact import keep_paths
-from codespec.kernels.tree_mask import tree_mask
 
 
 def cache_keyword(model: Any) -> str:
@@ -49,13 +43,15 @@ class TorchForward(Forward):
     min_rows = 2
     prefill_exact = False  # a prefill pass's GEMMs round by its shape: reuse on the pass grid
 
-    def __init__(self, model: Any, *, exact: bool = True, padded: bool | None = None) -> None:
+    name = "transformers"
+    exact = True
+
+    def __init__(self, model: Any, *, padded: bool | None = None) -> None:
         """`padded=False`: one lean attention call per row whatever the probe finds (the
         fallback where padded calls are not row-exact; tests run both)."""
         if attention.uses_sliding_window(model.config):
             raise ModelError("models with sliding-window attention are not supported")
-        self.model, self.exact = model, exact
-        self.name = "transformers" if exact else "masked"
+        self.model = model
         self.config, self.generation_config = model.config, getattr(model, "generation_config", None)
         embed = model.get_input_embeddings().weight
         self.device, self.kv_dtype = embed.device, embed.dtype
@@ -71,8 +67,6 @@ class TorchForward(Forward):
         self._cache_keyword = cache_keyword(model)
 
     def probe(self, stored: tuple[int, bool] | None) -> tuple[int, bool]:
-        if not self.exact:
-            return 0, False
         if stored is not None and stored[0]:
             self.row_block, self.padded_rows = stored
         else:  # ~6 s on the default model: rowblocks multiplies lm_head 126 times
@@ -136,31 +130,11 @@ class TorchForward(Forward):
             positions, writes = [positions[0], positions[0] + 1], [writes[0], writes[0] + 1]
         write_slots = torch.tensor(slots, device=self.device)
         write_positions = torch.tensor(writes, device=self.device)
-        if not self.exact:
-            plan = attention.Plan(cache, write_slots, write_positions, groups=self._groups(requests))
-            return self._forward(cache, ids, positions, plan)[:real]
         calls = rowcalls.plan_calls(requests, padded=self.padded_rows, group=self.query_group, dtype=self.kv_dtype,
                                     device=self.device)
         plan = attention.Plan(cache, write_slots, write_positions, calls=calls)
         with rowblocks.blocked(self.row_block):  # multiply like a decode step (rowblocks.py)
             return self._forward(cache, ids, positions, plan)[:real]
-
-    def _groups(self, requests: Requests) -> tuple[attention.Group, ...]:
-        """One masked attention call per request: its context, then its tree's ancestors."""
-        device = self.device
-        width = max(len(tree) for _, _, tree in requests)
-        parents = torch.tensor([list(tree.parents) + [-1] * (width - len(tree)) for _, _, tree in requests],
-                               device=device)
-        allow = tree_mask(parents, torch.tensor([len(tree) for _, _, tree in requests], device=device))
-        groups, first = [], 0
-        blocked = torch.finfo(self.kv_dtype).min
-        for (slot, start, tree), tree_allow in zip(requests, allow):
-            n = len(tree)
-            mask = torch.zeros(n, start + n, dtype=self.kv_dtype, device=device)
-            mask[:, start:] = mask.new_zeros(n, n).masked_fill(~tree_allow[:n, :n], blocked)
-            groups.append(attention.Group(slot, start, first, n, mask))
-            first += n
-        return tuple(groups)
 
     def choices(self, cache: Any, requests: Requests) -> list[int]:
         return self.argmax(self.logits(cache, requests))

@@ -8,8 +8,7 @@ C, built by the system's gcc on first use (native.py) and driven through ctypes,
 Triton, for CUDA tensors (`_triton.py`, imported only when a kernel runs; tests run them
 on CPU under `TRITON_INTERPRET=1`), each module a wrapper that checks shapes, dtypes and
 contiguity, and `<op>_ref` in plain torch that CPU tensors use:
-* `compact.compact_kv`: move each request's accepted path to be contiguous in its KV slot;
-* `tree_mask.tree_mask`: the ancestor-or-self mask of a batch of trees.
+* `compact.compact_kv`: move each request's accepted path to be contiguous in its KV slot.
 The cuda backend's own kernels (row attention, rotary and the KV store) live with it in
 codespec/forward/cuda/.
 """

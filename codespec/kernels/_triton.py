@@ -1,4 +1,4 @@
-"""The Triton kernels behind `compact` and `tree_mask` (imported only when one runs: on
+"""The Triton kernel behind `compact` (imported only when it runs: on
 CUDA tensors, or on CPU under `TRITON_INTERPRET=1` in the tests).
 
 Each launcher takes arguments its wrapper already checked."""
@@ -36,25 +36,3 @@ def compact_kv(kv: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, src:
     _compact_kernel[grid](kv, slots, starts, src, n_keep, heads, src.shape[1],
                           kv.stride(0), kv.stride(1), kv.stride(2), head_dim,
                           BLOCK_D=triton.next_power_of_2(head_dim))
-
-
-@triton.jit
-def _tree_mask_kernel(parents_ptr, sizes_ptr, allow_ptr, max_nodes):
-    pid = tl.program_id(0)  # one program per (request, node): walk up to the root
-    b = pid // max_nodes
-    i = pid % max_nodes
-    size = tl.load(sizes_ptr + b)
-    row = allow_ptr + b * max_nodes * max_nodes + i * max_nodes
-    tl.store(row + i, 1)
-    node = tl.where(i < size, tl.load(parents_ptr + b * max_nodes + i), -1)
-    for _ in range(0, max_nodes):
-        if node >= 0:
-            tl.store(row + node, 1)
-            node = tl.load(parents_ptr + b * max_nodes + node)
-
-
-def tree_mask(parents: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
-    batch, max_nodes = parents.shape
-    allow = torch.zeros(batch, max_nodes, max_nodes, dtype=torch.int8, device=parents.device)
-    _tree_mask_kernel[(batch * max_nodes,)](parents, sizes, allow, max_nodes)
-    return allow.bool()
