@@ -14,7 +14,7 @@ from codespec.policy import controller
 from codespec.engine.engine import Engine, GenerationConfig
 from codespec.engine import engine as engine_module
 from codespec.engine.kvcache import SlotCache
-from codespec.models.tiny import tiny_model
+from tests.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from codespec.forward.select import of_model
 from tests.test_engine_lossless import prompts

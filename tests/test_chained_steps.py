@@ -12,7 +12,7 @@ from codespec.engine.scheduler import Scheduler
 from codespec.errors import SettingError
 from codespec.forward.cuda.forward import CudaForward
 from codespec.forward.cuda.settings import CudaSettings
-from codespec.models.tiny import tiny_model
+from tests.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from codespec.policy.tree import VerifyTree
 from tests.test_engine_lossless import hf_greedy, prompts

@@ -14,7 +14,7 @@ from codespec.forward import rowblocks
 from codespec.forward.select import of_model
 from codespec.forward.select import Loaded
 from codespec.kernels import rowgemm
-from codespec.models.tiny import tiny_model
+from tests.tiny import tiny_model
 from codespec.settings import Settings
 
 

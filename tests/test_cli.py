@@ -71,7 +71,7 @@ def test_quantize_where_the_row_decoder_does_not_run_is_one_clear_line(monkeypat
 
     from codespec.errors import ModelError
     from codespec.forward.select import _for_model
-    from codespec.models.tiny import tiny_model
+    from tests.tiny import tiny_model
 
     model = tiny_model("qwen2", vocab_size=16, dtype=torch.float32, hidden_size=256, num_attention_heads=4,
                        num_key_value_heads=2, intermediate_size=192)

@@ -19,7 +19,7 @@ from codespec.forward.cuda import forward as cuda
 from codespec.forward.cuda.forward import CudaForward
 from codespec.forward.cuda.passlayout import chain_rows, fill_staging, pass_rows, tree_rows
 from codespec.forward.cuda.settings import CudaSettings, is_hopper, launches_pdl
-from codespec.models.tiny import tiny_model
+from tests.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from codespec.policy.tree import VerifyTree
 from tests.test_engine_lossless import hf_greedy, prompts, speculation_checked

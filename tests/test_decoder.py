@@ -20,7 +20,7 @@ from codespec.engine.engine import Engine, GenerationConfig
 from codespec.errors import ModelError
 from codespec.kernels import rowgemm
 from codespec.engine.kvcache import SlotCache
-from codespec.models.tiny import tiny_model
+from tests.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from codespec.policy.tree import VerifyTree
 from codespec.engine.verifier import Verifier
@@ -188,7 +188,7 @@ def test_int8_computes_the_int8_model(arch):
     """The int8 row decoder's logits follow a float64 transformers model whose linear
     weights are the int8 ones (scale * q), within the bf16 forward's own noise, and
     closer than the bf16 row decoder follows it: it runs the model it claims to."""
-    from codespec.models.tiny import tiny_model
+    from tests.tiny import tiny_model
 
     source = tiny_model(arch, vocab_size=256, seed=7, dtype=torch.bfloat16, **SHAPE)
     reference = tiny_model(arch, vocab_size=256, seed=7, dtype=torch.float64, **SHAPE)

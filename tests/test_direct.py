@@ -26,7 +26,7 @@ from codespec.engine.engine import Engine, GenerationConfig
 from codespec.errors import ModelError
 from codespec.kernels import rowgemm
 from codespec.engine.kvcache import SlotCache
-from codespec.models.tiny import tiny_model
+from tests.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from codespec.policy.tree import Item, VerifyTree
 from codespec.policy.tree import accept_choices

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from codespec.engine.engine import Engine, GenerationConfig
-from codespec.models.tiny import tiny_model
+from tests.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from codespec.forward.select import of_model
 

@@ -13,7 +13,7 @@ from codespec.errors import RequestError
 from codespec.forward.select import of_model
 from codespec.forward.cuda.forward import CudaForward
 from codespec.forward.cuda.settings import CudaSettings
-from codespec.models.tiny import tiny_model
+from tests.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from tests.test_engine_lossless import prompts
 

@@ -9,7 +9,7 @@ import torch
 from scipy.stats import chi2_contingency, chisquare
 
 from codespec.engine.engine import Engine, GenerationConfig
-from codespec.models.tiny import tiny_model
+from tests.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from codespec.engine.sampling import SamplingParams, sample_accept, target_probs
 from codespec.policy.tree import VerifyTree

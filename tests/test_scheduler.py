@@ -8,7 +8,7 @@ import time
 import pytest
 
 from codespec.engine.engine import Engine, GenerationConfig
-from codespec.models.tiny import tiny_model
+from tests.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from codespec.engine.scheduler import Scheduler, SchedulerFull
 from codespec.forward.select import of_model

@@ -12,7 +12,7 @@ from codespec.errors import CodespecError, RequestError
 from codespec.engine.kvcache import SlotCache
 from codespec.forward.transformers import TorchForward
 from codespec.kernels import compact as compact_module
-from codespec.models.tiny import tiny_model
+from tests.tiny import tiny_model
 from codespec.policy.tree import VerifyTree
 from codespec.policy.proposer import PromptLookupProposer
 from tests.test_engine_lossless import prompts, speculation_checked

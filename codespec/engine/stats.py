@@ -56,11 +56,6 @@ class GenerationStats:
     def histogram(self) -> dict[int, int]:
         return dict(sorted(self.committed_per_pass.items()))
 
-    @property
-    def draft_acceptance(self) -> float:
-        """Share of proposed draft tokens that were accepted."""
-        return self.accepted_draft_tokens / self.draft_tokens if self.draft_tokens else 0.0
-
     def to_json(self) -> dict[str, Any]:
         return {
             "prompt_tokens": self.prompt_tokens,

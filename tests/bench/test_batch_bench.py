@@ -8,7 +8,7 @@ from codespec.bench.batch_bench import bar_checks, policies, run_verify_bench
 from codespec.bench.request_sets import Workload
 from codespec.engine.engine import Engine
 from codespec.engine.kvcache import SlotCache
-from codespec.models.tiny import tiny_model
+from tests.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from codespec.forward.select import of_model
 from tests.test_engine_lossless import prompts

@@ -13,7 +13,7 @@ from codespec.engine.engine import Engine, GenerationConfig
 from codespec.engine.kvcache import DEFAULT_CHUNK, SlotCache
 from codespec.forward.cuda.forward import CudaForward
 from codespec.forward.cuda.settings import CudaSettings
-from codespec.models.tiny import tiny_model
+from tests.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
 from tests.kernels.interpreter_patch import PADDING_ROW_WARNINGS
 from tests.test_engine_lossless import hf_greedy, prompts, speculation_checked

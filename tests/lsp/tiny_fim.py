@@ -15,7 +15,7 @@ def tiny_fim_model(path: Path) -> Path:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    from codespec.models.tiny import tiny_model
+    from tests.tiny import tiny_model
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     tokenizer = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))

@@ -29,7 +29,7 @@ def test_local_directory_and_hub_id(tmp_path):
 def test_tiny_model_saved_and_loaded_through_load(tmp_path):
     """A local HF directory goes through the same loader as the default model."""
     from codespec.forward.select import load
-    from codespec.models.tiny import tiny_model
+    from tests.tiny import tiny_model
 
     tiny_model("llama", vocab_size=32).save_pretrained(tmp_path / "tiny")
     with pytest.raises(ModelError, match="cannot load model"):

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from codespec.kernels import rowgemm
-from codespec.models.tiny import tiny_model
+from tests.tiny import tiny_model
 from tests.caches import fresh_cache
 
 pytestmark = pytest.mark.skipif(rowgemm.library() is None or not hasattr(rowgemm.library(), "rowdecoder_forward"),
