@@ -100,7 +100,7 @@ class Draft:
 
     def within_tail(self, limit: int) -> Draft:
         """The nodes whose path leaves the main chain (the first root, then each node's
-        first child: the rows a verify pass holds contiguously, policy/tree.py) for at
+        first child: the rows a verify pass holds contiguously, verify/tree.py) for at
         most `limit` nodes: a backend whose rows list their off-chain ancestors in a
         fixed-width table (forward/cuda/forward.py) holds no longer paths. The main chain and
         every short branch stay; a deeper branch is cut where it gets too long.

@@ -58,7 +58,7 @@ def test_a_backend_without_launch_does_not_look_ahead():
 
 
 def test_a_guess_leaves_the_session_as_it_was():
-    from codespec.policy.tree import VerifyTree
+    from codespec.verify.tree import VerifyTree
 
     engine = _engine(look_ahead=True)
     prompt = prompts(16, 1, seed=4, repeat=True)[0]

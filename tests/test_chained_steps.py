@@ -14,7 +14,7 @@ from codespec.forward.cuda.forward import CudaForward
 from codespec.forward.cuda.settings import CudaSettings
 from tests.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
-from codespec.policy.tree import VerifyTree
+from codespec.verify.tree import VerifyTree
 from tests.test_engine_lossless import hf_greedy, prompts
 from tests.test_scheduler import run_all
 

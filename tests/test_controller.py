@@ -65,7 +65,7 @@ def test_a_drafts_keys_are_its_verify_trees_keys_in_both_layouts():
     what tree_keys counts on the tree VerifyTree.build makes, for random trees."""
     import random
 
-    from codespec.policy.tree import VerifyTree
+    from codespec.verify.tree import VerifyTree
 
     rng = random.Random(0)
     for _ in range(300):

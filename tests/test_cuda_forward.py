@@ -21,7 +21,7 @@ from codespec.forward.cuda.passlayout import chain_rows, fill_staging, pass_rows
 from codespec.forward.cuda.settings import CudaSettings, is_hopper, launches_pdl
 from tests.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
-from codespec.policy.tree import VerifyTree
+from codespec.verify.tree import VerifyTree
 from tests.test_engine_lossless import hf_greedy, prompts, speculation_checked
 from tests.test_scheduler import run_all
 

@@ -22,8 +22,8 @@ from codespec.kernels import rowgemm
 from codespec.engine.kvcache import SlotCache
 from tests.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
-from codespec.policy.tree import VerifyTree
-from codespec.engine.verifier import Verifier
+from codespec.verify.tree import VerifyTree
+from codespec.verify.verifier import Verifier
 from codespec.forward.select import of_model
 from tests.isa_paths import isa_params
 

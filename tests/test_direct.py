@@ -28,8 +28,8 @@ from codespec.kernels import rowgemm
 from codespec.engine.kvcache import SlotCache
 from tests.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
-from codespec.policy.tree import Item, VerifyTree
-from codespec.policy.tree import accept_choices
+from codespec.verify.tree import Item, VerifyTree
+from codespec.verify.tree import accept_choices
 
 needs_kernels = pytest.mark.skipif(rowgemm.library() is None or not hasattr(rowgemm.library(), "rowdecoder_forward"),
                                    reason=f"no C forward: {rowgemm.unavailable()}")

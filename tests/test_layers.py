@@ -17,6 +17,7 @@ LAYERS = [
      "codespec.forward.cuda.settings"},
     {"codespec.kernels", "codespec.index", "codespec.models", "codespec.landing"},
     {"codespec.forward"},
+    {"codespec.verify"},
     {"codespec.policy"},
     {"codespec.engine"},
     {"codespec.cli", "codespec.server", "codespec.bench", "codespec.integrations", "codespec.indexing",

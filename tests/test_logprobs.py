@@ -1,4 +1,4 @@
-"""Logprobs (engine/logprobs.py): read off the very rows that chose each token, so asking
+"""Logprobs (verify/logprobs.py): read off the very rows that chose each token, so asking
 for them changes no output, speculation changes no value, and each value is the model's
 own log-softmax at that position."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from codespec.engine.engine import Engine, GenerationConfig
-from codespec.engine.logprobs import Committed
+from codespec.verify.logprobs import Committed
 from codespec.errors import RequestError
 from codespec.forward.select import of_model
 from codespec.forward.cuda.forward import CudaForward
@@ -103,8 +103,8 @@ def test_out_of_range_alternatives_are_refused():
 def test_a_tie_lists_the_token_greedy_chose_first():
     import torch
 
-    from codespec.engine.logprobs import with_logprobs
-    from codespec.policy.tree import VerifyTree
+    from codespec.verify.logprobs import with_logprobs
+    from codespec.verify.tree import VerifyTree
 
     logits = torch.zeros(1, 8)
     logits[0, 6] = logits[0, 2] = 1.0  # tokens 2 and 6 tie; the first maximum is 2

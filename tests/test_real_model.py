@@ -123,8 +123,8 @@ def test_tree_and_batch_rows_equal_decode_steps_bit_for_bit(default_model, forwa
     import torch
 
     from codespec.engine.kvcache import SlotCache
-    from codespec.policy.tree import VerifyTree
-    from codespec.engine.verifier import Verifier
+    from codespec.verify.tree import VerifyTree
+    from codespec.verify.verifier import Verifier
 
     tok, model = default_model.tokenizer, default_model.model
     prompt = tok(PROMPTS["copy"], add_special_tokens=False)["input_ids"]
@@ -178,8 +178,8 @@ def test_passes_past_one_row_block_equal_decode_steps_bit_for_bit(default_model)
     import torch
 
     from codespec.engine.kvcache import SlotCache
-    from codespec.policy.tree import VerifyTree
-    from codespec.engine.verifier import Item, Verifier
+    from codespec.verify.tree import VerifyTree
+    from codespec.verify.verifier import Item, Verifier
 
     tok, model = default_model.tokenizer, default_model.model
     prompt = tok(PROMPTS["copy"], add_special_tokens=False)["input_ids"]
@@ -275,7 +275,7 @@ def test_long_context_rows_equal_decode_steps_bit_for_bit(default_model, forward
 
     from codespec.forward import rowplan
     from codespec.engine.kvcache import SlotCache
-    from codespec.policy.tree import VerifyTree
+    from codespec.verify.tree import VerifyTree
 
     tok, model = default_model.tokenizer, default_model.model
     source = inspect.getsource(textwrap) + inspect.getsource(json.decoder)
@@ -318,8 +318,8 @@ def _pass_rows_and_decode_steps(model, cache, prompt, tree, other, side_draft, l
     """One verify pass over a side request (`other` drafting `side_draft`) and `tree`
     after `prompt`, and the reference: teacher-forced decode steps in a fresh slot along
     the paths to `leaves`. Returns (node, the pass's logits row, the decode step's)."""
-    from codespec.policy.tree import VerifyTree
-    from codespec.engine.verifier import Item, Verifier
+    from codespec.verify.tree import VerifyTree
+    from codespec.verify.verifier import Item, Verifier
 
     backend = of_model(model, backend="" if forward == "rowdecoder" else "transformers", screen=False)
     verifier = Verifier(backend, cache)

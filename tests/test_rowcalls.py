@@ -8,7 +8,7 @@ import torch
 
 from codespec.forward import rowcalls
 from codespec.index import Draft
-from codespec.policy.tree import VerifyTree
+from codespec.verify.tree import VerifyTree
 
 GROUP = 4  # query heads per KV head
 

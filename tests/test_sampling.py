@@ -11,8 +11,8 @@ from scipy.stats import chi2_contingency, chisquare
 from codespec.engine.engine import Engine, GenerationConfig
 from tests.tiny import tiny_model
 from codespec.policy.proposer import PromptLookupProposer
-from codespec.engine.sampling import SamplingParams, sample_accept, target_probs
-from codespec.policy.tree import VerifyTree
+from codespec.verify.sampling import SamplingParams, sample_accept, target_probs
+from codespec.verify.tree import VerifyTree
 from codespec.forward.select import of_model
 
 P_VALUE = 1e-3  # a true distribution mismatch at these sample sizes gives p << 1e-6
@@ -101,7 +101,7 @@ def test_seeded_runs_repeat_and_greedy_ignores_no_seed():
 def test_a_vanishing_temperature_is_the_argmax_not_nan():
     """Found by the HTTP fuzz: `temperature: 5e-324` is a valid request, and logit / T
     overflowed into NaN probabilities (a 500)."""
-    from codespec.engine.sampling import SamplingParams, target_probs
+    from codespec.verify.sampling import SamplingParams, target_probs
 
     logits = torch.tensor([[1.0, 3.0, 2.0, 3.0], [0.5, -1.0, 4.0, 2.0]])
     for temperature in (5e-324, 1e-40, 1e-6):

@@ -10,9 +10,9 @@ import torch
 
 from codespec.forward.base import Forward
 from codespec.engine.kvcache import SlotCache
-from codespec.engine.verifier import Item, Verifier
+from codespec.verify.verifier import Item, Verifier
 from codespec.forward.transformers import TorchForward
-from codespec.policy.tree import VerifyTree, accept_choices
+from codespec.verify.tree import VerifyTree, accept_choices
 
 
 def greedy_accept(logits: torch.Tensor, tree: VerifyTree):
@@ -112,7 +112,7 @@ def test_greedy_acceptance_is_the_longest_path_of_choices():
     (siblings of a trie differ; with repeats the first wins), then the choice after it."""
     import random
 
-    from codespec.policy.tree import VerifyTree, accept_choices
+    from codespec.verify.tree import VerifyTree, accept_choices
 
     rng = random.Random(0)
     deep = 0

@@ -13,7 +13,7 @@ from codespec.engine.kvcache import SlotCache
 from codespec.forward.transformers import TorchForward
 from codespec.kernels import compact as compact_module
 from tests.tiny import tiny_model
-from codespec.policy.tree import VerifyTree
+from codespec.verify.tree import VerifyTree
 from codespec.policy.proposer import PromptLookupProposer
 from tests.test_engine_lossless import prompts, speculation_checked
 

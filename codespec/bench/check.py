@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from codespec.policy.tree import VerifyTree
+from codespec.verify.tree import VerifyTree
 
 ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
 PASS_ROWS = (1, 8, 16, 32, 64)
@@ -33,7 +33,7 @@ def _cache(loaded: Any, settings: Any, slots: int, tokens: int, probes: tuple[in
     """KV slots as the engine's verifier sets them up (`probes`: the backend's row block
     and padded attention, measured once by run_checks; None: measured here)."""
     from codespec.engine.kvcache import SlotCache
-    from codespec.engine.verifier import Verifier
+    from codespec.verify.verifier import Verifier
 
     forward = loaded.forward
     cache = SlotCache(forward.config, slots=slots, slot_tokens=tokens, dtype=forward.kv_dtype, device=forward.device,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from codespec.index import Draft
-from codespec.policy.tree import VerifyTree
+from codespec.verify.tree import VerifyTree
 
 
 @dataclass(frozen=True)

@@ -30,13 +30,13 @@ from codespec.engine.run import Generation, GenerationConfig, Run, acceptance_of
 from codespec.engine.stopping import StopCondition
 from codespec.errors import RequestError
 from codespec.engine.stats import HostClock
-from codespec.engine.verifier import Verifier
+from codespec.verify.verifier import Verifier
 from codespec.forward import profile
 from codespec.forward.base import Forward, eos_ids, max_context
 from codespec.index import Draft, SuffixIndex
 from codespec.policy import controller, fastchoice
 from codespec.policy.proposer import IndexedProposer, NoProposer, PromptLookupProposer, Proposer
-from codespec.policy.tree import Item, VerifyTree
+from codespec.verify.tree import Item, VerifyTree
 from codespec.settings import Settings
 
 log = logging.getLogger(__name__)

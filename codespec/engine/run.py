@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from codespec.engine import ahead
-from codespec.engine.logprobs import MAX_TOP, Committed, TokenLogprob, with_logprobs
+from codespec.verify.logprobs import MAX_TOP, Committed, TokenLogprob, with_logprobs
 from codespec.engine.stats import GenerationStats
 from codespec.engine.stopping import StopCondition
 from codespec.errors import RequestError
 from codespec.index import Draft
 from codespec.policy import controller
-from codespec.policy.tree import Accept, VerifyTree
+from codespec.verify.tree import Accept, VerifyTree
 
 
 @dataclass(frozen=True)
@@ -208,7 +208,7 @@ def acceptance_of(config: GenerationConfig, device: Any) -> Accept | None:
     or its sampling rule on `device`."""
     if config.temperature == 0:
         return None
-    from codespec.engine.sampling import SamplingParams, new_generator, sample_accept
+    from codespec.verify.sampling import SamplingParams, new_generator, sample_accept
 
     params = SamplingParams(config.temperature, config.top_p, config.top_k)
     return functools.partial(sample_accept, params=params, generator=new_generator(device, config.seed))

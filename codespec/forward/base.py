@@ -15,7 +15,7 @@ Each way of computing a pass is one backend in this folder, chosen once at start
 
 Vocabulary. A pass runs *rows* over KV slots: `requests` lists each request's part as
 (slot, start, tree), where `start` is the slot's length before the pass and `tree` is
-its VerifyTree (node 0 the pending token, nodes 1.. the draft; policy/tree.py). Node i
+its VerifyTree (node 0 the pending token, nodes 1.. the draft; verify/tree.py). Node i
 is written to the slot at start + i and sits at rotary position start + depth(i); it
 sees the slot's first `start` keys, then its ancestors and itself. Logits are [rows,
 vocab] in the backend's own form (numpy bf16 bits, or a torch tensor): the verifier only

@@ -14,7 +14,7 @@ model's weights (hf_weights.py), bit for bit (tests/test_direct.py pins that).
 
 select.py decides when it is used (everything but `codespec bench`, which also needs
 transformers' model for its peers). Greedy requests never import torch; a sampled one
-imports it for the acceptance rule (engine/sampling.py).
+imports it for the acceptance rule (verify/sampling.py).
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ def plan_rows(requests: Sequence[tuple[int, int, Any]]) -> tuple[np.ndarray, np.
     request, in packing order: node i is written at length + i, rotated at length +
     depth; main-path rows see the slot's prefix, the others the context and their path.
 
-    >>> from codespec.policy.tree import VerifyTree
+    >>> from codespec.verify.tree import VerifyTree
     >>> rows, path = plan_rows([(3, 10, VerifyTree((9, 1, 2, 5), (-1, 0, 1, 0), (0, 1, 2, 1), ()))])
     >>> rows.tolist(), path.tolist()
     ([[3, 3, 3, 3], [10, 11, 12, 13], [10, 11, 12, 11], [11, 12, 13, 10], [0, 0, 0, 0], [0, 0, 0, 2]], [10, 13])

@@ -2,5 +2,5 @@
 
     proposer.py    drafts from the request's context, the suffix index and copy anchors
     controller.py  the goodput controller: each request's draft budget and source
-    tree.py        a request's rows in one verify pass (VerifyTree) and greedy acceptance
+    fastchoice.py  the controller's choice for a whole batch in one numba call
 """

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
 
 from codespec.index import Draft
-from codespec.policy.tree import VerifyTree
+from codespec.verify.tree import VerifyTree
 
 DraftPolicy = Literal["chain", "tree", "goodput"]
 POLICIES: tuple[str, ...] = ("chain", "tree", "goodput")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Iterator, Sequence
 
 from codespec.engine.engine import Engine, Generation, GenerationConfig
-from codespec.engine.logprobs import TokenLogprob
+from codespec.verify.logprobs import TokenLogprob
 from codespec.engine.scheduler import Scheduler, start_scheduler
 from codespec.engine.textstream import TextStream
 from codespec.errors import CodespecError, RequestError

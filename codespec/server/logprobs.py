@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Sequence
 
-from codespec.engine.logprobs import TokenLogprob
+from codespec.verify.logprobs import TokenLogprob
 from codespec.prompts import TOKENIZER_LOCK
 
 

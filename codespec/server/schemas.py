@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
-from codespec.engine.logprobs import MAX_TOP  # alternatives per token (OpenAI: 20 for chat, 5 for completions)
+from codespec.verify.logprobs import MAX_TOP  # alternatives per token (OpenAI: 20 for chat, 5 for completions)
 
 Stop = str | list[str] | None
 # torch's generators take a signed 64-bit seed; OpenAI's `seed` is an integer

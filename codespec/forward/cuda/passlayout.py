@@ -106,7 +106,7 @@ def fill_staging(staging: np.ndarray, rows: PassRows, first: int, bucket: int) -
 def _fill_bucket(tokens, parents, depths, offsets, slots, starts, first, staging, bucket):  # pragma: no cover
     """fill_staging's layout; returns the longest path met (a longer path than `bucket`
     nodes is measured, not written: the caller refuses it). A tree's main chain is the prefix of nodes 0..m-1 whose parents are
-    their predecessors (depth-first order, policy/tree.py); a node past it walks up to
+    their predecessors (depth-first order, verify/tree.py); a node past it walks up to
     the chain: the nodes it passes are its path, the chain node it reaches ends its
     contiguous context."""
     meta = staging[: META_FIELDS * bucket].reshape((META_FIELDS, bucket))

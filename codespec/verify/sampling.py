@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from codespec.policy.tree import VerifyResult, VerifyTree
+from codespec.verify.tree import VerifyResult, VerifyTree
 
 
 @dataclass(frozen=True)

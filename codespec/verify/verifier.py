@@ -31,18 +31,18 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
-from codespec.engine.kvcache import SlotCache
 from codespec.forward.base import Forward
 from codespec.forward.rowplan import padded_length
-from codespec.policy.tree import Accept, Item, VerifyResult, VerifyTree, accept_choices  # noqa: F401 (Accept: re-exported)
+from codespec.verify.tree import Accept, Item, VerifyResult, VerifyTree, accept_choices  # noqa: F401 (Accept: re-exported)
 
 
 class Verifier:
     """Prefill and verify passes of one backend over the KV slots."""
 
-    def __init__(self, forward: Forward, cache: SlotCache, probes: tuple[int, bool] | None = None) -> None:
-        """`probes`: the stored (row block, padded attention) of this machine's profile; the
-        backend measures them when none is given and it needs them."""
+    def __init__(self, forward: Forward, cache: Any, probes: tuple[int, bool] | None = None) -> None:
+        """`cache`: the SlotCache (engine/kvcache.py). `probes`: the stored (row block, padded
+        attention) of this machine's profile; the backend measures them when none is given
+        and it needs them."""
         self.forward, self.cache = forward, cache
         self.forward_s = 0.0  # spent inside the forward's calls (stats.HostClock)
         self.overlapped_s = 0.0  # spent in `during` work while a launched pass ran

@@ -117,7 +117,7 @@ def accept_choices(choices: Sequence[int], tree: VerifyTree) -> VerifyResult:
 
 # How a request's rows (logits [nodes, vocab]) turn into committed tokens: None for
 # greedy (batched), or a speculative-sampling rule bound to the request's parameters
-# (codespec.engine.sampling).
+# (codespec.verify.sampling).
 Accept = Callable[[Any, VerifyTree], VerifyResult]
 
 

@@ -9,7 +9,7 @@ temperature or top-p), in float32. torch is imported when a request asks (as sam
 does): the torch-free row decoder stays torch-free for everyone else.
 
 >>> import torch
->>> from codespec.policy.tree import VerifyTree
+>>> from codespec.verify.tree import VerifyTree
 >>> accept = with_logprobs(None, top=1)
 >>> logits = torch.tensor([[0.0, 2.0, 0.0], [3.0, 0.0, 0.0]])     # rows after nodes 0 and 1
 >>> result = accept(logits, VerifyTree.chain(5, [1]))               # node 1 (token 1) accepted, bonus 0
@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Sequence
 
-from codespec.policy.tree import Accept, VerifyResult, VerifyTree, accept_choices
+from codespec.verify.tree import Accept, VerifyResult, VerifyTree, accept_choices
 
 if TYPE_CHECKING:
     import torch
