@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from codespec.errors import error_line
 from codespec.forward.cuda.settings import CudaSettings
 
 DType = Literal["auto", "float32", "bfloat16", "float16", "float64"]
@@ -196,16 +197,6 @@ def current() -> Settings:
         return Settings()
     except ValidationError as error:
         raise SettingError(error_line(error)) from None
-
-
-def error_line(error: object, flags: tuple[str, ...] = ()) -> str:
-    """A pydantic ValidationError of Settings as one line naming where the value came
-    from: `--flag` for a field in `flags` (given on the command line), else its variable."""
-    first = error.errors()[0]  # type: ignore[attr-defined]
-    loc = [str(part) for part in first["loc"]]
-    if loc and loc[0] in flags:
-        return f"--{loc[0].replace('_', '-')} {first['input']}: {first['msg'].lower()}"
-    return f"CODESPEC_{'_'.join(loc).upper()}={first['input']!r}: {first['msg'].lower()}"
 
 
 def environment_switches(names: tuple[str, ...]) -> dict[str, str]:

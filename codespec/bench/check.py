@@ -59,8 +59,8 @@ def random_tree(rng: np.random.Generator, vocab: int, nodes: int) -> VerifyTree:
     depths = [0]
     for parent in parents[1:]:
         depths.append(depths[parent] + 1)
-    tokens = rng.integers(0, vocab, nodes).tolist()
-    return VerifyTree(tuple(tokens), tuple(parents), tuple(depths), tuple(range(nodes - 1)))
+    return VerifyTree(tuple(rng.integers(0, vocab, nodes).tolist()), tuple(parents), tuple(depths),
+                      tuple(range(nodes - 1)))
 
 
 def row_checks(loaded: Any, settings: Any, contexts: tuple[int, ...] = (100, 700), nodes: int = 32,
@@ -131,11 +131,8 @@ def read_gbs(device: Any) -> float:
             torch.cuda.synchronize(device)
 
         return round(2 * src.nbytes / (_median_ms(copy, 5) / 1e3) / 1e9, 1)
-    try:
-        import torch
-    except ImportError:  # the torch-free install: one thread's BLAS dot
-        values = np.ones(1 << 26, dtype=np.float32)
-        return round(values.nbytes / (_median_ms(lambda: np.dot(values, values), 5) / 1e3) / 1e9, 1)
+    import torch
+
     tensor = torch.ones(1 << 26, dtype=torch.float32)
     return round(tensor.nbytes / (_median_ms(tensor.sum, 5) / 1e3) / 1e9, 1)
 

@@ -89,9 +89,7 @@ def _sample(ask: Ask, latency: float | None, text: str | None, prompt: int | Non
 
 
 # -- codespec lsp ------------------------------------------------------------------------------
-async def run_lsp(replay: Replay, root: Path, env: dict[str, str], log: Callable[[str], None],
-                  command: list[str] | None = None, options: dict[str, Any] | None = None,
-                  pause_s: float = 0.0) -> SystemResult:
+async def run_lsp(replay: Replay, root: Path, env: dict[str, str], log: Callable[[str], None]) -> SystemResult:
     from lsprotocol import types
     from pygls.lsp.client import LanguageClient
 
@@ -105,13 +103,11 @@ async def run_lsp(replay: Replay, root: Path, env: dict[str, str], log: Callable
         if state in ("ready", "error"):
             ready.set()
 
-    command = command or [sys.executable, "-m", "codespec", "lsp", "--log-level", "warning"]
-    await client.start_io(command[0], *command[1:], env=env)
+    await client.start_io(sys.executable, "-m", "codespec", "lsp", "--log-level", "warning", env=env)
     try:
         await client.initialize_async(types.InitializeParams(
             capabilities=types.ClientCapabilities(),
-            workspace_folders=[types.WorkspaceFolder(uri=root.as_uri(), name="workspace")],
-            initialization_options=options))
+            workspace_folders=[types.WorkspaceFolder(uri=root.as_uri(), name="workspace")]))
         client.initialized(types.InitializedParams())
         await asyncio.wait_for(ready.wait(), READY_TIMEOUT_S)
         versions: dict[str, int] = {}
@@ -122,7 +118,6 @@ async def run_lsp(replay: Replay, root: Path, env: dict[str, str], log: Callable
                 versions[uri] = 1
                 client.text_document_did_open(types.DidOpenTextDocumentParams(
                     types.TextDocumentItem(uri=uri, language_id="python", version=1, text=event.text)))
-                await asyncio.sleep(pause_s)  # the person reads the file
             elif isinstance(event, Close):
                 client.text_document_did_close(types.DidCloseTextDocumentParams(types.TextDocumentIdentifier(uri)))
             elif isinstance(event, Type):
@@ -143,11 +138,8 @@ async def run_lsp(replay: Replay, root: Path, env: dict[str, str], log: Callable
                 except asyncio.TimeoutError:
                     answer, latency = None, None
                 text = answer.items[0].insert_text if answer and answer.items else None
-                try:
-                    cache = _get(_get(await client.protocol.send_request_async("codespec/stats", {}), "backend"),
-                                 "prompt_cache")
-                except Exception:  # a server without codespec/stats (an older codespec)
-                    cache = None
+                cache = _get(_get(await client.protocol.send_request_async("codespec/stats", {}), "backend"),
+                             "prompt_cache")
                 prompt = cached = None
                 if _get(cache, "requests") != generated:  # else the forwarding cache answered: no prompt
                     generated = _get(cache, "requests")
@@ -156,7 +148,6 @@ async def run_lsp(replay: Replay, root: Path, env: dict[str, str], log: Callable
                 result.samples.append(_sample(event, latency, text, prompt, cached))
                 log(f"lsp {len(result.samples)}/{len(replay.asks)}: {_ms(latency)} cached {cached}/{prompt} "
                     f"{(text or '')[:48]!r} (typed next: {event.truth[:24]!r})")
-                await asyncio.sleep(pause_s)  # the person reads the suggestion
         await client.shutdown_async(None)
         client.exit(None)
     finally:
@@ -235,12 +226,9 @@ def warmup_body(extra: list[dict[str, str]]) -> dict[str, Any]:
             "t_max_prompt_ms": 1, "t_max_predict_ms": 1, "response_fields": [""]}
 
 
-def run_infill(system: str, replay: Replay, url: str, log: Callable[[str], None],
-               pause_s: float = 0.0) -> SystemResult:
+def run_infill(system: str, replay: Replay, url: str, log: Callable[[str], None]) -> SystemResult:
     result = SystemResult(system)
     for i, ask in enumerate(replay.asks):
-        if ask.first:
-            time.sleep(pause_s)  # the person reads the file just opened (the lsp replay's timeline)
         body = json.dumps(infill_body(ask, i == 0)).encode()
         request = urllib.request.Request(url + "/infill", data=body, headers={"Content-Type": "application/json"})
         began = time.perf_counter()
@@ -257,7 +245,6 @@ def run_infill(system: str, replay: Replay, url: str, log: Callable[[str], None]
         result.samples.append(_sample(ask, latency, _shown(answer.get("content"), ask), evaluated, cached))
         log(f"{system} {i + 1}/{len(replay.asks)}: {_ms(latency)} cached {cached}/{evaluated} "
             f"{(answer.get('content') or '')[:48]!r} (typed next: {ask.truth[:24]!r})")
-        time.sleep(pause_s)  # the person reads the suggestion
     return result
 
 
@@ -305,21 +292,18 @@ class ServeProcess:
         self.log.close()
 
 
-def run_editor_bench(replay: Replay, systems: list[str], root: Path, log: Callable[[str], None],
-                     lsp_command: list[str] | None = None, lsp_options: dict[str, Any] | None = None,
-                     pause_s: float = 0.0) -> list[SystemResult]:
+def run_editor_bench(replay: Replay, systems: list[str], root: Path, log: Callable[[str], None]) -> list[SystemResult]:
     from codespec.bench import llamacpp
-
     from codespec.settings import child_environment
 
     env = child_environment()
     results = []
     for system in systems:
         if system == "lsp":
-            results.append(asyncio.run(run_lsp(replay, root, env, log, lsp_command, lsp_options, pause_s)))
+            results.append(asyncio.run(run_lsp(replay, root, env, log)))
         elif system == "infill":
             with ServeProcess(root, env) as serve:
-                results.append(run_infill(system, replay, serve.url, log, pause_s))
+                results.append(run_infill(system, replay, serve.url, log))
         else:
             missing = llamacpp.llamacpp_available()
             if missing:
@@ -328,7 +312,7 @@ def run_editor_bench(replay: Replay, systems: list[str], root: Path, log: Callab
             threads = len(os.sched_getaffinity(0))
             with llamacpp.LlamaServer("llamacpp", threads, extra=["--cache-reuse", "256", "-b", "1024",
                                                                   "-ub", "1024"]) as server:
-                results.append(run_infill(system, replay, server.url, log, pause_s))
+                results.append(run_infill(system, replay, server.url, log))
     return results
 
 

@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import platform
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,21 +27,20 @@ from codespec.forward.profile import cpu_description
 def register(commands: Any) -> None:
     p = commands.add_parser("bench", help="measure workloads side by side (default), draft policies (`bench "
                             "verify`) or the suffix index (`bench index`)")
-    p.add_argument("suite", nargs="?", choices=("workloads", "index", "verify", "cold", "editor", "load"),
+    p.add_argument("suite", nargs="?", choices=("workloads", "index", "verify", "cold", "editor"),
                    default="workloads",
                    help="workloads: repo completion, edit, agent loop, editor session x plain, HF prompt lookup, "
                    "codespec variants, arctic-inference; verify: draft policies (none, chain-4/8/16, tree, goodput) "
                    "at batch 1 and 8; index: the index at 10k..10M tokens; cold: held-out requests, a fresh "
                    "process each (codespec generate, --no-spec, HF prompt lookup): start-up included; editor: a "
                    "typing replay against codespec lsp, codespec serve's /infill and llama-server (llama.vim's "
-                   "requests); load: codespec serve under short mixed requests at concurrency 1, 4 and 8")
+                   "requests)")
     p.add_argument("--sets", default="edit,fim-repo", help="verify suite: request sets (edit, fim-repo)")
     p.add_argument("--batches", default="1,8", help="verify suite: concurrent requests per run (default 1,8)")
     p.add_argument("--requests", type=int, default=8, metavar="N",
                    help="verify suite: requests per set, run at each batch size; cold suite: held-out requests, "
                    "half FIM, half edit, spread over the set (default 8); editor suite: the replay's first N "
-                   "completion requests (0: all 99); load suite: requests per concurrency level (0: 24)")
-    p.add_argument("--concurrency", default="1,4,8", help="load suite: concurrency levels (default 1,4,8)")
+                   "completion requests (0: all 99)")
     p.add_argument("--sizes", default="10k,100k,1M,10M", help="index suite: corpus sizes (default 10k,100k,1M,10M)")
     p.add_argument("--workloads", default="repo,edit,agent,editor",
                    help="comma-separated: repo, edit, agent, editor (default all)")
@@ -54,14 +52,6 @@ def register(commands: Any) -> None:
     p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
                    help="override every request's token limit (workloads: repo 128, edit/agent 320, editor 48; "
                    "verify: 96)")
-    p.add_argument("--lsp-command", default=None, metavar="CMD",
-                   help="editor suite: the language server to run as `lsp` (default: this codespec's `codespec lsp`; "
-                   "e.g. another checkout's, to compare)")
-    p.add_argument("--lsp-options", default=None, metavar="JSON",
-                   help="editor suite: the language server's initializationOptions, e.g. '{\"fimLayout\": \"psm\"}'")
-    p.add_argument("--pause-s", type=float, default=0.0, metavar="S",
-                   help="editor suite: the person's pause after opening a file and after each answer, before "
-                   "typing on (idle time a server may use; default 0: the next event at once)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="also write the results as JSON and PNG plots into DIR")
     add_settings_arguments(p, MODEL_FIELDS + SPECULATION_FIELDS)
@@ -77,53 +67,8 @@ def _pick(value: str, known: Any, what: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"index": run_index, "verify": run_verify, "cold": run_cold, "editor": run_editor,
-            "load": run_load}.get(args.suite, run_workloads)(args)
-
-
-def run_load(args: argparse.Namespace) -> int:
-    from codespec.bench import load
-
-    try:
-        levels = tuple(int(c) for c in args.concurrency.split(","))
-    except ValueError:
-        raise CodespecError(f"--concurrency {args.concurrency!r}: give comma-separated counts, e.g. 1,4,8") from None
-    if not levels or min(levels) < 1 or levels[0] != 1:
-        raise CodespecError("--concurrency: counts of at least 1, starting with 1 (the baseline)")
-    count = 24 if args.requests in (0, 8) else args.requests  # 8 is the shared flag's default
-    if count < 1:
-        raise CodespecError("--requests: at least 1")
-    new_tokens = args.max_new_tokens or load.NEW_TOKENS
-    reqs = load.requests(count, new_tokens)
-    print(f"load suite: {len(reqs)} requests (FIM, completion, chat; {new_tokens} new tokens) at concurrency "
-          f"{', '.join(map(str, levels))}, a fresh codespec serve each", file=sys.stderr)
-    results = load.run_load(reqs, levels, lambda m: print("  " + m, file=sys.stderr, flush=True))
-    machine = _machine()
-    print(f"\nload: {len(reqs)} short mixed requests per level, {machine['cores']} cores ({machine['cpu']}); "
-          "latency per request on the client's side")
-    load.print_table(results, sys.stdout)
-    record = {"suite": "load", "machine": machine,
-              "levels": load.summaries(results)}
-    print(json.dumps(record))
-    out_dir = _out_dir(args.out)
-    if out_dir is not None:
-        _write_json(out_dir / "load.json", record)
-    failed = [f for lv in results for f in lv.failures]
-    for failure in failed[:5]:
-        print(f"failed: {failure}", file=sys.stderr)
-    return 1 if failed else 0
-
-
-def _json_object(text: str | None, flag: str) -> dict[str, Any] | None:
-    if text is None:
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CodespecError(f"{flag}: not JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise CodespecError(f"{flag}: give a JSON object, got {type(value).__name__}")
-    return value
+    return {"index": run_index, "verify": run_verify, "cold": run_cold,
+            "editor": run_editor}.get(args.suite, run_workloads)(args)
 
 
 def run_editor(args: argparse.Namespace) -> int:
@@ -136,25 +81,21 @@ def run_editor(args: argparse.Namespace) -> int:
         else list(editor.EDITOR_SYSTEMS)
     replay = typing_replay(limit=None if args.requests == 0 else args.requests)
     out_dir = _out_dir(args.out)
-    lsp_options = _json_object(args.lsp_options, "--lsp-options")
     print(f"editor suite: {len(replay.asks)} completion requests while typing {len(replay.events)} events x "
           f"{', '.join(systems)}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="codespec-editor-") as tmp:
         root = write_workspace(Path(tmp) / "workspace", replay)
         results = editor.run_editor_bench(replay, systems, root,
-                                          lambda m: print("  " + m, file=sys.stderr, flush=True),
-                                          shlex.split(args.lsp_command) if args.lsp_command else None,
-                                          lsp_options=lsp_options,
-                                          pause_s=args.pause_s)
+                                          lambda m: print("  " + m, file=sys.stderr, flush=True))
     machine = _machine()
     print(f"\ntyping replay: {len(replay.asks)} requests, {machine['cores']} cores ({machine['cpu']}); latency "
           "from request to answer on the client's side; first = first request after a file opened")
     editor.print_table(results, sys.stdout)
-    record = {"suite": "editor", "machine": machine, "requests": len(replay.asks), "pause_s": args.pause_s,
-              "lsp_options": lsp_options, "results": [r.to_json() for r in results]}
+    record = {"suite": "editor", "machine": machine, "requests": len(replay.asks),
+              "results": [r.to_json() for r in results]}
     print(json.dumps(record))
     if out_dir is not None:
-        _write_json(out_dir / "editor.json", record)
+        write_json(out_dir / "editor.json", record)
     unanswered = [r.system for r in results if any(s.latency_s is None for s in r.samples)]
     if unanswered:
         print(f"unanswered requests: {', '.join(unanswered)}", file=sys.stderr)
@@ -201,7 +142,7 @@ def run_cold(args: argparse.Namespace) -> int:
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
     report = {"bench": "cold", "machine": machine, "systems": systems, "summary": facts, "checks": found}
     if out_dir is not None:
-        _write_json(out_dir / "cold.json", report)
+        write_json(out_dir / "cold.json", report)
         print(f"wrote {out_dir / 'cold.json'}", file=sys.stderr)
     print(json.dumps(report))
     return 0
@@ -240,7 +181,7 @@ def run_index(args: argparse.Namespace) -> int:
     if out_dir is not None:
         from codespec.bench.plots import index_latency_plot
 
-        _write_json(out_dir / "index.json", report)
+        write_json(out_dir / "index.json", report)
         plot = index_latency_plot(results, out_dir / "index_latency.png",
                                   f"suffix index on real code, {platform.machine()}, {os.cpu_count()} cores")
         print(f"wrote {out_dir / 'index.json'} and {plot}", file=sys.stderr)
@@ -308,7 +249,7 @@ def run_workloads(args: argparse.Namespace) -> int:
     if out_dir is not None:
         from codespec.bench.plots import speedup_plot
 
-        _write_json(out_dir / "workloads.json", report)
+        write_json(out_dir / "workloads.json", report)
         plot = speedup_plot(report["results"], out_dir / "speedup.png",
                             f"{loaded.name} ({loaded.info()['dtype']}), {machine['cores']} cores, "
                             f"median of {args.repeat}")
@@ -364,7 +305,7 @@ def _out_dir(value: str | None) -> Path | None:
     return path
 
 
-def _write_json(path: Path, data: Any) -> None:
+def write_json(path: Path, data: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     tmp.replace(path)  # never a half-written file
@@ -418,7 +359,7 @@ def run_verify(args: argparse.Namespace) -> int:
     report = {"bench": "verify", "model": loaded.name, "dtype": loaded.info()["dtype"], "machine": machine,
               "backend": _backend(loaded), "results": [r.to_json() for r in results], "checks": checks}
     if out_dir is not None:
-        _write_json(out_dir / "verify.json", report)
+        write_json(out_dir / "verify.json", report)
         print(f"wrote {out_dir / 'verify.json'}", file=sys.stderr)
     print(json.dumps(report))
     return 0

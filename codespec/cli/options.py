@@ -15,8 +15,8 @@ from typing import Iterable
 
 from pydantic import ValidationError
 
-from codespec.errors import CodespecError
-from codespec.settings import Settings, error_line
+from codespec.errors import CodespecError, error_line
+from codespec.settings import Settings
 
 MODEL_FIELDS = ("model", "dtype", "device", "quantize", "cache_dir", "threads")
 SPECULATION_FIELDS = ("draft_policy", "max_draft_tokens", "min_match_tokens", "max_match_tokens", "look_ahead")

@@ -128,26 +128,21 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return reply(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None)
 
-    @app.exception_handler(ModelNotFound)
-    async def no_model(request: Request, exc: ModelNotFound) -> JSONResponse:
-        return reply(404, str(exc), param="model", code="model_not_found")
-
-    @app.exception_handler(RequestError)
-    async def bad_request(request: Request, exc: RequestError) -> JSONResponse:
-        return reply(400, str(exc))
-
     @app.exception_handler(GenerationFailed)
     async def engine_failed(request: Request, exc: GenerationFailed) -> JSONResponse:
         log.error("%s", exc, exc_info=exc.__cause__)
         return reply(500, str(exc), kind="server_error")
 
-    @app.exception_handler(ShuttingDown)
-    async def stopping(request: Request, exc: ShuttingDown) -> JSONResponse:
-        return reply(503, str(exc), kind="server_error", code="server_shutting_down")
+    # the refusals whose message is the answer: (status, error type, param, code)
+    answers = {ModelNotFound: (404, "invalid_request_error", "model", "model_not_found"),
+               RequestError: (400, "invalid_request_error", None, None),
+               ShuttingDown: (503, "server_error", None, "server_shutting_down"),
+               SchedulerFull: (429, "rate_limit_error", None, None)}
+    for kind, answer in answers.items():
+        async def refused(request: Request, exc: Exception, answer: tuple = answer) -> JSONResponse:
+            return reply(answer[0], str(exc), *answer[1:])
 
-    @app.exception_handler(SchedulerFull)
-    async def busy(request: Request, exc: SchedulerFull) -> JSONResponse:
-        return reply(429, str(exc), kind="rate_limit_error")
+        app.add_exception_handler(kind, refused)
 
     @app.exception_handler(Exception)
     async def failed(request: Request, exc: Exception) -> JSONResponse:

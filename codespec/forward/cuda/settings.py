@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from codespec.errors import SettingError
+from codespec.errors import SettingError, error_line
 
 
 class CudaSettings(BaseSettings):
@@ -41,32 +41,21 @@ class CudaSettings(BaseSettings):
         try:
             return cls(**values)
         except ValidationError as error:
-            first = error.errors()[0]
-            name = "CODESPEC_CUDA_" + str(first["loc"][0]).upper()
-            raise SettingError(f"{name}={first['input']!r}: {first['msg'].lower()}") from None
-
-
-def is_hopper(device: Any) -> bool:
-    """Whether `device` is a GPU of compute capability 9.0 or later (programmatic
-    dependent launch, forward/cuda/_pdl.py)."""
-    if device.type != "cuda":
-        return False
-    import torch
-
-    return torch.cuda.get_device_capability(device) >= (9, 0)
+            raise SettingError(error_line(error, prefix="CODESPEC_CUDA_")) from None
 
 
 def launches_pdl(setting: str, device: Any) -> bool:
-    """Whether the kernels launch as programmatic dependents on `device`: `auto` where it
-    is Hopper or later; `on` there too, else a clear error at start-up."""
+    """Whether the kernels launch as programmatic dependents (forward/cuda/_pdl.py) on
+    `device`: `auto` where it is Hopper (compute capability 9.0) or later; `on` there too,
+    else a clear error at start-up."""
     if setting == "off" or device.type != "cuda":
         return False
-    if is_hopper(device):
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) >= (9, 0):
         return True
     if setting == "on":
-        import torch
-
-        major, minor = torch.cuda.get_device_capability(device)
         raise SettingError(f"CODESPEC_CUDA_PDL=on needs a GPU of compute capability 9.0 or later (Hopper); this one "
                            f"is {major}.{minor}: unset it")
     return False
