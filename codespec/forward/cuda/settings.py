@@ -29,7 +29,8 @@ class CudaSettings(BaseSettings):
     compile: bool = Field(True, description="The norms, residual adds and SiLU compiled by torch.compile (off: "
                           "eager, slower; for a machine where inductor cannot build).")
     chain: bool = Field(True, description="A plain greedy step queued on the device behind the pass before it, "
-                        "its tokens that pass's choices (forward/cuda/chained.py).")
+                        "its tokens that pass's choices (forward/cuda/chained.py): plain decoding 1.21 against 1.42 "
+                        "ms a token on an H100, 1.12 against 1.57 on an H200.")
     pdl: Literal["auto", "on", "off"] = Field(
         "auto", description="Our Triton kernels launched as programmatic dependents, each starting while the one "
         "before ends (sm_90+; auto: on there, off before; an H100's step 5% faster, the same bits).")
