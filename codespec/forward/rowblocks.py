@@ -187,15 +187,8 @@ def install(model: Any) -> None:
     storages = Counter(p.data_ptr() for _, p in model.named_parameters(remove_duplicate=False))
     shared = {ptr for ptr, uses in storages.items() if uses > 1}
     todo = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and not getattr(m, "_codespec_blocked", False)]
-    chosen: dict[tuple[Any, Any], str] = {}  # one choice per dtype and device: the settings are read once
-
-    def kernel_of(weight: torch.Tensor) -> str:
-        key = (weight.dtype, weight.device)
-        if key not in chosen:
-            chosen[key] = linear_kernel(*key)
-        return chosen[key]
-
-    kernels = [kernel_of(m.weight) for m in todo]
+    kernel_of = functools.cache(linear_kernel)  # one choice per dtype and device: the settings are read once
+    kernels = [kernel_of(m.weight.dtype, m.weight.device) for m in todo]
     striped = [m for m, kernel in zip(todo, kernels) if kernel == "rowgemm"]
     if striped:
         # one buffer for every stripe matrix, in module order: q, k and v (gate and up)

@@ -31,6 +31,7 @@ import subprocess
 import warnings
 from pathlib import Path
 
+from codespec.settings import current
 from codespec.tempfiles import temp_beside
 
 log = logging.getLogger("codespec.kernels")
@@ -54,16 +55,12 @@ def use_cache_dir(cache_dir: Path | str) -> None:
 
 
 def _cache_dir() -> Path:
-    from codespec.settings import current
-
     if _chosen_dir:
         return _chosen_dir[0] / "kernels"
     return Path(current().cache_dir) / "kernels"
 
 
 def _compiler() -> str | None:
-    from codespec.settings import current
-
     return shutil.which(current().compiler) or shutil.which("cc")
 
 
