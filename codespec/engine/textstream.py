@@ -70,17 +70,16 @@ class IncrementalText:
 class TextStream:
     def __init__(self, decode: Callable[[Sequence[int]], str], stop: Sequence[str] = (),
                  min_indent: int = 0, end_at: EndAt | None = None) -> None:
-        self.decode = decode
         self.stop = tuple(stop)
         self.holdback = max((len(s) for s in stop), default=1) - 1
         self.min_indent = min_indent
         self.end_at = end_at
-        self.tokens: list[int] = []
+        self.decoded = IncrementalText(decode)  # the tokens since the last whole character decoded, not all
         self.sent = 0  # characters already emitted
 
     def push(self, tokens: Sequence[int]) -> str:
-        self.tokens.extend(tokens)
-        text = self.decode(self.tokens)
+        self.decoded.push(tokens)
+        text = self.decoded.text
         end = len(text) - self.holdback
         newline = text.rfind("\n") if self.min_indent else -1
         if newline >= 0:
