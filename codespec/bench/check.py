@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from codespec.index import Draft
 from codespec.verify.tree import VerifyTree
 
 ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
@@ -53,14 +54,11 @@ def _bits(logits: Any, row: int) -> bytes:
 
 
 def random_tree(rng: np.random.Generator, vocab: int, nodes: int) -> VerifyTree:
-    """A random draft tree of `nodes` nodes, each node's parent among the four before it
-    (long chains and branches both)."""
-    parents = [-1] + [int(rng.integers(max(0, i - 4), i)) for i in range(1, nodes)]
-    depths = [0]
-    for parent in parents[1:]:
-        depths.append(depths[parent] + 1)
-    return VerifyTree(tuple(rng.integers(0, vocab, nodes).tolist()), tuple(parents), tuple(depths),
-                      tuple(range(nodes - 1)))
+    """A random draft of `nodes - 1` nodes, each one's parent the pending token or among
+    the four before it (long chains and branches both), as the engine builds its tree."""
+    tokens = rng.integers(0, vocab, nodes).tolist()
+    parents = tuple(int(rng.integers(max(-1, i - 4), i)) for i in range(nodes - 1))
+    return VerifyTree.build(tokens[0], Draft(tuple(tokens[1:]), parents, (1,) * (nodes - 1), 0, "check"))
 
 
 def row_checks(loaded: Any, settings: Any, contexts: tuple[int, ...] = (100, 700), nodes: int = 32,
@@ -120,9 +118,9 @@ def read_gbs(device: Any) -> float:
     device copy (bytes read plus written), on a CPU torch's sum over 256 MiB on every
     thread (the C kernels' prefetching loads can beat it: a step's own rate is reported
     beside it)."""
-    if getattr(device, "type", str(device)) == "cuda":
-        import torch
+    import torch
 
+    if getattr(device, "type", str(device)) == "cuda":
         src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
         dst = torch.empty_like(src)
 
@@ -131,8 +129,6 @@ def read_gbs(device: Any) -> float:
             torch.cuda.synchronize(device)
 
         return round(2 * src.nbytes / (_median_ms(copy, 5) / 1e3) / 1e9, 1)
-    import torch
-
     tensor = torch.ones(1 << 26, dtype=torch.float32)
     return round(tensor.nbytes / (_median_ms(tensor.sum, 5) / 1e3) / 1e9, 1)
 
@@ -161,7 +157,7 @@ def run_checks(loaded: Any, settings: Any, *, bench: bool = False,
                say: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
     """Every stage in turn (module docstring); `say` hears each stage's one-line result."""
     report: dict[str, Any] = {"model": loaded.name, "backend": loaded.backend, "device": str(loaded.forward.device),
-                              "dtype": loaded.info()["dtype"], "exact": bool(loaded.forward.exact)}
+                              "dtype": loaded.info()["dtype"]}
     probes = loaded.forward.probe(None)  # measured now: part of what is checked
     report["row_block"], report["padded_rows"] = probes
     rows = report["rows"] = row_checks(loaded, settings, probes=probes)
@@ -174,7 +170,7 @@ def run_checks(loaded: Any, settings: Any, *, bench: bool = False,
     say(f"plain: a step {plain['step_ms']} ms reads the weights' {plain['weights_mb']} MiB at "
         f"{plain['step_read_gbs']} GB/s; a bulk read runs at {plain['read_gbs']} GB/s ({plain['floor_ms']} ms: "
         f"the step takes {plain['step_over_floor']}x that)")
-    ok = rows["ok"] or not loaded.forward.exact
+    ok = rows["ok"]
     if bench:
         from codespec.bench.batch_bench import verify_results
 

@@ -66,7 +66,7 @@ class Forward:
     generation_config: Any  # its generation config (eos_token_id)
     kv_dtype: Any  # the KV slots' element type: a torch dtype, or numpy.uint16 (bf16 bits)
     device: Any  # where the KV slots and logits live
-    exact: bool  # rows equal decode steps bit for bit (the exactness contract)
+    exact = True  # rows equal decode steps bit for bit (the exactness contract): every backend
     min_rows: int  # the fewest rows a pass computes (a lone row is padded to this many)
     # A prefill computes each position as a decode step would, so a position's KV depends
     # on the tokens up to it alone, not on the passes: any cached prefix is reusable

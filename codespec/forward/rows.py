@@ -35,7 +35,6 @@ class RowForward(Forward):
     name = "rowdecoder"
     kv_dtype = np.uint16  # bf16 bits
     device = "cpu"
-    exact = True
     prefill_exact = True  # a prefill row is a decode step's view (rowdecoder.prefill_rows)
     min_rows = 1  # a one-row pass is a decode step: the same C call
 

@@ -44,7 +44,6 @@ class TorchForward(Forward):
     prefill_exact = False  # a prefill pass's GEMMs round by its shape: reuse on the pass grid
 
     name = "transformers"
-    exact = True
 
     def __init__(self, model: Any, *, padded: bool | None = None) -> None:
         """`padded=False`: one lean attention call per row whatever the probe finds (the
