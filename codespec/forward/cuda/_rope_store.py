@@ -16,21 +16,13 @@ ROPE_FP_FUSION = False
 
 
 @triton.jit
-def holds_token(context_ptr, path_len_ptr, row, READ: tl.constexpr):
-    # Whether a pass's row holds a token: it attends to something (context + path > 0); a
-    # padding row attends to nothing (forward/cuda/passlayout.py). READ: the loads' cache
-    # modifier ("", or ".cg" before a programmatic dependent's wait: past L1, which is not
-    # promised current before it).
-    return tl.load(context_ptr + row, cache_modifier=READ) + tl.load(path_len_ptr + row, cache_modifier=READ) > 0
-
-
-@triton.jit
-def live_rows(context_ptr, path_len_ptr, rows, LIVE: tl.constexpr, READ: tl.constexpr):
-    # holds_token for `rows` (a row or a block of them) where the launch has the pass's
-    # rows (LIVE); every row otherwise. READ: as holds_token's.
+def _holds_token(context_ptr, path_len_ptr, row, LIVE: tl.constexpr):
+    # Whether a pass's row holds a token: it attends to something (context + path > 0; a
+    # padding row attends to nothing, forward/cuda/passlayout.py), where the launch has
+    # the pass's rows (LIVE); every row otherwise.
     if LIVE:
-        return holds_token(context_ptr, path_len_ptr, rows, READ)
-    return tl.full(rows.shape, 1, tl.int1)
+        return tl.load(context_ptr + row) + tl.load(path_len_ptr + row) > 0
+    return tl.full(row.shape, 1, tl.int1)
 
 
 @triton.jit
@@ -45,7 +37,7 @@ def _rope_store_kernel(qkv_ptr, cos_ptr, sin_ptr, positions_ptr, source_ptr, wri
     pdl_wait(PDL)
     row = tl.program_id(0)
     head = tl.program_id(1)
-    if live_rows(context_ptr, path_len_ptr, row, LIVE, ""):
+    if _holds_token(context_ptr, path_len_ptr, row, LIVE):
         _rope_store_head(qkv_ptr, cos_ptr, sin_ptr, positions_ptr, source_ptr, write_slot_ptr, write_position_ptr,
                          q_ptr, k_ptr, v_ptr, row, head, s_qkv, s_rope, s_q_row, s_q_head, s_kv_slot, s_kv_head,
                          s_kv_pos, HEADS, KV_HEADS, DIM, TABLES)

@@ -92,6 +92,7 @@ class CudaForward(Forward):
 
     name = "cuda"
     asynchronous = True
+    prefill_exact = True  # a replayed prefill row is a decode step
     min_rows = 1  # every pass runs the bucket: one row costs what the bucket costs
 
     def __init__(self, model: Any, settings: CudaSettings | None = None, *, graphs: bool | None = None) -> None:
@@ -116,7 +117,6 @@ class CudaForward(Forward):
         self.chained_taken = self.chained_dropped = 0  # queued steps the engine asked for, and the others
         self.pdl = launches_pdl(settings.pdl, self.device)
         self._layers = [LayerWeights.of(layer) for layer in model.model.layers]
-        self.prefill_exact = True  # a replayed prefill row is a decode step
         # The products run as cuBLAS's and the work between them as small functions fused
         # by torch.compile on CUDA (one compilation serves every layer): as first written,
         # a step of the default model ran ~800 small kernels, 14x the time its weights
