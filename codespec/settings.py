@@ -13,10 +13,10 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from codespec.errors import error_line
+from codespec.errors import SettingError, error_line
 from codespec.forward.cuda.settings import CudaSettings
 
 DType = Literal["auto", "float32", "bfloat16", "float16", "float64"]
@@ -189,10 +189,6 @@ class Settings(BaseSettings):
 def current() -> Settings:
     """The settings the environment (and CODESPEC_CONFIG's file) gives, read now: for the
     switches no flag sets, read where they act. A bad value is one SettingError line."""
-    from pydantic import ValidationError
-
-    from codespec.errors import SettingError
-
     try:
         return Settings()
     except ValidationError as error:

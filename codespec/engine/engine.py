@@ -27,17 +27,17 @@ from codespec import prompts
 from codespec.engine import ahead
 from codespec.engine.kvcache import DEFAULT_CHUNK, CacheFull, Preempted, SlotCache
 from codespec.engine.run import Generation, GenerationConfig, Run, acceptance_of
+from codespec.engine.stats import HostClock
 from codespec.engine.stopping import StopCondition
 from codespec.errors import RequestError
-from codespec.engine.stats import HostClock
-from codespec.verify.verifier import Verifier
 from codespec.forward import profile
 from codespec.forward.base import Forward, eos_ids, max_context
 from codespec.index import Draft, SuffixIndex
 from codespec.policy import controller, fastchoice
 from codespec.policy.proposer import IndexedProposer, NoProposer, PromptLookupProposer, Proposer
-from codespec.verify.tree import Item, VerifyTree
 from codespec.settings import Settings
+from codespec.verify.tree import Item, VerifyTree
+from codespec.verify.verifier import Verifier
 
 log = logging.getLogger(__name__)
 COST_ROWS = (2, 4, 8, 16, 32, 48, 64)  # verify pass sizes timed when the controller starts,
