@@ -88,3 +88,11 @@ def test_the_command_on_the_default_model(default_model, tmp_path, capsys):
     report = json.loads(out.read_text())
     assert report["ok"] and report["rows"]["rows_differing"] == 0
     assert "all checks passed" in capsys.readouterr().out
+
+
+def test_a_report_path_in_no_folder_is_one_line_before_any_work(tmp_path, capsys):
+    from codespec.cli.main import main
+
+    assert main(["check", "--json", str(tmp_path / "missing" / "check.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("codespec: error: --json ") and "does not exist" in err and err.count("\n") == 1

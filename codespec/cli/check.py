@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from codespec.cli.options import MODEL_FIELDS, add_settings_arguments, settings_from_args
+from codespec.errors import CodespecError
 
 
 def register(commands: Any) -> None:
@@ -30,13 +31,19 @@ def run(args: argparse.Namespace) -> int:
     from codespec.bench.check import run_checks
 
     settings = settings_from_args(args)
+    out = Path(args.json) if args.json else None
+    if out is not None and not out.parent.is_dir():  # before minutes of checks, not after
+        raise CodespecError(f"--json {out}: the folder {out.parent} does not exist")
     loaded = forward.load(settings, progress=sys.stderr.isatty())
     print(f"{loaded.name}: {loaded.backend} backend on {loaded.forward.device}, {loaded.info()['dtype']}",
           file=sys.stderr)
     report = run_checks(loaded, settings, bench=args.bench, say=print)
-    if args.json:
+    if out is not None:
         from codespec.cli.bench import write_json
 
-        write_json(Path(args.json), report)
+        try:
+            write_json(out, report)
+        except OSError as exc:
+            raise CodespecError(f"--json {out}: cannot write it: {exc.strerror or exc}") from None
     print("all checks passed" if report["ok"] else "a check FAILED: see above")
     return 0 if report["ok"] else 1
