@@ -15,7 +15,7 @@ LAYERS = [
     # the cuda backend's settings model, which Settings holds, is pydantic alone
     {"codespec.errors", "codespec.settings", "codespec.prompts", "codespec.tempfiles",
      "codespec.forward.cuda.settings"},
-    {"codespec.kernels", "codespec.index", "codespec.models", "codespec.landing"},
+    {"codespec.kernels", "codespec.index", "codespec.models", "codespec.landing", "codespec.structured"},
     {"codespec.forward"},
     {"codespec.verify"},
     {"codespec.policy"},

@@ -158,12 +158,14 @@ class Engine:
         """A run for the request, its prompt checked (`check_prompt`)."""
         prompt = [int(t) for t in prompt_ids]
         room = self.check_prompt(prompt)
+        self.check_prediction(prompt, config.prediction)
         stop = StopCondition(self.eos_token_ids | config.end_ids, min(config.max_new_tokens, room), config.stop,
                              self.decode if self.tokenizer is not None else None, config.min_indent, config.end_at)
         proposer = self.proposer if config.speculate else NoProposer()
-        return Run(prompt, config, stop=stop, session=proposer.start(prompt),
+        constraint = config.grammar.start() if config.grammar is not None else None
+        return Run(prompt, config, stop=stop, session=proposer.start(prompt, config.prediction),
                    plain=isinstance(proposer, NoProposer) or self.max_draft_tokens == 0,
-                   accept=acceptance_of(config, self.forward.device),
+                   accept=acceptance_of(config, self.forward.device, constraint), constraint=constraint,
                    acceptance=controller.Acceptance(self.acceptance), max_draft=self.max_draft_tokens,
                    decode=self.decode, release=self.cache.release)
 
@@ -187,6 +189,13 @@ class Engine:
                 f"the prompt has {len(prompt)} tokens; this server's context holds {self.context_limit} "
                 f"(model: {self.max_context}, KV slot: {self.cache.slot_tokens} tokens; see --kv-slot-tokens)")
         return room
+
+    def check_prediction(self, prompt: Sequence[int], prediction: Sequence[int]) -> None:
+        """One clear RequestError for a predicted output longer than the output may be."""
+        room = self.context_limit - len(prompt)
+        if len(prediction) > room:
+            raise RequestError(f"the prediction has {len(prediction)} tokens; after the prompt's {len(prompt)} this "
+                               f"server's context holds {room} more")
 
     def advance(self, run: Run) -> list[int]:
         """Prefill (first call) or one verify pass of `run` alone; the tokens it committed.
@@ -290,7 +299,7 @@ class Engine:
 
     def _draft(self, run: Run) -> Draft | controller.Offered:
         if not self._controlled:
-            return run.session.draft(run.draft_budget(), tree=self.draft_policy == "tree")
+            return run.allowed(run.session.draft(run.draft_budget(), tree=self.draft_policy == "tree"))
         # the controller prices every node by its calibrated acceptance, so its trees may
         # run deeper than k tokens for a k-token match (the fixed policies' safety cap),
         # and it picks among the sources by expected goodput instead of by match length:
@@ -299,8 +308,8 @@ class Engine:
         if guessed is not None and run.last_kept == guessed.tokens and run.draft_budget() == guessed.budget:
             run.session.set_state(guessed.state)  # the context is the guessed one: drafted already
             self.clock.guesses_taken += 1
-            return controller.Offered(guessed.candidates)
-        return controller.Offered(run.session.candidates(run.draft_budget()))
+            return controller.Offered(run.allowed_all(guessed.candidates))
+        return controller.Offered(run.allowed_all(run.session.candidates(run.draft_budget())))
 
     def _choose(self, runs: Sequence[Run], offered: list[controller.Offered]) -> list[Draft]:
         """The controller's drafts for the pass: each request's best source, pruned, then the

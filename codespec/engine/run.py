@@ -19,6 +19,7 @@ from codespec.engine.stopping import StopCondition
 from codespec.errors import RequestError
 from codespec.index import Draft
 from codespec.policy import controller
+from codespec.verify.grammar import Constraint, constrained, prune
 from codespec.verify.tree import Accept, VerifyTree
 
 
@@ -45,6 +46,12 @@ class GenerationConfig:
     seed: int | None = None
     # None: no logprobs; k: each committed token's logprob and the k most likely at its place
     logprobs: int | None = None
+    # the output the client expects (OpenAI's Predicted Outputs): one more draft source,
+    # never a change to the output (index/prediction.py)
+    prediction: tuple[int, ...] = ()
+    # what the output must follow (structured/grammar.py's Grammar: its `start()` gives a
+    # run its verify/grammar.py Constraint); None: free text
+    grammar: Any = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -79,8 +86,10 @@ class Run:
 
     def __init__(self, prompt: list[int], config: GenerationConfig, *, stop: StopCondition, session: Any,
                  plain: bool, accept: Accept | None, acceptance: controller.Acceptance, max_draft: int,
-                 decode: Callable[[Sequence[int]], str], release: Callable[[int], None]) -> None:
+                 decode: Callable[[Sequence[int]], str], release: Callable[[int], None],
+                 constraint: Constraint | None = None) -> None:
         self.config = config
+        self.constraint = constraint  # the grammar's state: drafts are pruned to it
         self.prompt = prompt
         self.stop = stop
         self.session = session
@@ -125,6 +134,16 @@ class Run:
         if self.slot is not None:
             self._release(self.slot)
             self.slot = None
+
+    def allowed(self, draft: Draft) -> Draft:
+        """The draft without the branches the request's grammar forbids."""
+        return draft if self.constraint is None else prune(draft, self.constraint)
+
+    def allowed_all(self, drafts: list[Draft]) -> list[Draft]:
+        """Each draft as `allowed` leaves it, the emptied ones dropped."""
+        if self.constraint is None:
+            return drafts
+        return [d for d in map(self.allowed, drafts) if len(d)]
 
     def draft_budget(self) -> int:
         # A pass commits at most budget + 1 tokens: never draft past the token limit.
@@ -203,12 +222,15 @@ def tokens_in_text(decode: Any, token_ids: Sequence[int], length: int) -> int:
     return low
 
 
-def acceptance_of(config: GenerationConfig, device: Any) -> Accept | None:
+def acceptance_of(config: GenerationConfig, device: Any, constraint: Constraint | None = None) -> Accept | None:
     """How a run's draft tokens are accepted: None (greedy, for the whole batch at once),
-    or its sampling rule on `device`."""
+    its sampling rule on `device`, or either under its grammar's `constraint`."""
     if config.temperature == 0:
-        return None
+        return None if constraint is None else constrained(constraint)
     from codespec.verify.sampling import SamplingParams, new_generator, sample_accept
 
     params = SamplingParams(config.temperature, config.top_p, config.top_k)
-    return functools.partial(sample_accept, params=params, generator=new_generator(device, config.seed))
+    generator = new_generator(device, config.seed)
+    if constraint is not None:
+        return constrained(constraint, params, generator)
+    return functools.partial(sample_accept, params=params, generator=generator)

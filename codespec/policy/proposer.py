@@ -23,6 +23,7 @@ from typing import Callable, Iterable, Protocol, Sequence
 from codespec.index import ContextMatcher, Draft, SuffixIndex
 from codespec.index.anchor import ANCHOR_MIN_MATCH, CopyAnchor
 from codespec.index.anchor import SOURCE as ANCHOR
+from codespec.index.prediction import PredictionMatcher
 
 
 class ProposerSession(Protocol):
@@ -46,8 +47,9 @@ class ProposerSession(Protocol):
 class Proposer(Protocol):
     name: str
 
-    def start(self, prompt_ids: Sequence[int]) -> ProposerSession:
-        """Open a session for one request whose context starts as `prompt_ids`."""
+    def start(self, prompt_ids: Sequence[int], prediction: Sequence[int] = ()) -> ProposerSession:
+        """Open a session for one request whose context starts as `prompt_ids`;
+        `prediction`: the output the request's client expects (one more source)."""
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,9 @@ class PromptLookupProposer:
     max_match_tokens: int = 64
     name: str = "prompt"
 
-    def start(self, prompt_ids: Sequence[int]) -> _LookupSession:
-        return _LookupSession(ContextMatcher(prompt_ids, max_match=self.max_match_tokens), self.min_match_tokens)
+    def start(self, prompt_ids: Sequence[int], prediction: Sequence[int] = ()) -> _LookupSession:
+        return _LookupSession(ContextMatcher(prompt_ids, max_match=self.max_match_tokens), self.min_match_tokens,
+                              prediction=_predicted(prediction))
 
 
 @dataclass(frozen=True)
@@ -75,9 +78,14 @@ class IndexedProposer:
     record_generations: bool = True
     name: str = "index"
 
-    def start(self, prompt_ids: Sequence[int]) -> _LookupSession:
+    def start(self, prompt_ids: Sequence[int], prediction: Sequence[int] = ()) -> _LookupSession:
         matcher = ContextMatcher(prompt_ids, max_match=self.max_match_tokens)
-        return _LookupSession(matcher, self.min_match_tokens, self.index, self.record_generations)
+        return _LookupSession(matcher, self.min_match_tokens, self.index, self.record_generations,
+                              prediction=_predicted(prediction))
+
+
+def _predicted(prediction: Sequence[int]) -> PredictionMatcher | None:
+    return PredictionMatcher(prediction) if len(prediction) else None
 
 
 @dataclass
@@ -87,17 +95,23 @@ class _LookupSession:
     index: SuffixIndex | None = None
     record_generations: bool = False
     anchor: CopyAnchor = field(default_factory=CopyAnchor)  # where an edit's output copies from
+    prediction: PredictionMatcher | None = None  # the request's predicted output (index/prediction.py)
 
     def extend(self, token_ids: Iterable[int]) -> None:
         start = len(self.matcher)
         self.matcher.extend(token_ids)
         self.anchor.extend(self.matcher.tokens, start, len(self.matcher) - start)
+        if self.prediction is not None:
+            self.prediction.extend(self.matcher.tokens[start:].tolist())
 
     def draft(self, budget: int, tree: bool = False) -> Draft:
         if budget <= 0:
             return Draft.empty("context")
         own, indexed = self._matches(budget, tree, depth=None)
         best = indexed if indexed is not None and indexed.match_len > own.match_len else own
+        predicted = self._predicted(budget)
+        if predicted is not None and predicted.match_len > best.match_len:
+            best = predicted  # the copy pointer's run, or a longer match, in the prediction
         if best.match_len < ANCHOR_MIN_MATCH:
             # a short match mid-edit is mostly spurious: resume the copy the output left
             matched = best.match_len >= self.min_match_tokens and len(best) > 0
@@ -120,7 +134,10 @@ class _LookupSession:
         anchored = self.anchor.draft(self.matcher.tokens, len(self.matcher), budget, tree=True)
         # every match counts, one token long too (`min_match_tokens` is the fixed policies'
         # guard): a caller that prices nodes by calibrated acceptance drops what won't pay
-        return [d for d in (own, indexed, anchored) if d is not None and len(d)]
+        return [d for d in (own, indexed, anchored, self._predicted(budget)) if d is not None and len(d)]
+
+    def _predicted(self, budget: int) -> Draft | None:
+        return None if self.prediction is None else self.prediction.draft(self.matcher.tokens, budget)
 
     def _matches(self, budget: int, tree: bool, depth: int | None) -> tuple[Draft, Draft | None]:
         """Drafts from the longest match in the request's own context and in the index
@@ -137,12 +154,14 @@ class _LookupSession:
     def state(self) -> tuple:
         """What `extend`, `draft` and `candidates` change: the context's length, its last
         match, the copy anchor's place. `set_state` returns to it (a look ahead, engine.py)."""
-        anchor = self.anchor
-        return len(self.matcher), self.matcher.last_match, anchor.pos, anchor.off, anchor.copied
+        anchor, predicted = self.anchor, None if self.prediction is None else self.prediction.state()
+        return len(self.matcher), self.matcher.last_match, anchor.pos, anchor.off, anchor.copied, predicted
 
     def set_state(self, state: tuple) -> None:
-        length, self.matcher.last_match, self.anchor.pos, self.anchor.off, self.anchor.copied = state
+        length, self.matcher.last_match, self.anchor.pos, self.anchor.off, self.anchor.copied, predicted = state
         self.matcher.truncate(length)
+        if self.prediction is not None:
+            self.prediction.set_state(predicted)
 
     def finish(self, generated: Sequence[int]) -> None:
         if self.index is not None and self.record_generations and generated:
@@ -162,7 +181,7 @@ class NoProposer:
 
     name: str = "none"
 
-    def start(self, prompt_ids: Sequence[int]) -> _NoSession:
+    def start(self, prompt_ids: Sequence[int], prediction: Sequence[int] = ()) -> _NoSession:
         return _NoSession()
 
 

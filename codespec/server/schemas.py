@@ -86,6 +86,22 @@ class _ChatLogprobs(_Request):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
+class _TextPart(_Request):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class Prediction(_Request):
+    """OpenAI's Predicted Outputs: the output the client expects (a file it is having
+    rewritten). It drafts; it never changes the answer."""
+
+    type: Literal["content"]
+    content: StrictStr | list[_TextPart]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
 class CompletionRequest(_Stops, _CompletionLogprobs, _Penalties):
     model: str | None = None
     prompt: str | list[str] | list[int] = Field(
@@ -100,6 +116,7 @@ class CompletionRequest(_Stops, _CompletionLogprobs, _Penalties):
     n: int = Field(1, ge=1, le=1, description="Only n=1 is served.")
     best_of: int | None = None
     echo: bool = False
+    prediction: Prediction | None = None
     _best_of = _not_served("best_of", 1)
     _echo = _not_served("echo", False)
 
@@ -146,6 +163,7 @@ class ChatCompletionRequest(_Stops, _ChatLogprobs, _Penalties):
     seed: Seed | None = None
     stream: StrictBool = False
     n: int = Field(1, ge=1, le=1)
+    prediction: Prediction | None = None
 
     @property
     def limit(self) -> int:

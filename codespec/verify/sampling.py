@@ -69,19 +69,26 @@ def sample_accept(logits: torch.Tensor, tree: VerifyTree, params: SamplingParams
     probs = target_probs(logits, params)
     node, path, committed = 0, [], []
     while True:
-        p = probs[node].clone()
-        for child in tree.children(node):
-            token = tree.tokens[child]
-            mass = p.sum()
-            if torch.rand((), generator=generator, device=p.device) * mass < p[token]:
-                path.append(child)
-                committed.append(token)
-                node = child
-                break
-            p[token] = 0.0
-        else:
-            committed.append(int(torch.multinomial(p, 1, generator=generator)))
+        child, token = sample_step(probs[node], tree, node, generator)
+        committed.append(token)
+        if child is None:
             return VerifyResult(len(path), tuple(committed), tuple(path))
+        path.append(child)
+        node = child
+
+
+def sample_step(p: torch.Tensor, tree: VerifyTree, node: int,
+                generator: torch.Generator) -> tuple[int | None, int]:
+    """The token that leaves `node` under distribution `p` [vocab]: (the child accepted,
+    its token), or (None, a token drawn from what the rejected children leave of p)."""
+    p = p.clone()
+    for child in tree.children(node):
+        token = tree.tokens[child]
+        mass = p.sum()
+        if torch.rand((), generator=generator, device=p.device) * mass < p[token]:
+            return child, token
+        p[token] = 0.0
+    return None, int(torch.multinomial(p, 1, generator=generator))
 
 
 def new_generator(device: torch.device, seed: int | None) -> torch.Generator:

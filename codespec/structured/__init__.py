@@ -1,0 +1,1 @@
+"""Structured output: grammars over the model's tokens (llguidance) and tool calls."""
