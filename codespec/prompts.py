@@ -165,7 +165,7 @@ def fim_ids(
     return ids + encode(tokenizer, middle)
 
 
-def chat_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
+def chat_ids(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
     """A chat prompt in which only the template's own markers are control tokens.
 
     Message text is content: `<|im_end|>` or `<|file_sep|>` written by a user or returned
@@ -175,6 +175,8 @@ def chat_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
     tokens split. A fast tokenizer splits at special tokens before anything else, so for
     content without marker strings the ids equal `apply_chat_template(tokenize=True)`'s.
     A `developer` message (OpenAI's newer name for system instructions) is a system one.
+    `tools` (OpenAI's function tools) and an assistant's `tool_calls` are the template's
+    to write; its tool markers (Qwen2.5's `<tool_call>`) are tokens, as the model writes them.
     """
     if getattr(tokenizer, "chat_template", None) is None:
         raise RequestError("this model has no chat template; use /v1/completions")
@@ -183,7 +185,8 @@ def chat_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
     shown = [{**m, "role": "system" if m.get("role") == "developer" else m.get("role"),
               "content": f"\x1f{nonce}:{i}\x1f" if text else ""} for i, (m, text) in enumerate(zip(messages, contents))]
     with TOKENIZER_LOCK:
-        rendered = tokenizer.apply_chat_template(shown, add_generation_prompt=True, tokenize=False)
+        rendered = tokenizer.apply_chat_template(shown, add_generation_prompt=True, tokenize=False,
+                                                 **({"tools": tools} if tools else {}))
     placeholder = re.compile(f"\x1f{nonce}:(\\d+)\x1f")
     missing = [m.get("role") for i, m in enumerate(messages) if contents[i] and f"{nonce}:{i}\x1f" not in rendered]
     if missing:
@@ -198,8 +201,9 @@ def chat_ids(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
 
 
 def _split_specials(tokenizer: Any, text: str) -> list[str | int]:
-    """`text` cut at the tokenizer's special tokens: text, id, text, ... (markers as ids)."""
-    specials = {t.content: i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    """`text` cut at the tokenizer's added tokens (`<|im_end|>`, `<tool_call>`): text,
+    id, text, ... (markers as ids)."""
+    specials = {t.content: i for i, t in tokenizer.added_tokens_decoder.items()}
     if not specials:
         return [text]
     pattern = re.compile("|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)))

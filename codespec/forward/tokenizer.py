@@ -91,18 +91,18 @@ class DirectTokenizer:
     @property
     def added_tokens_decoder(self) -> dict[int, Any]:
         """id -> added token (`.content`, `.special`), as transformers' tokenizers give it:
-        prompts.chat_ids cuts a rendered template at the special ones."""
+        prompts.chat_ids cuts a rendered template at them."""
         return self._plain.get_added_tokens_decoder()
 
-    def apply_chat_template(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = False,
-                            tokenize: bool = False) -> Any:
+    def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False,
+                            tokenize: bool = False, tools: list[dict[str, Any]] | None = None) -> Any:
         """The model's chat template rendered as transformers renders it: a sandboxed
         jinja2 environment with trim_blocks and lstrip_blocks, loop controls, `tojson`
         and `raise_exception`, and the special tokens as variables."""
         if self.chat_template is None:
             raise ModelError("this model has no chat template")
         text = _template(self.chat_template).render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                                    tools=None, documents=None, **self.special_tokens_map)
+                                                    tools=tools, documents=None, **self.special_tokens_map)
         return self(text)["input_ids"] if tokenize else text
 
 

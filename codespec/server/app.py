@@ -30,7 +30,8 @@ from codespec.engine.scheduler import SchedulerFull
 from codespec.engine.scheduler import start_scheduler
 from codespec.server.backend import Backend, GenerationFailed, ShuttingDown
 from codespec.server.http import TIMED_OUT
-from codespec.server.routes import ModelNotFound, router
+from codespec.server.responses import ModelNotFound
+from codespec.server.routes import router
 from codespec.server.upstream_backend import UpstreamBackend
 from codespec.server.schemas import error_body
 from codespec.settings import Settings

@@ -85,7 +85,7 @@ class Served:
         """The most tokens a prompt may have here (None: not known)."""
         return None
 
-    def check_prompt_size(self, *texts: str) -> None:
+    def check_prompt_size(self, *texts: str, what: str = "the prompt") -> None:
         """Refuse, before tokenizing, text that cannot fit the context whatever its tokens:
         no token is longer than the vocabulary's longest entry, so it holds at least
         characters / that many tokens. (Tokenizing 8 MB takes ~15 s on a 2-core CPU.)"""
@@ -95,7 +95,7 @@ class Served:
             return
         longest = longest_token_chars(self.tokenizer)  # type: ignore[attr-defined]
         if chars > limit * longest:
-            raise RequestError(f"the prompt has {chars} characters, at least {chars // longest} tokens; this "
+            raise RequestError(f"{what} has {chars} characters, at least {chars // longest} tokens; this "
                                f"server's context holds {limit}")
 
 
@@ -128,10 +128,11 @@ class Backend(Served):
     def context_tokens(self) -> int | None:
         return self.engine.context_limit
 
-    def check_request(self, prompt_ids: Sequence[int], max_tokens: int) -> None:
+    def check_request(self, prompt_ids: Sequence[int], max_tokens: int, prediction: Sequence[int] = ()) -> None:
         """Refuse what cannot be served before any header is sent."""
         check_limits(prompt_ids, max_tokens, self.settings)
         self.engine.check_prompt(prompt_ids)
+        self.engine.check_prediction(prompt_ids, prediction)
 
     async def stream_text(self, prompt_ids: Sequence[int], config: GenerationConfig) -> AsyncIterator[Chunk]:
         """Text as it becomes safe to show (whole characters, no partial stop string),

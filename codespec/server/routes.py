@@ -4,28 +4,24 @@ Tokenizing (and adding to the index) runs on a worker thread (`run_in_threadpool
 megabyte of text takes ~0.2 s, and the event loop keeps answering /health and the
 streams meanwhile.
 
-OpenAI: POST /v1/completions (`suffix` makes it FIM), POST /v1/chat/completions, GET
-/v1/models; llama.cpp: POST /infill; operations: GET /health, GET /metrics; the index:
-POST /v1/index/documents, DELETE /v1/index/documents/{key}, GET /v1/index/stats; the
+OpenAI: POST /v1/completions (`suffix` makes it FIM), POST /v1/chat/completions
+(chat.py: tools, response_format), GET /v1/models; both take `prediction`; llama.cpp:
+POST /infill; operations: GET /health, GET /metrics; the index: POST
+/v1/index/documents, DELETE /v1/index/documents/{key}, GET /v1/index/stats; the
 language server's telemetry, POST /v1/lsp/acceptance, and its idle-time hints, POST
-/v1/lsp/prefill.
-Streaming responses are server-sent events ending with `data: [DONE]`.
+/v1/lsp/prefill. Streaming responses are server-sent events ending with `data: [DONE]`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import logging
 import os
 import threading
-import time
 import uuid
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, Callable
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
@@ -37,12 +33,13 @@ from codespec.index import SuffixIndex
 from codespec.landing.cut import Landing, infill_mode
 from codespec.landing.syntax import Mode
 from codespec.landing.lines import HeldSpace
-from codespec.server.backend import Backend, GenerationFailed, ShuttingDown
-from codespec.server.logprobs import CompletionLogprobs, chat_logprobs
+from codespec.server import chat
+from codespec.server.logprobs import CompletionLogprobs
+from codespec.server.responses import (AnyBackend, Envelope, alternatives, backend, check_model, stream, streaming,
+                                       unless_client_leaves, predicted)
 from codespec.server.upstream_backend import UpstreamBackend
 from codespec.server.schemas import (
     AcceptanceRequest,
-    ChatCompletionRequest,
     CompletionRequest,
     DocumentRequest,
     InfillRequest,
@@ -52,111 +49,12 @@ from codespec.server.schemas import (
 )
 
 router = APIRouter()
-log = logging.getLogger("codespec.server")
-
-
-AnyBackend = Backend | UpstreamBackend  # the model here, or an engine behind (serve --upstream)
-
-
-def backend(request: Request) -> AnyBackend:
-    return request.app.state.backend
-
-
-class ModelNotFound(RequestError):
-    pass
-
-
-def _check_model(b: AnyBackend, model: str | None) -> None:
-    if model and model not in b.model_names():
-        raise ModelNotFound(f"the model {model!r} does not exist here; GET /v1/models lists {b.name!r}")
-
-
-def _alternatives(b: AnyBackend, asked: int | None) -> int | None:
-    """The request's logprobs setting; an engine behind `--upstream` is not asked for them."""
-    if asked is not None and isinstance(b, UpstreamBackend):
-        raise RequestError("logprobs are not served through --upstream; ask the engine behind it directly")
-    return asked
-
-
-def _usage(g: Generation) -> dict[str, Any]:
-    s = g.stats
-    return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.generated_tokens,
-            "total_tokens": s.prompt_tokens + s.generated_tokens}
-
-
-class _Envelope:
-    """OpenAI's response shape around one choice; the final one carries usage and
-    codespec's speculation stats."""
-
-    def __init__(self, response_id: str, model: str) -> None:
-        self.id, self.model, self.created = response_id, model, int(time.time())
-
-    def __call__(self, kind: str, choice: dict[str, Any], done: Generation | None) -> dict[str, Any]:
-        finish = done.finish_reason if done else None
-        out: dict[str, Any] = {"id": self.id, "object": kind, "created": self.created, "model": self.model,
-                               "choices": [{"index": 0, **choice, "finish_reason": finish}]}
-        if done:
-            out["usage"] = _usage(done)
-            out["codespec"] = done.stats.to_json()
-        return out
-
-
-def _sse(payload: dict[str, Any] | str) -> str:
-    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
-
-
-async def _stream(b: AnyBackend, prompt_ids: list[int], config: GenerationConfig,
-                  chunk: Callable[[str, Generation | None, Any], dict[str, Any]],
-                  done_marker: bool = True) -> AsyncIterator[str]:
-    try:
-        async for piece, done, logprobs in b.stream_text(prompt_ids, config):
-            yield _sse(chunk(piece, done, logprobs))
-    except RequestError as exc:  # the request failed after the headers: say so in the stream
-        yield _sse(error_body(str(exc)))
-    except GenerationFailed as exc:  # an engine failure ends this stream only
-        yield _sse(error_body(str(exc), kind="server_error"))
-    except ShuttingDown as exc:  # the server stops: the stream ends with a reason, not a cut
-        yield _sse(error_body(str(exc), kind="server_error", code="server_shutting_down"))
-    except Exception as exc:  # a fault after the headers (a chunk's conversion): still an event and the end
-        log.warning("a stream failed after its headers: %s: %s", type(exc).__name__, exc, exc_info=True)
-        yield _sse(error_body(f"the request failed: {type(exc).__name__}: {exc}", kind="server_error"))
-    if done_marker:
-        yield _sse("[DONE]")
-
-
-CLIENT_LEFT = 499  # nginx's "client closed request": counted in /metrics, sent to no one
-
-
-async def _unless_client_leaves(request: Request, work: Awaitable[Any]) -> Any:
-    """A non-streaming answer that stops when its client disconnects: the request is
-    cancelled (its slot freed at the next step), not generated to its end for no one."""
-    task = asyncio.ensure_future(work)
-
-    async def client_left() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(client_left())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)  # the request's own clean-up (ticket.cancel) runs
-        return Response(status_code=CLIENT_LEFT)
-    finally:
-        task.cancel()
-        watcher.cancel()
-
-
-def _streaming(body: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(body, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+router.include_router(chat.router)
 
 
 @router.post("/v1/completions")
 async def completions(req: CompletionRequest, request: Request, b: AnyBackend = Depends(backend)) -> Any:
-    _check_model(b, req.model)
+    check_model(b, req.model)
     b.check_prompt_size(req.prompt_text if req.prompt_ids is None else "", req.suffix or "")
     if req.prompt_ids is not None:  # the model's own tokens, as sent
         if req.suffix is not None:
@@ -166,49 +64,25 @@ async def completions(req: CompletionRequest, request: Request, b: AnyBackend = 
         ids = await run_in_threadpool(prompts.fim_ids, b.tokenizer, req.prompt_text, req.suffix)
     else:  # verbatim, like `codespec generate`: special tokens written in it are recognised
         ids = await run_in_threadpool(prompts.encode_prompt, b.tokenizer, req.prompt_text)
-    b.check_request(ids, req.max_tokens)
+    prediction = await predicted(b, req.prediction, ids)
+    b.check_request(ids, req.max_tokens, prediction)
     fim: dict[str, Any] = {}
     if req.suffix is not None:  # a fill-in-the-middle ends where it meets the suffix, and at the FIM tokens
         meeting = Landing.meeting(req.prompt_text + req.suffix, len(req.prompt_text))
         fim = {"end_at": meeting.end, "end_ids": prompts.fim_end_ids(b.tokenizer)}
     config = GenerationConfig(max_new_tokens=req.max_tokens, stop=tuple(req.stop), temperature=req.temperature,
-                              top_p=req.top_p, seed=req.seed, logprobs=_alternatives(b, req.alternatives), **fim)
-    envelope = _Envelope(f"cmpl-{uuid.uuid4().hex}", b.name)
+                              top_p=req.top_p, seed=req.seed, logprobs=alternatives(b, req.alternatives),
+                              prediction=prediction, **fim)
+    envelope = Envelope(f"cmpl-{uuid.uuid4().hex}", b.name, prediction)
     shown = CompletionLogprobs(b.token_text) if config.logprobs is not None else None
 
     def chunk(text: str, done: Generation | None, logprobs: Any) -> dict[str, Any]:
         return envelope("text_completion", {"text": text, "logprobs": shown(logprobs) if shown else None}, done)
 
     if req.stream:
-        return _streaming(_stream(b, ids, config, chunk))
-    g = await _unless_client_leaves(request, b.complete(ids, config))
+        return streaming(stream(b, ids, config, chunk))
+    g = await unless_client_leaves(request, b.complete(ids, config))
     return chunk(g.text, g, g.logprobs) if isinstance(g, Generation) else g
-
-
-@router.post("/v1/chat/completions")
-async def chat_completions(req: ChatCompletionRequest, request: Request, b: AnyBackend = Depends(backend)) -> Any:
-    _check_model(b, req.model)
-    b.check_prompt_size(*(m.text() for m in req.messages))
-    ids = await run_in_threadpool(prompts.chat_ids, b.tokenizer,
-                           [{"role": m.role, "content": m.text()} for m in req.messages])
-    b.check_request(ids, req.limit)
-    config = GenerationConfig(max_new_tokens=req.limit, stop=tuple(req.stop), temperature=req.temperature,
-                              top_p=req.top_p, seed=req.seed, logprobs=_alternatives(b, req.alternatives))
-    envelope = _Envelope(f"chatcmpl-{uuid.uuid4().hex}", b.name)
-
-    def shown(logprobs: Any) -> dict[str, Any]:
-        return {"logprobs": chat_logprobs(logprobs, b.token_text)} if config.logprobs is not None else {}
-
-    def chunk(text: str, done: Generation | None, logprobs: Any) -> dict[str, Any]:
-        return envelope("chat.completion.chunk", {"delta": {"role": "assistant", "content": text}, **shown(logprobs)},
-                        done)
-
-    if req.stream:
-        return _streaming(_stream(b, ids, config, chunk))
-    g = await _unless_client_leaves(request, b.complete(ids, config))
-    if not isinstance(g, Generation):
-        return g
-    return envelope("chat.completion", {"message": {"role": "assistant", "content": g.text}, **shown(g.logprobs)}, g)
 
 
 @router.post("/infill")
@@ -254,8 +128,8 @@ async def infill(req: InfillRequest, request: Request, b: AnyBackend = Depends(b
         return _fields(out, req.response_fields)
 
     if req.stream:
-        return _streaming(_stream(b, ids, config, chunk, done_marker=False))
-    g = await _unless_client_leaves(request, b.complete(ids, config))
+        return streaming(stream(b, ids, config, chunk, done_marker=False))
+    g = await unless_client_leaves(request, b.complete(ids, config))
     return chunk(g.text, g) if isinstance(g, Generation) else g
 
 

@@ -9,7 +9,7 @@ clients that send options that change nothing here (user, samplers, ...) keep wo
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
@@ -143,14 +143,89 @@ class CompletionRequest(_Stops, _CompletionLogprobs, _Penalties):
         return self.prompt if isinstance(self.prompt, str) else str(self.prompt[0])
 
 
+FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="OpenAI's function name rule.")]
+
+
+class _CalledFunction(_Request):
+    name: StrictStr
+    arguments: StrictStr | dict[str, Any] = "{}"
+
+
+class ToolCall(_Request):
+    """A tool call in an assistant message an agent sends back."""
+
+    id: StrictStr | None = None
+    type: Literal["function"] = "function"
+    function: _CalledFunction
+
+
 class ChatMessage(_Request):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[dict] = ""
+    content: str | list[dict] | None = ""
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls
+    tool_call_id: StrictStr | None = None  # a tool message's answer to that call
+    name: StrictStr | None = None
 
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
         return "".join(part.get("text", "") for part in self.content if part.get("type") == "text")
+
+    def for_template(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+class _Function(_Request):
+    name: FunctionName
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments (checked: structured/tools.py)
+    strict: StrictBool | None = None
+
+
+class Tool(_Request):
+    type: Literal["function"]
+    function: _Function
+
+
+class _Named(_Request):
+    name: StrictStr
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: _Named
+
+
+class _JsonSchema(_Request):
+    name: FunctionName
+    description: StrictStr | None = None
+    schema_: dict[str, Any] = Field(default_factory=lambda: {"type": "object"}, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(_Request):
+    """`text`, `json_object` (any JSON object) or `json_schema` (one that follows it)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: _JsonSchema | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema goes with type json_schema, and only with it")
+        return self
+
+    @property
+    def answer_schema(self) -> dict[str, Any] | None:
+        """The JSON schema the answer follows (None: free text)."""
+        if self.type == "json_object":
+            return {"type": "object"}
+        return self.json_schema.schema_ if self.json_schema is not None else None
 
 
 class ChatCompletionRequest(_Stops, _ChatLogprobs, _Penalties):
@@ -164,6 +239,10 @@ class ChatCompletionRequest(_Stops, _ChatLogprobs, _Penalties):
     stream: StrictBool = False
     n: int = Field(1, ge=1, le=1)
     prediction: Prediction | None = None
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool = True
+    response_format: ResponseFormat | None = None
 
     @property
     def limit(self) -> int:

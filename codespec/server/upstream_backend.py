@@ -55,7 +55,9 @@ class UpstreamBackend(Served):
     def context_tokens(self) -> int | None:
         return self.served.max_model_len
 
-    def check_request(self, prompt_ids: Sequence[int], max_tokens: int) -> None:
+    def check_request(self, prompt_ids: Sequence[int], max_tokens: int, prediction: Sequence[int] = ()) -> None:
+        """`prediction` is not sent on: the engine behind drafts as it does (usage still
+        counts the prediction's tokens in the output)."""
         check_limits(prompt_ids, max_tokens, self.settings)
         limit = self.served.max_model_len
         if limit is not None and len(prompt_ids) >= limit:

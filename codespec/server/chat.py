@@ -1,0 +1,117 @@
+"""POST /v1/chat/completions: OpenAI's chat, with tools, response_format and prediction.
+
+Tools go through the model's chat template (prompts.chat_ids) and come back as
+`tool_calls` (structured/tools.py); `response_format` json_object and json_schema, and
+`tool_choice` required, a named function or a `strict` function, are grammars
+(structured/grammar.py) that mask every row of a verify pass (verify/grammar.py): the
+output is the one constrained plain decoding gives. `prediction` drafts
+(index/prediction.py) and usage reports how much of it the answer kept.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from starlette.concurrency import run_in_threadpool
+
+from codespec import prompts
+from codespec.engine.run import Generation, GenerationConfig
+from codespec.errors import RequestError
+from codespec.server.logprobs import chat_logprobs
+from codespec.server.responses import (AnyBackend, Envelope, alternatives, backend, check_model, predicted, stream,
+                                       streaming, unless_client_leaves)
+from codespec.server.schemas import ChatCompletionRequest
+from codespec.server.upstream_backend import UpstreamBackend
+from codespec.structured.grammar import Grammar, grammar_tokens
+from codespec.structured.tools import CLOSE, MALFORMED, OPEN, CallStream, Toolbox, repeated_call_end, template_messages
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(req: ChatCompletionRequest, request: Request, b: AnyBackend = Depends(backend)) -> Any:
+    check_model(b, req.model)
+    b.check_prompt_size(*(m.text() for m in req.messages))
+    choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else req.tool_choice
+    tools = Toolbox([t.model_dump() for t in req.tools or []], choice, req.parallel_tool_calls)
+    schema = req.response_format.answer_schema if req.response_format is not None else None
+    if schema is not None and tools.calling:
+        raise RequestError("response_format: a JSON answer and tool calls in one request are not served; send "
+                           'tool_choice "none", or leave response_format out and read the calls\' arguments')
+    messages = template_messages([m.for_template() for m in req.messages])
+    ids = await run_in_threadpool(prompts.chat_ids, b.tokenizer, messages, tools.shown)
+    prediction = await predicted(b, req.prediction, ids)
+    b.check_request(ids, req.limit, prediction)
+    grammar = await run_in_threadpool(_grammar, b, tools, schema)
+    config = GenerationConfig(max_new_tokens=req.limit, stop=tuple(req.stop), temperature=req.temperature,
+                              top_p=req.top_p, seed=req.seed, logprobs=alternatives(b, req.alternatives),
+                              prediction=prediction, grammar=grammar,
+                              end_at=repeated_call_end if tools.calling else None)
+    envelope = Envelope(f"chatcmpl-{uuid.uuid4().hex}", b.name, prediction)
+
+    def shown(logprobs: Any) -> dict[str, Any]:
+        return {"logprobs": chat_logprobs(logprobs, b.token_text)} if config.logprobs is not None else {}
+
+    calls = CallStream() if tools.calling else None
+
+    def chunk(text: str, done: Generation | None, logprobs: Any) -> dict[str, Any]:
+        delta: dict[str, Any] = {"role": "assistant", "content": text if calls is None else calls.push(text)}
+        finish = None
+        if done is not None and calls is not None:
+            _, found, problem = tools.read(done.text)
+            if found:
+                delta["tool_calls"] = [call.to_json(i) for i, call in enumerate(found)]
+                finish = "tool_calls"
+            else:
+                delta["content"] += calls.unsent()
+                finish = _finish(done, problem)
+        out = envelope("chat.completion.chunk", {"delta": delta, **shown(logprobs)}, done, finish)
+        return _with_problem(out, done, tools)
+
+    if req.stream:
+        return streaming(stream(b, ids, config, chunk))
+    g = await unless_client_leaves(request, b.complete(ids, config))
+    if not isinstance(g, Generation):
+        return g
+    message: dict[str, Any] = {"role": "assistant", "content": g.text}
+    finish = None
+    if tools.calling:
+        content, found, problem = tools.read(g.text)
+        message["content"] = content
+        if found:
+            message["tool_calls"] = [call.to_json() for call in found]
+            finish = "tool_calls"
+        else:
+            finish = _finish(g, problem)
+    return _with_problem(envelope("chat.completion", {"message": message, **shown(g.logprobs)}, g, finish), g, tools)
+
+
+def _grammar(b: AnyBackend, tools: Toolbox, schema: dict[str, Any] | None) -> Grammar | None:
+    """The request's grammar (None: free text), compiled and checked: a 400 names the field."""
+    needs = schema is not None or tools.grammar_needed
+    if not needs:
+        return None
+    if isinstance(b, UpstreamBackend):
+        raise RequestError("response_format and tool_choice grammars are not served through --upstream; "
+                           "ask the engine behind it directly")
+    tokens = grammar_tokens(b.tokenizer, b.engine.forward.config.vocab_size, b.engine.eos_token_ids)
+    if schema is not None:
+        return Grammar.json_schema(tokens, schema)
+    return tools.grammar(tokens, prompts.special_id(b.tokenizer, OPEN), prompts.special_id(b.tokenizer, CLOSE))
+
+
+def _finish(g: Generation, problem: str | None) -> str | None:
+    """A tool-calling answer without calls: its own reason, or MALFORMED where a call
+    could not be read (a call cut by max_tokens says "length")."""
+    return MALFORMED if problem is not None and g.finish_reason != "length" else None
+
+
+def _with_problem(out: dict[str, Any], done: Generation | None, tools: Toolbox) -> dict[str, Any]:
+    """What was wrong with a malformed call, beside the stats (`codespec.tool_call_error`)."""
+    if done is not None and tools.calling:
+        problem = tools.read(done.text)[2]
+        if problem is not None:
+            out["codespec"]["tool_call_error"] = problem
+    return out
