@@ -269,8 +269,9 @@ def anchored_prefix(prefix: str, every: int = ANCHOR_EVERY, min_lines: int = ANC
 MAX_PROMPT_BYTES = 8 << 20  # a prompt larger than this is a mistake, not a request
 
 
-def read_prompt(source: str) -> str:
-    """The prompt's text; binary, non-UTF-8 or oversized input is refused with a clear line."""
+def read_prompt(source: str, what: str = "prompt") -> str:
+    """The prompt's text (or another input file's, named `what`); binary, non-UTF-8 or
+    oversized input is refused with a clear line."""
     if source == "-":
         if sys.stdin.isatty():
             raise CodespecError("no prompt: give PROMPT_FILE or pipe the prompt into stdin")
@@ -279,18 +280,18 @@ def read_prompt(source: str) -> str:
     else:
         path = Path(source)
         if not path.is_file():
-            raise CodespecError(f"prompt file {source}: no such file")
+            raise CodespecError(f"{what} file {source}: no such file")
         with open(path, "rb") as f:
             data = f.read(MAX_PROMPT_BYTES + 1)
         name = source
     if len(data) > MAX_PROMPT_BYTES:
-        raise RequestError(f"prompt {name} is larger than {MAX_PROMPT_BYTES >> 20} MiB")
+        raise RequestError(f"{what} {name} is larger than {MAX_PROMPT_BYTES >> 20} MiB")
     if b"\x00" in data:
-        raise RequestError(f"prompt {name} looks binary (it contains NUL bytes); give a text file")
+        raise RequestError(f"{what} {name} looks binary (it contains NUL bytes); give a text file")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise RequestError(f"prompt {name} is not UTF-8 text (bad byte at offset {exc.start})") from None
+        raise RequestError(f"{what} {name} is not UTF-8 text (bad byte at offset {exc.start})") from None
     if not text:
-        raise RequestError(f"prompt {name} is empty")
+        raise RequestError(f"{what} {name} is empty")
     return text

@@ -135,3 +135,27 @@ def test_tokenizing_a_long_prompt_lets_other_threads_run(tokenizer, encode, dire
         turns += 1
     worker.join()
     assert turns > 1_000_000, turns
+
+
+def test_tools_and_calls_render_as_transformers_renders_them(tokenizer):
+    """Tools in the system prompt, an assistant's call and the tool's answer: the ids
+    transformers' own template gives, the call markers as the model's tokens."""
+    from transformers import AutoTokenizer
+
+    from codespec.models.loading import resolve_model_path
+    from codespec.settings import Settings
+    from codespec.structured.tools import template_messages
+
+    hf = AutoTokenizer.from_pretrained(resolve_model_path("default", Settings(), progress=False)[1])
+    tools = [{"type": "function", "function": {"name": "read_file", "description": "Read a file.", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
+    messages = template_messages([
+        {"role": "user", "content": "What is in app.py?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c0", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "app.py"}'}}]},
+        {"role": "tool", "tool_call_id": "c0", "content": "print('hi')\n"},
+    ])
+    ours = prompts.chat_ids(tokenizer, messages, tools)
+    theirs = hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
+    assert ours == list(theirs["input_ids"] if not isinstance(theirs, list) else theirs)
+    assert prompts.special_id(tokenizer, "<tool_call>") in ours

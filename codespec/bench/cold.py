@@ -10,6 +10,11 @@ benchmark or test uses) runs in its own process under each system, interleaved:
                        (load_transformers), transformers' generate with prompt lookup (10 tokens)
     codespec           codespec generate with default settings; FIM requests also get
                        --index FILE, the index of their package (the target file excluded)
+    codespec-prediction  codespec generate --prediction FILE: requests that carry the
+                       output their client expects (`codespec bench apply`, bench/apply.py)
+    llamacpp-simple,   llama.cpp's llama-server with n-gram lookup (bench/llamacpp.py), a warm
+    -mod, -map-k       server: its time is the request's alone (prompt not cached), with no
+                       process start to pay
 
 Each process is timed from spawn to exit by this one; each child reports its model load
 (`load_transformers`) and its age at the first token. "Net" is wall minus model load: what
@@ -31,7 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from codespec.bench.llamacpp import LOOKUP_SYSTEMS
+
 COLD_SYSTEMS = ("plain", "hf_prompt_lookup", "codespec")
+APPLY_SYSTEMS = ("plain", "hf_prompt_lookup", "codespec", "codespec-prediction", *LOOKUP_SYSTEMS)
 NEW_TOKENS = {"fim": 128, "edit": 320}  # as the workloads suite: a completion, a whole function
 SETTING_FLAGS = ("model", "dtype", "device", "threads", "cache_dir")  # passed on to every child
 
@@ -74,8 +82,9 @@ class ColdResult:
         return all(r.token_ids == reference for r in self.runs[(request, system)])
 
 
-def worker_command(system: str, prompt: Path, kind: str, index: Path | None, flags: list[str]) -> list[str]:
-    new = str(NEW_TOKENS[kind])
+def worker_command(system: str, prompt: Path, new_tokens: int, index: Path | None, flags: list[str],
+                   prediction: Path | None = None) -> list[str]:
+    new = str(new_tokens)
     if system == "hf_prompt_lookup":
         return [sys.executable, "-m", "codespec.bench.cold", str(prompt), new, *flags]
     command = [sys.executable, "-m", "codespec", "generate", "--json", "--max-new-tokens", new, *flags]
@@ -83,7 +92,14 @@ def worker_command(system: str, prompt: Path, kind: str, index: Path | None, fla
         command.append("--no-spec")
     elif index is not None:
         command += ["--index", str(index)]
+    if system == "codespec-prediction" and prediction is not None:
+        command += ["--prediction", str(prediction)]
     return command + [str(prompt)]
+
+
+def new_tokens(request: Any) -> int:
+    """A request's token limit: its own (agent requests), else its kind's."""
+    return getattr(request, "max_new_tokens", None) or NEW_TOKENS[request.kind]
 
 
 def run_process(command: list[str]) -> tuple[dict[str, Any], float]:
@@ -106,13 +122,18 @@ def run_cold(settings: Any, tokenizer: Any, requests: Sequence[Any], systems: Se
 
     flags = setting_flags(settings)
     result = ColdResult()
+    servers = [s for s in systems if s in LOOKUP_SYSTEMS]
+    processes = ["plain", *[s for s in systems if s not in servers and s != "plain"]]
     with tempfile.TemporaryDirectory(prefix="codespec-cold-") as tmp:
         work = Path(tmp)
-        prompts, indexes, built = {}, {}, {}
+        prompts, indexes, built, predictions = {}, {}, {}, {}
         for i, request in enumerate(requests):
             prompts[request.name] = work / f"prompt{i}.txt"
             # every system tokenizes this same text (special tokens recognised) to the same ids
             prompts[request.name].write_text(tokenizer.decode(list(request.prompt_ids)), encoding="utf-8")
+            if getattr(request, "prediction", None):
+                predictions[request.name] = work / f"prediction{i}.txt"
+                predictions[request.name].write_text(request.prediction, encoding="utf-8")
             if request.repository:
                 key = tuple(sorted(request.repository))
                 if key not in built:
@@ -121,19 +142,46 @@ def run_cold(settings: Any, tokenizer: Any, requests: Sequence[Any], systems: Se
                     SuffixIndex.build(tokens, tokenizer=tokenizer_fingerprint(tokenizer)).save(built[key])
                 indexes[request.name] = built[key]
         # untimed: pages the weights in and stores the machine profile when there is none
-        run_process(worker_command("codespec", prompts[requests[0].name], "fim", None, flags))
+        run_process(worker_command("codespec", prompts[requests[0].name], 16, None, flags))
         for _ in range(repeat):
             for request in requests:
-                for system in ("plain", *[s for s in systems if s != "plain"]):
-                    out, wall = run_process(worker_command(system, prompts[request.name], request.kind,
-                                                           indexes.get(request.name), flags))
+                for system in processes:
+                    if system == "codespec-prediction" and request.name not in predictions:
+                        continue
+                    out, wall = run_process(worker_command(system, prompts[request.name], new_tokens(request),
+                                                           indexes.get(request.name), flags,
+                                                           predictions.get(request.name)))
                     stats = out.get("stats", {})
                     run = ColdRun(request.name, request.kind, system, out["token_ids"], wall,
                                   out["startup"]["model_load_s"], out["startup"]["first_token_s"],
                                   stats.get("verify_passes", 0), stats.get("accepted_tokens_per_pass", 0.0))
                     result.add(run)
                     on_run(run)
+    for system in servers:
+        for run in _served(system, tokenizer, requests, repeat, settings):
+            result.add(run)
+            on_run(run)
     return result
+
+
+def _served(system: str, tokenizer: Any, requests: Sequence[Any], repeat: int, settings: Any) -> list[ColdRun]:
+    """Every request through one warm llama-server: each request's own time, its prompt
+    computed afresh (no prompt cache), as a fresh process computes it."""
+    from codespec.bench.llamacpp import LlamaServer
+    from codespec.prompts import special_id
+
+    eos = {i for i in (tokenizer.eos_token_id, special_id(tokenizer, "<|endoftext|>"),
+                       special_id(tokenizer, "<|im_end|>")) if i is not None}
+    runs = []
+    with LlamaServer(system, threads=settings.threads or os.cpu_count() or 1) as server:
+        server.complete(requests[0].prompt_ids, 4, eos, cache_prompt=False)  # untimed: pages the weights in
+        for _ in range(repeat):
+            for request in requests:
+                out = server.complete(request.prompt_ids, new_tokens(request), eos, cache_prompt=False)
+                passes = max(1, len(out.token_ids) - out.accepted_draft_tokens)
+                runs.append(ColdRun(request.name, request.kind, system, out.token_ids, out.wall_s, 0.0,
+                                    out.ttft_s or 0.0, passes, len(out.token_ids) / passes))
+    return runs
 
 
 def setting_flags(settings: Any) -> list[str]:
@@ -149,6 +197,8 @@ def summary(result: ColdResult, systems: Sequence[str]) -> dict[str, Any]:
     for name in requests:
         row = {"kind": result.kinds[name]}
         for system in systems:
+            if (name, system) not in result.runs:
+                continue
             row[system] = {what: round(result.median(name, system, what), 3)
                            for what in ("wall_s", "model_load_s", "net_s", "first_token_s")}
             row[system]["identical"] = result.identical(name, system)
@@ -156,16 +206,23 @@ def summary(result: ColdResult, systems: Sequence[str]) -> dict[str, Any]:
             row[system]["accepted_tokens_per_pass"] = result.runs[(name, system)][0].accepted_tokens_per_pass
         out["requests"][name] = row
     for system in systems:
+        ran = [n for n in requests if (n, system) in result.runs]
+        if not ran:
+            continue
         out[system] = {
             "cold_start_to_first_token_s": round(statistics.median(
-                result.median(n, system, "first_token_s") for n in requests), 3),
-            "median_model_load_s": round(statistics.median(result.median(n, system, "model_load_s") for n in requests), 3),
+                result.median(n, system, "first_token_s") for n in ran), 3),
+            "median_model_load_s": round(statistics.median(result.median(n, system, "model_load_s") for n in ran), 3),
         }
-        for kind in ("fim", "edit"):
-            names = [n for n in requests if result.kinds[n] == kind]
+        for kind in sorted(set(result.kinds.values())):
+            names = [n for n in ran if result.kinds[n] == kind]
             if names:
                 out[system][f"{kind}_net_s"] = round(sum(result.median(n, system, "net_s") for n in names), 3)
     return out
+
+
+def _net(result: ColdResult, system: str, names: Sequence[str]) -> float:
+    return sum(result.median(n, system, "net_s") for n in names)
 
 
 def checks(result: ColdResult, systems: Sequence[str]) -> dict[str, bool]:
@@ -177,27 +234,41 @@ def checks(result: ColdResult, systems: Sequence[str]) -> dict[str, bool]:
             result.median(n, "codespec", "net_s") <= result.median(n, "plain", "net_s") for n in names)
         edits = [n for n in names if result.kinds[n] == "edit"]
         if "hf_prompt_lookup" in systems and edits:
-            hf = sum(result.median(n, "hf_prompt_lookup", "net_s") for n in edits)
-            ours = sum(result.median(n, "codespec", "net_s") for n in edits)
-            found["codespec >= 1.5x hf_prompt_lookup on edit (net time)"] = hf >= 1.5 * ours
+            found["codespec >= 1.5x hf_prompt_lookup on edit (net time)"] = \
+                _net(result, "hf_prompt_lookup", edits) >= 1.5 * _net(result, "codespec", edits)
+    applies = [n for n in names if result.kinds[n] == "apply"]
+    if "codespec-prediction" in systems and applies:
+        ours = _net(result, "codespec-prediction", applies)
+        found["codespec-prediction identical to plain on every request"] = all(
+            result.identical(n, "codespec-prediction") for n in names if (n, "codespec-prediction") in result.runs)
+        found["codespec-prediction >= 4x plain on apply (net time)"] = _net(result, "plain", applies) >= 4 * ours
+        if "hf_prompt_lookup" in systems:
+            found["codespec-prediction >= 2x hf_prompt_lookup on apply (net time)"] = \
+                _net(result, "hf_prompt_lookup", applies) >= 2 * ours
     return found
 
 
 def format_table(result: ColdResult, systems: Sequence[str]) -> str:
-    head = ["request", "tokens", *[f"{s} net s" for s in systems], "codespec/plain", "codespec vs hf",
+    """One row per request: each system's net time, codespec's (with its prediction where
+    it ran) against plain and HF prompt lookup, its tokens per pass, and whether every
+    codespec output equals plain's (HF's and llama.cpp's numerics differ: not compared)."""
+    ours = "codespec-prediction" if "codespec-prediction" in systems else "codespec"
+    head = ["request", "tokens", *[f"{s} net s" for s in systems], f"{ours}/plain", f"{ours} vs hf",
             "tok/pass", "identical"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in result.kinds:
-        net = {s: result.median(name, s, "net_s") for s in systems}
-        spec = "codespec" in systems
+        net = {s: result.median(name, s, "net_s") for s in systems if (name, s) in result.runs}
+        mine = ours if ours in net else "codespec"
+        spec = mine in net
+        compared = [s for s in net if s.startswith("codespec")]
         lines.append("| " + " | ".join([
             name,
             str(len(result.runs[(name, "plain")][0].token_ids)),
-            *[f"{net[s]:.2f}" for s in systems],
-            f"{net['plain'] / net['codespec']:.2f}x" if spec else "",
-            f"{net['hf_prompt_lookup'] / net['codespec']:.2f}x" if spec and "hf_prompt_lookup" in net else "",
-            f"{result.runs[(name, 'codespec')][0].accepted_tokens_per_pass:.2f}" if spec else "",
-            "yes" if all(result.identical(name, s) for s in systems if s != "hf_prompt_lookup") else "NO",
+            *[f"{net[s]:.2f}" if s in net else "" for s in systems],
+            f"{net['plain'] / net[mine]:.2f}x" if spec else "",
+            f"{net['hf_prompt_lookup'] / net[mine]:.2f}x" if spec and "hf_prompt_lookup" in net else "",
+            f"{result.runs[(name, mine)][0].accepted_tokens_per_pass:.2f}" if spec else "",
+            "yes" if all(result.identical(name, s) for s in compared) else "NO",
         ]) + " |")
     return "\n".join(lines)
 

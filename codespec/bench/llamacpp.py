@@ -118,9 +118,10 @@ class LlamaServer:
         stop_process(self.process, timeout_s=20)
         self.log.close()
 
-    def complete(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_ids: Iterable[int]) -> LlamaOutcome:
+    def complete(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_ids: Iterable[int],
+                 cache_prompt: bool = True) -> LlamaOutcome:
         body = {"prompt": list(prompt_ids), "n_predict": max_new_tokens, "temperature": 0.0, "top_k": 1,
-                "cache_prompt": True, "return_tokens": True, "stream": False}
+                "cache_prompt": cache_prompt, "return_tokens": True, "stream": False}
         request = urllib.request.Request(self.url + "/completion", data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
         began = time.perf_counter()

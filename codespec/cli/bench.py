@@ -15,7 +15,7 @@ import os
 import platform
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from codespec.bench.systems import ALIASES, SYSTEM_NAMES
 from codespec.cli.options import MODEL_FIELDS, SPECULATION_FIELDS, add_settings_arguments, settings_from_args
@@ -27,12 +27,14 @@ from codespec.forward.profile import cpu_description
 def register(commands: Any) -> None:
     p = commands.add_parser("bench", help="measure workloads side by side (default), draft policies (`bench "
                             "verify`) or the suffix index (`bench index`)")
-    p.add_argument("suite", nargs="?", choices=("workloads", "index", "verify", "cold", "editor"),
+    p.add_argument("suite", nargs="?", choices=("workloads", "index", "verify", "cold", "apply", "editor"),
                    default="workloads",
                    help="workloads: repo completion, edit, agent loop, editor session x plain, HF prompt lookup, "
                    "codespec variants, arctic-inference; verify: draft policies (none, chain-4/8/16, tree, goodput) "
                    "at batch 1 and 8; index: the index at 10k..10M tokens; cold: held-out requests, a fresh "
-                   "process each (codespec generate, --no-spec, HF prompt lookup): start-up included; editor: a "
+                   "process each (codespec generate, --no-spec, HF prompt lookup): start-up included; apply: agents' "
+                   "fast-apply and tool-result requests the same way, with --prediction, and llama.cpp's lookups; "
+                   "editor: a "
                    "typing replay against codespec lsp, codespec serve's /infill and llama-server (llama.vim's "
                    "requests)")
     p.add_argument("--sets", default="edit,fim-repo", help="verify suite: request sets (edit, fim-repo)")
@@ -67,7 +69,7 @@ def _pick(value: str, known: Any, what: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"index": run_index, "verify": run_verify, "cold": run_cold,
+    return {"index": run_index, "verify": run_verify, "cold": run_cold, "apply": run_apply,
             "editor": run_editor}.get(args.suite, run_workloads)(args)
 
 
@@ -106,21 +108,48 @@ def run_editor(args: argparse.Namespace) -> int:
 def run_cold(args: argparse.Namespace) -> int:
     from codespec.bench import cold
     from codespec.bench.heldout import heldout_requests
+
+    if args.requests < 2:
+        raise CodespecError("cold suite: --requests must be at least 2")
+
+    def chosen(tokenizer: Any) -> list[Any]:
+        held = heldout_requests(tokenizer)
+        return [*_spread([r for r in held if r.kind == "fim"], args.requests // 2),
+                *_spread([r for r in held if r.kind == "edit"], args.requests - args.requests // 2)]
+
+    return _fresh_processes(args, "cold", cold.COLD_SYSTEMS, chosen)
+
+
+def run_apply(args: argparse.Namespace) -> int:
+    from codespec.bench import cold
+    from codespec.bench.apply import apply_requests
+    from codespec.bench.llamacpp import llamacpp_available
+
+    systems = cold.APPLY_SYSTEMS
+    why = llamacpp_available()
+    if why is not None and args.systems == ",".join(SYSTEM_NAMES):  # the default set: without what is missing
+        print(f"apply suite: no llama.cpp lookups ({why})", file=sys.stderr)
+        systems = tuple(s for s in systems if not s.startswith("llamacpp"))
+    return _fresh_processes(args, "apply", systems, apply_requests, known=cold.APPLY_SYSTEMS)
+
+
+def _fresh_processes(args: argparse.Namespace, suite: str, default_systems: Sequence[str],
+                     requests_of: Any, known: Sequence[str] | None = None) -> int:
+    """The cold and apply suites: every request in fresh processes under each system."""
+    from codespec.bench import cold
     from codespec.models.loading import load_tokenizer
 
-    systems = _pick(args.systems, cold.COLD_SYSTEMS, "systems") if args.systems != ",".join(SYSTEM_NAMES) \
-        else list(cold.COLD_SYSTEMS)
+    systems = _pick(args.systems, known or default_systems, "systems") if args.systems != ",".join(SYSTEM_NAMES) \
+        else list(default_systems)
     systems = ["plain", *[s for s in systems if s != "plain"]]
     repeat = 1 if args.repeat is None else args.repeat
-    if repeat < 1 or args.requests < 2:
-        raise CodespecError("cold suite: --repeat must be at least 1 and --requests at least 2")
+    if repeat < 1:
+        raise CodespecError(f"{suite} suite: --repeat must be at least 1")
     out_dir = _out_dir(args.out)
     settings = settings_from_args(args)
     tokenizer = load_tokenizer(settings)
-    held = heldout_requests(tokenizer)
-    chosen = [*_spread([r for r in held if r.kind == "fim"], args.requests // 2),
-              *_spread([r for r in held if r.kind == "edit"], args.requests - args.requests // 2)]
-    print(f"cold suite: {len(chosen)} held-out requests x {', '.join(systems)}, a fresh process each, "
+    chosen = requests_of(tokenizer)
+    print(f"{suite} suite: {len(chosen)} requests x {', '.join(systems)}, a fresh process each, "
           f"{repeat} round(s)", file=sys.stderr)
 
     def progress(run: Any) -> None:
@@ -131,19 +160,20 @@ def run_cold(args: argparse.Namespace) -> int:
     found = cold.checks(result, systems)
     facts = cold.summary(result, systems)
     machine = _machine()
-    print(f"\n{len(chosen)} held-out requests, a fresh process each, {machine['cores']} cores ({machine['cpu']}), "
+    print(f"\n{len(chosen)} requests, a fresh process each, {machine['cores']} cores ({machine['cpu']}), "
           f"median of {repeat}; net = wall - model load (seconds)")
     print(cold.format_table(result, systems))
     for system in systems:
-        f = facts[system]
-        print(f"  {system}: cold start to first token {f['cold_start_to_first_token_s']:.2f} s (median), "
-              f"model load {f['median_model_load_s']:.2f} s")
+        f = facts.get(system)
+        if f:
+            print(f"  {system}: cold start to first token {f['cold_start_to_first_token_s']:.2f} s (median), "
+                  f"model load {f['median_model_load_s']:.2f} s")
     for name, ok in found.items():
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
-    report = {"bench": "cold", "machine": machine, "systems": systems, "summary": facts, "checks": found}
+    report = {"bench": suite, "machine": machine, "systems": systems, "summary": facts, "checks": found}
     if out_dir is not None:
-        write_json(out_dir / "cold.json", report)
-        print(f"wrote {out_dir / 'cold.json'}", file=sys.stderr)
+        write_json(out_dir / f"{suite}.json", report)
+        print(f"wrote {out_dir / f'{suite}.json'}", file=sys.stderr)
     print(json.dumps(report))
     return 0
 
