@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from codespec.index.prediction import prediction_usage
-    from codespec.prompts import encode, encode_prompt
+    from codespec.prompts import encode_prompt
 
     imported = process_age()
 
@@ -60,14 +60,6 @@ def run(args: argparse.Namespace) -> int:
 
         index = SuffixIndex.load(args.index)
     loading = process_age()
-    warming = None
-    if not args.no_spec:  # numba's kernels load (~0.6 s) while the weights do
-        import threading
-
-        from codespec.policy.warm import warm_up
-
-        warming = threading.Thread(target=warm_up, name="codespec-warm-up", daemon=True)
-        warming.start()
     loaded = forward.load(settings)  # no torch import where the torch-free backend serves it
     loaded_at = process_age()
     tokenizer = loaded.tokenizer
@@ -82,9 +74,7 @@ def run(args: argparse.Namespace) -> int:
         index.check_tokenizer(tokenizer_fingerprint(tokenizer, settings.cache_dir))
     engine = Engine.from_settings(loaded.forward, tokenizer, settings, index=index)
     if predicted is not None:
-        config = replace(config, prediction=tuple(encode(tokenizer, predicted)))
-    if warming is not None:
-        warming.join()
+        config = replace(config, prediction=tuple(encode_prompt(tokenizer, predicted)))  # verbatim, as the prompt
     started = process_age()
     result = engine.generate(prompt_ids, config)
     kept = prediction_usage(config.prediction, result.token_ids) if config.prediction else None

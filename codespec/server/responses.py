@@ -11,7 +11,9 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
+from codespec import prompts
 from codespec.engine.run import Generation, GenerationConfig
 from codespec.errors import RequestError
 from codespec.index.prediction import prediction_usage
@@ -131,14 +133,10 @@ def streaming(body: AsyncIterator[str]) -> StreamingResponse:
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def predicted(b: AnyBackend, prediction: Any, prompt: list[int]) -> tuple[int, ...]:
+async def predicted(b: AnyBackend, prediction: Any) -> tuple[int, ...]:
     """A request's `prediction` as tokens (plain text: no marker in it is a token)."""
     if prediction is None:
         return ()
-    from starlette.concurrency import run_in_threadpool
-
-    from codespec import prompts
-
     text = prediction.text()
     b.check_prompt_size(text, what="the prediction")
     return tuple(await run_in_threadpool(prompts.encode, b.tokenizer, text))

@@ -64,7 +64,7 @@ async def completions(req: CompletionRequest, request: Request, b: AnyBackend = 
         ids = await run_in_threadpool(prompts.fim_ids, b.tokenizer, req.prompt_text, req.suffix)
     else:  # verbatim, like `codespec generate`: special tokens written in it are recognised
         ids = await run_in_threadpool(prompts.encode_prompt, b.tokenizer, req.prompt_text)
-    prediction = await predicted(b, req.prediction, ids)
+    prediction = await predicted(b, req.prediction)
     b.check_request(ids, req.max_tokens, prediction)
     fim: dict[str, Any] = {}
     if req.suffix is not None:  # a fill-in-the-middle ends where it meets the suffix, and at the FIM tokens

@@ -14,7 +14,6 @@ cannot serve is a 400 naming the field); each run gets its own `GrammarMatcher`,
 from __future__ import annotations
 
 import functools
-import json
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -116,11 +115,6 @@ class GrammarMatcher:
         error = self._matcher.get_error()
         return error.splitlines()[0] if error else f"the grammar stopped ({self._matcher.stop_reason()})"
 
-    @property
-    def accepting(self) -> bool:
-        """Whether the output so far is complete under the grammar."""
-        return self._matcher.is_accepting()
-
 
 def check_schema(schema: Any, field: str) -> None:
     """A 400 naming `field` for what is not a JSON schema (jsonschema's metaschema check)."""
@@ -140,11 +134,3 @@ def validation_error(schema: dict[str, Any], value: Any) -> str | None:
 
     error = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(schema)(schema).iter_errors(value))
     return None if error is None else error.message
-
-
-def parses(text: str) -> Any:
-    """`text` as JSON, or a RequestError saying why not."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RequestError(f"not JSON: {exc}") from exc

@@ -291,9 +291,3 @@ class CallStream:
 
     def unsent(self) -> str:
         return self.raw[self.sent:]
-
-
-def call_deltas(calls: list[Call]) -> Iterator[dict[str, Any]]:
-    """Streamed tool calls as OpenAI's deltas: one per call, with its index."""
-    for index, call in enumerate(calls):
-        yield {"tool_calls": [call.to_json(index)]}
