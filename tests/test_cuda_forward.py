@@ -199,7 +199,7 @@ class _DeepBranches:
     """Drafts a short main chain and a second root whose branch runs 7 nodes deep, with
     tokens the tiny model may or may not choose: a branch longer than a 4-row bucket."""
 
-    def start(self, prompt_ids):
+    def start(self, prompt_ids, prediction=()):
         return self
 
     def extend(self, token_ids):

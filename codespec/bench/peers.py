@@ -102,7 +102,9 @@ class ArcticProposer:
         self._next_id += 1
         return f"r{self._next_id}"
 
-    def start(self, prompt_ids: Sequence[int]) -> _ArcticSession:
+    def start(self, prompt_ids: Sequence[int], prediction: Sequence[int] = ()) -> _ArcticSession:
+        """A request's session; a prediction is not drafted from (arctic's tree holds
+        the prompt and past outputs only)."""
         req = self._new_id()
         self._cache.start_request(req, list(prompt_ids))
         return _ArcticSession(self._cache, req, list(prompt_ids), self.max_depth)
