@@ -47,6 +47,10 @@ class CompletionBackend(Protocol):
         """The completion text (stopped early when `on_text` returned False). Cancelling
         the awaiting task cancels the generation."""
 
+    async def next_edit(self, asked: Any) -> list[Any]:
+        """The edits (nextedit/rewrite.py's `Edit`: offsets into the document) the model
+        predicts after the recent ones, for a nextedit/prompt.py `NextEditRequest`."""
+
     async def index_workspace(self, folders: list[str], progress: Progress) -> str:
         """Index the folders (repository context); returns a one-line summary."""
 

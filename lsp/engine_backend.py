@@ -13,7 +13,7 @@ from collections import Counter
 from typing import Any
 
 from codespec.integrations.upstream import ServedModel, UpstreamClient
-from codespec.lsp.backend import FimRequest, OnText, Progress
+from codespec.lsp.backend import FimRequest, OnText, Progress, detached
 from codespec.lsp.http_backend import follow
 from codespec.prompts import fim_ids
 
@@ -34,6 +34,19 @@ class EngineBackend:
         body = {"model": self.served.name, "prompt": self.prompt_ids(request), "max_tokens": request.max_tokens,
                 "temperature": 0}
         return await follow(lambda stop: (delta.text for delta in self.client.stream(body, stop)), on_text)
+
+    async def next_edit(self, asked: Any) -> list[Any]:
+        """The next edit through the engine's `/v1/completions`: the prompt built here, the
+        whole rewrite generated there (the re-join rule is codespec's engine's), diffed here."""
+        from codespec.nextedit.prompt import DEFAULT_LAYOUT, build, generation, proposed
+        from codespec.prompts import encode
+
+        prompt = await detached(build, DEFAULT_LAYOUT, self.tokenizer, asked)
+        fields = generation(prompt, await detached(encode, self.tokenizer, prompt.window.text))
+        body = {"model": self.served.name, "prompt": prompt.ids, "max_tokens": fields["max_new_tokens"],
+                "temperature": 0, "stop": list(fields["stop"])}
+        text = await follow(lambda stop: (delta.text for delta in self.client.stream(body, stop)), lambda _: True)
+        return proposed(prompt, text)
 
     async def index_workspace(self, folders: list[str], progress: Progress) -> str:
         progress(f"drafts come from the engine at {self.client.url}", 100)

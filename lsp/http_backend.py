@@ -76,6 +76,21 @@ class HttpBackend:
 
         return await follow(pieces, on_text)
 
+    async def next_edit(self, asked: Any) -> list[Any]:
+        """`codespec serve`'s POST /v1/next_edit for the request: the edits it predicts."""
+        from codespec.nextedit.rewrite import Edit
+
+        body = {"path": asked.path, "text": asked.document, "cursor": asked.cursor,
+                "recent_edits": [{"path": e.uri, "start_line": e.start, "before": e.before, "after": e.after}
+                                 for e in asked.history]}
+
+        def send() -> list[Any]:
+            with self._request("/v1/next_edit", body) as response:
+                answer = json.load(response)
+            return [Edit(e["start"], e["end"], e["text"]) for e in answer["edits"]]
+
+        return await detached(send)
+
     async def index_workspace(self, folders: list[str], progress: Progress) -> str:
         progress("the server indexes its own repository (codespec serve --repo)", 100)
         with self._request("/v1/index/stats", method="GET") as response:

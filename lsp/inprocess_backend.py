@@ -98,6 +98,27 @@ class InProcessBackend:
         finally:
             ticket.cancel()  # superseded or cancelled: the scheduler drops it at the next step
 
+    async def next_edit(self, asked: Any) -> list[Any]:
+        """The edits the model predicts after the recent ones (nextedit/): its rewrite of
+        the window around the cursor, diffed against it."""
+        from codespec.nextedit.prompt import DEFAULT_LAYOUT, build, generation, proposed
+        from codespec.prompts import encode
+
+        loop = asyncio.get_running_loop()
+        prompt = await detached(build, DEFAULT_LAYOUT, self.tokenizer, asked)
+        window = await detached(encode, self.tokenizer, prompt.window.text)
+        done: asyncio.Future[Any] = loop.create_future()
+
+        def on_done(outcome: Any) -> None:
+            loop.call_soon_threadsafe(fail if isinstance(outcome, BaseException) else settle, done, outcome)
+
+        ticket = self.scheduler.submit(prompt.ids, GenerationConfig(**generation(prompt, window)),
+                                       on_tokens=lambda new: None, on_done=on_done)
+        try:
+            return proposed(prompt, (await done).text)
+        finally:
+            ticket.cancel()
+
     async def index_workspace(self, folders: list[str], progress: Progress) -> str:
         from codespec.indexing import build_static_index
 

@@ -30,6 +30,10 @@ class RemoteBackend:
         backend = await detached(self.resolved)
         return await backend.complete(request, on_text)
 
+    async def next_edit(self, asked: Any) -> list[Any]:
+        backend = await detached(self.resolved)
+        return await backend.next_edit(asked)
+
     async def index_workspace(self, folders: list[str], progress: Progress) -> str:
         backend = await detached(self.resolved)
         return await backend.index_workspace(folders, progress)

@@ -29,14 +29,15 @@ import itertools
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Generator
 from urllib.parse import unquote, urlparse
 
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams, JsonRpcInvalidRequest
 from pygls.lsp.server import LanguageServer
-from pygls.protocol import LanguageServerProtocol
+from pygls.protocol import LanguageServerProtocol, lsp_method
 
+from codespec.lsp import next_edit
 from codespec.lsp.ahead import Ahead
 from codespec.lsp.backend import CompletionBackend, detached, settle
 from codespec.lsp.context import Ring
@@ -47,6 +48,7 @@ from codespec.landing.fit import fit_indent, replaced_after, rest_of_line
 from codespec.lsp.options import LspOptions, parse_options
 from codespec.landing.syntax import Mode, classify
 from codespec.landing.lines import whole_lines
+from codespec.nextedit.history import EditHistory
 from codespec.lsp.window import fim_request
 from codespec.lsp.workspace import index_workspace
 
@@ -77,6 +79,14 @@ class CodespecProtocol(LanguageServerProtocol):
                 error = JsonRpcInvalidParams(f"invalid params for {data['method']}")
                 self._send_response(data["id"], error=error.to_response_error())
             return _HANDLED
+
+    @lsp_method(types.INITIALIZE)
+    def lsp_initialize(self, params: types.InitializeParams) -> Generator[Any, Any, types.InitializeResult]:
+        """pygls' initialize, its capabilities with the next-edit method advertised
+        (`experimental.copilotInlineEdit`: no capability names a custom method)."""
+        result = yield from super().lsp_initialize(params)
+        result.capabilities.experimental = {next_edit.CAPABILITY: True}
+        return result
 
     def handle_message(self, message: Any) -> None:
         if message is _HANDLED:
@@ -117,6 +127,7 @@ class CodespecServer(LanguageServer):
         self.offered: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()
         self.ahead_prefill = Ahead(self._prefill_ahead, self._document, lambda: self.options)
         self.ring = Ring()  # other files' code for the prompt's head (lsp/context.py)
+        self.history = EditHistory()  # every document's recent changes, for next edits (lsp/next_edit.py)
         self.where: tuple[str, str, int] | None = None  # the last request's (uri, text, offset)
 
     # -- helpers ---------------------------------------------------------------------
@@ -211,11 +222,13 @@ def build_server(make_backend: Callable[[], CompletionBackend]) -> CodespecServe
     def did_open(ls: CodespecServer, params: types.DidOpenTextDocumentParams) -> None:
         feed(ls, params.text_document.uri)
         ls.ahead_prefill.changed(params.text_document.uri)
+        remember(ls, params.text_document.uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: CodespecServer, params: types.DidChangeTextDocumentParams) -> None:
         feed(ls, params.text_document.uri)
         ls.ahead_prefill.changed(params.text_document.uri)
+        remember(ls, params.text_document.uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
     def did_save(ls: CodespecServer, params: types.DidSaveTextDocumentParams) -> None:
@@ -225,6 +238,7 @@ def build_server(make_backend: Callable[[], CompletionBackend]) -> CodespecServe
     def did_close(ls: CodespecServer, params: types.DidCloseTextDocumentParams) -> None:
         uri = params.text_document.uri
         ls.shown.pop(uri, None)
+        ls.history.forget(uri)
         ls.ahead_prefill.closed(uri)
         ls.leave(uri)
         for task in (ls.in_flight.pop(uri, (None, ""))[0], ls.background.pop(uri, None),
@@ -260,6 +274,20 @@ def build_server(make_backend: Callable[[], CompletionBackend]) -> CodespecServe
         return {"backend": report() if callable(report) else None, "open_documents": len(ls.workspace.text_documents),
                 "in_flight": len(ls.in_flight)}
 
+    @server.feature(next_edit.METHOD)
+    async def copilot_inline_edit(ls: CodespecServer, params: Any) -> dict[str, Any]:
+        return await next_edit.inline_edit(ls, params)
+
+    @server.feature(next_edit.SHOWN)
+    def did_show_inline_edit(ls: CodespecServer, params: Any) -> None:
+        if ls.backend is not None:
+            ls.backend.record_acceptance(False)
+
+    @server.command(next_edit.ACCEPT_EDIT)
+    def accepted_inline_edit(ls: CodespecServer, *args: Any) -> None:
+        if ls.backend is not None:
+            ls.backend.record_acceptance(True)
+
     @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
     async def inline_completion(ls: CodespecServer,
                                 params: types.InlineCompletionParams) -> types.InlineCompletionList | None:
@@ -281,6 +309,13 @@ def open_document(ls: CodespecServer, uri: str) -> Any:
     if doc is None:
         raise JsonRpcInvalidParams(f"{uri} is not open: send textDocument/didOpen first")
     return doc
+
+
+def remember(ls: CodespecServer, uri: str) -> None:
+    """The document's text into its edit history (next edits see the changes)."""
+    doc = opened(ls, uri)
+    if doc is not None:
+        ls.history.update(uri, doc.source.replace("\r\n", "\n"))
 
 
 def feed(ls: CodespecServer, uri: str, saved: bool = False) -> None:

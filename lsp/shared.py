@@ -248,6 +248,9 @@ class SharedBackend:
                 failed.close()  # its workers
                 self._attach()
 
+    async def next_edit(self, asked: Any) -> list[Any]:
+        return await self.http.next_edit(asked)
+
     async def complete(self, request: Any, on_text: Any) -> str:
         from codespec.lsp.backend import detached
 

@@ -15,7 +15,8 @@ LAYERS = [
     # the cuda backend's settings model, which Settings holds, is pydantic alone
     {"codespec.errors", "codespec.settings", "codespec.prompts", "codespec.tempfiles",
      "codespec.forward.cuda.settings"},
-    {"codespec.kernels", "codespec.index", "codespec.models", "codespec.landing", "codespec.structured"},
+    {"codespec.kernels", "codespec.index", "codespec.models", "codespec.landing", "codespec.structured",
+     "codespec.nextedit"},
     {"codespec.forward"},
     {"codespec.verify"},
     {"codespec.policy"},

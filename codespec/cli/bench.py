@@ -27,13 +27,15 @@ from codespec.forward.profile import cpu_description
 def register(commands: Any) -> None:
     p = commands.add_parser("bench", help="measure workloads side by side (default), draft policies (`bench "
                             "verify`) or the suffix index (`bench index`)")
-    p.add_argument("suite", nargs="?", choices=("workloads", "index", "verify", "cold", "apply", "editor"),
+    p.add_argument("suite", nargs="?", choices=("workloads", "index", "verify", "cold", "apply", "next-edit",
+                                                "editor"),
                    default="workloads",
                    help="workloads: repo completion, edit, agent loop, editor session x plain, HF prompt lookup, "
                    "codespec variants, arctic-inference; verify: draft policies (none, chain-4/8/16, tree, goodput) "
                    "at batch 1 and 8; index: the index at 10k..10M tokens; cold: held-out requests, a fresh "
                    "process each (codespec generate, --no-spec, HF prompt lookup): start-up included; apply: agents' "
                    "fast-apply and tool-result requests the same way, with --prediction, and llama.cpp's lookups; "
+                   "next-edit: next-edit requests from real code, latency and the exact-edit rate; "
                    "editor: a "
                    "typing replay against codespec lsp, codespec serve's /infill and llama-server (llama.vim's "
                    "requests)")
@@ -43,6 +45,8 @@ def register(commands: Any) -> None:
                    help="verify suite: requests per set, run at each batch size; cold suite: held-out requests, "
                    "half FIM, half edit, spread over the set (default 8); editor suite: the replay's first N "
                    "completion requests (0: all 99)")
+    p.add_argument("--layout", default=None, choices=("sweep", "zeta", "instruct"),
+                   help="next-edit suite: the prompt layout (default: the server's)")
     p.add_argument("--sizes", default="10k,100k,1M,10M", help="index suite: corpus sizes (default 10k,100k,1M,10M)")
     p.add_argument("--workloads", default="repo,edit,agent,editor",
                    help="comma-separated: repo, edit, agent, editor (default all)")
@@ -70,7 +74,53 @@ def _pick(value: str, known: Any, what: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     return {"index": run_index, "verify": run_verify, "cold": run_cold, "apply": run_apply,
-            "editor": run_editor}.get(args.suite, run_workloads)(args)
+            "next-edit": run_next_edit, "editor": run_editor}.get(args.suite, run_workloads)(args)
+
+
+def run_next_edit(args: argparse.Namespace) -> int:
+    from codespec.bench import next_edit
+    from codespec.bench.peers import hf_prompt_lookup
+    from codespec.engine.engine import Engine
+    from codespec.forward import select as forward
+    from codespec.nextedit.prompt import DEFAULT_LAYOUT
+    from codespec.policy.warm import warm_up
+
+    layout = args.layout or DEFAULT_LAYOUT
+    settings = settings_from_args(args)
+    out_dir = _out_dir(args.out)
+    loaded = forward.load(settings, transformers=True)  # transformers' model for the prompt-lookup peer
+    engine = Engine.from_settings(loaded.forward, loaded.tokenizer, settings)
+    engine.calibrate()
+    warm_up()
+    # --requests N: N requests spread over the kinds; its default (8, the verify suite's) means the full set
+    per_kind = next_edit.PER_KIND if args.requests == 8 else max(1, args.requests // len(next_edit.KINDS))
+    chosen = next_edit.cases(per_kind)
+    print(f"next-edit suite: {len(chosen)} requests, layout {layout}", file=sys.stderr)
+
+    def hf(ids: list[int], new: int) -> tuple[list[int], float]:
+        out = hf_prompt_lookup(loaded.model, ids, new, engine.eos_token_ids)
+        return out.token_ids, out.wall_s
+
+    def progress(answer: Any) -> None:
+        print(f"  {answer.case.kind} {answer.case.name} {answer.system}: {answer.latency_s * 1000:.0f} ms, "
+              f"{len(answer.tokens)} tokens, exact {answer.exact}", file=sys.stderr, flush=True)
+
+    answers = next_edit.run_cases(engine, loaded.tokenizer, chosen, layout, hf, progress)
+    facts = next_edit.summary(answers)
+    machine = _machine()
+    print(f"\nnext-edit requests ({layout} layout), {machine['cores']} cores ({machine['cpu']}), warm, one process")
+    for system in ("plain", "codespec", "hf_prompt_lookup"):
+        row = facts.get(system)
+        if row:
+            print(f"  {system}: first {row['first_s'] * 1000:.0f} ms, p50 {row['p50_s'] * 1000:.0f} ms, "
+                  f"p95 {row['p95_s'] * 1000:.0f} ms, tokens/pass {row.get('tokens_per_pass', '-')}, "
+                  f"exact {row['exact_by_kind']}")
+    print(f"  codespec identical to plain: {facts['identical']}; codespec {facts.get('codespec_vs_plain')}x plain")
+    report = {"bench": "next-edit", "layout": layout, "machine": machine, "summary": facts}
+    if out_dir is not None:
+        write_json(out_dir / f"next-edit-{layout}.json", report)
+    print(json.dumps(report))
+    return 0
 
 
 def run_editor(args: argparse.Namespace) -> int:

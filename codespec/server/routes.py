@@ -5,7 +5,8 @@ megabyte of text takes ~0.2 s, and the event loop keeps answering /health and th
 streams meanwhile.
 
 OpenAI: POST /v1/completions (`suffix` makes it FIM), POST /v1/chat/completions
-(chat.py: tools, response_format), GET /v1/models; both take `prediction`; llama.cpp:
+(chat.py: tools, response_format), GET /v1/models; both take `prediction`; codespec's
+POST /v1/next_edit (next_edit.py); llama.cpp:
 POST /infill; operations: GET /health, GET /metrics; the index: POST
 /v1/index/documents, DELETE /v1/index/documents/{key}, GET /v1/index/stats; the
 language server's telemetry, POST /v1/lsp/acceptance, and its idle-time hints, POST
@@ -33,7 +34,7 @@ from codespec.index import SuffixIndex
 from codespec.landing.cut import Landing, infill_mode
 from codespec.landing.syntax import Mode
 from codespec.landing.lines import HeldSpace
-from codespec.server import chat
+from codespec.server import chat, next_edit
 from codespec.server.logprobs import CompletionLogprobs
 from codespec.server.responses import (AnyBackend, Envelope, alternatives, backend, check_model, stream, streaming,
                                        unless_client_leaves, predicted)
@@ -50,6 +51,7 @@ from codespec.server.schemas import (
 
 router = APIRouter()
 router.include_router(chat.router)
+router.include_router(next_edit.router)
 
 
 @router.post("/v1/completions")

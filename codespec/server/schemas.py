@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
+from codespec.errors import RequestError
 from codespec.verify.logprobs import MAX_TOP  # alternatives per token (OpenAI: 20 for chat, 5 for completions)
 
 Stop = str | list[str] | None
@@ -247,6 +248,79 @@ class ChatCompletionRequest(_Stops, _ChatLogprobs, _Penalties):
     @property
     def limit(self) -> int:
         return self.max_completion_tokens or self.max_tokens or 256
+
+
+class _RecentEdit(_Request):
+    """Lines `start_line`.. of `path` read `before` and now read `after`."""
+
+    path: StrictStr
+    start_line: int = Field(ge=0)
+    before: StrictStr = ""
+    after: StrictStr = ""
+
+
+class _Position(_Request):
+    line: int = Field(ge=0)
+    character: int = Field(ge=0, description="Unicode code points into the line.")
+
+
+class NextEditRequest(_Request):
+    """codespec's next-edit request: the file, the cursor and the recent edits; the
+    answer is the edits the model predicts next (nextedit/)."""
+
+    path: str = Field("untitled", min_length=1, max_length=4096)
+    text: StrictStr
+    cursor: int | None = Field(None, ge=0, description="An offset into `text`, in code points.")
+    position: _Position | None = None
+    recent_edits: list[_RecentEdit] = Field(default_factory=list, max_length=32)
+    layout: Literal["sweep", "zeta", "instruct"] | None = None
+
+    @model_validator(mode="after")
+    def _one_cursor(self) -> NextEditRequest:
+        if (self.cursor is None) == (self.position is None):
+            raise ValueError("give the cursor as `cursor` (an offset) or as `position` (line and character)")
+        return self
+
+    def offset(self) -> int:
+        """The cursor as an offset into `text` (a RequestError where it lies outside)."""
+        if self.cursor is not None:
+            offset = self.cursor
+        else:
+            assert self.position is not None
+            lines = self.text.split("\n")
+            if self.position.line >= len(lines) or self.position.character > len(lines[self.position.line]):
+                raise RequestError(f"position {self.position.line}:{self.position.character} is outside the text "
+                                   f"({len(lines)} lines)")
+            offset = sum(len(line) + 1 for line in lines[: self.position.line]) + self.position.character
+        if offset > len(self.text):
+            raise RequestError(f"cursor {offset} is outside the text ({len(self.text)} characters)")
+        return offset
+
+
+class _SweepChunk(_Request):
+    file_path: StrictStr
+    content: StrictStr
+    start_line: int = 0
+    end_line: int = 0
+
+
+class SweepNextEditRequest(_Request):
+    """Sweep's local next-edit server's request (the `sweep-autocomplete` package, which
+    Sweep's VS Code and JetBrains extensions call in local mode)."""
+
+    file_path: StrictStr
+    file_contents: StrictStr
+    original_file_contents: StrictStr | None = None
+    recent_changes: StrictStr = ""  # unified-diff hunks under `File: PATH` lines
+    cursor_position: int = Field(ge=0, description="UTF-16 code units into file_contents, as the editors count.")
+    file_chunks: list[_SweepChunk] = Field(default_factory=list, max_length=64)
+    retrieval_chunks: list[_SweepChunk] = Field(default_factory=list, max_length=64)
+    multiple_suggestions: StrictBool = False
+
+    def offset(self) -> int:
+        """The cursor in code points (past the end: the end)."""
+        units = self.file_contents.encode("utf-16-le")[: 2 * self.cursor_position]
+        return len(units.decode("utf-16-le", errors="ignore"))
 
 
 class ExtraChunk(_Request):

@@ -4,7 +4,9 @@ are the real ones; only the text comes from the document.
 
 The backend answers with the JSON string after the last `#> ` in the text before the
 cursor (`#> "include) == names"`), streamed a character at a time (`--char-s` apart),
-after a model load of `--load-s`. Run: `python -m tests.lsp.scripted --load-s 2`.
+after a model load of `--load-s`. Its next edit repeats the last recent change: the
+word it replaced, replaced the same way wherever else the document has it. Run:
+`python -m tests.lsp.scripted --load-s 2`.
 """
 
 from __future__ import annotations
@@ -12,11 +14,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import re
 import time
+from typing import Any
 
 from codespec.cli.lsp import configure_logging, serve
 from codespec.lsp.backend import FimRequest, OnText, Progress
 from codespec.lsp.server import build_server
+from codespec.nextedit.rewrite import Edit
 
 MARK = "#> "
 
@@ -43,6 +49,15 @@ class ScriptedBackend:
                 break
         return text
 
+    async def next_edit(self, asked: Any) -> list[Edit]:
+        if not asked.history:
+            return []
+        change = asked.history[-1]
+        old, new = _replaced(change.before, change.after)
+        if not old:
+            return []
+        return [Edit(found.start(), found.end(), new) for found in re.finditer(rf"\b{re.escape(old)}\b", asked.document)]
+
     async def index_workspace(self, folders: list[str], progress: Progress) -> str:
         progress("scripted", 100)
         return "0 files (scripted)"
@@ -55,6 +70,15 @@ class ScriptedBackend:
 
     def close(self) -> None:
         return None
+
+
+def _replaced(before: str, after: str) -> tuple[str, str]:
+    """The word a one-word change replaced, and what it became."""
+    head = len(os.path.commonprefix([before, after]))
+    tail = len(os.path.commonprefix([before[head:][::-1], after[head:][::-1]]))
+    while head and (before[head - 1].isalnum() or before[head - 1] == "_"):
+        head -= 1  # the whole word, not the changed letters alone
+    return before[head: len(before) - tail], after[head: len(after) - tail]
 
 
 def main() -> None:

@@ -83,7 +83,7 @@ async def editor(tmp_path: Path, *args: str, ready: bool = True,
             loaded.set()
 
     await client.start_io(sys.executable, "-m", "tests.lsp.scripted", *args, cwd=str(ROOT))
-    await client.initialize_async(types.InitializeParams(
+    client.initialized_with = await client.initialize_async(types.InitializeParams(
         capabilities=types.ClientCapabilities(), root_uri=tmp_path.as_uri(),
         initialization_options={"indexWorkspace": False, "debounceMs": 0, "latencyBudgetMs": 0, **(options or {})}))
     client.initialized(types.InitializedParams())

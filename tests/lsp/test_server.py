@@ -157,3 +157,24 @@ async def test_bad_configuration_is_reported_and_defaults_serve(neovim):
     assert "\n" not in result.items[0].insert_text  # multiline off: one line
     signature = text[: text.index("    def decode(self")].count("\n")
     assert (await request(client, uri, signature, 10)) is None  # "de|code": mid-word, nothing
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_next_edit_after_a_rename_comes_from_the_model(vscode):
+    """textDocument/copilotInlineEdit on the in-process model: the rename reaches the edit
+    history through didChange, and the answer's edits lie in the document (the 0.5B may
+    propose none: the text is the model's)."""
+    client, root = vscode, vscode.ctx.root
+    before = "def area(width, height):\n    check(width)\n    return width * height\n"
+    uri = (root / "area.py").as_uri()
+    client.text_document_did_open(types.DidOpenTextDocumentParams(
+        text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=before)))
+    client.text_document_did_change(types.DidChangeTextDocumentParams(
+        types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+        [types.TextDocumentContentChangeWholeDocument(text=before.replace("area(width,", "area(w,"))]))
+    params = {"textDocument": {"uri": uri, "version": 2}, "position": {"line": 0, "character": 10}}
+    answer = await asyncio.wait_for(client.protocol.send_request_async("textDocument/copilotInlineEdit", params), 120)
+    edits = answer["edits"] if isinstance(answer, dict) else answer.edits
+    for edit in edits:
+        edit = edit if isinstance(edit, dict) else {"range": {"end": {"line": edit.range.end.line}}}
+        assert edit["range"]["end"]["line"] <= 3

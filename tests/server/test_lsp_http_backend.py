@@ -48,3 +48,15 @@ def test_an_unreachable_server_is_one_clear_error():
     backend = HttpBackend("http://127.0.0.1:9")  # discard port: nothing listens
     with pytest.raises(BackendError, match="cannot reach codespec serve at http://127.0.0.1:9"):
         asyncio.run(backend.complete(FimRequest("x", "", 4), on_text=lambda t: True))
+
+
+def test_a_next_edit_comes_from_the_served_route(live_server):
+    from codespec.nextedit.history import Change
+    from codespec.nextedit.prompt import NextEditRequest
+
+    before = "def area(width, height):\n    return width * height\n"
+    after = before.replace("area(width,", "area(w,")
+    asked = NextEditRequest("area.py", after, 10, [Change("area.py", 0, before.splitlines(True)[0],
+                                                          after.splitlines(True)[0])])
+    edits = asyncio.run(HttpBackend(live_server).next_edit(asked))
+    assert all(0 <= e.start <= e.end <= len(after) for e in edits)

@@ -1,0 +1,196 @@
+"""Next-edit prompts: the recent edits, the file around the cursor and the window the
+model rewrites, in the layout of the model that answers.
+
+    sweep     Sweep's next-edit models (sweepai/sweep-next-edit-*): Qwen2.5-Coder's file
+              separators, the recent edits as `original:`/`updated:` blocks, then the
+              window as it was before the last edit (`original/`), as it is
+              (`current/`), and `updated/`, after which the model writes the window again
+    zeta      Zed's Zeta2 layout: the edit history as unified diffs, the file as a FIM
+              prompt whose middle is the window (`current`), answered after `updated`
+    instruct  a chat turn for an instruct model (the default one): the diffs, the window
+              in a fenced block, and the ask to write it again with the next edit
+
+Every layout's answer is the window rewritten; `answer` takes it out of the model's text
+(the chat's code fence, Zeta's cursor marker).
+
+    prompt = build("sweep", tokenizer, NextEditRequest("app.py", text, cursor, history))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from codespec import prompts
+from codespec.errors import RequestError
+from codespec.nextedit.history import Change
+from codespec.nextedit.rewrite import Window, completed, edits, rejoined_end
+
+LAYOUTS = ("sweep", "zeta", "instruct")
+DEFAULT_LAYOUT = "instruct"  # the default instruct model's (docs/agents.md: next edits)
+ROOM = 64  # tokens the rewrite may run past the window's length
+MAX_EDITS = 3  # recent edits shown (Sweep shows three)
+CURSOR = "<|user_cursor|>"  # Zeta's cursor marker (plain text to Qwen's tokenizer)
+FENCE = "```"
+INSTRUCTION = ("Below are my recent edits and the code around my cursor. Rewrite the code with the next edit I am "
+               "about to make: continue what the recent edits started (the same change at the other places it "
+               "belongs), or repeat the code unchanged when nothing follows from them. Answer with the rewritten "
+               "code only, in one code block.")
+
+
+@dataclass(frozen=True)
+class NextEditRequest:
+    path: str
+    document: str
+    cursor: int  # an offset into the document
+    history: Sequence[Change] = ()  # oldest first; their `uri`s are paths as shown
+    related: Sequence[prompts.ExtraFile] = field(default_factory=tuple)  # other files' text
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.cursor <= len(self.document):
+            raise RequestError(f"cursor {self.cursor} is outside the document ({len(self.document)} characters)")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    window: Window
+    layout: str
+    end_ids: frozenset[int]  # tokens after which the rewrite is over (besides EOS)
+
+
+def build(layout: str, tokenizer: Any, request: NextEditRequest) -> Prompt:
+    """The request's prompt in `layout` (one of LAYOUTS)."""
+    if layout not in LAYOUTS:
+        raise RequestError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+    line = request.document.count("\n", 0, request.cursor)
+    window = Window.around(request.document, line)
+    history = list(request.history)[-MAX_EDITS:]
+    if layout == "instruct":
+        return Prompt(prompts.chat_ids(tokenizer, [{"role": "user", "content": _instruct(request, window, history)}]),
+                      window, layout, frozenset())
+    marks = {name: _token(tokenizer, name) for name in (prompts.FILE_SEP, prompts.FIM_PREFIX, prompts.FIM_SUFFIX,
+                                                         prompts.FIM_MIDDLE)}
+    parts = _sweep(request, window, history) if layout == "sweep" else _zeta(request, window, history)
+    # markers as their tokens, everything else (code, paths, diffs) as text
+    texts = [part for part in parts if part not in marks]
+    encoded = iter(prompts.encode_texts(tokenizer, texts))
+    ids = [token for part in parts for token in ([marks[part]] if part in marks else next(encoded))]
+    return Prompt(ids, window, layout, frozenset({marks[prompts.FILE_SEP]} | prompts.fim_end_ids(tokenizer)))
+
+
+def end_rule(prompt: Prompt) -> Any:
+    """`GenerationConfig.end_at` for the prompt: the rewrite ends once it re-joined the
+    window after a change (rewrite.rejoined_end), counted from the answer's first line
+    (after the chat's opening fence)."""
+    rule = rejoined_end(prompt.window.text)
+    if prompt.layout != "instruct":
+        return rule
+
+    def end_at(raw: str) -> tuple[int, int] | None:
+        start = raw.find(FENCE)
+        body = raw.find("\n", start) + 1 if start >= 0 else 0
+        if start < 0 or body == 0:
+            return None
+        found = rule(raw[body:])
+        return None if found is None else (found[0] + body, found[1] + body)
+
+    return end_at
+
+
+def generation(prompt: Prompt, window_ids: Sequence[int]) -> dict[str, Any]:
+    """The rewrite's GenerationConfig fields: room for the window and a little more, the
+    layout's stops and end tokens, the re-join rule, and the window as the prediction
+    (drafts follow it)."""
+    return {"max_new_tokens": len(window_ids) + ROOM, "stop": stops(prompt), "end_at": end_rule(prompt),
+            "end_ids": prompt.end_ids, "prediction": tuple(window_ids)}
+
+
+def stops(prompt: Prompt) -> tuple[str, ...]:
+    """Stop strings: the chat's closing fence."""
+    return ("\n" + FENCE,) if prompt.layout == "instruct" else ()
+
+
+def proposed(prompt: Prompt, output: str) -> list[Any]:
+    """The edits the model's output proposes: its rewrite (completed where the rule ended
+    it) against the window; none for an empty answer (the model gave up at once, which
+    is no reason to delete the window)."""
+    rewrite = answer(prompt.layout, output)
+    if not rewrite.strip():
+        return []
+    if not rewrite.endswith("\n") and prompt.window.text.endswith("\n"):
+        rewrite += "\n"  # the closing fence's line end was cut with it
+    return edits(prompt.window, completed(prompt.window.text, rewrite))
+
+
+def answer(layout: str, text: str) -> str:
+    """The rewritten window in a model's answer (a chat model's fence around it, or after
+    it where the layout has none, and Zeta's cursor marker taken out)."""
+    if layout == "zeta":
+        return text.replace(CURSOR, "")
+    if layout == "sweep":
+        end = text.find("\n" + FENCE)
+        return text if end < 0 else text[: end + 1]
+    if layout == "instruct":
+        start = text.find(FENCE)
+        if start < 0:
+            return text
+        body = text[text.find("\n", start) + 1:] if "\n" in text[start:] else ""
+        end = body.find(FENCE)
+        return body if end < 0 else body[:end]
+    return text
+
+
+def _original(window: Window, history: Sequence[Change]) -> str:
+    """The window as it read before the last edit (Sweep's `original/` block), where that
+    edit lies inside it; else the window as it is."""
+    if not history:
+        return window.text
+    last = history[-1]
+    lines = window.text.splitlines(keepends=True)
+    after = last.after.splitlines(keepends=True)
+    at = last.start - window.first
+    if at < 0 or at + len(after) > len(lines) or lines[at: at + len(after)] != after:
+        return window.text
+    return "".join(lines[:at]) + last.before + "".join(lines[at + len(after):])
+
+
+def _sweep(request: NextEditRequest, window: Window, history: Sequence[Change]) -> list[str]:
+    sep = prompts.FILE_SEP
+    parts: list[str] = []
+    for extra in request.related:
+        parts += [sep, _line_end(f"{extra.filename}\n{extra.text}")]
+    for edit in history:
+        parts += [sep, f"{edit.uri}.diff\noriginal:\n{_line_end(edit.before)}updated:\n{_line_end(edit.after)}"]
+    parts += [sep, _line_end(f"original/{request.path}\n{_original(window, history)}"),
+              sep, _line_end(f"current/{request.path}\n{window.text}"), sep, f"updated/{request.path}\n"]
+    return parts
+
+
+def _zeta(request: NextEditRequest, window: Window, history: Sequence[Change]) -> list[str]:
+    diffs = "\n".join(edit.diff(edit.uri) for edit in history)
+    cursor = request.cursor - window.start
+    marked = window.text[:cursor] + CURSOR + window.text[cursor:] if 0 <= cursor <= len(window.text) else window.text
+    parts: list[str] = []
+    for extra in request.related:
+        parts += [prompts.FILE_SEP, _line_end(f"{extra.filename}\n{extra.text}")]
+    return parts + [prompts.FILE_SEP, f"edit history\n{diffs}\n", prompts.FILE_SEP, f"{request.path}\n",
+                    prompts.FIM_PREFIX, f"\n{window.before}", prompts.FIM_MIDDLE, f"current\n{marked}",
+                    prompts.FIM_SUFFIX, f"\n{window.after}", prompts.FIM_MIDDLE, "updated\n"]
+
+
+def _line_end(text: str) -> str:
+    return text if not text or text.endswith("\n") else text + "\n"
+
+
+def _instruct(request: NextEditRequest, window: Window, history: Sequence[Change]) -> str:
+    diffs = "\n".join(edit.diff(edit.uri) for edit in history) or "(none)"
+    return (f"{INSTRUCTION}\n\nRecent edits:\n{FENCE}diff\n{diffs}\n{FENCE}\n\n"
+            f"Lines {window.first + 1}-{window.last} of {request.path}:\n{FENCE}\n{window.text}{FENCE}")
+
+
+def _token(tokenizer: Any, marker: str) -> int:
+    found = prompts.special_id(tokenizer, marker)
+    if found is None:
+        raise RequestError(f"this model's tokenizer has no {marker} token: use layout \"instruct\"")
+    return found
