@@ -58,7 +58,7 @@ def test_the_rejoin_rule_ends_at_the_same_place_for_every_longer_output():
     first = len("".join(f"line {i}\n" for i in range(7)))  # LINE 3, then lines 4, 5, 6 copied
     assert ends == {(first, first)}
     assert rule(window) is None  # a copy never changed anything: no early end
-    assert completed(window, output[:first], rejoin=3) == window.replace("line 3\n", "LINE 3\n")
+    assert completed(window, output[:first]) == window.replace("line 3\n", "LINE 3\n")
 
 
 def test_a_change_at_the_end_of_the_window_ends_it_there():

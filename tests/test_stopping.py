@@ -102,3 +102,32 @@ def test_incremental_text_decodes_new_tokens_alone_and_waits_for_whole_character
         assert "".join(pieces) == text.text == source
         assert not any(REPLACEMENT in piece for piece in pieces)
         assert max(decoded) < len(ids)  # windows since the last whole character, never the whole output
+
+
+def test_the_rule_met_first_ends_a_multi_token_commit_as_token_by_token():
+    """A text rule met at an earlier token wins over a stop string whose start lies
+    earlier in the text but which only a later token completes: plain decoding, one
+    token at a time, never sees that stop string."""
+
+    def ends_after_d(text: str):
+        at = text.find("d")
+        return None if at < 0 else (at + 1, at + 1)  # ends after "d", known once "d" is there
+
+    def conditions() -> StopCondition:
+        return StopCondition(eos_ids=set(), max_new_tokens=100, stop=("de",), decode=decode, end_at=ends_after_d)
+
+    tokens = [2, 3, 4, 5]  # "cdef": the rule ends after "d" (the 2nd token); "de" starts earlier, ends later
+    whole = conditions()
+    kept, reason = whole.admit([0, 1], tokens)
+    one = conditions()
+    generated: list[int] = [0, 1]
+    for token in tokens:
+        got, why = one.admit(generated, [token])
+        generated += got
+        if why is not None:
+            break
+    assert (kept, reason) == (generated[2:], "stop") == ([2, 3], "stop")
+    assert whole.text_end == one.text_end == 4
+    # a stop string completed by an earlier token than the rule's wins, as token by token
+    early = StopCondition(eos_ids=set(), max_new_tokens=100, stop=("bc",), decode=decode, end_at=ends_after_d)
+    assert early.admit([0, 1], tokens) == ([2], "stop") and early.text_end == 1

@@ -68,8 +68,12 @@ class StopCondition:
             cuts = [cut for cut in (self._stop_string_cut(before, text), self._dedent_cut(before, text), rule)
                     if cut is not None]
             if cuts:
-                self.text_end, reach = min(cuts)
-                return kept[: self._tokens_reaching(generated, kept, reach)], "stop"
+                # the rule plain decoding meets first: the one whose reach the fewest tokens
+                # cover (ties: the earliest end), not the earliest end among rules that
+                # only tokens further on complete (a stop string after a text rule's line)
+                needed, self.text_end = min((self._tokens_reaching(generated, kept, reach), end)
+                                            for end, reach in cuts)
+                return kept[:needed], "stop"
         return kept, reason
 
     def _stop_string_cut(self, before: str, text: str) -> tuple[int, int] | None:

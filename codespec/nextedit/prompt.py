@@ -32,10 +32,9 @@ ROOM = 64  # tokens the rewrite may run past the window's length
 MAX_EDITS = 3  # recent edits shown (Sweep shows three)
 CURSOR = "<|user_cursor|>"  # Zeta's cursor marker (plain text to Qwen's tokenizer)
 FENCE = "```"
-INSTRUCTION = ("Below are my recent edits and the code around my cursor. Rewrite the code with the next edit I am "
-               "about to make: continue what the recent edits started (the same change at the other places it "
-               "belongs), or repeat the code unchanged when nothing follows from them. Answer with the rewritten "
-               "code only, in one code block.")
+INSTRUCTION = ("Make the same change wherever else the code above needs it (a renamed name at its other uses, "
+               "the same edit on similar lines), and nothing else. Reply with all the lines above, rewritten, in "
+               "one code block; if nothing else needs to change, reply with them unchanged.")
 
 
 @dataclass(frozen=True)
@@ -116,11 +115,21 @@ def proposed(prompt: Prompt, output: str) -> list[Any]:
     it) against the window; none for an empty answer (the model gave up at once, which
     is no reason to delete the window)."""
     rewrite = answer(prompt.layout, output)
-    if not rewrite.strip():
+    if not rewrite.strip() or not resembles(prompt.window.text, rewrite):
         return []
     if not rewrite.endswith("\n") and prompt.window.text.endswith("\n"):
         rewrite += "\n"  # the closing fence's line end was cut with it
     return edits(prompt.window, completed(prompt.window.text, rewrite))
+
+
+def resembles(window: str, rewrite: str) -> bool:
+    """Whether `rewrite` is a rewrite of the window (at least half of its lines are the
+    window's), not something else the model wrote (a diff, an explanation)."""
+    lines = rewrite.splitlines()
+    if not lines:
+        return False
+    known = set(window.splitlines())
+    return sum(line in known for line in lines) * 2 >= len(lines)
 
 
 def answer(layout: str, text: str) -> str:
@@ -184,9 +193,19 @@ def _line_end(text: str) -> str:
 
 
 def _instruct(request: NextEditRequest, window: Window, history: Sequence[Change]) -> str:
-    diffs = "\n".join(edit.diff(edit.uri) for edit in history) or "(none)"
-    return (f"{INSTRUCTION}\n\nRecent edits:\n{FENCE}diff\n{diffs}\n{FENCE}\n\n"
-            f"Lines {window.first + 1}-{window.last} of {request.path}:\n{FENCE}\n{window.text}{FENCE}")
+    changes = "\n".join(_described(change) for change in history) or "(no changes yet)"
+    return (f"Lines {window.first + 1}-{window.last} of {request.path}, which I am editing:\n"
+            f"{FENCE}\n{window.text}{FENCE}\n\nMy last changes:\n{changes}\n\n{INSTRUCTION}")
+
+
+def _described(change: Change) -> str:
+    """One recent change in words and code: what its lines read, and what they read now."""
+    before, after = change.before.rstrip("\n"), change.after.rstrip("\n")
+    if not before:
+        return f"- added to {change.uri}:\n{FENCE}\n{after}\n{FENCE}"
+    if not after:
+        return f"- removed from {change.uri}:\n{FENCE}\n{before}\n{FENCE}"
+    return f"- in {change.uri}, changed\n{FENCE}\n{before}\n{FENCE}\n  to\n{FENCE}\n{after}\n{FENCE}"
 
 
 def _token(tokenizer: Any, marker: str) -> int:

@@ -134,16 +134,26 @@ def rejoined_end(window_text: str, rejoin: int = REJOIN_LINES):
     return end_at
 
 
-def completed(window_text: str, output: str, rejoin: int = REJOIN_LINES) -> str:
-    """The whole rewrite from an output that stopped where it re-joined the window: the
-    output, then the window's lines after the ones it copied last.
+def completed(window_text: str, output: str) -> str:
+    """The whole rewrite from an output that covers part of the window: the window's
+    lines before the part it starts copying and after the part it last copied are kept
+    (a rewrite stopped where it re-joined the window, or a model that wrote only the
+    lines it changed, leaves the others as they are). Changed lines before the first
+    copy, or after the last, replace as many window lines.
 
-    >>> completed("a\\nb\\nc\\nd\\ne\\n", "a\\nB\\nc\\nd\\n", rejoin=2)
+    >>> completed("a\\nb\\nc\\nd\\ne\\n", "a\\nB\\nc\\nd\\n")
     'a\\nB\\nc\\nd\\ne\\n'
+    >>> completed("a\\nb\\nc\\nd\\ne\\n", "C\\nd\\n")   # only the lines around the change
+    'a\\nb\\nC\\nd\\ne\\n'
     """
     window, lines = window_text.splitlines(keepends=True), output.splitlines(keepends=True)
-    joined = _rejoined_at(window, lines, rejoin)
-    return output if joined is None else output + "".join(window[joined:])
+    blocks = [b for b in difflib.SequenceMatcher(None, window, lines, autojunk=False).get_matching_blocks() if b.size]
+    if not blocks:
+        return output
+    first, last = blocks[0], blocks[-1]
+    head = window[: max(0, first.a - first.b)]
+    tail = window[last.a + last.size + (len(lines) - last.b - last.size):]
+    return "".join(head) + output + "".join(tail)
 
 
 def _rejoined_at(window: list[str], lines: list[str], rejoin: int) -> int | None:
