@@ -38,11 +38,9 @@ class EngineBackend:
     async def next_edit(self, asked: Any) -> list[Any]:
         """The next edit through the engine's `/v1/completions`: the prompt built here, the
         whole rewrite generated there (the re-join rule is codespec's engine's), diffed here."""
-        from codespec.nextedit.prompt import DEFAULT_LAYOUT, build, generation, proposed
-        from codespec.prompts import encode
+        from codespec.nextedit.prompt import DEFAULT_LAYOUT, planned, proposed
 
-        prompt = await detached(build, DEFAULT_LAYOUT, self.tokenizer, asked)
-        fields = generation(prompt, await detached(encode, self.tokenizer, prompt.window.text))
+        prompt, fields = await detached(planned, DEFAULT_LAYOUT, self.tokenizer, asked)
         body = {"model": self.served.name, "prompt": prompt.ids, "max_tokens": fields["max_new_tokens"],
                 "temperature": 0, "stop": list(fields["stop"])}
         text = await follow(lambda stop: (delta.text for delta in self.client.stream(body, stop)), lambda _: True)

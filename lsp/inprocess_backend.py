@@ -101,18 +101,16 @@ class InProcessBackend:
     async def next_edit(self, asked: Any) -> list[Any]:
         """The edits the model predicts after the recent ones (nextedit/): its rewrite of
         the window around the cursor, diffed against it."""
-        from codespec.nextedit.prompt import DEFAULT_LAYOUT, build, generation, proposed
-        from codespec.prompts import encode
+        from codespec.nextedit.prompt import DEFAULT_LAYOUT, planned, proposed
 
         loop = asyncio.get_running_loop()
-        prompt = await detached(build, DEFAULT_LAYOUT, self.tokenizer, asked)
-        window = await detached(encode, self.tokenizer, prompt.window.text)
+        prompt, fields = await detached(planned, DEFAULT_LAYOUT, self.tokenizer, asked)
         done: asyncio.Future[Any] = loop.create_future()
 
         def on_done(outcome: Any) -> None:
             loop.call_soon_threadsafe(fail if isinstance(outcome, BaseException) else settle, done, outcome)
 
-        ticket = self.scheduler.submit(prompt.ids, GenerationConfig(**generation(prompt, window)),
+        ticket = self.scheduler.submit(prompt.ids, GenerationConfig(**fields),
                                        on_tokens=lambda new: None, on_done=on_done)
         try:
             return proposed(prompt, (await done).text)

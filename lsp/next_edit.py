@@ -21,10 +21,11 @@ from typing import Any
 
 from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
+from pygls.workspace import ServerTextPosition
 
 from codespec.nextedit.history import Change
 from codespec.nextedit.prompt import NextEditRequest
-from codespec.nextedit.rewrite import merged
+from codespec.nextedit.rewrite import merged, position
 
 METHOD = "textDocument/copilotInlineEdit"
 SHOWN = "textDocument/didShowInlineEdit"
@@ -72,7 +73,7 @@ async def inline_edit(ls: Any, params: Any) -> dict[str, Any]:
     key = uuid.uuid4().hex
     return {"edits": [{
         "text": span,
-        "range": {"start": _client(doc, first), "end": _client(doc, last)},
+        "range": {"start": _client(doc, text, first), "end": _client(doc, text, last)},
         "textDocument": {"uri": uri, "version": doc.version},
         "command": {"title": "Accept the next edit", "command": ACCEPT_EDIT, "arguments": [key]},
     }]}
@@ -83,18 +84,8 @@ def _normalized(source: str, offset: int) -> int:
     return offset - source.count("\r\n", 0, offset)
 
 
-def _client(doc: Any, offset: int) -> dict[str, int]:
-    """An offset into the normalized text as the client's position (UTF-16 unless negotiated)."""
-    source, position = doc.source, offset
-    if "\r\n" in source:  # back to the source's offsets: every "\r\n" before it is one more
-        seen = 0
-        for index, char in enumerate(source):
-            if seen == offset:
-                position = index
-                break
-            if not (char == "\r" and source[index + 1: index + 2] == "\n"):
-                seen += 1
-        else:
-            position = len(source)
-    found = doc.client_position_at_offset(position)
+def _client(doc: Any, text: str, offset: int) -> dict[str, int]:
+    """An offset into the document's text ("\\r\\n" as "\\n": lines and columns are the
+    source's) as the client's position (UTF-16 units unless negotiated)."""
+    found = doc.position_to_client_units(ServerTextPosition(*position(text, offset)))
     return {"line": found.line, "character": found.character}

@@ -30,7 +30,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 from codespec.bench.request_sets import functions, local_to_rename
 from codespec.nextedit.history import EditHistory
-from codespec.nextedit.prompt import NextEditRequest, build, generation, proposed
+from codespec.nextedit.prompt import NextEditRequest, planned, proposed
+from codespec.nextedit.rewrite import merged
 
 # none of these is used by another request set (bench/heldout.py, apply.py, sessions.py); their
 # sources are read, never imported
@@ -151,16 +152,14 @@ def run_cases(engine: Any, tokenizer: Any, chosen: Sequence[Case], layout: str,
     lookup, one after another per case; codespec's engine keeps its caches between
     cases, as a running server does."""
     from codespec.engine.run import GenerationConfig
-    from codespec.prompts import encode
 
     answers = []
     for case in chosen:
         history = EditHistory()
         history.update(case.name, case.before)
         history.update(case.name, case.after)
-        prompt = build(layout, tokenizer, NextEditRequest(f"{case.name.split('.')[0]}.py", case.after, case.cursor,
-                                                          history.recent()))
-        fields = generation(prompt, encode(tokenizer, prompt.window.text))
+        prompt, fields = planned(layout, tokenizer, NextEditRequest(f"{case.name.split('.')[0]}.py", case.after,
+                                                                    case.cursor, history.recent()))
         runs: list[tuple[str, list[int], float, int, str]] = []
         for system, speculate in (("plain", False), ("codespec", True)):
             began = time.perf_counter()
@@ -171,17 +170,12 @@ def run_cases(engine: Any, tokenizer: Any, chosen: Sequence[Case], layout: str,
             runs.append(("hf_prompt_lookup", tokens, seconds, 0, engine.decode(tokens)))
         for system, tokens, seconds, passes, text in runs:
             edits = proposed(prompt, text)
-            result = _applied(case.after, edits)
+            first, last, span = merged(case.after, edits)
+            result = case.after[:first] + span + case.after[last:]
             answer = Answer(case, system, seconds, tokens, passes, result == case.truth, not edits)
             answers.append(answer)
             on_answer(answer)
     return answers
-
-
-def _applied(text: str, edits: Sequence[Any]) -> str:
-    for edit in sorted(edits, key=lambda e: -e.start):
-        text = text[: edit.start] + edit.text + text[edit.end:]
-    return text
 
 
 def summary(answers: Sequence[Answer]) -> dict[str, Any]:

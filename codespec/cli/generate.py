@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from typing import Any
 
 from codespec.cli.options import MODEL_FIELDS, SPECULATION_FIELDS, add_settings_arguments, settings_from_args
@@ -41,8 +42,6 @@ def register(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from codespec.forward import select as forward
     from codespec.engine.engine import Engine, GenerationConfig
-    from dataclasses import replace
-
     from codespec.index.prediction import prediction_usage
     from codespec.prompts import encode_prompt
 

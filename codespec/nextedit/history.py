@@ -181,11 +181,11 @@ def parse_changes(diff: str, path: str = "") -> list[Change]:
             except (IndexError, ValueError):
                 start = 0
             current = [[], []]
-        elif current is not None and line[:1] in ("-", "+", " ") or (current is not None and line == ""):
-            body = line[1:] + "\n"
-            if line[:1] in ("-", " ", ""):
+        elif current is not None and line[:1] in ("-", "+", " ", ""):  # "": a context line's space dropped
+            sign, body = line[:1], line[1:] + "\n"
+            if sign != "+":
                 current[0].append(body)
-            if line[:1] in ("+", " ", ""):
+            if sign != "-":
                 current[1].append(body)
     close()
     return changes

@@ -97,6 +97,12 @@ def end_rule(prompt: Prompt) -> Any:
     return end_at
 
 
+def planned(layout: str, tokenizer: Any, request: NextEditRequest) -> tuple[Prompt, dict[str, Any]]:
+    """The request's prompt in `layout` and its rewrite's GenerationConfig fields."""
+    prompt = build(layout, tokenizer, request)
+    return prompt, generation(prompt, prompts.encode(tokenizer, prompt.window.text))
+
+
 def generation(prompt: Prompt, window_ids: Sequence[int]) -> dict[str, Any]:
     """The rewrite's GenerationConfig fields: room for the window and a little more, the
     layout's stops and end tokens, the re-join rule, and the window as the prediction

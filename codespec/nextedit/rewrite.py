@@ -93,6 +93,16 @@ def edits(window: Window, rewrite: str) -> list[Edit]:
     return found
 
 
+def position(text: str, offset: int) -> tuple[int, int]:
+    """An offset into `text` as (line, character), characters in code points.
+
+    >>> position("ab\\ncd", 4)
+    (1, 1)
+    """
+    line = text.count("\n", 0, offset)
+    return line, offset - (text.rfind("\n", 0, offset) + 1)
+
+
 def merged(text: str, found: list[Edit]) -> tuple[int, int, str]:
     """Edits of `text` as one span and its replacement ((0, 0, "") for none): what a
     client that takes one edit (Copilot's inline edit, Sweep's range) is given.

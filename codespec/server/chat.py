@@ -11,6 +11,7 @@ output is the one constrained plain decoding gives. `prediction` drafts
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -25,7 +26,8 @@ from codespec.server.responses import (AnyBackend, Envelope, alternatives, backe
 from codespec.server.schemas import ChatCompletionRequest
 from codespec.server.upstream_backend import UpstreamBackend
 from codespec.structured.grammar import Grammar, grammar_tokens
-from codespec.structured.tools import CLOSE, MALFORMED, OPEN, CallStream, Toolbox, repeated_call_end, template_messages
+from codespec.structured.tools import (CLOSE, MALFORMED, OPEN, Call, CallStream, Toolbox, repeated_call_end,
+                                       template_messages)
 
 router = APIRouter()
 
@@ -58,34 +60,45 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, b: AnyB
 
     def chunk(text: str, done: Generation | None, logprobs: Any) -> dict[str, Any]:
         delta: dict[str, Any] = {"role": "assistant", "content": text if calls is None else calls.push(text)}
-        finish = None
-        if done is not None and calls is not None:
-            _, found, problem = tools.read(done.text)
-            if found:
-                delta["tool_calls"] = [call.to_json(i) for i, call in enumerate(found)]
-                finish = "tool_calls"
+        read = _Read.of(tools, done) if done is not None and calls is not None else None
+        if read is not None:
+            if read.calls:
+                delta["tool_calls"] = [call.to_json(i) for i, call in enumerate(read.calls)]
             else:
                 delta["content"] += calls.unsent()
-                finish = _finish(done, problem)
-        out = envelope("chat.completion.chunk", {"delta": delta, **shown(logprobs)}, done, finish)
-        return _with_problem(out, done, tools)
+        out = envelope("chat.completion.chunk", {"delta": delta, **shown(logprobs)}, done, read and read.finish)
+        return _with_problem(out, read)
 
     if req.stream:
         return streaming(stream(b, ids, config, chunk))
     g = await unless_client_leaves(request, b.complete(ids, config))
     if not isinstance(g, Generation):
         return g
-    message: dict[str, Any] = {"role": "assistant", "content": g.text}
-    finish = None
-    if tools.calling:
-        content, found, problem = tools.read(g.text)
-        message["content"] = content
-        if found:
-            message["tool_calls"] = [call.to_json() for call in found]
-            finish = "tool_calls"
-        else:
-            finish = _finish(g, problem)
-    return _with_problem(envelope("chat.completion", {"message": message, **shown(g.logprobs)}, g, finish), g, tools)
+    read = _Read.of(tools, g) if tools.calling else None
+    message: dict[str, Any] = {"role": "assistant", "content": g.text if read is None else read.content}
+    if read is not None and read.calls:
+        message["tool_calls"] = [call.to_json() for call in read.calls]
+    out = envelope("chat.completion", {"message": message, **shown(g.logprobs)}, g, read and read.finish)
+    return _with_problem(out, read)
+
+
+@dataclass(frozen=True)
+class _Read:
+    """A tool-calling answer read once: its content, its calls, its finish_reason (None:
+    the generation's) and what was wrong with a call that could not be read."""
+
+    content: str | None
+    calls: list[Call]
+    finish: str | None
+    problem: str | None
+
+    @classmethod
+    def of(cls, tools: Toolbox, g: Generation) -> _Read:
+        content, calls, problem = tools.read(g.text)
+        # without calls: MALFORMED where a call could not be read (one cut by max_tokens says "length")
+        finish = "tool_calls" if calls else (MALFORMED if problem is not None and g.finish_reason != "length"
+                                             else None)
+        return cls(content, calls, finish, problem)
 
 
 def _grammar(b: AnyBackend, tools: Toolbox, schema: dict[str, Any] | None) -> Grammar | None:
@@ -102,16 +115,8 @@ def _grammar(b: AnyBackend, tools: Toolbox, schema: dict[str, Any] | None) -> Gr
     return tools.grammar(tokens, prompts.special_id(b.tokenizer, OPEN), prompts.special_id(b.tokenizer, CLOSE))
 
 
-def _finish(g: Generation, problem: str | None) -> str | None:
-    """A tool-calling answer without calls: its own reason, or MALFORMED where a call
-    could not be read (a call cut by max_tokens says "length")."""
-    return MALFORMED if problem is not None and g.finish_reason != "length" else None
-
-
-def _with_problem(out: dict[str, Any], done: Generation | None, tools: Toolbox) -> dict[str, Any]:
+def _with_problem(out: dict[str, Any], read: _Read | None) -> dict[str, Any]:
     """What was wrong with a malformed call, beside the stats (`codespec.tool_call_error`)."""
-    if done is not None and tools.calling:
-        problem = tools.read(done.text)[2]
-        if problem is not None:
-            out["codespec"]["tool_call_error"] = problem
+    if read is not None and read.problem is not None:
+        out["codespec"]["tool_call_error"] = read.problem
     return out

@@ -27,8 +27,8 @@ from codespec import prompts
 from codespec.engine.run import Generation, GenerationConfig
 from codespec.nextedit.history import Change, parse_changes
 from codespec.nextedit.prompt import NextEditRequest as Asked
-from codespec.nextedit.prompt import DEFAULT_LAYOUT, Prompt, build, generation, proposed
-from codespec.nextedit.rewrite import merged
+from codespec.nextedit.prompt import DEFAULT_LAYOUT, planned, proposed
+from codespec.nextedit.rewrite import merged, position
 from codespec.server.responses import AnyBackend, backend, unless_client_leaves
 from codespec.server.schemas import NextEditRequest, SweepNextEditRequest
 
@@ -45,7 +45,7 @@ async def next_edit(req: NextEditRequest, request: Request, b: AnyBackend = Depe
         return answer
     found, prompt, g = answer
     return {"edits": [{"start": e.start, "end": e.end, "text": e.text,
-                       "range": {"start": position(req.text, e.start), "end": position(req.text, e.end)}}
+                       "range": {"start": _position(req.text, e.start), "end": _position(req.text, e.end)}}
                       for e in found],
             "window": {"start_line": prompt.window.first, "end_line": prompt.window.last},
             "layout": layout, "codespec": g.stats.to_json()}
@@ -75,17 +75,15 @@ async def sweep_next_edit(req: SweepNextEditRequest, request: Request, b: AnyBac
 async def _predict(b: AnyBackend, request: Request, asked: Asked, layout: str) -> Any:
     """The model's rewrite of the request's window and the edits it makes: (edits,
     prompt, generation), or the response a client that left gets."""
-    prompt: Prompt = await run_in_threadpool(build, layout, b.tokenizer, asked)
-    window_ids = tuple(await run_in_threadpool(prompts.encode, b.tokenizer, prompt.window.text))
-    config = GenerationConfig(**generation(prompt, window_ids))
-    b.check_request(prompt.ids, config.max_new_tokens, window_ids)
+    prompt, fields = await run_in_threadpool(planned, layout, b.tokenizer, asked)
+    config = GenerationConfig(**fields)
+    b.check_request(prompt.ids, config.max_new_tokens, config.prediction)
     g = await unless_client_leaves(request, b.complete(prompt.ids, config))
     if not isinstance(g, Generation):
         return g
     return proposed(prompt, g.text), prompt, g
 
 
-def position(text: str, offset: int) -> dict[str, int]:
-    """An offset as a line and a character (code points) in `text`."""
-    line = text.count("\n", 0, offset)
-    return {"line": line, "character": offset - (text.rfind("\n", 0, offset) + 1)}
+def _position(text: str, offset: int) -> dict[str, int]:
+    line, character = position(text, offset)
+    return {"line": line, "character": character}

@@ -133,7 +133,7 @@ class Toolbox:
             if problem is not None:
                 return text, [], problem
             calls.append(call)
-        if calls and not self.parallel and len(calls) > 1:
+        if not self.parallel:
             calls = calls[:1]
         return (content or None) if calls else text, calls, None
 
