@@ -50,6 +50,7 @@ def nvim(tmp_path):
           cmd = { python, "-m", "tests.lsp.scripted", "--load-s", "1" },
           init_options = { indexWorkspace = false, debounceMs = 0, latencyBudgetMs = 0 },
           debounce_ms = 20,
+          next_edit_debounce_ms = 50,
         })
         vim.lsp.config("codespec", { cmd_cwd = cwd })
     """, str(PLUGIN), sys.executable, str(tmp_path), str(ROOT))
@@ -164,3 +165,49 @@ def test_start_up_is_reported_in_the_status_and_in_notifications(nvim):
     notes = wait_for(lambda: [n for n in nvim.exec_lua("return _G.notes") if "ready" in n] and
                      nvim.exec_lua("return _G.notes"), "the ready notification")
     assert any("loading the model" in n for n in notes) and any(n.startswith("codespec: ready") for n in notes), notes
+
+
+def next_edit_marks(vim) -> dict[str, list[str]]:
+    """The suggested edit as shown: struck-through text, inserted text, and the hint."""
+    return vim.exec_lua("""
+        local ns = vim.api.nvim_get_namespaces().codespec_next_edit
+        local out = { struck = {}, inserted = {}, hint = {} }
+        for _, mark in ipairs(vim.api.nvim_buf_get_extmarks(0, ns, 0, -1, { details = true })) do
+          local d = mark[4]
+          if d.hl_group == "CodespecEditDelete" then
+            table.insert(out.struck, vim.api.nvim_buf_get_text(0, mark[2], mark[3], d.end_row, d.end_col, {})[1])
+          end
+          for _, chunk in ipairs(d.virt_text or {}) do
+            table.insert(chunk[2] == "CodespecEditHint" and out.hint or out.inserted, chunk[1])
+          end
+        end
+        return out
+    """)
+
+
+def test_a_rename_suggests_its_uses_and_tab_applies_them(nvim):
+    """A parameter renamed with `ciw`: the next edit (the scripted backend repeats the
+    rename wherever the old name stands) shows as virtual text on the lines below, with a
+    hint on the cursor's line; <Tab> jumps to it, <Tab> applies it; <C-]> dismisses one."""
+    edit(nvim, "scale.py", "def scale(count, factor):\n    total = count * factor\n    return total + count\n")
+    wait_for(lambda: status(nvim) == "codespec:ready", "the model load")
+    nvim.input("gg0f(lciwitems<Esc>")
+    marks = wait_for(lambda: next_edit_marks(nvim)["inserted"] and next_edit_marks(nvim), "the next edit shown")
+    assert marks["struck"] == ["count", "count"] and marks["inserted"] == ["items", "items"], marks
+    assert marks["hint"] == ["  codespec: edit at line 2 (<Tab>)"], marks
+    nvim.input("<Tab>")  # the cursor is on line 1: to the edit
+    wait_for(lambda: nvim.current.window.cursor[0] == 2, "the cursor at the edit")
+    nvim.input("<Tab>")  # and apply it
+    wait_for(lambda: lines(nvim)[1] != "    total = count * factor", "the edit applied")
+    assert lines(nvim) == ["def scale(items, factor):", "    total = items * factor", "    return total + items"]
+    assert nvim.vvars["errmsg"] == "", nvim.vvars["errmsg"]
+
+    # another rename in another file, dismissed: nothing changes
+    edit(nvim, "area.py", "def area(width, height):\n    return width * height\n")
+    nvim.input("gg0f(lciwwide<Esc>")
+    wait_for(lambda: next_edit_marks(nvim)["inserted"], "the second next edit shown")
+    nvim.input("<C-]>")
+    wait_for(lambda: not any(next_edit_marks(nvim).values()), "the edit dismissed")
+    nvim.input("<Tab>")  # nothing shown: <Tab> is Neovim's own (a jump forward), the text stays
+    time.sleep(0.3)
+    assert lines(nvim) == ["def area(wide, height):", "    return width * height"]

@@ -36,6 +36,7 @@ ROOT = Path(__file__).parents[2]
 WAIT_S = 30
 STATUS = "[id='codespec.codespec'] a"  # the extension's status bar item
 GHOST = ".ghost-text-decoration, .ghost-text-decoration-preview"
+NEXT_EDIT = "[id$='nextEdit'] a"  # the status bar item of a suggested edit
 
 
 def tool(env: str, *names: str) -> str | None:
@@ -149,6 +150,27 @@ class VSCode:
     def status(self) -> str:
         return "".join(self.driver.execute_script(
             "return Array.from(document.querySelectorAll(arguments[0]), e => e.getAttribute('aria-label'))", STATUS))
+
+    def next_edit(self) -> str:
+        """The next-edit status bar item's label ("" while none is shown)."""
+        return "".join(self.driver.execute_script(
+            "return Array.from(document.querySelectorAll(arguments[0]), e => e.getAttribute('aria-label'))",
+            NEXT_EDIT))
+
+    def inserted(self) -> list[str]:
+        """The text decorations show after the lines' characters (CSS ::after content), in order."""
+        return self.driver.execute_script("""
+            return Array.from(document.querySelectorAll('.view-lines span'))
+                .map(e => getComputedStyle(e, '::after').content)
+                .filter(c => c && c !== 'none' && c !== 'normal')
+                .map(c => JSON.parse(c).replace(/\\u00a0/g, ' '));""")
+
+    def struck(self) -> list[str]:
+        """Text shown struck through (the decorations' line-through)."""
+        return self.driver.execute_script("""
+            return Array.from(document.querySelectorAll('.view-lines span'))
+                .filter(e => e.children.length === 0 && getComputedStyle(e).textDecorationLine.includes('line-through'))
+                .map(e => e.textContent);""")
 
     def ghost(self) -> str:
         return "".join(self.texts(GHOST)).replace("\xa0", " ")  # Monaco renders spaces as nbsp
@@ -285,6 +307,33 @@ def test_a_completion_indented_too_deep_lands_at_the_cursor(vscode):
     vscode.keys(Keys.TAB)
     expected = f"def add(a, b):\n    #> {body}\n    total = a + b\n    return total"
     compile(vscode.save(path, lambda saved: saved == expected), "indent.py", "exec")  # no IndentationError
+
+
+SCALE = "def scale(count, factor):\n    total = count * factor\n    return total + count\n"
+
+
+def test_a_rename_suggests_its_uses_and_tab_applies_them(vscode):
+    """A parameter renamed by hand: the next edit (the scripted backend repeats the rename
+    wherever the old name stands) is shown at the lines below, Escape dismisses it, the
+    command asks again, Tab jumps to it and Tab applies it."""
+    path = vscode.open("scale.py", SCALE)
+    vscode.chord(Keys.HOME)
+    vscode.keys(*[Keys.RIGHT] * len("def scale(count"), *[Keys.BACKSPACE] * len("count"), "items")
+    where = vscode.wait(vscode.next_edit, "the next edit shown")
+    assert "line 2" in where, where
+    # the change where it lands: `count` struck through, `items` beside it
+    assert vscode.wait(lambda: "items" in vscode.inserted() and vscode.inserted(), "the inserted text") == ["items", "items"]
+    assert vscode.struck() == ["count", "count"], vscode.struck()
+    vscode.keys(Keys.ESCAPE)
+    vscode.wait(lambda: not vscode.next_edit(), "the next edit dismissed")
+    assert path.read_text() == SCALE  # nothing saved yet, nothing applied
+    vscode.command("codespec: Suggest the next edit")
+    vscode.wait(vscode.next_edit, "the next edit shown again")
+    vscode.keys(Keys.TAB)  # the cursor is on line 1: to the edit
+    vscode.keys(Keys.TAB)  # and apply it
+    expected = "def scale(items, factor):\n    total = items * factor\n    return total + items\n"
+    vscode.save(path, lambda saved: saved == expected)
+    vscode.wait(lambda: not vscode.next_edit(), "no edit left to suggest")
 
 
 def test_a_failed_start_recovers_without_a_reload(vscode):

@@ -7,11 +7,13 @@ import * as vscode from "vscode";
 import { LanguageClient, LanguageClientOptions, ServerOptions, State } from "vscode-languageclient/node";
 import { InfillProvider } from "./infill";
 import { findExecutable } from "./executable";
+import { NextEdits } from "./nextEdit";
 
 const SECTION = "codespec";
 const NOTHING_HERE = "no suggestion here";
 let client: LanguageClient | undefined;
 let infill: vscode.Disposable | undefined;
+let nextEdits: NextEdits | undefined;
 let statusItem: vscode.StatusBarItem;
 let output: vscode.LogOutputChannel;
 // set while the server starts or loads its model; the first "ready" after it re-asks
@@ -95,6 +97,8 @@ async function stopClient(): Promise<void> {
   client = undefined;
   infill?.dispose();
   infill = undefined;
+  nextEdits?.dispose();
+  nextEdits = undefined;
   if (!current) {
     return;
   }
@@ -160,6 +164,10 @@ async function start(context: vscode.ExtensionContext): Promise<void> {
     await started.start();
   } catch (error) {
     await failed(`could not start \`${command} lsp\`: ${error}`);
+    return;
+  }
+  if (client === started) {
+    nextEdits = new NextEdits(started, output);
   }
 }
 
@@ -174,6 +182,12 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     statusItem,
     vscode.commands.registerCommand("codespec.showOutput", () => output.show()),
     vscode.commands.registerCommand("codespec.restart", () => start(context)),
+    vscode.commands.registerCommand("codespec.nextEdit.accept", () => nextEdits?.accept()),
+    vscode.commands.registerCommand("codespec.nextEdit.dismiss", () => nextEdits?.clear()),
+    vscode.commands.registerCommand("codespec.nextEdit.suggest", () => {
+      const editor = vscode.window.activeTextEditor;
+      return editor && nextEdits?.ask(editor);
+    }),
     vscode.workspace.onDidChangeConfiguration(async (event) => {
       // the server command, URL or model changed: a new server; other settings reach a
       // running one through didChangeConfiguration

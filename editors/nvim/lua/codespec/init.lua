@@ -5,7 +5,11 @@
 -- Older versions (0.9-0.11): vim.lsp.start per buffer, and this plugin asks for
 -- textDocument/inlineCompletion itself after a pause in typing and draws the
 -- suggestion as extmark virtual text; <Tab> accepts, <C-]> dismisses.
+-- Next edits (lua/codespec/next_edit.lua): after a pause in typing, the edit the model
+-- predicts after the recent ones, shown as virtual text where it lands; <Tab> jumps to
+-- it, then applies it.
 local M = {}
+local next_edit = require("codespec.next_edit")
 
 M.defaults = {
   cmd = { "codespec", "lsp" }, -- e.g. { "/path/to/.venv/bin/codespec", "lsp" }
@@ -17,6 +21,9 @@ M.defaults = {
   accept_key = "<Tab>",
   dismiss_key = "<C-]>",
   debounce_ms = 150, -- fallback only: pause before asking
+  next_edits = true, -- suggest the next edit after a pause in typing
+  next_edit_debounce_ms = 400,
+  next_edit_key = "<Tab>", -- normal mode; in insert mode <Tab> takes ghost text first
 }
 
 local ns = vim.api.nvim_create_namespace("codespec")
@@ -221,6 +228,9 @@ local function fallback(bufnr, config)
   vim.keymap.set("i", config.accept_key, function()
     local shown = state.shown
     if not shown then
+      if config.next_edits and next_edit.tab() then
+        return ""
+      end
       return vim.api.nvim_replace_termcodes(config.accept_key, true, false, true)
     end
     clear()
@@ -229,7 +239,10 @@ local function fallback(bufnr, config)
     end)
     return ""
   end, { buffer = bufnr, expr = true, desc = "codespec: accept the suggestion" })
-  vim.keymap.set("i", config.dismiss_key, clear, { buffer = bufnr, desc = "codespec: dismiss the suggestion" })
+  vim.keymap.set("i", config.dismiss_key, function()
+    clear()
+    next_edit.clear(bufnr)
+  end, { buffer = bufnr, desc = "codespec: dismiss the suggestion" })
 end
 
 -- -- set-up -------------------------------------------------------------------------
@@ -292,12 +305,15 @@ function M.setup(opts)
       if has_native_inline() then
         vim.lsp.inline_completion.enable(true, { bufnr = args.buf })
         vim.keymap.set("i", config.accept_key, function()
-          if not vim.lsp.inline_completion.get() then
+          if not vim.lsp.inline_completion.get() and not (config.next_edits and next_edit.tab()) then
             return vim.api.nvim_replace_termcodes(config.accept_key, true, false, true)
           end
         end, { buffer = args.buf, expr = true, desc = "codespec: accept the suggestion" })
       else
         fallback(args.buf, config)
+      end
+      if config.next_edits then
+        next_edit.attach(args.buf, config)
       end
     end,
   })
