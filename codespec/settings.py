@@ -135,6 +135,10 @@ class Settings(BaseSettings):
         "spm", description="The prompt order of an /infill request that names none (codespec's `fim_layout`): "
         "'spm', the text after the cursor first (fewer tokens re-read per new line, and better completions "
         "from the default model: docs/decisions.md), or 'psm' as llama.cpp builds it.")
+    next_edit_layout: Literal["auto", "sweep", "zeta", "instruct"] = Field(
+        "auto", description="The prompt layout of next-edit requests that name none: 'auto' picks by --model's "
+        "name (a Sweep next-edit model: 'sweep', a Zeta model: 'zeta', any other: 'instruct', the layout measured "
+        "best for the default model: docs/next-edit.md), or the one named.")
     max_request_bytes: int = Field(8 << 20, ge=1024, description="Largest request body accepted, in bytes.")
     max_header_bytes: int = Field(64 * 1024, ge=1024, description="Largest request header block accepted, in "
                                   "bytes; more gets HTTP 431.")

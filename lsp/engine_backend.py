@@ -21,8 +21,9 @@ log = logging.getLogger("codespec.lsp")
 
 
 class EngineBackend:
-    def __init__(self, client: UpstreamClient, tokenizer: Any, served: ServedModel) -> None:
+    def __init__(self, client: UpstreamClient, tokenizer: Any, served: ServedModel, layout: str) -> None:
         self.client, self.tokenizer, self.served = client, tokenizer, served
+        self.layout = layout  # next edits' prompt layout (nextedit/prompt.layout_for)
         self.acceptance: Counter[str] = Counter()
 
     def prompt_ids(self, request: FimRequest) -> list[int]:
@@ -38,9 +39,9 @@ class EngineBackend:
     async def next_edit(self, asked: Any) -> list[Any]:
         """The next edit through the engine's `/v1/completions`: the prompt built here, the
         whole rewrite generated there (the re-join rule is codespec's engine's), diffed here."""
-        from codespec.nextedit.prompt import DEFAULT_LAYOUT, planned, proposed
+        from codespec.nextedit.prompt import planned, proposed
 
-        prompt, fields = await detached(planned, DEFAULT_LAYOUT, self.tokenizer, asked)
+        prompt, fields = await detached(planned, self.layout, self.tokenizer, asked)
         body = {"model": self.served.name, "prompt": prompt.ids, "max_tokens": fields["max_new_tokens"],
                 "temperature": 0, "stop": list(fields["stop"])}
         text = await follow(lambda stop: (delta.text for delta in self.client.stream(body, stop)), lambda _: True)

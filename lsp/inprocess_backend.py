@@ -101,10 +101,11 @@ class InProcessBackend:
     async def next_edit(self, asked: Any) -> list[Any]:
         """The edits the model predicts after the recent ones (nextedit/): its rewrite of
         the window around the cursor, diffed against it."""
-        from codespec.nextedit.prompt import DEFAULT_LAYOUT, planned, proposed
+        from codespec.nextedit.prompt import layout_for, planned, proposed
 
         loop = asyncio.get_running_loop()
-        prompt, fields = await detached(planned, DEFAULT_LAYOUT, self.tokenizer, asked)
+        prompt, fields = await detached(planned, layout_for(self.settings.next_edit_layout, self.settings.model),
+                                         self.tokenizer, asked)
         done: asyncio.Future[Any] = loop.create_future()
 
         def on_done(outcome: Any) -> None:

@@ -99,6 +99,17 @@ def test_each_layout_shows_the_window_and_the_edits_with_markers_as_tokens(token
         NextEditRequest("m.py", edited, len(edited) + 1)
 
 
+@pytest.mark.model
+def test_the_zeta_layout_keeps_a_few_hundred_tokens_of_context_in_a_long_file(tokenizer):
+    # Zeta2 rewrites its region within ~350 tokens of context: not the whole file around it
+    text = "".join(f"value_{i} = compute({i})\n" for i in range(2000))
+    cursor = text.index("value_1000 =")
+    prompt = build("zeta", tokenizer, NextEditRequest("m.py", text, cursor, history_of(text, text)))
+    decoded = prompts.decode(tokenizer, prompt.ids)
+    assert len(prompt.ids) < 1000, len(prompt.ids)  # digits are a token each: ~2 characters a token here
+    assert "value_970 = " in decoded and "value_1020 = " in decoded and "value_900 = " not in decoded
+
+
 def test_answers_are_taken_out_of_each_layout():
     assert answer("instruct", "Sure:\n```python\na = 1\n```\nDone.") == "a = 1\n"
     assert answer("zeta", "a<|user_cursor|> = 1\n") == "a = 1\n"

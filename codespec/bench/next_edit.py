@@ -9,6 +9,10 @@ file after one change, that change as the recent edit, and the window the truth 
     rename-local   a local renamed where it is first assigned: its later uses follow
     similar-lines  the first of several `self.name = name` lines made private
                    (`self._name = name`): the others follow
+    add-param      a parameter added at the end of a signature: the calls within the
+                   next ten lines pass it
+    refactor       a local introduced for an attribute the function reads three times
+                   or more (`stack = self.stack` as its first statement): the reads use it
     no-op          a word added to a comment: nothing follows
 
 Reported per layout: latency (the first request, median, 95th percentile; warm, one
@@ -39,7 +43,8 @@ MODULES = ("pydoc", "wave", "pyclbr", "tabnanny", "modulefinder", "dis", "bdb", 
            "copy", "reprlib", "contextlib", "functools", "operator", "numbers", "abc", "ast", "cmd", "code", "codeop",
            "linecache", "selectors", "symtable", "uuid", "weakref", "graphlib", "secrets", "zipimport")
 PER_KIND = 5
-KINDS = ("rename-param", "rename-local", "similar-lines", "no-op")
+KINDS = ("rename-param", "rename-local", "similar-lines", "add-param", "refactor", "no-op")
+ADDED = "strict"  # the parameter add-param adds
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,9 @@ def cases(per_kind: int = PER_KIND) -> list[Case]:
 
 def _cases_in(module: str, source: str) -> Iterator[Case]:
     lines = source.splitlines(keepends=True)
-    for fn in functions(ast.parse(source)):
+    tree = ast.parse(source)
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    for fn in functions(tree):
         length = (fn.end_lineno or fn.lineno) - fn.lineno + 1
         if not 4 <= length <= 18:
             continue
@@ -88,6 +95,12 @@ def _cases_in(module: str, source: str) -> Iterator[Case]:
         run = _assignments(body)
         if run:
             yield _privatised(module, fn.name, source, start, body, run)
+        added = _added_param(module, fn, source, lines, calls)
+        if added is not None:
+            yield added
+        introduced = _local_introduced(module, fn, source, lines, start, body)
+        if introduced is not None:
+            yield introduced
         comment = re.search(r"^(\s*# )(\w+)", body, re.M)
         if comment:
             changed = body[: comment.end(1)] + "Note: " + body[comment.end(1):]
@@ -108,6 +121,86 @@ def _renamed(module: str, fn: str, kind: str, source: str, start: int, body: str
     after = source[:start] + changed + source[start + len(body):]
     truth = source[:start] + re.sub(pattern, new, body) + source[start + len(body):]
     return Case(f"{module}.{fn}", kind, source, after, start + first + len(new), truth)
+
+
+def _offset(lines: Sequence[str], lineno: int, col: int) -> int:
+    """The source offset of (1-based line, column); ast's columns are UTF-8 bytes."""
+    line = lines[lineno - 1]
+    return sum(len(x) for x in lines[: lineno - 1]) + len(line.encode()[:col].decode(errors="ignore"))
+
+
+def _added_param(module: str, fn: ast.FunctionDef, source: str, lines: Sequence[str],
+                 calls: Sequence[ast.Call]) -> Case | None:
+    """`strict` added at the end of a one-line signature of positional parameters, and
+    to each one-line call of the function (by name, or as `self.name`) in the ten lines
+    after the `def`: the calls are the truth."""
+    a = fn.args
+    if a.vararg or a.kwarg or a.kwonlyargs or a.defaults or a.posonlyargs or not a.args \
+            or ADDED in {x.arg for x in a.args} or fn.decorator_list:
+        return None
+    header = lines[fn.lineno - 1]
+    close = header.rfind("):")
+    if close < 0 or not header.rstrip().endswith(":") or "(" not in header:
+        return None
+    method = a.args[0].arg in ("self", "cls")
+    sites = []
+    for call in calls:
+        callee = call.func
+        named = isinstance(callee, ast.Name) and callee.id == fn.name and not method
+        bound = isinstance(callee, ast.Attribute) and callee.attr == fn.name and method \
+            and isinstance(callee.value, ast.Name) and callee.value.id in ("self", "cls")
+        if not (named or bound) or not fn.lineno < call.lineno <= fn.lineno + 10 \
+                or call.lineno != call.end_lineno or call.keywords \
+                or any(isinstance(x, ast.Starred) for x in call.args):
+            continue
+        sites.append(_offset(lines, call.end_lineno, call.end_col_offset) - 1)  # its closing parenthesis
+    if not sites:
+        return None
+    at = sum(len(x) for x in lines[: fn.lineno - 1]) + close
+    after = source[:at] + f", {ADDED}" + source[at:]
+    shift = len(f", {ADDED}")
+    truth = after
+    for site in sorted(sites, reverse=True):
+        site += shift
+        opened = truth[:site].rstrip().endswith("(")  # no arguments yet: no comma before it
+        truth = truth[:site] + (ADDED if opened else f", {ADDED}") + truth[site:]
+    return Case(f"{module}.{fn.name}", "add-param", source, after, at + shift, truth)
+
+
+def _local_introduced(module: str, fn: ast.FunctionDef, source: str, lines: Sequence[str], start: int,
+                      body: str) -> Case | None:
+    """`name = self.name` put first in the body, for an attribute of `self` the function
+    only reads, three times or more, and whose name it does not use: every later read
+    becomes `name` (the truth)."""
+    reads: dict[str, int] = {}
+    stored, names = set(), {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            if isinstance(node.ctx, ast.Load):
+                reads[node.attr] = reads.get(node.attr, 0) + 1
+            else:
+                stored.add(node.attr)
+    attr = next((n for n, count in reads.items() if count >= 3 and n not in stored and n not in names
+                 and not n.startswith("_") and keyword_safe(n)), None)
+    first = fn.body[0]
+    if attr is None or isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant):
+        return None  # a docstring first: the line would go after it; such functions are left out
+    if first.lineno == fn.lineno:
+        return None  # a one-line body
+    line_start = sum(len(x) for x in lines[: first.lineno - 1])
+    indent = lines[first.lineno - 1][: first.col_offset]
+    inserted = f"{indent}{attr} = self.{attr}\n"
+    after = source[:line_start] + inserted + source[line_start:]
+    rest = after[line_start + len(inserted): start + len(body) + len(inserted)]
+    truth = after[: line_start + len(inserted)] + re.sub(rf"\bself\.{attr}\b", attr, rest) \
+        + after[start + len(body) + len(inserted):]
+    return Case(f"{module}.{fn.name}", "refactor", source, after, line_start + len(inserted) - 1, truth)
+
+
+def keyword_safe(name: str) -> bool:
+    import keyword
+
+    return not keyword.iskeyword(name) and name not in dir(__builtins__)
 
 
 def _assignments(body: str) -> list[re.Match[str]]:
@@ -145,29 +238,42 @@ class Answer:
     no_edit: bool
 
 
-def run_cases(engine: Any, tokenizer: Any, chosen: Sequence[Case], layout: str,
-              hf: Callable[[list[int], int], tuple[list[int], float]] | None,
+# a peer: (prompt ids, tokens to generate, the previous request's prompt ids) -> (its tokens, seconds)
+Peer = Callable[[list[int], int, list[int]], tuple[list[int], float]]
+
+
+def run_cases(engine: Any, tokenizer: Any, chosen: Sequence[Case], layout: str, peers: dict[str, Peer],
               on_answer: Callable[[Answer], None]) -> list[Answer]:
-    """Every case under plain decoding, codespec and (given `hf`) transformers' prompt
-    lookup, one after another per case; codespec's engine keeps its caches between
-    cases, as a running server does."""
+    """Every case under plain decoding, codespec and each peer (transformers' prompt
+    lookup, llama.cpp's lookups), one after another per case.
+
+    Warm as in an editor: before each system's request the server answered the request
+    made before the change (the file as it was, no recent edits), so its prompt cache holds
+    what that prompt shares with this one, and nothing of this one (codespec's KV cache is
+    cleared between systems; llama-server gets the same earlier prompt; transformers keeps
+    no cache between calls). A peer generates as many tokens as plain decoding's answer
+    has: the early stop (the rewrite re-joined the window) is codespec's own, and the same
+    work is timed for all."""
     from codespec.engine.run import GenerationConfig
 
     answers = []
     for case in chosen:
+        path = f"{case.name.split('.')[0]}.py"
         history = EditHistory()
         history.update(case.name, case.before)
+        earlier, _ = planned(layout, tokenizer, NextEditRequest(path, case.before, case.cursor, []))
         history.update(case.name, case.after)
-        prompt, fields = planned(layout, tokenizer, NextEditRequest(f"{case.name.split('.')[0]}.py", case.after,
-                                                                    case.cursor, history.recent()))
+        prompt, fields = planned(layout, tokenizer, NextEditRequest(path, case.after, case.cursor, history.recent()))
         runs: list[tuple[str, list[int], float, int, str]] = []
         for system, speculate in (("plain", False), ("codespec", True)):
+            engine.cache.clear()
+            engine.generate(earlier.ids, GenerationConfig(max_new_tokens=1, speculate=False))
             began = time.perf_counter()
             g = engine.generate(prompt.ids, GenerationConfig(**fields, speculate=speculate))
             runs.append((system, g.token_ids, time.perf_counter() - began, g.stats.verify_passes, g.text))
-        if hf is not None:
-            tokens, seconds = hf(prompt.ids, fields["max_new_tokens"])
-            runs.append(("hf_prompt_lookup", tokens, seconds, 0, engine.decode(tokens)))
+        for system, peer in peers.items():
+            tokens, seconds = peer(prompt.ids, max(1, len(runs[0][1])), earlier.ids)
+            runs.append((system, tokens, seconds, 0, engine.decode(tokens)))
         for system, tokens, seconds, passes, text in runs:
             edits = proposed(prompt, text)
             first, last, span = merged(case.after, edits)

@@ -10,6 +10,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
 import platform
@@ -79,14 +81,15 @@ def run(args: argparse.Namespace) -> int:
 
 def run_next_edit(args: argparse.Namespace) -> int:
     from codespec.bench import next_edit
+    from codespec.bench.llamacpp import LOOKUP_SYSTEMS, LlamaServer, llamacpp_available
     from codespec.bench.peers import hf_prompt_lookup
     from codespec.engine.engine import Engine
     from codespec.forward import select as forward
-    from codespec.nextedit.prompt import DEFAULT_LAYOUT
+    from codespec.nextedit.prompt import layout_for
     from codespec.policy.warm import warm_up
 
-    layout = args.layout or DEFAULT_LAYOUT
     settings = settings_from_args(args)
+    layout = args.layout or layout_for(settings.next_edit_layout, settings.model)
     out_dir = _out_dir(args.out)
     loaded = forward.load(settings, transformers=True)  # transformers' model for the prompt-lookup peer
     engine = Engine.from_settings(loaded.forward, loaded.tokenizer, settings)
@@ -97,7 +100,7 @@ def run_next_edit(args: argparse.Namespace) -> int:
     chosen = next_edit.cases(per_kind)
     print(f"next-edit suite: {len(chosen)} requests, layout {layout}", file=sys.stderr)
 
-    def hf(ids: list[int], new: int) -> tuple[list[int], float]:
+    def hf(ids: list[int], new: int, _earlier: list[int]) -> tuple[list[int], float]:
         out = hf_prompt_lookup(loaded.model, ids, new, engine.eos_token_ids)
         return out.token_ids, out.wall_s
 
@@ -105,11 +108,20 @@ def run_next_edit(args: argparse.Namespace) -> int:
         print(f"  {answer.case.kind} {answer.case.name} {answer.system}: {answer.latency_s * 1000:.0f} ms, "
               f"{len(answer.tokens)} tokens, exact {answer.exact}", file=sys.stderr, flush=True)
 
-    answers = next_edit.run_cases(engine, loaded.tokenizer, chosen, layout, hf, progress)
+    with contextlib.ExitStack() as servers:
+        peers: dict[str, Any] = {"hf_prompt_lookup": hf}
+        missing = llamacpp_available()
+        if missing is None:  # llama.cpp's lookups, one warm server each (idle while the others run)
+            for system in LOOKUP_SYSTEMS:
+                server = servers.enter_context(LlamaServer(system, threads=settings.threads or os.cpu_count() or 1))
+                peers[system] = functools.partial(_llama_peer, server, engine.eos_token_ids)
+        else:
+            print(f"next-edit suite: no llama.cpp rows: {missing}", file=sys.stderr)
+        answers = next_edit.run_cases(engine, loaded.tokenizer, chosen, layout, peers, progress)
     facts = next_edit.summary(answers)
     machine = _machine()
     print(f"\nnext-edit requests ({layout} layout), {machine['cores']} cores ({machine['cpu']}), warm, one process")
-    for system in ("plain", "codespec", "hf_prompt_lookup"):
+    for system in ("plain", "codespec", "hf_prompt_lookup", *LOOKUP_SYSTEMS):
         row = facts.get(system)
         if row:
             print(f"  {system}: first {row['first_s'] * 1000:.0f} ms, p50 {row['p50_s'] * 1000:.0f} ms, "
@@ -121,6 +133,14 @@ def run_next_edit(args: argparse.Namespace) -> int:
         write_json(out_dir / f"next-edit-{layout}.json", report)
     print(json.dumps(report))
     return 0
+
+
+def _llama_peer(server: Any, eos: Any, ids: list[int], new: int, earlier: list[int]) -> tuple[list[int], float]:
+    """One request through a warm llama-server whose prompt cache holds the request made
+    before it (untimed), as codespec's does."""
+    server.complete(earlier, 1, eos, cache_prompt=True)
+    out = server.complete(ids, new, eos, cache_prompt=True)
+    return out.token_ids, out.wall_s
 
 
 def run_editor(args: argparse.Namespace) -> int:

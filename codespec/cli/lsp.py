@@ -37,7 +37,7 @@ def register(commands: Any) -> None:
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
                    help="stderr log level (default info: start-up, indexing and failures, never document "
                         "text; debug adds every protocol message)")
-    add_settings_arguments(p, ("api_key", "max_active_requests", "index_max_mb") + MODEL_FIELDS + SPECULATION_FIELDS + CACHE_FIELDS)
+    add_settings_arguments(p, ("api_key", "max_active_requests", "index_max_mb", "next_edit_layout") + MODEL_FIELDS + SPECULATION_FIELDS + CACHE_FIELDS)
     p.set_defaults(handler=run)
 
 
@@ -140,9 +140,10 @@ def remote_backend(url: str, settings: Any) -> Any:
         return HttpBackend(url, settings.api_key)
     from codespec.lsp.engine_backend import EngineBackend
     from codespec.models.loading import load_tokenizer
+    from codespec.nextedit.prompt import layout_for
 
     tokenizer = load_tokenizer(settings, progress=False)
     if not client.check_tokenizer(served.name, tokenizer):
         logging.getLogger("codespec.lsp").warning(
             "the engine at %s cannot tokenize: its tokenizer is assumed to be --model's", url)
-    return EngineBackend(client, tokenizer, served)
+    return EngineBackend(client, tokenizer, served, layout_for(settings.next_edit_layout, served.name))

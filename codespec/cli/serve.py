@@ -23,7 +23,7 @@ from codespec.cli.options import (
 from codespec.errors import CodespecError
 
 SERVE_FIELDS = ("host", "port", "api_key", "index", "repo", "index_max_mb", "upstream", "upstream_api_key",
-                "max_tokens_limit", "infill_layout", "infill_max_tokens", "max_request_bytes", "max_header_bytes",
+                "max_tokens_limit", "infill_layout", "next_edit_layout", "infill_max_tokens", "max_request_bytes", "max_header_bytes",
                 "header_timeout_s", "body_timeout_s", "idle_timeout_s", "max_active_requests", "max_waiting_requests",
                 "log_file")
 

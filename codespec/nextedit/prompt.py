@@ -27,14 +27,20 @@ from codespec.nextedit.history import Change
 from codespec.nextedit.rewrite import Window, completed, edits, rejoined_end
 
 LAYOUTS = ("sweep", "zeta", "instruct")
-DEFAULT_LAYOUT = "instruct"  # the default instruct model's (docs/agents.md: next edits)
+DEFAULT_LAYOUT = "instruct"  # the default instruct model's (docs/next-edit.md: the layouts measured)
 ROOM = 64  # tokens the rewrite may run past the window's length
 MAX_EDITS = 3  # recent edits shown (Sweep shows three)
+# Zeta2 edits its region within ~350 tokens of context: the file's text around the window
+# is cut to whole lines within these (~4 characters a token)
+ZETA_BEFORE_CHARS, ZETA_AFTER_CHARS = 800, 400
 CURSOR = "<|user_cursor|>"  # Zeta's cursor marker (plain text to Qwen's tokenizer)
 FENCE = "```"
-INSTRUCTION = ("Make the same change wherever else the code above needs it (a renamed name at its other uses, "
-               "the same edit on similar lines), and nothing else. Reply with all the lines above, rewritten, in "
-               "one code block; if nothing else needs to change, reply with them unchanged.")
+# The ask comes first: it is the same in every request, so a server's prompt cache holds
+# it, and only the code from the edited line on and the changes are computed anew
+INSTRUCTION = ("Below are lines of a file I am editing and my last changes. Make the same change wherever else "
+               "those lines need it (a renamed name at its other uses, the same edit on similar lines), and nothing "
+               "else. Reply with all the lines, rewritten, in one code block; if nothing else needs to change, "
+               "reply with them unchanged.")
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,19 @@ class Prompt:
     window: Window
     layout: str
     end_ids: frozenset[int]  # tokens after which the rewrite is over (besides EOS)
+
+
+def layout_for(setting: str, model: str) -> str:
+    """The layout of next-edit requests that name none: `setting` (Settings.next_edit_layout)
+    unless 'auto', then the one of the model family `model` (a path or a name) belongs to.
+
+    >>> layout_for("auto", "sweepai/sweep-next-edit-1.5B"), layout_for("auto", "/m/zeta-2"), layout_for("auto", "default")
+    ('sweep', 'zeta', 'instruct')
+    """
+    if setting != "auto":
+        return setting
+    name = model.rstrip("/").rsplit("/", 1)[-1].lower()
+    return "sweep" if "sweep" in name else "zeta" if "zeta" in name else DEFAULT_LAYOUT
 
 
 def build(layout: str, tokenizer: Any, request: NextEditRequest) -> Prompt:
@@ -189,9 +208,22 @@ def _zeta(request: NextEditRequest, window: Window, history: Sequence[Change]) -
     parts: list[str] = []
     for extra in request.related:
         parts += [prompts.FILE_SEP, _line_end(f"{extra.filename}\n{extra.text}")]
+    before, after = _lines_within(window.before, ZETA_BEFORE_CHARS, last=True), _lines_within(window.after,
+                                                                                               ZETA_AFTER_CHARS)
     return parts + [prompts.FILE_SEP, f"edit history\n{diffs}\n", prompts.FILE_SEP, f"{request.path}\n",
-                    prompts.FIM_PREFIX, f"\n{window.before}", prompts.FIM_MIDDLE, f"current\n{marked}",
-                    prompts.FIM_SUFFIX, f"\n{window.after}", prompts.FIM_MIDDLE, "updated\n"]
+                    prompts.FIM_PREFIX, f"\n{before}", prompts.FIM_MIDDLE, f"current\n{marked}",
+                    prompts.FIM_SUFFIX, f"\n{after}", prompts.FIM_MIDDLE, "updated\n"]
+
+
+def _lines_within(text: str, chars: int, last: bool = False) -> str:
+    """The whole lines of `text` that fit in `chars` characters: its first ones, or its last."""
+    if len(text) <= chars:
+        return text
+    if last:
+        cut = text.find("\n", len(text) - chars)
+        return text[cut + 1:] if cut >= 0 else ""
+    cut = text.rfind("\n", 0, chars)
+    return text[: cut + 1]
 
 
 def _line_end(text: str) -> str:
@@ -200,8 +232,8 @@ def _line_end(text: str) -> str:
 
 def _instruct(request: NextEditRequest, window: Window, history: Sequence[Change]) -> str:
     changes = "\n".join(_described(change) for change in history) or "(no changes yet)"
-    return (f"Lines {window.first + 1}-{window.last} of {request.path}, which I am editing:\n"
-            f"{FENCE}\n{window.text}{FENCE}\n\nMy last changes:\n{changes}\n\n{INSTRUCTION}")
+    return (f"{INSTRUCTION}\n\nLines {window.first + 1}-{window.last} of {request.path}:\n"
+            f"{FENCE}\n{window.text}{FENCE}\n\nMy last changes:\n{changes}")
 
 
 def _described(change: Change) -> str:

@@ -27,7 +27,7 @@ from codespec import prompts
 from codespec.engine.run import Generation, GenerationConfig
 from codespec.nextedit.history import Change, parse_changes
 from codespec.nextedit.prompt import NextEditRequest as Asked
-from codespec.nextedit.prompt import DEFAULT_LAYOUT, planned, proposed
+from codespec.nextedit.prompt import layout_for, planned, proposed
 from codespec.nextedit.rewrite import merged, position
 from codespec.server.responses import AnyBackend, backend, unless_client_leaves
 from codespec.server.schemas import NextEditRequest, SweepNextEditRequest
@@ -39,7 +39,7 @@ router = APIRouter()
 async def next_edit(req: NextEditRequest, request: Request, b: AnyBackend = Depends(backend)) -> Any:
     b.check_prompt_size(req.text, *(e.before + e.after for e in req.recent_edits))
     history = [Change(e.path, e.start_line, e.before, e.after) for e in req.recent_edits]
-    layout = req.layout or DEFAULT_LAYOUT
+    layout = req.layout or layout_for(b.settings.next_edit_layout, b.settings.model)
     answer = await _predict(b, request, Asked(req.path, req.text, req.offset(), history), layout)
     if not isinstance(answer, tuple):
         return answer
@@ -58,7 +58,7 @@ async def sweep_next_edit(req: SweepNextEditRequest, request: Request, b: AnyBac
     related = [prompts.ExtraFile(c.file_path, c.content) for c in (*req.file_chunks, *req.retrieval_chunks)]
     asked = Asked(req.file_path, req.file_contents, req.offset(), parse_changes(req.recent_changes, req.file_path),
                   related)
-    answer = await _predict(b, request, asked, DEFAULT_LAYOUT)
+    answer = await _predict(b, request, asked, layout_for(b.settings.next_edit_layout, b.settings.model))
     if not isinstance(answer, tuple):
         return answer
     found, _, g = answer

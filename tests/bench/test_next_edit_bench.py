@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+import re
+
 from codespec.bench.next_edit import KINDS, Answer, cases, summary
 
 
@@ -10,10 +13,17 @@ def test_cases_of_every_kind_where_the_truth_follows_the_change():
     assert [c.kind for c in found] == [k for k in KINDS for _ in range(2)]
     for case in found:
         assert case.before != case.after and 0 <= case.cursor <= len(case.after)
+        ast.parse(case.after), ast.parse(case.truth)  # real code before and after the edit
         if case.kind == "no-op":
             assert case.truth == case.after
+        elif case.kind == "refactor":  # reads of `self.x` become the new local `x`
+            assert len(case.truth) < len(case.after)
+            (local, attr), = re.findall(r"^\s*(\w+) = self\.(\w+)$", case.after[:case.cursor + 1], re.M)[-1:]
+            assert local == attr and f"self.{attr}" not in case.truth[case.cursor:case.cursor + 400]
         else:
             assert case.truth != case.after and len(case.truth) > len(case.after)
+        if case.kind == "add-param":  # the signature has it, and the calls pass it
+            assert case.after.count("strict") + 1 <= case.truth.count("strict")
 
 
 def test_the_summary_reports_latency_exactness_and_identity():

@@ -256,7 +256,7 @@ async def test_serve_upstream_fronts_vllm(vllm_server):
                                   timeout=300) as http:
         answer = (await http.post("/infill", json={"input_prefix": prefix, "input_suffix": suffix,
                                                    "n_predict": 32})).json()
-    engine = EngineBackend(client, tokenizer, client.served_model())
+    engine = EngineBackend(client, tokenizer, client.served_model(), "instruct")
     # the language server's request for a cursor after `prefix`: the cursor line's spaces
     # held back, the prompt in the order /infill uses (the server's `infill_layout`)
     options = LspOptions(max_tokens=32, fim_layout=settings.infill_layout)

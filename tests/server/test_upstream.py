@@ -90,7 +90,7 @@ async def test_the_engine_refusing_a_request_is_the_clients_error(front_http):
 
 def test_lsp_against_an_engine_builds_fim_with_its_tokens(live_server, default_model, backend):
     client = UpstreamClient(live_server)
-    engine = EngineBackend(client, default_model.tokenizer, client.served_model())
+    engine = EngineBackend(client, default_model.tokenizer, client.served_model(), "instruct")
     # as the language server builds it (lsp/window.py): the prefix ends at a line start
     # (the typed part of the line, its spaces held back, would be the middle)
     request = FimRequest(PREFIX.rstrip(" "), SUFFIX, max_tokens=24)
