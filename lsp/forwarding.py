@@ -1,6 +1,6 @@
 """The forwarding cache's rule: the completion shown last in a document still holds while
-the person types (or accepts) along it, and its rest is the next answer (lsp/server.py
-keeps one `Shown` per document)."""
+the person types (or accepts) along it, and its rest is the next answer (the language
+server keeps one `Shown` per document; lsp/completion.py reads it)."""
 
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
 from pygls.workspace import ServerTextPosition
 
+from codespec.lsp.documents import open_document
 from codespec.nextedit.history import Change
 from codespec.nextedit.prompt import NextEditRequest
 from codespec.nextedit.rewrite import merged, position
@@ -45,8 +46,6 @@ def field(params: Any, *path: str) -> Any:
 
 
 async def inline_edit(ls: Any, params: Any) -> dict[str, Any]:
-    from codespec.lsp.server import open_document
-
     uri, version = field(params, "textDocument", "uri"), field(params, "textDocument", "version")
     line, character = field(params, "position", "line"), field(params, "position", "character")
     if not isinstance(uri, str) or not isinstance(line, int) or not isinstance(character, int) \

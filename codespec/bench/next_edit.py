@@ -30,11 +30,11 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 from codespec.bench.request_sets import functions, local_to_rename
 from codespec.nextedit.history import EditHistory
-from codespec.nextedit.prompt import NextEditRequest, planned, proposed
+from codespec.nextedit.prompt import NextEditRequest, Prompt, planned, proposed
 from codespec.nextedit.rewrite import merged
 
 # none of these is used by another request set (bench/heldout.py, apply.py, sessions.py); their
@@ -238,14 +238,17 @@ class Answer:
     no_edit: bool
 
 
-# a peer: (prompt ids, tokens to generate, the previous request's prompt ids) -> (its tokens, seconds)
+# a peer: (prompt ids, tokens to generate, the previous request's prompt ids) -> (its tokens,
+# seconds); opened (a server started) when its turn comes, closed after it
 Peer = Callable[[list[int], int, list[int]], tuple[list[int], float]]
+OpenPeer = Callable[[], ContextManager[Peer]]
 
 
-def run_cases(engine: Any, tokenizer: Any, chosen: Sequence[Case], layout: str, peers: dict[str, Peer],
+def run_cases(engine: Any, tokenizer: Any, chosen: Sequence[Case], layout: str, peers: dict[str, OpenPeer],
               on_answer: Callable[[Answer], None]) -> list[Answer]:
-    """Every case under plain decoding, codespec and each peer (transformers' prompt
-    lookup, llama.cpp's lookups), one after another per case.
+    """Every case under plain decoding and codespec, one after the other per case; then
+    every case through each peer (transformers' prompt lookup, llama.cpp's lookups), one
+    peer at a time, so that no other system's threads run beside the one timed.
 
     Warm as in an editor: before each system's request the server answered the request
     made before the change (the file as it was, no recent edits), so its prompt cache holds
@@ -256,31 +259,41 @@ def run_cases(engine: Any, tokenizer: Any, chosen: Sequence[Case], layout: str, 
     work is timed for all."""
     from codespec.engine.run import GenerationConfig
 
-    answers = []
+    answers: list[Answer] = []
+    asked: list[tuple[Case, Prompt, list[int], int]] = []  # (case, prompt, earlier prompt's ids, plain's tokens)
+
+    def answered(case: Case, prompt: Prompt, system: str, tokens: list[int], seconds: float, passes: int,
+                 text: str) -> None:
+        edits = proposed(prompt, text)
+        first, last, span = merged(case.after, edits)
+        result = case.after[:first] + span + case.after[last:]
+        answers.append(Answer(case, system, seconds, tokens, passes, result == case.truth, not edits))
+        on_answer(answers[-1])
+
     for case in chosen:
         path = f"{case.name.split('.')[0]}.py"
         history = EditHistory()
         history.update(case.name, case.before)
-        earlier, _ = planned(layout, tokenizer, NextEditRequest(path, case.before, case.cursor, []))
+        # the request before the change: the cursor on the same line (its offset in the
+        # text after the change may fall on another line of the text before it)
+        line = case.after.count("\n", 0, case.cursor)
+        at = sum(len(x) for x in case.before.splitlines(keepends=True)[:line])
+        earlier, _ = planned(layout, tokenizer, NextEditRequest(path, case.before, at, []))
         history.update(case.name, case.after)
         prompt, fields = planned(layout, tokenizer, NextEditRequest(path, case.after, case.cursor, history.recent()))
-        runs: list[tuple[str, list[int], float, int, str]] = []
         for system, speculate in (("plain", False), ("codespec", True)):
             engine.cache.clear()
             engine.generate(earlier.ids, GenerationConfig(max_new_tokens=1, speculate=False))
             began = time.perf_counter()
             g = engine.generate(prompt.ids, GenerationConfig(**fields, speculate=speculate))
-            runs.append((system, g.token_ids, time.perf_counter() - began, g.stats.verify_passes, g.text))
-        for system, peer in peers.items():
-            tokens, seconds = peer(prompt.ids, max(1, len(runs[0][1])), earlier.ids)
-            runs.append((system, tokens, seconds, 0, engine.decode(tokens)))
-        for system, tokens, seconds, passes, text in runs:
-            edits = proposed(prompt, text)
-            first, last, span = merged(case.after, edits)
-            result = case.after[:first] + span + case.after[last:]
-            answer = Answer(case, system, seconds, tokens, passes, result == case.truth, not edits)
-            answers.append(answer)
-            on_answer(answer)
+            answered(case, prompt, system, g.token_ids, time.perf_counter() - began, g.stats.verify_passes, g.text)
+            if system == "plain":
+                asked.append((case, prompt, earlier.ids, len(g.token_ids)))
+    for system, open_peer in peers.items():
+        with open_peer() as peer:
+            for case, prompt, earlier_ids, plain_tokens in asked:
+                tokens, seconds = peer(prompt.ids, max(1, plain_tokens), earlier_ids)
+                answered(case, prompt, system, tokens, seconds, 0, engine.decode(tokens))
     return answers
 
 

@@ -17,7 +17,7 @@ import os
 import platform
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from codespec.bench.systems import ALIASES, SYSTEM_NAMES
 from codespec.cli.options import MODEL_FIELDS, SPECULATION_FIELDS, add_settings_arguments, settings_from_args
@@ -54,7 +54,8 @@ def register(commands: Any) -> None:
                    help="comma-separated: repo, edit, agent, editor (default all)")
     p.add_argument("--systems", default=",".join(SYSTEM_NAMES),
                    help=f"comma-separated, plain always included: {', '.join(SYSTEM_NAMES)}; "
-                   "llamacpp-lookup = the three llama.cpp lookup types")
+                   "llamacpp-lookup = the three llama.cpp lookup types; the next-edit suite's peers: "
+                   "hf_prompt_lookup, llamacpp-simple, llamacpp-mod, llamacpp-map-k")
     p.add_argument("--repeat", type=int, default=None, metavar="N",
                    help="timed runs per system, reported by the median (default 1)")
     p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_next_edit(args: argparse.Namespace) -> int:
     from codespec.bench import next_edit
-    from codespec.bench.llamacpp import LOOKUP_SYSTEMS, LlamaServer, llamacpp_available
+    from codespec.bench.llamacpp import LOOKUP_SYSTEMS, llamacpp_available
     from codespec.bench.peers import hf_prompt_lookup
     from codespec.engine.engine import Engine
     from codespec.forward import select as forward
@@ -108,16 +109,21 @@ def run_next_edit(args: argparse.Namespace) -> int:
         print(f"  {answer.case.kind} {answer.case.name} {answer.system}: {answer.latency_s * 1000:.0f} ms, "
               f"{len(answer.tokens)} tokens, exact {answer.exact}", file=sys.stderr, flush=True)
 
-    with contextlib.ExitStack() as servers:
-        peers: dict[str, Any] = {"hf_prompt_lookup": hf}
-        missing = llamacpp_available()
-        if missing is None:  # llama.cpp's lookups, one warm server each (idle while the others run)
-            for system in LOOKUP_SYSTEMS:
-                server = servers.enter_context(LlamaServer(system, threads=settings.threads or os.cpu_count() or 1))
-                peers[system] = functools.partial(_llama_peer, server, engine.eos_token_ids)
-        else:
-            print(f"next-edit suite: no llama.cpp rows: {missing}", file=sys.stderr)
-        answers = next_edit.run_cases(engine, loaded.tokenizer, chosen, layout, peers, progress)
+    # --systems names the peers (plain and codespec always run); its default: all of them
+    known = ("hf_prompt_lookup", *LOOKUP_SYSTEMS)
+    named = known if args.systems == ",".join(SYSTEM_NAMES) else [
+        n for n in _pick(args.systems.replace("llamacpp-lookup", ",".join(LOOKUP_SYSTEMS)),
+                         ("plain", "codespec", *known), "systems") if n in known]
+    peers: dict[str, Any] = {"hf_prompt_lookup": lambda: contextlib.nullcontext(hf)} \
+        if "hf_prompt_lookup" in named else {}
+    lookups = [n for n in LOOKUP_SYSTEMS if n in named]
+    missing = llamacpp_available() if lookups else None
+    if missing is not None:
+        print(f"next-edit suite: no llama.cpp rows: {missing}", file=sys.stderr)
+    for system in lookups if missing is None else ():  # llama.cpp's lookups: one server each, in turn
+        peers[system] = functools.partial(_llama_peer, system, settings.threads or os.cpu_count() or 1,
+                                          engine.eos_token_ids)
+    answers = next_edit.run_cases(engine, loaded.tokenizer, chosen, layout, peers, progress)
     facts = next_edit.summary(answers)
     machine = _machine()
     print(f"\nnext-edit requests ({layout} layout), {machine['cores']} cores ({machine['cpu']}), warm, one process")
@@ -135,12 +141,18 @@ def run_next_edit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _llama_peer(server: Any, eos: Any, ids: list[int], new: int, earlier: list[int]) -> tuple[list[int], float]:
-    """One request through a warm llama-server whose prompt cache holds the request made
-    before it (untimed), as codespec's does."""
-    server.complete(earlier, 1, eos, cache_prompt=True)
-    out = server.complete(ids, new, eos, cache_prompt=True)
-    return out.token_ids, out.wall_s
+@contextlib.contextmanager
+def _llama_peer(system: str, threads: int, eos: Any) -> Iterator[Any]:
+    """A llama-server for `system` while its requests run: each request after the request
+    made before it (untimed), so that its prompt cache holds what codespec's does."""
+    from codespec.bench.llamacpp import LlamaServer
+
+    with LlamaServer(system, threads=threads) as server:
+        def complete(ids: list[int], new: int, earlier: list[int]) -> tuple[list[int], float]:
+            server.complete(earlier, 1, eos, cache_prompt=True)
+            out = server.complete(ids, new, eos, cache_prompt=True)
+            return out.token_ids, out.wall_s
+        yield complete
 
 
 def run_editor(args: argparse.Namespace) -> int:

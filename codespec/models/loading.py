@@ -25,11 +25,13 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def resolve_model_path(spec: str, settings: Settings, *, progress: bool = True) -> tuple[str, str]:
-    """Return `(name, path_or_hub_id)` for a `--model` value, preparing the default if needed."""
-    if spec in ("", "default"):
-        path = default.prepare(settings.cache_dir, progress=progress)
-        check_model_dir(path, "the default model")
-        return default.DEFAULT_MODEL.name, str(path)
+    """Return `(name, path_or_hub_id)` for a `--model` value, preparing a packaged model
+    ("default", or a name `codespec model list` shows) if needed."""
+    model = default.packaged(spec)
+    if model is not None:
+        path = default.prepare(settings.cache_dir, model, progress=progress)
+        check_model_dir(path, model.name)
+        return model.name, str(path)
     local = Path(os.path.expanduser(spec))
     if local.exists():
         if not local.is_dir():
@@ -43,7 +45,8 @@ def resolve_model_path(spec: str, settings: Settings, *, progress: bool = True) 
         return local.resolve().name, str(local.resolve())
     if _HUB_ID.match(spec):
         return spec, spec  # transformers resolves it, from its local cache or a reachable hub
-    raise ModelError(f"--model {spec}: no such directory; pass 'default', a model directory or a hub id")
+    raise ModelError(f"--model {spec}: no such directory; pass 'default', {', '.join(default.PACKAGED)}, a model "
+                     "directory or a hub id")
 
 
 def pick_device(setting: str) -> torch.device:

@@ -29,7 +29,7 @@ from lsprotocol import types
 from pygls.lsp.client import LanguageClient
 
 from codespec.bench.editor import stop_client
-from codespec.lsp.server import NOTHING_HERE
+from codespec.lsp.completion import NOTHING_HERE
 
 ROOT = Path(__file__).parents[2]
 ANSWER_S = 30

