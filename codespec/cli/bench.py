@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib.util
 import json
 import os
 import platform
@@ -30,7 +31,7 @@ def register(commands: Any) -> None:
     p = commands.add_parser("bench", help="measure workloads side by side (default), draft policies (`bench "
                             "verify`) or the suffix index (`bench index`)")
     p.add_argument("suite", nargs="?", choices=("workloads", "index", "verify", "cold", "apply", "next-edit",
-                                                "editor"),
+                                                "editor", "quality"),
                    default="workloads",
                    help="workloads: repo completion, edit, agent loop, editor session x plain, HF prompt lookup, "
                    "codespec variants, arctic-inference; verify: draft policies (none, chain-4/8/16, tree, goodput) "
@@ -38,7 +39,9 @@ def register(commands: Any) -> None:
                    "process each (codespec generate, --no-spec, HF prompt lookup): start-up included; apply: agents' "
                    "fast-apply and tool-result requests the same way, with --prediction, and llama.cpp's lookups; "
                    "next-edit: next-edit requests from real code, latency and the exact-edit rate; "
-                   "editor: a "
+                   "quality: line and block completions from real code, exact match and edit similarity per prompt "
+                   "layout (codespec's, llama.vim's, the repository layout), with and without repository context "
+                   "(--model picks the model); editor: a "
                    "typing replay against codespec lsp, codespec serve's /infill and llama-server (llama.vim's "
                    "requests)")
     p.add_argument("--sets", default="edit,fim-repo", help="verify suite: request sets (edit, fim-repo)")
@@ -77,7 +80,48 @@ def _pick(value: str, known: Any, what: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     return {"index": run_index, "verify": run_verify, "cold": run_cold, "apply": run_apply,
-            "next-edit": run_next_edit, "editor": run_editor}.get(args.suite, run_workloads)(args)
+            "next-edit": run_next_edit, "editor": run_editor, "quality": run_quality}.get(args.suite, run_workloads)(args)
+
+
+def run_quality(args: argparse.Namespace) -> int:
+    from codespec.bench import quality
+    from codespec.engine.engine import Engine
+    from codespec.engine.run import GenerationConfig
+    from codespec.forward import select as forward
+    from codespec.prompts import fim_end_ids
+
+    if importlib.util.find_spec("rapidfuzz") is None:
+        raise CodespecError("the quality suite scores with rapidfuzz: pip install 'codespec[bench]'")
+    settings = settings_from_args(args)
+    out_dir = _out_dir(args.out)
+    loaded = forward.load(settings)
+    engine = Engine.from_settings(loaded.forward, loaded.tokenizer, settings)
+    engine.calibrate()
+    # --requests N: N cases per kind and target file; its default (8, the verify suite's) means PER_FILE
+    chosen = quality.cases(quality.PER_FILE if args.requests == 8 else max(1, args.requests))
+    print(f"quality suite: {len(chosen)} cases x {len(quality.LAYOUTS)} layouts x (without, with context), "
+          f"{loaded.name}", file=sys.stderr)
+    ends = fim_end_ids(loaded.tokenizer)
+
+    def generate(ids: list[int], new: int) -> str:
+        # greedy, with speculation: the same text as plain decoding, sooner
+        return engine.generate(ids, GenerationConfig(max_new_tokens=new, end_ids=ends)).text
+
+    def progress(s: Any) -> None:
+        print(f"  {s.case.kind} {s.case.name} {s.layout}{' +context' if s.with_context else ''}: exact {s.exact}, "
+              f"similarity {s.similarity:.2f}", file=sys.stderr, flush=True)
+
+    facts = quality.summary(quality.run_cases(generate, loaded.tokenizer, chosen, quality.LAYOUTS, progress))
+    machine = _machine()
+    print(f"\ncompletion quality, {loaded.name} (greedy; exact match / edit similarity)")
+    for key, row in facts.items():
+        print(f"  {key:20} " + "  ".join(f"{kind}: {v['exact']:.2f} / {v['similarity']:.2f} ({v['cases']})"
+                                          for kind, v in row.items()))
+    report = {"bench": "quality", "model": loaded.name, "machine": machine, "summary": facts}
+    if out_dir is not None:
+        write_json(out_dir / f"quality-{loaded.name.lower()}.json", report)
+    print(json.dumps(report))
+    return 0
 
 
 def run_next_edit(args: argparse.Namespace) -> int:
