@@ -196,7 +196,8 @@ def test_the_shared_server_gets_every_model_setting_the_language_server_takes():
     from codespec.lsp.shared import PASSED_FIELDS
 
     # spelled out in lsp/shared.py (lsp cannot import cli): a field added to a group must reach it
-    assert PASSED_FIELDS == MODEL_FIELDS + SPECULATION_FIELDS + CACHE_FIELDS + ("max_active_requests", "index_max_mb")
+    assert PASSED_FIELDS == MODEL_FIELDS + SPECULATION_FIELDS + CACHE_FIELDS + ("max_active_requests", "index_max_mb",
+                                                                              "next_edit_layout")
 
 
 def test_a_gone_server_is_replaced_whatever_the_transport_said(tmp_path):
