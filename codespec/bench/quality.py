@@ -21,7 +21,7 @@ files the target imports from, or its siblings, cut to `CONTEXT_CHARS`):
                and 64 lines after as the suffix, the prefix first; context as `input_extra`
     repo       Qwen2.5-Coder's repository layout, no fill-in-the-middle: <|repo_name|>,
                each file after <|file_sep|> and its path, the target file's text up to
-               the cursor last; the model continues it
+               the cursor last (its trailing spaces held back); the model continues it
 
 Scored by exact match (a line: the rest of the line, spaces around it ignored; a block:
 every line, trailing spaces ignored) and edit similarity (rapidfuzz's normalized
@@ -102,11 +102,17 @@ def _body_lines(source: str) -> list[tuple[int, int]]:
     return sorted(set(out))
 
 
-def _line_cases(source: str) -> list[tuple[int, str]]:
+def _lines(source: str) -> tuple[list[str], list[int]]:
+    """The source's lines (with their ends) and the offset where each starts."""
     lines = source.splitlines(keepends=True)
     starts = [0]
     for line in lines:
         starts.append(starts[-1] + len(line))
+    return lines, starts
+
+
+def _line_cases(source: str) -> list[tuple[int, str]]:
+    lines, starts = _lines(source)
     out = []
     for number, _ in _body_lines(source):
         line = lines[number - 1].rstrip("\n")
@@ -122,10 +128,7 @@ def _line_cases(source: str) -> list[tuple[int, str]]:
 
 
 def _block_cases(source: str) -> list[tuple[int, str]]:
-    lines = source.splitlines(keepends=True)
-    starts = [0]
-    for line in lines:
-        starts.append(starts[-1] + len(line))
+    lines, starts = _lines(source)
     out = []
     for number, end in _body_lines(source):
         if end - number + 1 < 2 or not lines[number - 1].strip() or lines[number - 1].strip().startswith("#"):
@@ -174,7 +177,10 @@ def prompt_ids(tokenizer: Any, layout: str, case: Case, with_context: bool) -> l
         ids = [repo, *prompts.encode(tokenizer, "repository\n")]
         for chunk in extra:
             ids += [sep, *prompts.encode(tokenizer, f"{chunk.filename}\n{chunk.text}")]
-        return ids + [sep, *prompts.encode(tokenizer, f"{case.path}\n{before[-6000:]}")]
+        # the spaces before the cursor held back (the model writes them, as the language
+        # server's prompt has it write them): a prompt ending in a lone space token stops
+        # the model mid-word
+        return ids + [sep, *prompts.encode(tokenizer, f"{case.path}\n{before[-6000:].rstrip(' ')}")]
     raise ValueError(f"unknown layout {layout!r}")
 
 
