@@ -178,7 +178,7 @@ def run_next_edit(args: argparse.Namespace) -> int:
                   f"p95 {row['p95_s'] * 1000:.0f} ms, tokens/pass {row.get('tokens_per_pass', '-')}, "
                   f"exact {row['exact_by_kind']}")
     print(f"  codespec identical to plain: {facts['identical']}; codespec {facts.get('codespec_vs_plain')}x plain")
-    report = {"bench": "next-edit", "layout": layout, "machine": machine, "summary": facts}
+    report = {"bench": "next-edit", "model": loaded.name, "layout": layout, "machine": machine, "summary": facts}
     if out_dir is not None:
         write_json(out_dir / f"next-edit-{layout}.json", report)
     print(json.dumps(report))
