@@ -24,7 +24,7 @@ from codespec.landing.fit import fit_indent, replaced_after, rest_of_line
 from codespec.landing.lines import whole_lines
 from codespec.landing.syntax import Mode, classify
 from codespec.lsp.backend import settle
-from codespec.lsp.documents import open_document, opened
+from codespec.lsp.documents import open_document, opened, text_of
 from codespec.lsp.forwarding import Shown, along, forward
 from codespec.lsp.window import fim_request
 
@@ -40,7 +40,7 @@ async def complete(ls: Any, params: types.InlineCompletionParams) -> types.Inlin
     if not ls.options.enable or ls.backend is None:
         return None
     doc = open_document(ls, uri)
-    text = doc.source.replace("\r\n", "\n")
+    text = text_of(doc)
     lines = doc.lines
     if params.position.line > len(lines) or params.position.character > 1 << 20:  # len(lines): after a final \n
         raise JsonRpcInvalidParams(f"position {params.position.line}:{params.position.character} is outside "
@@ -114,7 +114,7 @@ async def complete_ahead(ls: Any, uri: str, prefix: str) -> None:
         doc = opened(ls, uri)
         if doc is None:  # closed meanwhile
             return
-        text = doc.source.replace("\r\n", "\n")
+        text = text_of(doc)
         if text.startswith(prefix):
             break
         await asyncio.sleep(0.02)

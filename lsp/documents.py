@@ -25,15 +25,25 @@ def open_document(ls: Any, uri: str) -> Any:
     return doc
 
 
-def remember(ls: Any, uri: str) -> None:
-    """The document's text into its edit history (next edits see the changes)."""
+def text_of(doc: Any) -> str:
+    """A document's text with "\\n" line ends: what prompts, the index and the edit history read."""
+    return doc.source.replace("\r\n", "\n")
+
+
+def changed(ls: Any, uri: str) -> None:
+    """An opened or edited document: its text, made once, to the backend (drafts, the
+    index) and to its edit history (next edits see the changes)."""
     doc = opened(ls, uri)
-    if doc is not None:
-        ls.history.update(uri, doc.source.replace("\r\n", "\n"))
+    if doc is None:
+        return
+    text = text_of(doc)
+    if ls.backend is not None:
+        ls.backend.update_document(ls.relative_path(uri), text, False)
+    ls.history.update(uri, text)
 
 
 def feed(ls: Any, uri: str, saved: bool = False) -> None:
     doc = opened(ls, uri)
     if ls.backend is None or doc is None:
         return
-    ls.backend.update_document(ls.relative_path(uri), doc.source.replace("\r\n", "\n"), saved)
+    ls.backend.update_document(ls.relative_path(uri), text_of(doc), saved)

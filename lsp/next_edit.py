@@ -23,7 +23,7 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
 from pygls.workspace import ServerTextPosition
 
-from codespec.lsp.documents import open_document
+from codespec.lsp.documents import open_document, text_of
 from codespec.nextedit.history import Change
 from codespec.nextedit.prompt import NextEditRequest
 from codespec.nextedit.rewrite import merged, position
@@ -60,7 +60,7 @@ async def inline_edit(ls: Any, params: Any) -> dict[str, Any]:
         return {"edits": []}  # asked about a text the document no longer has
     if line > len(doc.lines):
         raise JsonRpcInvalidParams(f"position {line}:{character} is outside the document ({len(doc.lines)} lines)")
-    text = doc.source.replace("\r\n", "\n")
+    text = text_of(doc)
     offset = _normalized(doc.source, doc.offset_at_position(types.Position(line, character)))
     # every document's recent changes, oldest first, named by their paths in the workspace
     history = [Change(ls.relative_path(c.uri), c.start, c.before, c.after) for c in ls.history.recent()]

@@ -30,7 +30,7 @@ from pygls.protocol import LanguageServerProtocol, lsp_method
 
 from codespec.lsp import next_edit
 from codespec.lsp.completion import ACCEPT_COMMAND, complete, complete_ahead, covered
-from codespec.lsp.documents import feed, opened, remember
+from codespec.lsp.documents import changed, feed, opened, text_of
 from codespec.lsp.ahead import Ahead
 from codespec.lsp.backend import CompletionBackend, detached, settle
 from codespec.lsp.context import Ring
@@ -142,7 +142,7 @@ class CodespecServer(LanguageServer):
 
     def _document(self, uri: str) -> tuple[str, str, Any] | None:
         doc = opened(self, uri)
-        return None if doc is None else (doc.source.replace("\r\n", "\n"), self.relative_path(uri), self.context(uri))
+        return None if doc is None else (text_of(doc), self.relative_path(uri), self.context(uri))
 
     def context(self, uri: str) -> Any:
         """Other files' code for a prompt in `uri` (lsp/context.py)."""
@@ -206,15 +206,13 @@ def build_server(make_backend: Callable[[], CompletionBackend]) -> CodespecServe
 
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def did_open(ls: CodespecServer, params: types.DidOpenTextDocumentParams) -> None:
-        feed(ls, params.text_document.uri)
+        changed(ls, params.text_document.uri)
         ls.ahead_prefill.changed(params.text_document.uri)
-        remember(ls, params.text_document.uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: CodespecServer, params: types.DidChangeTextDocumentParams) -> None:
-        feed(ls, params.text_document.uri)
+        changed(ls, params.text_document.uri)
         ls.ahead_prefill.changed(params.text_document.uri)
-        remember(ls, params.text_document.uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
     def did_save(ls: CodespecServer, params: types.DidSaveTextDocumentParams) -> None:
