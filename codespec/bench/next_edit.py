@@ -181,7 +181,7 @@ def _local_introduced(module: str, fn: ast.FunctionDef, source: str, lines: Sequ
             else:
                 stored.add(node.attr)
     attr = next((n for n, count in reads.items() if count >= 3 and n not in stored and n not in names
-                 and not n.startswith("_") and keyword_safe(n)), None)
+                 and not n.startswith("_") and _keyword_safe(n)), None)
     first = fn.body[0]
     if attr is None or isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant):
         return None  # a docstring first: the line would go after it; such functions are left out
@@ -197,10 +197,12 @@ def _local_introduced(module: str, fn: ast.FunctionDef, source: str, lines: Sequ
     return Case(f"{module}.{fn.name}", "refactor", source, after, line_start + len(inserted) - 1, truth)
 
 
-def keyword_safe(name: str) -> bool:
+def _keyword_safe(name: str) -> bool:
+    """A name a local may take: no keyword, no builtin it would hide."""
+    import builtins
     import keyword
 
-    return not keyword.iskeyword(name) and name not in dir(__builtins__)
+    return not keyword.iskeyword(name) and not hasattr(builtins, name)
 
 
 def _assignments(body: str) -> list[re.Match[str]]:

@@ -136,7 +136,13 @@ def run_next_edit(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     layout = args.layout or layout_for(settings.next_edit_layout, settings.model)
     out_dir = _out_dir(args.out)
-    loaded = forward.load(settings, transformers=True)  # transformers' model for the prompt-lookup peer
+    # --systems names the peers (plain and codespec always run); its default: all of them
+    known = ("hf_prompt_lookup", *LOOKUP_SYSTEMS)
+    named = known if args.systems == ",".join(SYSTEM_NAMES) else [
+        n for n in _pick(args.systems.replace("llamacpp-lookup", ",".join(LOOKUP_SYSTEMS)),
+                         ("plain", "codespec", *known), "systems") if n in known]
+    # transformers' model only for the prompt-lookup peer
+    loaded = forward.load(settings, transformers="hf_prompt_lookup" in named)
     engine = Engine.from_settings(loaded.forward, loaded.tokenizer, settings)
     engine.calibrate()
     warm_up()
@@ -153,11 +159,6 @@ def run_next_edit(args: argparse.Namespace) -> int:
         print(f"  {answer.case.kind} {answer.case.name} {answer.system}: {answer.latency_s * 1000:.0f} ms, "
               f"{len(answer.tokens)} tokens, exact {answer.exact}", file=sys.stderr, flush=True)
 
-    # --systems names the peers (plain and codespec always run); its default: all of them
-    known = ("hf_prompt_lookup", *LOOKUP_SYSTEMS)
-    named = known if args.systems == ",".join(SYSTEM_NAMES) else [
-        n for n in _pick(args.systems.replace("llamacpp-lookup", ",".join(LOOKUP_SYSTEMS)),
-                         ("plain", "codespec", *known), "systems") if n in known]
     peers: dict[str, Any] = {"hf_prompt_lookup": lambda: contextlib.nullcontext(hf)} \
         if "hf_prompt_lookup" in named else {}
     lookups = [n for n in LOOKUP_SYSTEMS if n in named]
