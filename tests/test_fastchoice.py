@@ -11,7 +11,7 @@ import pytest
 from codespec.index import Draft
 from codespec.policy import controller, fastchoice
 
-SOURCES = ("context", "index", "anchor", "anchor-guess")
+SOURCES = ("context", "index", "anchor", "anchor-guess", "model")
 
 
 def _draft(rng: random.Random) -> Draft:

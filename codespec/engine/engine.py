@@ -25,6 +25,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 from codespec import prompts
 from codespec.engine import ahead
+from codespec.engine import drafter as drafter_module
+from codespec.engine.drafter import Drafter
 from codespec.engine.kvcache import DEFAULT_CHUNK, CacheFull, Preempted, SlotCache
 from codespec.engine.run import Generation, GenerationConfig, Run, acceptance_of
 from codespec.engine.stats import HostClock
@@ -68,12 +70,14 @@ class Engine:
         slots: int = 2,
         profile_dir: Path | str | None = None,
         look_ahead: bool | None = None,
+        drafter: Drafter | None = None,
     ) -> None:
         """`profile_dir`: the cache directory holding this machine's profile (probes and
         verify-pass timings, forward/profile.py): read at start, written once measured.
         `look_ahead`: the goodput controller drafts each request's next pass on a guess
         while a pass computes (engine/ahead.py); default: where the backend launches
-        passes asynchronously (a GPU's)."""
+        passes asynchronously (a GPU's). `drafter`: a smaller model that drafts where
+        the proposer's sources have nothing (engine/drafter.py)."""
         if draft_policy not in controller.POLICIES:
             raise ValueError(f"draft_policy must be one of {controller.POLICIES}, got {draft_policy!r}")
         self.forward = forward
@@ -93,6 +97,7 @@ class Engine:
         self.verifier = Verifier(forward, cache, probes)
         self.tokenizer = tokenizer
         self.proposer = proposer if proposer is not None else PromptLookupProposer()
+        self.drafter = drafter
         self.max_draft_tokens = max_draft_tokens
         self.draft_policy = draft_policy
         self.eos_token_ids = frozenset(eos_token_ids if eos_token_ids is not None
@@ -270,6 +275,8 @@ class Engine:
                 committed[id(run)] = run.guarded(lambda r=run: self._prefill(r))
         drafts = [run.guarded(lambda r=run: self._draft(r)) for run in ready]
         ready, drafts = [r for r in ready if not r.done], [d for r, d in zip(ready, drafts) if not r.done]
+        if ready and self.drafter is not None:
+            drafts = self._with_model_drafts(ready, drafts)
         if ready:
             try:
                 outs = self._verify(ready, drafts, prefill_next)
@@ -310,6 +317,33 @@ class Engine:
             self.clock.guesses_taken += 1
             return controller.Offered(run.allowed_all(guessed.candidates))
         return controller.Offered(run.allowed_all(run.session.candidates(run.draft_budget())))
+
+    def _with_model_drafts(self, runs: Sequence[Run], drafts: list[Draft | controller.Offered]
+                           ) -> list[Draft | controller.Offered]:
+        """The draft model's drafts added where they pay (drafter.tokens_to_draft): one more
+        candidate for the goodput controller, the draft where a fixed policy had none."""
+        assert self.drafter is not None
+        wants = []
+        for i, (run, offered) in enumerate(zip(runs, drafts)):
+            k = drafter_module.tokens_to_draft(run, offered, self.cost, self.drafter, self.cache.length(run.slot))
+            if k:
+                wants.append((i, k))
+        if not wants:
+            return drafts
+        try:
+            made = self.drafter.draft([(runs[i], k) for i, k in wants])
+        except Exception:  # noqa: BLE001 (a draft is a guess: without it the pass is still right)
+            log.warning("the draft model failed; this pass drafts without it", exc_info=True)
+            return drafts
+        out = list(drafts)
+        for (i, _), draft in zip(wants, made):
+            draft = runs[i].allowed(draft)
+            if not len(draft):
+                continue
+            offered = out[i]
+            out[i] = (controller.Offered([*offered.candidates, draft]) if isinstance(offered, controller.Offered)
+                      else draft)
+        return out
 
     def _choose(self, runs: Sequence[Run], offered: list[controller.Offered]) -> list[Draft]:
         """The controller's drafts for the pass: each request's best source, pruned, then the

@@ -214,6 +214,15 @@ class SlotCache:
         self._lengths[best] = best_reuse
         return best, best_reuse
 
+    def tokens(self, slot: int) -> list[int]:
+        """The tokens whose KV the slot holds, in order."""
+        return list(self._slots[slot].tokens)
+
+    def reusable(self, prompt_ids: Sequence[int]) -> int:
+        """The tokens of a prompt the free slot that holds most of it would reuse
+        (what `acquire` would return; nothing is taken)."""
+        return max((self._reusable(s, prompt_ids) for s in self._slots if not s.busy), default=0)
+
     def clear(self) -> None:
         """Forget every cached prompt (benchmarks start each system from nothing)."""
         for index, state in enumerate(self._slots):

@@ -109,6 +109,7 @@ class Run:
         self.guess: ahead.Guess | None = None  # the next draft, made while the last pass ran
         self.last_kept: tuple[int, ...] = ()  # what the last pass committed
         self.error: BaseException | None = None  # what ended the run, when it failed
+        self.on_close: list[Callable[[], None]] = []  # what else it holds (a draft model's slot)
         self.stats = GenerationStats(prompt_tokens=len(prompt))
         self._started = time.perf_counter()
 
@@ -130,10 +131,12 @@ class Run:
         self.close()
 
     def close(self) -> None:
-        """Give the KV slot back (its contents stay cached for a later prompt)."""
+        """Give the KV slots back (their contents stay cached for a later prompt)."""
         if self.slot is not None:
             self._release(self.slot)
             self.slot = None
+        while self.on_close:
+            self.on_close.pop()()
 
     def allowed(self, draft: Draft) -> Draft:
         """The draft without the branches the request's grammar forbids."""

@@ -30,6 +30,7 @@ class GenerationStats:
     committed_in_passes: int = 0
     committed_per_pass: Counter[int] = field(default_factory=Counter)
     accepted_by_source: Counter[str] = field(default_factory=Counter)  # draft tokens accepted, by index
+    drafted_by_source: Counter[str] = field(default_factory=Counter)  # draft tokens verified, by index
     drafted_per_pass: Counter[int] = field(default_factory=Counter)  # draft budgets the passes used
     cached_prompt_tokens: int = 0  # prompt tokens whose KV came from an earlier request
     ttft_s: float = 0.0
@@ -44,6 +45,7 @@ class GenerationStats:
         self.accepted_draft_tokens += accepted
         if drafted:
             self.accepted_by_source[source] += accepted
+            self.drafted_by_source[source] += drafted
         self.committed_in_passes += committed
         self.committed_per_pass[committed] += 1
         self.drafted_per_pass[drafted] += 1
@@ -66,6 +68,7 @@ class GenerationStats:
             "draft_tokens": self.draft_tokens,
             "accepted_draft_tokens": self.accepted_draft_tokens,
             "accepted_by_source": dict(self.accepted_by_source),
+            "drafted_by_source": dict(self.drafted_by_source),
             "draft_budget_histogram": {str(k): v for k, v in sorted(self.drafted_per_pass.items())},
             "cached_prompt_tokens": self.cached_prompt_tokens,
             "ttft_s": round(self.ttft_s, 4),

@@ -55,14 +55,23 @@ REQUEST_PRIOR_WEIGHT = 4.0  # a request's own evidence outweighs the engine's af
 # resumed copies (index/anchor.py) are right in most places of an edit and in few of a
 # FIM completion, and pooled with matches of the same length they would mislead the
 # controller on both.
+# A draft model's drafts (engine/drafter.py) are a third family: they match nothing, and
+# their rate at a depth is how often the small model agrees with the large one there.
 GUESS_SOURCES = frozenset({"anchor", "anchor-guess"})
-FAMILY = len(MATCH_BUCKETS) + 1  # buckets per family (matches, guesses)
-BUCKETS = 2 * FAMILY
+MODEL_SOURCE = "model"
+FAMILY = len(MATCH_BUCKETS) + 1  # buckets per family (matches, guesses, a draft model's)
+BUCKETS = 3 * FAMILY
+MODEL_PRIOR = 0.7  # a draft model's prior rate at every depth (0.5B for 1.5B on FIM: ~0.8)
+
+
+def family_of(source: str) -> int:
+    """0: drafts that match, 1: a copy anchor's guesses, 2: a draft model's."""
+    return 2 if source == MODEL_SOURCE else 1 if source in GUESS_SOURCES else 0
 
 
 def match_bucket(match_len: int, source: str = "") -> int:
     bucket = _BUCKET_OF[match_len] if 0 <= match_len <= MATCH_BUCKETS[-1] else _bucket_of(match_len)
-    return bucket + FAMILY if source in GUESS_SOURCES else bucket
+    return bucket + FAMILY * family_of(source)
 
 
 def _bucket_of(match_len: int) -> int:
@@ -83,6 +92,8 @@ def prior_rate(bucket: int) -> float:
     >>> [round(prior_rate(match_bucket(k)), 2) for k in (1, 2, 5, 17, 100)]
     [0.67, 0.75, 0.86, 0.95, 0.99]
     """
+    if bucket >= 2 * FAMILY:
+        return MODEL_PRIOR
     bucket %= FAMILY
     shortest = MATCH_BUCKETS[bucket - 1] + 1 if bucket else 1
     return (shortest + 1) / (shortest + 2)

@@ -44,7 +44,7 @@ def choose_all(candidates: Sequence[Sequence[Draft]], acceptances: Sequence[cont
     counts = np.fromiter(chain.from_iterable(d.counts for d in flat), dtype=np.int64, count=total)
     owner = np.array([r for r, drafts in enumerate(candidates) for _ in drafts], dtype=np.int64)
     match = np.array([d.match_len for d in flat], dtype=np.int64)
-    guess = np.array([d.source in controller.GUESS_SOURCES for d in flat], dtype=np.bool_)
+    kinds = np.array([controller.family_of(d.source) for d in flat], dtype=np.int64)
     own_accepted = np.array([a.own.accepted for a in acceptances], dtype=np.float64)
     own_trials = np.array([a.own.trials for a in acceptances], dtype=np.float64)
     shared = acceptances[0].engine  # every request's prior: the engine's one table
@@ -52,7 +52,7 @@ def choose_all(candidates: Sequence[Sequence[Draft]], acceptances: Sequence[cont
     a, b, c, d = cost.coefficients()
     winner = np.full(requests, -1, dtype=np.int64)
     keep = np.zeros(total, dtype=np.bool_)
-    _choose_all(parents, counts, offsets, owner, match, guess, own_accepted, own_trials,
+    _choose_all(parents, counts, offsets, owner, match, kinds, own_accepted, own_trials,
                 np.array(shared.accepted, dtype=np.float64), np.array(shared.trials, dtype=np.float64),
                 _BUCKET_OF, _LAST_BUCKET, controller.FAMILY, controller.REQUEST_PRIOR_WEIGHT,
                 np.array(contexts, dtype=np.int64), a, b, c, d, cost.min_rows, cost.block, winner, keep)
@@ -79,10 +79,9 @@ def warm_up() -> None:
 
 
 @njit(cache=True, nogil=True)
-def _rate(r, m, guess, own_accepted, own_trials, eng_accepted, eng_trials, bucket_of, last, family, weight):
+def _rate(r, m, kind, own_accepted, own_trials, eng_accepted, eng_trials, bucket_of, last, family, weight):
     bucket = bucket_of[m] if 0 <= m < bucket_of.size else (last if m > 0 else 0)
-    if guess:
-        bucket += family
+    bucket += kind * family  # controller.family_of: matches, guesses, a draft model's
     prior = eng_accepted[bucket] / eng_trials[bucket] if eng_trials[bucket] else 0.0
     return (own_accepted[r, bucket] + weight * prior) / (own_trials[r, bucket] + weight)
 
@@ -124,14 +123,14 @@ def _sorted(probs, depths, owners, nodes):
 
 
 @njit(cache=True, nogil=True)
-def _choose_all(parents, counts, offsets, owner, match, guess, own_accepted, own_trials, eng_accepted, eng_trials,
+def _choose_all(parents, counts, offsets, owner, match, kind, own_accepted, own_trials, eng_accepted, eng_trials,
                 bucket_of, last, family, weight, contexts, a, b, c, d, least, block, winner, keep):  # pragma: no cover
     total = parents.size
     probs = np.empty(total, dtype=np.float64)
     depths = np.empty(total, dtype=np.int64)
     for k in range(offsets.size - 1):  # every node's P(accepted): controller.node_probabilities
         lo, hi = offsets[k], offsets[k + 1]
-        r, m, g = owner[k], match[k], guess[k]
+        r, m, g = owner[k], match[k], kind[k]
         is_chain = True
         for i in range(hi - lo):
             p = parents[lo + i]
