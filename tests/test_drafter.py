@@ -67,15 +67,15 @@ def test_a_sampled_run_drafts_from_the_model_too():
 
 
 def test_the_window_is_what_a_later_prompt_reuses():
-    """A second request whose prompt ends in the same window prefills nothing more in the
-    draft model than the tokens after it."""
+    """Typing at the prompt's end keeps the draft model's window start on its grid: the
+    next request reuses the window's KV, until the start moves a grid step."""
     model = tiny_model("qwen2", vocab_size=128, seed=3)
     engine = engine_with(model, target=model, window_tokens=16)
     prompt = list(range(1, 60))
     engine.generate(prompt, GenerationConfig(max_new_tokens=8))
     drafter = engine.drafter
-    assert drafter.cache.reusable(window(prompt + [61], 16)) == 0  # the window moved: nothing
-    assert drafter.cache.reusable(window(prompt, 16) + [61]) == 16
+    assert drafter.cache.reusable(window(prompt + [61], 16)) == len(window(prompt, 16))  # one more token typed
+    assert drafter.cache.reusable(window(prompt + [61] * 4, 16)) == 0  # four more: the window moved
 
 
 def run_of(budget: int, started: bool = False, rest: int = 100, rate: float = 0.8) -> SimpleNamespace:

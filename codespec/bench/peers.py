@@ -1,7 +1,8 @@
 """Peers measured beside codespec, installed for the benchmark only (never vendored).
 
 * Hugging Face transformers' prompt lookup decoding: `model.generate(...,
-  prompt_lookup_num_tokens=10)`, batch 1, greedy, on the same model object.
+  prompt_lookup_num_tokens=10)`, batch 1, greedy, on the same model object; and its
+  assisted generation (`assistant_model=`, the draft model codespec's draft system uses).
 * arctic-inference's suffix tree (SuffixDecoding, Snowflake), as a drafter inside
   codespec's own verifier, so draft quality is compared on equal terms: same model,
   same verify passes, same tree policy. It is built from source (see
@@ -48,17 +49,29 @@ class _FirstTokenClock:
         pass
 
 
-@torch.inference_mode()
 def hf_prompt_lookup(model: Any, prompt_ids: Sequence[int], max_new_tokens: int,
                      eos_token_ids: Iterable[int]) -> HFOutcome:
+    return _hf_generate(model, prompt_ids, max_new_tokens, eos_token_ids,
+                        prompt_lookup_num_tokens=HF_PROMPT_LOOKUP_TOKENS)
+
+
+def hf_assisted(model: Any, assistant: Any, prompt_ids: Sequence[int], max_new_tokens: int,
+                eos_token_ids: Iterable[int]) -> HFOutcome:
+    """transformers' assisted generation: `assistant` (a smaller model of the same
+    tokenizer) drafts, its own heuristic picks how many tokens (as shipped)."""
+    return _hf_generate(model, prompt_ids, max_new_tokens, eos_token_ids, assistant_model=assistant)
+
+
+@torch.inference_mode()
+def _hf_generate(model: Any, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_ids: Iterable[int],
+                 **speculation: Any) -> HFOutcome:
     eos = sorted(eos_token_ids)
     device = next(model.parameters()).device
     ids = torch.tensor([list(prompt_ids)], device=device)
     clock = _FirstTokenClock()
     start = time.perf_counter()
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                         do_sample=False, prompt_lookup_num_tokens=HF_PROMPT_LOOKUP_TOKENS,
-                         eos_token_id=eos, pad_token_id=eos[0], streamer=clock)
+                         do_sample=False, eos_token_id=eos, pad_token_id=eos[0], streamer=clock, **speculation)
     wall = time.perf_counter() - start
     new = out[0, ids.shape[1]:].tolist()
     while new and new[-1] in eos:  # codespec's output excludes the EOS token

@@ -5,6 +5,7 @@ Systems (all greedy, batch 1, one request after another as a user or agent sends
     plain              codespec's engine with speculation off and no prompt cache:
                        what plain greedy decoding costs; every other output must equal it
     hf_prompt_lookup   Hugging Face transformers' prompt lookup (generate, 10 tokens)
+    hf_assisted        transformers' assisted generation, the draft model as its assistant
     codespec-prompt    drafts from the request's own context, chains of up to 16
     codespec-index     + the repository index and past generations
     codespec-tree      + token trees of up to 16 nodes
@@ -33,7 +34,7 @@ from typing import Any, Callable, Sequence
 
 from codespec.policy import controller
 from codespec.bench import llamacpp
-from codespec.bench.peers import ArcticProposer, arctic_available, hf_prompt_lookup
+from codespec.bench.peers import ArcticProposer, arctic_available, hf_assisted, hf_prompt_lookup
 from codespec.bench.sessions import Workload
 from codespec.bench.systems import BF16_REFERENCE, ALIASES, PLAIN, SYSTEM_NAMES, SYSTEMS, SystemSpec  # noqa: F401 (re-exported)
 from codespec.engine.engine import Engine, GenerationConfig
@@ -145,18 +146,39 @@ class Context:
         self.cache = SlotCache(forward.config, slots=2, slot_tokens=slot_tokens, dtype=forward.kv_dtype,
                                device=forward.device, chunk=settings.prefill_chunk_tokens)
         self.engines: dict[str, Engine] = {}
+        self._drafter: Any = None  # the draft model's (engine/drafter.py), loaded when a system needs it
+        self._assistant: Any = None  # its transformers model (hf_assisted)
         self.indexed: dict[str, tuple[Any, dict[str, list[int]]]] = {}
         self.eos_token_ids = self.engine("chain").eos_token_ids
 
-    def engine(self, policy: str, quantize: str | None = None) -> Engine:
-        key = policy if quantize is None else f"{policy}/{quantize}"
+    def engine(self, policy: str, quantize: str | None = None, draft_model: bool = False) -> Engine:
+        key = (policy if quantize is None else f"{policy}/{quantize}") + ("+draft" if draft_model else "")
         if key not in self.engines:
             self.engines[key] = Engine(self._forward(quantize), self.loaded.tokenizer, PromptLookupProposer(),
                                        max_draft_tokens=self.settings.max_draft_tokens, draft_policy=policy,
-                                       cache=self.cache)
+                                       cache=self.cache, drafter=self.drafter() if draft_model else None)
             self.engines[key].calibrate()  # start-up work, outside every timed request
             warm_up()  # as serve and lsp do at start-up (engine/scheduler.start_scheduler)
         return self.engines[key]
+
+    def drafter(self) -> Any:
+        """The draft model `--draft-model` names (available_systems checked that one does)."""
+        if self._drafter is None:
+            from codespec.engine.drafter import load_drafter
+
+            self._drafter = load_drafter(self.settings, self.loaded.tokenizer)
+        return self._drafter
+
+    def assistant(self) -> Any:
+        """The draft model as transformers loads it, for transformers' assisted generation."""
+        if self._assistant is None:
+            from codespec.engine.drafter import draft_model_of
+            from codespec.forward import select
+
+            spec = draft_model_of(self.settings)
+            self._assistant = select.load(self.settings.model_copy(update={"model": spec}), progress=False,
+                                          transformers=True).model
+        return self._assistant
 
     def _forward(self, quantize: str | None) -> Any:
         """The loaded backend, or the same model's with other weights (the bf16 reference of
@@ -187,11 +209,16 @@ class Context:
         return IndexedProposer(SuffixIndex(static), **match)  # a fresh dynamic side: no earlier run's outputs
 
 
-def available_systems(names: Sequence[str]) -> tuple[list[SystemSpec], dict[str, str]]:
-    """The chosen systems that can run here, and why the others cannot."""
+def available_systems(names: Sequence[str], draft_model: str | None = None) -> tuple[list[SystemSpec], dict[str, str]]:
+    """The chosen systems that can run here, and why the others cannot; `draft_model`:
+    the draft model the settings name (drafter.draft_model_of), None: none."""
     skipped: dict[str, str] = {}
     names = [n for name in names for n in ALIASES.get(name, (name,))]
     chosen = [s for s in SYSTEMS if s.name == PLAIN or s.name in names]
+    if draft_model is None:
+        skipped.update({s.name: "no draft model for this model (--draft-model names one)"
+                        for s in chosen if s.draft_model})
+        chosen = [s for s in chosen if not s.draft_model]
     why = arctic_available()
     if why is not None and any(s.drafter == "arctic" for s in chosen):
         skipped["arctic-tree"] = why
@@ -225,18 +252,23 @@ def run_system(ctx: Context, spec: SystemSpec, workload: Workload) -> Run:
     if spec.kind == "llamacpp":
         return run_llamacpp(ctx, spec, workload)
     tokenizer = ctx.loaded.tokenizer
-    engine = None if spec.kind == "hf" else ctx.engine("chain" if spec.kind == PLAIN else spec.policy, spec.quantize)
+    engine = None if spec.kind == "hf" else ctx.engine("chain" if spec.kind == PLAIN else spec.policy, spec.quantize,
+                                                         spec.draft_model)
     if engine is not None:
         engine.proposer = ctx.proposer(spec, workload) if spec.kind == "codespec" else PromptLookupProposer()
         engine.acceptance = controller.AcceptanceTable()
         engine.cache.clear()
+        if engine.drafter is not None:
+            engine.drafter.cache.clear()
     answers: list[str] = []
     samples: list[Request] = []
     _reset_peak_rss()
     for step in workload.steps:
         prompt = step.prompt(answers)
         if spec.kind == "hf":
-            out = hf_prompt_lookup(ctx.loaded.model, prompt, step.max_new_tokens, ctx.eos_token_ids)
+            out = (hf_assisted(ctx.loaded.model, ctx.assistant(), prompt, step.max_new_tokens, ctx.eos_token_ids)
+                   if spec.drafter == "assisted" else
+                   hf_prompt_lookup(ctx.loaded.model, prompt, step.max_new_tokens, ctx.eos_token_ids))
             samples.append(Request(step.name, len(prompt), tuple(out.token_ids), out.wall_s, out.ttft_s))
             answers.append(tokenizer.decode(out.token_ids, skip_special_tokens=True))
             continue

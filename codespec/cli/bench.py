@@ -352,12 +352,15 @@ def run_workloads(args: argparse.Namespace) -> int:
     from codespec.bench.suite import Context, available_systems, bar_checks, format_table, run_suite
 
     workload_names = _pick(args.workloads, WORKLOADS, "workloads")
-    chosen, skipped = available_systems(_pick(args.systems, (*SYSTEM_NAMES, *ALIASES), "systems"))
+    from codespec.engine.drafter import draft_model_of
+
+    settings = settings_from_args(args)
+    chosen, skipped = available_systems(_pick(args.systems, (*SYSTEM_NAMES, *ALIASES), "systems"),
+                                        draft_model_of(settings))
     args.repeat = 1 if args.repeat is None else args.repeat
     if args.repeat < 1:
         raise CodespecError(f"--repeat must be at least 1, got {args.repeat}")
     out_dir = _out_dir(args.out)
-    settings = settings_from_args(args)
     loaded = forward.load(settings, transformers=True)  # the peers run transformers' model
     workloads = [WORKLOADS[name](loaded.tokenizer) for name in workload_names]
     if args.max_new_tokens is not None:
@@ -394,7 +397,7 @@ def run_workloads(args: argparse.Namespace) -> int:
         "dtype": loaded.info()["dtype"],
         "machine": machine,
         "backend": _backend(loaded),
-        "settings": {"quantize": settings.quantize,
+        "settings": {"quantize": settings.quantize, "draft_model": draft_model_of(settings),
                      "max_draft_tokens": settings.max_draft_tokens, "min_match_tokens": settings.min_match_tokens,
                      "prefill_chunk_tokens": settings.prefill_chunk_tokens},
         "workloads": {w.name: {"description": w.description, "requests": [s.name for s in w.steps],

@@ -19,7 +19,8 @@ from codespec.errors import CodespecError, error_line
 from codespec.settings import Settings
 
 MODEL_FIELDS = ("model", "dtype", "device", "quantize", "cache_dir", "threads")
-SPECULATION_FIELDS = ("draft_policy", "max_draft_tokens", "min_match_tokens", "max_match_tokens", "look_ahead")
+SPECULATION_FIELDS = ("draft_policy", "max_draft_tokens", "min_match_tokens", "max_match_tokens", "look_ahead",
+                      "draft_model", "draft_model_window")
 CACHE_FIELDS = ("kv_cache_mb", "kv_slot_tokens", "prefill_chunk_tokens")
 
 

@@ -98,6 +98,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.proposer = proposer if proposer is not None else PromptLookupProposer()
         self.drafter = drafter
+        self.small_pass: drafter_module.SmallPass | None = None  # timed below, where a drafter is priced
         self.max_draft_tokens = max_draft_tokens
         self.draft_policy = draft_policy
         self.eos_token_ids = frozenset(eos_token_ids if eos_token_ids is not None
@@ -114,6 +115,8 @@ class Engine:
             self._store_profile([])  # the probes just run: the next process skips them
         if forward.warm_up_pass:
             self._warm_up_pass()
+        if drafter is not None:
+            self.small_pass = drafter_module.SmallPass(self._time_small_pass())
 
     def _warm_up_pass(self) -> None:
         """One decode step on a free slot at start-up, for backends whose first pass over a
@@ -132,12 +135,29 @@ class Engine:
             self.cache.prefilled(slot, [])  # position 0 was written: the slot holds nothing reusable
             self.cache.release(slot)
 
+    def _time_small_pass(self) -> float:
+        """The median of three one-row passes over 1,000 cached tokens, on a free slot: what
+        the draft model's steps are priced against (drafter.SmallPass)."""
+        slot, _ = self.cache.acquire([0])
+        context = min(1000, self.cache.slot_tokens // 2)
+        times = []
+        try:
+            for _ in range(3):
+                self.cache.prefilled(slot, [0] * context)
+                began = time.perf_counter()
+                self.verifier.verify([Item(slot, VerifyTree.chain(0))])
+                times.append(time.perf_counter() - began)
+        finally:
+            self.cache.prefilled(slot, [])
+            self.cache.release(slot)
+        return sorted(times)[1]
+
     @classmethod
     def from_settings(cls, forward: Forward, tokenizer: Any, settings: Settings,
                       index: SuffixIndex | None = None) -> Engine:
         """An engine whose proposer drafts from the request's context, and from `index`
-        (repository, past generations) when one is given; its KV slots fill
-        `settings.kv_cache_mb`."""
+        (repository, past generations) when one is given, with the draft model
+        `settings.draft_model` names; its KV slots fill `settings.kv_cache_mb`."""
         match = dict(min_match_tokens=settings.min_match_tokens, max_match_tokens=settings.max_match_tokens)
         proposer: Proposer = PromptLookupProposer(**match) if index is None else IndexedProposer(index, **match)
         cache = SlotCache.within_budget(
@@ -147,7 +167,7 @@ class Engine:
         )
         return cls(forward, tokenizer, proposer, max_draft_tokens=settings.max_draft_tokens,
                    draft_policy=settings.draft_policy, cache=cache, profile_dir=settings.cache_dir,
-                   look_ahead=look_ahead_of(settings))
+                   look_ahead=look_ahead_of(settings), drafter=drafter_module.load_drafter(settings, tokenizer))
 
     @property
     def context_limit(self) -> int:
@@ -325,7 +345,8 @@ class Engine:
         assert self.drafter is not None
         wants = []
         for i, (run, offered) in enumerate(zip(runs, drafts)):
-            k = drafter_module.tokens_to_draft(run, offered, self.cost, self.drafter, self.cache.length(run.slot))
+            k = drafter_module.tokens_to_draft(run, offered, self.cost, self.drafter, self.cache.length(run.slot),
+                                               self.small_pass)
             if k:
                 wants.append((i, k))
         if not wants:
@@ -377,6 +398,8 @@ class Engine:
         results = self.verifier.verify(items, during, chain_next=not prefill_next and self._plain_next(runs, trees))
         seconds = time.perf_counter() - began
         self.cost.observe(rows, seconds, keys)
+        if self.small_pass is not None:
+            self.small_pass.observe(rows, seconds)
         return [run.after_pass(draft, tree, result) for run, draft, tree, result in zip(runs, drafts, trees, results)]
 
     @staticmethod

@@ -55,6 +55,9 @@ class PackagedModel:
     # The GGUF's control tokens codespec's prompts write (chat turns, fill-in-the-middle,
     # repository context): each must stay one id in the converted tokenizer.
     control_tokens: tuple[str, ...] = ()
+    # The packaged model (a `--model` name) that drafts for this one where nothing
+    # matches (`--draft-model auto`, engine/drafter.py): a smaller one of the same tokenizer.
+    draft_model: str = ""
 
     def requirements(self) -> list[str]:
         """Each part as pip names it: `dist==version`."""
@@ -92,6 +95,7 @@ QWEN_CODER_1_5B = PackagedModel(
     extra="model-1.5b",
     extra_eos_tokens=DEFAULT_MODEL.extra_eos_tokens,
     control_tokens=DEFAULT_MODEL.control_tokens,  # the same tokenizer
+    draft_model="qwen2.5-coder-0.5b",
 )
 
 # `--model` names of the packaged models ("default" is the 0.5B)
