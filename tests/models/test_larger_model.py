@@ -45,3 +45,21 @@ def test_the_larger_model_s_speculative_output_is_plain_decoding_s(large):
     fim = prompts.fim_ids(loaded.tokenizer, "def add(a, b):\n    ", "\n\nprint(add(1, 2))\n")
     assert engine.generate(fim, GenerationConfig(max_new_tokens=16, end_ids=prompts.fim_end_ids(loaded.tokenizer),
                                                  speculate=False)).text.strip().startswith("return")
+
+
+def test_the_small_model_drafting_for_the_larger_is_lossless(large):
+    """The 0.5B drafts for the 1.5B (`--draft-model auto`), here under the chain policy so
+    that it drafts wherever nothing matched: bf16 greedy output stays plain decoding's."""
+    from codespec import prompts
+    from codespec.engine.engine import Engine
+    from codespec.engine.run import GenerationConfig
+
+    loaded, engine = large
+    assert engine.drafter is not None and "0.5B" in engine.drafter.name
+    chain = Engine(loaded.forward, loaded.tokenizer, engine.proposer, draft_policy="chain", drafter=engine.drafter)
+    fim = prompts.fim_ids(loaded.tokenizer, inspect.getsource(shlex.quote).split("\n", 2)[0] + "\n",
+                          "\n\nprint(quote('a b'))\n")
+    plain = chain.generate(fim, GenerationConfig(max_new_tokens=40, speculate=False))
+    fast = chain.generate(fim, GenerationConfig(max_new_tokens=40))
+    assert fast.token_ids == plain.token_ids
+    assert fast.stats.accepted_by_source["model"] > 0  # the 0.5B drafted, and the 1.5B took some of it
