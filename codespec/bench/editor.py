@@ -53,6 +53,7 @@ class Sample:
     chars_accepted: int
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
+    text: str | None = None  # what the editor shows (None: nothing)
 
 
 @dataclass
@@ -85,7 +86,7 @@ class SystemResult:
 def _sample(ask: Ask, latency: float | None, text: str | None, prompt: int | None = None,
             cached: int | None = None) -> Sample:
     s = score(ask, text)
-    return Sample(ask.kind, ask.first, latency, s.first_line_exact, s.chars_accepted, prompt, cached)
+    return Sample(ask.kind, ask.first, latency, s.first_line_exact, s.chars_accepted, prompt, cached, text)
 
 
 # -- codespec lsp ------------------------------------------------------------------------------
@@ -292,11 +293,14 @@ class ServeProcess:
         self.log.close()
 
 
-def run_editor_bench(replay: Replay, systems: list[str], root: Path, log: Callable[[str], None]) -> list[SystemResult]:
+def run_editor_bench(replay: Replay, systems: list[str], root: Path, log: Callable[[str], None],
+                     env: dict[str, str] | None = None, gguf: Path | None = None) -> list[SystemResult]:
+    """Each system through the replay; `env`: the codespec servers' environment (default:
+    this process's settings), `gguf`: llama-server's model (default: the default model's)."""
     from codespec.bench import llamacpp
     from codespec.settings import child_environment
 
-    env = child_environment()
+    env = env if env is not None else child_environment()
     results = []
     for system in systems:
         if system == "lsp":
@@ -305,13 +309,14 @@ def run_editor_bench(replay: Replay, systems: list[str], root: Path, log: Callab
             with ServeProcess(root, env) as serve:
                 results.append(run_infill(system, replay, serve.url, log))
         else:
-            missing = llamacpp.llamacpp_available()
+            missing = llamacpp.llamacpp_available() if gguf is None else (
+                None if gguf.exists() and llamacpp.server_binary().exists() else f"{gguf} or llama-server is missing")
             if missing:
                 results.append(SystemResult(system, skipped=missing))
                 continue
             threads = len(os.sched_getaffinity(0))
             with llamacpp.LlamaServer("llamacpp", threads, extra=["--cache-reuse", "256", "-b", "1024",
-                                                                  "-ub", "1024"]) as server:
+                                                                  "-ub", "1024"], gguf=gguf) as server:
                 results.append(run_infill(system, replay, server.url, log))
     return results
 

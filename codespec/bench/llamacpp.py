@@ -56,8 +56,29 @@ def server_binary() -> Path:
     return peers_dir() / "llama.cpp" / "bin" / "llama-server"
 
 
-def gguf_path() -> Path:
-    return peers_dir() / GGUF_BF16
+def gguf_path(slug: str = "") -> Path:
+    """The BF16 GGUF of a packaged model (its cache slug; default: the default model's)."""
+    return peers_dir() / (f"{slug}-bf16.gguf" if slug else GGUF_BF16)
+
+
+def ensure_gguf(model: Any, log: Any = print) -> Path:
+    """A packaged model's BF16 GGUF for llama-server (the values codespec serves), written
+    from its part packages with llama.cpp's llama-quantize where it is missing."""
+    from codespec.models.default import export_gguf
+
+    out = gguf_path(model.slug)
+    if out.exists():
+        return out
+    log(f"writing {out.name} for llama-server (the official Q4_K_M GGUF, requantized to BF16)")
+    with tempfile.TemporaryDirectory(dir=peers_dir()) as tmp:
+        q4 = export_gguf(Path(tmp) / model.gguf_file, model, progress=False)
+        binary = server_binary().parent / "llama-quantize"
+        env = child_environment()
+        env["LD_LIBRARY_PATH"] = f"{binary.parent}:{env.get('LD_LIBRARY_PATH', '')}"
+        subprocess.run([str(binary), "--allow-requantize", str(q4), str(out) + ".tmp", "BF16"], env=env,
+                       check=True, stdout=subprocess.DEVNULL)
+        Path(str(out) + ".tmp").replace(out)
+    return out
 
 
 def llamacpp_available() -> str | None:
@@ -80,8 +101,10 @@ class LlamaOutcome:
 class LlamaServer:
     """One llama-server process for one system; `with LlamaServer(...) as server:`."""
 
-    def __init__(self, system: str, threads: int, context: int = 8192, extra: Sequence[str] = ()) -> None:
+    def __init__(self, system: str, threads: int, context: int = 8192, extra: Sequence[str] = (),
+                 gguf: Path | None = None) -> None:
         self.system = system
+        self.gguf = gguf or gguf_path()  # the model (default: the default model's BF16 GGUF)
         self.extra = list(extra)  # more llama-server flags (the editor bench: llama.vim's)
         self.threads = threads
         self.context = context
@@ -92,7 +115,7 @@ class LlamaServer:
     def __enter__(self) -> LlamaServer:
         port = _free_port()
         binary = server_binary()
-        args = [str(binary), "-m", str(gguf_path()), "--host", "127.0.0.1", "--port", str(port),
+        args = [str(binary), "-m", str(self.gguf), "--host", "127.0.0.1", "--port", str(port),
                 "-t", str(self.threads), "-tb", str(self.threads), "-c", str(self.context), "-np", "1",
                 *SPEC_ARGS[self.system], *self.extra]
         env = child_environment()

@@ -50,6 +50,9 @@ def register(commands: Any) -> None:
                    help="verify suite: requests per set, run at each batch size; cold suite: held-out requests, "
                    "half FIM, half edit, spread over the set (default 8); editor suite: the replay's first N "
                    "completion requests (0: all 99)")
+    p.add_argument("--received", action="store_true",
+                   help="quality suite: score the answers as an editor receives them, from codespec lsp and from "
+                   "llama-server with llama.vim's request on the same model, instead of the prompt layouts")
     p.add_argument("--layout", default=None, choices=("sweep", "zeta", "instruct"),
                    help="next-edit suite: the prompt layout (default: the server's)")
     p.add_argument("--sizes", default="10k,100k,1M,10M", help="index suite: corpus sizes (default 10k,100k,1M,10M)")
@@ -94,6 +97,8 @@ def run_quality(args: argparse.Namespace) -> int:
         raise CodespecError("the quality suite scores with rapidfuzz: pip install 'codespec[bench]'")
     settings = settings_from_args(args)
     out_dir = _out_dir(args.out)
+    if args.received:
+        return run_received(args, settings, out_dir)
     loaded = forward.load(settings)
     engine = Engine.from_settings(loaded.forward, loaded.tokenizer, settings)
     engine.calibrate()
@@ -120,6 +125,42 @@ def run_quality(args: argparse.Namespace) -> int:
     report = {"bench": "quality", "model": loaded.name, "machine": machine, "summary": facts}
     if out_dir is not None:
         write_json(out_dir / f"quality-{loaded.name.lower()}.json", report)
+    print(json.dumps(report))
+    return 0
+
+
+def run_received(args: argparse.Namespace, settings: Any, out_dir: Path | None) -> int:
+    """`bench quality --received`: the cases through codespec lsp and llama-server (bench/received.py)."""
+    import tempfile
+
+    from codespec.bench import llamacpp, quality, received
+    from codespec.models.default import packaged
+    from codespec.settings import child_environment
+
+    chosen = quality.cases(quality.PER_FILE if args.requests == 8 else max(1, args.requests))
+    model = packaged(settings.model)
+    gguf = None
+    if model is not None and llamacpp.server_binary().exists():
+        gguf = llamacpp.ensure_gguf(model, log=lambda line: print(line, file=sys.stderr))
+    env = child_environment(CODESPEC_MODEL=settings.model, CODESPEC_CACHE_DIR=str(settings.cache_dir),
+                            CODESPEC_DRAFT_MODEL=settings.draft_model)
+    print(f"quality as received: {len(chosen)} cases through {', '.join(received.SYSTEMS)}, model {settings.model}",
+          file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="codespec-received-") as root:
+        results = received.run(chosen, received.SYSTEMS, Path(root), env, gguf,
+                               lambda line: print(f"  {line}", file=sys.stderr, flush=True))
+    facts = received.summary(chosen, results)
+    print(f"\ncompletion quality as received, {settings.model} (exact match / edit similarity, shown, latency p50)")
+    for system, row in facts.items():
+        if "skipped" in row:
+            print(f"  {system:14} skipped: {row['skipped']}")
+            continue
+        print(f"  {system:14} " + "  ".join(
+            f"{kind}: {v['exact']:.2f} / {v['similarity']:.2f} (shown {v['shown']:.2f}, p50 {v['latency_p50_s']} s)"
+            for kind, v in row.items()))
+    report = {"bench": "quality-received", "model": settings.model, "machine": _machine(), "summary": facts}
+    if out_dir is not None:
+        write_json(out_dir / f"quality-received-{settings.model.lower()}.json", report)
     print(json.dumps(report))
     return 0
 
