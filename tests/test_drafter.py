@@ -78,10 +78,12 @@ def test_the_window_is_what_a_later_prompt_reuses():
     assert drafter.cache.reusable(window(prompt + [61] * 4, 16)) == 0  # four more: the window moved
 
 
-def run_of(budget: int, started: bool = False, rest: int = 100, rate: float = 0.8) -> SimpleNamespace:
+def run_of(budget: int, started: bool = False, rest: int = 100, rate: float = 0.8, passes: int = 8,
+           committed: int = 10) -> SimpleNamespace:
     acceptance = SimpleNamespace(rate=lambda match_len, source="": rate)
     return SimpleNamespace(draft_budget=lambda: budget, plain=False, acceptance=acceptance,
-                           stop=SimpleNamespace(max_new_tokens=rest), generated=[], started=started)
+                           stop=SimpleNamespace(max_new_tokens=rest), generated=[], started=started,
+                           stats=SimpleNamespace(verify_passes=passes, committed_in_passes=committed))
 
 
 class FakeDrafter:
@@ -117,6 +119,9 @@ def test_a_first_draft_weighs_the_prefill_against_the_output_to_come():
     nothing = controller.Offered([])
     assert tokens_to_draft(run_of(8, rest=100), nothing, COST, FakeDrafter(0.035, False, 0.7), 500) > 0
     assert tokens_to_draft(run_of(8, rest=10), nothing, COST, FakeDrafter(0.035, False, 0.7), 500) == 0
+    # not before the other sources failed: too few passes, or passes that copied well
+    assert tokens_to_draft(run_of(8, passes=2, committed=2), nothing, COST, FakeDrafter(0.035, False, 0.7), 500) == 0
+    assert tokens_to_draft(run_of(8, committed=40), nothing, COST, FakeDrafter(0.035, False, 0.7), 500) == 0
 
 
 def test_fixed_policies_draft_from_the_model_only_where_nothing_matched():
