@@ -91,11 +91,12 @@ class Settings(BaseSettings):
         64, ge=1, le=1024, description="Longest suffix of the context the matcher tries to match."
     )
     draft_model: str = Field(
-        "auto", description="A smaller model of the same tokenizer that drafts where the context and the "
+        "none", description="A smaller model of the same tokenizer that drafts where the context and the "
         "index have nothing to copy (fill-in-the-middle, fresh code), priced by the goodput controller beside "
-        "the verify pass: 'auto' (the packaged 0.5B under the packaged 1.5B, none under the 0.5B), 'none', a "
+        "the verify pass: 'none', 'auto' (the packaged 0.5B under the packaged 1.5B, none under the 0.5B), a "
         "packaged model's name or a model directory. It costs its weights' memory and a prefill of "
-        "draft_model_window tokens per request.",
+        "draft_model_window tokens per request; on a 2-core CPU it saves passes but not time "
+        "(docs/benchmarks.md), hence off by default.",
     )
     draft_model_window: int = Field(
         160, ge=16, le=4096, description="Prompt tokens the draft model reads: the prompt's tail, or for a "

@@ -227,7 +227,7 @@ def draft_model_of(settings: Any) -> str | None:
     """The `--model` value of the draft model `settings.draft_model` names; None: none.
 
     >>> from codespec.settings import Settings
-    >>> draft_model_of(Settings(model="qwen2.5-coder-1.5b")), draft_model_of(Settings())
+    >>> draft_model_of(Settings(model="qwen2.5-coder-1.5b", draft_model="auto")), draft_model_of(Settings())
     ('qwen2.5-coder-0.5b', None)
     """
     from codespec.models.default import packaged

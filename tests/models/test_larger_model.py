@@ -19,7 +19,7 @@ LARGE = default.packaged("qwen2.5-coder-1.5b")
 
 @pytest.fixture(scope="module")
 def large():
-    settings = Settings(model="qwen2.5-coder-1.5b")
+    settings = Settings(model="qwen2.5-coder-1.5b", draft_model="auto")
     if not default.is_prepared(settings.cache_dir, LARGE):
         pytest.skip("the 1.5B is not prepared here: codespec model prepare --model qwen2.5-coder-1.5b")
     from codespec.engine.engine import Engine
