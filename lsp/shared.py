@@ -55,7 +55,8 @@ log = logging.getLogger("codespec.lsp")
 # MODEL_FIELDS, SPECULATION_FIELDS and CACHE_FIELDS, max_active_requests and the next-edit layout, spelled
 # out: cli imports lsp, so lsp cannot import cli.
 PASSED_FIELDS = ("model", "dtype", "device", "quantize", "cache_dir", "threads", "draft_policy",
-                 "max_draft_tokens", "min_match_tokens", "max_match_tokens", "look_ahead", "kv_cache_mb",
+                 "max_draft_tokens", "min_match_tokens", "max_match_tokens", "look_ahead", "draft_model",
+                 "draft_model_window", "kv_cache_mb",
                  "kv_slot_tokens", "prefill_chunk_tokens", "max_active_requests", "index_max_mb", "next_edit_layout")
 START_TIMEOUT_S = 1800.0  # the first start may prepare the default model (minutes)
 POLL_S = 0.25
