@@ -15,7 +15,7 @@ one it lost was a copy, which suffix drafts take). After each verify pass its sl
 cut back to what both models committed and the rest is computed in the first draft step.
 
 The engine decides, per request and pass, whether the draft model runs and for how many
-tokens (engine.py `_model_tokens`): the goodput controller prices its steps (`step_s`,
+tokens (`tokens_to_draft`, asked by engine.py `_with_model_drafts`): the goodput controller prices its steps (`step_s`,
 measured) beside the verify pass, and its first prefill against the output still to come.
 
     drafter = Drafter(small.forward, fim_ids=fim_token_ids(tokenizer))
@@ -77,6 +77,19 @@ def window(prompt: Sequence[int], tokens: int, fim: tuple[int, int, int] | None 
     return tail(prompt, tokens)
 
 
+def one_row_s(verifier: Verifier, slot: int, context: int | None = None) -> float:
+    """The median of three one-row verify passes on `slot` (a free one, its contents
+    garbage): over `context` cached tokens, else over what the slot holds."""
+    times = []
+    for _ in range(3):
+        if context is not None:
+            verifier.cache.prefilled(slot, [0] * context)
+        began = time.perf_counter()
+        verifier.verify([Item(slot, VerifyTree.chain(0))])
+        times.append(time.perf_counter() - began)
+    return sorted(times)[1]
+
+
 @dataclass
 class _Slot:
     """A request's place in the draft model's cache: the slot and the window it reads."""
@@ -102,8 +115,6 @@ class Drafter:
         self.vocab_size = forward.config.vocab_size
         self._slots: dict[int, _Slot] = {}  # by id(run)
         self.step_s, self.prefill_token_s = self._measure()
-        self.seconds = 0.0  # spent drafting, for the stats
-        self.steps = 0
 
     def _measure(self) -> tuple[float, float]:
         """A step's and a prefilled token's seconds, timed once at start-up (then
@@ -114,12 +125,7 @@ class Drafter:
             began = time.perf_counter()
             self.verifier.prefill(slot, [0] * 72, start=8)
             prefill = (time.perf_counter() - began) / 64
-            steps = []
-            for _ in range(3):
-                began = time.perf_counter()
-                self.verifier.verify([Item(slot, VerifyTree.chain(0))])
-                steps.append(time.perf_counter() - began)
-            return sorted(steps)[1], prefill
+            return one_row_s(self.verifier, slot), prefill
         finally:
             self.cache.prefilled(slot, [])
             self.cache.release(slot)
@@ -154,7 +160,6 @@ class Drafter:
         each slot up with what the last verify pass committed, for all the runs in one
         pass (a run's first draft prefills its window alone); each further step is one
         pass for all the runs."""
-        began = time.perf_counter()
         tokens: list[list[int]] = [[] for _ in wants]
         slots = self._catch_up([run for run, _ in wants], tokens)
         for step in range(1, max((k for _, k in wants), default=0)):
@@ -164,10 +169,8 @@ class Drafter:
             stepped = time.perf_counter()
             results = self.verifier.verify([Item(slots[i], VerifyTree.chain(tokens[i][-1])) for i in live])
             self.step_s += SMOOTHING * (time.perf_counter() - stepped - self.step_s)
-            self.steps += 1
             for i, result in zip(live, results):
                 tokens[i].append(int(result.committed[-1]))
-        self.seconds += time.perf_counter() - began
         # an id past the large model's vocabulary would read past its embedding table
         return [Draft.chain(ids, [1] * len(ids), 0, MODEL_SOURCE) if all(0 <= t < self.vocab_size for t in ids)
                 else Draft.empty(MODEL_SOURCE) for ids in tokens]
@@ -213,7 +216,6 @@ class Drafter:
                 end += len(tree)
                 self.cache.committed(slot, new)  # a chain's rows are written where they belong
                 out[i].append(int(chosen[end - 1]))
-        self.steps += 1
         return slots
 
     def release(self, run: Any) -> None:
